@@ -1,0 +1,89 @@
+"""The backend protocol: one way to execute a model, on a device, in a dtype, with options.
+
+A backend receives its *own* copy of the model in `prepare` and may change it freely (move it, cast it,
+compile it); nothing is shared with other backends. `run` returns outputs on the CPU, in the model's
+own structure, so that the verifier flattens every backend's outputs the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from parity.inputs import Inputs
+from parity.outputs import map_tensors
+
+
+class NoOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Backend(ABC):
+    name: ClassVar[str]
+    devices: ClassVar[tuple[str, ...]] = ("cpu",)
+    dtypes: ClassVar[tuple[str, ...]] = ("float32",)
+    Options: ClassVar[type[BaseModel]] = NoOptions
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.options = self.Options.model_validate(spec.options)
+        self.device = torch.device(spec.device)
+        self.dtype: torch.dtype = getattr(torch, spec.dtype)
+
+    @classmethod
+    def available(cls, spec) -> str | None:
+        """None when `spec` can run on this machine, else the reason it cannot."""
+        return cuda_reason(spec.device)
+
+    @classmethod
+    def spec_problem(cls, spec) -> str | None:
+        """A problem with this combination of options, device and dtype, found before anything runs."""
+        return None
+
+    @abstractmethod
+    def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
+        """Take ownership of `model` (a private copy) and get ready to run inputs like `example`."""
+
+    @abstractmethod
+    def run(self, inputs: Inputs) -> Any:
+        """Outputs for `inputs`, on the CPU."""
+
+    def close(self) -> None:
+        """Release what `prepare` made (sessions, compiled graphs, temporary files)."""
+
+
+def cuda_reason(device: str) -> str | None:
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            return "CUDA is not available on this machine (torch.cuda.is_available() is False)"
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            return f"{device} does not exist ({torch.cuda.device_count()} CUDA device(s))"
+    return None
+
+
+def to_cpu(outputs: Any) -> Any:
+    return map_tensors(outputs, lambda t: t.detach().cpu())
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def num_threads(n: int | None):
+    """Run with `n` intra-op threads, then restore the process setting."""
+    if n is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

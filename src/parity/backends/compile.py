@@ -1,0 +1,45 @@
+"""torch.compile (inductor by default). Compilation happens in `prepare`, so run times are steady state.
+
+`close` resets dynamo: compiled frames are keyed on code objects, and without a reset the next model of
+the same class would count against dynamo's recompile limit and might silently fall back to eager.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from parity.backends.eager import EagerBackend
+from parity.inputs import Inputs
+
+
+class CompileOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    backend: str = "inductor"
+    fullgraph: bool = False
+    dynamic: bool | None = False
+
+
+class CompileBackend(EagerBackend):
+    name = "compile"
+    Options = CompileOptions
+
+    def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
+        import torch._dynamo
+
+        torch._dynamo.reset()
+        self.model = model.to(self.device, self.dtype)
+        o = self.options
+        self.compiled = torch.compile(self.model, mode=o.mode, backend=o.backend, fullgraph=o.fullgraph, dynamic=o.dynamic)
+        self.call(self.compiled, example)  # compile now, not in the first timed run
+
+    def run(self, inputs: Inputs):
+        return self.call(self.compiled, inputs)
+
+    def close(self) -> None:
+        import torch._dynamo
+
+        torch._dynamo.reset()

@@ -1,0 +1,59 @@
+"""OpenVINO on the CPU (when the `openvino` package is installed).
+
+OpenVINO's CPU plugin may run float32 models in bfloat16 on processors that support it; parity pins the
+inference precision to the backend's dtype (float32 unless asked otherwise) so that a drift is never
+an unannounced precision change.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from parity.backends.base import Backend
+from parity.inputs import Inputs
+
+PRECISION = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+
+
+class OpenVinoOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    threads: int | None = None
+
+
+class OpenVinoBackend(Backend):
+    name = "openvino"
+    dtypes = ("float32", "bfloat16", "float16")
+    Options = OpenVinoOptions
+
+    @classmethod
+    def available(cls, spec) -> str | None:
+        try:
+            import openvino  # noqa: F401
+        except ImportError:
+            return "openvino is not installed (pip install 'parity[openvino]')"
+        return None
+
+    def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
+        import openvino as ov
+        from torch.utils._pytree import tree_flatten
+
+        with torch.no_grad():
+            _, self.out_spec = tree_flatten(model(*example.args, **example.kwargs))
+            ov_model = ov.convert_model(model, example_input=example.tensors() if not example.kwargs else example.kwargs)
+        config = {"INFERENCE_PRECISION_HINT": PRECISION[self.spec.dtype]}
+        if self.options.threads:
+            config["INFERENCE_NUM_THREADS"] = self.options.threads
+        self.compiled = ov.Core().compile_model(ov_model, "CPU", config)
+
+    def run(self, inputs: Inputs):
+        from torch.utils._pytree import tree_unflatten
+
+        result = self.compiled([t.numpy() for t in inputs.tensors()])
+        flat = [torch.from_numpy(result[out].copy()) for out in self.compiled.outputs]
+        if len(flat) != self.out_spec.num_leaves:
+            raise RuntimeError(f"OpenVINO returns {len(flat)} outputs; the model returns {self.out_spec.num_leaves} leaves")
+        return tree_unflatten(flat, self.out_spec)
+
+    def close(self) -> None:
+        self.compiled = None

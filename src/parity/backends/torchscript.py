@@ -1,0 +1,34 @@
+"""TorchScript by tracing (`torch.jit.trace`), optionally frozen."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from parity.backends.eager import EagerBackend
+from parity.inputs import Inputs
+
+
+class TorchScriptOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    freeze: bool = False
+
+
+class TorchScriptBackend(EagerBackend):
+    name = "torchscript"
+    Options = TorchScriptOptions
+
+    def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
+        model = model.to(self.device, self.dtype)
+        example = self.convert(example)
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            if example.kwargs and not example.args:
+                traced = torch.jit.trace(model, example_kwarg_inputs=example.kwargs, strict=False, check_trace=False)
+            else:
+                traced = torch.jit.trace(model, example.args, strict=False, check_trace=False)
+            if self.options.freeze:
+                traced = torch.jit.freeze(traced.eval())
+        self.model = traced

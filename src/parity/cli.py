@@ -1,0 +1,131 @@
+"""The command line: `parity run`, `parity validate`, `parity backends`. One function per verb.
+
+Exit codes: 0 every check passed at the gate; 1 some check failed (or a target could not run here);
+2 user error (bad file, unknown name, missing file); 3 internal error (a bug in parity: please report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from pathlib import Path
+
+from parity.errors import ParityError
+
+EXIT_OK, EXIT_FAILED, EXIT_USER, EXIT_BUG = 0, 1, 2, 3
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    console = Console(stderr=stderr, highlight=False)
+    if not console.is_terminal:  # CI logs and pipes: wide enough that the table is not cut
+        console = Console(stderr=stderr, highlight=False, width=160)
+    return console
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from parity.api import default_out_dir, run_experiment
+    from parity.config import load_experiment
+    from parity.report.console import render
+    from parity.report.summary import exit_code, summarize
+
+    experiments = [load_experiment(f) for f in args.files]  # every file is validated before anything runs
+    code = EXIT_OK
+    for exp in experiments:
+        if args.out is None:
+            out_dir = default_out_dir(exp)
+        else:
+            out_dir = Path(args.out) / exp.name if len(experiments) > 1 else Path(args.out)
+        records = run_experiment(exp, out_dir, progress=not args.quiet)
+        summary = summarize(records)
+        render(records, summary, out_dir, _console())
+        code = max(code, exit_code(summary, args.allow_unavailable))
+    return code
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from parity.config import load_experiment
+
+    problems: list[str] = []
+    for f in args.files:
+        try:
+            exp = load_experiment(f)
+        except ParityError as exc:
+            problems += exc.problems
+            continue
+        n_targets = len(exp.targets)
+        print(f"{f}: valid ({len(exp.models)} model(s), {len(exp.inputs)} input set(s), {n_targets} target(s))")
+    if problems:
+        raise ParityError(*problems)
+    return EXIT_OK
+
+
+def cmd_backends(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from parity.backends import BACKENDS, backend_class
+    from parity.config.schema import BackendSpec
+
+    table = Table(title="parity backends")
+    for col in ("backend", "device", "available", "dtypes", "options"):
+        table.add_column(col)
+    for name in BACKENDS.names():
+        try:
+            cls = backend_class(name)
+        except ParityError as exc:
+            table.add_row(name, "", f"[red]no[/red]: {escape(exc.problems[0])}", "", "")
+            continue
+        for device in cls.devices:
+            reason = cls.available(BackendSpec(backend=name, device=device))
+            status = "[green]yes[/green]" if reason is None else f"[red]no[/red]: {escape(reason)}"
+            table.add_row(name, device, status, ", ".join(cls.dtypes), ", ".join(cls.Options.model_fields) or "-")
+    _console().print(table)
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from parity import __version__
+
+    parser = argparse.ArgumentParser(prog="parity", description="Does your model give the same answers on every backend?")
+    parser.add_argument("--version", action="version", version=f"parity {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run experiment files and judge every target against the reference")
+    run.add_argument("files", nargs="+", metavar="FILE", help="experiment YAML files")
+    run.add_argument("--out", metavar="DIR", help="output folder (default: parity-out/NAME-TIMESTAMP)")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--allow-unavailable", action="store_true",
+                     help="exit 0 even when a target cannot run on this machine (it is still reported)")
+    run.set_defaults(func=cmd_run)
+
+    validate = sub.add_parser("validate", help="check experiment files without running anything")
+    validate.add_argument("files", nargs="+", metavar="FILE")
+    validate.set_defaults(func=cmd_validate)
+
+    backends = sub.add_parser("backends", help="list every backend and whether it can run here")
+    backends.set_defaults(func=cmd_backends)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ParityError as exc:
+        for problem in exc.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return EXIT_USER
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception:
+        traceback.print_exc()
+        print("internal error: this is a bug in parity; please report it with the traceback above", file=sys.stderr)
+        return EXIT_BUG
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Checks the schema cannot make: names against registries, files on disk, cross-references.
+
+Each problem is (key path, message); `loading` adds the file name and line.
+"""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from parity.config.schema import BackendSpec, Experiment
+from parity.errors import ParityError, did_you_mean
+
+Problem = tuple[tuple, str]
+
+
+def _unique(names: list[str], key: str, what: str) -> list[Problem]:
+    seen: set[str] = set()
+    out = []
+    for i, name in enumerate(names):
+        if name in seen:
+            out.append(((key, i), f"{what} '{name}' appears twice; {what}s must be unique (set 'name:' to tell them apart)"))
+        seen.add(name)
+    return out
+
+
+def _backend(spec: BackendSpec, path: tuple) -> list[Problem]:
+    from parity.backends import backend_class
+
+    try:
+        cls = backend_class(spec.backend)
+    except ParityError as exc:
+        return [(path + ("backend",), exc.problems[0])]
+    out = []
+    device_kind = spec.device.split(":")[0]
+    if device_kind not in cls.devices:
+        out.append((path + ("device",), f"backend '{spec.backend}' runs on {', '.join(cls.devices)}, not '{spec.device}'"))
+    if spec.dtype not in cls.dtypes:
+        out.append((path + ("dtype",), f"backend '{spec.backend}' supports dtypes {', '.join(cls.dtypes)}, not '{spec.dtype}'"))
+    problem = cls.spec_problem(spec)
+    if problem:
+        out.append((path, problem))
+    try:
+        cls.Options.model_validate(spec.options)
+    except ValidationError as exc:
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                fields = list(cls.Options.model_fields)
+                msg = f"unknown option for backend '{spec.backend}'{did_you_mean(str(loc[-1]), fields)} (known: {', '.join(fields) or 'none'})"
+            out.append((path + ("options",) + loc, msg))
+    return out
+
+
+def _model(exp: Experiment, i: int) -> list[Problem]:
+    from parity.models.sources import torchvision_builders
+
+    model = exp.models[i]
+    path = ("models", i)
+    out: list[Problem] = []
+    if model.source == "torchvision":
+        builders = torchvision_builders()
+        if model.builder not in builders:
+            out.append((path + ("builder",), f"unknown torchvision builder '{model.builder}'{did_you_mean(model.builder, builders)}"))
+    if model.source == "repo":
+        repo = exp.resolve(model.path)
+        if not repo.is_dir():
+            out.append((path + ("path",), f"repository folder not found: {repo}"))
+        elif model.hubconf is not None and not (repo / "hubconf.py").is_file():
+            out.append((path + ("hubconf",), f"no hubconf.py in {repo}"))
+    if model.weights not in (None, "DEFAULT") and not exp.resolve(model.weights).is_file():
+        out.append((path + ("weights",), f"weights file not found: {exp.resolve(model.weights)} (expected null, DEFAULT or a local .safetensors / torch file)"))
+    if model.weights == "DEFAULT" and model.source != "torchvision":
+        out.append((path + ("weights",), "DEFAULT weights exist only for torchvision builders; give a local file"))
+    known = [s.name for s in exp.inputs]
+    for j, name in enumerate(model.inputs or []):
+        if name not in known:
+            out.append((path + ("inputs", j), f"no input set named '{name}'{did_you_mean(name, known)} (defined: {', '.join(known)})"))
+    return out
+
+
+def _images(exp: Experiment) -> list[Problem]:
+    from parity.inputs.images import image_problem
+
+    out = []
+    for i, spec in enumerate(exp.inputs):
+        for j, ref in enumerate(spec.images or []):
+            problem = image_problem(ref, exp.base_dir)
+            if problem:
+                out.append((("inputs", i, "images", j), problem))
+    return out
+
+
+def check(exp: Experiment) -> list[Problem]:
+    problems = _unique([m.name for m in exp.models], "models", "model name")
+    problems += _unique([s.name for s in exp.inputs], "inputs", "input set name")
+    ids = [exp.reference.id] + [t.id for t in exp.targets]
+    problems += [(("targets", i - 1), msg.replace("model name", "backend id")) for (_, i), msg in _unique(ids, "targets", "backend id")]
+    problems += _backend(exp.reference, ("reference",))
+    for i, target in enumerate(exp.targets):
+        problems += _backend(target, ("targets", i))
+    for i in range(len(exp.models)):
+        problems += _model(exp, i)
+    problems += _images(exp)
+    return problems

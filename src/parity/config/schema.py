@@ -1,0 +1,196 @@
+"""The experiment file, as pydantic models. Unknown keys are rejected everywhere.
+
+This module checks shape and types only; names that need a registry or the file system (backends,
+torchvision builders, files) are checked in `config.checks`, so that the schema stays import-light.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+TASKS = ("classification", "detection", "segmentation", "other")
+Size = int | tuple[int, int]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSpec(Strict):
+    name: str = Field(min_length=1)
+    source: Literal["torchvision", "repo", "python"] = "torchvision"
+    builder: str | None = None
+    path: str | None = None
+    entry: str | None = None
+    hubconf: str | None = None
+    weights: str | None = None
+    init: Literal["default", "fan_in"] = "default"
+    params: dict[str, Any] = Field(default_factory=dict)
+    task: Literal["classification", "detection", "segmentation", "other"] = "other"
+    inputs: list[str] | None = None
+    batch: Literal["stack", "list"] | None = None
+
+    @model_validator(mode="after")
+    def _source_keys(self) -> ModelSpec:
+        needed = {"torchvision": ["builder"], "repo": ["path"], "python": ["entry"]}[self.source]
+        for key in needed:
+            if getattr(self, key) is None:
+                raise ValueError(f"source '{self.source}' needs '{key}'")
+        if self.source == "repo" and (self.entry is None) == (self.hubconf is None):
+            raise ValueError("source 'repo' needs exactly one of 'entry' (module:attr) or 'hubconf' (name)")
+        foreign = {"torchvision": ["path", "entry", "hubconf"], "repo": ["builder"], "python": ["builder", "path", "hubconf"]}
+        if self.init != "default" and self.weights is not None:
+            raise ValueError("'init' applies only to a seeded init (weights: null)")
+        for key in foreign[self.source]:
+            if getattr(self, key) is not None:
+                raise ValueError(f"'{key}' does not apply to source '{self.source}'")
+        return self
+
+    @property
+    def batch_mode(self) -> str:
+        """How images are handed over: one stacked batch, or a list of CHW tensors (detection)."""
+        return self.batch or ("list" if self.task == "detection" else "stack")
+
+
+class Preprocess(Strict):
+    resize: Size | None = None
+    center_crop: Size | None = None
+    resize_multiple: int | None = Field(default=None, gt=0)
+    mean: list[float] | None = None
+    std: list[float] | None = None
+
+    @model_validator(mode="after")
+    def _mean_std(self) -> Preprocess:
+        if (self.mean is None) != (self.std is None):
+            raise ValueError("give both 'mean' and 'std', or neither")
+        if self.std is not None and any(s == 0 for s in self.std):
+            raise ValueError("'std' must not contain 0")
+        return self
+
+
+class Synthetic(Strict):
+    shape: list[int] = Field(min_length=1)
+    dtype: Literal["float32", "float64", "bfloat16", "float16", "int64", "int32", "bool"] = "float32"
+    distribution: Literal["normal", "uniform", "randint", "zeros", "ones"] = "normal"
+    low: float = 0.0
+    high: float = 1.0
+    seed: int | None = None
+
+    @field_validator("shape")
+    @classmethod
+    def _positive(cls, shape: list[int]) -> list[int]:
+        if any(d <= 0 for d in shape):
+            raise ValueError("every dimension must be positive")
+        return shape
+
+
+class InputSetSpec(Strict):
+    name: str = Field(min_length=1)
+    images: list[str] | None = None
+    preprocess: Preprocess = Field(default_factory=Preprocess)
+    synthetic: Synthetic | list[Synthetic] | dict[str, Synthetic] | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> InputSetSpec:
+        if (self.images is None) == (self.synthetic is None):
+            raise ValueError("an input set needs exactly one of 'images' or 'synthetic'")
+        if self.images is not None and not self.images:
+            raise ValueError("'images' is empty")
+        return self
+
+
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+class BackendSpec(Strict):
+    backend: str = Field(min_length=1)
+    device: str = "cpu"
+    dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
+    name: str | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, device: str) -> str:
+        if not _DEVICE.match(device):
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', not '{device}'")
+        return device
+
+    @property
+    def id(self) -> str:
+        """The name used in records: `name`, else backend-device[-dtype]."""
+        if self.name:
+            return self.name
+        backend = self.backend.rpartition(":")[2] if ":" in self.backend else self.backend
+        suffix = "" if self.dtype == "float32" else f"-{self.dtype}"
+        return f"{backend}-{self.device.replace(':', '')}{suffix}"
+
+
+class Tolerances(Strict):
+    atol: list[float] = Field(default_factory=lambda: [1e-6, 1e-5, 1e-4, 1e-3], min_length=1)
+    rtol: float = Field(default=1e-5, ge=0)
+    gate: float | None = Field(default=None, ge=0)
+
+    @field_validator("atol", mode="before")
+    @classmethod
+    def _listify(cls, value: Any) -> Any:
+        return [value] if isinstance(value, int | float | str) else value
+
+    @field_validator("atol")
+    @classmethod
+    def _sorted(cls, atol: list[float]) -> list[float]:
+        if any(a < 0 for a in atol):
+            raise ValueError("tolerances must be >= 0")
+        return sorted(set(atol))
+
+    @property
+    def gate_atol(self) -> float:
+        """The atol that decides pass/fail (and the exit code): `gate`, else 1e-4 when swept, else the largest."""
+        if self.gate is not None:
+            return self.gate
+        return 1e-4 if 1e-4 in self.atol else self.atol[-1]
+
+
+class Oracle(Strict):
+    enabled: bool = True
+    multiplier: float = Field(default=2.0, gt=0)
+    floor: float = Field(default=1e-8, ge=0)
+
+
+class Experiment(Strict):
+    name: str | None = None
+    seed: int = 0
+    repeats: int = Field(default=1, ge=1)
+    models: list[ModelSpec] = Field(min_length=1)
+    inputs: list[InputSetSpec] = Field(min_length=1)
+    reference: BackendSpec = Field(default_factory=lambda: BackendSpec(backend="eager"))
+    oracle: Oracle = Field(default_factory=lambda: Oracle(enabled=False))
+    targets: list[BackendSpec] = Field(min_length=1)
+    tolerances: Tolerances = Field(default_factory=Tolerances)
+
+    _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+
+    @field_validator("oracle", mode="before")
+    @classmethod
+    def _oracle_bool(cls, value: Any) -> Any:
+        return {"enabled": value} if isinstance(value, bool) else value
+
+    @property
+    def base_dir(self) -> Path:
+        """Relative paths in the file are resolved against the file's folder."""
+        return self._base_dir
+
+    def resolve(self, path: str) -> Path:
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else self._base_dir / p
+
+    def inputs_for(self, model: ModelSpec) -> list[InputSetSpec]:
+        if model.inputs is None:
+            return list(self.inputs)
+        by_name = {s.name: s for s in self.inputs}
+        return [by_name[n] for n in model.inputs]

@@ -1,0 +1,60 @@
+"""Input sets: named, ordered tensors handed to a model as positional and keyword arguments."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from parity.outputs import map_tensors
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """What a model is called with: `model(*args, **kwargs)`."""
+
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def map(self, fn) -> Inputs:
+        return Inputs(map_tensors(self.args, fn), map_tensors(self.kwargs, fn))
+
+    def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> Inputs:
+        """Move to `device`; cast floating tensors to `dtype` when given (integer inputs keep theirs)."""
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            if dtype is not None and t.is_floating_point():
+                t = t.to(dtype)
+            return t.to(device)
+
+        return self.map(move)
+
+    def tensors(self) -> list[torch.Tensor]:
+        from parity.outputs import flatten
+
+        return [v for v in flatten((self.args, self.kwargs)).values() if isinstance(v, torch.Tensor)]
+
+    def describe(self) -> str:
+        return ", ".join(f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in self.tensors())
+
+
+def build_inputs(spec, experiment, batch: str = "stack") -> Inputs:
+    """The Inputs of one input set; `batch` says how images are handed over (a stacked batch or a list)."""
+    from parity.inputs.images import load_images
+    from parity.inputs.synthetic import make_synthetic
+
+    if spec.images is not None:
+        images = load_images(spec.images, spec.preprocess, experiment.base_dir)
+        if batch == "list":
+            return Inputs((images,))
+        shapes = {tuple(i.shape) for i in images}
+        if len(shapes) > 1:
+            from parity.errors import ParityError
+
+            raise ParityError(
+                f"input set '{spec.name}': images have different sizes after preprocessing ({sorted(shapes)}); "
+                "add 'center_crop' or a fixed 'resize: [H, W]' to stack them into one batch"
+            )
+        return Inputs((torch.stack(images),))
+    return make_synthetic(spec.synthetic, experiment.seed)

@@ -1,0 +1,64 @@
+"""Weights: a seeded init (the same seed gives identical weights on every run) or a local file."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+
+from parity.errors import ParityError
+
+
+@contextlib.contextmanager
+def seeded(seed: int):
+    """Seed torch's global generator for a model's construction without disturbing the caller's."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def redraw_fan_in(model: torch.nn.Module, seed: int) -> None:
+    """Redraw every weight from N(0, 2/fan_in) and every bias from N(0, 0.1^2); normalization layers keep
+    theirs. Some builders' own init collapses the outputs (a random-init MobileNet's logits are ~1e-9,
+    a detector gives every box the same score), which hides all drift; this init gives varied outputs."""
+    gen = torch.Generator().manual_seed(seed)
+    norms = (torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, norms):
+                continue
+            for param in module.parameters(recurse=False):
+                if param.dim() >= 2:
+                    std = (2.0 / param[0].numel()) ** 0.5
+                else:
+                    std = 0.1
+                param.copy_(torch.randn(param.shape, generator=gen, dtype=torch.float64).to(param.dtype) * std)
+
+
+def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many kinds here; the user needs the file and the reason
+        raise ParityError(f"cannot load weights from {path} (weights_only=True): {exc}") from exc
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise ParityError(f"{path} does not hold a state dict (got {type(state).__name__})")
+    return state
+
+
+def apply_weights(model: torch.nn.Module, path: Path) -> None:
+    state = load_state_dict(path)
+    result = model.load_state_dict(state, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        parts = []
+        if result.missing_keys:
+            parts.append(f"missing {len(result.missing_keys)} (e.g. {', '.join(result.missing_keys[:3])})")
+        if result.unexpected_keys:
+            parts.append(f"unexpected {len(result.unexpected_keys)} (e.g. {', '.join(result.unexpected_keys[:3])})")
+        raise ParityError(f"weights in {path} do not fit the model: {'; '.join(parts)}")

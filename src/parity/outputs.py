@@ -1,0 +1,86 @@
+"""Flatten any model output into named leaves, so that every output is compared.
+
+Tuples and lists give `[i]`, mappings (dicts, OrderedDicts, Hugging Face ModelOutput) give `['key']`,
+namedtuples and dataclasses give `.field`: a detection model's list of dicts becomes `out[0]['boxes']`.
+Tensors, numpy arrays, numbers, strings, booleans and None are leaves; anything else is an *opaque*
+leaf that cannot be compared, which the verifier turns into a failure with its reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = "out"
+SCALARS = (bool, int, float, complex, str, bytes, type(None))
+
+
+@dataclasses.dataclass(frozen=True)
+class Opaque:
+    """A leaf of a type parity cannot compare; kept so that the structure is still visible."""
+
+    type_name: str
+
+
+def _is_namedtuple(obj: Any) -> bool:
+    return isinstance(obj, tuple) and hasattr(obj, "_fields")
+
+
+def _children(obj: Any) -> list[tuple[str, Any]] | None:
+    """(name suffix, child) pairs, or None when `obj` is a leaf."""
+    if isinstance(obj, torch.Tensor | np.ndarray | np.generic) or isinstance(obj, SCALARS):
+        return None
+    if _is_namedtuple(obj):
+        return [(f".{f}", getattr(obj, f)) for f in obj._fields]
+    if isinstance(obj, Mapping):
+        return [(f"[{k!r}]", v) for k, v in obj.items()]
+    if isinstance(obj, list | tuple):
+        return [(f"[{i}]", v) for i, v in enumerate(obj)]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [(f".{f.name}", getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+    return None
+
+
+def flatten(output: Any, root: str = ROOT) -> dict[str, Any]:
+    """Named leaves in a stable order: {"out[0]['boxes']": tensor, ...}. Numpy becomes torch."""
+    leaves: dict[str, Any] = {}
+
+    def walk(obj: Any, name: str) -> None:
+        children = _children(obj)
+        if children is None:
+            if isinstance(obj, np.ndarray | np.generic):
+                obj = torch.from_numpy(np.asarray(obj))
+            elif not isinstance(obj, (torch.Tensor, *SCALARS)):
+                obj = Opaque(type(obj).__qualname__)
+            leaves[name] = obj
+            return
+        if not children:
+            leaves[name] = type(obj)()  # an empty container is still part of the structure
+        for suffix, child in children:
+            walk(child, name + suffix)
+
+    walk(output, root)
+    return leaves
+
+
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """Apply `fn` to every tensor inside the containers `flatten` understands, keeping their types."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if _is_namedtuple(obj):
+        return type(obj)(*(map_tensors(v, fn) for v in obj))
+    if isinstance(obj, Mapping):
+        items = {k: map_tensors(v, fn) for k, v in obj.items()}
+        try:
+            return type(obj)(items)
+        except TypeError:
+            return items
+    if isinstance(obj, list | tuple):
+        return type(obj)(map_tensors(v, fn) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: map_tensors(getattr(obj, f.name), fn) for f in dataclasses.fields(obj) if f.init})
+    return obj

@@ -1,0 +1,49 @@
+"""The table `parity run` prints: rows models (and input sets), columns targets, cells the verdict at the
+gate with the greatest absolute difference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _cell(checks: list[dict]) -> str:
+    if all(c["status"] == "skipped" for c in checks):
+        return "[dim]n/a[/dim]"
+    done = [c for c in checks if c["status"] != "skipped"]
+    failed = [c for c in done if not c["passed"]]
+    max_abs = max((c.get("max_abs") or 0.0 for c in done), default=0.0)
+    if not failed:
+        return f"[green]pass[/green] {max_abs:.1e}"
+    classes = sorted({c["failure_class"] for c in failed})
+    number = f" {max_abs:.1e}" if any(c.get("leaves") for c in failed) else ""
+    return f"[red]FAIL[/red]{number} {','.join(classes)}"
+
+
+def render(records: list[dict], summary: dict[str, Any], out_dir, console) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    checks = [r for r in records if r["kind"] == "check" and r["tier"] == 1]
+    targets = list(summary["per_target"])
+    rows = list(dict.fromkeys((c["model"], c["inputs"]) for c in checks))
+    table = Table(title=f"{summary['experiment']}: tier 1 at atol={summary['gate']:g}, rtol={summary['rtol']:g} "
+                        "(verdict, max abs difference)")
+    table.add_column("model / inputs")
+    for t in targets:
+        table.add_column(t)
+    for model, inputs in rows:
+        mine = [c for c in checks if (c["model"], c["inputs"]) == (model, inputs)]
+        table.add_row(escape(f"{model} / {inputs}"), *[_cell([c for c in mine if c["target"] == t]) for t in targets])
+    console.print(table)
+    for t, info in summary["per_target"].items():
+        if info["skipped"]:
+            console.print(f"[yellow]unavailable[/yellow] {escape(t)}: {escape(str(info['reason']))}")
+    for c in checks:
+        if c["status"] != "skipped" and not c["passed"]:
+            console.print("[red]failed[/red] " + escape(f"{c['model']} / {c['inputs']} / {c['target']}: "
+                                                          f"{c['failure_class']}: {c['detail']}"))
+    totals = summary["totals"]
+    console.print(f"{totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped "
+                  f"({summary['arithmetic']['formula']})")
+    console.print(f"records: {out_dir / 'records.jsonl'}\nsummary: {out_dir / 'summary.json'}\n"
+                  f"report:  {out_dir / 'report.md'}")

@@ -1,0 +1,72 @@
+"""A Markdown report rendered from the records alone: verdicts, the tolerance sweep, failures with
+their worst leaves, the oracle's opinion and latency per backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "inf"
+    return f"{x:.2e}" if isinstance(x, float) else str(x)
+
+
+def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
+    run = next(r for r in records if r["kind"] == "run")
+    env = run["environment"]
+    checks = [r for r in records if r["kind"] == "check" and r["tier"] == 1]
+    keys = [f"{a:.0e}" for a in summary["tolerances"]]
+    t = summary["totals"]
+    lines = [
+        f"# parity report: {summary['experiment']}",
+        "",
+        f"**{t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped** at atol={summary['gate']:g}, "
+        f"rtol={summary['rtol']:g}. {summary['arithmetic']['formula']}.",
+        "",
+        f"torch {env['torch']}, torchvision {env['torchvision']}, onnxruntime {env['onnxruntime']}, "
+        f"python {env['python']}, {env['cpu'].get('model', env['cpu']['machine'])}, {env['threads']} threads, "
+        f"CUDA: {env['cuda']['devices'] if env['cuda'] else 'none'}",
+        "",
+        "## Checks",
+        "",
+        "| model | inputs | target | verdict | class | max abs | required atol | oracle: target worse? |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in checks:
+        verdict = "skipped" if c["status"] == "skipped" else ("pass" if c["passed"] else "FAIL")
+        oracle = c.get("oracle")
+        worse = "" if not oracle else ("yes" if oracle["target_worse"] else "no")
+        lines.append(f"| {c['model']} | {c['inputs']} | {c['target']} | {verdict} | {c['failure_class'] or ''} | "
+                     f"{_fmt(c.get('max_abs')) if c['status'] != 'skipped' else ''} | "
+                     f"{_fmt(c['required_atol']) if c['status'] != 'skipped' else ''} | {worse} |")
+    lines += ["", "## Tolerance sweep (checks passing at each atol)", "",
+              "| target | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    for target, info in summary["per_target"].items():
+        ran = info["checks"] - info["skipped"]
+        lines.append(f"| {target} | " + " | ".join(f"{info['per_tolerance'][k]}/{ran}" for k in keys) + " |")
+    failed = [c for c in checks if c["status"] != "skipped" and not c["passed"]]
+    if failed:
+        lines += ["", "## Failures", ""]
+        for c in failed:
+            lines.append(f"- **{c['model']} / {c['inputs']} / {c['target']}**: `{c['failure_class']}`: {c['detail']}")
+            worst = sorted((leaf for leaf in c["leaves"] if leaf.get("failure_class")),
+                           key=lambda leaf: -(leaf.get("max_abs") or 0.0))[:5]
+            for leaf in worst:
+                lines.append(f"  - `{leaf['name']}`: max abs {_fmt(leaf.get('max_abs'))}, max rel {_fmt(leaf.get('max_rel'))}, "
+                             f"cosine {_fmt(leaf.get('cosine'))}, mismatched {_fmt(leaf.get('mismatch_fraction'))}"
+                             + (f" ({leaf['detail']})" if leaf.get("detail") else ""))
+    skipped = {c["target"]: c["detail"] for c in checks if c["status"] == "skipped"}
+    if skipped:
+        lines += ["", "## Unavailable targets", ""] + [f"- {t}: {why}" for t, why in skipped.items()]
+    lines += ["", "## Latency per backend", "", "| backend | executions | median run s | min run s | prepare s (total) |",
+              "|---|---|---|---|---|"]
+    for backend, lat in summary["latency"].items():
+        lines.append(f"| {backend} | {lat['executions']} | {lat['run_s_median']:.4f} | {lat['run_s_min']:.4f} | "
+                     f"{lat['prepare_s_total']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(records: list[dict], summary: dict[str, Any], path: Path) -> None:
+    path.write_text(render_markdown(records, summary), encoding="utf-8")

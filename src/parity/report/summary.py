@@ -1,0 +1,89 @@
+"""The summary: totals, per target, per tolerance, per failure class, latency, and the arithmetic that
+makes the totals. Computed from the records alone."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+
+def _checks(records: list[dict]) -> list[dict]:
+    return [r for r in records if r["kind"] == "check" and r["tier"] == 1]
+
+
+def _latency(records: list[dict]) -> dict[str, dict[str, Any]]:
+    runs: dict[str, list[float]] = defaultdict(list)
+    prepares: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        if r["kind"] == "execution" and r["status"] == "ok":
+            runs[r["backend"]].append(r["run_s"])
+            if r["repeat"] == 0 and r["prepare_s"] is not None:
+                prepares[r["backend"]].append(r["prepare_s"])
+    return {b: {"executions": len(v), "run_s_median": statistics.median(v), "run_s_min": min(v),
+                "prepare_s_total": sum(prepares[b])} for b, v in runs.items()}
+
+
+def summarize(records: list[dict]) -> dict[str, Any]:
+    run = next(r for r in records if r["kind"] == "run")
+    tol = run["config"]["tolerances"]
+    checks = _checks(records)
+    keys = [f"{a:.0e}" for a in tol["atol"]]
+    pairs = sorted({(c["model"], c["inputs"]) for c in checks})
+    targets = list(dict.fromkeys(c["target"] for c in checks))
+    ran = [c for c in checks if c["status"] != "skipped"]
+    per_target: dict[str, Any] = {}
+    for t in targets:
+        mine = [c for c in checks if c["target"] == t]
+        done = [c for c in mine if c["status"] != "skipped"]
+        per_target[t] = {
+            "checks": len(mine),
+            "passed": sum(bool(c["passed"]) for c in done),
+            "failed": sum(not c["passed"] for c in done),
+            "skipped": len(mine) - len(done),
+            "max_abs": max((c.get("max_abs") or 0.0 for c in done), default=None),
+            "per_tolerance": {k: sum(bool(c["verdicts"].get(k)) for c in done) for k in keys},
+            "reason": next((c["detail"] for c in mine if c["status"] == "skipped"), None),
+        }
+    n_checks = len(checks)
+    return {
+        "experiment": run["experiment"],
+        "rtol": tol["rtol"],
+        "gate": ran[0]["gate"] if ran else (checks[0]["gate"] if checks else None),
+        "tolerances": tol["atol"],
+        "arithmetic": {
+            "model_input_pairs": len(pairs),
+            "targets": len(targets),
+            "checks": n_checks,
+            "tolerances": len(keys),
+            "verdicts": n_checks * len(keys),
+            "formula": f"{len(pairs)} (model, input set) pairs x {len(targets)} targets = {n_checks} checks; "
+                       f"x {len(keys)} tolerances = {n_checks * len(keys)} verdicts",
+        },
+        "totals": {
+            "checks": n_checks,
+            "passed": sum(bool(c["passed"]) for c in ran),
+            "failed": sum(not c["passed"] for c in ran),
+            "skipped": n_checks - len(ran),
+        },
+        "per_target": per_target,
+        "per_tolerance": {k: {"passed": sum(bool(c["verdicts"].get(k)) for c in ran),
+                              "failed": sum(not c["verdicts"].get(k) for c in ran)} for k in keys},
+        "failure_classes": dict(Counter(c["failure_class"] for c in ran if c["failure_class"])),
+        "latency": _latency(records),
+    }
+
+
+def write_summary(summary: dict[str, Any], path: Path) -> None:
+    path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+
+
+def exit_code(summary: dict[str, Any], allow_unavailable: bool = False) -> int:
+    """0 when every check passed at the gate; 1 when one failed, or was skipped (a target that could not
+    run here was not verified) unless `allow_unavailable`."""
+    totals = summary["totals"]
+    if totals["failed"] or (totals["skipped"] and not allow_unavailable):
+        return 1
+    return 0

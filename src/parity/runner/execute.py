@@ -1,0 +1,68 @@
+"""Run one backend on one model and input set, `repeats` times, on its own copy of the model."""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from parity.backends import backend_class
+from parity.config.schema import BackendSpec
+from parity.inputs import Inputs
+from parity.verify.taxonomy import classify_exception
+
+
+@dataclass
+class Execution:
+    """The outputs of every repeat (or why there are none) and the timings."""
+
+    backend: BackendSpec
+    status: str  # ok | error | unavailable
+    outputs: list[Any] = field(default_factory=list)
+    prepare_s: float | None = None
+    run_s: list[float] = field(default_factory=list)
+    error: str | None = None
+    failure_class: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = next((line for line in text if line.strip()), "")
+    return f"{type(exc).__name__}: {first}"[:500]
+
+
+def execute(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, repeats: int, on_run=None) -> Execution:
+    """`model` is never touched: the backend gets a deep copy, so no two backends share a module.
+    `on_run(execution, repeat)` is called after each repeat, so records are written as results come."""
+    reason = backend_class(spec.backend).available(spec)
+    if reason:
+        return Execution(spec, "unavailable", error=reason)
+    backend = backend_class(spec.backend)(spec)
+    result = Execution(spec, "ok")
+    try:
+        start = time.perf_counter()
+        backend.prepare(copy.deepcopy(model), inputs)
+        result.prepare_s = time.perf_counter() - start
+        for repeat in range(repeats):
+            start = time.perf_counter()
+            result.outputs.append(backend.run(inputs))
+            result.run_s.append(time.perf_counter() - start)
+            if on_run:
+                on_run(result, repeat)
+    except Exception as exc:  # a backend that raises fails its own checks; the run goes on
+        result.status = "error"
+        result.error = _describe(exc)
+        result.failure_class = classify_exception(exc)
+    finally:
+        try:
+            backend.close()
+        except Exception:  # closing must not hide the result
+            pass
+    return result

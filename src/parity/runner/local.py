@@ -1,0 +1,112 @@
+"""The local executor: builds each model once, runs every backend on its own copy, judges, records.
+
+Memory stays bounded by one model and input set at a time: the reference's (and oracle's) outputs are
+kept while that job's targets run, and each target's outputs are dropped once its check is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from parity.config.schema import Experiment
+from parity.errors import ParityError
+from parity.inputs import build_inputs
+from parity.models import build_model
+from parity.records import RecordWriter, environment
+from parity.runner.execute import Execution, execute
+from parity.runner.plan import Job, plan
+from parity.verify.checks import repeat_spread, tier1_check
+
+
+class _Progress:
+    """A rich progress bar over executions; silent when not wanted."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.enabled = enabled
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=Console(stderr=True), transient=False)
+            self.task = self.bar.add_task("starting", total=total)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[_Progress]:
+        if not self.enabled:
+            yield self
+            return
+        with self.bar:
+            yield self
+
+    def describe(self, text: str) -> None:
+        if self.enabled:
+            self.bar.update(self.task, description=text[:48])
+
+    def advance(self, n: int = 1) -> None:
+        if self.enabled:
+            self.bar.advance(self.task, n)
+
+
+def _record_execution(writer: RecordWriter, job: Job, ex: Execution, repeat: int | None) -> None:
+    fields: dict[str, Any] = {"model": job.model.name, "inputs": job.inputs.name, "backend": ex.backend.id,
+                              "device": ex.backend.device, "dtype": ex.backend.dtype}
+    if repeat is None:  # a failure or an unavailable backend: one record for the whole execution
+        writer.write("execution", **fields, repeat=0, status=ex.status, prepare_s=ex.prepare_s, run_s=None,
+                     error=ex.error, failure_class=ex.failure_class)
+    else:
+        writer.write("execution", **fields, repeat=repeat, status="ok", prepare_s=ex.prepare_s if repeat == 0 else 0.0,
+                     run_s=ex.run_s[repeat], error=None, failure_class=None)
+
+
+def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _Progress) -> None:
+    inputs = build_inputs(job.inputs, exp, job.model.batch_mode)
+
+    def run(spec) -> Execution:
+        progress.describe(f"{job.model.name} / {job.inputs.name} / {spec.id}")
+        ex = execute(spec, model, inputs, job.repeats, on_run=lambda e, r: _record_execution(writer, job, e, r))
+        if not ex.ok:
+            _record_execution(writer, job, ex, None)
+        progress.advance(job.repeats)
+        return ex
+
+    reference = run(job.reference)
+    if reference.status == "unavailable":
+        raise ParityError(f"the reference backend {job.reference.id} cannot run here: {reference.error}")
+    oracle = run(job.oracle) if job.oracle else None
+    ref_spread = repeat_spread(reference.outputs, exp.tolerances.rtol, exp.tolerances.gate_atol) if reference.ok else 0.0
+    for spec in job.targets:
+        target = run(spec)
+        writer.write("check", **tier1_check(job, target, reference, oracle, exp, ref_spread))
+
+
+def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True) -> list[dict[str, Any]]:
+    """Run `exp`, writing OUT/records.jsonl and OUT/summary.json; returns the records."""
+    from parity.report.summary import summarize, write_summary
+
+    jobs = plan(exp)
+    bar = _Progress(sum(j.executions for j in jobs), progress)
+    with RecordWriter(out_dir / "records.jsonl") as writer:
+        writer.write("run", experiment=exp.name, config=exp.model_dump(mode="json"),
+                     base_dir=str(exp.base_dir), environment=environment(exp.base_dir))
+        with bar.running():
+            for model_spec in exp.models:
+                model = _build(model_spec, exp)
+                for job in (j for j in jobs if j.model is model_spec):
+                    _run_job(job, model, exp, writer, bar)
+                del model
+        records = writer.records
+    write_summary(summarize(records), out_dir / "summary.json")
+    return records
+
+
+def _build(spec, exp):
+    try:
+        return build_model(spec, exp)
+    except ParityError:
+        raise
+    except Exception as exc:  # the user's model code raised while being built
+        raise ParityError(f"model '{spec.name}': building it failed: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,1 @@
+"""Verification: tier 1 (tensors) and the failure taxonomy."""

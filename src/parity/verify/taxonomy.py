@@ -1,0 +1,42 @@
+"""Failure classes: why a check failed. The order of SEVERITY decides a check's class when its leaves
+fail for different reasons (a structure difference explains more than a numeric one)."""
+
+from __future__ import annotations
+
+STRUCTURE_MISMATCH = "structure_mismatch"  # different leaves (names, containers, tensor vs not)
+SHAPE_MISMATCH = "shape_mismatch"
+DTYPE_MISMATCH = "dtype_mismatch"  # different non-floating dtypes (float precisions may differ by design)
+UNCOMPARABLE = "uncomparable"  # an output of a type parity cannot compare
+NONFINITE = "nonfinite"  # NaN/Inf where the reference has none, or the other way round
+NUMERIC_DRIFT = "numeric_drift"
+NONDETERMINISTIC = "nondeterministic"  # a backend's repeats disagree beyond the gate
+ORDERING = "ordering"
+DECISION_FLIP = "decision_flip"
+UNSUPPORTED_OP = "unsupported_op"
+BACKEND_ERROR = "backend_error"
+CRASH = "crash"
+TIMEOUT = "timeout"
+
+SEVERITY = [
+    CRASH, TIMEOUT, UNSUPPORTED_OP, BACKEND_ERROR, STRUCTURE_MISMATCH, SHAPE_MISMATCH, DTYPE_MISMATCH,
+    UNCOMPARABLE, NONFINITE, NONDETERMINISTIC, DECISION_FLIP, ORDERING, NUMERIC_DRIFT,
+]
+
+_UNSUPPORTED_HINTS = (
+    "unsupported", "not supported", "not implemented", "notimplemented", "no kernel", "could not export",
+    "failed to export", "onnxexportererror", "torchexporterror", "unsupportednodeerror", "does not support",
+)
+
+
+def most_severe(classes) -> str | None:
+    present = [c for c in classes if c]
+    return min(present, key=SEVERITY.index) if present else None
+
+
+def classify_exception(exc: BaseException) -> str:
+    """`unsupported_op` when a backend cannot express the model (export, tracing, missing kernels),
+    `backend_error` for anything else it raised."""
+    text = f"{type(exc).__module__}.{type(exc).__name__} {exc}".lower()
+    if isinstance(exc, NotImplementedError) or any(h in text for h in _UNSUPPORTED_HINTS):
+        return UNSUPPORTED_OP
+    return BACKEND_ERROR

@@ -1,0 +1,183 @@
+"""Tier 1: tensor closeness, leaf by leaf.
+
+The elementwise test is |target - reference| <= atol + rtol * |reference|. Each leaf keeps its
+*required atol* at the configured rtol, max(|t - r| - rtol * |r|), the smallest atol that passes, so the
+verdict at every atol of a sweep, and any later re-judgement, comes from one execution.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from numbers import Number
+from typing import Any
+
+import torch
+
+from parity.outputs import Opaque, flatten
+from parity.verify import taxonomy as tx
+
+
+@dataclass
+class Comparison:
+    """Every leaf of one target-vs-reference comparison, and what they add up to."""
+
+    leaves: list[dict[str, Any]] = field(default_factory=list)
+    failure_class: str | None = None  # a failure that no tolerance can fix, or numeric_drift
+    detail: str | None = None
+
+    @property
+    def required_atol(self) -> float:
+        """The smallest atol at which every leaf passes; inf when none does (structure, NaN...)."""
+        if self.failure_class not in (None, tx.NUMERIC_DRIFT):
+            return math.inf
+        values = [leaf["required_atol"] for leaf in self.leaves]
+        return max((math.inf if v is None else v for v in values), default=0.0)
+
+    def passes(self, atol: float) -> bool:
+        return self.required_atol <= atol
+
+
+def _as_float(t: torch.Tensor) -> torch.Tensor:
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    return t.detach().to("cpu", torch.float64)
+
+
+def _kind(t: torch.Tensor) -> str:
+    return "float" if (t.is_floating_point() or t.is_complex()) else str(t.dtype)
+
+
+def tensor_stats(ref: torch.Tensor, tgt: torch.Tensor, rtol: float, gate: float) -> dict[str, Any]:
+    """Error statistics of two same-shape tensors; non-finite values must match in place and kind."""
+    r, t = _as_float(ref).flatten(), _as_float(tgt).flatten()
+    n = r.numel()
+    if n == 0:
+        return {"max_abs": 0.0, "max_rel": 0.0, "mean_abs": 0.0, "rmse": 0.0, "cosine": 1.0,
+                "mismatch_fraction": 0.0, "required_atol": 0.0, "nonfinite": 0}
+    fin_r, fin_t = torch.isfinite(r), torch.isfinite(t)
+    same_special = (torch.isnan(r) & torch.isnan(t)) | (~fin_r & ~fin_t & (r == t))
+    bad_special = (~fin_r | ~fin_t) & ~same_special
+    both = fin_r & fin_t
+    r_f, t_f = r[both], t[both]
+    diff = (t_f - r_f).abs()
+    abs_r = r_f.abs()
+    excess = diff - rtol * abs_r
+    nonzero = abs_r > 0
+    n_bad = int(bad_special.sum())
+    stats = {
+        "max_abs": float(diff.max()) if diff.numel() else 0.0,
+        "max_rel": float((diff[nonzero] / abs_r[nonzero]).max()) if bool(nonzero.any()) else 0.0,
+        "mean_abs": float(diff.mean()) if diff.numel() else 0.0,
+        "rmse": float(diff.square().mean().sqrt()) if diff.numel() else 0.0,
+        "cosine": _cosine(r_f, t_f),
+        "mismatch_fraction": (int((excess > gate).sum()) + n_bad) / n,
+        "required_atol": None if n_bad else max(float(excess.max()) if excess.numel() else 0.0, 0.0),
+        "nonfinite": n_bad,
+    }
+    return stats
+
+
+def _cosine(r: torch.Tensor, t: torch.Tensor) -> float:
+    nr, nt = float(r.norm()), float(t.norm())
+    if nr == 0 or nt == 0:
+        return 1.0 if nr == nt else 0.0
+    return float(torch.dot(r, t) / (nr * nt))
+
+
+def _rmse(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = _as_float(a), _as_float(b)
+    both = torch.isfinite(a) & torch.isfinite(b)
+    return float((a[both] - b[both]).square().mean().sqrt()) if bool(both.any()) else 0.0
+
+
+def _compare_leaf(name: str, ref: Any, tgt: Any, rtol: float, gate: float) -> dict[str, Any]:
+    leaf: dict[str, Any] = {"name": name, "required_atol": None, "failure_class": None}
+    if isinstance(ref, Opaque) or isinstance(tgt, Opaque):
+        opaque = ref if isinstance(ref, Opaque) else tgt
+        leaf.update(failure_class=tx.UNCOMPARABLE, detail=f"an output of type {opaque.type_name} cannot be compared")
+        return leaf
+    ref_t, tgt_t = isinstance(ref, torch.Tensor), isinstance(tgt, torch.Tensor)
+    if ref_t != tgt_t:
+        leaf.update(failure_class=tx.STRUCTURE_MISMATCH,
+                    detail=f"reference has {type(ref).__name__}, target has {type(tgt).__name__}")
+        return leaf
+    if not ref_t:
+        equal = type(ref) is type(tgt) and ref == tgt
+        if isinstance(ref, float) and isinstance(tgt, float) and math.isnan(ref) and math.isnan(tgt):
+            equal = True
+        leaf.update(value=repr(tgt)[:200], reference_value=repr(ref)[:200], required_atol=0.0 if equal else None)
+        if not equal:
+            numbers = isinstance(ref, Number) and isinstance(tgt, Number) and not isinstance(ref, bool)
+            leaf.update(failure_class=tx.NUMERIC_DRIFT if numbers else tx.STRUCTURE_MISMATCH,
+                        detail=f"non-tensor output differs: reference {ref!r}, target {tgt!r}"[:300])
+        return leaf
+    leaf.update(shape=list(tgt.shape), dtype=str(tgt.dtype).removeprefix("torch."))
+    if tgt.shape != ref.shape:
+        leaf.update(failure_class=tx.SHAPE_MISMATCH, reference_shape=list(ref.shape),
+                    detail=f"shape {list(tgt.shape)} vs reference {list(ref.shape)}")
+        return leaf
+    if ref.dtype != tgt.dtype:
+        leaf["reference_dtype"] = str(ref.dtype).removeprefix("torch.")
+    leaf.update(tensor_stats(ref, tgt, rtol, gate))
+    if _kind(ref) != _kind(tgt):
+        leaf.update(failure_class=tx.DTYPE_MISMATCH, detail=f"dtype {leaf['dtype']} vs reference {leaf['reference_dtype']}")
+    elif leaf["nonfinite"]:
+        leaf.update(failure_class=tx.NONFINITE, detail=f"{leaf['nonfinite']} element(s) are NaN/Inf in one output only")
+    elif leaf["required_atol"] > gate:
+        leaf.update(failure_class=tx.NUMERIC_DRIFT,
+                    detail=f"max abs {leaf['max_abs']:.3g}, {leaf['mismatch_fraction']:.1%} of elements beyond "
+                           f"atol {gate:g} + rtol * |reference|; passes from atol {leaf['required_atol']:.3g}")
+    return leaf
+
+
+def compare(reference: Any, target: Any, rtol: float, gate: float, oracle: Any = None) -> Comparison:
+    """Compare two model outputs leaf by leaf. With `oracle` (float64 outputs), each tensor leaf also
+    gets rmse(target, oracle) and rmse(reference, oracle)."""
+    ref_leaves, tgt_leaves = flatten(reference), flatten(target)
+    oracle_leaves = flatten(oracle) if oracle is not None else {}
+    result = Comparison()
+    missing = [n for n in ref_leaves if n not in tgt_leaves]
+    extra = [n for n in tgt_leaves if n not in ref_leaves]
+    for name in missing:
+        result.leaves.append({"name": name, "required_atol": None, "failure_class": tx.STRUCTURE_MISMATCH,
+                              "detail": "missing in the target's outputs"})
+    for name in extra:
+        result.leaves.append({"name": name, "required_atol": None, "failure_class": tx.STRUCTURE_MISMATCH,
+                              "detail": "not in the reference's outputs"})
+    for name, ref in ref_leaves.items():
+        if name not in tgt_leaves:
+            continue
+        leaf = _compare_leaf(name, ref, tgt_leaves[name], rtol, gate)
+        orc = oracle_leaves.get(name)
+        if isinstance(orc, torch.Tensor) and leaf.get("failure_class") in (None, tx.NUMERIC_DRIFT) and "shape" in leaf:
+            if orc.shape == ref.shape:
+                leaf["oracle_rmse_target"] = _rmse(tgt_leaves[name], orc)
+                leaf["oracle_rmse_reference"] = _rmse(ref, orc)
+        result.leaves.append(leaf)
+    result.failure_class = tx.most_severe(leaf["failure_class"] for leaf in result.leaves)
+    if missing or extra:
+        result.detail = f"{len(missing)} leaf(s) missing in the target, {len(extra)} extra: " + ", ".join((missing + extra)[:5])
+    else:
+        worst = [leaf for leaf in result.leaves if leaf["failure_class"] == result.failure_class and leaf.get("detail")]
+        result.detail = f"{worst[0]['name']}: {worst[0]['detail']}" if worst else None
+    return result
+
+
+def oracle_verdict(comparison: Comparison, multiplier: float, floor: float) -> dict[str, Any] | None:
+    """Is the target farther from the float64 oracle than the reference is? As in PyTorch's own compile
+    accuracy checks: the target is fine when rmse(target, oracle) <= multiplier * rmse(reference, oracle) + floor."""
+    leaves = [leaf for leaf in comparison.leaves if "oracle_rmse_target" in leaf]
+    if not leaves:
+        return None
+    worst = max(leaves, key=lambda leaf: leaf["oracle_rmse_target"] - multiplier * leaf["oracle_rmse_reference"])
+    target_worse = [leaf["name"] for leaf in leaves
+                    if leaf["oracle_rmse_target"] > multiplier * leaf["oracle_rmse_reference"] + floor]
+    return {
+        "multiplier": multiplier,
+        "floor": floor,
+        "target_rmse": worst["oracle_rmse_target"],
+        "reference_rmse": worst["oracle_rmse_reference"],
+        "target_worse": bool(target_worse),
+        "leaves_target_worse": target_worse,
+    }
