@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,10 +33,23 @@ class Execution:
         return self.status == "ok"
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = _ANSI.sub("", str(exc)).strip().splitlines()
+    return f"{type(exc).__name__}: " + next((line.strip() for line in text if line.strip()), "")
+
+
 def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = next((line for line in text if line.strip()), "")
-    return f"{type(exc).__name__}: {first}"[:500]
+    """The exception's first line, and the root cause's when it was raised from another (exporters wrap)."""
+    root = exc
+    while root.__cause__ is not None and root.__cause__ is not root:
+        root = root.__cause__
+    text = _first_line(exc)
+    if root is not exc:
+        text += f" (caused by {_first_line(root)})"
+    return text[:600]
 
 
 def execute(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, repeats: int, on_run=None) -> Execution:

@@ -24,7 +24,7 @@ SEVERITY = [
 
 _UNSUPPORTED_HINTS = (
     "unsupported", "not supported", "not implemented", "notimplemented", "no kernel", "could not export",
-    "failed to export", "onnxexportererror", "torchexporterror", "unsupportednodeerror", "does not support",
+    "failed to export", "failed to convert", "conversionerror", "onnxexportererror", "torchexporterror", "unsupportednodeerror", "does not support",
 )
 
 
@@ -36,7 +36,11 @@ def most_severe(classes) -> str | None:
 def classify_exception(exc: BaseException) -> str:
     """`unsupported_op` when a backend cannot express the model (export, tracing, missing kernels),
     `backend_error` for anything else it raised."""
-    text = f"{type(exc).__module__}.{type(exc).__name__} {exc}".lower()
+    chain, seen = [], exc
+    while seen is not None and len(chain) < 10:
+        chain.append(f"{type(seen).__module__}.{type(seen).__name__} {seen}")
+        seen = seen.__cause__
+    text = " ".join(chain).lower()
     if isinstance(exc, NotImplementedError) or any(h in text for h in _UNSUPPORTED_HINTS):
         return UNSUPPORTED_OP
     return BACKEND_ERROR

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+if str(ROOT) not in sys.path:  # makes `tests.fixtures.tiny` importable as a model entry and backend plugin
+    sys.path.insert(0, str(ROOT))
+
+
+def tiny_experiment(targets: list[dict], **overrides) -> dict:
+    """A small experiment: the tiny CNN on one synthetic batch."""
+    exp = {
+        "name": "tiny",
+        "seed": 0,
+        "models": [{"name": "tiny", "source": "python", "entry": "tests.fixtures.tiny:tiny_cnn"}],
+        "inputs": [{"name": "noise", "synthetic": {"shape": [2, 3, 16, 16]}}],
+        "targets": targets,
+    }
+    exp.update(overrides)
+    return exp
+
+
+@pytest.fixture
+def write_yaml(tmp_path):
+    def write(data: dict | str, name: str = "exp.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False))
+        return path
+
+    return write

@@ -1,0 +1,111 @@
+"""Each CPU backend runs the tiny models, keeps the output structure, and agrees with eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from parity.backends import BACKENDS, backend_class
+from parity.cli import main
+from parity.config.schema import BackendSpec
+from parity.errors import ParityError
+from parity.inputs import Inputs
+from parity.runner.execute import execute
+from parity.verify.tensors import compare
+from tests.fixtures.tiny import DataclassOut, Structured, TinyCNN, TwoInputs
+
+IMAGE = Inputs((torch.randn(2, 3, 12, 12, generator=torch.Generator().manual_seed(0)),))
+VECTOR = Inputs((torch.randn(3, 4, generator=torch.Generator().manual_seed(0)),))
+CPU_BACKENDS = ["eager", "compile", "onnxruntime", "torchscript"]
+
+
+def seeded(cls, *args):
+    torch.manual_seed(0)
+    return cls(*args).eval()
+
+
+def run(backend: str, model, inputs, **spec):
+    result = execute(BackendSpec(backend=backend, **spec), model, inputs, 1)
+    assert result.ok, result.error
+    return result.outputs[0]
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_cpu_backend_matches_eager(backend):
+    model = seeded(TinyCNN)
+    reference = run("eager", model, IMAGE)
+    comparison = compare(reference, run(backend, model, IMAGE), 1.3e-6, 1e-5)
+    assert comparison.failure_class is None, comparison.detail
+
+
+@pytest.mark.parametrize("backend", ["eager", "onnxruntime", "compile"])
+def test_nested_outputs_keep_their_structure(backend):
+    model = seeded(Structured, backend != "onnxruntime")
+    reference, target = run("eager", model, VECTOR), run(backend, model, VECTOR)
+    assert isinstance(target, dict) and isinstance(target["dets"][0], dict)
+    comparison = compare(reference, target, 1.3e-6, 1e-5)
+    names = [leaf["name"] for leaf in comparison.leaves]
+    assert "out['dets'][0]['boxes']" in names and "out['pair'].features" in names
+    assert comparison.failure_class is None, comparison.detail
+
+
+def test_an_output_onnx_cannot_express_is_unsupported_op():
+    result = execute(BackendSpec(backend="onnxruntime"), seeded(Structured, True), VECTOR, 1)
+    assert result.status == "error" and result.failure_class == "unsupported_op"
+    assert "ConversionError" in result.error and "caused by AttributeError" in result.error
+    assert "\x1b[" not in result.error
+
+
+def test_keyword_inputs_reach_every_backend():
+    model = seeded(TwoInputs)
+    inputs = Inputs((), {"image": torch.randn(2, 4), "mask": torch.ones(2, 4)})
+    reference = run("eager", model, inputs)
+    for backend in ("onnxruntime", "torchscript"):
+        assert compare(reference, run(backend, model, inputs), 1.3e-6, 1e-5).failure_class is None
+
+
+def test_torchscript_cannot_carry_a_dataclass_output_and_says_so():
+    result = execute(BackendSpec(backend="torchscript"), seeded(DataclassOut), VECTOR, 1)
+    assert result.status == "error" and result.failure_class in ("unsupported_op", "backend_error")
+    assert result.error
+
+
+def test_eager_variants_change_numbers_not_structure():
+    model = seeded(TinyCNN)
+    reference = run("eager", model, IMAGE)
+    for spec in ({"dtype": "float64"}, {"options": {"channels_last": True}}, {"options": {"threads": 1}},
+                 {"dtype": "bfloat16", "options": {"autocast": True}}):
+        out = run("eager", model, IMAGE, **spec)
+        assert out.shape == reference.shape
+    assert run("eager", model, IMAGE, dtype="float64").dtype == torch.float64
+    assert run("eager", model, IMAGE, dtype="bfloat16").dtype == torch.bfloat16
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_targets_are_unavailable_with_a_reason():
+    for name in ("eager", "compile", "torchscript"):
+        assert "CUDA is not available" in backend_class(name).available(BackendSpec(backend=name, device="cuda"))
+    result = execute(BackendSpec(backend="eager", device="cuda"), seeded(TinyCNN), IMAGE, 1)
+    assert result.status == "unavailable"
+
+
+def test_registry_lists_builtins_and_rejects_unknown_names():
+    assert {"eager", "compile", "onnxruntime", "torchscript", "openvino"} <= set(BACKENDS.names())
+    with pytest.raises(ParityError, match="did you mean 'torchscript'"):
+        backend_class("torchscrip")
+    with pytest.raises(ParityError, match="not a subclass"):
+        backend_class("tests.fixtures.tiny:TinyCNN")
+
+
+def test_backends_command_lists_availability(capsys):
+    assert main(["backends"]) == 0
+    out = capsys.readouterr().out
+    assert "onnxruntime" in out and "torchscript" in out and "yes" in out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_eager_matches_cpu_within_tolerance():
+    model = seeded(TinyCNN)
+    comparison = compare(run("eager", model, IMAGE), run("eager", model, IMAGE, device="cuda"), 1e-5, 1e-4)
+    assert comparison.failure_class is None, comparison.detail

@@ -1,0 +1,125 @@
+"""The experiment file: validation, error messages (file, line, key path, did-you-mean), YAML quirks."""
+
+from __future__ import annotations
+
+import pytest
+
+from parity.cli import main
+from parity.config import load_experiment
+from parity.errors import ParityError
+from tests.conftest import ROOT, tiny_experiment
+
+GOOD = """\
+name: demo
+models:
+  - name: r18
+    source: torchvision
+    builder: resnet18
+inputs:
+  - name: noise
+    synthetic: {shape: [1, 3, 32, 32]}
+targets:
+  - {backend: torchscript}
+  - {backend: eager, dtype: bfloat16}
+tolerances: {atol: [1e-6, 1e-4], rtol: 1e-5}
+"""
+
+
+def problems_of(path) -> list[str]:
+    with pytest.raises(ParityError) as info:
+        load_experiment(path)
+    return info.value.problems
+
+
+def test_quickstart_is_valid(capsys):
+    assert main(["validate", str(ROOT / "examples" / "quickstart.yaml")]) == 0
+    assert "valid" in capsys.readouterr().out
+
+
+def test_yaml11_exponents_are_numbers_and_ids_follow_the_rules(write_yaml):
+    exp = load_experiment(write_yaml(GOOD))
+    assert exp.tolerances.atol == [1e-6, 1e-4] and exp.tolerances.rtol == 1e-5
+    assert isinstance(exp.tolerances.rtol, float)
+    assert [t.id for t in exp.targets] == ["torchscript-cpu", "eager-cpu-bfloat16"]
+    assert exp.reference.id == "eager-cpu"
+    assert exp.tolerances.gate_atol == 1e-4
+
+
+def test_unknown_key_names_line_path_and_suggestion(write_yaml):
+    path = write_yaml(GOOD.replace("    builder: resnet18", "    builder: resnet18\n    buildr: x"))
+    [problem] = problems_of(path)
+    assert problem.startswith(f"{path}:6: models[0].buildr: unknown key; did you mean 'builder'?")
+
+
+def test_unknown_builder_suggests_the_closest(write_yaml):
+    [problem] = problems_of(write_yaml(GOOD.replace("builder: resnet18", "builder: resnet81")))
+    assert ":5: models[0].builder: unknown torchvision builder 'resnet81'; did you mean 'resnet18'?" in problem
+
+
+def test_every_problem_is_reported_at_once(write_yaml):
+    text = GOOD.replace("builder: resnet18", "builder: resnet81").replace("{backend: torchscript}", "{backend: onnxruntim}")
+    problems = problems_of(write_yaml(text))
+    assert len(problems) == 2
+    assert any("targets[0].backend" in p and "did you mean 'onnxruntime'" in p for p in problems)
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"targets": [{"backend": "eager", "dtype": "float8"}]}, "targets[0].dtype"),
+        ({"targets": [{"backend": "eager", "device": "tpu"}]}, "device must be 'cpu', 'cuda' or 'cuda:N'"),
+        ({"targets": [{"backend": "onnxruntime", "options": {"optimisation": "all"}}]}, "did you mean 'optimization'"),
+        ({"targets": [{"backend": "onnxruntime", "dtype": "bfloat16"}]}, "supports dtypes float32, float16"),
+        ({"targets": [{"backend": "eager", "options": {"autocast": True}}]}, "autocast needs dtype bfloat16 or float16"),
+        ({"targets": [{"backend": "torchscript"}, {"backend": "torchscript"}]}, "backend id 'torchscript-cpu' appears twice"),
+        ({"targets": []}, "targets"),
+        ({"repeats": 0}, "repeats"),
+        ({"tolerances": {"atol": [-1.0]}}, "tolerances must be >= 0"),
+    ],
+)
+def test_bad_values_are_named(write_yaml, change, expected):
+    data = tiny_experiment([{"backend": "torchscript"}])
+    data.update(change)
+    problems = problems_of(write_yaml(data))
+    assert any(expected in p for p in problems), problems
+
+
+def test_model_inputs_must_exist(write_yaml):
+    data = tiny_experiment([{"backend": "torchscript"}])
+    data["models"][0]["inputs"] = ["nois"]
+    [problem] = problems_of(write_yaml(data))
+    assert "models[0].inputs[0]: no input set named 'nois'; did you mean 'noise'?" in problem
+
+
+def test_missing_files_are_named(write_yaml, tmp_path):
+    data = tiny_experiment([{"backend": "torchscript"}])
+    data["models"][0]["weights"] = "nowhere.safetensors"
+    data["inputs"] = [{"name": "pics", "images": ["missing.jpg", "sample:chelsae"]}]
+    problems = problems_of(write_yaml(data))
+    assert any("weights file not found" in p and str(tmp_path / "nowhere.safetensors") in p for p in problems)
+    assert any("image not found" in p for p in problems)
+    assert any("unknown sample image 'chelsae'; did you mean 'chelsea'?" in p for p in problems)
+
+
+def test_source_specific_keys(write_yaml):
+    data = tiny_experiment([{"backend": "torchscript"}])
+    data["models"][0] = {"name": "m", "source": "repo", "path": "."}
+    [problem] = problems_of(write_yaml(data))
+    assert "exactly one of 'entry'" in problem
+
+
+def test_bad_yaml_gives_the_line(write_yaml):
+    [problem] = problems_of(write_yaml("name: x\nmodels: [\n  - a: b\n"))
+    assert "not valid YAML" in problem and ":3" in problem
+
+
+def test_validate_cli_exits_2_without_traceback(write_yaml, capsys):
+    path = write_yaml(GOOD.replace("builder: resnet18", "builder: resnet81"))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "did you mean 'resnet18'" in err and err.startswith("error: ")
+
+
+def test_missing_file_is_a_user_error(capsys, tmp_path):
+    assert main(["run", str(tmp_path / "nope.yaml")]) == 2
+    assert "no such file" in capsys.readouterr().err

@@ -1,0 +1,104 @@
+"""Model sources and weights: torchvision, someone's repository, python entries; seeded init; files."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from parity.config import experiment_from_dict
+from parity.errors import ParityError
+from parity.models import build_model
+from tests.conftest import FIXTURES, tiny_experiment
+
+
+def experiment(model: dict, tmp_path=None):
+    data = tiny_experiment([{"backend": "torchscript"}])
+    data["models"] = [{"name": "m", **model}]
+    return experiment_from_dict(data, "<dict>", tmp_path or FIXTURES)
+
+
+def test_seeded_init_is_identical_on_every_build_and_differs_by_seed():
+    exp = experiment({"source": "python", "entry": "tests.fixtures.tiny:tiny_cnn"})
+    a, b = build_model(exp.models[0], exp), build_model(exp.models[0], exp)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    assert a is not b and not a.training
+    exp.seed = 1
+    c = build_model(exp.models[0], exp)
+    assert not torch.equal(a.conv.weight, c.conv.weight)
+
+
+def test_repo_import_leaves_sys_path_and_modules_as_they_were():
+    """Two repositories each have a `model.py`: each must get its own, and neither may leak."""
+    path_before, modules_before = list(sys.path), set(sys.modules)
+    exp_a = experiment({"source": "repo", "path": "repo_a", "entry": "model:RepoNet", "params": {"classes": 3}})
+    exp_b = experiment({"source": "repo", "path": "repo_b", "entry": "model:make", "params": {"width": 5}})
+    a = build_model(exp_a.models[0], exp_a)
+    b = build_model(exp_b.models[0], exp_b)
+    assert type(a).__name__ == "RepoNet" and a.head.out_features == 3
+    assert b[-1].out_features == 5
+    assert sys.path == path_before and "model" not in sys.modules
+    assert set(sys.modules) - modules_before == set()
+
+
+def test_repo_hubconf_entry():
+    exp = experiment({"source": "repo", "path": "repo_a", "hubconf": "reponet", "params": {"classes": 2}})
+    assert build_model(exp.models[0], exp).head.out_features == 2
+    exp = experiment({"source": "repo", "path": "repo_a", "hubconf": "repnet"})
+    with pytest.raises(ParityError, match="did you mean 'reponet'"):
+        build_model(exp.models[0], exp)
+
+
+def test_bad_params_and_non_modules_are_user_errors():
+    exp = experiment({"source": "python", "entry": "tests.fixtures.tiny:tiny_cnn", "params": {"colours": 3}})
+    with pytest.raises(ParityError, match="does not accept params"):
+        build_model(exp.models[0], exp)
+    exp = experiment({"source": "python", "entry": "tests.fixtures.tiny:Pair"})
+    with pytest.raises(ParityError):
+        build_model(exp.models[0], exp)
+    with pytest.raises(ParityError, match="cannot import module"):
+        experiment_from_dict(tiny_experiment([{"backend": "nosuch.module:Backend"}]))
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "pt"])
+def test_local_weights_are_loaded(tmp_path, fmt):
+    exp = experiment({"source": "python", "entry": "tests.fixtures.tiny:tiny_cnn"}, tmp_path)
+    state = {k: torch.full_like(v, 0.5) for k, v in build_model(exp.models[0], exp).state_dict().items()}
+    path = tmp_path / f"w.{fmt}"
+    save_file(state, str(path)) if fmt == "safetensors" else torch.save({"state_dict": state}, path)
+    exp = experiment({"source": "python", "entry": "tests.fixtures.tiny:tiny_cnn", "weights": path.name}, tmp_path)
+    model = build_model(exp.models[0], exp)
+    assert torch.equal(model.conv.weight, torch.full_like(model.conv.weight, 0.5))
+
+
+def test_weights_that_do_not_fit_are_named(tmp_path):
+    save_file({"other.weight": torch.zeros(1)}, str(tmp_path / "w.safetensors"))
+    exp = experiment({"source": "python", "entry": "tests.fixtures.tiny:tiny_cnn", "weights": "w.safetensors"}, tmp_path)
+    with pytest.raises(ParityError, match="do not fit the model: missing"):
+        build_model(exp.models[0], exp)
+
+
+def test_default_weights_are_never_downloaded(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))  # an empty hub cache
+    exp = experiment({"source": "torchvision", "builder": "resnet18", "weights": "DEFAULT"})
+    with pytest.raises(ParityError, match="not in the local torch hub cache.*pass a local file"):
+        build_model(exp.models[0], exp)
+
+
+def test_fan_in_init_gives_varied_outputs_where_the_builder_init_collapses():
+    base = {"source": "torchvision", "builder": "mobilenet_v3_small", "params": {"num_classes": 10}}
+    x = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    exp = experiment(base)
+    with torch.no_grad():
+        collapsed = build_model(exp.models[0], exp)(x)
+        exp = experiment({**base, "init": "fan_in"})
+        varied = build_model(exp.models[0], exp)(x)
+    assert collapsed.abs().max() < 1e-6 < 1e-2 < varied.abs().max()
+
+
+def test_detection_builders_do_not_fetch_a_backbone():
+    exp = experiment({"source": "torchvision", "builder": "fasterrcnn_mobilenet_v3_large_320_fpn",
+                      "params": {"num_classes": 3}})
+    assert build_model(exp.models[0], exp).roi_heads is not None

@@ -1,0 +1,137 @@
+"""The runner end to end on a tiny model: independence, failure classes, records, summary, exit codes."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from parity.api import run_experiment
+from parity.cli import main
+from parity.config import experiment_from_dict
+from parity.inputs import build_inputs
+from parity.models import build_model
+from parity.records import SCHEMA_VERSION, read_records
+from parity.report.summary import summarize
+from parity.runner.execute import execute
+from tests.conftest import tiny_experiment
+
+PERTURBED = {"backend": "tests.fixtures.tiny:PerturbedEager", "name": "perturbed"}
+
+
+def checks_by_target(records):
+    return {r["target"]: r for r in records if r["kind"] == "check"}
+
+
+def test_reference_equals_a_fresh_float32_run_after_other_backends_ran():
+    """The published tool moved one module in place for reference and target. Here every backend gets
+    its own copy: after a bfloat16 and a perturbed backend ran, the model is untouched and the reference
+    outputs equal a fresh float32 CPU run bit for bit."""
+    exp = experiment_from_dict(tiny_experiment([{"backend": "eager", "dtype": "bfloat16"}, PERTURBED]))
+    model = build_model(exp.models[0], exp)
+    before = copy.deepcopy(model.state_dict())
+    inputs = build_inputs(exp.inputs[0], exp)
+    for target in exp.targets:
+        assert execute(target, model, inputs, 1).ok
+    for name, value in model.state_dict().items():
+        assert value.dtype == before[name].dtype and torch.equal(value, before[name]), name
+    reference = execute(exp.reference, model, inputs, 1)
+    fresh = build_model(exp.models[0], exp)  # a new build: the same seed gives the same weights
+    with torch.no_grad():
+        expected = fresh(*build_inputs(exp.inputs[0], exp).args)
+    assert torch.equal(reference.outputs[0], expected)
+
+
+def test_bfloat16_and_perturbed_targets_fail_and_an_identical_one_passes(tmp_path):
+    targets = [{"backend": "eager", "dtype": "bfloat16"}, PERTURBED, {"backend": "eager", "name": "same"}]
+    records = run_experiment(tiny_experiment(targets), out=tmp_path)
+    checks = checks_by_target(records)
+    assert checks["eager-cpu-bfloat16"]["passed"] is False
+    assert checks["eager-cpu-bfloat16"]["failure_class"] == "numeric_drift"
+    assert checks["perturbed"]["passed"] is False and checks["perturbed"]["failure_class"] == "numeric_drift"
+    assert checks["same"]["passed"] is True and checks["same"]["max_abs"] == 0.0
+    assert checks["same"]["verdicts"] == {"1e-06": True, "1e-05": True, "1e-04": True, "1e-03": True}
+
+
+def test_records_are_self_describing_jsonl(tmp_path):
+    run_experiment(tiny_experiment([{"backend": "torchscript"}], repeats=2, oracle=True), out=tmp_path)
+    lines = (tmp_path / "records.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert all(r["schema_version"] == SCHEMA_VERSION for r in records)
+    assert [r["kind"] for r in records][0] == "run"
+    run = records[0]
+    assert run["environment"]["torch"] == torch.__version__ and "cpu" in run["environment"]
+    executions = [r for r in records if r["kind"] == "execution"]
+    assert {(r["backend"], r["repeat"]) for r in executions} == {
+        (b, i) for b in ("eager-cpu", "oracle", "torchscript-cpu") for i in (0, 1)}
+    assert all(r["status"] == "ok" and r["run_s"] > 0 for r in executions)
+    [check] = [r for r in records if r["kind"] == "check"]
+    assert set(check) >= {"tier", "model", "inputs", "reference", "target", "passed", "failure_class",
+                          "required_atol", "verdicts", "leaves", "oracle"}
+    leaf = check["leaves"][0]
+    assert set(leaf) >= {"name", "max_abs", "max_rel", "mean_abs", "rmse", "cosine", "mismatch_fraction", "required_atol"}
+    assert check["oracle"]["target_worse"] is False
+    assert read_records(tmp_path) == records
+
+
+def test_one_execution_serves_every_tolerance(tmp_path):
+    one = run_experiment(tiny_experiment([PERTURBED], tolerances={"atol": [1e-4]}), out=tmp_path / "one")
+    many = run_experiment(tiny_experiment([PERTURBED], tolerances={"atol": [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1]}),
+                          out=tmp_path / "many")
+    count = lambda records: sum(r["kind"] == "execution" for r in records)  # noqa: E731
+    assert count(one) == count(many) == 2
+    [check] = [r for r in many if r["kind"] == "check"]
+    required = check["required_atol"]
+    assert check["verdicts"] == {k: required <= float(k) for k in check["verdicts"]}
+    assert not all(check["verdicts"].values()) and any(check["verdicts"].values())
+
+
+def test_nondeterministic_target_is_caught(tmp_path):
+    noisy = {"backend": "tests.fixtures.tiny:NoisyEager", "name": "noisy"}
+    records = run_experiment(tiny_experiment([noisy], repeats=3, tolerances={"atol": [1e-4]}),
+                             out=tmp_path)
+    [check] = [r for r in records if r["kind"] == "check"]
+    assert check["passed"] is False and check["failure_class"] == "nondeterministic"
+    assert check["nondeterminism"]["target"] > 1e-3 and check["nondeterminism"]["reference"] == 0.0
+
+
+def test_a_failing_backend_fails_its_own_check_and_the_run_goes_on(tmp_path):
+    failing = {"backend": "tests.fixtures.tiny:FailingEager", "name": "failing"}
+    records = run_experiment(tiny_experiment([failing, {"backend": "torchscript"}]), out=tmp_path)
+    checks = checks_by_target(records)
+    assert checks["failing"]["failure_class"] == "backend_error" and "boom" in checks["failing"]["detail"]
+    assert checks["torchscript-cpu"]["passed"] is True
+    [bad] = [r for r in records if r["kind"] == "execution" and r["backend"] == "failing"]
+    assert bad["status"] == "error" and "RuntimeError: boom" in bad["error"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_unavailable_target_is_listed_not_dropped(tmp_path, write_yaml, capsys):
+    path = write_yaml(tiny_experiment([{"backend": "eager", "device": "cuda"}, {"backend": "torchscript"}]))
+    assert main(["run", str(path), "--out", str(tmp_path / "a"), "--quiet"]) == 1
+    out = capsys.readouterr().out
+    assert "eager-cuda" in out and "CUDA is not available" in out
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["totals"] == {"checks": 2, "passed": 1, "failed": 0, "skipped": 1}
+    [ex] = [r for r in read_records(tmp_path / "a") if r["kind"] == "execution" and r["backend"] == "eager-cuda"]
+    assert ex["status"] == "unavailable"
+    assert main(["run", str(path), "--out", str(tmp_path / "b"), "--quiet", "--allow-unavailable"]) == 0
+
+
+def test_exit_codes_and_summary_arithmetic(tmp_path, write_yaml, capsys):
+    data = tiny_experiment([{"backend": "torchscript"}, {"backend": "eager", "dtype": "float64"}])
+    data["inputs"].append({"name": "ones", "synthetic": {"shape": [1, 3, 8, 8], "distribution": "ones"}})
+    assert main(["run", str(write_yaml(data)), "--out", str(tmp_path / "ok"), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "tiny / noise" in printed and "pass" in printed and "report.md" in printed
+    summary = json.loads((tmp_path / "ok" / "summary.json").read_text())
+    assert summary["arithmetic"]["formula"] == (
+        "2 (model, input set) pairs x 2 targets = 4 checks; x 4 tolerances = 16 verdicts")
+    assert summary == summarize(read_records(tmp_path / "ok"))  # the summary comes from the records alone
+    assert (tmp_path / "ok" / "report.md").read_text().startswith("# parity report: tiny")
+
+    data["targets"].append(PERTURBED)
+    assert main(["run", str(write_yaml(data)), "--out", str(tmp_path / "bad"), "--quiet"]) == 1
+    assert "failed tiny / noise / perturbed: numeric_drift" in capsys.readouterr().out

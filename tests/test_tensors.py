@@ -1,0 +1,98 @@
+"""Tier 1: the closeness test, the required atol, and a failure class for every way outputs differ."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from parity.verify import taxonomy as tx
+from parity.verify.tensors import compare, oracle_verdict, tensor_stats
+
+
+def test_required_atol_is_the_smallest_passing_atol():
+    ref = torch.tensor([1.0, 100.0, 0.0], dtype=torch.float64)
+    tgt = torch.tensor([1.0 + 3e-5, 100.0 + 2e-3, 1e-6], dtype=torch.float64)
+    rtol = 1e-5
+    stats = tensor_stats(ref, tgt, rtol, gate=1e-4)
+    # per element |t - r| - rtol * |r|: 3e-5 - 1e-5, 2e-3 - 1e-3, 1e-6
+    assert stats["required_atol"] == pytest.approx(1e-3, rel=1e-6)
+    comparison = compare(ref, tgt, rtol, 1e-4)
+    assert not comparison.passes(0.99e-3) and comparison.passes(1.01e-3)
+    # the verdict at every atol agrees with torch.isclose
+    for atol in (1e-6, 1e-5, 1e-4, 1e-3, 1e-2):
+        assert comparison.passes(atol) == bool(torch.isclose(tgt.double(), ref.double(), rtol=rtol, atol=atol).all())
+
+
+def test_statistics():
+    ref, tgt = torch.tensor([1.0, -2.0, 4.0]), torch.tensor([1.0, -2.5, 4.0])
+    s = tensor_stats(ref, tgt, rtol=0.0, gate=0.1)
+    assert s["max_abs"] == 0.5 and s["max_rel"] == 0.25
+    assert s["mean_abs"] == pytest.approx(0.5 / 3) and s["rmse"] == pytest.approx(math.sqrt(0.25 / 3))
+    assert s["mismatch_fraction"] == pytest.approx(1 / 3)
+    assert 0.99 < s["cosine"] < 1.0
+
+
+def test_identical_outputs_pass_at_zero():
+    out = {"a": torch.randn(3, 3), "b": 7}
+    c = compare(out, {"a": out["a"].clone(), "b": 7}, 0.0, 0.0)
+    assert c.failure_class is None and c.required_atol == 0.0
+
+
+def test_numeric_drift():
+    c = compare(torch.zeros(4), torch.full((4,), 2e-3), 0.0, 1e-4)
+    assert c.failure_class == tx.NUMERIC_DRIFT and c.passes(1e-2) and not c.passes(1e-3)
+    assert "max abs 0.002" in c.detail
+
+
+def test_nan_introduced_is_nonfinite_at_every_tolerance():
+    ref = torch.tensor([1.0, float("nan"), float("inf")])
+    same = compare(ref, ref.clone(), 0.0, 0.0)
+    assert same.failure_class is None  # NaN where the reference has NaN, inf where it has inf: fine
+    c = compare(ref, torch.tensor([float("nan"), float("nan"), float("inf")]), 0.0, 1e-4)
+    assert c.failure_class == tx.NONFINITE and c.required_atol == math.inf and not c.passes(1e9)
+    c = compare(ref, torch.tensor([1.0, float("nan"), -float("inf")]), 0.0, 1e-4)
+    assert c.failure_class == tx.NONFINITE
+
+
+def test_shape_and_structure_mismatch():
+    assert compare(torch.zeros(2, 3), torch.zeros(3, 2), 0, 1).failure_class == tx.SHAPE_MISMATCH
+    c = compare({"a": torch.zeros(1), "b": torch.zeros(1)}, {"a": torch.zeros(1)}, 0, 1)
+    assert c.failure_class == tx.STRUCTURE_MISMATCH and "missing" in c.detail and not c.passes(1e9)
+    assert compare([torch.zeros(1)], [torch.zeros(1), torch.zeros(1)], 0, 1).failure_class == tx.STRUCTURE_MISMATCH
+    assert compare(torch.zeros(1), 0.0, 0, 1).failure_class == tx.STRUCTURE_MISMATCH
+
+
+def test_float_precision_may_differ_but_integer_dtypes_may_not():
+    ref = torch.tensor([1.0, 2.0])
+    c = compare(ref, ref.to(torch.bfloat16), 0.0, 1e-4)
+    assert c.failure_class is None and c.leaves[0]["reference_dtype"] == "float32"
+    c = compare(torch.tensor([1, 2]), torch.tensor([1, 2], dtype=torch.int32), 0.0, 1e-4)
+    assert c.failure_class == tx.DTYPE_MISMATCH
+
+
+def test_non_tensor_leaves_are_compared_exactly_never_passed_silently():
+    assert compare({"n": 3}, {"n": 3}, 0, 1).failure_class is None
+    assert compare({"n": 3}, {"n": 4}, 0, 1e9).failure_class == tx.NUMERIC_DRIFT
+    assert not compare({"n": 3}, {"n": 4}, 0, 1e9).passes(1e9)
+    assert compare({"s": "cat"}, {"s": "dog"}, 0, 1).failure_class == tx.STRUCTURE_MISMATCH
+    c = compare(object(), object(), 0, 1)
+    assert c.failure_class == tx.UNCOMPARABLE and "cannot be compared" in c.detail
+
+
+def test_most_severe_class_wins():
+    ref = {"a": torch.zeros(2), "b": torch.zeros(2)}
+    c = compare(ref, {"a": torch.ones(2), "b": torch.zeros(3)}, 0, 1e-4)
+    assert c.failure_class == tx.SHAPE_MISMATCH
+
+
+def test_oracle_tells_who_is_wrong():
+    oracle = torch.linspace(-1, 1, 100, dtype=torch.float64)
+    reference = oracle.float()
+    close_target = (oracle + 1e-8).float()
+    far_target = (oracle + 1e-3).float()
+    verdict = oracle_verdict(compare(reference, far_target, 0, 1e-4, oracle), 2.0, 1e-8)
+    assert verdict["target_worse"] and verdict["target_rmse"] > verdict["reference_rmse"]
+    verdict = oracle_verdict(compare(reference, close_target, 0, 1e-4, oracle), 2.0, 1e-8)
+    assert not verdict["target_worse"]
