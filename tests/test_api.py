@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from parity import assert_backends_agree, run_experiment
+from parity import ParityError, assert_backends_agree, run_experiment
 from tests.conftest import tiny_experiment
 from tests.fixtures.tiny import Structured, TinyCNN
 
@@ -40,6 +40,14 @@ def test_structure_problems_are_reported_by_leaf():
     torch.manual_seed(0)
     with pytest.raises(AssertionError, match="did not run|unsupported_op"):
         assert_backends_agree(Structured(True).eval(), torch.randn(3, 4), targets=["onnxruntime"])
+
+
+def test_bad_targets_are_user_errors_before_anything_runs():
+    model, x = model_and_input()
+    with pytest.raises(ParityError) as info:
+        assert_backends_agree(model, x, targets=["onnxruntim", {"backend": "compile", "options": {"mod": "default"}}])
+    assert "targets[0].backend: unknown backend 'onnxruntim'; did you mean 'onnxruntime'?" in info.value.problems[0]
+    assert "targets[1].options.mod: unknown option for backend 'compile'; did you mean 'mode'?" in info.value.problems[1]
 
 
 def test_run_experiment_from_a_dict(tmp_path):

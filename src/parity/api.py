@@ -65,18 +65,24 @@ def assert_backends_agree(model: torch.nn.Module, inputs: Any, targets: list[str
     """Raise AssertionError, in the style of torch.testing.assert_close, unless every target's outputs
     match the reference's: |t - r| <= atol + rtol * |r| on every leaf. `inputs` is a tensor, a tuple of
     positional tensors or a dict of keyword tensors. The model itself is never modified."""
-    from parity.backends import backend_class
+    from parity.config.checks import backend_problems
+    from parity.config.yaml_io import format_path
+    from parity.errors import ParityError
     from parity.runner.execute import execute
     from parity.verify.tensors import compare
 
     inputs = _as_inputs(inputs)
     ref_spec = _spec(reference)
+    specs = [_spec(t) for t in targets]
+    problems = [f"{format_path(path)}: {msg}" for i, spec in enumerate([ref_spec, *specs])
+                for path, msg in backend_problems(spec, ("reference",) if i == 0 else ("targets", i - 1))]
+    if problems:  # unknown names and bad options fail loudly, before anything runs
+        raise ParityError(*problems)
     ref = execute(ref_spec, model, inputs, 1)
     if not ref.ok:
         raise AssertionError(f"the reference {ref_spec.id} failed: {ref.error or ref.status}")
     problems = []
-    for spec in map(_spec, targets):
-        backend_class(spec.backend)  # unknown names fail loudly, before anything runs
+    for spec in specs:
         got = execute(spec, model, inputs, 1)
         if not got.ok:
             problems.append(f"Target {spec.id} did not run ({got.status}): {got.error}")

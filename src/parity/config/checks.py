@@ -23,7 +23,8 @@ def _unique(names: list[str], key: str, what: str) -> list[Problem]:
     return out
 
 
-def _backend(spec: BackendSpec, path: tuple) -> list[Problem]:
+def backend_problems(spec: BackendSpec, path: tuple) -> list[Problem]:
+    """Unknown backend, unsupported device or dtype, unknown or bad options."""
     from parity.backends import backend_class
 
     try:
@@ -96,9 +97,9 @@ def check(exp: Experiment) -> list[Problem]:
     problems += _unique([s.name for s in exp.inputs], "inputs", "input set name")
     ids = [exp.reference.id] + [t.id for t in exp.targets]
     problems += [(("targets", i - 1), msg.replace("model name", "backend id")) for (_, i), msg in _unique(ids, "targets", "backend id")]
-    problems += _backend(exp.reference, ("reference",))
+    problems += backend_problems(exp.reference, ("reference",))
     for i, target in enumerate(exp.targets):
-        problems += _backend(target, ("targets", i))
+        problems += backend_problems(target, ("targets", i))
     for i in range(len(exp.models)):
         problems += _model(exp, i)
     problems += _images(exp)

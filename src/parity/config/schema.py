@@ -18,7 +18,7 @@ Size = int | tuple[int, int]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class ModelSpec(Strict):

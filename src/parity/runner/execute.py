@@ -58,9 +58,10 @@ def execute(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, repeats: 
     reason = backend_class(spec.backend).available(spec)
     if reason:
         return Execution(spec, "unavailable", error=reason)
-    backend = backend_class(spec.backend)(spec)
     result = Execution(spec, "ok")
+    backend = None
     try:
+        backend = backend_class(spec.backend)(spec)
         start = time.perf_counter()
         backend.prepare(copy.deepcopy(model), inputs)
         result.prepare_s = time.perf_counter() - start
@@ -76,7 +77,8 @@ def execute(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, repeats: 
         result.failure_class = classify_exception(exc)
     finally:
         try:
-            backend.close()
+            if backend is not None:
+                backend.close()
         except Exception:  # closing must not hide the result
             pass
     return result

@@ -25,6 +25,7 @@ SEVERITY = [
 _UNSUPPORTED_HINTS = (
     "unsupported", "not supported", "not implemented", "notimplemented", "no kernel", "could not export",
     "failed to export", "failed to convert", "conversionerror", "onnxexportererror", "torchexporterror", "unsupportednodeerror", "does not support",
+    "output from traced functions",
 )
 
 

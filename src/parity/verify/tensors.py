@@ -159,8 +159,11 @@ def compare(reference: Any, target: Any, rtol: float, gate: float, oracle: Any =
     if missing or extra:
         result.detail = f"{len(missing)} leaf(s) missing in the target, {len(extra)} extra: " + ", ".join((missing + extra)[:5])
     else:
-        worst = [leaf for leaf in result.leaves if leaf["failure_class"] == result.failure_class and leaf.get("detail")]
-        result.detail = f"{worst[0]['name']}: {worst[0]['detail']}" if worst else None
+        culprits = [leaf for leaf in result.leaves if leaf["failure_class"] == result.failure_class and leaf.get("detail")]
+        if culprits:
+            worst = max(culprits, key=lambda leaf: math.inf if leaf["required_atol"] is None else leaf["required_atol"])
+            more = f" (and {len(culprits) - 1} more leaf(s))" if len(culprits) > 1 else ""
+            result.detail = f"{worst['name']}: {worst['detail']}{more}"
     return result
 
 
