@@ -6,6 +6,7 @@ the same class would count against dynamo's recompile limit and might silently f
 
 from __future__ import annotations
 
+import logging
 from typing import Literal
 
 import torch
@@ -13,6 +14,11 @@ from pydantic import BaseModel, ConfigDict
 
 from parity.backends.eager import EagerBackend
 from parity.inputs import Inputs
+
+
+# Inductor imports torch.utils.cpp_extension, which warns "No CUDA runtime is found" on every CPU-only
+# machine: noise in a report, not a finding.
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 
 class CompileOptions(BaseModel):
