@@ -31,8 +31,9 @@ def problems_of(path) -> list[str]:
     return info.value.problems
 
 
-def test_quickstart_is_valid(capsys):
-    assert main(["validate", str(ROOT / "examples" / "quickstart.yaml")]) == 0
+@pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_are_valid(example, capsys):
+    assert main(["validate", str(example)]) == 0
     assert "valid" in capsys.readouterr().out
 
 

@@ -135,3 +135,22 @@ def test_exit_codes_and_summary_arithmetic(tmp_path, write_yaml, capsys):
     data["targets"].append(PERTURBED)
     assert main(["run", str(write_yaml(data)), "--out", str(tmp_path / "bad"), "--quiet"]) == 1
     assert "failed tiny / noise / perturbed: numeric_drift" in capsys.readouterr().out
+
+
+def test_a_real_torchvision_model_on_real_photos(tmp_path):
+    """ResNet-18 on two bundled photographs: exported and traced backends agree, bfloat16 drifts, and the
+    float64 oracle says the bfloat16 target, not the reference, is the one that is off."""
+    data = {
+        "name": "r18",
+        "oracle": True,
+        "models": [{"name": "resnet18", "builder": "resnet18", "params": {"num_classes": 10}, "task": "classification"}],
+        "inputs": [{"name": "photos", "images": ["sample:chelsea", "sample:coffee"],
+                    "preprocess": {"resize": 72, "center_crop": 64, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}}],
+        "targets": [{"backend": "onnxruntime"}, {"backend": "torchscript"}, {"backend": "eager", "dtype": "bfloat16"}],
+    }
+    checks = checks_by_target(run_experiment(data, out=tmp_path))
+    assert checks["onnxruntime-cpu"]["passed"] and checks["torchscript-cpu"]["passed"]
+    assert 0 < checks["onnxruntime-cpu"]["max_abs"] < 1e-4
+    bf16 = checks["eager-cpu-bfloat16"]
+    assert bf16["failure_class"] == "numeric_drift" and bf16["oracle"]["target_worse"] is True
+    assert checks["onnxruntime-cpu"]["oracle"]["target_worse"] is False

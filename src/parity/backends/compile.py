@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict
 from parity.backends.eager import EagerBackend
 from parity.inputs import Inputs
 
-
 # Inductor imports torch.utils.cpp_extension, which warns "No CUDA runtime is found" on every CPU-only
 # machine: noise in a report, not a finding.
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)

@@ -7,6 +7,8 @@ an unannounced precision change.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from pydantic import BaseModel, ConfigDict
 
@@ -38,7 +40,8 @@ class OpenVinoBackend(Backend):
         import openvino as ov
         from torch.utils._pytree import tree_flatten
 
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # convert_model traces with torch.jit, which warns of its deprecation
             _, self.out_spec = tree_flatten(model(*example.args, **example.kwargs))
             ov_model = ov.convert_model(model, example_input=example.tensors() if not example.kwargs else example.kwargs)
         config = {"INFERENCE_PRECISION_HINT": PRECISION[self.spec.dtype]}

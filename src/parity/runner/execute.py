@@ -36,9 +36,10 @@ class Execution:
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def _first_line(exc: BaseException) -> str:
-    text = _ANSI.sub("", str(exc)).strip().splitlines()
-    return f"{type(exc).__name__}: " + next((line.strip() for line in text if line.strip()), "")
+def _first_line(exc: BaseException, limit: int = 300) -> str:
+    """The start of the message on one line: some messages open with a tensor's repr, not the reason."""
+    text = " ".join(_ANSI.sub("", str(exc)).split())
+    return f"{type(exc).__name__}: " + (text if len(text) <= limit else text[:limit] + "...")
 
 
 def _describe(exc: BaseException) -> str:
@@ -49,7 +50,7 @@ def _describe(exc: BaseException) -> str:
     text = _first_line(exc)
     if root is not exc:
         text += f" (caused by {_first_line(root)})"
-    return text[:600]
+    return text
 
 
 def execute(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, repeats: int, on_run=None) -> Execution:

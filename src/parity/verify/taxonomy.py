@@ -25,7 +25,7 @@ SEVERITY = [
 _UNSUPPORTED_HINTS = (
     "unsupported", "not supported", "not implemented", "notimplemented", "no kernel", "could not export",
     "failed to export", "failed to convert", "conversionerror", "onnxexportererror", "torchexporterror", "unsupportednodeerror", "does not support",
-    "output from traced functions",
+    "output from traced functions", "by tracing", "tracer cannot",
 )
 
 
