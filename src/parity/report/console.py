@@ -41,7 +41,7 @@ def render(records: list[dict], summary: dict[str, Any], out_dir, console) -> No
     for c in checks:
         if c["status"] != "skipped" and not c["passed"]:
             console.print("[red]failed[/red] " + escape(f"{c['model']} / {c['inputs']} / {c['target']}: "
-                                                          f"{c['failure_class']}: {c['detail']}"))
+                                                          f"{c['failure_class']}: {c['detail']}"), soft_wrap=True)
     totals = summary["totals"]
     console.print(f"{totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped "
                   f"({summary['arithmetic']['formula']})")
