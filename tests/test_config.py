@@ -85,6 +85,19 @@ def test_bad_values_are_named(write_yaml, change, expected):
     assert any(expected in p for p in problems), problems
 
 
+def test_synthetic_errors_speak_of_the_form_the_user_meant(write_yaml):
+    data = tiny_experiment([{"backend": "torchscript"}])
+    data["inputs"] = [{"name": "a", "synthetic": {"shap": [1]}},
+                      {"name": "b", "synthetic": {"image": {"shape": [1, -2]}}},
+                      {"name": "c", "synthetic": [{"shape": [1]}, {"shape": [2], "dtype": "float8"}]}]
+    problems = problems_of(write_yaml(data))
+    assert len(problems) == 4, problems
+    assert any("inputs[0].synthetic.shap: unknown key; did you mean 'shape'?" in p for p in problems)
+    assert any("inputs[0].synthetic.shape: required key is missing" in p for p in problems)
+    assert any("inputs[1].synthetic.image.shape: every dimension must be positive" in p for p in problems)
+    assert any("inputs[2].synthetic[1].dtype: Input should be" in p for p in problems)
+
+
 def test_model_inputs_must_exist(write_yaml):
     data = tiny_experiment([{"backend": "torchscript"}])
     data["models"][0]["inputs"] = ["nois"]

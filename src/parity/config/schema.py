@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 TASKS = ("classification", "detection", "segmentation", "other")
-Size = int | tuple[int, int]
 
 
 class Strict(BaseModel):
@@ -58,11 +66,23 @@ class ModelSpec(Strict):
 
 
 class Preprocess(Strict):
-    resize: Size | None = None
-    center_crop: Size | None = None
+    resize: list[int] | None = Field(default=None, min_length=1, max_length=2)  # [S] = shorter side, [H, W]
+    center_crop: list[int] | None = Field(default=None, min_length=1, max_length=2)  # [S] = square
     resize_multiple: int | None = Field(default=None, gt=0)
     mean: list[float] | None = None
     std: list[float] | None = None
+
+    @field_validator("resize", "center_crop", mode="before")
+    @classmethod
+    def _size_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, int | float) else value
+
+    @field_validator("resize", "center_crop")
+    @classmethod
+    def _positive_size(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and any(v <= 0 for v in value):
+            raise ValueError("sizes must be positive")
+        return value
 
     @model_validator(mode="after")
     def _mean_std(self) -> Preprocess:
@@ -89,11 +109,28 @@ class Synthetic(Strict):
         return shape
 
 
+def _synthetic_kind(value: Any) -> str:
+    """One spec (a mapping with spec keys), several positional specs (a list), or named specs (a mapping
+    of names to specs): deciding up front keeps error messages to the branch the user meant."""
+    if isinstance(value, list):
+        return "list[Synthetic]"
+    if isinstance(value, dict) and value and all(isinstance(v, dict | Synthetic) for v in value.values()):
+        return "dict[str,Synthetic]"
+    return "Synthetic"
+
+
+SyntheticSpec = Annotated[
+    Annotated[Synthetic, Tag("Synthetic")] | Annotated[list[Synthetic], Tag("list[Synthetic]")]
+    | Annotated[dict[str, Synthetic], Tag("dict[str,Synthetic]")],
+    Discriminator(_synthetic_kind),
+]
+
+
 class InputSetSpec(Strict):
     name: str = Field(min_length=1)
     images: list[str] | None = None
     preprocess: Preprocess = Field(default_factory=Preprocess)
-    synthetic: Synthetic | list[Synthetic] | dict[str, Synthetic] | None = None
+    synthetic: SyntheticSpec | None = None
 
     @model_validator(mode="after")
     def _one_kind(self) -> InputSetSpec:

@@ -61,20 +61,15 @@ def image_problem(ref: str, base_dir: Path) -> str | None:
     return None
 
 
-def _size(value) -> tuple[int, int] | int:
-    return tuple(value) if isinstance(value, list | tuple) else value
-
-
 def preprocess_image(img: torch.Tensor, pre) -> torch.Tensor:
     """uint8 CHW -> float CHW in [0, 1], then resize, center crop, resize to a multiple, normalize."""
     from torchvision.transforms.v2 import functional as F
 
     x = img.float() / 255.0
-    if pre.resize is not None:
-        x = F.resize(x, list(_size(pre.resize)) if isinstance(pre.resize, list | tuple) else [pre.resize], antialias=True)
+    if pre.resize is not None:  # [S]: the shorter side becomes S; [H, W]: exact
+        x = F.resize(x, list(pre.resize), antialias=True)
     if pre.center_crop is not None:
-        crop = _size(pre.center_crop)
-        x = F.center_crop(x, list(crop) if isinstance(crop, tuple) else [crop, crop])
+        x = F.center_crop(x, list(pre.center_crop))
     if pre.resize_multiple:
         m = pre.resize_multiple
         h, w = x.shape[-2:]
