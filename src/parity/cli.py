@@ -62,6 +62,64 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _pick(kind: str, name: str | None, choices: list[str]) -> str:
+    from parity.errors import did_you_mean
+
+    if name is None:
+        if len(choices) == 1:
+            return choices[0]
+        raise ParityError(f"the experiment has several {kind}s; choose one with --{kind} ({', '.join(choices)})")
+    if name not in choices:
+        raise ParityError(f"no {kind} '{name}'{did_you_mean(name, choices)} (the experiment has: {', '.join(choices)})")
+    return name
+
+
+def cmd_localize(args: argparse.Namespace) -> int:
+    """Localize one model x target without running the whole experiment; print the per-layer tables."""
+    from pydantic import ValidationError
+
+    from parity.backends import backend_class
+    from parity.config import load_experiment
+    from parity.config.schema import Activations, Tiers
+    from parity.inputs import build_inputs
+    from parity.models import build_model
+    from parity.report.console import render_layers
+    from parity.runner.plan import Job
+    from parity.verify.localize import localize_check
+
+    exp = load_experiment(args.file)
+    model_spec = next(m for m in exp.models if m.name == _pick("model", args.model, [m.name for m in exp.models]))
+    target = next(t for t in exp.targets if t.id == _pick("target", args.target, [t.id for t in exp.targets]))
+    input_sets = exp.inputs_for(model_spec)
+    input_spec = next(s for s in input_sets if s.name == _pick("inputs", args.inputs or input_sets[0].name, [s.name for s in input_sets]))
+    reason = backend_class(target.backend).available(target)
+    if reason:
+        raise ParityError(f"target {target.id} cannot run here: {reason}")
+    settings = (exp.tiers.activations or Activations()).model_dump()
+    if args.granularity:
+        named = args.granularity not in ("blocks", "leaf") and not args.granularity.startswith("depth:")
+        settings["granularity"] = args.granularity.split(",") if named else args.granularity
+    if args.mode:
+        settings["mode"] = args.mode
+    try:
+        exp.tiers = Tiers(activations=Activations.model_validate(settings))
+    except ValidationError as exc:
+        raise ParityError(f"--granularity/--mode: {exc.errors()[0]['msg']}") from exc
+    model = build_model(model_spec, exp)
+    job = Job(model_spec, input_spec, exp.reference, None, (target,), 1)
+    record = localize_check(job, target, model, build_inputs(input_spec, exp, model_spec.batch_mode), exp)
+    render_layers(record, _console())
+    if args.out:
+        from parity.records import RecordWriter, environment
+
+        with RecordWriter(Path(args.out) / "records.jsonl") as writer:
+            writer.write("run", experiment=exp.name, config=exp.model_dump(mode="json"), base_dir=str(exp.base_dir),
+                         environment=environment(exp.base_dir))
+            writer.write("layers", **record)
+        print(f"records: {Path(args.out) / 'records.jsonl'}")
+    return EXIT_OK if not record.get("error") else EXIT_FAILED
+
+
 def cmd_backends(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
@@ -104,6 +162,16 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="check experiment files without running anything")
     validate.add_argument("files", nargs="+", metavar="FILE")
     validate.set_defaults(func=cmd_validate)
+
+    loc = sub.add_parser("localize", help="find the layer where a target starts to differ (tier 2)")
+    loc.add_argument("file", metavar="FILE")
+    loc.add_argument("--model", help="model name (default: the only one)")
+    loc.add_argument("--target", help="target id, e.g. compile-cpu (default: the only one)")
+    loc.add_argument("--inputs", help="input set (default: the model's first)")
+    loc.add_argument("--granularity", help="blocks (default, hierarchical) | leaf | depth:N | name,name,...")
+    loc.add_argument("--mode", choices=["local", "propagated", "both"])
+    loc.add_argument("--out", metavar="DIR", help="also write DIR/records.jsonl with the layers record")
+    loc.set_defaults(func=cmd_localize)
 
     backends = sub.add_parser("backends", help="list every backend and whether it can run here")
     backends.set_defaults(func=cmd_backends)

@@ -27,6 +27,8 @@ class Backend(ABC):
     devices: ClassVar[tuple[str, ...]] = ("cpu",)
     dtypes: ClassVar[tuple[str, ...]] = ("float32",)
     Options: ClassVar[type[BaseModel]] = NoOptions
+    # True when `run` executes the modules' Python forward, so module hooks see every layer (tier 2).
+    runs_module_hooks: ClassVar[bool] = False
 
     def __init__(self, spec):
         self.spec = spec

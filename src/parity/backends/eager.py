@@ -25,6 +25,7 @@ class EagerBackend(Backend):
     devices = ("cpu", "cuda")
     dtypes = DTYPES
     Options = EagerOptions
+    runs_module_hooks = True
 
     @classmethod
     def spec_problem(cls, spec) -> str | None:

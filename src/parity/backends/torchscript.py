@@ -19,6 +19,7 @@ class TorchScriptOptions(BaseModel):
 class TorchScriptBackend(EagerBackend):
     name = "torchscript"
     Options = TorchScriptOptions
+    runs_module_hooks = False  # a traced graph no longer calls the modules' Python hooks
 
     def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
         model = model.to(self.device, self.dtype)

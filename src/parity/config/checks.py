@@ -102,5 +102,11 @@ def check(exp: Experiment) -> list[Problem]:
         problems += backend_problems(target, ("targets", i))
     for i in range(len(exp.models)):
         problems += _model(exp, i)
+    if exp.tiers.localize and not problems:
+        from parity.backends import backend_class
+
+        if not backend_class(exp.reference.backend).runs_module_hooks:
+            problems.append((("tiers", "activations"), f"tier 2 reads layers through module hooks; the reference "
+                             f"backend '{exp.reference.backend}' does not run them (use eager)"))
     problems += _images(exp)
     return problems

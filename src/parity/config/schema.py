@@ -199,6 +199,40 @@ class Oracle(Strict):
     floor: float = Field(default=1e-8, ge=0)
 
 
+_GRANULARITY = re.compile(r"^(blocks|leaf|depth:[1-9][0-9]*)$")
+
+
+class Activations(Strict):
+    """Tier 2: localize where each failing tier-1 check starts to diverge."""
+
+    enabled: bool = True
+    granularity: str | list[str] = "blocks"  # blocks (hierarchical) | leaf | depth:N | [module names]
+    mode: Literal["local", "propagated", "both"] = "both"
+    threshold: float | None = Field(default=None, ge=0)  # a layer's own error above this is divergent; default: gate
+
+    @field_validator("granularity")
+    @classmethod
+    def _granularity(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, str) and not _GRANULARITY.match(value):
+            raise ValueError("expected blocks, leaf, depth:N or a list of module names")
+        if isinstance(value, list) and not value:
+            raise ValueError("the list of module names is empty")
+        return value
+
+
+class Tiers(Strict):
+    activations: Activations | None = None
+
+    @field_validator("activations", mode="before")
+    @classmethod
+    def _bool(cls, value: Any) -> Any:
+        return {"enabled": value} if isinstance(value, bool) else value
+
+    @property
+    def localize(self) -> bool:
+        return self.activations is not None and self.activations.enabled
+
+
 class Experiment(Strict):
     name: str | None = None
     seed: int = 0
@@ -209,6 +243,7 @@ class Experiment(Strict):
     oracle: Oracle = Field(default_factory=lambda: Oracle(enabled=False))
     targets: list[BackendSpec] = Field(min_length=1)
     tolerances: Tolerances = Field(default_factory=Tolerances)
+    tiers: Tiers = Field(default_factory=Tiers)
 
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
 

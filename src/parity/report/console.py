@@ -47,3 +47,39 @@ def render(records: list[dict], summary: dict[str, Any], out_dir, console) -> No
                   f"({summary['arithmetic']['formula']})")
     console.print(f"records: {out_dir / 'records.jsonl'}\nsummary: {out_dir / 'summary.json'}\n"
                   f"report:  {out_dir / 'report.md'}")
+
+
+def _num(x: Any, fmt: str = ".2e") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def render_layers(record: dict[str, Any], console) -> None:
+    """One table per level of a `layers` record (the last level holds the culprit), then the verdict."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    if record.get("error"):
+        console.print(f"[red]localization failed[/red] for {escape(record['target'])}: {escape(record['error'])}")
+        return
+    suspects = {s["name"] for s in record["suspects"]}
+    for level in record["levels"]:
+        title = f"{record['model']} / {record['inputs']} / {record['target']}: layers of {level['parent'] or 'the model'}"
+        table = Table(title=escape(title))
+        for col in ("layer", "local max abs", "local rel rmse", "local SQNR dB", "propagated rel rmse", "R"):
+            table.add_column(col, justify="left" if col == "layer" else "right")
+        for layer in level["layers"]:
+            local, prop = layer["local"] or {}, layer["propagated"] or {}
+            name = escape(layer["name"])
+            if layer["name"] in suspects:
+                name = f"[bold red]{name}[/bold red]"
+            if local.get("error"):
+                table.add_row(name, escape(local["error"][:60]), "", "", _num(prop.get("rel_rmse")), "")
+                continue
+            table.add_row(name, _num(local.get("max_abs")), _num(local.get("rel_rmse")), _num(local.get("sqnr_db"), ".1f"),
+                          _num(prop.get("rel_rmse")), _num(layer["introduction_rate"], ".2g"))
+        console.print(table)
+    console.print(f"[bold]verdict:[/bold] {escape(record['verdict'])}")
+    console.print("suspects: " + ", ".join(f"{escape(s['name'])} ({s['rel_rmse']:.2e})" for s in record["suspects"]))
+    if record.get("first_divergent"):
+        console.print(f"first layer whose own error exceeds {record['threshold']:g}: {escape(record['first_divergent'])}")
+    console.print(f"localized in {record['elapsed_s']:.1f} s")

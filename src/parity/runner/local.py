@@ -19,6 +19,7 @@ from parity.records import RecordWriter, environment
 from parity.runner.execute import Execution, execute
 from parity.runner.plan import Job, plan
 from parity.verify.checks import repeat_spread, tier1_check
+from parity.verify.localize import LOCALIZABLE, localize_check
 
 
 class _Progress:
@@ -80,7 +81,10 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
     ref_spread = repeat_spread(reference.outputs, exp.tolerances.rtol, exp.tolerances.gate_atol) if reference.ok else 0.0
     for spec in job.targets:
         target = run(spec)
-        writer.write("check", **tier1_check(job, target, reference, oracle, exp, ref_spread))
+        check = writer.write("check", **tier1_check(job, target, reference, oracle, exp, ref_spread))
+        if exp.tiers.localize and check["failure_class"] in LOCALIZABLE:
+            progress.describe(f"localizing {job.model.name} / {job.inputs.name} / {spec.id}")
+            writer.write("layers", **localize_check(job, spec, model, inputs, exp))
 
 
 def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True) -> list[dict[str, Any]]:

@@ -1,0 +1,181 @@
+"""Tier 2: layer-by-layer activations of the reference and of a target, and their differences.
+
+Two ways to look at a layer on the target:
+- *local* (teacher forcing): the layer alone, prepared by the target backend (compiled, exported, cast...)
+  and fed the reference's own input to that layer, so its error is its own and not carried in;
+- *propagated*: the target runs the whole model and the layer's output is read on the way (module
+  hooks), so the error includes everything carried in from earlier layers.
+
+Layers are modules, named by their path in the model (`layer2.0.conv1`). A module called several times
+in one forward (a shared ReLU) has one entry per call; its error is the largest over its calls.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from parity.backends import backend_class
+from parity.config.schema import BackendSpec
+from parity.inputs import Inputs
+from parity.outputs import flatten, map_tensors
+from parity.verify.tensors import tensor_stats
+
+EPS = 1e-12
+
+
+@dataclass
+class Call:
+    """One call of a module in a forward pass: what went in and what came out (on the CPU)."""
+
+    name: str
+    index: int
+    inputs: Inputs
+    output: Any
+
+
+@dataclass
+class LayerError:
+    """How far a layer's target output is from the reference's, over all its calls."""
+
+    name: str
+    max_abs: float = 0.0
+    rmse: float = 0.0
+    rel_rmse: float = 0.0  # rmse / rms(reference): comparable across layers of any scale
+    cosine: float = 1.0
+    sqnr_db: float | None = None  # 10 log10(|ref|^2 / |target - ref|^2); None when identical
+    required_atol: float | None = 0.0  # None: nothing passes (NaN introduced, shapes differ)
+    error: str | None = None  # the layer could not be run or compared on the target
+
+    def as_record(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+@dataclass
+class LevelResult:
+    """Errors of a set of sibling (or chosen) layers, in call order."""
+
+    names: list[str]
+    local: dict[str, LayerError] = field(default_factory=dict)
+    propagated: dict[str, LayerError] = field(default_factory=dict)
+
+
+def _detach(obj: Any) -> Any:
+    return map_tensors(obj, lambda t: t.detach().to("cpu", copy=True))
+
+
+def _floats(obj: Any) -> torch.Tensor:
+    """Every tensor leaf of an output, flattened into one float64 vector."""
+    leaves = [v for v in flatten(obj).values() if isinstance(v, torch.Tensor)]
+    if not leaves:
+        return torch.zeros(0, dtype=torch.float64)
+    return torch.cat([leaf.detach().to("cpu", torch.float64).flatten() for leaf in leaves])
+
+
+def layer_error(name: str, reference: Any, target: Any, rtol: float) -> LayerError:
+    ref_leaves, tgt_leaves = flatten(reference), flatten(target)
+    shapes = lambda leaves: [tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__ for v in leaves.values()]  # noqa: E731
+    if shapes(ref_leaves) != shapes(tgt_leaves):
+        return LayerError(name, required_atol=None, error=f"outputs differ in structure or shape: {shapes(tgt_leaves)} vs {shapes(ref_leaves)}")
+    r, t = _floats(reference), _floats(target)
+    stats = tensor_stats(r, t, rtol, gate=math.inf)
+    ref_energy = float(r[torch.isfinite(r)].square().sum())
+    noise = stats["rmse"] ** 2 * max(r.numel(), 1)
+    rms = math.sqrt(ref_energy / max(r.numel(), 1))
+    return LayerError(
+        name,
+        max_abs=stats["max_abs"],
+        rmse=stats["rmse"],
+        rel_rmse=stats["rmse"] / (rms + EPS) if stats["required_atol"] is not None else math.inf,
+        cosine=stats["cosine"],
+        sqnr_db=10 * math.log10((ref_energy + EPS) / noise) if noise > 0 else None,
+        required_atol=stats["required_atol"],
+    )
+
+
+def worst(errors: list[LayerError]) -> LayerError:
+    """One entry for a layer called several times: its largest error."""
+    failed = [e for e in errors if e.error]
+    if failed:
+        return failed[0]
+    return max(errors, key=lambda e: (math.inf if e.required_atol is None else e.required_atol, e.rel_rmse))
+
+
+def _clone(obj: Any) -> Any:
+    return map_tensors(obj, lambda t: t.detach().clone())
+
+
+def _install_hooks(model: torch.nn.Module, names: list[str], sink: list, with_inputs: bool) -> None:
+    """Append (name, inputs, output) to `sink` on every call of the named modules. Values are cloned at
+    once: an in-place op later in the forward (ReLU(inplace=True)) would otherwise rewrite them. Plain
+    list appends: torch.compile traces them as side effects and returns the values as graph outputs."""
+    modules = dict(model.named_modules())
+    for name in names:
+        module = modules[name]
+        pending: list = []
+
+        def pre_hook(mod, args, kwargs, _pending=pending):
+            _pending.append(_clone((args, kwargs)) if with_inputs else None)
+
+        def hook(mod, args, kwargs, output, _name=name, _pending=pending):
+            sink.append((_name, _pending.pop(), _clone(output)))
+
+        module.register_forward_pre_hook(pre_hook, with_kwargs=True)
+        module.register_forward_hook(hook, with_kwargs=True)
+
+
+def capture(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, names: list[str],
+            with_inputs: bool = True) -> dict[str, list[Call]]:
+    """Run `model` (a private copy) end to end on the backend `spec` and record every call of the named
+    modules. The backend must run the module's Python forward (eager, compile)."""
+    cls = backend_class(spec.backend)
+    if not cls.runs_module_hooks:
+        raise ValueError(f"backend {spec.id} does not run module hooks")
+    hooked = copy.deepcopy(model)
+    sink: list = []
+    _install_hooks(hooked, names, sink, with_inputs)
+    backend = cls(spec)
+    try:
+        backend.prepare(hooked, inputs)
+        sink.clear()  # preparation may run the model (compile warms up); keep the timed run only
+        backend.run(inputs)
+    finally:
+        backend.close()
+    calls: dict[str, list[Call]] = {}  # in the order of first call, modules never called left out
+    for name, io, output in sink:
+        calls.setdefault(name, [])
+        args, kwargs = io if io is not None else ((), {})
+        calls[name].append(Call(name, len(calls[name]), Inputs(_detach(tuple(args)), _detach(dict(kwargs))), _detach(output)))
+    return calls
+
+
+def propagated_errors(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs,
+                      reference: dict[str, list[Call]], rtol: float) -> dict[str, LayerError]:
+    """Each layer's output inside the target's own end-to-end run, against the reference's."""
+    target = capture(spec, model, inputs, list(reference), with_inputs=False)
+    out = {}
+    for name, ref_calls in reference.items():
+        tgt_calls = target.get(name, [])
+        if len(tgt_calls) != len(ref_calls):
+            out[name] = LayerError(name, required_atol=None,
+                                   error=f"called {len(tgt_calls)} time(s) on the target, {len(ref_calls)} on the reference")
+            continue
+        out[name] = worst([layer_error(name, r.output, t.output, rtol) for r, t in zip(ref_calls, tgt_calls, strict=True)])
+    return out
+
+
+def local_error(spec: BackendSpec, module: torch.nn.Module, calls: list[Call], rtol: float) -> LayerError:
+    """The layer alone on the target, fed the reference's inputs to it: its own error."""
+    from parity.runner.execute import execute
+
+    errors = []
+    for call in calls:
+        result = execute(spec, module, call.inputs, 1)
+        if not result.ok:
+            return LayerError(call.name, required_atol=None, error=f"{result.status}: {result.error}")
+        errors.append(layer_error(call.name, call.output, result.outputs[0], rtol))
+    return worst(errors) if errors else LayerError(calls[0].name if calls else "?", error="never called")

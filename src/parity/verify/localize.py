@@ -1,0 +1,196 @@
+"""Where does a target start to differ? Ranks layers by their own (local) error, top-level blocks first,
+then inside the worst block, down to a leaf, so a deep model needs a few small runs per level rather
+than every layer compiled separately.
+
+A block whose children all have much smaller own errors than itself is the culprit *in its own code*
+(the additions and reshapes between its submodules), and the descent stops there.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from parity.backends import backend_class
+from parity.config.schema import BackendSpec
+from parity.inputs import Inputs
+from parity.verify.activations import LayerError, LevelResult, capture, local_error, propagated_errors
+
+LOCALIZABLE = ("numeric_drift", "nonfinite")  # tier-1 failures that a layer's numbers can explain
+SPREAD_RATIO = 3.0  # the worst layer within this factor of the median: the error has no single source
+GLUE_RATIO = 0.1  # children below this fraction of their parent's own error: the parent's own code is at fault
+
+
+def children(model: torch.nn.Module, parent: str) -> list[str]:
+    module = model.get_submodule(parent) if parent else model
+    return [f"{parent}.{n}" if parent else n for n, _ in module.named_children()]
+
+
+def layer_names(model: torch.nn.Module, granularity: str | list[str]) -> list[str]:
+    """The layers of a flat (one-level) comparison: `leaf`, `depth:N`, or explicit module names."""
+    if isinstance(granularity, list):
+        return list(granularity)
+    named = [n for n, _ in model.named_modules() if n]
+    if granularity == "leaf":
+        return [n for n, m in model.named_modules() if n and not any(True for _ in m.children())]
+    depth = int(granularity.split(":", 1)[1])
+    return [n for n in named if n.count(".") + 1 == depth]
+
+
+def _rank_key(e: LayerError) -> float:
+    return -1.0 if e.error else e.rel_rmse
+
+
+def evaluate(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module, inputs: Inputs,
+             names: list[str], rtol: float, mode: str, parent: str = "") -> LevelResult:
+    """Local and/or propagated errors of `names`, in call order. Holds the reference's inputs and
+    outputs of these layers only, and each target output only while it is compared."""
+    calls = capture(reference, model, inputs, names)
+    result = LevelResult(names=list(calls))
+    modules = dict(model.named_modules())
+    if mode in ("local", "both"):
+        for name, layer_calls in calls.items():
+            result.local[name] = local_error(target, modules[name], layer_calls, rtol)
+    if mode in ("propagated", "both") and backend_class(target.backend).runs_module_hooks:
+        result.propagated = propagated_errors(target, model, inputs, calls, rtol)
+    del calls
+    return result
+
+
+def introduction_rates(errors: list[LayerError]) -> list[float | None]:
+    """CRADLE's R = (e_l - max e_prev) / (max e_prev + eps), e = relative RMSE, in call order."""
+    rates: list[float | None] = []
+    prev = 0.0
+    for i, e in enumerate(errors):
+        if e.error or not math.isfinite(e.rel_rmse):
+            rates.append(None)
+            continue
+        rates.append(None if i == 0 else (e.rel_rmse - prev) / (prev + 1e-12))
+        prev = max(prev, e.rel_rmse)
+    return rates
+
+
+@dataclass
+class Localization:
+    target: str
+    mode: str  # hierarchical | flat
+    threshold: float
+    levels: list[tuple[str, LevelResult]] = field(default_factory=list)
+    culprit: str | None = None
+    in_own_code: bool = False
+    first_divergent: str | None = None
+    suspects: list[LayerError] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    def verdict(self) -> str:
+        if self.culprit is None:
+            return "no layer could be compared on the target"
+        own = self.suspects[0]
+        where = " (in its own code, between its submodules)" if self.in_own_code else ""
+        exceeds = ("exceeds" if own.required_atol is None or own.required_atol > self.threshold else "stays below")
+        text = (f"{self.culprit}{where} introduces the largest error of its own: relative RMSE {own.rel_rmse:.2e}, "
+                f"max abs {own.max_abs:.2e}, which {exceeds} the threshold {self.threshold:g}")
+        if self.evenly_spread():
+            text += ("; but every layer of the first level makes an error of the same order (within "
+                     f"{SPREAD_RATIO:g}x of the median): the drift comes from the target as a whole (its dtype or "
+                     "kernels), not from one layer")
+        return text
+
+    def evenly_spread(self) -> bool:
+        """True when no layer stands out at the first level: all own errors are of one order."""
+        if not self.levels:
+            return False
+        errors = sorted(e.rel_rmse for e in self.levels[0][1].local.values() if not e.error and e.rel_rmse > 0)
+        if len(errors) < 3:
+            return False
+        return errors[-1] <= SPREAD_RATIO * errors[len(errors) // 2]
+
+    def record(self) -> dict[str, Any]:
+        levels = []
+        for parent, level in self.levels:
+            ordered = [level.propagated[n] for n in level.names if n in level.propagated]
+            rates = dict(zip([e.name for e in ordered], introduction_rates(ordered), strict=True))
+            layers = []
+            for order, name in enumerate(level.names):
+                layers.append({
+                    "name": name, "depth": name.count(".") + 1, "call_order": order,
+                    "local": level.local[name].as_record() if name in level.local else None,
+                    "propagated": level.propagated[name].as_record() if name in level.propagated else None,
+                    "introduction_rate": rates.get(name),
+                })
+            levels.append({"parent": parent, "layers": layers})
+        return {
+            "target": self.target, "mode": self.mode, "threshold": self.threshold, "culprit": self.culprit,
+            "in_own_code": self.in_own_code, "evenly_spread": self.evenly_spread(), "first_divergent": self.first_divergent,
+            "suspects": [s.as_record() for s in self.suspects], "verdict": self.verdict(),
+            "levels": levels, "elapsed_s": self.elapsed_s,
+        }
+
+
+def _first_divergent(level: LevelResult, threshold: float) -> str | None:
+    for name in level.names:
+        e = level.local.get(name) or level.propagated.get(name)
+        if e and not e.error and (e.required_atol is None or e.required_atol > threshold):
+            return name
+    return None
+
+
+def _ranked(level: LevelResult) -> list[LayerError]:
+    errors = list(level.local.values()) or list(level.propagated.values())
+    return sorted((e for e in errors if not e.error), key=_rank_key, reverse=True)
+
+
+def localize(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, rtol: float,
+             threshold: float, granularity: str | list[str] = "blocks", mode: str = "both") -> Localization:
+    start = time.perf_counter()
+    if granularity != "blocks":
+        level = evaluate(reference, target, model, inputs, layer_names(model, granularity), rtol, mode)
+        loc = Localization(target.id, "flat", threshold, [("", level)])
+        ranked = _ranked(level)
+        loc.suspects = ranked[:3]
+        loc.culprit = ranked[0].name if ranked else None
+        loc.first_divergent = _first_divergent(level, threshold)
+    else:
+        loc = _descend(reference, target, model, inputs, rtol, threshold, mode)
+    loc.elapsed_s = time.perf_counter() - start
+    return loc
+
+
+def _descend(reference, target, model, inputs, rtol, threshold, mode) -> Localization:
+    loc = Localization(target.id, "hierarchical", threshold)
+    parent, parent_error = "", None
+    while True:
+        names = children(model, parent)
+        if not names:
+            break
+        level = evaluate(reference, target, model, inputs, names, rtol, mode, parent)
+        loc.levels.append((parent, level))
+        ranked = _ranked(level)
+        if not ranked:
+            break
+        best = ranked[0]
+        if parent_error is not None and best.rel_rmse < GLUE_RATIO * parent_error.rel_rmse:
+            loc.in_own_code = True
+            loc.suspects = [parent_error] + ranked[:2]
+            break
+        loc.culprit, parent, parent_error = best.name, best.name, best
+        loc.suspects = ranked[:3]
+        loc.first_divergent = _first_divergent(level, threshold) or loc.first_divergent
+    return loc
+
+
+def localize_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, experiment) -> dict[str, Any]:
+    """The fields of a `layers` record for one failing check."""
+    settings = experiment.tiers.activations
+    threshold = settings.threshold if settings.threshold is not None else experiment.tolerances.gate_atol
+    base = {"tier": 2, "model": job.model.name, "inputs": job.inputs.name, "reference": job.reference.id}
+    try:
+        loc = localize(job.reference, target, model, inputs, experiment.tolerances.rtol, threshold,
+                       settings.granularity, settings.mode)
+    except Exception as exc:  # localization is evidence; a failure to gather it must not end the run
+        return {**base, "target": target.id, "error": f"{type(exc).__name__}: {exc}"[:500]}
+    return {**base, **loc.record(), "error": None}

@@ -1,0 +1,116 @@
+"""Tier 2: a fault injected into one named layer on the target only must be named first by
+localization, in a CNN, a transformer block and a model with branches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from parity.api import run_experiment
+from parity.cli import main
+from parity.config.schema import BackendSpec
+from parity.inputs import Inputs
+from parity.verify.activations import capture, layer_error
+from parity.verify.localize import introduction_rates, layer_names, localize
+from tests.conftest import tiny_experiment
+from tests.fixtures.faults import inject
+from tests.fixtures.tiny import Branchy, DeepCNN, TransformerBlock
+
+EAGER = BackendSpec(backend="eager")
+FAULTY = BackendSpec(backend="tests.fixtures.faults:FaultyEager", name="faulty")
+IMAGE = Inputs((torch.randn(2, 3, 10, 10, generator=torch.Generator().manual_seed(0)),))
+TOKENS = Inputs((torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(0)),))
+
+
+def build(cls, fault: str, magnitude: float, condition: str = "flag"):
+    torch.manual_seed(0)
+    return inject(cls().eval(), fault, magnitude, condition)
+
+
+@pytest.mark.parametrize("fault", ["stem", "block1.0.0", "block1.1.1", "block2.0.0", "block2.1.0", "head"])
+def test_hierarchical_descent_names_the_faulty_layer_in_a_cnn(fault):
+    loc = localize(EAGER, FAULTY, build(DeepCNN, fault, 1e-3), IMAGE, 0.0, 1e-6)
+    assert loc.culprit == fault and loc.suspects[0].name == fault
+    assert loc.first_divergent == fault
+    assert [parent for parent, _ in loc.levels][0] == ""  # top-level blocks first
+    assert not loc.evenly_spread()
+
+
+@pytest.mark.parametrize("fault", ["attn.v", "attn.out", "ln2", "mlp.2"])
+def test_bfloat16_only_fault_in_a_transformer_block(fault):
+    """Every layer drifts a little in bfloat16; the faulty one drifts far more and is named first."""
+    target = BackendSpec(backend="eager", dtype="bfloat16")
+    loc = localize(EAGER, target, build(TransformerBlock, fault, 0.2, "bfloat16"), TOKENS, 1e-5, 1e-4)
+    assert loc.culprit == fault, loc.verdict()
+
+
+@pytest.mark.parametrize("fault", ["left.0", "right.0", "right.2"])
+def test_fault_in_a_branch(fault):
+    loc = localize(EAGER, FAULTY, build(Branchy, fault, 1e-2), IMAGE, 1e-5, 1e-4)
+    assert loc.culprit == fault
+
+
+def test_compile_only_fault_is_found_through_compiled_layers():
+    compile_target = BackendSpec(backend="compile")
+    loc = localize(EAGER, compile_target, build(Branchy, "right.2", 1e-2, "compiling"), IMAGE, 1e-5, 1e-4)
+    assert loc.culprit == "right.2"
+    top = loc.levels[0][1]
+    assert top.propagated["right"].rel_rmse > 1e-3 and top.propagated["left"].rel_rmse < 1e-5
+
+
+def test_without_a_fault_nothing_stands_out_against_the_threshold():
+    loc = localize(EAGER, FAULTY, build(DeepCNN, "stem", 0.0), IMAGE, 1e-5, 1e-4)
+    assert loc.first_divergent is None
+    assert all(e.max_abs == 0.0 for _, level in loc.levels for e in level.local.values())
+
+
+def test_flat_granularities():
+    model = build(DeepCNN, "block2.1.0", 1e-3)
+    assert layer_names(model, "depth:1") == ["stem", "block1", "block2", "head"]
+    assert "block1.0.0" in layer_names(model, "leaf") and "block1" not in layer_names(model, "leaf")
+    for granularity in ("leaf", "depth:3", ["stem", "block2.1.0", "head"]):
+        loc = localize(EAGER, FAULTY, model, IMAGE, 1e-5, 1e-4, granularity=granularity)
+        assert loc.mode == "flat" and loc.culprit == "block2.1.0", granularity
+
+
+def test_local_mode_separates_own_error_from_carried_error():
+    """Downstream of the fault, layers carry its error (propagated) but make none of their own (local)."""
+    loc = localize(EAGER, FAULTY, build(DeepCNN, "block1.0.0", 1e-3), IMAGE, 1e-5, 1e-4, granularity="depth:1")
+    level = loc.levels[0][1]
+    assert level.local["block2"].max_abs == 0.0 and level.propagated["block2"].max_abs > 0.0
+    assert level.local["block1"].max_abs > 0.0
+    rates = dict(zip(level.names, introduction_rates([level.propagated[n] for n in level.names]), strict=True))
+    assert rates["block1"] > 1e3  # the error appears here...
+    assert abs(rates["block2"]) < 10  # ...and is only carried on here
+
+
+def test_in_place_ops_do_not_rewrite_captured_values():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(inplace=True)).eval()
+    calls = capture(EAGER, model, Inputs((torch.randn(3, 4),)), ["0", "1"])
+    assert (calls["0"][0].output < 0).any()  # the Linear's output, before the in-place ReLU
+    assert torch.equal(calls["1"][0].inputs.args[0], calls["0"][0].output)
+
+
+def test_layer_statistics():
+    e = layer_error("x", torch.ones(100), torch.ones(100) * 1.01, 0.0)
+    assert e.max_abs == pytest.approx(0.01) and e.rel_rmse == pytest.approx(0.01)
+    assert e.sqnr_db == pytest.approx(40.0, abs=0.01)
+    assert layer_error("x", torch.ones(2), torch.ones(3), 0.0).error
+
+
+def test_run_localizes_failing_checks_and_records_layers(tmp_path, write_yaml, capsys):
+    data = tiny_experiment([{"backend": "tests.fixtures.tiny:PerturbedEager", "name": "perturbed"},
+                            {"backend": "eager", "name": "same"}],
+                           tiers={"activations": {"granularity": "blocks"}})
+    records = run_experiment(data, out=tmp_path / "run")
+    [layers] = [r for r in records if r["kind"] == "layers"]  # only the failing check is localized
+    assert layers["target"] == "perturbed" and layers["tier"] == 2
+    assert layers["culprit"] == "conv" and layers["suspects"][0]["name"] == "conv"  # its first weight is nudged
+    assert {lay["name"] for lay in layers["levels"][0]["layers"]} == {"conv", "bn", "head"}
+
+    path = write_yaml(data)
+    assert main(["localize", str(path), "--target", "perturbed", "--out", str(tmp_path / "loc")]) == 0
+    out = capsys.readouterr().out
+    assert "verdict: conv introduces the largest error of its own" in out
+    assert main(["localize", str(path), "--target", "perturbd"]) == 2
+    assert "did you mean 'perturbed'" in capsys.readouterr().err
