@@ -42,6 +42,11 @@ def render(records: list[dict], summary: dict[str, Any], out_dir, console) -> No
         if c["status"] != "skipped" and not c["passed"]:
             console.print("[red]failed[/red] " + escape(f"{c['model']} / {c['inputs']} / {c['target']}: "
                                                           f"{c['failure_class']}: {c['detail']}"), soft_wrap=True)
+    for key, loc in summary.get("localized", {}).items():
+        where = loc["culprit"] or f"not localized ({loc['error'] or 'no layer could be compared'})"
+        if loc["evenly_spread"]:
+            where += " (every layer drifts alike: no single source)"
+        console.print("[yellow]diverges at[/yellow] " + escape(f"{key}: {where}"))
     totals = summary["totals"]
     console.print(f"{totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped "
                   f"({summary['arithmetic']['formula']})")

@@ -57,6 +57,17 @@ def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
                 lines.append(f"  - `{leaf['name']}`: max abs {_fmt(leaf.get('max_abs'))}, max rel {_fmt(leaf.get('max_rel'))}, "
                              f"cosine {_fmt(leaf.get('cosine'))}, mismatched {_fmt(leaf.get('mismatch_fraction'))}"
                              + (f" ({leaf['detail']})" if leaf.get("detail") else ""))
+    layers = [r for r in records if r["kind"] == "layers"]
+    if layers:
+        lines += ["", "## Where the failing checks diverge (tier 2)", ""]
+        for r in layers:
+            head = f"- **{r['model']} / {r['inputs']} / {r['target']}**: "
+            if r.get("error"):
+                lines.append(head + f"localization failed: {r['error']}")
+                continue
+            path = " > ".join(level["parent"] for level in r["levels"] if level["parent"])
+            lines.append(head + r["verdict"] + (f" (descent: {path})" if path else ""))
+            lines.append("  - suspects: " + ", ".join(f"`{s['name']}` (relative RMSE {s['rel_rmse']:.2e})" for s in r["suspects"]))
     skipped = {c["target"]: c["detail"] for c in checks if c["status"] == "skipped"}
     if skipped:
         lines += ["", "## Unavailable targets", ""] + [f"- {t}: {why}" for t, why in skipped.items()]

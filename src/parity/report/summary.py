@@ -72,6 +72,9 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         "per_tolerance": {k: {"passed": sum(bool(c["verdicts"].get(k)) for c in ran),
                               "failed": sum(not c["verdicts"].get(k) for c in ran)} for k in keys},
         "failure_classes": dict(Counter(c["failure_class"] for c in ran if c["failure_class"])),
+        "localized": {f"{r['model']} / {r['inputs']} / {r['target']}":
+                      {"culprit": r.get("culprit"), "evenly_spread": r.get("evenly_spread"), "error": r.get("error")}
+                      for r in records if r["kind"] == "layers"},
         "latency": _latency(records),
     }
 
