@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,8 @@ def assert_backends_agree(model: torch.nn.Module, inputs: Any, targets: list[str
                           reference: str | dict | BackendSpec = "eager") -> None:
     """Raise AssertionError, in the style of torch.testing.assert_close, unless every target's outputs
     match the reference's: |t - r| <= atol + rtol * |r| on every leaf. `inputs` is a tensor, a tuple of
-    positional tensors or a dict of keyword tensors. The model itself is never modified."""
+    positional tensors or a dict of keyword tensors. The model itself is never modified; the copies that
+    the backends run are put in eval mode (dropout off, batch-norm statistics frozen), as `parity run` does."""
     from parity.config.checks import backend_problems
     from parity.config.yaml_io import format_path
     from parity.errors import ParityError
@@ -72,6 +74,7 @@ def assert_backends_agree(model: torch.nn.Module, inputs: Any, targets: list[str
     from parity.verify.tensors import compare
 
     inputs = _as_inputs(inputs)
+    model = copy.deepcopy(model).eval()
     ref_spec = _spec(reference)
     specs = [_spec(t) for t in targets]
     problems = [f"{format_path(path)}: {msg}" for i, spec in enumerate([ref_spec, *specs])

@@ -32,6 +32,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from parity.report.summary import exit_code, summarize
 
     experiments = [load_experiment(f) for f in args.files]  # every file is validated before anything runs
+    names = [exp.name for exp in experiments]
+    if len(experiments) > 1 and len(set(names)) < len(names):
+        raise ParityError(f"experiments need distinct names to share --out (got {', '.join(names)}); set 'name:' in each file")
     code = EXIT_OK
     for exp in experiments:
         if args.out is None:
@@ -180,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))  # `entry: mymodels:build` next to you imports, as with python -m
     try:
         return args.func(args)
     except ParityError as exc:

@@ -58,6 +58,32 @@ class Backend(ABC):
         """Release what `prepare` made (sessions, compiled graphs, temporary files)."""
 
 
+class OutputSpec:
+    """The structure of a model's output (from one eager run of the backend's own copy), to rebuild it
+    around the flat tensors that exported or traced programs return. Non-tensor leaves (None, numbers)
+    are not in those programs; they are taken from that run and named in `constants`."""
+
+    def __init__(self, model: torch.nn.Module, example: Inputs):
+        from torch.utils._pytree import tree_flatten
+
+        with torch.no_grad():
+            leaves, self.spec = tree_flatten(model(*example.args, **example.kwargs))
+        self.tensor_positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        self.constants = {i: leaf for i, leaf in enumerate(leaves) if not isinstance(leaf, torch.Tensor)}
+
+    def rebuild(self, tensors: list[torch.Tensor], who: str) -> Any:
+        from torch.utils._pytree import tree_unflatten
+
+        if len(tensors) != len(self.tensor_positions):
+            raise RuntimeError(f"{who} returns {len(tensors)} tensors; the model returns {len(self.tensor_positions)}")
+        leaves: list[Any] = [None] * self.spec.num_leaves
+        for i, value in self.constants.items():
+            leaves[i] = value
+        for i, tensor in zip(self.tensor_positions, tensors, strict=True):
+            leaves[i] = tensor
+        return tree_unflatten(leaves, self.spec)
+
+
 def cuda_reason(device: str) -> str | None:
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
@@ -69,7 +95,8 @@ def cuda_reason(device: str) -> str | None:
 
 
 def to_cpu(outputs: Any) -> Any:
-    return map_tensors(outputs, lambda t: t.detach().cpu())
+    """Outputs as CPU copies: a model may return its input or a buffer it later writes into again."""
+    return map_tensors(outputs, lambda t: t.detach().to("cpu", copy=True))
 
 
 def synchronize(device: torch.device) -> None:

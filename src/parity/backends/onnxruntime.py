@@ -1,8 +1,9 @@
 """ONNX Runtime on a model exported with torch.onnx (the dynamo exporter).
 
 The exported graph takes the flattened input tensors and returns the flattened output tensors; the
-exported program's output spec rebuilds the model's own structure (tuples, dicts, lists of dicts), so
-that ONNX outputs are compared leaf by leaf with the same names as every other backend's.
+model's output structure (tuples, dicts, lists of dicts, from one eager run of this backend's own copy)
+is rebuilt around them, so that ONNX outputs are compared leaf by leaf with the same names as every
+other backend's. Non-tensor outputs (None) are not in the graph and come from that run.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from parity.backends.base import Backend, cuda_reason
+from parity.backends.base import Backend, OutputSpec, cuda_reason
 from parity.inputs import Inputs
 
 LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
@@ -29,15 +30,11 @@ class OnnxRuntimeOptions(BaseModel):
     threads: int | None = Field(default=None, ge=1)
 
 
-def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, opset: int | None):
-    """Export with the dynamo exporter; returns the output spec that rebuilds the model's structure."""
-    sink = io.StringIO()
-    with contextlib.redirect_stdout(sink), torch.no_grad():
-        program = torch.onnx.export(
-            model, example.args, str(path), kwargs=example.kwargs or None, dynamo=True, opset_version=opset,
-            external_data=False, verbose=False,
-        )
-    return program.exported_program.call_spec.out_spec
+def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, opset: int | None) -> None:
+    """Export with the dynamo exporter (its progress messages are kept off the console)."""
+    with contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
+        torch.onnx.export(model, example.args, str(path), kwargs=example.kwargs or None, dynamo=True,
+                          opset_version=opset, external_data=False, verbose=False)
 
 
 class OnnxRuntimeBackend(Backend):
@@ -63,7 +60,9 @@ class OnnxRuntimeBackend(Backend):
 
         self._tmp = tempfile.TemporaryDirectory(prefix="parity-onnx-")
         path = Path(self._tmp.name) / "model.onnx"
-        self.out_spec = export_onnx(model.to(self.dtype), example.to("cpu", self.dtype), path, self.options.opset)
+        model, example = model.to(self.dtype), example.to("cpu", self.dtype)
+        self.outputs = OutputSpec(model, example)
+        export_onnx(model, example, path, self.options.opset)
         opts = ort.SessionOptions()
         opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[self.options.optimization])
         if self.options.threads:
@@ -76,16 +75,11 @@ class OnnxRuntimeBackend(Backend):
         self.input_names = [i.name for i in self.session.get_inputs()]
 
     def run(self, inputs: Inputs):
-        from torch.utils._pytree import tree_unflatten
-
         tensors = inputs.to("cpu", self.dtype).tensors()
         if len(tensors) != len(self.input_names):
             raise RuntimeError(f"the ONNX graph takes {len(self.input_names)} inputs, got {len(tensors)} tensors")
         feed = {name: t.contiguous().numpy() for name, t in zip(self.input_names, tensors, strict=True)}
-        flat = [torch.from_numpy(a) for a in self.session.run(None, feed)]
-        if len(flat) != self.out_spec.num_leaves:
-            raise RuntimeError(f"the ONNX graph returns {len(flat)} outputs; the model returns {self.out_spec.num_leaves} leaves")
-        return tree_unflatten(flat, self.out_spec)
+        return self.outputs.rebuild([torch.from_numpy(a) for a in self.session.run(None, feed)], "the ONNX graph")
 
     def close(self) -> None:
         self.session = None

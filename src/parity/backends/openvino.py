@@ -12,7 +12,7 @@ import warnings
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from parity.backends.base import Backend
+from parity.backends.base import Backend, OutputSpec
 from parity.inputs import Inputs
 
 PRECISION = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
@@ -38,25 +38,24 @@ class OpenVinoBackend(Backend):
 
     def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
         import openvino as ov
-        from torch.utils._pytree import tree_flatten
 
+        self.outputs = OutputSpec(model, example)
+        self.keywords = list(example.kwargs)
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # convert_model traces with torch.jit, which warns of its deprecation
-            _, self.out_spec = tree_flatten(model(*example.args, **example.kwargs))
-            ov_model = ov.convert_model(model, example_input=example.tensors() if not example.kwargs else example.kwargs)
+            ov_model = ov.convert_model(model, example_input=example.kwargs or example.tensors())
         config = {"INFERENCE_PRECISION_HINT": PRECISION[self.spec.dtype]}
         if self.options.threads:
             config["INFERENCE_NUM_THREADS"] = self.options.threads
         self.compiled = ov.Core().compile_model(ov_model, "CPU", config)
 
     def run(self, inputs: Inputs):
-        from torch.utils._pytree import tree_unflatten
-
-        result = self.compiled([t.numpy() for t in inputs.tensors()])
-        flat = [torch.from_numpy(result[out].copy()) for out in self.compiled.outputs]
-        if len(flat) != self.out_spec.num_leaves:
-            raise RuntimeError(f"OpenVINO returns {len(flat)} outputs; the model returns {self.out_spec.num_leaves} leaves")
-        return tree_unflatten(flat, self.out_spec)
+        if self.keywords:  # keyword inputs go by name: their order in the file need not be the signature's
+            feed = {name: inputs.kwargs[name].numpy() for name in self.keywords}
+        else:
+            feed = [t.numpy() for t in inputs.tensors()]
+        result = self.compiled(feed)
+        return self.outputs.rebuild([torch.from_numpy(result[out].copy()) for out in self.compiled.outputs], "OpenVINO")
 
     def close(self) -> None:
         self.compiled = None

@@ -7,6 +7,7 @@ import warnings
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from parity.backends.base import OutputSpec
 from parity.backends.eager import EagerBackend
 from parity.inputs import Inputs
 
@@ -33,3 +34,11 @@ class TorchScriptBackend(EagerBackend):
             if self.options.freeze:
                 traced = torch.jit.freeze(traced.eval())
         self.model = traced
+        self.outputs = OutputSpec(model, example)
+
+    def run(self, inputs: Inputs):
+        """Tracing turns namedtuples into tuples; the eager structure is rebuilt around the tensors."""
+        from torch.utils._pytree import tree_leaves
+
+        out = self.call(self.model, inputs)
+        return self.outputs.rebuild([t for t in tree_leaves(out) if isinstance(t, torch.Tensor)], "the traced module")

@@ -69,6 +69,13 @@ def _model(exp: Experiment, i: int) -> list[Problem]:
             out.append((path + ("path",), f"repository folder not found: {repo}"))
         elif model.hubconf is not None and not (repo / "hubconf.py").is_file():
             out.append((path + ("hubconf",), f"no hubconf.py in {repo}"))
+    if model.source == "python":
+        from parity.registry import import_object
+
+        try:
+            import_object(model.entry, "model entry")
+        except ParityError as exc:
+            out.append((path + ("entry",), exc.problems[0]))
     if model.weights not in (None, "DEFAULT") and not exp.resolve(model.weights).is_file():
         out.append((path + ("weights",), f"weights file not found: {exp.resolve(model.weights)} (expected null, DEFAULT or a local .safetensors / torch file)"))
     if model.weights == "DEFAULT" and model.source != "torchvision":
@@ -96,7 +103,10 @@ def check(exp: Experiment) -> list[Problem]:
     problems = _unique([m.name for m in exp.models], "models", "model name")
     problems += _unique([s.name for s in exp.inputs], "inputs", "input set name")
     ids = [exp.reference.id] + [t.id for t in exp.targets]
-    problems += [(("targets", i - 1), msg.replace("model name", "backend id")) for (_, i), msg in _unique(ids, "targets", "backend id")]
+    problems += [(("targets", i - 1), msg) for (_, i), msg in _unique(ids, "targets", "backend id")]
+    if exp.oracle.enabled:
+        problems += [(("targets", i), "'oracle' is the id of the float64 oracle (oracle: true); name this target otherwise")
+                     for i, t in enumerate(exp.targets) if t.id == "oracle"]
     problems += backend_problems(exp.reference, ("reference",))
     for i, target in enumerate(exp.targets):
         problems += backend_problems(target, ("targets", i))

@@ -39,6 +39,23 @@ def _problems(data: dict) -> list[tuple[tuple, str]]:
         repo = data.get("repo")
         if not isinstance(repo, dict) or not isinstance(repo.get("path"), str) or not isinstance(repo.get("class"), str):
             out.append((("repo",), "expected {path: DIR, class: module.Class}"))
+    for key in ("params", "options", "verification"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            out.append(((key,), f"expected a mapping, got {type(data[key]).__name__}"))
+    tol = (data.get("verification") or {}).get("tol") if isinstance(data.get("verification"), dict) else None
+    if tol is not None and not isinstance(tol, dict):
+        out.append((("verification", "tol"), "expected {atol: NUMBER, rtol: NUMBER}"))
+    elif tol:
+        for key in ("atol", "rtol"):
+            if key in tol and (isinstance(tol[key], bool) or not isinstance(tol[key], int | float) or tol[key] < 0):
+                out.append((("verification", "tol", key), f"expected a number >= 0, got {tol[key]!r}"))
+    for key in ("means", "stds"):
+        value = data.get(key)
+        if value is not None and (not isinstance(value, list) or not all(isinstance(v, int | float) for v in value)):
+            out.append(((key,), "expected a list of numbers"))
+    multiple = (data.get("options") or {}).get("resize_multiple") if isinstance(data.get("options"), dict) else None
+    if multiple is not None and (isinstance(multiple, bool) or not isinstance(multiple, int) or multiple <= 0):
+        out.append((("options", "resize_multiple"), f"expected a positive integer, got {multiple!r}"))
     images = data.get("inputs")
     if not isinstance(images, list) or not images or not all(isinstance(p, str) for p in images):
         out.append((("inputs",), "expected a non-empty list of image paths"))

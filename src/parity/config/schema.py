@@ -6,6 +6,7 @@ torchvision builders, files) are checked in `config.checks`, so that the schema 
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -40,7 +41,7 @@ class ModelSpec(Strict):
     init: Literal["default", "fan_in"] = "default"
     params: dict[str, Any] = Field(default_factory=dict)
     task: Literal["classification", "detection", "segmentation", "other"] = "other"
-    inputs: list[str] | None = None
+    inputs: list[str] | None = Field(default=None, min_length=1)
     batch: Literal["stack", "list"] | None = None
 
     @model_validator(mode="after")
@@ -52,6 +53,8 @@ class ModelSpec(Strict):
         if self.source == "repo" and (self.entry is None) == (self.hubconf is None):
             raise ValueError("source 'repo' needs exactly one of 'entry' (module:attr) or 'hubconf' (name)")
         foreign = {"torchvision": ["path", "entry", "hubconf"], "repo": ["builder"], "python": ["builder", "path", "hubconf"]}
+        if self.inputs is not None and len(set(self.inputs)) != len(self.inputs):
+            raise ValueError("'inputs' names an input set twice")
         if self.init != "default" and self.weights is not None:
             raise ValueError("'init' applies only to a seeded init (weights: null)")
         for key in foreign[self.source]:
@@ -97,16 +100,29 @@ class Synthetic(Strict):
     shape: list[int] = Field(min_length=1)
     dtype: Literal["float32", "float64", "bfloat16", "float16", "int64", "int32", "bool"] = "float32"
     distribution: Literal["normal", "uniform", "randint", "zeros", "ones"] = "normal"
-    low: float = 0.0
-    high: float = 1.0
-    seed: int | None = None
+    low: float = Field(default=0.0, ge=-1e15, le=1e15)
+    high: float = Field(default=1.0, ge=-1e15, le=1e15)
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
 
     @field_validator("shape")
     @classmethod
     def _positive(cls, shape: list[int]) -> list[int]:
         if any(d <= 0 for d in shape):
             raise ValueError("every dimension must be positive")
+        if math.prod(shape) > 2**31:
+            raise ValueError(f"{math.prod(shape)} elements is more than parity builds (2**31)")
         return shape
+
+    @model_validator(mode="after")
+    def _integer_draws(self) -> Synthetic:
+        integral = self.dtype in ("int64", "int32")
+        if integral and self.distribution in ("normal", "uniform"):
+            raise ValueError(f"dtype {self.dtype} needs distribution randint (with low and high), zeros or ones")
+        if self.distribution == "randint" and self.dtype != "bool" and "high" not in self.model_fields_set:
+            raise ValueError("distribution randint needs 'high' (exclusive) and, if not 0, 'low'")
+        if self.distribution in ("uniform", "randint") and self.high <= self.low:
+            raise ValueError("'high' must be greater than 'low'")
+        return self
 
 
 def _synthetic_kind(value: Any) -> str:

@@ -18,7 +18,15 @@ KeyPath = tuple[str | int, ...]
 
 
 class _Loader(yaml.SafeLoader):
-    pass
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key}' appears twice in one mapping (first on line {seen[key]})", key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(
@@ -54,6 +62,8 @@ def load_yaml(path: Path) -> tuple[Any, dict[KeyPath, int]]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
         raise ParityError(f"{path}: no such file") from exc
+    except UnicodeDecodeError as exc:
+        raise ParityError(f"{path}: not UTF-8 text (byte {exc.start}): save the file as UTF-8") from exc
     except OSError as exc:
         raise ParityError(f"{path}: cannot read: {exc}") from exc
     try:

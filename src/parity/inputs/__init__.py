@@ -30,6 +30,9 @@ class Inputs:
 
         return self.map(move)
 
+    def clone(self) -> Inputs:
+        return self.map(lambda t: t.detach().clone())
+
     def tensors(self) -> list[torch.Tensor]:
         from parity.outputs import flatten
 

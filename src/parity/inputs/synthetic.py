@@ -15,8 +15,10 @@ def _one(spec, seed: int) -> torch.Tensor:
         return torch.zeros(shape, dtype=dtype)
     if spec.distribution == "ones":
         return torch.ones(shape, dtype=dtype)
-    if spec.distribution == "randint" or not (dtype.is_floating_point):
-        return torch.randint(int(spec.low), max(int(spec.high), int(spec.low) + 1), shape, generator=gen).to(dtype)
+    if dtype == torch.bool:  # randint (or any draw) for a mask: True and False alike
+        return torch.randint(0, 2, shape, generator=gen).to(torch.bool)
+    if spec.distribution == "randint":
+        return torch.randint(int(spec.low), int(spec.high), shape, generator=gen).to(dtype)
     if spec.distribution == "uniform":
         return (torch.rand(shape, generator=gen, dtype=torch.float64) * (spec.high - spec.low) + spec.low).to(dtype)
     return torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)

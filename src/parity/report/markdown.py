@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from parity.verify.checks import tolerance_key
+
 
 def _fmt(x: Any) -> str:
     if x is None:
@@ -17,7 +19,7 @@ def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
     run = next(r for r in records if r["kind"] == "run")
     env = run["environment"]
     checks = [r for r in records if r["kind"] == "check" and r["tier"] == 1]
-    keys = [f"{a:.0e}" for a in summary["tolerances"]]
+    keys = [tolerance_key(a) for a in summary["tolerances"]]
     t = summary["totals"]
     lines = [
         f"# parity report: {summary['experiment']}",

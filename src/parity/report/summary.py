@@ -9,6 +9,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from parity.verify.checks import tolerance_key
+
 
 def _checks(records: list[dict]) -> list[dict]:
     return [r for r in records if r["kind"] == "check" and r["tier"] == 1]
@@ -30,7 +32,7 @@ def summarize(records: list[dict]) -> dict[str, Any]:
     run = next(r for r in records if r["kind"] == "run")
     tol = run["config"]["tolerances"]
     checks = _checks(records)
-    keys = [f"{a:.0e}" for a in tol["atol"]]
+    keys = [tolerance_key(a) for a in tol["atol"]]
     pairs = sorted({(c["model"], c["inputs"]) for c in checks})
     targets = list(dict.fromkeys(c["target"] for c in checks))
     ran = [c for c in checks if c["status"] != "skipped"]

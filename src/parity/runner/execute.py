@@ -54,21 +54,23 @@ def _describe(exc: BaseException) -> str:
 
 
 def execute(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, repeats: int, on_run=None) -> Execution:
-    """`model` is never touched: the backend gets a deep copy, so no two backends share a module.
+    """`model` and `inputs` are never touched: the backend gets a deep copy of the model and its own copy
+    of the inputs for every run, so no two backends or repeats share a module or a tensor.
     `on_run(execution, repeat)` is called after each repeat, so records are written as results come."""
-    reason = backend_class(spec.backend).available(spec)
-    if reason:
-        return Execution(spec, "unavailable", error=reason)
     result = Execution(spec, "ok")
     backend = None
     try:
+        reason = backend_class(spec.backend).available(spec)
+        if reason:
+            return Execution(spec, "unavailable", error=reason)
         backend = backend_class(spec.backend)(spec)
         start = time.perf_counter()
-        backend.prepare(copy.deepcopy(model), inputs)
+        backend.prepare(copy.deepcopy(model), inputs.clone())
         result.prepare_s = time.perf_counter() - start
         for repeat in range(repeats):
+            fresh = inputs.clone()  # a model that writes into its input must not change the next run's
             start = time.perf_counter()
-            result.outputs.append(backend.run(inputs))
+            result.outputs.append(backend.run(fresh))
             result.run_s.append(time.perf_counter() - start)
             if on_run:
                 on_run(result, repeat)

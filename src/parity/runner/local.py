@@ -64,7 +64,12 @@ def _record_execution(writer: RecordWriter, job: Job, ex: Execution, repeat: int
 
 
 def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _Progress) -> None:
-    inputs = build_inputs(job.inputs, exp, job.model.batch_mode)
+    try:
+        inputs = build_inputs(job.inputs, exp, job.model.batch_mode)
+    except ParityError:
+        raise
+    except Exception as exc:  # e.g. a tensor too large for this machine's memory
+        raise ParityError(f"input set '{job.inputs.name}': cannot build it: {type(exc).__name__}: {exc}") from exc
 
     def run(spec) -> Execution:
         progress.describe(f"{job.model.name} / {job.inputs.name} / {spec.id}")

@@ -10,8 +10,9 @@ from parity.verify.tensors import compare, oracle_verdict
 
 
 def tolerance_key(atol: float) -> str:
-    """1e-6 -> '1e-06': the keys of a check's `verdicts`."""
-    return f"{atol:.0e}"
+    """The keys of a check's `verdicts`: 1e-6 -> '1e-06', 1.5e-3 -> '0.0015' (never two atols on one key)."""
+    short = f"{atol:.0e}"
+    return short if float(short) == atol else repr(atol)
 
 
 def repeat_spread(outputs: list[Any], rtol: float, gate: float) -> float:
@@ -31,15 +32,16 @@ def tier1_check(job, target_exec, reference_exec, oracle_exec, experiment,
             "target": target_exec.backend.id, "rtol": tol.rtol, "gate": gate}
     if target_exec.status == "unavailable":
         return {**base, "status": "skipped", "passed": None, "failure_class": None, "detail": target_exec.error,
-                "required_atol": None, "verdicts": {}, "leaves": [], "oracle": None}
+                "required_atol": None, "max_abs": None, "verdicts": {}, "nondeterminism": None, "leaves": [],
+                "oracle": None}
     failed_exec = next((e for e in (reference_exec, target_exec) if not e.ok), None)
     if failed_exec is not None:
         who = "reference" if failed_exec is reference_exec else "target"
         return {**base, "status": "ok", "passed": False,
                 "failure_class": failed_exec.failure_class or tx.BACKEND_ERROR,
                 "detail": f"{who} {failed_exec.backend.id} failed: {failed_exec.error}",
-                "required_atol": None, "verdicts": {tolerance_key(a): False for a in tol.atol}, "leaves": [],
-                "oracle": None}
+                "required_atol": None, "max_abs": None, "verdicts": {tolerance_key(a): False for a in tol.atol},
+                "nondeterminism": None, "leaves": [], "oracle": None}
     oracle_out = oracle_exec.outputs[0] if oracle_exec is not None and oracle_exec.ok else None
     comparison = compare(reference_exec.outputs[0], target_exec.outputs[0], tol.rtol, gate, oracle_out)
     target_spread = repeat_spread(target_exec.outputs, tol.rtol, gate)

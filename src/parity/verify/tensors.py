@@ -119,7 +119,18 @@ def _compare_leaf(name: str, ref: Any, tgt: Any, rtol: float, gate: float) -> di
         return leaf
     if ref.dtype != tgt.dtype:
         leaf["reference_dtype"] = str(ref.dtype).removeprefix("torch.")
+    if ref.is_complex() != tgt.is_complex():
+        leaf.update(failure_class=tx.DTYPE_MISMATCH, detail=f"dtype {leaf['dtype']} vs reference {leaf['reference_dtype']}")
+        return leaf
     leaf.update(tensor_stats(ref, tgt, rtol, gate))
+    exact = _kind(ref) != "float" and _kind(ref) == _kind(tgt)
+    if exact and not torch.equal(ref, tgt):  # integers and booleans (labels, indices, masks) must be equal
+        differ = int((ref != tgt).sum())
+        leaf.update(failure_class=tx.NUMERIC_DRIFT, required_atol=None, mismatch_fraction=differ / max(ref.numel(), 1),
+                    detail=f"{differ} of {ref.numel()} {leaf['dtype']} values differ (compared exactly)")
+        return leaf
+    if exact:
+        leaf["required_atol"] = 0.0
     if _kind(ref) != _kind(tgt):
         leaf.update(failure_class=tx.DTYPE_MISMATCH, detail=f"dtype {leaf['dtype']} vs reference {leaf['reference_dtype']}")
     elif leaf["nonfinite"]:
