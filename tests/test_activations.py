@@ -58,6 +58,28 @@ def test_compile_only_fault_is_found_through_compiled_layers():
     assert top.propagated["right"].rel_rmse > 1e-3 and top.propagated["left"].rel_rmse < 1e-5
 
 
+@pytest.mark.parametrize("fault", ["block2.0.1", "block1.1.0"])
+def test_export_only_fault_is_found_in_the_onnx_graph(fault):
+    target = BackendSpec(backend="onnxruntime")
+    loc = localize(EAGER, target, build(DeepCNN, fault, 1e-2, "exporting"), IMAGE, 1e-5, 1e-4)
+    assert loc.culprit == fault
+    top = loc.levels[0][1]  # propagated: the ONNX graph's own intermediate values
+    assert top.propagated["block2"].rel_rmse > 1e-4 and top.propagated["stem"].rel_rmse < 1e-5
+
+
+def test_layers_the_exporter_fused_away_are_reported_not_guessed():
+    """The exporter folds each convolution into the batch norm after it: the convolution's own output
+    does not exist in the ONNX graph, and propagated mode says so instead of comparing something else."""
+    from parity.verify.activations import propagated_errors
+
+    model = build(DeepCNN, "stem", 0.0)
+    calls = capture(EAGER, model, IMAGE, ["block1.0.0", "block1.0.1", "head"])
+    errors = propagated_errors(BackendSpec(backend="onnxruntime"), model, IMAGE, calls, 1e-5)
+    assert "not in the exported graph" in errors["block1.0.0"].error
+    assert errors["block1.0.1"].error is None and errors["block1.0.1"].rel_rmse < 1e-5
+    assert errors["head"].error is None
+
+
 def test_without_a_fault_nothing_stands_out_against_the_threshold():
     loc = localize(EAGER, FAULTY, build(DeepCNN, "stem", 0.0), IMAGE, 1e-5, 1e-4)
     assert loc.first_divergent is None

@@ -56,13 +56,17 @@ class OnnxRuntimeBackend(Backend):
         return None
 
     def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
-        import onnxruntime as ort
 
         self._tmp = tempfile.TemporaryDirectory(prefix="parity-onnx-")
-        path = Path(self._tmp.name) / "model.onnx"
+        self._path = path = Path(self._tmp.name) / "model.onnx"
         model, example = model.to(self.dtype), example.to("cpu", self.dtype)
         self.outputs = OutputSpec(model, example)
         export_onnx(model, example, path, self.options.opset)
+        self._open_session(path)
+
+    def _open_session(self, path: Path) -> None:
+        import onnxruntime as ort
+
         opts = ort.SessionOptions()
         opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[self.options.optimization])
         if self.options.threads:
@@ -81,7 +85,77 @@ class OnnxRuntimeBackend(Backend):
         feed = {name: t.contiguous().numpy() for name, t in zip(self.input_names, tensors, strict=True)}
         return self.outputs.rebuild([torch.from_numpy(a) for a in self.session.run(None, feed)], "the ONNX graph")
 
+    def capture_layers(self, model: torch.nn.Module, example: Inputs, names: list[str]) -> dict[str, list | str]:
+        """Each named module's output inside one run of the exported graph, or why it cannot be seen.
+
+        The dynamo exporter tags every ONNX node with the module scopes it came from. A module's outputs
+        are the values its nodes produce and nodes outside it (or the graph's outputs) consume; they are
+        added as graph outputs and read in one run. A module the exporter fused into its neighbour
+        (a convolution folded into the batch norm after it) has no such value and is reported as fused.
+        Exposing values as outputs keeps ONNX Runtime from fusing across them, as in compile's capture."""
+        import onnx
+
+        self.prepare(model, example)
+        graph_model = onnx.load(self._path)
+        boundary = module_boundaries(graph_model.graph, names)
+        wanted = sorted({v for values in boundary.values() if isinstance(values, list) for v in values})
+        self.session = None
+        add_outputs(graph_model, wanted)
+        path = Path(self._tmp.name) / "observed.onnx"
+        onnx.save(graph_model, str(path))
+        self._open_session(path)
+        tensors = example.to("cpu", self.dtype).tensors()
+        feed = {name: t.contiguous().numpy() for name, t in zip(self.input_names, tensors, strict=True)}
+        values = dict(zip(wanted, self.session.run(wanted, feed), strict=True)) if wanted else {}
+        return {name: ([torch.from_numpy(values[v]) for v in found] if isinstance(found, list) else found)
+                for name, found in boundary.items()}
+
     def close(self) -> None:
         self.session = None
         if getattr(self, "_tmp", None):
             self._tmp.cleanup()
+
+
+def _scopes(node) -> list[str]:
+    import ast
+
+    for prop in node.metadata_props:
+        if prop.key == "pkg.torch.onnx.name_scopes":
+            return list(ast.literal_eval(prop.value))
+    return []
+
+
+def module_boundaries(graph, names: list[str]) -> dict[str, list[str] | str]:
+    """For each module path, the ONNX values at its output boundary, in graph order (one per call of a
+    single-output module), or the reason there are none."""
+    scopes = [set(_scopes(node)) for node in graph.node]
+    graph_outputs = {o.name for o in graph.output}
+    out: dict[str, list[str] | str] = {}
+    for name in names:
+        inside = [i for i, s in enumerate(scopes) if name in s]
+        if not inside:
+            out[name] = "not in the exported graph (fused into a neighbour or folded away)"
+            continue
+        inside_set = set(inside)
+        consumed_outside = {v for i, node in enumerate(graph.node) if i not in inside_set for v in node.input}
+        values = [v for i in inside for v in graph.node[i].output if v and (v in consumed_outside or v in graph_outputs)]
+        out[name] = values
+    return out
+
+
+def add_outputs(model, names: list[str]) -> None:
+    """Make intermediate values graph outputs (with their types, which ONNX Runtime needs)."""
+    import onnx
+
+    existing = {o.name for o in model.graph.output}
+    known = {v.name: v for v in model.graph.value_info}
+    missing = [n for n in names if n not in known and n not in existing]
+    if missing:
+        inferred = onnx.shape_inference.infer_shapes(model)
+        known.update({v.name: v for v in inferred.graph.value_info})
+    for name in names:
+        if name in existing:
+            continue
+        if name not in known:
+            raise RuntimeError(f"the ONNX value '{name}' has no type information")
+        model.graph.output.append(known[name])

@@ -74,15 +74,20 @@ def render_layers(record: dict[str, Any], console) -> None:
             table.add_column(col, justify="left" if col == "layer" else "right")
         for layer in level["layers"]:
             local, prop = layer["local"] or {}, layer["propagated"] or {}
+            prop_text = "n/a" if prop.get("error") else _num(prop.get("rel_rmse"))
             name = escape(layer["name"])
             if layer["name"] in suspects:
                 name = f"[bold red]{name}[/bold red]"
             if local.get("error"):
-                table.add_row(name, escape(local["error"][:60]), "", "", _num(prop.get("rel_rmse")), "")
+                table.add_row(name, escape(local["error"][:60]), "", "", prop_text, "")
                 continue
             table.add_row(name, _num(local.get("max_abs")), _num(local.get("rel_rmse")), _num(local.get("sqnr_db"), ".1f"),
-                          _num(prop.get("rel_rmse")), _num(layer["introduction_rate"], ".2g"))
+                          prop_text, _num(layer["introduction_rate"], ".2g"))
         console.print(table)
+        unseen = {layer["name"]: layer["propagated"]["error"] for layer in level["layers"]
+                  if layer["propagated"] and layer["propagated"].get("error")}
+        if unseen:
+            console.print("propagated n/a: " + escape("; ".join(f"{n}: {why}" for n, why in unseen.items())))
     console.print(f"[bold]verdict:[/bold] {escape(record['verdict'])}")
     console.print("suspects: " + ", ".join(f"{escape(s['name'])} ({s['rel_rmse']:.2e})" for s in record["suspects"]))
     if record.get("first_divergent"):

@@ -153,18 +153,40 @@ def capture(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, names: li
     return calls
 
 
+def observes_layers(spec: BackendSpec) -> bool:
+    """Can the target show layer outputs from inside its own end-to-end run?"""
+    cls = backend_class(spec.backend)
+    return cls.runs_module_hooks or hasattr(cls, "capture_layers")
+
+
+def _observed(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, names: list[str]) -> dict[str, list | str]:
+    """Outputs per call of each named layer in one target run: through module hooks, or the backend's own
+    `capture_layers` (ONNX Runtime: intermediate values made graph outputs). A string says why not."""
+    cls = backend_class(spec.backend)
+    if cls.runs_module_hooks:
+        return {name: [c.output for c in calls] for name, calls in capture(spec, model, inputs, names, with_inputs=False).items()}
+    backend = cls(spec)
+    try:
+        return backend.capture_layers(copy.deepcopy(model), inputs.clone(), names)
+    finally:
+        backend.close()
+
+
 def propagated_errors(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs,
                       reference: dict[str, list[Call]], rtol: float) -> dict[str, LayerError]:
     """Each layer's output inside the target's own end-to-end run, against the reference's."""
-    target = capture(spec, model, inputs, list(reference), with_inputs=False)
+    target = _observed(spec, model, inputs, list(reference))
     out = {}
     for name, ref_calls in reference.items():
-        tgt_calls = target.get(name, [])
-        if len(tgt_calls) != len(ref_calls):
-            out[name] = LayerError(name, required_atol=None,
-                                   error=f"called {len(tgt_calls)} time(s) on the target, {len(ref_calls)} on the reference")
+        seen = target.get(name, [])
+        if isinstance(seen, str):
+            out[name] = LayerError(name, required_atol=None, error=seen)
             continue
-        out[name] = worst([layer_error(name, r.output, t.output, rtol) for r, t in zip(ref_calls, tgt_calls, strict=True)])
+        if len(seen) != len(ref_calls):
+            out[name] = LayerError(name, required_atol=None,
+                                   error=f"{len(seen)} output(s) on the target, {len(ref_calls)} call(s) on the reference")
+            continue
+        out[name] = worst([layer_error(name, r.output, t, rtol) for r, t in zip(ref_calls, seen, strict=True)])
     return out
 
 

@@ -15,10 +15,16 @@ from typing import Any
 
 import torch
 
-from parity.backends import backend_class
 from parity.config.schema import BackendSpec
 from parity.inputs import Inputs
-from parity.verify.activations import LayerError, LevelResult, capture, local_error, propagated_errors
+from parity.verify.activations import (
+    LayerError,
+    LevelResult,
+    capture,
+    local_error,
+    observes_layers,
+    propagated_errors,
+)
 
 LOCALIZABLE = ("numeric_drift", "nonfinite")  # tier-1 failures that a layer's numbers can explain
 SPREAD_RATIO = 3.0  # the worst layer within this factor of the median: the error has no single source
@@ -55,7 +61,7 @@ def evaluate(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module
     if mode in ("local", "both"):
         for name, layer_calls in calls.items():
             result.local[name] = local_error(target, modules[name], layer_calls, rtol)
-    if mode in ("propagated", "both") and backend_class(target.backend).runs_module_hooks:
+    if mode in ("propagated", "both") and observes_layers(target):
         result.propagated = propagated_errors(target, model, inputs, calls, rtol)
     del calls
     return result
