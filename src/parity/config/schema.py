@@ -236,10 +236,23 @@ class Activations(Strict):
         return value
 
 
+class Tasks(Strict):
+    """Tier 3: thresholds of task-level agreement between target and reference."""
+
+    enabled: bool = True
+    top1_agreement: float = Field(default=0.99, ge=0, le=1)  # classification
+    top5_overlap: float | None = Field(default=None, ge=0, le=1)
+    detection_iou: float = Field(default=0.5, gt=0, le=1)  # a target box matches a reference box from this IoU
+    detection_f1: float = Field(default=0.95, ge=0, le=1)
+    pixel_agreement: float = Field(default=0.99, ge=0, le=1)  # segmentation
+    miou: float | None = Field(default=None, ge=0, le=1)
+
+
 class Tiers(Strict):
     activations: Activations | None = None
+    tasks: Tasks | None = None
 
-    @field_validator("activations", mode="before")
+    @field_validator("activations", "tasks", mode="before")
     @classmethod
     def _bool(cls, value: Any) -> Any:
         return {"enabled": value} if isinstance(value, bool) else value
@@ -247,6 +260,10 @@ class Tiers(Strict):
     @property
     def localize(self) -> bool:
         return self.activations is not None and self.activations.enabled
+
+    @property
+    def evaluate_tasks(self) -> bool:
+        return self.tasks is not None and self.tasks.enabled
 
 
 class Experiment(Strict):

@@ -42,6 +42,16 @@ def render(records: list[dict], summary: dict[str, Any], out_dir, console) -> No
         if c["status"] != "skipped" and not c["passed"]:
             console.print("[red]failed[/red] " + escape(f"{c['model']} / {c['inputs']} / {c['target']}: "
                                                           f"{c['failure_class']}: {c['detail']}"), soft_wrap=True)
+    tier3 = [r for r in records if r["kind"] == "check" and r["tier"] == 3]
+    for c in tier3:
+        m = c["metrics"]
+        shown = {"classification": ("top1_agreement", "top5_overlap", "kl_divergence"),
+                 "detection": ("f1", "map", "box_count_change", "max_box_drift"),
+                 "segmentation": ("pixel_agreement", "miou")}.get(c["task"], ())
+        figures = ", ".join(f"{k} {m[k]:.4g}" for k in shown if k in m)
+        verdict = "[green]agrees[/green]" if c["passed"] else f"[red]{c['failure_class']}[/red]"
+        console.print(f"tier 3 {verdict} " + escape(f"{c['model']} / {c['inputs']} / {c['target']}: {figures}"
+                                                    + (f" ({c['detail']})" if c["detail"] else "")), soft_wrap=True)
     for key, loc in summary.get("localized", {}).items():
         where = loc["culprit"] or f"not localized ({loc['error'] or 'no layer could be compared'})"
         if loc["evenly_spread"]:

@@ -59,6 +59,14 @@ def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
                 lines.append(f"  - `{leaf['name']}`: max abs {_fmt(leaf.get('max_abs'))}, max rel {_fmt(leaf.get('max_rel'))}, "
                              f"cosine {_fmt(leaf.get('cosine'))}, mismatched {_fmt(leaf.get('mismatch_fraction'))}"
                              + (f" ({leaf['detail']})" if leaf.get("detail") else ""))
+    tier3 = [r for r in records if r["kind"] == "check" and r["tier"] == 3]
+    if tier3:
+        lines += ["", "## Task-level agreement (tier 3)", "", "| model | inputs | target | task | verdict | metrics |",
+                  "|---|---|---|---|---|---|"]
+        for c in tier3:
+            metrics = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in c["metrics"].items())
+            verdict = "agrees" if c["passed"] else f"{c['failure_class']}: {c['detail']}"
+            lines.append(f"| {c['model']} | {c['inputs']} | {c['target']} | {c['task']} | {verdict} | {metrics} |")
     layers = [r for r in records if r["kind"] == "layers"]
     if layers:
         lines += ["", "## Where the failing checks diverge (tier 2)", ""]

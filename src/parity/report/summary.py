@@ -74,10 +74,22 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         "per_tolerance": {k: {"passed": sum(bool(c["verdicts"].get(k)) for c in ran),
                               "failed": sum(not c["verdicts"].get(k) for c in ran)} for k in keys},
         "failure_classes": dict(Counter(c["failure_class"] for c in ran if c["failure_class"])),
+        "tier3": _tier3(records),
         "localized": {f"{r['model']} / {r['inputs']} / {r['target']}":
                       {"culprit": r.get("culprit"), "evenly_spread": r.get("evenly_spread"), "error": r.get("error")}
                       for r in records if r["kind"] == "layers"},
         "latency": _latency(records),
+    }
+
+
+def _tier3(records: list[dict]) -> dict[str, Any]:
+    checks = [r for r in records if r["kind"] == "check" and r["tier"] == 3]
+    return {
+        "checks": len(checks),
+        "passed": sum(bool(c["passed"]) for c in checks),
+        "failed": sum(not c["passed"] for c in checks),
+        "failure_classes": dict(Counter(c["failure_class"] for c in checks if c["failure_class"])),
+        "metrics": {f"{c['model']} / {c['inputs']} / {c['target']}": c["metrics"] for c in checks},
     }
 
 
@@ -86,9 +98,9 @@ def write_summary(summary: dict[str, Any], path: Path) -> None:
 
 
 def exit_code(summary: dict[str, Any], allow_unavailable: bool = False) -> int:
-    """0 when every check passed at the gate; 1 when one failed, or was skipped (a target that could not
+    """0 when every check passed (tier 1 at the gate, tier 3 at its thresholds); 1 when one failed, or was skipped (a target that could not
     run here was not verified) unless `allow_unavailable`."""
     totals = summary["totals"]
-    if totals["failed"] or (totals["skipped"] and not allow_unavailable):
+    if totals["failed"] or summary["tier3"]["failed"] or (totals["skipped"] and not allow_unavailable):
         return 1
     return 0

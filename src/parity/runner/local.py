@@ -20,6 +20,7 @@ from parity.runner.execute import Execution, execute
 from parity.runner.plan import Job, plan
 from parity.verify.checks import repeat_spread, tier1_check
 from parity.verify.localize import LOCALIZABLE, localize_check
+from parity.verify.tasks import task_check
 
 
 class _Progress:
@@ -86,7 +87,14 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
     ref_spread = repeat_spread(reference.outputs, exp.tolerances.rtol, exp.tolerances.gate_atol) if reference.ok else 0.0
     for spec in job.targets:
         target = run(spec)
-        check = writer.write("check", **tier1_check(job, target, reference, oracle, exp, ref_spread))
+        check = tier1_check(job, target, reference, oracle, exp, ref_spread)
+        task = task_check(job, target, reference, exp) if exp.tiers.evaluate_tasks else None
+        if task and task["same_set"] and check["failure_class"] == "numeric_drift":
+            check["failure_class"] = "ordering"
+            check["detail"] = f"the same {job.model.task} outputs in another order (tier 3 matched all): {check['detail']}"
+        writer.write("check", **check)
+        if task:
+            writer.write("check", **task)
         if exp.tiers.localize and check["failure_class"] in LOCALIZABLE:
             progress.describe(f"localizing {job.model.name} / {job.inputs.name} / {spec.id}")
             writer.write("layers", **localize_check(job, spec, model, inputs, exp))

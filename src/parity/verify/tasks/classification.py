@@ -1,0 +1,57 @@
+"""Classification: do the top-1 and top-5 decisions agree, and how far apart are the distributions?"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from parity.outputs import flatten
+from parity.verify.tasks import OutputsNotUnderstood, TaskResult, verdict
+
+
+def logits_of(output: Any) -> torch.Tensor:
+    """The [N, C] scores: the output itself, a leaf named logits, or the first 2-D floating leaf."""
+    leaves = {k: v for k, v in flatten(output).items() if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    named = [v for k, v in leaves.items() if k.endswith("logits") or k.endswith("['logits']")]
+    for candidate in named + list(leaves.values()):
+        if candidate.dim() == 2:
+            return candidate.detach().to(torch.float64)
+        if candidate.dim() == 1:
+            return candidate.detach().to(torch.float64)[None]
+    raise OutputsNotUnderstood("no [N, C] scores among the outputs of a classification model")
+
+
+def rank_distance(ref: torch.Tensor, tgt: torch.Tensor, k: int) -> float:
+    """How far the reference's top-k classes move in the target's ranking, in the spirit of CRADLE's
+    D_CLASS: mean over samples and the k classes of |rank in target - rank in reference| / (C - 1)."""
+    classes = ref.shape[1]
+    order_t = tgt.argsort(dim=1, descending=True)
+    rank_t = torch.empty_like(order_t)
+    rank_t.scatter_(1, order_t, torch.arange(classes).expand_as(order_t))
+    top_r = ref.argsort(dim=1, descending=True)[:, :k]
+    moved = (rank_t.gather(1, top_r) - torch.arange(k)).abs().double()
+    return float(moved.mean() / max(classes - 1, 1))
+
+
+def evaluate(reference: Any, target: Any, thresholds, gate: float) -> TaskResult:
+    ref, tgt = logits_of(reference), logits_of(target)
+    if ref.shape != tgt.shape:
+        raise OutputsNotUnderstood(f"scores of shape {list(tgt.shape)} vs reference {list(ref.shape)}")
+    k = min(5, ref.shape[1])
+    top1 = float((ref.argmax(1) == tgt.argmax(1)).double().mean())
+    top_r, top_t = ref.topk(k, dim=1).indices, tgt.topk(k, dim=1).indices
+    overlap = float(torch.tensor([len(set(a.tolist()) & set(b.tolist())) / k for a, b in zip(top_r, top_t, strict=True)]).mean())
+    p, log_p, log_q = ref.softmax(1), ref.log_softmax(1), tgt.log_softmax(1)
+    kl = float((p * (log_p - log_q)).sum(1).mean())
+    flips = int((ref.argmax(1) != tgt.argmax(1)).sum())
+    result = TaskResult("classification", {
+        "samples": ref.shape[0], "top1_agreement": top1, "top5_overlap": overlap, "top1_flips": flips,
+        "kl_divergence": kl, "rank_distance": rank_distance(ref, tgt, k),
+    })
+    failures = []
+    if top1 < thresholds.top1_agreement:
+        failures.append(f"top-1 agreement {top1:.3f} < {thresholds.top1_agreement} ({flips} of {ref.shape[0]} decisions flipped)")
+    if thresholds.top5_overlap is not None and overlap < thresholds.top5_overlap:
+        failures.append(f"top-5 overlap {overlap:.3f} < {thresholds.top5_overlap}")
+    return verdict(result, failures)

@@ -1,0 +1,112 @@
+"""Detection: are the same objects found? Target boxes are matched to reference boxes of the same label
+by IoU with the Hungarian method (scipy's linear_sum_assignment); agreement is precision, recall and F1
+of that matching, plus the target's mAP with the reference taken as ground truth."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from parity.verify.tasks import OutputsNotUnderstood, TaskResult, verdict
+
+
+def detections_of(output: Any) -> list[dict[str, torch.Tensor]]:
+    """torchvision's list (one per image) of {boxes [N, 4], labels [N], scores [N]}."""
+    if not isinstance(output, list | tuple) or not all(isinstance(d, dict) for d in output):
+        raise OutputsNotUnderstood("a detection model should return a list of dicts with boxes, labels and scores")
+    for d in output:
+        if not {"boxes", "labels", "scores"} <= set(d):
+            raise OutputsNotUnderstood(f"a detection has keys {sorted(d)}; expected boxes, labels and scores")
+    return [{k: d[k].detach().to("cpu") for k in ("boxes", "labels", "scores")} for d in output]
+
+
+def match(ref: dict, tgt: dict, iou_threshold: float) -> list[tuple[int, int, float]]:
+    """(reference index, target index, IoU) of the boxes matched one to one within each label."""
+    from scipy.optimize import linear_sum_assignment
+    from torchvision.ops import box_iou
+
+    pairs = []
+    for label in torch.unique(torch.cat([ref["labels"], tgt["labels"]])):
+        ri = torch.nonzero(ref["labels"] == label).flatten()
+        ti = torch.nonzero(tgt["labels"] == label).flatten()
+        if not len(ri) or not len(ti):
+            continue
+        iou = box_iou(ref["boxes"][ri].double(), tgt["boxes"][ti].double())
+        rows, cols = linear_sum_assignment(-iou.numpy())
+        pairs += [(int(ri[r]), int(ti[c]), float(iou[r, c])) for r, c in zip(rows, cols, strict=True)
+                  if iou[r, c] >= iou_threshold]
+    return pairs
+
+
+def average_precision(refs: list[dict], tgts: list[dict], iou_threshold: float) -> float:
+    """mAP at one IoU of the target's detections, the reference's boxes taken as ground truth
+    (VOC-style: detections by descending score, greedy matching, all-point interpolated AP, mean over
+    the labels the reference has)."""
+    from torchvision.ops import box_iou
+
+    labels = torch.unique(torch.cat([r["labels"] for r in refs])) if refs else torch.zeros(0)
+    if not len(labels):
+        return 1.0 if all(len(t["labels"]) == 0 for t in tgts) else 0.0
+    aps = []
+    for label in labels:
+        scored = []  # (score, image, box)
+        n_truth = 0
+        for i, (r, t) in enumerate(zip(refs, tgts, strict=True)):
+            n_truth += int((r["labels"] == label).sum())
+            for box, score in zip(t["boxes"][t["labels"] == label], t["scores"][t["labels"] == label], strict=True):
+                scored.append((float(score), i, box))
+        scored.sort(key=lambda s: -s[0])
+        taken = {i: torch.zeros(int((r["labels"] == label).sum()), dtype=torch.bool) for i, r in enumerate(refs)}
+        hits = []
+        for _, i, box in scored:
+            truth = refs[i]["boxes"][refs[i]["labels"] == label]
+            hit = False
+            if len(truth):
+                iou = box_iou(box[None].double(), truth.double())[0]
+                iou[taken[i]] = -1
+                best = int(iou.argmax())
+                if iou[best] >= iou_threshold:
+                    taken[i][best], hit = True, True
+            hits.append(hit)
+        tp = torch.tensor(hits, dtype=torch.float64).cumsum(0)
+        precision = tp / torch.arange(1, len(hits) + 1)
+        recall = tp / max(n_truth, 1)
+        # all-point interpolation: precision made non-increasing, integrated over recall steps
+        ap, prev_recall = 0.0, 0.0
+        for j in range(len(hits)):
+            if hits[j]:
+                ap += float(precision[j:].max()) * (float(recall[j]) - prev_recall)
+                prev_recall = float(recall[j])
+        aps.append(ap)
+    return sum(aps) / len(aps)
+
+
+def evaluate(reference: Any, target: Any, thresholds, gate: float) -> TaskResult:
+    refs, tgts = detections_of(reference), detections_of(target)
+    if len(refs) != len(tgts):
+        raise OutputsNotUnderstood(f"{len(tgts)} images' detections vs {len(refs)} in the reference")
+    matched = n_ref = n_tgt = 0
+    score_drift = box_drift = 0.0
+    for r, t in zip(refs, tgts, strict=True):
+        pairs = match(r, t, thresholds.detection_iou)
+        matched += len(pairs)
+        n_ref, n_tgt = n_ref + len(r["labels"]), n_tgt + len(t["labels"])
+        for ri, ti, _ in pairs:
+            score_drift = max(score_drift, abs(float(t["scores"][ti]) - float(r["scores"][ri])))
+            box_drift = max(box_drift, float((t["boxes"][ti].double() - r["boxes"][ri].double()).abs().max()))
+    precision = matched / n_tgt if n_tgt else 1.0
+    recall = matched / n_ref if n_ref else 1.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    result = TaskResult("detection", {
+        "reference_boxes": n_ref, "target_boxes": n_tgt, "box_count_change": n_tgt - n_ref, "matched": matched,
+        "precision": precision, "recall": recall, "f1": f1,
+        "map": average_precision(refs, tgts, thresholds.detection_iou),
+        "max_score_drift": score_drift, "max_box_drift": box_drift,
+    })
+    result.same_set = matched == n_ref == n_tgt and score_drift <= gate and box_drift <= gate
+    failures = []
+    if f1 < thresholds.detection_f1:
+        failures.append(f"detection F1 {f1:.3f} < {thresholds.detection_f1} ({matched} of {n_ref} reference boxes "
+                        f"matched, {n_tgt} target boxes)")
+    return verdict(result, failures)

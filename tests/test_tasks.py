@@ -1,0 +1,102 @@
+"""Tier 3: task-level agreement, with targets that really differ (flipped decisions, lost boxes, boxes
+in another order, relabelled pixels) and the failure class each must get."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from parity.api import run_experiment
+from parity.config.schema import Tasks
+from parity.verify.tasks import evaluate
+from parity.verify.tasks.classification import rank_distance
+from parity.verify.tasks.detection import average_precision, match
+from tests.conftest import tiny_experiment
+
+T = Tasks()
+
+
+def dets(boxes, labels, scores):
+    return {"boxes": torch.tensor(boxes, dtype=torch.float32), "labels": torch.tensor(labels),
+            "scores": torch.tensor(scores)}
+
+
+REF = [dets([[0, 0, 10, 10], [20, 20, 40, 40], [50, 50, 60, 70]], [1, 2, 1], [0.9, 0.8, 0.7])]
+
+
+def test_classification_agreement_and_flips():
+    logits = torch.randn(8, 10, generator=torch.Generator().manual_seed(0))
+    same = evaluate("classification", logits, logits + 1e-7, T, 1e-4)
+    assert same.passed and same.metrics["top1_agreement"] == 1.0 and same.metrics["rank_distance"] == 0.0
+    flipped = logits.clone()
+    flipped[0] = -flipped[0]  # the first sample's decision changes
+    r = evaluate("classification", logits, flipped, T, 1e-4)
+    assert not r.passed and r.failure_class == "decision_flip" and r.metrics["top1_flips"] == 1
+    assert r.metrics["top1_agreement"] == 7 / 8 and r.metrics["kl_divergence"] > 0.1
+    assert "1 of 8 decisions flipped" in r.detail
+
+
+def test_rank_distance_grows_with_reordering():
+    ref = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]])
+    assert rank_distance(ref, ref, 3) == 0.0
+    assert 0 < rank_distance(ref, torch.tensor([[3.0, 4.0, 2.0, 1.0, 0.0]]), 3) < rank_distance(ref, -ref, 3)
+
+
+def test_detection_same_boxes_in_another_order_is_the_same_set():
+    perm = [2, 0, 1]
+    shuffled = [{k: v[perm] for k, v in REF[0].items()}]
+    r = evaluate("detection", REF, shuffled, T, 1e-4)
+    assert r.passed and r.same_set and r.metrics["f1"] == 1.0 and r.metrics["map"] == pytest.approx(1.0)
+
+
+def test_detection_lost_and_moved_boxes():
+    lost = [dets([[0, 0, 10, 10], [20, 20, 40, 40]], [1, 2], [0.9, 0.8])]
+    r = evaluate("detection", REF, lost, T, 1e-4)
+    assert not r.passed and r.failure_class == "decision_flip"
+    assert r.metrics["box_count_change"] == -1 and r.metrics["recall"] == pytest.approx(2 / 3)
+    assert r.metrics["precision"] == 1.0 and r.metrics["f1"] == pytest.approx(0.8)
+    moved = [dets([[0.5, 0, 10.5, 10], [20, 20, 40, 40], [50, 50, 60, 70]], [1, 2, 1], [0.9, 0.79, 0.7])]
+    r = evaluate("detection", REF, moved, T, 1e-4)
+    assert r.passed and not r.same_set  # the same objects, but not the same numbers
+    assert r.metrics["max_box_drift"] == pytest.approx(0.5) and r.metrics["max_score_drift"] == pytest.approx(0.01)
+
+
+def test_matching_respects_labels_and_iou():
+    relabelled = dets([[0, 0, 10, 10]], [2], [0.9])
+    assert match(REF[0], relabelled, 0.5) == []
+    far = dets([[5, 5, 15, 15]], [1], [0.9])  # IoU 25/175
+    assert match(REF[0], far, 0.5) == [] and len(match(REF[0], far, 0.1)) == 1
+
+
+def test_average_precision():
+    assert average_precision(REF, REF, 0.5) == pytest.approx(1.0)
+    # label 1: a confident false positive ranked first; precision 0, 1/2, 2/3 at recall 0, 1/2, 1, so the
+    # interpolated AP is 2/3 * 1/2 + 2/3 * 1/2 = 2/3; label 2 is perfect: mAP = (2/3 + 1) / 2
+    extra = [dets([[100, 100, 110, 110], [0, 0, 10, 10], [50, 50, 60, 70], [20, 20, 40, 40]],
+                  [1, 1, 1, 2], [0.99, 0.9, 0.7, 0.8])]
+    assert average_precision(REF, extra, 0.5) == pytest.approx(5 / 6)
+
+
+def test_segmentation_pixel_agreement_and_miou():
+    scores = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    assert evaluate("segmentation", {"out": scores}, {"out": scores.clone()}, T, 1e-4).metrics["miou"] == 1.0
+    flipped = scores.clone()
+    flipped[..., :2, :] = flipped[..., :2, :].flip(1)  # two rows of pixels change class
+    r = evaluate("segmentation", {"out": scores}, {"out": flipped}, T, 1e-4)
+    assert not r.passed and r.failure_class == "decision_flip" and r.metrics["pixel_agreement"] < 0.99
+
+
+def test_outputs_of_the_wrong_shape_are_a_structure_mismatch():
+    r = evaluate("detection", torch.zeros(2, 3), torch.zeros(2, 3), T, 1e-4)
+    assert not r.passed and r.failure_class == "structure_mismatch"
+
+
+def test_run_writes_tier3_checks_and_fails_on_a_flip(tmp_path):
+    data = tiny_experiment([{"backend": "eager", "name": "same"},
+                            {"backend": "tests.fixtures.tiny:PerturbedEager", "name": "perturbed"}],
+                           tiers={"tasks": {"top1_agreement": 1.0}})
+    data["models"][0]["task"] = "classification"
+    records = run_experiment(data, out=tmp_path)
+    tier3 = {r["target"]: r for r in records if r["kind"] == "check" and r["tier"] == 3}
+    assert tier3["same"]["passed"] and tier3["same"]["metrics"]["top1_agreement"] == 1.0
+    assert set(tier3["perturbed"]["metrics"]) >= {"top1_agreement", "top5_overlap", "kl_divergence", "rank_distance"}
