@@ -100,3 +100,17 @@ def test_run_writes_tier3_checks_and_fails_on_a_flip(tmp_path):
     tier3 = {r["target"]: r for r in records if r["kind"] == "check" and r["tier"] == 3}
     assert tier3["same"]["passed"] and tier3["same"]["metrics"]["top1_agreement"] == 1.0
     assert set(tier3["perturbed"]["metrics"]) >= {"top1_agreement", "top5_overlap", "kl_divergence", "rank_distance"}
+
+
+def test_detections_in_another_order_fail_tier1_as_ordering_and_agree_in_tier3(tmp_path):
+    data = tiny_experiment([{"backend": "tests.fixtures.tiny:ShuffledEager", "name": "shuffled"},
+                            {"backend": "tests.fixtures.tiny:PerturbedEager", "name": "perturbed"}],
+                           tiers={"tasks": True})
+    data["models"][0].update(entry="tests.fixtures.tiny:tiny_detector", task="detection")
+    data["inputs"] = [{"name": "photos", "images": ["sample:chelsea", "sample:coffee"], "preprocess": {"resize": 32}}]
+    records = run_experiment(data, out=tmp_path)
+    checks = {(r["tier"], r["target"]): r for r in records if r["kind"] == "check"}
+    assert checks[(1, "shuffled")]["failure_class"] == "ordering"
+    assert checks[(3, "shuffled")]["passed"] and checks[(3, "shuffled")]["same_set"]
+    assert checks[(1, "perturbed")]["failure_class"] == "numeric_drift"  # other numbers, not another order
+    assert not checks[(3, "perturbed")]["same_set"]
