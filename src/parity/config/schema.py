@@ -266,6 +266,17 @@ class Tiers(Strict):
         return self.tasks is not None and self.tasks.enabled
 
 
+class Adapter(Strict):
+    """A deterministic replacement for order-sensitive post-processing, applied on every backend alike."""
+
+    name: Literal["deterministic_nms"]
+    score_grid: float | None = Field(default=None, gt=0)  # default: 10 x the gate atol
+    box_grid: float = Field(default=1.0, gt=0)  # pixels
+
+    def score_grid_for(self, experiment) -> float:
+        return self.score_grid if self.score_grid is not None else 10 * max(experiment.tolerances.gate_atol, 1e-7)
+
+
 class Experiment(Strict):
     name: str | None = None
     seed: int = 0
@@ -277,6 +288,12 @@ class Experiment(Strict):
     targets: list[BackendSpec] = Field(min_length=1)
     tolerances: Tolerances = Field(default_factory=Tolerances)
     tiers: Tiers = Field(default_factory=Tiers)
+    adapters: list[Adapter] = Field(default_factory=list)
+
+    @field_validator("adapters", mode="before")
+    @classmethod
+    def _adapter_names(cls, value: Any) -> Any:
+        return [{"name": v} if isinstance(v, str) else v for v in value] if isinstance(value, list) else value
 
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
 

@@ -7,10 +7,12 @@ kept while that job's targets run, and each target's outputs are dropped once it
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from parity.adapters import apply_adapters
 from parity.config.schema import Experiment
 from parity.errors import ParityError
 from parity.inputs import build_inputs
@@ -111,7 +113,11 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True) -> 
                      base_dir=str(exp.base_dir), environment=environment(exp.base_dir))
         with bar.running():
             for model_spec in exp.models:
+                start = time.perf_counter()
                 model = _build(model_spec, exp)
+                notes = apply_adapters(model, exp.adapters, exp)
+                writer.write("model", model=model_spec.name, parameters=sum(p.numel() for p in model.parameters()),
+                             build_s=time.perf_counter() - start, adapters=notes)
                 for job in (j for j in jobs if j.model is model_spec):
                     _run_job(job, model, exp, writer, bar)
                 del model

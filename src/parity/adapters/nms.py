@@ -1,0 +1,90 @@
+"""A tie-robust NMS and top-k for torchvision detection models, without editing torchvision.
+
+Backends differ in the last bits of scores and boxes. Plain NMS and top-k order candidates by exact
+score, so two candidates whose scores differ by 1e-7 swap places between backends, and a box survives
+on one backend and not on the other. Here candidates are ordered by score *quantized to a grid* set from
+the tolerance (descending), ties broken by box coordinates quantized to `box_grid` pixels, then by
+index: differences well below the grids cannot change which boxes survive or their order. (A value that
+sits right on a grid boundary can still land on either side: the grids make flips rare, not impossible.)
+
+Applied per model: forward hooks swap torchvision's `batched_nms` in for the duration of the model's
+forward (detection heads look it up at call time), and the region proposal network's top-k is replaced
+on the model's own instance. Hooks and the instance attribute travel with deep copies, so every backend
+runs the adapter.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torchvision.ops.boxes as box_ops
+
+_ORIGINAL_BATCHED_NMS = box_ops.batched_nms
+
+
+def deterministic_order(scores: torch.Tensor, score_grid: float, boxes: torch.Tensor | None = None,
+                        box_grid: float = 1.0) -> torch.Tensor:
+    """Indices by quantized score (descending), then quantized box coordinates, then index."""
+    n = scores.shape[0]
+    order = torch.arange(n, device=scores.device)
+    keys = [-torch.floor(scores.double() / score_grid)]
+    if boxes is not None:
+        keys += [torch.floor(boxes[:, i].double() / box_grid) for i in range(4)]
+    for key in reversed(keys):  # stable sorts, least significant key first
+        order = order[torch.sort(key[order], stable=True).indices]
+    return order
+
+
+def make_batched_nms(score_grid: float, box_grid: float):
+    def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, idxs: torch.Tensor, iou_threshold: float) -> torch.Tensor:
+        if boxes.numel() == 0:
+            return torch.empty((0,), dtype=torch.int64, device=boxes.device)
+        order = deterministic_order(scores, score_grid, boxes, box_grid)
+        ranks = torch.empty(scores.shape[0], dtype=torch.float32, device=scores.device)
+        ranks[order] = torch.arange(scores.shape[0], 0, -1, dtype=torch.float32, device=scores.device)
+        # torchvision's kernel keeps boxes in descending "score": the ranks make that our order exactly
+        return _ORIGINAL_BATCHED_NMS(boxes.float(), ranks, idxs, iou_threshold)
+
+    return batched_nms
+
+
+def _deterministic_top_n_idx(self, objectness: torch.Tensor, num_anchors_per_level: list[int]) -> torch.Tensor:
+    """RegionProposalNetwork._get_top_n_idx with a tie-robust top-k (same output shape and meaning)."""
+    from torchvision.models.detection import _utils as det_utils
+
+    r, offset = [], 0
+    for ob in objectness.split(num_anchors_per_level, 1):
+        num_anchors = ob.shape[1]
+        top_n = det_utils._topk_min(ob, self.pre_nms_top_n(), 1)
+        rows = [deterministic_order(row, self._parity_score_grid)[:top_n] for row in ob]
+        r.append(torch.stack(rows) + offset)
+        offset += num_anchors
+    return torch.cat(r, dim=1)
+
+
+def apply_deterministic_nms(model: torch.nn.Module, score_grid: float, box_grid: float) -> str:
+    from parity.errors import ParityError
+
+    patched = make_batched_nms(score_grid, box_grid)
+    saved: list = []
+
+    def swap_in(module, args, kwargs=None):
+        saved.append(box_ops.batched_nms)
+        box_ops.batched_nms = patched
+
+    def swap_out(module, args, output):
+        box_ops.batched_nms = saved.pop()
+
+    has_nms_head = any(hasattr(m, "postprocess_detections") or hasattr(m, "filter_proposals") for m in model.modules())
+    if not has_nms_head:
+        raise ParityError(f"adapter deterministic_nms: {type(model).__name__} has no torchvision detection head "
+                          "(postprocess_detections / filter_proposals) to adapt")
+    model.register_forward_pre_hook(swap_in)
+    model.register_forward_hook(swap_out, always_call=True)  # restored even when the forward raises
+    rpns = [m for m in model.modules() if hasattr(m, "_get_top_n_idx")]
+    for rpn in rpns:
+        rpn._parity_score_grid = score_grid
+        rpn._get_top_n_idx = types.MethodType(_deterministic_top_n_idx, rpn)
+    return (f"deterministic_nms: batched_nms ordered by score on a {score_grid:g} grid, then box coordinates "
+            f"on a {box_grid:g} px grid, then index" + (f"; tie-robust top-k in {len(rpns)} proposal network(s)" if rpns else ""))

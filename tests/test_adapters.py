@@ -1,0 +1,60 @@
+"""The tie-robust NMS: scores that differ below its grid cannot change which boxes survive or their
+order, where torchvision's own NMS follows the last bits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision.ops.boxes as box_ops
+from torchvision.ops import batched_nms as plain_batched_nms
+
+from parity.adapters.nms import apply_deterministic_nms, deterministic_order, make_batched_nms
+from parity.errors import ParityError
+
+
+def candidates():
+    """Ten well-separated boxes whose scores are tied up to 1e-6, as two backends would give them."""
+    boxes = torch.tensor([[i * 20.0, 0.0, i * 20.0 + 10, 10.0] for i in range(10)])
+    base = torch.full((10,), 0.5004)  # mid-grid: a value right on a grid line could still land either side
+    jitter = torch.randn(10, generator=torch.Generator().manual_seed(0)) * 1e-6
+    return boxes, base + jitter, base - jitter, torch.zeros(10, dtype=torch.int64)
+
+
+def test_plain_nms_order_follows_the_last_bits_and_the_adapter_does_not():
+    boxes, scores_a, scores_b, idxs = candidates()
+    assert not torch.equal(plain_batched_nms(boxes, scores_a, idxs, 0.5), plain_batched_nms(boxes, scores_b, idxs, 0.5))
+    nms = make_batched_nms(score_grid=1e-3, box_grid=1.0)
+    keep_a, keep_b = nms(boxes, scores_a, idxs, 0.5), nms(boxes, scores_b, idxs, 0.5)
+    assert torch.equal(keep_a, keep_b)
+    assert keep_a.tolist() == list(range(10))  # ties broken by the boxes' coordinates (left to right)
+
+
+def test_adapter_still_suppresses_overlaps_and_keeps_real_score_order():
+    boxes = torch.tensor([[0.0, 0, 10, 10], [1.0, 0, 11, 10], [50.0, 0, 60, 10]])
+    scores = torch.tensor([0.6, 0.9, 0.7])
+    keep = make_batched_nms(1e-3, 1.0)(boxes, scores, torch.zeros(3, dtype=torch.int64), 0.5)
+    assert keep.tolist() == plain_batched_nms(boxes, scores, torch.zeros(3, dtype=torch.int64), 0.5).tolist() == [1, 2]
+
+
+def test_deterministic_order_keys():
+    scores = torch.tensor([0.50001, 0.5, 0.7])
+    boxes = torch.tensor([[5.0, 0, 9, 9], [1.0, 0, 9, 9], [0.0, 0, 9, 9]])
+    assert deterministic_order(scores, 1e-3, boxes, 1.0).tolist() == [2, 1, 0]
+
+
+def test_applied_to_a_model_only_during_its_forward():
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
+        weights=None, weights_backbone=None, num_classes=3).eval()
+    note = apply_deterministic_nms(model, 1e-3, 1.0)
+    assert "tie-robust top-k in 1 proposal network" in note
+    seen = []
+    original = box_ops.batched_nms
+    model.roi_heads.register_forward_pre_hook(lambda m, a: seen.append(box_ops.batched_nms))
+    with torch.no_grad():
+        model([torch.rand(3, 64, 64)])
+    assert seen and seen[0] is not original and box_ops.batched_nms is original
+    with pytest.raises(ParityError, match="no torchvision detection head"):
+        apply_deterministic_nms(torch.nn.Linear(2, 2), 1e-3, 1.0)
