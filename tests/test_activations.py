@@ -67,17 +67,20 @@ def test_export_only_fault_is_found_in_the_onnx_graph(fault):
     assert top.propagated["block2"].rel_rmse > 1e-4 and top.propagated["stem"].rel_rmse < 1e-5
 
 
-def test_layers_the_exporter_fused_away_are_reported_not_guessed():
-    """The exporter folds each convolution into the batch norm after it: the convolution's own output
-    does not exist in the ONNX graph, and propagated mode says so instead of comparing something else."""
+def test_onnx_layers_are_observed_at_their_own_boundaries():
+    """The observed graph is exported without the exporter's optimizer, so a convolution keeps its own
+    output (the optimizer would fold it into the batch norm after it), and a layer with no computation
+    of its own (an Identity) is reported, not matched to a neighbour's value."""
     from parity.verify.activations import propagated_errors
 
-    model = build(DeepCNN, "stem", 0.0)
-    calls = capture(EAGER, model, IMAGE, ["block1.0.0", "block1.0.1", "head"])
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Identity(),
+                                torch.nn.ReLU()).eval()
+    calls = capture(EAGER, model, IMAGE, ["0", "1", "2", "3"])
     errors = propagated_errors(BackendSpec(backend="onnxruntime"), model, IMAGE, calls, 1e-5)
-    assert "not in the exported graph" in errors["block1.0.0"].error
-    assert errors["block1.0.1"].error is None and errors["block1.0.1"].rel_rmse < 1e-5
-    assert errors["head"].error is None
+    assert errors["0"].error is None and errors["0"].rel_rmse < 1e-5
+    assert errors["1"].error is None and errors["3"].error is None
+    assert "not in the exported graph" in errors["2"].error
 
 
 def test_without_a_fault_nothing_stands_out_against_the_threshold():
@@ -136,3 +139,78 @@ def test_run_localizes_failing_checks_and_records_layers(tmp_path, write_yaml, c
     assert "verdict: conv introduces the largest error of its own" in out
     assert main(["localize", str(path), "--target", "perturbd"]) == 2
     assert "did you mean 'perturbed'" in capsys.readouterr().err
+
+
+VECTORS = Inputs((torch.randn(3, 4, generator=torch.Generator().manual_seed(1)),))
+
+
+def test_layers_inside_a_module_list_are_reached():
+    from tests.fixtures.tiny import ListModel
+
+    loc = localize(EAGER, FAULTY, build(ListModel, "layers.1.0", 1e-2), VECTORS, 1e-5, 1e-4)
+    assert loc.culprit == "layers.1.0"
+
+
+def test_a_fault_in_the_models_own_code_is_blamed_on_that_code():
+    from tests.fixtures.tiny import OwnCode
+
+    torch.manual_seed(0)
+    loc = localize(EAGER, FAULTY, OwnCode().eval(), VECTORS, 1e-5, 1e-4)
+    assert loc.in_own_code and loc.culprit == "(model)"
+    assert "the model (in its own code" in loc.verdict()
+    assert loc.levels[0][1].local["a"].max_abs == 0.0 and loc.levels[0][1].local["b"].max_abs == 0.0
+
+
+def test_an_amplified_error_is_not_mistaken_for_the_parents_own_code():
+    from tests.fixtures.tiny import Amplifier
+
+    loc = localize(EAGER, FAULTY, build(Amplifier, "blk.0", 1e-4), VECTORS, 0.0, 1e-9)
+    assert loc.culprit == "blk.0" and not loc.in_own_code
+
+
+def test_propagated_mode_alone_blames_where_the_error_grows_not_where_it_is_carried():
+    loc = localize(EAGER, FAULTY, build(DeepCNN, "block1.0.0", 1e-3), IMAGE, 1e-5, 1e-4, mode="propagated")
+    assert loc.culprit == "block1.0.0"
+    assert "is where the error grows most (propagated mode)" in loc.verdict()
+
+
+def test_a_module_under_two_names():
+    from tests.fixtures.tiny import SharedNames
+
+    loc = localize(EAGER, FAULTY, build(SharedNames, "proj", 1e-2), VECTORS, 1e-5, 1e-4)
+    assert loc.culprit in ("seq.0", "proj")
+
+
+def test_granularity_names_are_checked():
+    from parity.errors import ParityError
+
+    model = build(DeepCNN, "stem", 0.0)
+    with pytest.raises(ParityError, match="did you mean 'block1.0.0'"):
+        layer_names(model, ["block1.0.00"])
+    with pytest.raises(ParityError, match="go 3 level"):
+        layer_names(model, "depth:9")
+
+
+def test_layers_the_target_cannot_run_alone_make_the_verdict_inconclusive():
+    from tests.fixtures.tiny import WithAttention
+
+    torch.manual_seed(0)
+    model = WithAttention().eval()
+    tokens = Inputs((torch.randn(2, 3, 8),))
+    loc = localize(EAGER, BackendSpec(backend="tests.fixtures.tiny:FailingEager", name="failing"), model, tokens,
+                   1e-5, 1e-4, mode="local")
+    assert set(loc.skipped) == {"ln", "attn"} and "inconclusive" in loc.verdict()
+
+
+def test_torchscript_traces_a_layer_called_with_keywords():
+    """MultiheadAttention is called with need_weights=False: the tracer gets that keyword (it used to be
+    dropped: 'expected at most 4 arguments'). Its (output, None) result is then beyond TorchScript, which
+    is reported as the reason the layer cannot run alone."""
+    from tests.fixtures.tiny import WithAttention
+
+    torch.manual_seed(0)
+    loc = localize(EAGER, BackendSpec(backend="torchscript"), WithAttention().eval(), Inputs((torch.randn(2, 3, 8),)),
+                   1e-5, 1e-4, mode="local")
+    error = loc.levels[0][1].local["attn"].error
+    assert "argument" not in error and "output from traced functions" in error
+    assert loc.skipped == ["attn"] and "inconclusive for attn" in loc.verdict()

@@ -85,8 +85,8 @@ def cmd_localize(args: argparse.Namespace) -> int:
     from parity.config import load_experiment
     from parity.config.schema import Activations, Tiers
     from parity.inputs import build_inputs
-    from parity.models import build_model
     from parity.report.console import render_layers
+    from parity.runner.local import build_model_or_explain
     from parity.runner.plan import Job
     from parity.verify.localize import localize_check
 
@@ -108,7 +108,7 @@ def cmd_localize(args: argparse.Namespace) -> int:
         exp.tiers = Tiers(activations=Activations.model_validate(settings))
     except ValidationError as exc:
         raise ParityError(f"--granularity/--mode: {exc.errors()[0]['msg']}") from exc
-    model = build_model(model_spec, exp)
+    model = build_model_or_explain(model_spec, exp)
     job = Job(model_spec, input_spec, exp.reference, None, (target,), 1)
     record = localize_check(job, target, model, build_inputs(input_spec, exp, model_spec.batch_mode), exp)
     render_layers(record, _console())

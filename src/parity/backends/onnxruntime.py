@@ -30,11 +30,11 @@ class OnnxRuntimeOptions(BaseModel):
     threads: int | None = Field(default=None, ge=1)
 
 
-def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, opset: int | None) -> None:
+def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, opset: int | None, optimize: bool = True) -> None:
     """Export with the dynamo exporter (its progress messages are kept off the console)."""
     with contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
         torch.onnx.export(model, example.args, str(path), kwargs=example.kwargs or None, dynamo=True,
-                          opset_version=opset, external_data=False, verbose=False)
+                          opset_version=opset, external_data=False, verbose=False, optimize=optimize)
 
 
 class OnnxRuntimeBackend(Backend):
@@ -55,13 +55,13 @@ class OnnxRuntimeBackend(Backend):
             return cuda_reason(spec.device)
         return None
 
-    def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
+    def prepare(self, model: torch.nn.Module, example: Inputs, optimize: bool = True) -> None:
 
         self._tmp = tempfile.TemporaryDirectory(prefix="parity-onnx-")
         self._path = path = Path(self._tmp.name) / "model.onnx"
         model, example = model.to(self.dtype), example.to("cpu", self.dtype)
         self.outputs = OutputSpec(model, example)
-        export_onnx(model, example, path, self.options.opset)
+        export_onnx(model, example, path, self.options.opset, optimize)
         self._open_session(path)
 
     def _open_session(self, path: Path) -> None:
@@ -90,12 +90,14 @@ class OnnxRuntimeBackend(Backend):
 
         The dynamo exporter tags every ONNX node with the module scopes it came from. A module's outputs
         are the values its nodes produce and nodes outside it (or the graph's outputs) consume; they are
-        added as graph outputs and read in one run. A module the exporter fused into its neighbour
-        (a convolution folded into the batch norm after it) has no such value and is reported as fused.
-        Exposing values as outputs keeps ONNX Runtime from fusing across them, as in compile's capture."""
+        added as graph outputs and read in one run. This graph is exported without the exporter's own
+        optimizer, whose rewrites (folding a convolution into the batch norm after it, cancelling
+        transposes across a module's edge) would move or remove module boundaries; ONNX Runtime still
+        optimizes the session and keeps every requested output. A module with no value of its own
+        (an Identity, a Dropout in eval mode) is reported, not guessed."""
         import onnx
 
-        self.prepare(model, example)
+        self.prepare(model, example, optimize=False)
         graph_model = onnx.load(self._path)
         boundary = module_boundaries(graph_model.graph, names)
         wanted = sorted({v for values in boundary.values() if isinstance(values, list) for v in values})
@@ -128,13 +130,13 @@ def _scopes(node) -> list[str]:
 def module_boundaries(graph, names: list[str]) -> dict[str, list[str] | str]:
     """For each module path, the ONNX values at its output boundary, in graph order (one per call of a
     single-output module), or the reason there are none."""
-    scopes = [set(_scopes(node)) for node in graph.node]
+    scopes = [set(_scopes(node)[:-1]) for node in graph.node]  # the last entry is the node's own name
     graph_outputs = {o.name for o in graph.output}
     out: dict[str, list[str] | str] = {}
     for name in names:
         inside = [i for i, s in enumerate(scopes) if name in s]
         if not inside:
-            out[name] = "not in the exported graph (fused into a neighbour or folded away)"
+            out[name] = "not in the exported graph (no computation of its own, or folded away)"
             continue
         inside_set = set(inside)
         consumed_outside = {v for i, node in enumerate(graph.node) if i not in inside_set for v in node.input}

@@ -27,7 +27,10 @@ class TorchScriptBackend(EagerBackend):
         example = self.convert(example)
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
-            if example.kwargs and not example.args:
+            if example.kwargs and example.args:  # trace takes one or the other: bind the keywords
+                model = _KeywordsBound(model, example.kwargs)
+                example = Inputs(example.args, {})
+            if example.kwargs:
                 traced = torch.jit.trace(model, example_kwarg_inputs=example.kwargs, strict=False, check_trace=False)
             else:
                 traced = torch.jit.trace(model, example.args, strict=False, check_trace=False)
@@ -40,5 +43,21 @@ class TorchScriptBackend(EagerBackend):
         """Tracing turns namedtuples into tuples; the eager structure is rebuilt around the tensors."""
         from torch.utils._pytree import tree_leaves
 
+        if inputs.args and inputs.kwargs:  # the keywords were bound at trace time (tensors as constants)
+            inputs = Inputs(inputs.args, {})
         out = self.call(self.model, inputs)
         return self.outputs.rebuild([t for t in tree_leaves(out) if isinstance(t, torch.Tensor)], "the traced module")
+
+
+class _KeywordsBound(torch.nn.Module):
+    """`model(*args, **kwargs)` with the keyword arguments fixed, for a tracer that takes positional
+    arguments only (MultiheadAttention called with need_weights=False, say). Keyword tensors become
+    constants of the trace."""
+
+    def __init__(self, model: torch.nn.Module, kwargs: dict):
+        super().__init__()
+        self.model = model
+        self.kwargs = kwargs
+
+    def forward(self, *args):
+        return self.model(*args, **self.kwargs)

@@ -114,7 +114,7 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True) -> 
         with bar.running():
             for model_spec in exp.models:
                 start = time.perf_counter()
-                model = _build(model_spec, exp)
+                model = build_model_or_explain(model_spec, exp)
                 notes = apply_adapters(model, exp.adapters, exp)
                 writer.write("model", model=model_spec.name, parameters=sum(p.numel() for p in model.parameters()),
                              build_s=time.perf_counter() - start, adapters=notes)
@@ -126,7 +126,7 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True) -> 
     return records
 
 
-def _build(spec, exp):
+def build_model_or_explain(spec, exp):
     try:
         return build_model(spec, exp)
     except ParityError:

@@ -62,10 +62,12 @@ class LevelResult:
     names: list[str]
     local: dict[str, LayerError] = field(default_factory=dict)
     propagated: dict[str, LayerError] = field(default_factory=dict)
+    own_code: LayerError | None = None  # the parent's own operations, its submodules replayed
 
 
-def _detach(obj: Any) -> Any:
-    return map_tensors(obj, lambda t: t.detach().to("cpu", copy=True))
+def _to_cpu(obj: Any) -> Any:
+    """The hooks cloned these values already: no second copy when they are on the CPU."""
+    return map_tensors(obj, lambda t: t.detach().cpu())
 
 
 def _floats(obj: Any) -> torch.Tensor:
@@ -113,9 +115,8 @@ def _install_hooks(model: torch.nn.Module, names: list[str], sink: list, with_in
     """Append (name, inputs, output) to `sink` on every call of the named modules. Values are cloned at
     once: an in-place op later in the forward (ReLU(inplace=True)) would otherwise rewrite them. Plain
     list appends: torch.compile traces them as side effects and returns the values as graph outputs."""
-    modules = dict(model.named_modules())
     for name in names:
-        module = modules[name]
+        module = model.get_submodule(name)  # a module registered under two names is listed under one only
         pending: list = []
 
         def pre_hook(mod, args, kwargs, _pending=pending):
@@ -146,10 +147,12 @@ def capture(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, names: li
     finally:
         backend.close()
     calls: dict[str, list[Call]] = {}  # in the order of first call, modules never called left out
-    for name, io, output in sink:
+    sink.reverse()
+    while sink:  # popped as converted, so the captured values exist once
+        name, io, output = sink.pop()
         calls.setdefault(name, [])
         args, kwargs = io if io is not None else ((), {})
-        calls[name].append(Call(name, len(calls[name]), Inputs(_detach(tuple(args)), _detach(dict(kwargs))), _detach(output)))
+        calls[name].append(Call(name, len(calls[name]), Inputs(_to_cpu(tuple(args)), _to_cpu(dict(kwargs))), _to_cpu(output)))
     return calls
 
 
@@ -175,7 +178,11 @@ def _observed(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, names: 
 def propagated_errors(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs,
                       reference: dict[str, list[Call]], rtol: float) -> dict[str, LayerError]:
     """Each layer's output inside the target's own end-to-end run, against the reference's."""
-    target = _observed(spec, model, inputs, list(reference))
+    try:
+        target = _observed(spec, model, inputs, list(reference))
+    except Exception as exc:  # the end-to-end run failed: every layer says so, local results stand
+        why = f"the target's end-to-end run failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        return {name: LayerError(name, required_atol=None, error=why) for name in reference}
     out = {}
     for name, ref_calls in reference.items():
         seen = target.get(name, [])
@@ -201,3 +208,56 @@ def local_error(spec: BackendSpec, module: torch.nn.Module, calls: list[Call], r
             return LayerError(call.name, required_atol=None, error=f"{result.status}: {result.error}")
         errors.append(layer_error(call.name, call.output, result.outputs[0], rtol))
     return worst(errors) if errors else LayerError(calls[0].name if calls else "?", error="never called")
+
+
+class Replay(torch.nn.Module):
+    """Stands in for a submodule: returns the reference's recorded outputs call after call, and keeps what
+    it is handed (the parent's own code computed that). Deep copies share both lists, so the inputs
+    received inside a backend's private copy are seen here."""
+
+    def __init__(self, outputs: list[Any], received: list | None = None):
+        super().__init__()
+        self.outputs = outputs
+        self.received = [] if received is None else received
+
+    def __deepcopy__(self, memo: dict) -> Replay:
+        return Replay(self.outputs, self.received)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.outputs[len(self.received) % len(self.outputs)]
+        self.received.append(_clone((args, kwargs)))
+        return out
+
+
+def own_code_error(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module, inputs: Inputs,
+                   parent: str, members: list[str], rtol: float) -> LayerError | None:
+    """The error of `parent`'s own code (the operations between its submodules): the parent runs on the
+    target with every submodule replaced by a replay of the reference's outputs, fed the reference's
+    input. None when the parent is called more than once (replays would not line up)."""
+    calls = capture(reference, model, inputs, [parent, *members])
+    if len(calls.get(parent, [])) != 1:
+        return None
+    block = copy.deepcopy(model.get_submodule(parent))
+    prefix = f"{parent}." if parent else ""
+    replays: dict[str, Replay] = {}
+    for name in members:
+        if name in calls:
+            relative = name[len(prefix):]
+            owner, _, attr = relative.rpartition(".")
+            replays[name] = Replay([c.output for c in calls[name]])
+            setattr(block.get_submodule(owner) if owner else block, attr, replays[name])
+    errors = [local_error(target, block, calls[parent], rtol)]  # what the parent returns...
+    for name, replay in replays.items():  # ...and what its own code hands each submodule
+        got = [received for received in replay.received if _all_real(received)]
+        if len(got) == len(calls[name]):
+            errors += [layer_error(name, (c.inputs.args, c.inputs.kwargs), r, rtol)
+                       for c, r in zip(calls[name], got, strict=True)]
+    error = worst(errors)
+    error.name = f"{parent or 'the model'} (own code)"
+    return error
+
+
+def _all_real(obj: Any) -> bool:
+    """False for values recorded while a backend traced the code (fake or symbolic tensors)."""
+    tensors = [v for v in flatten(obj).values() if isinstance(v, torch.Tensor)]
+    return all(type(t) is torch.Tensor or type(t) is torch.nn.Parameter for t in tensors)

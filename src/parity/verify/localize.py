@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from parity.config.schema import BackendSpec
+from parity.errors import ParityError
 from parity.inputs import Inputs
 from parity.verify.activations import (
     LayerError,
@@ -23,27 +24,45 @@ from parity.verify.activations import (
     capture,
     local_error,
     observes_layers,
+    own_code_error,
     propagated_errors,
 )
 
+MODEL = "(model)"  # the culprit when the model's own top-level code is at fault
 LOCALIZABLE = ("numeric_drift", "nonfinite")  # tier-1 failures that a layer's numbers can explain
 SPREAD_RATIO = 3.0  # the worst layer within this factor of the median: the error has no single source
-GLUE_RATIO = 0.1  # children below this fraction of their parent's own error: the parent's own code is at fault
 
 
 def children(model: torch.nn.Module, parent: str) -> list[str]:
+    """The submodules one level down; containers that are never called themselves (ModuleList,
+    ModuleDict) are looked through to their members."""
     module = model.get_submodule(parent) if parent else model
-    return [f"{parent}.{n}" if parent else n for n, _ in module.named_children()]
+    out = []
+    for n, child in module.named_children():
+        name = f"{parent}.{n}" if parent else n
+        if isinstance(child, torch.nn.ModuleList | torch.nn.ModuleDict):
+            out += children(model, name)
+        else:
+            out.append(name)
+    return out
 
 
 def layer_names(model: torch.nn.Module, granularity: str | list[str]) -> list[str]:
     """The layers of a flat (one-level) comparison: `leaf`, `depth:N`, or explicit module names."""
+    from parity.errors import ParityError, did_you_mean
+
+    named = [n for n, _ in model.named_modules(remove_duplicate=False) if n]
     if isinstance(granularity, list):
+        unknown = [n for n in granularity if n not in named]
+        if unknown:
+            raise ParityError(f"the model has no module '{unknown[0]}'{did_you_mean(unknown[0], named)}")
         return list(granularity)
-    named = [n for n, _ in model.named_modules() if n]
     if granularity == "leaf":
         return [n for n, m in model.named_modules() if n and not any(True for _ in m.children())]
     depth = int(granularity.split(":", 1)[1])
+    deepest = max((n.count(".") + 1 for n in named), default=0)
+    if depth > deepest:
+        raise ParityError(f"granularity depth:{depth}: the model's modules go {deepest} level(s) deep")
     return [n for n in named if n.count(".") + 1 == depth]
 
 
@@ -57,10 +76,9 @@ def evaluate(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module
     outputs of these layers only, and each target output only while it is compared."""
     calls = capture(reference, model, inputs, names)
     result = LevelResult(names=list(calls))
-    modules = dict(model.named_modules())
     if mode in ("local", "both"):
         for name, layer_calls in calls.items():
-            result.local[name] = local_error(target, modules[name], layer_calls, rtol)
+            result.local[name] = local_error(target, model.get_submodule(name), layer_calls, rtol)
     if mode in ("propagated", "both") and observes_layers(target):
         result.propagated = propagated_errors(target, model, inputs, calls, rtol)
     del calls
@@ -88,18 +106,26 @@ class Localization:
     levels: list[tuple[str, LevelResult]] = field(default_factory=list)
     culprit: str | None = None
     in_own_code: bool = False
+    skipped: list[str] = field(default_factory=list)  # layers the target could not run alone
     first_divergent: str | None = None
     suspects: list[LayerError] = field(default_factory=list)
     elapsed_s: float = 0.0
+    mode_used: str = "both"
 
     def verdict(self) -> str:
-        if self.culprit is None:
-            return "no layer could be compared on the target"
+        if not self.suspects:
+            why = f"; inconclusive: the target could not run {', '.join(self.skipped[:5])} alone" if self.skipped else ""
+            return "no layer could be compared on the target" + why
         own = self.suspects[0]
         where = " (in its own code, between its submodules)" if self.in_own_code else ""
         exceeds = ("exceeds" if own.required_atol is None or own.required_atol > self.threshold else "stays below")
-        text = (f"{self.culprit}{where} introduces the largest error of its own: relative RMSE {own.rel_rmse:.2e}, "
+        text = (f"{'the model' if self.culprit == MODEL else self.culprit}{where} introduces the largest error of its own: relative RMSE {own.rel_rmse:.2e}, "
                 f"max abs {own.max_abs:.2e}, which {exceeds} the threshold {self.threshold:g}")
+        if self.mode_used == "propagated":
+            text = text.replace("introduces the largest error of its own", "is where the error grows most (propagated mode)")
+        if self.skipped:
+            text += (f"; inconclusive for {', '.join(self.skipped[:5])}: the target could not run "
+                     f"{'it' if len(self.skipped) == 1 else 'them'} alone")
         if self.evenly_spread():
             text += ("; but every layer of the first level makes an error of the same order (within "
                      f"{SPREAD_RATIO:g}x of the median): the drift comes from the target as a whole (its dtype or "
@@ -118,6 +144,7 @@ class Localization:
     def record(self) -> dict[str, Any]:
         levels = []
         for parent, level in self.levels:
+            own = level.own_code.as_record() if level.own_code else None
             ordered = [level.propagated[n] for n in level.names if n in level.propagated]
             rates = dict(zip([e.name for e in ordered], introduction_rates(ordered), strict=True))
             layers = []
@@ -128,11 +155,11 @@ class Localization:
                     "propagated": level.propagated[name].as_record() if name in level.propagated else None,
                     "introduction_rate": rates.get(name),
                 })
-            levels.append({"parent": parent, "layers": layers})
+            levels.append({"parent": parent, "layers": layers, "own_code": own})
         return {
             "target": self.target, "mode": self.mode, "threshold": self.threshold, "culprit": self.culprit,
             "in_own_code": self.in_own_code, "evenly_spread": self.evenly_spread(), "first_divergent": self.first_divergent,
-            "suspects": [s.as_record() for s in self.suspects], "verdict": self.verdict(),
+            "suspects": [s.as_record() for s in self.suspects], "verdict": self.verdict(), "skipped": self.skipped,
             "levels": levels, "elapsed_s": self.elapsed_s,
         }
 
@@ -146,8 +173,18 @@ def _first_divergent(level: LevelResult, threshold: float) -> str | None:
 
 
 def _ranked(level: LevelResult) -> list[LayerError]:
-    errors = list(level.local.values()) or list(level.propagated.values())
-    return sorted((e for e in errors if not e.error), key=_rank_key, reverse=True)
+    """By own (local) error; in propagated mode alone, by how much the error grows at each layer over the
+    largest before it (an error carried on from an earlier layer does not make a layer a suspect)."""
+    if level.local:
+        return sorted((e for e in level.local.values() if not e.error), key=_rank_key, reverse=True)
+    growth, largest = {}, 0.0
+    for name in level.names:
+        e = level.propagated.get(name)
+        if e is None or e.error:
+            continue
+        growth[name] = e.rel_rmse - largest
+        largest = max(largest, e.rel_rmse)
+    return sorted((level.propagated[n] for n in growth), key=lambda e: growth[e.name], reverse=True)
 
 
 def localize(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, rtol: float,
@@ -155,20 +192,26 @@ def localize(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module
     start = time.perf_counter()
     if granularity != "blocks":
         level = evaluate(reference, target, model, inputs, layer_names(model, granularity), rtol, mode)
-        loc = Localization(target.id, "flat", threshold, [("", level)])
+        loc = Localization(target.id, "flat", threshold, [("", level)], mode_used=mode)
+        loc.skipped = [e.name for e in level.local.values() if e.error]
         ranked = _ranked(level)
         loc.suspects = ranked[:3]
         loc.culprit = ranked[0].name if ranked else None
         loc.first_divergent = _first_divergent(level, threshold)
     else:
         loc = _descend(reference, target, model, inputs, rtol, threshold, mode)
+        loc.mode_used = mode
     loc.elapsed_s = time.perf_counter() - start
     return loc
 
 
 def _descend(reference, target, model, inputs, rtol, threshold, mode) -> Localization:
+    """Top-level modules first, then inside the one with the largest own error, down to a leaf. At each
+    level the parent's own code (its operations between submodules, measured with the submodules
+    replayed from the reference) competes with its submodules: when it is the worst, the search stops
+    there."""
     loc = Localization(target.id, "hierarchical", threshold)
-    parent, parent_error = "", None
+    parent = ""
     while True:
         names = children(model, parent)
         if not names:
@@ -176,14 +219,18 @@ def _descend(reference, target, model, inputs, rtol, threshold, mode) -> Localiz
         level = evaluate(reference, target, model, inputs, names, rtol, mode, parent)
         loc.levels.append((parent, level))
         ranked = _ranked(level)
+        loc.skipped += [e.name for e in level.local.values() if e.error]
+        own = own_code_error(reference, target, model, inputs, parent, names, rtol) if level.local else None
+        if own is not None and not own.error:
+            level.own_code = own
+            if not ranked or own.rel_rmse > ranked[0].rel_rmse:
+                loc.culprit, loc.in_own_code = parent or MODEL, True
+                loc.suspects = [own] + ranked[:2]
+                break
         if not ranked:
             break
         best = ranked[0]
-        if parent_error is not None and best.rel_rmse < GLUE_RATIO * parent_error.rel_rmse:
-            loc.in_own_code = True
-            loc.suspects = [parent_error] + ranked[:2]
-            break
-        loc.culprit, parent, parent_error = best.name, best.name, best
+        loc.culprit, parent = best.name, best.name
         loc.suspects = ranked[:3]
         loc.first_divergent = _first_divergent(level, threshold) or loc.first_divergent
     return loc
@@ -197,6 +244,8 @@ def localize_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inp
     try:
         loc = localize(job.reference, target, model, inputs, experiment.tolerances.rtol, threshold,
                        settings.granularity, settings.mode)
+    except ParityError:
+        raise
     except Exception as exc:  # localization is evidence; a failure to gather it must not end the run
         return {**base, "target": target.id, "error": f"{type(exc).__name__}: {exc}"[:500]}
     return {**base, **loc.record(), "error": None}
