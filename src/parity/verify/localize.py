@@ -28,6 +28,7 @@ from parity.verify.activations import (
     propagated_errors,
 )
 
+FLAT_CHUNK = 24  # layers compared per end-to-end run in a flat (leaf, depth:N, list) comparison
 MODEL = "(model)"  # the culprit when the model's own top-level code is at fault
 LOCALIZABLE = ("numeric_drift", "nonfinite")  # tier-1 failures that a layer's numbers can explain
 SPREAD_RATIO = 3.0  # the worst layer within this factor of the median: the error has no single source
@@ -191,7 +192,13 @@ def localize(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module
              threshold: float, granularity: str | list[str] = "blocks", mode: str = "both") -> Localization:
     start = time.perf_counter()
     if granularity != "blocks":
-        level = evaluate(reference, target, model, inputs, layer_names(model, granularity), rtol, mode)
+        level = LevelResult(names=[])
+        names = layer_names(model, granularity)
+        for i in range(0, len(names), FLAT_CHUNK):  # a chunk at a time: memory bounded however many layers
+            part = evaluate(reference, target, model, inputs, names[i:i + FLAT_CHUNK], rtol, mode)
+            level.names += part.names
+            level.local.update(part.local)
+            level.propagated.update(part.propagated)
         loc = Localization(target.id, "flat", threshold, [("", level)], mode_used=mode)
         loc.skipped = [e.name for e in level.local.values() if e.error]
         ranked = _ranked(level)
