@@ -77,18 +77,14 @@ def _pick(kind: str, name: str | None, choices: list[str]) -> str:
     return name
 
 
-def cmd_localize(args: argparse.Namespace) -> int:
-    """Localize one model x target without running the whole experiment; print the per-layer tables."""
+def _one_check(args: argparse.Namespace):
+    """The experiment, and the model, target and input set that --model, --target, --inputs choose
+    (with tier-2 settings overridden by --granularity and --mode where given)."""
     from pydantic import ValidationError
 
     from parity.backends import backend_class
     from parity.config import load_experiment
-    from parity.config.schema import Activations, Tiers
-    from parity.inputs import build_inputs
-    from parity.report.console import render_layers
-    from parity.runner.local import build_model_or_explain
-    from parity.runner.plan import Job
-    from parity.verify.localize import localize_check
+    from parity.config.schema import Activations
 
     exp = load_experiment(args.file)
     model_spec = next(m for m in exp.models if m.name == _pick("model", args.model, [m.name for m in exp.models]))
@@ -99,28 +95,84 @@ def cmd_localize(args: argparse.Namespace) -> int:
     if reason:
         raise ParityError(f"target {target.id} cannot run here: {reason}")
     settings = (exp.tiers.activations or Activations()).model_dump()
-    if args.granularity:
+    if getattr(args, "granularity", None):
         named = args.granularity not in ("blocks", "leaf") and not args.granularity.startswith("depth:")
         settings["granularity"] = args.granularity.split(",") if named else args.granularity
-    if args.mode:
+    if getattr(args, "mode", None):
         settings["mode"] = args.mode
     try:
-        exp.tiers = Tiers(activations=Activations.model_validate(settings))
+        exp.tiers = exp.tiers.model_copy(update={"activations": Activations.model_validate(settings)})
     except ValidationError as exc:
         raise ParityError(f"--granularity/--mode: {exc.errors()[0]['msg']}") from exc
+    return exp, model_spec, target, input_spec
+
+
+def _write_records(out: str | None, exp, kind: str, record: dict) -> None:
+    if not out:
+        return
+    from parity.records import RecordWriter, environment
+
+    with RecordWriter(Path(out) / "records.jsonl") as writer:
+        writer.write("run", experiment=exp.name, config=exp.model_dump(mode="json"), base_dir=str(exp.base_dir),
+                     environment=environment(exp.base_dir))
+        writer.write(kind, **record)
+    print(f"records: {Path(out) / 'records.jsonl'}")
+
+
+def cmd_localize(args: argparse.Namespace) -> int:
+    """Localize one model x target without running the whole experiment; print the per-layer tables."""
+    from parity.inputs import build_inputs
+    from parity.report.console import render_layers
+    from parity.runner.local import build_model_or_explain
+    from parity.runner.plan import Job
+    from parity.verify.localize import localize_check
+
+    exp, model_spec, target, input_spec = _one_check(args)
     model = build_model_or_explain(model_spec, exp)
     job = Job(model_spec, input_spec, exp.reference, None, (target,), 1)
     record = localize_check(job, target, model, build_inputs(input_spec, exp, model_spec.batch_mode), exp)
     render_layers(record, _console())
-    if args.out:
-        from parity.records import RecordWriter, environment
-
-        with RecordWriter(Path(args.out) / "records.jsonl") as writer:
-            writer.write("run", experiment=exp.name, config=exp.model_dump(mode="json"), base_dir=str(exp.base_dir),
-                         environment=environment(exp.base_dir))
-            writer.write("layers", **record)
-        print(f"records: {Path(args.out) / 'records.jsonl'}")
+    _write_records(args.out, exp, "layers", record)
     return EXIT_OK if not record.get("error") else EXIT_FAILED
+
+
+def cmd_fallback(args: argparse.Namespace) -> int:
+    """Find a small set of modules to run eager (compile) or in float32 (bfloat16/float16) so that the
+    check passes at the gate; print it with its latency cost."""
+    from rich.markup import escape
+
+    from parity.adapters.fallback import candidates_from, fallback_kind, find_fallback
+    from parity.inputs import build_inputs
+    from parity.runner.local import build_model_or_explain
+    from parity.runner.plan import Job
+    from parity.verify.localize import localize_check
+
+    exp, model_spec, target, input_spec = _one_check(args)
+    fallback_kind(target)  # a target that has no fallback fails here, before anything runs
+    model = build_model_or_explain(model_spec, exp)
+    inputs = build_inputs(input_spec, exp, model_spec.batch_mode)
+    job = Job(model_spec, input_spec, exp.reference, None, (target,), 1)
+    layers = localize_check(job, target, model, inputs, exp)
+    if layers.get("error"):
+        raise ParityError(f"localizing {target.id} failed, so there are no candidates: {layers['error']}")
+    result = find_fallback(exp.reference, target, model, inputs, candidates_from(layers), exp.tolerances.rtol,
+                           exp.tolerances.gate_atol)
+    record = {"model": model_spec.name, "inputs": input_spec.name, "reference": exp.reference.id, **result.record()}
+    console = _console()
+    before, after = result.required_atol_before, result.required_atol_after
+    console.print(escape(f"{target.id}: required atol {before:.3g} -> {after:.3g} (gate {exp.tolerances.gate_atol:g}) "
+                         f"with {len(result.modules)} module(s) in {result.kind}, {result.tried} trial run(s)"))
+    if result.passed and not result.modules:
+        console.print("the check already passes at the gate: no fallback is needed")
+    elif result.passed:
+        ratio = record["latency_ratio"]
+        console.print(escape(f"fallback: [{', '.join(result.modules)}]; median latency {result.latency_before_s * 1e3:.2f} ms "
+                             f"-> {result.latency_after_s * 1e3:.2f} ms ({ratio:.2f}x)"))
+        console.print(escape(f"apply it: in the target's entry, fallback: [{', '.join(result.modules)}]"))
+    else:
+        console.print("[red]no fallback among the localized layers makes the check pass[/red]")
+    _write_records(args.out, exp, "fallback", record)
+    return EXIT_OK if result.passed else EXIT_FAILED
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
@@ -175,6 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
     loc.add_argument("--mode", choices=["local", "propagated", "both"])
     loc.add_argument("--out", metavar="DIR", help="also write DIR/records.jsonl with the layers record")
     loc.set_defaults(func=cmd_localize)
+
+    fb = sub.add_parser("fallback", help="find modules to run eager or in float32 so that a target passes")
+    fb.add_argument("file", metavar="FILE")
+    fb.add_argument("--model", help="model name (default: the only one)")
+    fb.add_argument("--target", help="a compile, bfloat16 or float16 target id (default: the only one)")
+    fb.add_argument("--inputs", help="input set (default: the model's first)")
+    fb.add_argument("--out", metavar="DIR", help="also write DIR/records.jsonl with the fallback record")
+    fb.set_defaults(func=cmd_fallback)
 
     backends = sub.add_parser("backends", help="list every backend and whether it can run here")
     backends.set_defaults(func=cmd_backends)

@@ -40,6 +40,8 @@ def backend_problems(spec: BackendSpec, path: tuple) -> list[Problem]:
     problem = cls.spec_problem(spec)
     if problem:
         out.append((path, problem))
+    if spec.fallback and not (spec.dtype in ("bfloat16", "float16") or spec.backend == "compile"):
+        out.append((path + ("fallback",), "fallback applies to compile targets and to bfloat16/float16 targets"))
     try:
         cls.Options.model_validate(spec.options)
     except ValidationError as exc:

@@ -166,6 +166,7 @@ class BackendSpec(Strict):
     dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
     name: str | None = None
     options: dict[str, Any] = Field(default_factory=dict)
+    fallback: list[str] = Field(default_factory=list)  # modules run outside the fast path (parity fallback)
 
     @field_validator("device")
     @classmethod

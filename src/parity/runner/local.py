@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.adapters import apply_adapters
+from parity.adapters.fallback import apply_fallback
 from parity.config.schema import Experiment
 from parity.errors import ParityError
 from parity.inputs import build_inputs
@@ -76,7 +77,8 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
 
     def run(spec) -> Execution:
         progress.describe(f"{job.model.name} / {job.inputs.name} / {spec.id}")
-        ex = execute(spec, model, inputs, job.repeats, on_run=lambda e, r: _record_execution(writer, job, e, r))
+        own = apply_fallback(model, spec.fallback, spec) if spec.fallback else model
+        ex = execute(spec, own, inputs, job.repeats, on_run=lambda e, r: _record_execution(writer, job, e, r))
         if not ex.ok:
             _record_execution(writer, job, ex, None)
         progress.advance(job.repeats)

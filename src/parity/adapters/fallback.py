@@ -1,0 +1,168 @@
+"""Selective fallback: run a few modules outside the target's fast path to restore agreement.
+
+- `compile` targets: the modules run eager (wrapped in a `torch.compiler.disable`d call, their hooks
+  included), so inductor neither fuses nor reorders their arithmetic.
+- reduced-precision targets (eager, compile or torchscript in bfloat16 or float16): the modules compute
+  in float32 (inputs cast up, outputs cast back), the rest stays in the reduced dtype.
+
+The set of modules is found by `find_fallback`: candidates in the order of their own (tier-2, local)
+error, added until the check passes at the gate, then shrunk to a minimal set (each module dropped in
+turn if the check still passes without it).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from parity.config.schema import BackendSpec
+from parity.errors import ParityError
+from parity.inputs import Inputs
+from parity.outputs import map_tensors
+
+REDUCED = ("bfloat16", "float16")
+
+
+class Float32Island(torch.nn.Module):
+    """Runs a module in float32 inside a reduced-precision model. The float32 copy is kept outside the
+    module tree, so the backend's `.to(bfloat16)` of the whole model cannot reach it."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        object.__setattr__(self, "island", copy.deepcopy(module).float())
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        first = next((t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)), None)
+        dtype = first.dtype if first is not None and first.is_floating_point() else torch.float32
+        if first is not None and next(self.island.parameters(), first).device != first.device:
+            object.__setattr__(self, "island", self.island.to(first.device))
+        up = lambda t: t.float() if t.is_floating_point() else t  # noqa: E731
+        out = self.island(*map_tensors(args, up), **map_tensors(kwargs, up))
+        return map_tensors(out, lambda t: t.to(dtype) if t.is_floating_point() else t)
+
+
+class EagerIsland(torch.nn.Module):
+    """Runs a module, hooks included, outside torch.compile: dynamo breaks the graph around it."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.inner = module
+
+    @torch.compiler.disable
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner(*args, **kwargs)
+
+
+def fallback_kind(spec: BackendSpec) -> str:
+    if spec.dtype in REDUCED:
+        return "float32"
+    if spec.backend == "compile":
+        return "eager"
+    raise ParityError(f"target {spec.id}: fallback applies to compile targets and to bfloat16/float16 targets")
+
+
+def apply_fallback(model: torch.nn.Module, names: list[str], spec: BackendSpec) -> torch.nn.Module:
+    """A copy of `model` with `names` run outside the target's fast path."""
+    kind = fallback_kind(spec)
+    model = copy.deepcopy(model)
+    known = {n for n, _ in model.named_modules()}
+    for name in names:
+        if name not in known:
+            from parity.errors import did_you_mean
+
+            raise ParityError(f"fallback: the model has no module '{name}'{did_you_mean(name, known)}")
+        owner, _, attr = name.rpartition(".")
+        parent = model.get_submodule(owner) if owner else model
+        island = EagerIsland if kind == "eager" else Float32Island
+        setattr(parent, attr, island(getattr(parent, attr)))
+    return model
+
+
+@dataclass
+class FallbackResult:
+    target: str
+    kind: str
+    modules: list[str] = field(default_factory=list)
+    passed: bool = False
+    required_atol_before: float | None = None
+    required_atol_after: float | None = None
+    latency_before_s: float | None = None
+    latency_after_s: float | None = None
+    tried: int = 0
+
+    def record(self) -> dict[str, Any]:
+        ratio = (self.latency_after_s / self.latency_before_s
+                 if self.latency_before_s and self.latency_after_s else None)
+        return {**self.__dict__, "latency_ratio": ratio}
+
+
+def _required(reference_out, spec, model, inputs, rtol, gate) -> tuple[float, Any]:
+    from parity.runner.execute import execute
+    from parity.verify.tensors import compare
+
+    result = execute(spec, model, inputs, 1)
+    if not result.ok:
+        return float("inf"), result
+    return compare(reference_out, result.outputs[0], rtol, gate).required_atol, result
+
+
+def _latency(spec, model, inputs, runs: int) -> float:
+    from parity.runner.execute import execute
+
+    result = execute(spec, model, inputs, runs)
+    return statistics.median(result.run_s) if result.ok else float("nan")
+
+
+def find_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module, inputs: Inputs,
+                  candidates: list[str], rtol: float, gate: float, latency_runs: int = 5) -> FallbackResult:
+    """The smallest set of `candidates` (tried in the order given) whose fallback makes the check pass."""
+    from parity.runner.execute import execute
+
+    kind = fallback_kind(target)
+    ref = execute(reference, model, inputs, 1)
+    if not ref.ok:
+        raise ParityError(f"the reference {reference.id} failed: {ref.error}")
+    reference_out = ref.outputs[0]
+    result = FallbackResult(target.id, kind)
+    result.required_atol_before, _ = _required(reference_out, target, model, inputs, rtol, gate)
+    chosen: list[str] = []
+    required = result.required_atol_before
+    for name in candidates:  # grow: add the next suspect until the check passes
+        if required <= gate:
+            break
+        if any(name.startswith(c + ".") for c in chosen):
+            continue
+        chosen = [c for c in chosen if not c.startswith(name + ".")] + [name]
+        required, _ = _required(reference_out, target, apply_fallback(model, chosen, target), inputs, rtol, gate)
+        result.tried += 1
+    if required > gate:
+        result.modules, result.required_atol_after = chosen, required
+        return result
+    for name in list(chosen):  # shrink: drop each module the check passes without
+        trial = [c for c in chosen if c != name]
+        trial_required, _ = _required(reference_out, target, apply_fallback(model, trial, target), inputs, rtol, gate)
+        result.tried += 1
+        if trial_required <= gate:
+            chosen, required = trial, trial_required
+    result.modules, result.passed, result.required_atol_after = chosen, True, required
+    result.latency_before_s = _latency(target, model, inputs, latency_runs)
+    result.latency_after_s = _latency(target, apply_fallback(model, chosen, target), inputs, latency_runs)
+    return result
+
+
+def candidates_from(localization_record: dict[str, Any]) -> list[str]:
+    """Every layer a localization looked at, by its own error, largest first (suspects lead)."""
+    seen: dict[str, float] = {}
+    for level in localization_record["levels"]:
+        for layer in level["layers"]:
+            local = layer["local"] or {}
+            if not local.get("error"):
+                seen[layer["name"]] = max(seen.get(layer["name"], 0.0), local.get("rel_rmse") or 0.0)
+    leading = [s["name"] for s in localization_record["suspects"] if s["name"] in seen]
+    rest = sorted((n for n in seen if n not in leading), key=lambda n: -seen[n])
+    return leading + rest
+

@@ -1,0 +1,70 @@
+"""Selective fallback: the faulty module is found, run outside the fast path, and the check passes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+
+from parity.adapters.fallback import apply_fallback, candidates_from, find_fallback
+from parity.api import run_experiment
+from parity.cli import main
+from parity.config.schema import BackendSpec
+from parity.errors import ParityError
+from parity.inputs import Inputs
+from parity.verify.localize import localize
+from tests.conftest import tiny_experiment
+from tests.fixtures.faults import inject
+from tests.fixtures.tiny import DeepCNN
+
+EAGER = BackendSpec(backend="eager")
+IMAGE = Inputs((torch.randn(2, 3, 10, 10, generator=torch.Generator().manual_seed(0)),))
+
+
+def faulty(condition: str, magnitude: float):
+    torch.manual_seed(0)
+    return inject(DeepCNN().eval(), "head", magnitude, condition)
+
+
+@pytest.mark.parametrize("target, condition, magnitude, gate", [
+    (BackendSpec(backend="compile"), "compiling", 1e-2, 1e-4),
+    (BackendSpec(backend="eager", dtype="bfloat16"), "bfloat16", 0.3, 5e-2),
+])
+def test_the_faulty_module_is_the_minimal_fallback(target, condition, magnitude, gate):
+    model = faulty(condition, magnitude)
+    loc = localize(EAGER, target, model, IMAGE, 1e-5, 1e-4)
+    result = find_fallback(EAGER, target, model, IMAGE, candidates_from(loc.record()), 1e-5, gate)
+    assert result.required_atol_before > gate
+    assert result.passed and result.modules == ["head"] and result.required_atol_after <= gate
+    assert result.latency_before_s > 0 and result.latency_after_s > 0
+
+
+def test_no_fallback_when_the_drift_has_no_single_source():
+    """bfloat16 everywhere: every module in float32 still hands bfloat16 values on, so nothing passes a
+    tight gate, and the search says so rather than returning a set."""
+    torch.manual_seed(0)
+    model = DeepCNN().eval()
+    target = BackendSpec(backend="eager", dtype="bfloat16")
+    result = find_fallback(EAGER, target, model, IMAGE, ["stem", "block1", "block2", "head"], 1e-5, 1e-7)
+    assert not result.passed
+
+
+def test_fallback_applies_only_where_it_means_something():
+    with pytest.raises(ParityError, match="fallback applies to compile targets"):
+        apply_fallback(DeepCNN(), ["head"], BackendSpec(backend="onnxruntime"))
+    with pytest.raises(ParityError, match="did you mean 'head'"):
+        apply_fallback(DeepCNN(), ["haed"], BackendSpec(backend="compile"))
+
+
+def test_a_found_set_is_applied_from_the_experiment_file_and_on_the_command_line(tmp_path, capsys):
+    data = tiny_experiment([{"backend": "eager", "dtype": "bfloat16"}], tolerances={"atol": [1e-1], "gate": 1e-1})
+    data["models"][0]["entry"] = "tests.fixtures.tiny:tiny_cnn"
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["fallback", str(path)]) == 0
+    assert "already passes" in capsys.readouterr().out
+    data["tolerances"] = {"atol": [1e-9], "gate": 1e-9}
+    data["targets"] = [{"backend": "eager", "dtype": "bfloat16"},
+                       {"backend": "eager", "dtype": "bfloat16", "name": "islands", "fallback": ["conv", "head"]}]
+    checks = {r["target"]: r for r in run_experiment(data, out=tmp_path / "run") if r["kind"] == "check"}
+    assert checks["islands"]["max_abs"] < checks["eager-cpu-bfloat16"]["max_abs"] / 2
