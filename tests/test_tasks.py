@@ -61,6 +61,12 @@ def test_detection_lost_and_moved_boxes():
     assert r.metrics["max_box_drift"] == pytest.approx(0.5) and r.metrics["max_score_drift"] == pytest.approx(0.01)
 
 
+def test_zero_area_boxes_match_nothing_instead_of_crashing():
+    flat = [dets([[5, 5, 5, 5], [20, 20, 40, 40]], [1, 2], [0.9, 0.8])]
+    r = evaluate("detection", flat, flat, T, 1e-4)
+    assert r.metrics["matched"] == 1 and r.metrics["reference_boxes"] == 2
+
+
 def test_matching_respects_labels_and_iou():
     relabelled = dets([[0, 0, 10, 10]], [2], [0.9])
     assert match(REF[0], relabelled, 0.5) == []

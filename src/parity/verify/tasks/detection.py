@@ -32,7 +32,8 @@ def match(ref: dict, tgt: dict, iou_threshold: float) -> list[tuple[int, int, fl
         ti = torch.nonzero(tgt["labels"] == label).flatten()
         if not len(ri) or not len(ti):
             continue
-        iou = box_iou(ref["boxes"][ri].double(), tgt["boxes"][ti].double())
+        # degenerate (zero-area) boxes give 0/0: they overlap nothing
+        iou = torch.nan_to_num(box_iou(ref["boxes"][ri].double(), tgt["boxes"][ti].double()), nan=0.0)
         rows, cols = linear_sum_assignment(-iou.numpy())
         pairs += [(int(ri[r]), int(ti[c]), float(iou[r, c])) for r, c in zip(rows, cols, strict=True)
                   if iou[r, c] >= iou_threshold]
@@ -63,7 +64,7 @@ def average_precision(refs: list[dict], tgts: list[dict], iou_threshold: float) 
             truth = refs[i]["boxes"][refs[i]["labels"] == label]
             hit = False
             if len(truth):
-                iou = box_iou(box[None].double(), truth.double())[0]
+                iou = torch.nan_to_num(box_iou(box[None].double(), truth.double())[0], nan=0.0)
                 iou[taken[i]] = -1
                 best = int(iou.argmax())
                 if iou[best] >= iou_threshold:
