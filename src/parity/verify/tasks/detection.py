@@ -21,6 +21,14 @@ def detections_of(output: Any) -> list[dict[str, torch.Tensor]]:
     return [{k: d[k].detach().to("cpu") for k in ("boxes", "labels", "scores")} for d in output]
 
 
+def _iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """IoU, with zero-area boxes (0/0) matching only a box exactly equal to them."""
+    from torchvision.ops import box_iou
+
+    iou = torch.nan_to_num(box_iou(a.double(), b.double()), nan=0.0)
+    return torch.where((a[:, None, :] == b[None, :, :]).all(-1), 1.0, iou)
+
+
 def match(ref: dict, tgt: dict, iou_threshold: float) -> list[tuple[int, int, float]]:
     """(reference index, target index, IoU) of the boxes matched one to one within each label."""
     from scipy.optimize import linear_sum_assignment
@@ -32,8 +40,7 @@ def match(ref: dict, tgt: dict, iou_threshold: float) -> list[tuple[int, int, fl
         ti = torch.nonzero(tgt["labels"] == label).flatten()
         if not len(ri) or not len(ti):
             continue
-        # degenerate (zero-area) boxes give 0/0: they overlap nothing
-        iou = torch.nan_to_num(box_iou(ref["boxes"][ri].double(), tgt["boxes"][ti].double()), nan=0.0)
+        iou = _iou(ref["boxes"][ri], tgt["boxes"][ti])
         rows, cols = linear_sum_assignment(-iou.numpy())
         pairs += [(int(ri[r]), int(ti[c]), float(iou[r, c])) for r, c in zip(rows, cols, strict=True)
                   if iou[r, c] >= iou_threshold]
@@ -64,7 +71,7 @@ def average_precision(refs: list[dict], tgts: list[dict], iou_threshold: float) 
             truth = refs[i]["boxes"][refs[i]["labels"] == label]
             hit = False
             if len(truth):
-                iou = torch.nan_to_num(box_iou(box[None].double(), truth.double())[0], nan=0.0)
+                iou = _iou(box[None], truth)[0]
                 iou[taken[i]] = -1
                 best = int(iou.argmax())
                 if iou[best] >= iou_threshold:
