@@ -32,7 +32,6 @@ def _iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def match(ref: dict, tgt: dict, iou_threshold: float) -> list[tuple[int, int, float]]:
     """(reference index, target index, IoU) of the boxes matched one to one within each label."""
     from scipy.optimize import linear_sum_assignment
-    from torchvision.ops import box_iou
 
     pairs = []
     for label in torch.unique(torch.cat([ref["labels"], tgt["labels"]])):
@@ -51,7 +50,6 @@ def average_precision(refs: list[dict], tgts: list[dict], iou_threshold: float) 
     """mAP at one IoU of the target's detections, the reference's boxes taken as ground truth
     (VOC-style: detections by descending score, greedy matching, all-point interpolated AP, mean over
     the labels the reference has)."""
-    from torchvision.ops import box_iou
 
     labels = torch.unique(torch.cat([r["labels"] for r in refs])) if refs else torch.zeros(0)
     if not len(labels):
