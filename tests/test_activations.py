@@ -214,3 +214,15 @@ def test_torchscript_traces_a_layer_called_with_keywords():
     error = loc.levels[0][1].local["attn"].error
     assert "argument" not in error and "output from traced functions" in error
     assert loc.skipped == ["attn"] and "inconclusive for attn" in loc.verdict()
+
+
+def test_a_shared_module_called_after_the_fault_is_not_named_first_in_propagated_mode():
+    """torchvision's BasicBlock calls one ReLU before conv2 and again after the residual add: its worst
+    call carries conv2's fault, but it is not where the error starts."""
+    import torchvision
+
+    torch.manual_seed(0)
+    model = inject(torchvision.models.resnet18(num_classes=10).eval(), "layer3.0.conv2", 1e-3)
+    x = Inputs((torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(0)),))
+    loc = localize(EAGER, FAULTY, model, x, 1e-5, 1e-4, granularity="leaf", mode="propagated")
+    assert loc.culprit == "layer3.0.conv2" and loc.first_divergent in ("layer3.0.conv2", "layer3.0.bn2")

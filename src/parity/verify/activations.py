@@ -63,6 +63,7 @@ class LevelResult:
     local: dict[str, LayerError] = field(default_factory=dict)
     propagated: dict[str, LayerError] = field(default_factory=dict)
     own_code: LayerError | None = None  # the parent's own operations, its submodules replayed
+    shared: list[str] = field(default_factory=list)  # modules called more than once in one forward
 
 
 def _to_cpu(obj: Any) -> Any:

@@ -76,7 +76,7 @@ def evaluate(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module
     """Local and/or propagated errors of `names`, in call order. Holds the reference's inputs and
     outputs of these layers only, and each target output only while it is compared."""
     calls = capture(reference, model, inputs, names)
-    result = LevelResult(names=list(calls))
+    result = LevelResult(names=list(calls), shared=[n for n, c in calls.items() if len(c) > 1])
     if mode in ("local", "both"):
         for name, layer_calls in calls.items():
             result.local[name] = local_error(target, model.get_submodule(name), layer_calls, rtol)
@@ -166,7 +166,11 @@ class Localization:
 
 
 def _first_divergent(level: LevelResult, threshold: float) -> str | None:
+    """The first layer in call order whose error exceeds the threshold. A module called several times
+    (a shared ReLU) has no single place in that order, so it is passed over."""
     for name in level.names:
+        if name in level.shared:
+            continue
         e = level.local.get(name) or level.propagated.get(name)
         if e and not e.error and (e.required_atol is None or e.required_atol > threshold):
             return name
@@ -181,7 +185,7 @@ def _ranked(level: LevelResult) -> list[LayerError]:
     growth, largest = {}, 0.0
     for name in level.names:
         e = level.propagated.get(name)
-        if e is None or e.error:
+        if e is None or e.error or name in level.shared:  # a shared module's worst call may come much later
             continue
         growth[name] = e.rel_rmse - largest
         largest = max(largest, e.rel_rmse)
@@ -197,6 +201,7 @@ def localize(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module
         for i in range(0, len(names), FLAT_CHUNK):  # a chunk at a time: memory bounded however many layers
             part = evaluate(reference, target, model, inputs, names[i:i + FLAT_CHUNK], rtol, mode)
             level.names += part.names
+            level.shared += part.shared
             level.local.update(part.local)
             level.propagated.update(part.propagated)
         loc = Localization(target.id, "flat", threshold, [("", level)], mode_used=mode)
