@@ -57,9 +57,6 @@ class Registry(Generic[T]):
         self._scan_plugins()
         return sorted(self._loaders)
 
-    def __contains__(self, name: str) -> bool:
-        return name in self.names() or ":" in name
-
     def get(self, name: str) -> T:
         if name in self._loaded:
             return self._loaded[name]

@@ -38,9 +38,6 @@ class Inputs:
 
         return [v for v in flatten((self.args, self.kwargs)).values() if isinstance(v, torch.Tensor)]
 
-    def describe(self) -> str:
-        return ", ".join(f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in self.tensors())
-
 
 def build_inputs(spec, experiment, batch: str = "stack") -> Inputs:
     """The Inputs of one input set; `batch` says how images are handed over (a stacked batch or a list)."""
