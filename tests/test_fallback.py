@@ -68,3 +68,14 @@ def test_a_found_set_is_applied_from_the_experiment_file_and_on_the_command_line
                        {"backend": "eager", "dtype": "bfloat16", "name": "islands", "fallback": ["conv", "bn", "head"]}]
     checks = {r["target"]: r for r in run_experiment(data, out=tmp_path / "run") if r["kind"] == "check"}
     assert checks["islands"]["max_abs"] < checks["eager-cpu-bfloat16"]["max_abs"]
+
+
+def test_fallback_command_writes_its_record(tmp_path, capsys):
+    from parity.records import read_records
+
+    data = tiny_experiment([{"backend": "eager", "dtype": "bfloat16"}], tolerances={"atol": [1e-1], "gate": 1e-1})
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["fallback", str(path), "--out", str(tmp_path / "out")]) == 0
+    [record] = [r for r in read_records(tmp_path / "out") if r["kind"] == "fallback"]
+    assert record["runs_in"] == "float32" and record["passed"] and record["modules"] == []

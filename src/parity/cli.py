@@ -161,7 +161,7 @@ def cmd_fallback(args: argparse.Namespace) -> int:
     console = _console()
     before, after = result.required_atol_before, result.required_atol_after
     console.print(escape(f"{target.id}: required atol {before:.3g} -> {after:.3g} (gate {exp.tolerances.gate_atol:g}) "
-                         f"with {len(result.modules)} module(s) in {result.kind}, {result.tried} trial run(s)"))
+                         f"with {len(result.modules)} module(s) in {result.runs_in}, {result.tried} trial run(s)"))
     if result.passed and not result.modules:
         console.print("the check already passes at the gate: no fallback is needed")
     elif result.passed:

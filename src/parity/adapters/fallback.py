@@ -85,7 +85,7 @@ def apply_fallback(model: torch.nn.Module, names: list[str], spec: BackendSpec) 
 @dataclass
 class FallbackResult:
     target: str
-    kind: str
+    runs_in: str  # eager (out of torch.compile) or float32
     modules: list[str] = field(default_factory=list)
     passed: bool = False
     required_atol_before: float | None = None
