@@ -121,3 +121,32 @@ def test_detections_in_another_order_fail_tier1_as_ordering_and_agree_in_tier3(t
     assert checks[(3, "shuffled")]["passed"] and checks[(3, "shuffled")]["same_set"]
     assert checks[(1, "perturbed")]["failure_class"] == "numeric_drift"  # other numbers, not another order
     assert not checks[(3, "perturbed")]["same_set"]
+
+
+def test_class_scores_among_several_outputs_are_named_not_guessed(tmp_path, capsys):
+    data = tiny_experiment([{"backend": "tests.fixtures.tiny:FlipLogits", "name": "flip"}],
+                           tiers={"tasks": True}, tolerances={"atol": [10.0], "gate": 10.0})
+    data["models"][0].update(entry="tests.fixtures.tiny:features_and_logits", task="classification")
+    data["inputs"] = [{"name": "x", "synthetic": {"shape": [4, 3, 2, 2]}}]
+    records = run_experiment(data, out=tmp_path / "guess")
+    [tier3] = [r for r in records if r["kind"] == "check" and r["tier"] == 3]
+    assert tier3["failure_class"] == "structure_mismatch" and "tiers.tasks.output" in tier3["detail"]
+    data["tiers"] = {"tasks": {"output": "out[1]"}}
+    path = tmp_path / "named.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(data))
+    from parity.cli import main
+
+    assert main(["run", str(path), "--out", str(tmp_path / "named"), "--quiet"]) == 1  # tier 1 passes at 10
+    out = capsys.readouterr().out
+    assert "1 passed, 0 failed" in out and "tier 3: 0 agree, 1 differ" in out and "decision_flip" in out
+
+
+def test_fallback_names_are_checked_before_anything_runs(tmp_path):
+    from parity.errors import ParityError
+
+    data = tiny_experiment([{"backend": "eager", "dtype": "bfloat16", "fallback": ["haed"]}])
+    with pytest.raises(ParityError, match="target eager-cpu-bfloat16: fallback names 'haed'.*did you mean 'head'"):
+        run_experiment(data, out=tmp_path)
+    assert [r["kind"] for r in map(__import__("json").loads, (tmp_path / "records.jsonl").read_text().splitlines())] == ["run"]

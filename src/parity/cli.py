@@ -121,14 +121,17 @@ def _write_records(out: str | None, exp, kind: str, record: dict) -> None:
 
 def cmd_localize(args: argparse.Namespace) -> int:
     """Localize one model x target without running the whole experiment; print the per-layer tables."""
+    from parity.adapters.fallback import apply_fallback
     from parity.inputs import build_inputs
     from parity.report.console import render_layers
-    from parity.runner.local import build_model_or_explain
+    from parity.runner.local import prepared_model
     from parity.runner.plan import Job
     from parity.verify.localize import localize_check
 
     exp, model_spec, target, input_spec = _one_check(args)
-    model = build_model_or_explain(model_spec, exp)
+    model, _ = prepared_model(model_spec, exp)
+    if target.fallback:
+        model = apply_fallback(model, target.fallback, target)
     job = Job(model_spec, input_spec, exp.reference, None, (target,), 1)
     record = localize_check(job, target, model, build_inputs(input_spec, exp, model_spec.batch_mode), exp)
     render_layers(record, _console())
@@ -143,13 +146,13 @@ def cmd_fallback(args: argparse.Namespace) -> int:
 
     from parity.adapters.fallback import candidates_from, fallback_kind, find_fallback
     from parity.inputs import build_inputs
-    from parity.runner.local import build_model_or_explain
+    from parity.runner.local import prepared_model
     from parity.runner.plan import Job
     from parity.verify.localize import localize_check
 
     exp, model_spec, target, input_spec = _one_check(args)
     fallback_kind(target)  # a target that has no fallback fails here, before anything runs
-    model = build_model_or_explain(model_spec, exp)
+    model, _ = prepared_model(model_spec, exp)  # adapters included, as parity run executes it
     inputs = build_inputs(input_spec, exp, model_spec.batch_mode)
     job = Job(model_spec, input_spec, exp.reference, None, (target,), 1)
     layers = localize_check(job, target, model, inputs, exp)

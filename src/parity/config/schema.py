@@ -241,6 +241,7 @@ class Tasks(Strict):
     """Tier 3: thresholds of task-level agreement between target and reference."""
 
     enabled: bool = True
+    output: str | None = None  # the output leaf holding the class scores when it is not the only one (out[1])
     top1_agreement: float = Field(default=0.99, ge=0, le=1)  # classification
     top5_overlap: float | None = Field(default=None, ge=0, le=1)
     detection_iou: float = Field(default=0.5, gt=0, le=1)  # a target box matches a reference box from this IoU

@@ -57,9 +57,10 @@ def render(records: list[dict], summary: dict[str, Any], out_dir, console) -> No
         if loc["evenly_spread"]:
             where += " (every layer drifts alike: no single source)"
         console.print("[yellow]diverges at[/yellow] " + escape(f"{key}: {where}"))
-    totals = summary["totals"]
+    totals, tier3 = summary["totals"], summary["tier3"]
     console.print(f"{totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped "
-                  f"({summary['arithmetic']['formula']})")
+                  f"({summary['arithmetic']['formula']})"
+                  + (f"; tier 3: {tier3['passed']} agree, {tier3['failed']} differ" if tier3["checks"] else ""))
     console.print(f"records: {out_dir / 'records.jsonl'}\nsummary: {out_dir / 'summary.json'}\n"
                   f"report:  {out_dir / 'report.md'}")
 

@@ -25,7 +25,9 @@ def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
         f"# parity report: {summary['experiment']}",
         "",
         f"**{t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped** at atol={summary['gate']:g}, "
-        f"rtol={summary['rtol']:g}. {summary['arithmetic']['formula']}.",
+        f"rtol={summary['rtol']:g}. {summary['arithmetic']['formula']}."
+        + (f" Tier 3: **{summary['tier3']['passed']} agree, {summary['tier3']['failed']} differ**."
+           if summary["tier3"]["checks"] else ""),
         "",
         f"torch {env['torch']}, torchvision {env['torchvision']}, onnxruntime {env['onnxruntime']}, "
         f"python {env['python']}, {env['cpu'].get('model', env['cpu']['machine'])}, {env['threads']} threads, "

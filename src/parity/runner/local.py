@@ -75,10 +75,13 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
     except Exception as exc:  # e.g. a tensor too large for this machine's memory
         raise ParityError(f"input set '{job.inputs.name}': cannot build it: {type(exc).__name__}: {exc}") from exc
 
+    def as_configured(spec):
+        """The model as this target runs it: with its fallback modules, when it has some."""
+        return apply_fallback(model, spec.fallback, spec) if spec.fallback else model
+
     def run(spec) -> Execution:
         progress.describe(f"{job.model.name} / {job.inputs.name} / {spec.id}")
-        own = apply_fallback(model, spec.fallback, spec) if spec.fallback else model
-        ex = execute(spec, own, inputs, job.repeats, on_run=lambda e, r: _record_execution(writer, job, e, r))
+        ex = execute(spec, as_configured(spec), inputs, job.repeats, on_run=lambda e, r: _record_execution(writer, job, e, r))
         if not ex.ok:
             _record_execution(writer, job, ex, None)
         progress.advance(job.repeats)
@@ -101,7 +104,7 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
             writer.write("check", **task)
         if exp.tiers.localize and check["failure_class"] in LOCALIZABLE:
             progress.describe(f"localizing {job.model.name} / {job.inputs.name} / {spec.id}")
-            writer.write("layers", **localize_check(job, spec, model, inputs, exp))
+            writer.write("layers", **localize_check(job, spec, as_configured(spec), inputs, exp))
 
 
 def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True) -> list[dict[str, Any]]:
@@ -116,8 +119,7 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True) -> 
         with bar.running():
             for model_spec in exp.models:
                 start = time.perf_counter()
-                model = build_model_or_explain(model_spec, exp)
-                notes = apply_adapters(model, exp.adapters, exp)
+                model, notes = prepared_model(model_spec, exp)
                 writer.write("model", model=model_spec.name, parameters=sum(p.numel() for p in model.parameters()),
                              build_s=time.perf_counter() - start, adapters=notes)
                 for job in (j for j in jobs if j.model is model_spec):
@@ -126,6 +128,22 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True) -> 
         records = writer.records
     write_summary(summarize(records), out_dir / "summary.json")
     return records
+
+
+def prepared_model(spec, exp) -> tuple:
+    """The model as every command runs it: built, adapters applied, and each target's fallback checked
+    against its modules before anything executes. Returns (model, what the adapters changed)."""
+    model = build_model_or_explain(spec, exp)
+    notes = apply_adapters(model, exp.adapters, exp)
+    known = {n for n, _ in model.named_modules()}
+    for target in exp.targets:
+        for name in target.fallback:
+            if name not in known:
+                from parity.errors import did_you_mean
+
+                raise ParityError(f"target {target.id}: fallback names '{name}', which model '{spec.name}' does not "
+                                  f"have{did_you_mean(name, sorted(known))}")
+    return model, notes
 
 
 def build_model_or_explain(spec, exp):

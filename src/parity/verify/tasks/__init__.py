@@ -56,4 +56,4 @@ def task_check(job, target_exec, reference_exec, experiment) -> dict[str, Any] |
     return {"tier": 3, "model": job.model.name, "inputs": job.inputs.name, "reference": job.reference.id,
             "target": target_exec.backend.id, "task": task, "status": "ok", "passed": result.passed,
             "failure_class": result.failure_class, "detail": result.detail, "metrics": result.metrics,
-            "thresholds": experiment.tiers.tasks.model_dump(exclude={"enabled"}), "same_set": result.same_set}
+            "thresholds": experiment.tiers.tasks.model_dump(exclude={"enabled", "output"}), "same_set": result.same_set}

@@ -10,16 +10,23 @@ from parity.outputs import flatten
 from parity.verify.tasks import OutputsNotUnderstood, TaskResult, verdict
 
 
-def logits_of(output: Any) -> torch.Tensor:
-    """The [N, C] scores: the output itself, a leaf named logits, or the first 2-D floating leaf."""
+def logits_of(output: Any, leaf: str | None = None) -> torch.Tensor:
+    """The [N, C] scores: the leaf named by `tiers.tasks.output`, else a leaf named logits, else the only
+    1-D or 2-D floating output. Several candidates and no name: an error that lists them, not a guess."""
     leaves = {k: v for k, v in flatten(output).items() if isinstance(v, torch.Tensor) and v.is_floating_point()}
-    named = [v for k, v in leaves.items() if k.endswith("logits") or k.endswith("['logits']")]
-    for candidate in named + list(leaves.values()):
-        if candidate.dim() == 2:
-            return candidate.detach().to(torch.float64)
-        if candidate.dim() == 1:
-            return candidate.detach().to(torch.float64)[None]
-    raise OutputsNotUnderstood("no [N, C] scores among the outputs of a classification model")
+    if leaf is not None:
+        if leaf not in leaves:
+            raise OutputsNotUnderstood(f"tiers.tasks.output '{leaf}' is not a floating output (outputs: {', '.join(leaves)})")
+        candidates = {leaf: leaves[leaf]}
+    else:
+        named = {k: v for k, v in leaves.items() if k.endswith(".logits") or k.endswith("['logits']")}
+        candidates = named or {k: v for k, v in leaves.items() if v.dim() in (1, 2)}
+    if len(candidates) != 1:
+        found = ", ".join(candidates) or "none"
+        raise OutputsNotUnderstood(f"which output holds the class scores? candidates: {found}; "
+                                   "name it with tiers.tasks.output (e.g. out[1])")
+    scores = next(iter(candidates.values())).detach().to(torch.float64)
+    return scores[None] if scores.dim() == 1 else scores
 
 
 def rank_distance(ref: torch.Tensor, tgt: torch.Tensor, k: int) -> float:
@@ -35,7 +42,7 @@ def rank_distance(ref: torch.Tensor, tgt: torch.Tensor, k: int) -> float:
 
 
 def evaluate(reference: Any, target: Any, thresholds, gate: float) -> TaskResult:
-    ref, tgt = logits_of(reference), logits_of(target)
+    ref, tgt = logits_of(reference, thresholds.output), logits_of(target, thresholds.output)
     if ref.shape != tgt.shape:
         raise OutputsNotUnderstood(f"scores of shape {list(tgt.shape)} vs reference {list(ref.shape)}")
     k = min(5, ref.shape[1])
