@@ -28,7 +28,7 @@ from parity.verify.activations import (
     propagated_errors,
 )
 
-FLAT_CHUNK = 24  # layers compared per end-to-end run in a flat (leaf, depth:N, list) comparison
+FLAT_CHUNK = 24  # layers per end-to-end run in a flat (leaf, depth:N, list) comparison; 96 in propagated mode
 MODEL = "(model)"  # the culprit when the model's own top-level code is at fault
 LOCALIZABLE = ("numeric_drift", "nonfinite")  # tier-1 failures that a layer's numbers can explain
 SPREAD_RATIO = 3.0  # the worst layer within this factor of the median: the error has no single source
@@ -75,7 +75,7 @@ def evaluate(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module
              names: list[str], rtol: float, mode: str, parent: str = "") -> LevelResult:
     """Local and/or propagated errors of `names`, in call order. Holds the reference's inputs and
     outputs of these layers only, and each target output only while it is compared."""
-    calls = capture(reference, model, inputs, names)
+    calls = capture(reference, model, inputs, names, with_inputs=mode != "propagated")  # only local mode needs them
     result = LevelResult(names=list(calls), shared=[n for n, c in calls.items() if len(c) > 1])
     if mode in ("local", "both"):
         for name, layer_calls in calls.items():
@@ -198,8 +198,9 @@ def localize(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module
     if granularity != "blocks":
         level = LevelResult(names=[])
         names = layer_names(model, granularity)
-        for i in range(0, len(names), FLAT_CHUNK):  # a chunk at a time: memory bounded however many layers
-            part = evaluate(reference, target, model, inputs, names[i:i + FLAT_CHUNK], rtol, mode)
+        chunk = FLAT_CHUNK if mode != "propagated" else 4 * FLAT_CHUNK  # outputs only: four times the layers
+        for i in range(0, len(names), chunk):  # a chunk at a time: memory bounded however many layers
+            part = evaluate(reference, target, model, inputs, names[i:i + chunk], rtol, mode)
             level.names += part.names
             level.shared += part.shared
             level.local.update(part.local)
