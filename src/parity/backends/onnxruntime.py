@@ -30,11 +30,12 @@ class OnnxRuntimeOptions(BaseModel):
     threads: int | None = Field(default=None, ge=1)
 
 
-def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, opset: int | None, optimize: bool = True) -> None:
+def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, opset: int | None, optimize: bool = True,
+                external_data: bool = False) -> None:
     """Export with the dynamo exporter (its progress messages are kept off the console)."""
     with contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
         torch.onnx.export(model, example.args, str(path), kwargs=example.kwargs or None, dynamo=True,
-                          opset_version=opset, external_data=False, verbose=False, optimize=optimize)
+                          opset_version=opset, external_data=external_data, verbose=False, optimize=optimize)
 
 
 class OnnxRuntimeBackend(Backend):
@@ -55,13 +56,13 @@ class OnnxRuntimeBackend(Backend):
             return cuda_reason(spec.device)
         return None
 
-    def prepare(self, model: torch.nn.Module, example: Inputs, optimize: bool = True) -> None:
+    def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
 
         self._tmp = tempfile.TemporaryDirectory(prefix="parity-onnx-")
         self._path = path = Path(self._tmp.name) / "model.onnx"
         model, example = model.to(self.dtype), example.to("cpu", self.dtype)
         self.outputs = OutputSpec(model, example)
-        export_onnx(model, example, path, self.options.opset, optimize)
+        export_onnx(model, example, path, self.options.opset)
         self._open_session(path)
 
     def _open_session(self, path: Path) -> None:
@@ -97,14 +98,18 @@ class OnnxRuntimeBackend(Backend):
         (an Identity, a Dropout in eval mode) is reported, not guessed."""
         import onnx
 
-        self.prepare(model, example, optimize=False)
-        graph_model = onnx.load(self._path)
+        self._tmp = tempfile.TemporaryDirectory(prefix="parity-onnx-")
+        exported = Path(self._tmp.name) / "model.onnx"
+        model, example = model.to(self.dtype), example.to("cpu", self.dtype)
+        # Weights go to a side file and stay there: the graph is edited (and shape-inferred) without them.
+        export_onnx(model, example, exported, self.options.opset, optimize=False, external_data=True)
+        graph_model = onnx.load(str(exported), load_external_data=False)
         boundary = module_boundaries(graph_model.graph, names)
         wanted = sorted({v for values in boundary.values() if isinstance(values, list) for v in values})
-        self.session = None
         add_outputs(graph_model, wanted)
-        path = Path(self._tmp.name) / "observed.onnx"
+        path = Path(self._tmp.name) / "observed.onnx"  # beside the weights file it refers to
         onnx.save(graph_model, str(path))
+        del graph_model
         self._open_session(path)
         tensors = example.to("cpu", self.dtype).tensors()
         feed = {name: t.contiguous().numpy() for name, t in zip(self.input_names, tensors, strict=True)}
