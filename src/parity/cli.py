@@ -221,23 +221,23 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("files", nargs="+", metavar="FILE")
     validate.set_defaults(func=cmd_validate)
 
-    loc = sub.add_parser("localize", help="find the layer where a target starts to differ (tier 2)")
-    loc.add_argument("file", metavar="FILE")
-    loc.add_argument("--model", help="model name (default: the only one)")
-    loc.add_argument("--target", help="target id, e.g. compile-cpu (default: the only one)")
-    loc.add_argument("--inputs", help="input set (default: the model's first)")
+    def one_check_parser(name: str, help_text: str, target_help: str, record: str, func) -> argparse.ArgumentParser:
+        """A verb about one model x target x input set of an experiment."""
+        verb = sub.add_parser(name, help=help_text)
+        verb.add_argument("file", metavar="FILE")
+        verb.add_argument("--model", help="model name (default: the only one)")
+        verb.add_argument("--target", help=f"{target_help} (default: the only one)")
+        verb.add_argument("--inputs", help="input set (default: the model's first)")
+        verb.add_argument("--out", metavar="DIR", help=f"also write DIR/records.jsonl with the {record} record")
+        verb.set_defaults(func=func)
+        return verb
+
+    loc = one_check_parser("localize", "find the layer where a target starts to differ (tier 2)",
+                           "target id, e.g. compile-cpu", "layers", cmd_localize)
     loc.add_argument("--granularity", help="blocks (default, hierarchical) | leaf | depth:N | name,name,...")
     loc.add_argument("--mode", choices=["local", "propagated", "both"])
-    loc.add_argument("--out", metavar="DIR", help="also write DIR/records.jsonl with the layers record")
-    loc.set_defaults(func=cmd_localize)
-
-    fb = sub.add_parser("fallback", help="find modules to run eager or in float32 so that a target passes")
-    fb.add_argument("file", metavar="FILE")
-    fb.add_argument("--model", help="model name (default: the only one)")
-    fb.add_argument("--target", help="a compile, bfloat16 or float16 target id (default: the only one)")
-    fb.add_argument("--inputs", help="input set (default: the model's first)")
-    fb.add_argument("--out", metavar="DIR", help="also write DIR/records.jsonl with the fallback record")
-    fb.set_defaults(func=cmd_fallback)
+    one_check_parser("fallback", "find modules to run eager or in float32 so that a target passes",
+                     "a compile, bfloat16 or float16 target id", "fallback", cmd_fallback)
 
     backends = sub.add_parser("backends", help="list every backend and whether it can run here")
     backends.set_defaults(func=cmd_backends)
