@@ -65,7 +65,7 @@ def test_a_found_set_is_applied_from_the_experiment_file_and_on_the_command_line
     assert "already passes" in capsys.readouterr().out
     data["tolerances"] = {"atol": [1e-9], "gate": 1e-9}
     data["targets"] = [{"backend": "eager", "dtype": "bfloat16"},
-                       {"backend": "eager", "dtype": "bfloat16", "name": "islands", "fallback": ["conv", "bn", "head"]}]
+                       {"backend": "eager", "dtype": "bfloat16", "name": "islands", "fallback": ["conv", "tiny:bn", "other:x", "head"]}]
     checks = {r["target"]: r for r in run_experiment(data, out=tmp_path / "run") if r["kind"] == "check"}
     assert checks["islands"]["max_abs"] < checks["eager-cpu-bfloat16"]["max_abs"]
 

@@ -121,7 +121,7 @@ def _write_records(out: str | None, exp, kind: str, record: dict) -> None:
 
 def cmd_localize(args: argparse.Namespace) -> int:
     """Localize one model x target without running the whole experiment; print the per-layer tables."""
-    from parity.adapters.fallback import apply_fallback
+    from parity.adapters.fallback import apply_fallback, fallback_for
     from parity.inputs import build_inputs
     from parity.report.console import render_layers
     from parity.runner.local import prepared_model
@@ -130,8 +130,9 @@ def cmd_localize(args: argparse.Namespace) -> int:
 
     exp, model_spec, target, input_spec = _one_check(args)
     model, _ = prepared_model(model_spec, exp)
-    if target.fallback:
-        model = apply_fallback(model, target.fallback, target)
+    islands = fallback_for(target, model_spec.name)
+    if islands:  # localize the target as it runs
+        model = apply_fallback(model, islands, target)
     job = Job(model_spec, input_spec, exp.reference, None, (target,), 1)
     record = localize_check(job, target, model, build_inputs(input_spec, exp, model_spec.batch_mode), exp)
     render_layers(record, _console())
@@ -171,7 +172,8 @@ def cmd_fallback(args: argparse.Namespace) -> int:
         ratio = record["latency_ratio"]
         console.print(escape(f"fallback: [{', '.join(result.modules)}]; median latency {result.latency_before_s * 1e3:.2f} ms "
                              f"-> {result.latency_after_s * 1e3:.2f} ms ({ratio:.2f}x)"))
-        console.print(escape(f"apply it: in the target's entry, fallback: [{', '.join(result.modules)}]"))
+        qualified = ", ".join(f"{model_spec.name}:{m}" for m in result.modules)
+        console.print(escape(f"apply it: in the target's entry, fallback: [{qualified}]"))
     else:
         console.print("[red]no fallback among the localized layers makes the check pass[/red]")
     _write_records(args.out, exp, "fallback", record)

@@ -57,6 +57,17 @@ class EagerIsland(torch.nn.Module):
         return self.inner(*args, **kwargs)
 
 
+def fallback_for(spec: BackendSpec, model_name: str) -> list[str]:
+    """The modules of `model_name` a target runs outside its fast path: entries `model:module` apply to
+    that model only, plain `module` entries to every model the target runs."""
+    out = []
+    for entry in spec.fallback:
+        owner, sep, module = entry.rpartition(":")
+        if not sep or owner == model_name:
+            out.append(module)
+    return out
+
+
 def fallback_kind(spec: BackendSpec) -> str:
     if spec.dtype in REDUCED:
         return "float32"

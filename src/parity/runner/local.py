@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.adapters import apply_adapters
-from parity.adapters.fallback import apply_fallback
+from parity.adapters.fallback import apply_fallback, fallback_for
 from parity.config.schema import Experiment
 from parity.errors import ParityError
 from parity.inputs import build_inputs
@@ -77,7 +77,8 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
 
     def as_configured(spec):
         """The model as this target runs it: with its fallback modules, when it has some."""
-        return apply_fallback(model, spec.fallback, spec) if spec.fallback else model
+        names = fallback_for(spec, job.model.name)
+        return apply_fallback(model, names, spec) if names else model
 
     def run(spec) -> Execution:
         progress.describe(f"{job.model.name} / {job.inputs.name} / {spec.id}")
@@ -137,7 +138,7 @@ def prepared_model(spec, exp) -> tuple:
     notes = apply_adapters(model, exp.adapters, exp)
     known = {n for n, _ in model.named_modules()}
     for target in exp.targets:
-        for name in target.fallback:
+        for name in fallback_for(target, spec.name):
             if name not in known:
                 from parity.errors import did_you_mean
 
