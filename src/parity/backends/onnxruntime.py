@@ -79,12 +79,16 @@ class OnnxRuntimeBackend(Backend):
         self.session = ort.InferenceSession(str(path), opts, providers=providers)
         self.input_names = [i.name for i in self.session.get_inputs()]
 
-    def run(self, inputs: Inputs):
+    def _feed(self, inputs: Inputs) -> dict:
+        """The session's inputs: the flattened input tensors, by the graph's input names."""
         tensors = inputs.to("cpu", self.dtype).tensors()
         if len(tensors) != len(self.input_names):
             raise RuntimeError(f"the ONNX graph takes {len(self.input_names)} inputs, got {len(tensors)} tensors")
-        feed = {name: t.contiguous().numpy() for name, t in zip(self.input_names, tensors, strict=True)}
-        return self.outputs.rebuild([torch.from_numpy(a) for a in self.session.run(None, feed)], "the ONNX graph")
+        return {name: t.contiguous().numpy() for name, t in zip(self.input_names, tensors, strict=True)}
+
+    def run(self, inputs: Inputs):
+        outputs = self.session.run(None, self._feed(inputs))
+        return self.outputs.rebuild([torch.from_numpy(a) for a in outputs], "the ONNX graph")
 
     def capture_layers(self, model: torch.nn.Module, example: Inputs, names: list[str]) -> dict[str, list | str]:
         """Each named module's output inside one run of the exported graph, or why it cannot be seen.
@@ -111,9 +115,7 @@ class OnnxRuntimeBackend(Backend):
         onnx.save(graph_model, str(path))
         del graph_model
         self._open_session(path)
-        tensors = example.to("cpu", self.dtype).tensors()
-        feed = {name: t.contiguous().numpy() for name, t in zip(self.input_names, tensors, strict=True)}
-        values = dict(zip(wanted, self.session.run(wanted, feed), strict=True)) if wanted else {}
+        values = dict(zip(wanted, self.session.run(wanted, self._feed(example)), strict=True)) if wanted else {}
         return {name: ([torch.from_numpy(values[v]) for v in found] if isinstance(found, list) else found)
                 for name, found in boundary.items()}
 

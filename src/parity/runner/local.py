@@ -15,7 +15,7 @@ from typing import Any
 from parity.adapters import apply_adapters
 from parity.adapters.fallback import apply_fallback, fallback_for
 from parity.config.schema import Experiment
-from parity.errors import ParityError
+from parity.errors import ParityError, did_you_mean
 from parity.inputs import build_inputs
 from parity.models import build_model
 from parity.records import RecordWriter, environment
@@ -140,8 +140,6 @@ def prepared_model(spec, exp) -> tuple:
     for target in exp.targets:
         for name in fallback_for(target, spec.name):
             if name not in known:
-                from parity.errors import did_you_mean
-
                 raise ParityError(f"target {target.id}: fallback names '{name}', which model '{spec.name}' does not "
                                   f"have{did_you_mean(name, sorted(known))}")
     return model, notes

@@ -2,8 +2,9 @@
 then inside the worst block, down to a leaf, so a deep model needs a few small runs per level rather
 than every layer compiled separately.
 
-A block whose children all have much smaller own errors than itself is the culprit *in its own code*
-(the additions and reshapes between its submodules), and the descent stops there.
+At every level the parent's own code (the additions and reshapes between its submodules, measured with
+the submodules replayed from the reference) competes with its submodules; when it is the worst, the
+parent is the culprit *in its own code* and the descent stops there.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 
 from parity.config.schema import BackendSpec
-from parity.errors import ParityError
+from parity.errors import ParityError, did_you_mean
 from parity.inputs import Inputs
 from parity.verify.activations import (
     LayerError,
@@ -50,8 +51,6 @@ def children(model: torch.nn.Module, parent: str) -> list[str]:
 
 def layer_names(model: torch.nn.Module, granularity: str | list[str]) -> list[str]:
     """The layers of a flat (one-level) comparison: `leaf`, `depth:N`, or explicit module names."""
-    from parity.errors import ParityError, did_you_mean
-
     named = [n for n, _ in model.named_modules(remove_duplicate=False) if n]
     if isinstance(granularity, list):
         unknown = [n for n in granularity if n not in named]
@@ -65,10 +64,6 @@ def layer_names(model: torch.nn.Module, granularity: str | list[str]) -> list[st
     if depth > deepest:
         raise ParityError(f"granularity depth:{depth}: the model's modules go {deepest} level(s) deep")
     return [n for n in named if n.count(".") + 1 == depth]
-
-
-def _rank_key(e: LayerError) -> float:
-    return -1.0 if e.error else e.rel_rmse
 
 
 def evaluate(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module, inputs: Inputs,
@@ -181,7 +176,7 @@ def _ranked(level: LevelResult) -> list[LayerError]:
     """By own (local) error; in propagated mode alone, by how much the error grows at each layer over the
     largest before it (an error carried on from an earlier layer does not make a layer a suspect)."""
     if level.local:
-        return sorted((e for e in level.local.values() if not e.error), key=_rank_key, reverse=True)
+        return sorted((e for e in level.local.values() if not e.error), key=lambda e: e.rel_rmse, reverse=True)
     growth, largest = {}, 0.0
     for name in level.names:
         e = level.propagated.get(name)
