@@ -76,6 +76,7 @@ def test_every_problem_is_reported_at_once(write_yaml):
         ({"targets": []}, "targets"),
         ({"repeats": 0}, "repeats"),
         ({"tolerances": {"atol": [-1.0]}}, "tolerances must be >= 0"),
+        ({"targets": [{"backend": "onnxruntime", "fallback": ["conv"]}]}, "targets[0].fallback: target onnxruntime-cpu: fallback applies"),
     ],
 )
 def test_bad_values_are_named(write_yaml, change, expected):

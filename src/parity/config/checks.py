@@ -40,8 +40,13 @@ def backend_problems(spec: BackendSpec, path: tuple) -> list[Problem]:
     problem = cls.spec_problem(spec)
     if problem:
         out.append((path, problem))
-    if spec.fallback and not (spec.dtype in ("bfloat16", "float16") or spec.backend == "compile"):
-        out.append((path + ("fallback",), "fallback applies to compile targets and to bfloat16/float16 targets"))
+    if spec.fallback:
+        from parity.adapters.fallback import fallback_kind
+
+        try:
+            fallback_kind(spec)
+        except ParityError as exc:
+            out.append((path + ("fallback",), exc.problems[0]))
     try:
         cls.Options.model_validate(spec.options)
     except ValidationError as exc:
