@@ -49,12 +49,21 @@ class EagerIsland(torch.nn.Module):
     """Runs a module, hooks included, outside torch.compile: dynamo breaks the graph around it."""
 
     def __init__(self, module: torch.nn.Module):
+        global _call_outside_compile
         super().__init__()
         self.inner = module
+        if _call_outside_compile is None:  # made here, not on import: torch.compiler.disable imports dynamo (~2 s)
+            _call_outside_compile = torch.compiler.disable(_call)
 
-    @torch.compiler.disable
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.inner(*args, **kwargs)
+        return _call_outside_compile(self.inner, *args, **kwargs)
+
+
+def _call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    return module(*args, **kwargs)
+
+
+_call_outside_compile = None
 
 
 def fallback_for(spec: BackendSpec, model_name: str) -> list[str]:

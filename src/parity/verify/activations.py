@@ -23,7 +23,7 @@ from parity.backends import backend_class
 from parity.config.schema import BackendSpec
 from parity.inputs import Inputs
 from parity.outputs import flatten, map_tensors
-from parity.verify.tensors import tensor_stats
+from parity.verify.tensors import error_stats
 
 EPS = 1e-12
 
@@ -85,8 +85,7 @@ def layer_error(name: str, reference: Any, target: Any, rtol: float) -> LayerErr
     if shapes(ref_leaves) != shapes(tgt_leaves):
         return LayerError(name, required_atol=None, error=f"outputs differ in structure or shape: {shapes(tgt_leaves)} vs {shapes(ref_leaves)}")
     r, t = _floats(reference), _floats(target)
-    stats = tensor_stats(r, t, rtol, gate=math.inf)
-    ref_energy = float(r[torch.isfinite(r)].square().sum())
+    stats, ref_energy = error_stats(r, t, rtol, gate=math.inf, full=False)
     noise = stats["rmse"] ** 2 * max(r.numel(), 1)
     rms = math.sqrt(ref_energy / max(r.numel(), 1))
     return LayerError(

@@ -48,41 +48,54 @@ def _kind(t: torch.Tensor) -> str:
     return "float" if (t.is_floating_point() or t.is_complex()) else str(t.dtype)
 
 
-def tensor_stats(ref: torch.Tensor, tgt: torch.Tensor, rtol: float, gate: float) -> dict[str, Any]:
-    """Error statistics of two same-shape tensors; non-finite values must match in place and kind."""
+def error_stats(ref: torch.Tensor, tgt: torch.Tensor, rtol: float, gate: float,
+                full: bool = True) -> tuple[dict[str, Any], float]:
+    """tensor_stats, and the energy (sum of squares) of the reference's finite values, which tier 2's
+    SQNR needs. Tier 2 runs this on every layer of a model, so it is lean: finite energies prove that
+    every value is finite (the masks below, the costliest part, are for the rare tensor with NaN/Inf),
+    and `full=False` leaves out what tier 2 does not use (max_rel, mean_abs, mismatch_fraction)."""
     r, t = _as_float(ref).flatten(), _as_float(tgt).flatten()
     n = r.numel()
-    if n == 0:
-        return {"max_abs": 0.0, "max_rel": 0.0, "mean_abs": 0.0, "rmse": 0.0, "cosine": 1.0,
-                "mismatch_fraction": 0.0, "required_atol": 0.0, "nonfinite": 0}
-    fin_r, fin_t = torch.isfinite(r), torch.isfinite(t)
-    same_special = (torch.isnan(r) & torch.isnan(t)) | (~fin_r & ~fin_t & (r == t))
-    bad_special = (~fin_r | ~fin_t) & ~same_special
-    both = fin_r & fin_t
-    r_f, t_f = r[both], t[both]
-    diff = (t_f - r_f).abs()
-    abs_r = r_f.abs()
-    excess = diff - rtol * abs_r
-    nonzero = abs_r > 0
-    n_bad = int(bad_special.sum())
-    stats = {
-        "max_abs": float(diff.max()) if diff.numel() else 0.0,
-        "max_rel": float((diff[nonzero] / abs_r[nonzero]).max()) if bool(nonzero.any()) else 0.0,
-        "mean_abs": float(diff.mean()) if diff.numel() else 0.0,
-        "rmse": float(diff.square().mean().sqrt()) if diff.numel() else 0.0,
-        "cosine": _cosine(r_f, t_f),
-        "mismatch_fraction": (int((excess > gate).sum()) + n_bad) / n,
-        "required_atol": None if n_bad else max(float(excess.max()) if excess.numel() else 0.0, 0.0),
-        "nonfinite": n_bad,
-    }
-    return stats
+    n_bad = 0
+    ref_energy, tgt_energy = float(torch.dot(r, r)), float(torch.dot(t, t))
+    if not (math.isfinite(ref_energy) and math.isfinite(tgt_energy)):
+        fin_r, fin_t = torch.isfinite(r), torch.isfinite(t)
+        same_special = (torch.isnan(r) & torch.isnan(t)) | (~fin_r & ~fin_t & (r == t))
+        n_bad = int(((~fin_r | ~fin_t) & ~same_special).sum())
+        both = fin_r & fin_t
+        r, t = r[both], t[both]
+        ref_energy, tgt_energy = float(torch.dot(r, r)), float(torch.dot(t, t))
+    stats: dict[str, Any] = {"max_abs": 0.0, "rmse": 0.0, "cosine": 1.0, "required_atol": None if n_bad else 0.0,
+                             "nonfinite": n_bad}
+    if full:
+        stats.update(max_rel=0.0, mean_abs=0.0, mismatch_fraction=n_bad / n if n else 0.0)
+    if r.numel() == 0:
+        return stats, 0.0
+    diff = t.sub(r).abs_()
+    abs_r = r.abs()
+    excess = diff.sub(abs_r, alpha=rtol)
+    stats.update(
+        max_abs=float(diff.max()),
+        rmse=math.sqrt(float(torch.dot(diff, diff)) / diff.numel()),
+        cosine=_cosine(float(torch.dot(r, t)), ref_energy, tgt_energy),
+        required_atol=None if n_bad else max(float(excess.max()), 0.0),
+    )
+    if full:
+        mean_abs, mismatches = float(diff.mean()), int((excess > gate).sum())
+        rel = diff.div_(abs_r).masked_fill_(abs_r == 0, 0.0)  # x/0 and 0/0 are no relative errors
+        stats.update(max_rel=float(rel.max()), mean_abs=mean_abs, mismatch_fraction=(mismatches + n_bad) / n)
+    return stats, ref_energy
 
 
-def _cosine(r: torch.Tensor, t: torch.Tensor) -> float:
-    nr, nt = float(r.norm()), float(t.norm())
-    if nr == 0 or nt == 0:
-        return 1.0 if nr == nt else 0.0
-    return float(torch.dot(r, t) / (nr * nt))
+def tensor_stats(ref: torch.Tensor, tgt: torch.Tensor, rtol: float, gate: float) -> dict[str, Any]:
+    """Error statistics of two same-shape tensors; non-finite values must match in place and kind."""
+    return error_stats(ref, tgt, rtol, gate)[0]
+
+
+def _cosine(dot: float, ref_energy: float, tgt_energy: float) -> float:
+    if ref_energy == 0 or tgt_energy == 0:
+        return 1.0 if ref_energy == tgt_energy else 0.0
+    return dot / math.sqrt(ref_energy * tgt_energy)
 
 
 def _rmse(a: torch.Tensor, b: torch.Tensor) -> float:
