@@ -96,3 +96,27 @@ def test_oracle_tells_who_is_wrong():
     assert verdict["target_worse"] and verdict["target_rmse"] > verdict["reference_rmse"]
     verdict = oracle_verdict(compare(reference, close_target, 0, 1e-4, oracle), 2.0, 1e-8)
     assert not verdict["target_worse"]
+
+
+def test_statistics_of_a_tensor_larger_than_a_chunk_equal_the_whole_tensor_formulas():
+    """error_stats works a chunk at a time; what it adds up must be what one pass over the whole gives,
+    a NaN in a later chunk included."""
+    from parity.verify.tensors import CHUNK, error_stats
+
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(2 * CHUNK + 123, generator=g, dtype=torch.float64)
+    tgt = ref + 1e-3 * torch.randn(ref.shape, generator=g, dtype=torch.float64)
+    tgt[CHUNK + 5] = float("nan")
+    stats, energy = error_stats(ref.float(), tgt.float(), rtol=1e-2, gate=1e-3)
+    r, t = ref.float().double(), tgt.float().double()
+    keep = torch.isfinite(t)
+    d = (t - r)[keep].abs()
+    assert stats["nonfinite"] == 1 and stats["required_atol"] is None
+    assert stats["max_abs"] == pytest.approx(float(d.max()), rel=1e-12)
+    assert stats["rmse"] == pytest.approx(float(d.square().mean().sqrt()), rel=1e-9)
+    assert stats["mean_abs"] == pytest.approx(float(d.mean()), rel=1e-9)
+    assert energy == pytest.approx(float(r[keep].square().sum()), rel=1e-9)
+    beyond = int((d - 1e-2 * r[keep].abs() > 1e-3).sum())
+    assert stats["mismatch_fraction"] == pytest.approx((beyond + 1) / r.numel())
+    clean, _ = error_stats(ref.float(), torch.where(keep, tgt, ref).float(), rtol=1e-2, gate=1e-3)
+    assert clean["required_atol"] == pytest.approx(float((d - 1e-2 * r[keep].abs()).max()), rel=1e-9)

@@ -72,11 +72,14 @@ def _to_cpu(obj: Any) -> Any:
 
 
 def _floats(obj: Any) -> torch.Tensor:
-    """Every tensor leaf of an output, flattened into one float64 vector."""
-    leaves = [v for v in flatten(obj).values() if isinstance(v, torch.Tensor)]
+    """Every tensor leaf of an output as one flat vector: a view of a single leaf (error_stats converts
+    it a chunk at a time), one float64 vector of several."""
+    leaves = [v.detach() for v in flatten(obj).values() if isinstance(v, torch.Tensor)]
     if not leaves:
         return torch.zeros(0, dtype=torch.float64)
-    return torch.cat([leaf.detach().to("cpu", torch.float64).flatten() for leaf in leaves])
+    if len(leaves) == 1 and not leaves[0].is_complex():
+        return leaves[0].reshape(-1)
+    return torch.cat([leaf.to("cpu", torch.float64).flatten() for leaf in leaves])
 
 
 def layer_error(name: str, reference: Any, target: Any, rtol: float) -> LayerError:
@@ -170,7 +173,7 @@ def _observed(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, names: 
         return {name: [c.output for c in calls] for name, calls in capture(spec, model, inputs, names, with_inputs=False).items()}
     backend = cls(spec)
     try:
-        return backend.capture_layers(copy.deepcopy(model), inputs.clone(), names)
+        return backend.capture_layers(model, inputs.clone(), names)  # it copies what it changes
     finally:
         backend.close()
 

@@ -48,42 +48,60 @@ def _kind(t: torch.Tensor) -> str:
     return "float" if (t.is_floating_point() or t.is_complex()) else str(t.dtype)
 
 
+CHUNK = 1 << 18  # elements compared at a time: the float64 temporaries stay a few MB however large a tensor is
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    return (torch.view_as_real(t) if t.is_complex() else t).reshape(-1)
+
+
 def error_stats(ref: torch.Tensor, tgt: torch.Tensor, rtol: float, gate: float,
                 full: bool = True) -> tuple[dict[str, Any], float]:
     """tensor_stats, and the energy (sum of squares) of the reference's finite values, which tier 2's
-    SQNR needs. Tier 2 runs this on every layer of a model, so it is lean: finite energies prove that
-    every value is finite (the masks below, the costliest part, are for the rare tensor with NaN/Inf),
-    and `full=False` leaves out what tier 2 does not use (max_rel, mean_abs, mismatch_fraction)."""
-    r, t = _as_float(ref).flatten(), _as_float(tgt).flatten()
-    n = r.numel()
-    n_bad = 0
-    ref_energy, tgt_energy = float(torch.dot(r, r)), float(torch.dot(t, t))
-    if not (math.isfinite(ref_energy) and math.isfinite(tgt_energy)):
-        fin_r, fin_t = torch.isfinite(r), torch.isfinite(t)
-        same_special = (torch.isnan(r) & torch.isnan(t)) | (~fin_r & ~fin_t & (r == t))
-        n_bad = int(((~fin_r | ~fin_t) & ~same_special).sum())
-        both = fin_r & fin_t
-        r, t = r[both], t[both]
-        ref_energy, tgt_energy = float(torch.dot(r, r)), float(torch.dot(t, t))
-    stats: dict[str, Any] = {"max_abs": 0.0, "rmse": 0.0, "cosine": 1.0, "required_atol": None if n_bad else 0.0,
-                             "nonfinite": n_bad}
+    SQNR needs. Tier 2 runs this on every layer of a model while holding two runs' activations, so it
+    is lean: float64 a chunk at a time, finite energies prove that a chunk's values are all finite (the
+    masks, the costliest part, are for the rare chunk with NaN/Inf), and `full=False` leaves out what
+    tier 2 does not use (max_rel, mean_abs, mismatch_fraction)."""
+    r_all, t_all = _flat(ref), _flat(tgt)
+    n = r_all.numel()
+    n_bad = compared = mismatches = 0
+    max_abs = sq_diff = dot = ref_energy = tgt_energy = abs_sum = max_rel = 0.0
+    max_excess = -math.inf
+    for start in range(0, n, CHUNK):
+        r = r_all[start:start + CHUNK].to("cpu", torch.float64)
+        t = t_all[start:start + CHUNK].to("cpu", torch.float64)
+        r_e, t_e = float(torch.dot(r, r)), float(torch.dot(t, t))
+        if not (math.isfinite(r_e) and math.isfinite(t_e)):
+            fin_r, fin_t = torch.isfinite(r), torch.isfinite(t)
+            same_special = (torch.isnan(r) & torch.isnan(t)) | (~fin_r & ~fin_t & (r == t))
+            n_bad += int(((~fin_r | ~fin_t) & ~same_special).sum())
+            both = fin_r & fin_t
+            r, t = r[both], t[both]
+            r_e, t_e = float(torch.dot(r, r)), float(torch.dot(t, t))
+        if r.numel() == 0:
+            continue
+        diff = t.sub(r).abs_()
+        abs_r = r.abs()
+        excess = diff.sub(abs_r, alpha=rtol)
+        compared += r.numel()
+        ref_energy, tgt_energy, dot = ref_energy + r_e, tgt_energy + t_e, dot + float(torch.dot(r, t))
+        max_abs, sq_diff = max(max_abs, float(diff.max())), sq_diff + float(torch.dot(diff, diff))
+        max_excess = max(max_excess, float(excess.max()))
+        if full:
+            abs_sum, mismatches = abs_sum + float(diff.sum()), mismatches + int((excess > gate).sum())
+            rel = diff.div_(abs_r).masked_fill_(abs_r == 0, 0.0)  # x/0 and 0/0 are no relative errors
+            max_rel = max(max_rel, float(rel.max()))
+    stats: dict[str, Any] = {
+        "max_abs": max_abs,
+        "rmse": math.sqrt(sq_diff / compared) if compared else 0.0,
+        "cosine": _cosine(dot, ref_energy, tgt_energy),
+        "required_atol": None if n_bad else max(max_excess, 0.0),
+        "nonfinite": n_bad,
+    }
     if full:
-        stats.update(max_rel=0.0, mean_abs=0.0, mismatch_fraction=n_bad / n if n else 0.0)
-    if r.numel() == 0:
-        return stats, 0.0
-    diff = t.sub(r).abs_()
-    abs_r = r.abs()
-    excess = diff.sub(abs_r, alpha=rtol)
-    stats.update(
-        max_abs=float(diff.max()),
-        rmse=math.sqrt(float(torch.dot(diff, diff)) / diff.numel()),
-        cosine=_cosine(float(torch.dot(r, t)), ref_energy, tgt_energy),
-        required_atol=None if n_bad else max(float(excess.max()), 0.0),
-    )
-    if full:
-        mean_abs, mismatches = float(diff.mean()), int((excess > gate).sum())
-        rel = diff.div_(abs_r).masked_fill_(abs_r == 0, 0.0)  # x/0 and 0/0 are no relative errors
-        stats.update(max_rel=float(rel.max()), mean_abs=mean_abs, mismatch_fraction=(mismatches + n_bad) / n)
+        stats.update(max_rel=max_rel, mean_abs=abs_sum / compared if compared else 0.0,
+                     mismatch_fraction=(mismatches + n_bad) / n if n else 0.0)
     return stats, ref_energy
 
 
