@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -8,6 +9,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+# The artifact cache is off in tests (a test that needs it names its own --cache-dir): a stale export from
+# another test would hide what the test means to exercise, and tests write nothing to the home folder.
+os.environ["PARITY_CACHE_DIR"] = "off"
 if str(ROOT) not in sys.path:  # makes `tests.fixtures.tiny` importable as a model entry and backend plugin
     sys.path.insert(0, str(ROOT))
 

@@ -8,7 +8,9 @@ own structure, so that the verifier flattens every backend's outputs the same wa
 from __future__ import annotations
 
 import contextlib
+import tempfile
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -55,7 +57,33 @@ class Backend(ABC):
         """Outputs for `inputs`, on the CPU."""
 
     def close(self) -> None:
-        """Release what `prepare` made (sessions, compiled graphs, temporary files)."""
+        """Release what `prepare` made (sessions, compiled graphs, temporary files). Subclasses that
+        override it call it too."""
+        scratch = getattr(self, "_scratch", None)
+        if scratch is not None:
+            scratch.cleanup()
+            self._scratch = None
+
+    # Whether `prepare` found its artifact in the cache (None: this backend caches nothing).
+    cache_hit: bool | None = None
+
+    def artifact(self, kind: str, model: torch.nn.Module, example: Inputs, build) -> Path:
+        """A folder holding the artifact `kind` (an exported graph, a traced module) of `model` for inputs
+        like `example`: from the artifact cache when it has it, else made by `build(folder)` (and cached
+        when the model has an identity; see runner/cache.py)."""
+        from parity.runner import cache
+
+        key = cache.artifact_key(kind, model, self.spec, example)
+        if key is not None:
+            folder, hit = cache.fetch_or_build(key, build)
+            self.cache_hit = hit if self.cache_hit is None else self.cache_hit and hit
+            return folder
+        if getattr(self, "_scratch", None) is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix=f"parity-{self.name}-")
+        folder = Path(self._scratch.name) / kind
+        folder.mkdir()
+        build(folder)
+        return folder
 
 
 class OutputSpec:

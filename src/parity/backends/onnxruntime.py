@@ -9,8 +9,9 @@ other backend's. Non-tensor outputs (None) are not in the graph and come from th
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
-import tempfile
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -57,13 +58,11 @@ class OnnxRuntimeBackend(Backend):
         return None
 
     def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
-
-        self._tmp = tempfile.TemporaryDirectory(prefix="parity-onnx-")
-        self._path = path = Path(self._tmp.name) / "model.onnx"
         model, example = model.to(self.dtype), example.to("cpu", self.dtype)
         self.outputs = OutputSpec(model, example)
-        export_onnx(model, example, path, self.options.opset)
-        self._open_session(path)
+        folder = self.artifact("onnx", model, example,
+                               lambda folder: export_onnx(model, example, folder / "model.onnx", self.options.opset))
+        self._open_session(folder / "model.onnx")
 
     def _open_session(self, path: Path) -> None:
         import onnxruntime as ort
@@ -99,30 +98,50 @@ class OnnxRuntimeBackend(Backend):
         optimizer, whose rewrites (folding a convolution into the batch norm after it, cancelling
         transposes across a module's edge) would move or remove module boundaries; ONNX Runtime still
         optimizes the session and keeps every requested output. A module with no value of its own
-        (an Identity, a Dropout in eval mode) is reported, not guessed."""
+        (an Identity, a Dropout in eval mode) is reported, not guessed. `model` is not changed: with the
+        export in the artifact cache, no copy of it is made at all."""
+        import hashlib
+
         import onnx
 
-        self._tmp = tempfile.TemporaryDirectory(prefix="parity-onnx-")
-        exported = Path(self._tmp.name) / "model.onnx"
-        model, example = model.to(self.dtype), example.to("cpu", self.dtype)
-        # Weights go to a side file and stay there: the graph is edited (and shape-inferred) without them.
-        export_onnx(model, example, exported, self.options.opset, optimize=False, external_data=True)
-        graph_model = onnx.load(str(exported), load_external_data=False)
+        example = example.to("cpu", self.dtype)
+
+        def export(folder: Path) -> None:  # a copy is cast and exported: `model` is the caller's
+            # Weights go to a side file and stay there: the graph is edited (and shape-inferred) without them.
+            export_onnx(copy.deepcopy(model).to(self.dtype), example, folder / "model.onnx", self.options.opset,
+                        optimize=False, external_data=True)
+
+        folder = self.artifact("onnx-layers", model, example, export)
+        graph_model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
         boundary = module_boundaries(graph_model.graph, names)
         wanted = sorted({v for values in boundary.values() if isinstance(values, list) for v in values})
         add_outputs(graph_model, wanted)
-        path = Path(self._tmp.name) / "observed.onnx"  # beside the weights file it refers to
-        onnx.save(graph_model, str(path))
+        # Beside the weights file it refers to; named by its outputs, written whole or not at all.
+        path = folder / f"observed-{hashlib.sha256(' '.join(wanted).encode()).hexdigest()[:16]}.onnx"
+        if not path.exists():
+            partial = path.with_suffix(f".{os.getpid()}.partial")
+            onnx.save(graph_model, str(partial))
+            os.replace(partial, path)
         del graph_model
         self._open_session(path)
-        values = dict(zip(wanted, self.session.run(wanted, self._feed(example)), strict=True)) if wanted else {}
-        return {name: ([torch.from_numpy(values[v]) for v in found] if isinstance(found, list) else found)
-                for name, found in boundary.items()}
+        values = dict(zip(wanted, _run_without_copies(self.session, wanted, self._feed(example)), strict=True)) if wanted else {}
+        return {name: ([values[v] for v in found] if isinstance(found, list) else found) for name, found in boundary.items()}
 
     def close(self) -> None:
         self.session = None
-        if getattr(self, "_tmp", None):
-            self._tmp.cleanup()
+        super().close()
+
+
+def _run_without_copies(session, names: list[str], feed: dict) -> list[torch.Tensor]:
+    """The outputs as tensors over ONNX Runtime's own buffers (DLPack), not numpy copies of them: every
+    layer of a model is an output here, and a second copy of them all would double the peak memory."""
+    import onnxruntime as ort
+
+    values = session.run_with_ort_values(names, {k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in feed.items()})
+    try:
+        return [torch.from_dlpack(v) for v in values]
+    except (AttributeError, TypeError, RuntimeError):  # an onnxruntime build without DLPack
+        return [torch.from_numpy(v.numpy()) for v in values]
 
 
 def _scopes(node) -> list[str]:

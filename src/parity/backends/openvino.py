@@ -41,13 +41,22 @@ class OpenVinoBackend(Backend):
 
         self.outputs = OutputSpec(model, example)
         self.keywords = list(example.kwargs)
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # convert_model traces with torch.jit, which warns of its deprecation
-            ov_model = ov.convert_model(model, example_input=example.kwargs or example.tensors())
+        # save_model would store the weights in float16 unless told not to: a precision change of its own.
+        folder = self.artifact("openvino", model, example, lambda folder: ov.save_model(
+            self._convert(model, example), str(folder / "model.xml"), compress_to_fp16=False))
+        ov_model = ov.Core().read_model(str(folder / "model.xml"))
         config = {"INFERENCE_PRECISION_HINT": PRECISION[self.spec.dtype]}
         if self.options.threads:
             config["INFERENCE_NUM_THREADS"] = self.options.threads
         self.compiled = ov.Core().compile_model(ov_model, "CPU", config)
+
+    @staticmethod
+    def _convert(model: torch.nn.Module, example: Inputs):
+        import openvino as ov
+
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # convert_model traces with torch.jit, which warns of its deprecation
+            return ov.convert_model(model, example_input=example.kwargs or example.tensors())
 
     def run(self, inputs: Inputs):
         if self.keywords:  # keyword inputs go by name: their order in the file need not be the signature's
@@ -59,3 +68,4 @@ class OpenVinoBackend(Backend):
 
     def close(self) -> None:
         self.compiled = None
+        super().close()

@@ -24,20 +24,24 @@ class TorchScriptBackend(EagerBackend):
 
     def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
         model = model.to(self.device, self.dtype)
-        example = self.convert(example)
+        example = original = self.convert(example)
+        if example.kwargs and example.args:  # trace takes one or the other: bind the keywords
+            model = _KeywordsBound(model, example.kwargs)
+            example = Inputs(example.args, {})
+        folder = self.artifact("torchscript", model, original,
+                               lambda folder: torch.jit.save(self._trace(model, example), str(folder / "model.pt")))
+        traced = torch.jit.load(str(folder / "model.pt"), map_location=self.device)
+        self.model = traced
+        self.outputs = OutputSpec(model, example)
+
+    def _trace(self, model: torch.nn.Module, example: Inputs) -> torch.jit.ScriptModule:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
-            if example.kwargs and example.args:  # trace takes one or the other: bind the keywords
-                model = _KeywordsBound(model, example.kwargs)
-                example = Inputs(example.args, {})
             if example.kwargs:
                 traced = torch.jit.trace(model, example_kwarg_inputs=example.kwargs, strict=False, check_trace=False)
             else:
                 traced = torch.jit.trace(model, example.args, strict=False, check_trace=False)
-            if self.options.freeze:
-                traced = torch.jit.freeze(traced.eval())
-        self.model = traced
-        self.outputs = OutputSpec(model, example)
+            return torch.jit.freeze(traced.eval()) if self.options.freeze else traced
 
     def run(self, inputs: Inputs):
         """Tracing turns namedtuples into tuples; the eager structure is rebuilt around the tensors."""

@@ -27,6 +27,7 @@ class Execution:
     run_s: list[float] = field(default_factory=list)
     error: str | None = None
     failure_class: str | None = None
+    cached: bool | None = None  # prepare found its export in the artifact cache (None: nothing to cache)
 
     @property
     def ok(self) -> bool:
@@ -67,6 +68,7 @@ def execute(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, repeats: 
         start = time.perf_counter()
         backend.prepare(copy.deepcopy(model), inputs.clone())
         result.prepare_s = time.perf_counter() - start
+        result.cached = backend.cache_hit
         for repeat in range(repeats):
             fresh = inputs.clone()  # a model that writes into its input must not change the next run's
             start = time.perf_counter()

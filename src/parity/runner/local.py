@@ -19,6 +19,7 @@ from parity.errors import ParityError, did_you_mean
 from parity.inputs import build_inputs
 from parity.models import build_model
 from parity.records import RecordWriter, environment
+from parity.runner import cache
 from parity.runner.execute import Execution, execute
 from parity.runner.plan import Job, plan
 from parity.verify.checks import repeat_spread, tier1_check
@@ -61,10 +62,10 @@ def _record_execution(writer: RecordWriter, job: Job, ex: Execution, repeat: int
                               "device": ex.backend.device, "dtype": ex.backend.dtype}
     if repeat is None:  # a failure or an unavailable backend: one record for the whole execution
         writer.write("execution", **fields, repeat=0, status=ex.status, prepare_s=ex.prepare_s, run_s=None,
-                     error=ex.error, failure_class=ex.failure_class)
+                     error=ex.error, failure_class=ex.failure_class, cached=ex.cached)
     else:
         writer.write("execution", **fields, repeat=repeat, status="ok", prepare_s=ex.prepare_s if repeat == 0 else 0.0,
-                     run_s=ex.run_s[repeat], error=None, failure_class=None)
+                     run_s=ex.run_s[repeat], error=None, failure_class=None, cached=ex.cached)
 
 
 def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _Progress) -> None:
@@ -123,8 +124,9 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True) -> 
                 model, notes = prepared_model(model_spec, exp)
                 writer.write("model", model=model_spec.name, parameters=sum(p.numel() for p in model.parameters()),
                              build_s=time.perf_counter() - start, adapters=notes)
-                for job in (j for j in jobs if j.model is model_spec):
-                    _run_job(job, model, exp, writer, bar)
+                with model_identity(model_spec, exp):
+                    for job in (j for j in jobs if j.model is model_spec):
+                        _run_job(job, model, exp, writer, bar)
                 del model
         records = writer.records
     write_summary(summarize(records), out_dir / "summary.json")
@@ -143,6 +145,11 @@ def prepared_model(spec, exp) -> tuple:
                 raise ParityError(f"target {target.id}: fallback names '{name}', which model '{spec.name}' does not "
                                   f"have{did_you_mean(name, sorted(known))}")
     return model, notes
+
+
+def model_identity(spec, exp):
+    """Exports of this model may be cached (runner/cache.py): what the experiment says it is."""
+    return cache.model_identity(spec.model_dump(mode="json"), [a.model_dump(mode="json") for a in exp.adapters])
 
 
 def build_model_or_explain(spec, exp):
