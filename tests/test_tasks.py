@@ -121,6 +121,9 @@ def test_detections_in_another_order_fail_tier1_as_ordering_and_agree_in_tier3(t
     assert checks[(3, "shuffled")]["passed"] and checks[(3, "shuffled")]["same_set"]
     assert checks[(1, "perturbed")]["failure_class"] == "numeric_drift"  # other numbers, not another order
     assert not checks[(3, "perturbed")]["same_set"]
+    pictures = checks[(3, "shuffled")]["pictures"]  # what a report draws: the files and both sides' boxes
+    assert [image["source"] for image in pictures["images"]] == ["sample:chelsea", "sample:coffee"]
+    assert pictures["target"] == pictures["reference"]  # by score, the same boxes: only their order differed
 
 
 def test_class_scores_among_several_outputs_are_named_not_guessed(tmp_path, capsys):
@@ -150,3 +153,13 @@ def test_fallback_names_are_checked_before_anything_runs(tmp_path):
     with pytest.raises(ParityError, match="target eager-cpu-bfloat16: fallback names 'haed'.*did you mean 'head'"):
         run_experiment(data, out=tmp_path)
     assert [r["kind"] for r in map(__import__("json").loads, (tmp_path / "records.jsonl").read_text().splitlines())] == ["run"]
+
+
+def test_drawable_keeps_the_highest_scores_rounded():
+    from parity.verify.tasks.detection import drawable
+
+    out = [{"boxes": torch.tensor([[0, 0, 1, 1], [2, 2, 3.123456, 3], [4, 4, 5, 5]], dtype=torch.float32),
+            "labels": torch.tensor([1, 2, 3]), "scores": torch.tensor([0.2, 0.9, 0.5])}]
+    [kept] = drawable(out, cap=2)
+    assert kept == {"boxes": [[2.0, 2.0, 3.12, 3.0], [4.0, 4.0, 5.0, 5.0]], "labels": [2, 3], "scores": [0.9, 0.5],
+                    "total": 3}

@@ -28,17 +28,19 @@ def default_out_dir(exp: Experiment) -> Path:
 
 
 def run_experiment(source: str | Path | dict | Experiment, out: str | Path | None = None,
-                   progress: bool = False) -> list[dict[str, Any]]:
+                   progress: bool = False, reports: tuple[str, ...] = ("report.md",)) -> list[dict[str, Any]]:
     """Run an experiment (a YAML path, a dict in the same shape, or an Experiment); write records.jsonl,
-    summary.json and report.md under `out`; return the records."""
-    from parity.report.markdown import write_markdown
-    from parity.report.summary import summarize
+    summary.json and `reports` under `out` (any of report.md, report.html, junit.xml: `parity run` writes
+    all three, `parity.report.REPORT_FILES`; the HTML costs about a second of plotting); return the records."""
     from parity.runner.local import run_experiment_to
 
     exp = _experiment(source)
     out_dir = Path(out) if out is not None else default_out_dir(exp)
     records = run_experiment_to(exp, out_dir, progress=progress)
-    write_markdown(records, summarize(records), out_dir / "report.md")
+    if reports:
+        from parity.report import write_reports
+
+        write_reports(out_dir, records, names=reports)
     return records
 
 

@@ -1,4 +1,5 @@
-"""The command line: `parity run`, `parity validate`, `parity backends`. One function per verb.
+"""The command line: `parity run`, `parity report`, `parity validate`, `parity localize`, `parity fallback`,
+`parity backends`. One function per verb.
 
 Exit codes: 0 every check passed at the gate; 1 some check failed (or a target could not run here);
 2 user error (bad file, unknown name, missing file); 3 internal error (a bug in parity: please report).
@@ -30,6 +31,7 @@ def _console(stderr: bool = False):
 def cmd_run(args: argparse.Namespace) -> int:
     from parity.api import default_out_dir, run_experiment
     from parity.config import load_experiment
+    from parity.report import write_reports
     from parity.report.console import render
     from parity.report.summary import exit_code, summarize
 
@@ -43,11 +45,27 @@ def cmd_run(args: argparse.Namespace) -> int:
             out_dir = default_out_dir(exp)
         else:
             out_dir = Path(args.out) / exp.name if len(experiments) > 1 else Path(args.out)
-        records = run_experiment(exp, out_dir, progress=not args.quiet)
+        records = run_experiment(exp, out_dir, progress=not args.quiet, reports=())
         summary = summarize(records)
-        render(records, summary, out_dir, _console())
+        reports = [] if args.no_report else write_reports(out_dir, records, summary)
+        render(records, summary, out_dir, _console(), reports)
         code = max(code, exit_code(summary, args.allow_unavailable))
     return code
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Render summary.json, report.md, report.html and junit.xml again from a run's records.jsonl alone."""
+    from parity.records import read_run
+    from parity.report import write_reports
+    from parity.report.summary import summarize, write_summary
+
+    out_dir = Path(args.run_dir)
+    records = read_run(out_dir)
+    summary = summarize(records)
+    write_summary(summary, out_dir / "summary.json")
+    for path in [out_dir / "summary.json", *write_reports(out_dir, records, summary)]:
+        print(f"{path.name + ':':<13} {path}")
+    return EXIT_OK
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -220,8 +238,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument("--allow-unavailable", action="store_true",
                      help="exit 0 even when a target cannot run on this machine (it is still reported)")
+    run.add_argument("--no-report", action="store_true",
+                     help="write only records.jsonl and summary.json, not report.md, report.html and junit.xml")
     cache_options(run)
     run.set_defaults(func=cmd_run)
+
+    report = sub.add_parser("report", help="render report.html, report.md and junit.xml from a run's records.jsonl")
+    report.add_argument("run_dir", metavar="RUN_DIR", help="the --out folder of a parity run (holds records.jsonl)")
+    report.set_defaults(func=cmd_report)
 
     validate = sub.add_parser("validate", help="check experiment files without running anything")
     validate.add_argument("files", nargs="+", metavar="FILE")

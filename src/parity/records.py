@@ -1,7 +1,7 @@
 """JSONL records: one self-describing JSON object per line, written and flushed as results come.
 
-Kinds: `run` (the resolved experiment and the environment), `execution` (one backend run), `check` (one
-verdict). Reports and summaries are rendered from these lines alone. Non-finite floats (an infinite
+Kinds: `run` (the resolved experiment and the environment), `model`, `execution` (one backend run),
+`check` (one verdict), `layers` (one localized check), `fallback`. Reports and summaries are rendered from these lines alone. Non-finite floats (an infinite
 required atol) are written as null: the file stays strict JSON.
 """
 
@@ -61,6 +61,33 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
         path = path / "records.jsonl"
     with path.open(encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def read_run(folder: str | Path) -> list[dict[str, Any]]:
+    """The records of the run in `folder` (an `--out` folder), for rendering reports. A missing file, a
+    line that is not JSON or a file without its `run` record is a ParityError that says which."""
+    from parity.errors import ParityError
+
+    folder = Path(folder)
+    path = folder / "records.jsonl" if folder.suffix != ".jsonl" else folder
+    if not path.is_file():
+        where = "does not exist" if not folder.exists() else "has no records.jsonl"
+        raise ParityError(f"{folder}: {where} (expected the --out folder of a parity run)")
+    records = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ParityError(f"{path}:{number}: not a JSON record ({exc.msg})") from exc
+            if not isinstance(record, dict) or "kind" not in record:
+                raise ParityError(f"{path}:{number}: not a parity record (no 'kind')")
+            records.append(record)
+    if not any(r["kind"] == "run" for r in records):
+        raise ParityError(f"{path}: no 'run' record (the first line of every parity run); is this a parity records file?")
+    return records
 
 
 def _version(module: str) -> str | None:

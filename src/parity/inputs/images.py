@@ -83,17 +83,22 @@ def preprocess_image(img: torch.Tensor, pre) -> torch.Tensor:
     return x.contiguous()
 
 
+def image_files(refs: list[str], base_dir: Path) -> list[tuple[str, Path]]:
+    """(the `images:` entry, the file) of every image an input set loads, in the order the model sees
+    them: records name the files so that a report can draw on them."""
+    return [(ref, path) for ref in refs for path in resolve_images(ref, base_dir)]
+
+
 def load_images(refs: list[str], pre, base_dir: Path) -> list[torch.Tensor]:
     from PIL import Image
     from torchvision.transforms.v2.functional import pil_to_tensor
 
     tensors = []
-    for ref in refs:
-        for path in resolve_images(ref, base_dir):
-            try:
-                with Image.open(path) as im:
-                    img = pil_to_tensor(im.convert("RGB"))
-            except OSError as exc:
-                raise ParityError(f"cannot read image {path}: {exc}") from exc
-            tensors.append(preprocess_image(img, pre))
+    for _, path in image_files(refs, base_dir):
+        try:
+            with Image.open(path) as im:
+                img = pil_to_tensor(im.convert("RGB"))
+        except OSError as exc:
+            raise ParityError(f"cannot read image {path}: {exc}") from exc
+        tensors.append(preprocess_image(img, pre))
     return tensors

@@ -19,7 +19,8 @@ def _cell(checks: list[dict]) -> str:
     return f"[red]FAIL[/red]{number} {','.join(classes)}"
 
 
-def render(records: list[dict], summary: dict[str, Any], out_dir, console) -> None:
+def render(records: list[dict], summary: dict[str, Any], out_dir, console, reports=()) -> None:
+    """The table and the findings; then where the records, the summary and `reports` (paths) are."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -61,8 +62,11 @@ def render(records: list[dict], summary: dict[str, Any], out_dir, console) -> No
     console.print(f"{totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped "
                   f"({summary['arithmetic']['formula']})"
                   + (f"; tier 3: {tier3['passed']} agree, {tier3['failed']} differ" if tier3["checks"] else ""))
-    console.print(f"records: {out_dir / 'records.jsonl'}\nsummary: {out_dir / 'summary.json'}\n"
-                  f"report:  {out_dir / 'report.md'}")
+    console.print(f"records: {out_dir / 'records.jsonl'}\nsummary: {out_dir / 'summary.json'}")
+    for path in reports:
+        console.print(f"report:  {path}")
+    if not reports:
+        console.print(f"reports: not written (--no-report); parity report {out_dir} renders them")
 
 
 def _num(x: Any, fmt: str = ".2e") -> str:

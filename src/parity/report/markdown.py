@@ -21,17 +21,19 @@ def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
     checks = [r for r in records if r["kind"] == "check" and r["tier"] == 1]
     keys = [tolerance_key(a) for a in summary["tolerances"]]
     t = summary["totals"]
+    gate = "" if summary["gate"] is None else f" at atol={summary['gate']:g}, rtol={summary['rtol']:g}"
     lines = [
         f"# parity report: {summary['experiment']}",
         "",
-        f"**{t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped** at atol={summary['gate']:g}, "
-        f"rtol={summary['rtol']:g}. {summary['arithmetic']['formula']}."
+        f"**{t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped**{gate}. {summary['arithmetic']['formula']}."
         + (f" Tier 3: **{summary['tier3']['passed']} agree, {summary['tier3']['failed']} differ**."
            if summary["tier3"]["checks"] else ""),
         "",
         f"torch {env['torch']}, torchvision {env['torchvision']}, onnxruntime {env['onnxruntime']}, "
         f"python {env['python']}, {env['cpu'].get('model', env['cpu']['machine'])}, {env['threads']} threads, "
         f"CUDA: {env['cuda']['devices'] if env['cuda'] else 'none'}",
+        "",
+        "Charts, tier-2 plots and detection pictures: `report.html` next to this file; CI results: `junit.xml`.",
         "",
         "## Checks",
         "",
@@ -67,7 +69,7 @@ def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
                   "|---|---|---|---|---|---|"]
         for c in tier3:
             metrics = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in c["metrics"].items())
-            verdict = "agrees" if c["passed"] else f"{c['failure_class']}: {c['detail']}"
+            verdict = "agrees" if c["passed"] else f"{c['failure_class']}: {c['detail']}".replace("|", "\\|")
             lines.append(f"| {c['model']} | {c['inputs']} | {c['target']} | {c['task']} | {verdict} | {metrics} |")
     layers = [r for r in records if r["kind"] == "layers"]
     if layers:

@@ -28,6 +28,31 @@ def _latency(records: list[dict]) -> dict[str, dict[str, Any]]:
                 "prepare_s_total": sum(prepares[b])} for b, v in runs.items()}
 
 
+def latency_rows(records: list[dict]) -> list[dict[str, Any]]:
+    """Per model, input set and backend, in the order they ran: every repeat's run time, their median and
+    spread, and the one-time prepare cost (export, compile, load: repeat 0 carries it) apart. A backend
+    that failed or could not run has its status and error instead of times."""
+    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for r in records:
+        if r["kind"] != "execution":
+            continue
+        key = (r["model"], r["inputs"], r["backend"])
+        row = rows.setdefault(key, {"model": r["model"], "inputs": r["inputs"], "backend": r["backend"],
+                                    "device": r["device"], "dtype": r["dtype"], "status": "ok", "error": None,
+                                    "run_s": [], "prepare_s": None})
+        if r["status"] != "ok":
+            row["status"], row["error"] = r["status"], r.get("error")
+        elif r["run_s"] is not None:
+            row["run_s"].append(r["run_s"])
+        if r["repeat"] == 0 and r.get("prepare_s") is not None:
+            row["prepare_s"] = r["prepare_s"]
+    for row in rows.values():
+        runs = row["run_s"]
+        row["median_s"] = statistics.median(runs) if runs else None
+        row["min_s"], row["max_s"] = (min(runs), max(runs)) if runs else (None, None)
+    return list(rows.values())
+
+
 def summarize(records: list[dict]) -> dict[str, Any]:
     run = next(r for r in records if r["kind"] == "run")
     tol = run["config"]["tolerances"]

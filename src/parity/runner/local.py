@@ -97,7 +97,7 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
     for spec in job.targets:
         target = run(spec)
         check = tier1_check(job, target, reference, oracle, exp, ref_spread)
-        task = task_check(job, target, reference, exp) if exp.tiers.evaluate_tasks else None
+        task = task_check(job, target, reference, exp, inputs) if exp.tiers.evaluate_tasks else None
         if task and task["same_set"] and check["failure_class"] == "numeric_drift":
             check["failure_class"] = "ordering"
             check["detail"] = f"the same {job.model.task} outputs in another order (tier 3 matched all): {check['detail']}"

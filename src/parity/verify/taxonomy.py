@@ -45,3 +45,20 @@ def classify_exception(exc: BaseException) -> str:
     if isinstance(exc, NotImplementedError) or any(h in text for h in _UNSUPPORTED_HINTS):
         return UNSUPPORTED_OP
     return BACKEND_ERROR
+
+
+MEANINGS = {  # one line per class, for reports (the README's table says the same)
+    NUMERIC_DRIFT: "same structure, values farther apart than the gate allows",
+    NONFINITE: "NaN or Inf in one output where the other has a finite value",
+    SHAPE_MISMATCH: "a leaf's shape differs",
+    DTYPE_MISMATCH: "a leaf's dtype differs beyond float precision",
+    STRUCTURE_MISMATCH: "different leaves (missing, extra, tensor vs non-tensor, another non-tensor value)",
+    UNCOMPARABLE: "an output of a type parity cannot compare",
+    ORDERING: "the same answer in another order (tier 3 matched every item within the gate)",
+    DECISION_FLIP: "a task metric fell below its threshold: the target decides differently",
+    NONDETERMINISTIC: "a backend's repeats disagree with its first run beyond the gate",
+    UNSUPPORTED_OP: "the backend cannot express the model (export or tracing failed, a kernel is missing)",
+    BACKEND_ERROR: "the backend raised while running",
+    CRASH: "the backend's process died",
+    TIMEOUT: "the backend ran past its time limit",
+}

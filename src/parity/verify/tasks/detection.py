@@ -116,3 +116,22 @@ def evaluate(reference: Any, target: Any, thresholds, gate: float) -> TaskResult
         failures.append(f"detection F1 {f1:.3f} < {thresholds.detection_f1} ({matched} of {n_ref} reference boxes "
                         f"matched, {n_tgt} target boxes)")
     return verdict(result, failures)
+
+
+PICTURE_BOXES = 50  # boxes per image kept in a record for the report's pictures: the highest scores
+
+
+def drawable(output: Any, cap: int = PICTURE_BOXES) -> list[dict[str, Any]]:
+    """Per image, the `cap` highest-scoring detections, rounded (boxes to 0.01 px, scores to 1e-4), and how
+    many there were: enough for a report to draw reference and target boxes, small enough for a record."""
+    images = []
+    for d in detections_of(output):
+        scores = d["scores"].double()
+        order = torch.argsort(scores, descending=True, stable=True)[:cap]
+        images.append({
+            "boxes": [[round(float(v), 2) for v in box] for box in d["boxes"][order].double()],
+            "labels": [int(label) for label in d["labels"][order]],
+            "scores": [round(float(s), 4) for s in scores[order]],
+            "total": len(scores),
+        })
+    return images

@@ -1,0 +1,292 @@
+"""The HTML report: one self-contained file (inline CSS, charts and pictures as `data:` URIs, no script,
+nothing fetched), rendered from the records alone with the jinja2 template next to this module.
+
+This module turns records into the template's rows and figures; the template only lays them out. Every
+section is always there: one without data says so in a line.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from parity.report import pictures, plots
+from parity.report.summary import latency_rows
+from parity.verify.checks import tolerance_key
+from parity.verify.taxonomy import MEANINGS, SEVERITY
+
+PICTURED_IMAGES = 4  # images drawn per detection check; the rest are counted, not drawn
+
+SECTIONS = [  # (id, title): the order of the page and of its navigation bar
+    ("summary", "Summary"),
+    ("environment", "Environment"),
+    ("gate", "Checks at the gate"),
+    ("heatmap", "Pass rate"),
+    ("sweep", "Tolerance sweep"),
+    ("taxonomy", "Failure taxonomy"),
+    ("latency", "Latency"),
+    ("tier2", "Where it diverges (tier 2)"),
+    ("tier3", "Task metrics (tier 3)"),
+    ("detections", "Detection boxes"),
+]
+
+
+def _sci(x: Any, digits: int = 2) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return str(x)
+    return "0" if x == 0 else f"{x:.{digits - 1}e}"
+
+
+def _num(x: Any) -> str:
+    if isinstance(x, bool) or x is None or not isinstance(x, int | float):
+        return "–" if x is None else str(x)
+    return str(x) if isinstance(x, int) else f"{x:.4g}"
+
+
+def _cosine(x: Any) -> str:
+    """Cosine similarity shows its distance from 1, where the information is: 0.9999871 -> 1 - 1.3e-05."""
+    if not isinstance(x, int | float) or isinstance(x, bool):
+        return _num(x)
+    return "1" if x == 1 else (f"1 − {1 - x:.1e}" if 0 < 1 - x < 1e-3 else f"{x:.4f}")
+
+
+def _seconds(x: float | None) -> str:
+    if x is None:
+        return "–"
+    return f"{x * 1e3:.3g} ms" if x < 1 else f"{x:.3g} s"
+
+
+def _key(check: dict) -> str:
+    return f"{check['model']} / {check['inputs']} / {check['target']}"
+
+
+def _environment(run: dict[str, Any]) -> list[tuple[str, str]]:
+    env = run.get("environment") or {}
+    cpu = env.get("cpu") or {}
+    cuda = env.get("cuda")
+    rows = [(name, env.get(name)) for name in ("python", "platform", "parity", "torch", "torchvision", "onnx",
+                                               "onnxruntime", "openvino", "numpy")]
+    rows += [
+        ("cpu", f"{cpu.get('model', cpu.get('machine', '?'))}, {cpu.get('count', '?')} cores"
+                + (f"; {' '.join(cpu['flags'])}" if cpu.get("flags") else "")),
+        ("threads", env.get("threads")),
+        ("cuda", f"{cuda['version']}: {', '.join(cuda['devices'])}" if cuda else "none"),
+        ("git commit", env.get("git_commit")),
+        ("experiment folder", run.get("base_dir")),
+    ]
+    return [(k, "not installed" if v is None and k in ("onnx", "onnxruntime", "openvino") else str(v if v is not None else "–"))
+            for k, v in rows]
+
+
+def _setup(run: dict[str, Any], summary: dict[str, Any]) -> list[tuple[str, str]]:
+    config = run.get("config") or {}
+    ref = config.get("reference") or {}
+    oracle = config.get("oracle") or {}
+    tiers = config.get("tiers") or {}
+    return [
+        ("reference", f"{ref.get('backend', '?')} on {ref.get('device', '?')}, {ref.get('dtype', '?')}"),
+        ("gate", "–" if summary["gate"] is None else f"atol {summary['gate']:g}, rtol {summary['rtol']:g}"),
+        ("tolerance sweep", ", ".join(f"{a:g}" for a in summary["tolerances"])),
+        ("repeats", str(config.get("repeats", "?"))),
+        ("seed", str(config.get("seed", "?"))),
+        ("oracle (eager float64)", "on" if oracle.get("enabled") else "off"),
+        ("tier 2 (localize failures)", "on" if (tiers.get("activations") or {}).get("enabled") else "off"),
+        ("tier 3 (task metrics)", "on" if (tiers.get("tasks") or {}).get("enabled") else "off"),
+    ]
+
+
+def _gate_table(checks: list[dict], tier3: list[dict], layers: list[dict], targets: list[str]) -> list[dict]:
+    """Rows (model, input set), one cell per target: the tier-1 verdict at the gate and its numbers."""
+    tier3_by = {_key(c): c for c in tier3}
+    culprit_by = {_key(r): r.get("culprit") for r in layers if not r.get("error")}
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for c in checks:
+        row = rows.setdefault((c["model"], c["inputs"]), {"model": c["model"], "inputs": c["inputs"], "cells": {}})
+        state = "skip" if c["status"] == "skipped" else ("pass" if c["passed"] else "fail")
+        task = tier3_by.get(_key(c))
+        row["cells"][c["target"]] = {
+            "state": state, "max_abs": c.get("max_abs"), "required_atol": c.get("required_atol"),
+            "failure_class": c.get("failure_class"), "detail": c.get("detail") or "",
+            "tier3": None if task is None else ("agrees" if task["passed"] else task["failure_class"]),
+            "culprit": culprit_by.get(_key(c)),
+            "ran": c["status"] != "skipped" and c.get("max_abs") is not None,
+        }
+    return [{**row, "cells": [row["cells"].get(t) for t in targets]} for row in rows.values()]
+
+
+def _pass_rates(checks: list[dict], keys: list[str]) -> tuple[list[str], dict[tuple[str, str], float | None]]:
+    """Per model and target: the share of verdicts that pass, over every tolerance and input set."""
+    passed: dict[tuple[str, str], int] = Counter()
+    total: dict[tuple[str, str], int] = Counter()
+    models = list(dict.fromkeys(c["model"] for c in checks))
+    for c in checks:
+        cell = (c["model"], c["target"])
+        total.setdefault(cell, 0)
+        if c["status"] == "skipped":
+            continue
+        passed[cell] += sum(bool(c["verdicts"].get(k)) for k in keys)
+        total[cell] += len(keys)
+    return models, {cell: (passed[cell] / n if n else None) for cell, n in total.items()}
+
+
+def _failures(checks: list[dict]) -> list[dict[str, Any]]:
+    out = []
+    for c in checks:
+        if c["status"] == "skipped" or c["passed"]:
+            continue
+        worst = sorted((leaf for leaf in c.get("leaves") or [] if leaf.get("failure_class")),
+                       key=lambda leaf: -(leaf.get("max_abs") or 0.0))[:5]
+        out.append({"key": _key(c), "tier": c["tier"], "failure_class": c["failure_class"], "detail": c.get("detail") or "",
+                    "leaves": [{"name": leaf["name"], "failure_class": leaf["failure_class"],
+                                "max_abs": _sci(leaf.get("max_abs")), "max_rel": _sci(leaf.get("max_rel")),
+                                "cosine": _cosine(leaf.get("cosine")), "mismatch": _num(leaf.get("mismatch_fraction")),
+                                "detail": leaf.get("detail") or ""} for leaf in worst]})
+    return out
+
+
+def _taxonomy(checks: list[dict], tier3: list[dict]) -> tuple[list[dict], str | None]:
+    counts: dict[str, dict[int, int]] = defaultdict(dict)
+    for c in [*checks, *tier3]:
+        if c["status"] != "skipped" and not c["passed"] and c.get("failure_class"):
+            counts[c["failure_class"]][c["tier"]] = counts[c["failure_class"]].get(c["tier"], 0) + 1
+    ordered = sorted(counts, key=lambda k: SEVERITY.index(k) if k in SEVERITY else len(SEVERITY))
+    rows = [{"name": k, "meaning": MEANINGS.get(k, ""), "tier1": counts[k].get(1, 0), "tier3": counts[k].get(3, 0)}
+            for k in ordered]
+    return rows, plots.taxonomy_bars({k: counts[k] for k in ordered}) if rows else None
+
+
+def _tier3_tables(tier3: list[dict]) -> list[dict[str, Any]]:
+    """One table per task: rows checks, columns the metrics, each metric with its threshold if it has one."""
+    tables = []
+    for task in dict.fromkeys(c["task"] for c in tier3):
+        mine = [c for c in tier3 if c["task"] == task]
+        metrics = list(dict.fromkeys(k for c in mine for k in c["metrics"]))
+        thresholds = mine[0].get("thresholds") or {}
+        limit = {"top1_agreement": "top1_agreement", "top5_overlap": "top5_overlap", "f1": "detection_f1",
+                 "pixel_agreement": "pixel_agreement", "miou": "miou"}
+        columns = [{"name": m, "title": m.replace("_", " "), "threshold": thresholds.get(limit.get(m, ""))}
+                   for m in metrics]
+        rows = []
+        for c in mine:
+            cells = []
+            for col in columns:
+                value = c["metrics"].get(col["name"])
+                low = col["threshold"] is not None and isinstance(value, int | float) and value < col["threshold"]
+                cells.append({"text": _num(value), "low": low})
+            rows.append({"key": _key(c), "passed": c["passed"], "failure_class": c.get("failure_class"),
+                         "detail": c.get("detail") or "", "same_set": c.get("same_set"), "cells": cells})
+        tables.append({"task": task, "columns": columns, "rows": rows})
+    return tables
+
+
+def _tier2(layers: list[dict]) -> list[dict[str, Any]]:
+    out = []
+    for r in layers:
+        entry = {"key": f"{r['model']} / {r['inputs']} / {r['target']}", "error": r.get("error")}
+        if not r.get("error"):
+            entry.update(
+                verdict=r["verdict"], mode=r["mode"], threshold=r["threshold"],
+                descent=" › ".join(level["parent"] for level in r["levels"] if level["parent"]),
+                suspects=[{"name": s["name"], "rel_rmse": _sci(s.get("rel_rmse")), "max_abs": _sci(s.get("max_abs"))}
+                          for s in r["suspects"]],
+                first_divergent=r.get("first_divergent"), skipped=r.get("skipped") or [],
+                elapsed=_seconds(r.get("elapsed_s")), plot=plots.depth_plot(r),
+            )
+        out.append(entry)
+    return out
+
+
+def _detections(tier3: list[dict]) -> list[dict[str, Any]]:
+    out = []
+    for c in tier3:
+        pics = c.get("pictures")
+        if not pics:
+            continue
+        drawn = []
+        for i, image in enumerate(pics["images"][:PICTURED_IMAGES]):
+            uri, note = pictures.side_by_side(pics, i, c["target"])
+            drawn.append({"label": pictures.image_label(image), "uri": uri, "note": note})
+        out.append({"key": _key(c), "passed": c["passed"], "failure_class": c.get("failure_class"),
+                    "metrics": c["metrics"], "images": drawn, "more": max(0, len(pics["images"]) - PICTURED_IMAGES)})
+    return out
+
+
+def _latency(records: list[dict]) -> tuple[list[dict], str | None]:
+    rows = latency_rows(records)
+    table = [{**r, "median": _seconds(r["median_s"]), "min": _seconds(r["min_s"]), "max": _seconds(r["max_s"]),
+              "prepare": _seconds(r["prepare_s"]), "repeats": len(r["run_s"]),
+              "spread": f"{(r['max_s'] - r['min_s']) / r['median_s']:.0%}" if r["median_s"] else "–"}
+             for r in rows]
+    timed = [r for r in rows if r["run_s"] or r["prepare_s"]]
+    return table, plots.latency_chart(timed) if timed else None
+
+
+def render_html(records: list[dict], summary: dict[str, Any]) -> str:
+    """The whole page as one string."""
+    import jinja2
+
+    run = next(r for r in records if r["kind"] == "run")
+    checks = [r for r in records if r["kind"] == "check" and r["tier"] == 1]
+    tier3 = [r for r in records if r["kind"] == "check" and r["tier"] == 3]
+    layers = [r for r in records if r["kind"] == "layers"]
+    targets = list(summary["per_target"])
+    keys = [tolerance_key(a) for a in summary["tolerances"]]
+
+    models, rates = _pass_rates(checks, keys)
+    sweep_rows = []
+    curves: dict[str, list[float]] = {}
+    for target, info in summary["per_target"].items():
+        ran = info["checks"] - info["skipped"]
+        sweep_rows.append({"target": target, "cells": [f"{info['per_tolerance'][k]}/{ran}" for k in keys] if ran else []})
+        if ran:
+            curves[target] = [info["per_tolerance"][k] / ran for k in keys]
+    taxonomy_rows, taxonomy_plot = _taxonomy(checks, tier3)
+    latency_table, latency_plot = _latency(records)
+    totals = summary["totals"]
+    context = {
+        "title": f"parity report: {summary['experiment']}",
+        "experiment": summary["experiment"],
+        "sections": SECTIONS,
+        "totals": totals,
+        "tier3_totals": summary["tier3"],
+        "localized": len(layers),
+        "arithmetic": summary["arithmetic"]["formula"],
+        "verdict": ("no checks in these records" if not totals["checks"] else
+                    "every check passed at the gate" if not (totals["failed"] or totals["skipped"] or summary["tier3"]["failed"])
+                    else f"{totals['failed'] + summary['tier3']['failed']} check(s) failed"
+                    + (f", {totals['skipped']} not run here" if totals["skipped"] else "")),
+        "ok": bool(totals["checks"]) and not (totals["failed"] or summary["tier3"]["failed"] or totals["skipped"]),
+        "setup": _setup(run, summary),
+        "environment": _environment(run),
+        "targets": targets,
+        "gate": summary["gate"],
+        "rtol": summary["rtol"],
+        "gate_rows": _gate_table(checks, tier3, layers, targets),
+        "unavailable": [(t, info["reason"]) for t, info in summary["per_target"].items() if info["skipped"]],
+        "heatmap": plots.pass_rate_heatmap(models, targets, rates) if checks else None,
+        "tolerance_keys": [f"{a:g}" for a in summary["tolerances"]],
+        "sweep_rows": sweep_rows,
+        "sweep": plots.sweep_curve(summary["tolerances"], curves, summary["gate"]) if curves else None,
+        "taxonomy_rows": taxonomy_rows,
+        "taxonomy_plot": taxonomy_plot,
+        "failures": _failures([*checks, *tier3]),
+        "latency_rows": latency_table,
+        "latency_plot": latency_plot,
+        "tier2": _tier2(layers),
+        "tier3_tables": _tier3_tables(tier3),
+        "detections": _detections(tier3),
+        "detection_models": [c for c in tier3 if c["task"] == "detection"],
+        "parity_version": (run.get("environment") or {}).get("parity"),
+    }
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(sci=_sci, num=_num, seconds=_seconds)
+    template = env.from_string((files("parity.report") / "report.html.j2").read_text(encoding="utf-8"))
+    return template.render(**context)
+
+
+def write_html(records: list[dict], summary: dict[str, Any], path: Path) -> None:
+    path.write_text(render_html(records, summary), encoding="utf-8")

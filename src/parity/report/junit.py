@@ -1,0 +1,87 @@
+"""JUnit XML for CI systems, from the records alone: one testcase per check (tier 1 and tier 3).
+
+classname is `model/inputs`, name is `target tier N`; a failed check is a <failure> whose type is its
+failure class and whose message is its detail; a target that could not run here is <skipped>. Every
+problem a target has (it drifts, it cannot export the model, it raises) is a finding about the target,
+so it is a failure, never a JUnit error: `errors` counts nothing but is written, as CI parsers expect.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")  # characters XML 1.0 cannot hold
+
+
+def _clean(text: Any) -> str:
+    return _NOT_XML.sub("?", str(text))
+
+
+def _time(records: list[dict], check: dict) -> float:
+    """The target's own execution time on this model and input set: prepare plus every repeat."""
+    total = 0.0
+    for r in records:
+        if (r["kind"] == "execution" and r["model"] == check["model"] and r["inputs"] == check["inputs"]
+                and r["backend"] == check["target"]):
+            total += (r.get("prepare_s") or 0.0) + (r.get("run_s") or 0.0)
+    return total
+
+
+def _body(check: dict[str, Any]) -> str:
+    """The failure's text: the detail, then the worst failing leaves (tier 1) or the metrics (tier 3)."""
+    lines = [f"{check['failure_class']}: {check['detail']}"]
+    if check["tier"] == 1:
+        if check.get("required_atol") is not None:
+            lines.append(f"required atol {check['required_atol']:.3g} at rtol {check['rtol']:g} (gate {check['gate']:g})")
+        worst = sorted((leaf for leaf in check.get("leaves") or [] if leaf.get("failure_class")),
+                       key=lambda leaf: -(leaf.get("max_abs") or 0.0))[:5]
+        for leaf in worst:
+            lines.append(f"  {leaf['name']}: {leaf['failure_class']}"
+                         + (f", max abs {leaf['max_abs']:.3g}" if leaf.get("max_abs") is not None else "")
+                         + (f" ({leaf['detail']})" if leaf.get("detail") else ""))
+    else:
+        lines += [f"  {k}: {v:.4g}" if isinstance(v, float) else f"  {k}: {v}" for k, v in check["metrics"].items()]
+    return "\n".join(lines)
+
+
+def render_junit(records: list[dict], summary: dict[str, Any]) -> str:
+    run = next(r for r in records if r["kind"] == "run")
+    checks = [r for r in records if r["kind"] == "check"]
+    suite = ET.Element("testsuite", name=f"parity.{run['experiment']}")
+    props = ET.SubElement(suite, "properties")
+    env = run.get("environment") or {}
+    for key in ("torch", "torchvision", "onnxruntime", "openvino", "python", "platform", "git_commit"):
+        if env.get(key):
+            ET.SubElement(props, "property", name=key, value=_clean(env[key]))
+    if summary.get("gate") is not None:
+        ET.SubElement(props, "property", name="gate_atol", value=f"{summary['gate']:g}")
+        ET.SubElement(props, "property", name="rtol", value=f"{summary['rtol']:g}")
+    failures = skipped = 0
+    total_time = 0.0
+    for check in checks:
+        seconds = _time(records, check) if check["tier"] == 1 else 0.0
+        total_time += seconds
+        case = ET.SubElement(suite, "testcase", classname=_clean(f"{check['model']}/{check['inputs']}"),
+                             name=_clean(f"{check['target']} tier {check['tier']}"), time=f"{seconds:.3f}")
+        if check["status"] == "skipped":
+            skipped += 1
+            ET.SubElement(case, "skipped", message=_clean(check.get("detail") or "not run"))
+        elif not check["passed"]:
+            failures += 1
+            failure = ET.SubElement(case, "failure", type=_clean(check["failure_class"]),
+                                    message=_clean(f"{check['failure_class']}: {check['detail']}"))
+            failure.text = _clean(_body(check))
+    counts = {"tests": str(len(checks)), "failures": str(failures), "errors": "0", "skipped": str(skipped),
+              "time": f"{total_time:.3f}"}
+    suite.attrib.update(counts)
+    root = ET.Element("testsuites", name="parity", **counts)
+    root.append(suite)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def write_junit(records: list[dict], summary: dict[str, Any], path: Path) -> None:
+    path.write_text(render_junit(records, summary), encoding="utf-8")
