@@ -43,6 +43,12 @@ class ModelSpec(Strict):
     task: Literal["classification", "detection", "segmentation", "other"] = "other"
     inputs: list[str] | None = Field(default=None, min_length=1)
     batch: Literal["stack", "list"] | None = None
+    adapters: list[Adapter] | None = None  # this model's own; None: the experiment's
+
+    @field_validator("adapters", mode="before")
+    @classmethod
+    def _adapter_names(cls, value: Any) -> Any:
+        return adapter_names(value)
 
     @model_validator(mode="after")
     def _source_keys(self) -> ModelSpec:
@@ -279,6 +285,14 @@ class Adapter(Strict):
         return self.score_grid if self.score_grid is not None else 10 * max(experiment.tolerances.gate_atol, 1e-7)
 
 
+def adapter_names(value: Any) -> Any:
+    """`adapters: [deterministic_nms]` is short for `[{name: deterministic_nms}]`."""
+    return [{"name": v} if isinstance(v, str) else v for v in value] if isinstance(value, list) else value
+
+
+ModelSpec.model_rebuild()  # its `adapters` names Adapter, defined after it
+
+
 class Experiment(Strict):
     name: str | None = None
     seed: int = 0
@@ -295,7 +309,7 @@ class Experiment(Strict):
     @field_validator("adapters", mode="before")
     @classmethod
     def _adapter_names(cls, value: Any) -> Any:
-        return [{"name": v} if isinstance(v, str) else v for v in value] if isinstance(value, list) else value
+        return adapter_names(value)
 
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
 
@@ -312,6 +326,10 @@ class Experiment(Strict):
     def resolve(self, path: str) -> Path:
         p = Path(path).expanduser()
         return p if p.is_absolute() else self._base_dir / p
+
+    def adapters_for(self, model: ModelSpec) -> list[Adapter]:
+        """A model's own adapters when it lists some (an empty list: none), else the experiment's."""
+        return self.adapters if model.adapters is None else model.adapters
 
     def inputs_for(self, model: ModelSpec) -> list[InputSetSpec]:
         if model.inputs is None:

@@ -137,7 +137,7 @@ def prepared_model(spec, exp) -> tuple:
     """The model as every command runs it: built, adapters applied, and each target's fallback checked
     against its modules before anything executes. Returns (model, what the adapters changed)."""
     model = build_model_or_explain(spec, exp)
-    notes = apply_adapters(model, exp.adapters, exp)
+    notes = apply_adapters(model, exp.adapters_for(spec), exp)
     known = {n for n, _ in model.named_modules()}
     for target in exp.targets:
         for name in fallback_for(target, spec.name):
@@ -149,7 +149,7 @@ def prepared_model(spec, exp) -> tuple:
 
 def model_identity(spec, exp):
     """Exports of this model may be cached (runner/cache.py): what the experiment says it is."""
-    return cache.model_identity(spec.model_dump(mode="json"), [a.model_dump(mode="json") for a in exp.adapters])
+    return cache.model_identity(spec.model_dump(mode="json"), [a.model_dump(mode="json") for a in exp.adapters_for(spec)])
 
 
 def build_model_or_explain(spec, exp):
