@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The checks that need a CUDA GPU, in one go (a few minutes on one GPU): the gpu-marked tests, the CUDA
+# examples (classifiers and a segmentation model in float32, bfloat16 and torch.compile on the GPU; a
+# detector with and without the deterministic NMS adapter), and tier 2 and fallback on a CUDA target.
+# Everything is judged against eager float32 on the CPU. Writes its log and records under $OUT (default
+# gpu-out). Run from the repository root with parity importable (pip install -e . or PYTHONPATH=src).
+set -uo pipefail
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+step() { echo; echo "=== $1"; }
+{
+  step "machine"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import torch, torchvision, onnxruntime as o; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'onnxruntime', o.__version__, 'cuda', torch.cuda.is_available())"
+  python3 -m parity.cli backends
+  step "tests marked gpu"
+  timeout 180 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+  step "examples/cuda.yaml"
+  time timeout 300 python3 -m parity.cli run examples/cuda.yaml --out "$OUT/cuda" --quiet --no-report --no-cache
+  step "examples/detection_cuda.yaml"
+  time timeout 150 python3 -m parity.cli run examples/detection_cuda.yaml --out "$OUT/detection" --quiet --no-report --no-cache
+  step "localize resnet18 on eager-cuda-bfloat16"
+  timeout 90 python3 -m parity.cli localize examples/cuda.yaml --model resnet18 --target eager-cuda-bfloat16 --out "$OUT/localize" --no-cache
+  step "fallback resnet18 on eager-cuda-bfloat16"
+  timeout 120 python3 -m parity.cli fallback examples/cuda.yaml --model resnet18 --target eager-cuda-bfloat16 --out "$OUT/fallback" --no-cache
+} 2>&1 | tee "$OUT/log.txt"
