@@ -72,6 +72,7 @@ def test_every_problem_is_reported_at_once(write_yaml):
         ({"targets": [{"backend": "onnxruntime", "options": {"optimisation": "all"}}]}, "did you mean 'optimization'"),
         ({"targets": [{"backend": "onnxruntime", "dtype": "bfloat16"}]}, "supports dtypes float32, float16"),
         ({"targets": [{"backend": "eager", "options": {"autocast": True}}]}, "autocast needs dtype bfloat16 or float16"),
+        ({"targets": [{"backend": "eager", "options": {"tf32": False}}]}, "option tf32 applies to CUDA devices only"),
         ({"targets": [{"backend": "torchscript"}, {"backend": "torchscript"}]}, "backend id 'torchscript-cpu' appears twice"),
         ({"targets": []}, "targets"),
         ({"repeats": 0}, "repeats"),

@@ -45,3 +45,15 @@ def test_cuda_bfloat16_is_caught_and_float32_targets_run(tmp_path):
     assert checks["eager-cuda-bfloat16"]["failure_class"] == "numeric_drift"
     for target in ("eager-cuda", "compile-cuda"):
         assert checks[target]["status"] == "ok" and checks[target]["required_atol"] < 1e-2, checks[target]
+
+
+def test_tensorfloat32_is_a_setting_parity_can_pin(tmp_path):
+    """PyTorch allows TF32 in CUDA convolutions by default; `tf32: false` pins full float32, and the
+    drift against the CPU shrinks to float32 rounding."""
+    targets = [{"backend": "eager", "device": "cuda", "name": "tf32", "options": {"tf32": True}},
+               {"backend": "eager", "device": "cuda", "name": "no-tf32", "options": {"tf32": False}}]
+    records = run_experiment(tiny_experiment(targets), out=tmp_path)
+    checks = {r["target"]: r for r in records if r["kind"] == "check"}
+    assert checks["no-tf32"]["required_atol"] < 1e-5
+    assert checks["no-tf32"]["required_atol"] < checks["tf32"]["required_atol"]
+    assert torch.backends.cudnn.allow_tf32 is True  # restored to PyTorch's default afterwards

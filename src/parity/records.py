@@ -142,6 +142,7 @@ def environment(experiment_dir: Path) -> dict[str, Any]:
         "numpy": _version("numpy"),
         "cpu": _cpu(),
         "threads": torch.get_num_threads(),
+        "tf32": {"cudnn": torch.backends.cudnn.allow_tf32, "matmul": torch.backends.cuda.matmul.allow_tf32},
         "cuda": cuda,
         "git_commit": _git_commit(experiment_dir),
     }

@@ -144,3 +144,19 @@ def num_threads(n: int | None):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def tf32(enabled: bool | None):
+    """Allow (or forbid) TensorFloat-32 in CUDA float32 convolutions and matmuls, then restore. PyTorch
+    allows it in convolutions by default: on Ampere and later GPUs a float32 CUDA target then computes
+    convolutions with 10-bit mantissas, a drift of ~1e-3 that no float32 CPU backend shows."""
+    if enabled is None:
+        yield
+        return
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before

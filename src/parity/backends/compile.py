@@ -26,6 +26,7 @@ class CompileOptions(BaseModel):
     backend: str = "inductor"
     fullgraph: bool = False
     dynamic: bool | None = False
+    tf32: bool | None = None  # as eager's: CUDA TensorFloat-32 (None: PyTorch's settings)
 
 
 class CompileBackend(EagerBackend):

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from parity.backends.base import Backend, num_threads, synchronize, to_cpu
+from parity.backends.base import Backend, num_threads, synchronize, tf32, to_cpu
 from parity.config.schema import DTYPES
 from parity.inputs import Inputs
 
@@ -18,6 +18,8 @@ class EagerOptions(BaseModel):
     channels_last: bool = False
     threads: int | None = Field(default=None, ge=1)
     autocast: bool = Field(default=False, description="keep float32 weights and run under torch.autocast(dtype)")
+    tf32: bool | None = Field(default=None, description="CUDA: TensorFloat-32 in float32 convolutions and matmuls "
+                                                        "(None: PyTorch's settings, which allow it in convolutions)")
 
 
 class EagerBackend(Backend):
@@ -31,6 +33,8 @@ class EagerBackend(Backend):
     def spec_problem(cls, spec) -> str | None:
         if spec.options.get("autocast") and spec.dtype not in ("bfloat16", "float16"):
             return "option autocast needs dtype bfloat16 or float16"
+        if spec.options.get("tf32") is not None and not spec.device.startswith("cuda"):
+            return "option tf32 applies to CUDA devices only"
         return None
 
     def _option(self, name: str, default=None):
@@ -56,6 +60,7 @@ class EagerBackend(Backend):
         stack = contextlib.ExitStack()
         stack.enter_context(torch.inference_mode())
         stack.enter_context(num_threads(self._option("threads")))
+        stack.enter_context(tf32(self._option("tf32")))
         if self._option("autocast", False):
             stack.enter_context(torch.autocast(self.device.type, dtype=self.dtype))
         return stack
