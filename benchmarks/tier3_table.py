@@ -1,0 +1,142 @@
+"""Tier 3 per model: task metrics with and without the deterministic NMS adapter, the adapter's latency
+cost, and the fallback sets `parity fallback` finds, with theirs. Every figure is measured in this run.
+
+- Detection (torchvision's Faster R-CNN with MobileNetV3-FPN at 800 and at 320 px, and SSDlite; their own
+  random init, a low score threshold): the reference is eager CPU with 2 threads; the targets are eager
+  CPU with 1 thread and eager CPU channels_last, real backend variants whose drift is last-bit. Each model
+  runs without and with `adapters: [deterministic_nms]`. The adapter's cost is the median forward time
+  of the same model with and without it (eager CPU, the same photos, --runs runs each, interleaved).
+- Classification (ResNet-18) and segmentation (LR-ASPP MobileNetV3): eager bfloat16 on the CPU, tier 3,
+  then the fallback search (tier-2 suspects first, grown until the check passes at --gate, then shrunk),
+  and the median latency of the target with and without the fallback set.
+
+    .venv/bin/python benchmarks/tier3_table.py [--photos 2] [--runs 5] [--gate 1e-2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import torch
+
+from parity.adapters.fallback import candidates_from, find_fallback
+from parity.api import run_experiment
+from parity.config import experiment_from_dict
+from parity.inputs import build_inputs
+from parity.runner.local import prepared_model
+from parity.runner.plan import Job
+from parity.verify.localize import localize_check
+
+PHOTOS = ["sample:coffee", "sample:chelsea", "sample:astronaut", "sample:rocket"]
+DETECTORS = [
+    ("frcnn_mnv3_fpn", "fasterrcnn_mobilenet_v3_large_fpn", {"num_classes": 10, "box_score_thresh": 0.001}),
+    ("frcnn_mnv3_320", "fasterrcnn_mobilenet_v3_large_320_fpn", {"num_classes": 10, "box_score_thresh": 0.001}),
+    ("ssdlite320", "ssdlite320_mobilenet_v3_large", {"num_classes": 10, "score_thresh": 0.001}),
+]
+DETECTION_TARGETS = [{"backend": "eager", "name": "1-thread", "options": {"threads": 1}},
+                     {"backend": "eager", "name": "channels_last", "options": {"channels_last": True, "threads": 2}}]
+DENSE = [
+    ("resnet18", "resnet18", "classification", {}, "default"),
+    ("lraspp", "lraspp_mobilenet_v3_large", "segmentation", {"num_classes": 21}, "fan_in"),
+]
+PREPROCESS = {"resize": 256, "center_crop": 224, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+
+
+def detection_rows(photos: list[str]) -> list[tuple]:
+    models = []
+    for name, builder, params in DETECTORS:
+        entry = {"builder": builder, "task": "detection", "params": params}
+        models += [{"name": name, **entry, "adapters": []}, {"name": f"{name}+nms", **entry, "adapters": ["deterministic_nms"]}]
+    exp = {"name": "tier3-detection", "models": models, "inputs": [{"name": "photos", "images": photos}],
+           "reference": {"backend": "eager", "options": {"threads": 2}}, "targets": DETECTION_TARGETS,
+           "tolerances": {"atol": [1e-3], "gate": 1e-3}, "tiers": {"tasks": {"detection_f1": 0.95}}}
+    with tempfile.TemporaryDirectory() as out:
+        records = run_experiment(exp, out)
+    rows = []
+    for r in records:
+        if r["kind"] == "check" and r["tier"] == 3:
+            m = r.get("metrics") or {}
+            rows.append((r["model"], r["target"], m.get("f1"), m.get("map"), m.get("max_box_drift"), r["passed"],
+                         r.get("failure_class") or "-"))
+    return rows
+
+
+def adapter_cost(photos: list[str], runs: int) -> list[tuple]:
+    rows = []
+    for name, builder, params in DETECTORS:
+        exp = experiment_from_dict({
+            "models": [{"name": "plain", "builder": builder, "task": "detection", "params": params, "adapters": []},
+                       {"name": "nms", "builder": builder, "task": "detection", "params": params,
+                        "adapters": ["deterministic_nms"]}],
+            "inputs": [{"name": "photos", "images": photos}], "targets": [{"backend": "eager", "name": "t"}]})
+        plain, _ = prepared_model(exp.models[0], exp)
+        adapted, _ = prepared_model(exp.models[1], exp)
+        inputs = build_inputs(exp.inputs[0], exp, "list")
+        times: dict[str, list[float]] = {"plain": [], "nms": []}
+        with torch.inference_mode():
+            plain(*inputs.args), adapted(*inputs.args)  # warm-up
+            for _ in range(runs):  # interleaved: a slow spell of the machine hits both
+                for key, model in (("plain", plain), ("nms", adapted)):
+                    start = time.perf_counter()
+                    model(*inputs.args)
+                    times[key].append(time.perf_counter() - start)
+        before, after = statistics.median(times["plain"]), statistics.median(times["nms"])
+        rows.append((name, before * 1e3, after * 1e3, after / before))
+    return rows
+
+
+def fallback_rows(photos: list[str], gate: float) -> list[tuple]:
+    rows = []
+    for name, builder, task, params, init in DENSE:
+        exp = experiment_from_dict({
+            "models": [{"name": name, "builder": builder, "task": task, "params": params, "init": init}],
+            "inputs": [{"name": "photos", "images": photos, "preprocess": PREPROCESS}],
+            "targets": [{"backend": "eager", "dtype": "bfloat16"}],
+            "tolerances": {"atol": [gate], "rtol": 1e-5, "gate": gate}, "tiers": {"tasks": True}})
+        with tempfile.TemporaryDirectory() as out:
+            records = run_experiment(exp, out)
+        tier3 = next(r for r in records if r["kind"] == "check" and r["tier"] == 3)
+        model, _ = prepared_model(exp.models[0], exp)
+        inputs = build_inputs(exp.inputs[0], exp)
+        target = exp.targets[0]
+        layers = localize_check(Job(exp.models[0], exp.inputs[0], exp.reference, None, (target,), 1), target, model,
+                                inputs, exp)
+        found = find_fallback(exp.reference, target, model, inputs, candidates_from(layers), exp.tolerances.rtol, gate)
+        metric = {k: v for k, v in (tier3.get("metrics") or {}).items() if k in ("top1_agreement", "pixel_agreement", "miou")}
+        rows.append((name, target.id, metric, found.required_atol_before, found.required_atol_after, found.passed,
+                     found.modules, found.latency_before_s, found.latency_after_s))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--photos", type=int, default=2, help="how many bundled photos (1 to 4; default 2)")
+    parser.add_argument("--runs", type=int, default=5, help="timed forwards per variant for the adapter's cost")
+    parser.add_argument("--gate", type=float, default=1e-2, help="the atol the fallback must reach (bfloat16)")
+    args = parser.parse_args()
+    photos = PHOTOS[: max(1, min(args.photos, 4))]
+    print(f"photos: {', '.join(photos)}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+
+    print("\n## Detection, tier 3 against eager CPU (2 threads), without and with deterministic_nms")
+    print(f"{'model':22s} {'target':14s} {'F1':>6s} {'mAP':>6s} {'box drift':>10s}  verdict")
+    for model, target, f1, map_, drift, passed, klass in detection_rows(photos):
+        print(f"{model:22s} {target:14s} {f1:6.3f} {map_:6.3f} {drift:10.3g}  {'agrees' if passed else klass}")
+
+    print("\n## deterministic_nms latency cost (eager CPU forward, median)")
+    print(f"{'model':22s} {'plain ms':>9s} {'adapter ms':>10s} {'ratio':>6s}")
+    for model, before, after, ratio in adapter_cost(photos, args.runs):
+        print(f"{model:22s} {before:9.1f} {after:10.1f} {ratio:6.3f}")
+
+    print(f"\n## Fallback to float32 for eager bfloat16 on the CPU (gate atol {args.gate:g})")
+    for name, target, metric, before, after, passed, modules, lat_before, lat_after in fallback_rows(photos, args.gate):
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in metric.items())
+        cost = f"{lat_before * 1e3:.1f} -> {lat_after * 1e3:.1f} ms ({lat_after / lat_before:.2f}x)" if lat_before and lat_after else "-"
+        print(f"{name} / {target}: tier 3 {shown}; required atol {before:.3g} -> {after:.3g}, "
+              f"{'passes' if passed else 'still fails'} with {len(modules)} module(s) in float32 {modules}; latency {cost}")
+
+
+if __name__ == "__main__":
+    main()
