@@ -5,12 +5,14 @@ cost, and the fallback sets `parity fallback` finds, with theirs. Every figure i
   random init, a low score threshold): the reference is eager CPU with 2 threads; the targets are eager
   CPU with 1 thread and eager CPU channels_last, real backend variants whose drift is last-bit. Each model
   runs without and with `adapters: [deterministic_nms]`. The adapter's cost is the median forward time
-  of the same model with and without it (eager CPU, the same photos, --runs runs each, interleaved).
+  of the same model with and without it (eager CPU, the same photos, --runs runs each, interleaved), with
+  `init: fan_in` weights: the builders' own init leaves denormal values in the backbone, which slow
+  every forward several times over and would hide the adapter's share.
 - Classification (ResNet-18) and segmentation (LR-ASPP MobileNetV3): eager bfloat16 on the CPU, tier 3,
   then the fallback search (tier-2 suspects first, grown until the check passes at --gate, then shrunk),
   and the median latency of the target with and without the fallback set.
 
-    .venv/bin/python benchmarks/tier3_table.py [--photos 2] [--runs 5] [--gate 1e-2]
+    .venv/bin/python benchmarks/tier3_table.py [--photos 2] [--runs 10] [--gate 1e-2] [--sections detection,cost,fallback]
 """
 
 from __future__ import annotations
@@ -67,10 +69,9 @@ def detection_rows(photos: list[str]) -> list[tuple]:
 def adapter_cost(photos: list[str], runs: int) -> list[tuple]:
     rows = []
     for name, builder, params in DETECTORS:
+        entry = {"builder": builder, "task": "detection", "params": params, "init": "fan_in"}
         exp = experiment_from_dict({
-            "models": [{"name": "plain", "builder": builder, "task": "detection", "params": params, "adapters": []},
-                       {"name": "nms", "builder": builder, "task": "detection", "params": params,
-                        "adapters": ["deterministic_nms"]}],
+            "models": [{"name": "plain", **entry, "adapters": []}, {"name": "nms", **entry, "adapters": ["deterministic_nms"]}],
             "inputs": [{"name": "photos", "images": photos}], "targets": [{"backend": "eager", "name": "t"}]})
         plain, _ = prepared_model(exp.models[0], exp)
         adapted, _ = prepared_model(exp.models[1], exp)
@@ -95,7 +96,7 @@ def fallback_rows(photos: list[str], gate: float) -> list[tuple]:
             "models": [{"name": name, "builder": builder, "task": task, "params": params, "init": init}],
             "inputs": [{"name": "photos", "images": photos, "preprocess": PREPROCESS}],
             "targets": [{"backend": "eager", "dtype": "bfloat16"}],
-            "tolerances": {"atol": [gate], "rtol": 1e-5, "gate": gate}, "tiers": {"tasks": True}})
+            "tolerances": {"atol": [gate], "rtol": 1e-5, "gate": gate}, "tiers": {"tasks": True, "activations": True}})
         with tempfile.TemporaryDirectory() as out:
             records = run_experiment(exp, out)
         tier3 = next(r for r in records if r["kind"] == "check" and r["tier"] == 3)
@@ -114,24 +115,39 @@ def fallback_rows(photos: list[str], gate: float) -> list[tuple]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--photos", type=int, default=2, help="how many bundled photos (1 to 4; default 2)")
-    parser.add_argument("--runs", type=int, default=5, help="timed forwards per variant for the adapter's cost")
+    parser.add_argument("--runs", type=int, default=10, help="timed forwards per variant for the adapter's cost")
     parser.add_argument("--gate", type=float, default=1e-2, help="the atol the fallback must reach (bfloat16)")
+    parser.add_argument("--sections", default="detection,cost,fallback", help="which tables (default: all three)")
     args = parser.parse_args()
+    sections = set(args.sections.split(","))
     photos = PHOTOS[: max(1, min(args.photos, 4))]
     print(f"photos: {', '.join(photos)}; torch {torch.__version__}, {torch.get_num_threads()} threads")
 
+    if "detection" in sections:
+        print_detection(photos)
+    if "cost" in sections:
+        print_cost(photos, args.runs)
+    if "fallback" in sections:
+        print_fallback(photos, args.gate)
+
+
+def print_detection(photos: list[str]) -> None:
     print("\n## Detection, tier 3 against eager CPU (2 threads), without and with deterministic_nms")
     print(f"{'model':22s} {'target':14s} {'F1':>6s} {'mAP':>6s} {'box drift':>10s}  verdict")
     for model, target, f1, map_, drift, passed, klass in detection_rows(photos):
         print(f"{model:22s} {target:14s} {f1:6.3f} {map_:6.3f} {drift:10.3g}  {'agrees' if passed else klass}")
 
-    print("\n## deterministic_nms latency cost (eager CPU forward, median)")
+
+def print_cost(photos: list[str], runs: int) -> None:
+    print("\n## deterministic_nms latency cost (eager CPU forward, median; fan_in weights)")
     print(f"{'model':22s} {'plain ms':>9s} {'adapter ms':>10s} {'ratio':>6s}")
-    for model, before, after, ratio in adapter_cost(photos, args.runs):
+    for model, before, after, ratio in adapter_cost(photos, runs):
         print(f"{model:22s} {before:9.1f} {after:10.1f} {ratio:6.3f}")
 
-    print(f"\n## Fallback to float32 for eager bfloat16 on the CPU (gate atol {args.gate:g})")
-    for name, target, metric, before, after, passed, modules, lat_before, lat_after in fallback_rows(photos, args.gate):
+
+def print_fallback(photos: list[str], gate: float) -> None:
+    print(f"\n## Fallback to float32 for eager bfloat16 on the CPU (gate atol {gate:g})")
+    for name, target, metric, before, after, passed, modules, lat_before, lat_after in fallback_rows(photos, gate):
         shown = ", ".join(f"{k} {v:.4f}" for k, v in metric.items())
         cost = f"{lat_before * 1e3:.1f} -> {lat_after * 1e3:.1f} ms ({lat_after / lat_before:.2f}x)" if lat_before and lat_after else "-"
         print(f"{name} / {target}: tier 3 {shown}; required atol {before:.3g} -> {after:.3g}, "
