@@ -180,15 +180,27 @@ def cmd_fallback(args: argparse.Namespace) -> int:
     layers = localize_check(job, target, model, inputs, exp)
     if layers.get("error"):
         raise ParityError(f"localizing {target.id} failed, so there are no candidates: {layers['error']}")
+    task = None
+    if args.tier == 3:
+        from parity.config.schema import Tasks
+        from parity.verify.tasks import EVALUATED
+
+        if model_spec.task not in EVALUATED:
+            raise ParityError(f"--tier 3: model '{model_spec.name}' has task '{model_spec.task}'; tier 3 evaluates "
+                              f"{', '.join(EVALUATED)} (set the model's task:)")
+        task = (model_spec.task, exp.tiers.tasks or Tasks())
     result = find_fallback(exp.reference, target, model, inputs, candidates_from(layers), exp.tolerances.rtol,
-                           exp.tolerances.gate_atol)
+                           exp.tolerances.gate_atol, task=task)
     record = {"model": model_spec.name, "inputs": input_spec.name, "reference": exp.reference.id, **result.record()}
     console = _console()
     before, after = result.required_atol_before, result.required_atol_after
     console.print(escape(f"{target.id}: required atol {before:.3g} -> {after:.3g} (gate {exp.tolerances.gate_atol:g}) "
                          f"with {len(result.modules)} module(s) in {result.runs_in}, {result.tried} trial run(s)"))
+    if task is not None:
+        shown = lambda metrics: ", ".join(f"{k} {v:.4g}" for k, v in (metrics or {}).items() if isinstance(v, float))  # noqa: E731
+        console.print(escape(f"tier 3 ({model_spec.task}): {shown(result.task_before)} -> {shown(result.task_after)}"))
     if result.passed and not result.modules:
-        console.print("the check already passes at the gate: no fallback is needed")
+        console.print("the check already passes: no fallback is needed")
     elif result.passed:
         ratio = record["latency_ratio"]
         console.print(escape(f"fallback: [{', '.join(result.modules)}]; median latency {result.latency_before_s * 1e3:.2f} ms "
@@ -267,8 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "target id, e.g. compile-cpu", "layers", cmd_localize)
     loc.add_argument("--granularity", help="blocks (default, hierarchical) | leaf | depth:N | name,name,...")
     loc.add_argument("--mode", choices=["local", "propagated", "both"])
-    one_check_parser("fallback", "find modules to run eager or in float32 so that a target passes",
-                     "a compile, bfloat16 or float16 target id", "fallback", cmd_fallback)
+    fall = one_check_parser("fallback", "find modules to run eager or in float32 so that a target passes",
+                            "a compile, bfloat16 or float16 target id", "fallback", cmd_fallback)
+    fall.add_argument("--tier", type=int, choices=[1, 3], default=1,
+                      help="what must pass: 1, every output within the gate (default); 3, the task-level verdict")
 
     backends = sub.add_parser("backends", help="list every backend and whether it can run here")
     backends.set_defaults(func=cmd_backends)
