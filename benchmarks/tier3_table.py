@@ -4,10 +4,10 @@ cost, and the fallback sets `parity fallback` finds, with theirs. Every figure i
 - Detection (torchvision's Faster R-CNN with MobileNetV3-FPN at 800 and at 320 px, and SSDlite; their own
   random init, a low score threshold): the reference is eager CPU with 2 threads; the targets are eager
   CPU with 1 thread and eager CPU channels_last, real backend variants whose drift is last-bit. Each model
-  runs without and with `adapters: [deterministic_nms]`. The adapter's cost is the median forward time
-  of the same model with and without it (eager CPU, the same photos, --runs runs each, interleaved), with
-  `init: fan_in` weights: the builders' own init leaves denormal values in the backbone, which slow
-  every forward several times over and would hide the adapter's share.
+  runs without and with `adapters: [deterministic_nms]`. The adapter's cost: the NMS and proposal top-k
+  calls of one forward are recorded and replayed, torchvision's and the adapter's, the best of --runs
+  each, against the median forward (eager CPU, `init: fan_in` weights: the builders' own init leaves
+  denormal values in the backbone, which slow every forward several times over).
 - Classification (ResNet-18) and segmentation (LR-ASPP MobileNetV3): eager bfloat16 on the CPU. The
   fallback search (tier-2 suspects first, grown until the check passes, then shrunk) aimed at tier 1
   (every output within --gate) and at tier 3 (the task verdict), and the median latency of the target
@@ -68,26 +68,66 @@ def detection_rows(photos: list[str]) -> list[tuple]:
 
 
 def adapter_cost(photos: list[str], runs: int) -> list[tuple]:
-    rows = []
-    for name, builder, params in DETECTORS:
-        entry = {"builder": builder, "task": "detection", "params": params, "init": "fan_in"}
-        exp = experiment_from_dict({
-            "models": [{"name": "plain", **entry, "adapters": []}, {"name": "nms", **entry, "adapters": ["deterministic_nms"]}],
-            "inputs": [{"name": "photos", "images": photos}], "targets": [{"backend": "eager", "name": "t"}]})
-        plain, _ = prepared_model(exp.models[0], exp)
-        adapted, _ = prepared_model(exp.models[1], exp)
-        inputs = build_inputs(exp.inputs[0], exp, "list")
-        times: dict[str, list[float]] = {"plain": [], "nms": []}
-        with torch.inference_mode():
-            plain(*inputs.args), adapted(*inputs.args)  # warm-up
-            for _ in range(runs):  # interleaved: a slow spell of the machine hits both
-                for key, model in (("plain", plain), ("nms", adapted)):
-                    start = time.perf_counter()
-                    model(*inputs.args)
-                    times[key].append(time.perf_counter() - start)
-        before, after = statistics.median(times["plain"]), statistics.median(times["nms"])
-        rows.append((name, before * 1e3, after * 1e3, after / before))
-    return rows
+    """The forward's median time, and the time of its NMS and proposal top-k calls as torchvision runs
+    them and as the adapter does. The calls are recorded in one forward and replayed `runs` times each
+    (the best of them): a difference of milliseconds inside a forward of seconds would drown in the
+    machine's noise if timed as whole forwards."""
+    return [(name, *_adapter_cost(builder, params, photos, runs)) for name, builder, params in DETECTORS]
+
+
+def _adapter_cost(builder: str, params: dict, photos: list[str], runs: int) -> tuple[float, float, float, float]:
+    import torchvision.ops.boxes as box_ops
+
+    from parity.adapters import nms
+
+    exp = experiment_from_dict({
+        "models": [{"name": "m", "builder": builder, "task": "detection", "params": params, "init": "fan_in"}],
+        "inputs": [{"name": "photos", "images": photos}], "targets": [{"backend": "eager", "name": "t"}]})
+    model, _ = prepared_model(exp.models[0], exp)
+    inputs = build_inputs(exp.inputs[0], exp, "list")
+    grid = exp.adapters[0].score_grid_for(exp) if exp.adapters else 10 * exp.tolerances.gate_atol
+    nms_calls, topk_calls = [], []
+    plain_nms = box_ops.batched_nms
+    rpns = [m for m in model.modules() if hasattr(m, "_get_top_n_idx")]
+
+    def spy_nms(*args):
+        nms_calls.append(args)
+        return plain_nms(*args)
+
+    box_ops.batched_nms = spy_nms
+    for rpn in rpns:
+        plain_top_n = rpn._get_top_n_idx
+        rpn._get_top_n_idx = lambda *a, _rpn=rpn, _f=plain_top_n: (topk_calls.append((_rpn, a)), _f(*a))[1]
+    with torch.inference_mode():
+        times = []
+        for i in range(max(3, runs // 2) + 1):
+            start = time.perf_counter()
+            model(*inputs.args)
+            times.append(time.perf_counter() - start)
+            if i == 0:
+                box_ops.batched_nms = plain_nms  # the calls of one forward are enough
+                for rpn in rpns:
+                    del rpn._get_top_n_idx
+        forward = statistics.median(times[1:])
+        adapted_nms = nms.make_batched_nms(grid, 1.0)
+
+        def replay(adapted: bool) -> float:
+            best = float("inf")
+            for _ in range(runs):
+                start = time.perf_counter()
+                for args in nms_calls:
+                    (adapted_nms if adapted else plain_nms)(*args)
+                for rpn, args in topk_calls:
+                    if adapted:
+                        rpn._parity_score_grid = grid
+                        nms._deterministic_top_n_idx(rpn, *args)
+                    else:
+                        type(rpn)._get_top_n_idx(rpn, *args)
+                best = min(best, time.perf_counter() - start)
+            return best
+
+        plain_s, adapter_s = replay(False), replay(True)
+    return forward * 1e3, plain_s * 1e3, adapter_s * 1e3, (forward - plain_s + adapter_s) / forward
 
 
 def fallback_rows(photos: list[str], gate: float) -> list[tuple]:
@@ -141,10 +181,10 @@ def print_detection(photos: list[str]) -> None:
 
 
 def print_cost(photos: list[str], runs: int) -> None:
-    print("\n## deterministic_nms latency cost (eager CPU forward, median; fan_in weights)")
-    print(f"{'model':22s} {'plain ms':>9s} {'adapter ms':>10s} {'ratio':>6s}")
-    for model, before, after, ratio in adapter_cost(photos, runs):
-        print(f"{model:22s} {before:9.1f} {after:10.1f} {ratio:6.3f}")
+    print("\n## deterministic_nms latency cost (eager CPU, fan_in weights; NMS + proposal top-k calls replayed)")
+    print(f"{'model':22s} {'forward ms':>10s} {'nms+topk ms':>11s} {'adapted ms':>10s} {'forward ratio':>13s}")
+    for model, forward, plain, adapted, ratio in adapter_cost(photos, runs):
+        print(f"{model:22s} {forward:10.1f} {plain:11.2f} {adapted:10.2f} {ratio:13.3f}")
 
 
 def print_fallback(photos: list[str], gate: float) -> None:

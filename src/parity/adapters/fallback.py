@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,15 +133,34 @@ class Trial:
     task: dict[str, Any] | None = None
 
 
-def _latency(spec, model, inputs, runs: int) -> float:
-    from parity.runner.execute import execute
+def _latencies(spec, models: list[torch.nn.Module], inputs, runs: int) -> list[float]:
+    """The median run time of each model on the backend `spec`, runs interleaved (one of each in turn),
+    so that a slow spell of the machine falls on all of them alike."""
+    from parity.backends import backend_class
 
-    result = execute(spec, model, inputs, runs)
-    return statistics.median(result.run_s) if result.ok else float("nan")
+    backends = []
+    try:
+        for model in models:
+            backend = backend_class(spec.backend)(spec)
+            backends.append(backend)
+            backend.prepare(copy.deepcopy(model), inputs.clone())
+        times: list[list[float]] = [[] for _ in models]
+        for _ in range(runs):
+            for backend, spent in zip(backends, times, strict=True):
+                fresh = inputs.clone()
+                start = time.perf_counter()
+                backend.run(fresh)
+                spent.append(time.perf_counter() - start)
+        return [statistics.median(t) for t in times]
+    except Exception:  # the search already ran both; a failure here only loses the timing
+        return [float("nan")] * len(models)
+    finally:
+        for backend in backends:
+            backend.close()
 
 
 def find_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module, inputs: Inputs,
-                  candidates: list[str], rtol: float, gate: float, latency_runs: int = 5,
+                  candidates: list[str], rtol: float, gate: float, latency_runs: int = 7,
                   task: tuple[str, Any] | None = None) -> FallbackResult:
     """The smallest set of `candidates` (tried in the order given) whose fallback makes the check pass:
     tier 1 at `gate`, or with `task` = (task name, tier-3 thresholds) the task-level verdict, which a
@@ -187,8 +207,8 @@ def find_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn.M
             chosen, trial = [c for c in chosen if c != name], smaller
     result.modules, result.passed = chosen, True
     result.required_atol_after, result.task_after = trial.required_atol, trial.task
-    result.latency_before_s = _latency(target, model, inputs, latency_runs)
-    result.latency_after_s = _latency(target, apply_fallback(model, chosen, target), inputs, latency_runs)
+    result.latency_before_s, result.latency_after_s = _latencies(
+        target, [model, apply_fallback(model, chosen, target)], inputs, latency_runs)
     return result
 
 
