@@ -82,3 +82,21 @@ def test_the_adapter_turns_a_detectors_decision_flip_between_real_backends_into_
     assert tier1["frcnn"]["failure_class"] == "numeric_drift"  # not `ordering`: other boxes, not the same reordered
     notes = {r["model"]: r["adapters"] for r in records if r["kind"] == "model"}
     assert notes["frcnn"] == [] and "proposal network" in notes["frcnn_nms"][0]
+
+
+def test_top_k_sorts_only_what_can_be_in_it_and_equals_the_full_order():
+    from parity.adapters.nms import deterministic_top_k
+
+    g = torch.Generator().manual_seed(0)
+    scores = (torch.rand(5000, generator=g) * 50).round() / 50 + torch.rand(5000, generator=g) * 1e-7  # many ties
+    for k in (1, 10, 999, 4999, 5000, 6000):
+        assert torch.equal(deterministic_top_k(scores, k, 1e-2), deterministic_order(scores, 1e-2)[:k]), k
+
+
+def test_box_keys_are_packed_without_losing_order():
+    g = torch.Generator().manual_seed(1)
+    boxes = torch.randint(0, 40, (300, 4), generator=g).float()
+    scores = torch.full((300,), 0.5)
+    order = deterministic_order(scores, 1e-2, boxes, 1.0)
+    keys = [tuple(boxes[i].long().tolist()) + (int(i),) for i in order]
+    assert keys == sorted(keys)

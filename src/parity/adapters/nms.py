@@ -23,17 +23,32 @@ import torchvision.ops.boxes as box_ops
 _ORIGINAL_BATCHED_NMS = box_ops.batched_nms
 
 
+COORD_BITS = 15  # box coordinates on the grid, 0 to 32767 each: four of them fit in one int64 key
+
+
 def deterministic_order(scores: torch.Tensor, score_grid: float, boxes: torch.Tensor | None = None,
                         box_grid: float = 1.0) -> torch.Tensor:
-    """Indices by quantized score (descending), then quantized box coordinates, then index."""
-    n = scores.shape[0]
-    order = torch.arange(n, device=scores.device)
-    keys = [-torch.floor(scores.double() / score_grid)]
+    """Indices by quantized score (descending), then quantized box coordinates (x1, y1, x2, y2; each
+    clamped to 0..32767 grid steps), then index. Two stable sorts: the four coordinates are packed into
+    one integer key."""
+    order = torch.arange(scores.shape[0], device=scores.device)
     if boxes is not None:
-        keys += [torch.floor(boxes[:, i].double() / box_grid) for i in range(4)]
-    for key in reversed(keys):  # stable sorts, least significant key first
-        order = order[torch.sort(key[order], stable=True).indices]
-    return order
+        cells = torch.floor(boxes.double() / box_grid).clamp_(0, 2**COORD_BITS - 1).long()
+        packed = ((cells[:, 0] << COORD_BITS | cells[:, 1]) << COORD_BITS | cells[:, 2]) << COORD_BITS | cells[:, 3]
+        order = torch.sort(packed, stable=True).indices
+    buckets = -torch.floor(scores.double() / score_grid)
+    return order[torch.sort(buckets[order], stable=True).indices]
+
+
+def deterministic_top_k(scores: torch.Tensor, k: int, score_grid: float) -> torch.Tensor:
+    """The first k of `deterministic_order(scores)`, sorting only the candidates that can be among them:
+    those in the k-th largest score's bucket or above (fewer than k lie above it)."""
+    if k >= scores.shape[0]:
+        return deterministic_order(scores, score_grid)
+    buckets = torch.floor(scores.double() / score_grid)
+    kth_bucket = torch.floor(scores.topk(k).values[-1].double() / score_grid)
+    candidates = torch.nonzero(buckets >= kth_bucket).squeeze(1)  # ascending: index order kept for ties
+    return candidates[deterministic_order(scores[candidates], score_grid)[:k]]
 
 
 def make_batched_nms(score_grid: float, box_grid: float):
@@ -57,7 +72,7 @@ def _deterministic_top_n_idx(self, objectness: torch.Tensor, num_anchors_per_lev
     for ob in objectness.split(num_anchors_per_level, 1):
         num_anchors = ob.shape[1]
         top_n = det_utils._topk_min(ob, self.pre_nms_top_n(), 1)
-        rows = [deterministic_order(row, self._parity_score_grid)[:top_n] for row in ob]
+        rows = [deterministic_top_k(row, top_n, self._parity_score_grid) for row in ob]
         r.append(torch.stack(rows) + offset)
         offset += num_anchors
     return torch.cat(r, dim=1)
