@@ -293,6 +293,34 @@ def adapter_names(value: Any) -> Any:
 ModelSpec.model_rebuild()  # its `adapters` names Adapter, defined after it
 
 
+DEFAULT_TIMEOUT_S = 600.0
+
+
+class ExecutorSpec(Strict):
+    """Where executions run: `local` (this process) or `process` (a worker process, with a time limit).
+    `executor: process` is short for `{kind: process}`."""
+
+    kind: Literal["local", "process"] = "local"
+    timeout: float | None = Field(default=None, gt=0)  # seconds per execution; default DEFAULT_TIMEOUT_S
+    threads: int | None = Field(default=None, ge=1)  # torch threads per execution
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        return {"kind": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _applies(self) -> ExecutorSpec:
+        if self.kind == "local" and (self.timeout is not None or self.threads is not None):
+            raise ValueError("'timeout' and 'threads' apply to the process executor (the local executor "
+                             "runs backends in this process and cannot stop one)")
+        return self
+
+    @property
+    def timeout_s(self) -> float:
+        return self.timeout if self.timeout is not None else DEFAULT_TIMEOUT_S
+
+
 class Experiment(Strict):
     name: str | None = None
     seed: int = 0
@@ -305,6 +333,7 @@ class Experiment(Strict):
     tolerances: Tolerances = Field(default_factory=Tolerances)
     tiers: Tiers = Field(default_factory=Tiers)
     adapters: list[Adapter] = Field(default_factory=list)
+    executor: ExecutorSpec = Field(default_factory=ExecutorSpec)
 
     @field_validator("adapters", mode="before")
     @classmethod

@@ -20,7 +20,8 @@ from parity.inputs import build_inputs
 from parity.models import build_model
 from parity.records import RecordWriter, environment
 from parity.runner import cache
-from parity.runner.execute import Execution, execute
+from parity.runner.execute import Execution
+from parity.runner.executors import Executor, make_executor
 from parity.runner.plan import Job, plan
 from parity.verify.checks import repeat_spread, tier1_check
 from parity.verify.localize import LOCALIZABLE, localize_check
@@ -68,7 +69,7 @@ def _record_execution(writer: RecordWriter, job: Job, ex: Execution, repeat: int
                      run_s=ex.run_s[repeat], error=None, failure_class=None, cached=ex.cached)
 
 
-def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _Progress) -> None:
+def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _Progress, executor: Executor) -> None:
     try:
         inputs = build_inputs(job.inputs, exp, job.model.batch_mode)
     except ParityError:
@@ -83,7 +84,7 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
 
     def run(spec) -> Execution:
         progress.describe(f"{job.model.name} / {job.inputs.name} / {spec.id}")
-        ex = execute(spec, as_configured(spec), inputs, job.repeats, on_run=lambda e, r: _record_execution(writer, job, e, r))
+        ex = executor.execute(job, spec, model, inputs, on_run=lambda e, r: _record_execution(writer, job, e, r))
         if not ex.ok:
             _record_execution(writer, job, ex, None)
         progress.advance(job.repeats)
@@ -115,9 +116,10 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True) -> 
 
     jobs = plan(exp)
     bar = _Progress(sum(j.executions for j in jobs), progress)
-    with RecordWriter(out_dir / "records.jsonl") as writer:
+    with RecordWriter(out_dir / "records.jsonl") as writer, make_executor(exp.executor) as executor:
         writer.write("run", experiment=exp.name, config=exp.model_dump(mode="json"),
                      base_dir=str(exp.base_dir), environment=environment(exp.base_dir))
+        executor.start(exp, jobs)
         with bar.running():
             for model_spec in exp.models:
                 start = time.perf_counter()
@@ -126,7 +128,7 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True) -> 
                              build_s=time.perf_counter() - start, adapters=notes)
                 with model_identity(model_spec, exp):
                     for job in (j for j in jobs if j.model is model_spec):
-                        _run_job(job, model, exp, writer, bar)
+                        _run_job(job, model, exp, writer, bar, executor)
                 del model
         records = writer.records
     write_summary(summarize(records), out_dir / "summary.json")

@@ -1,0 +1,204 @@
+"""The process executor: every execution in a worker process, with a time limit.
+
+One worker at a time runs the executions one after the other, as the local executor would, and is kept
+between them (starting one imports torch: seconds). When a backend crashes the worker (a segfault, an
+abort) its execution fails as `crash`, with the signal's name and, from faulthandler, the function it
+died in; when an execution runs past the time limit, the worker's Python stack is dumped (to say where
+it hung), the worker is killed and the execution fails as `timeout`. The next execution starts a fresh
+worker, so the run goes on.
+
+The worker is a new interpreter (`subprocess`, not `fork`: forking after torch started its thread pools
+is unsafe; and not `multiprocessing`, which would import the caller's `__main__` again). It talks over a
+socket pair with pickled messages (runner/worker.py says which), so the backend's own prints on stdout
+and stderr pass through untouched. It runs in its own session: Ctrl-C reaches only this process, which
+stops the worker; the kernel kills a worker whose parent died (Linux).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import parity
+from parity.errors import ParityError
+from parity.runner.execute import Execution
+from parity.runner.executors import (
+    Digests,
+    Executor,
+    RemoteExecution,
+    crash_report,
+    describe_worker_error,
+    ending,
+)
+from parity.runner.worker import receive, send
+from parity.verify import taxonomy as tx
+
+STARTUP_S = 120.0  # at least this long to start a worker (importing torch on a busy machine), else the time limit
+# Imports parity from where this process has it, even when only this process's sys.path says where.
+_BOOT = ("import sys; root = sys.argv[2]; root in sys.path or sys.path.insert(0, root); "
+         "from parity.runner.worker import serve; serve()")
+
+
+@dataclass
+class _Worker:
+    process: subprocess.Popen
+    conn: Connection
+    crash_file: Path
+    started: float
+    ready: bool = False
+    busy: bool = False  # an execution was sent and its `done` not received yet
+
+
+class ProcessExecutor(Executor):
+    """Executions in a worker process, each within `timeout_s` seconds (building the model in a fresh
+    worker, preparing the backend and every repeat); `threads`: torch threads in the worker (default:
+    torch's own default)."""
+
+    def __init__(self, timeout_s: float, threads: int | None = None):
+        self.timeout_s = timeout_s
+        self.threads = threads
+        self._worker: _Worker | None = None
+        self._digest = Digests()
+        self._scratch: tempfile.TemporaryDirectory | None = None
+
+    def start(self, exp, jobs) -> None:
+        super().start(exp, jobs)
+        self._scratch = tempfile.TemporaryDirectory(prefix="parity-workers-")
+        self._spawn()  # it imports torch while this process builds the first model
+
+    def _spawn(self) -> None:
+        assert self._scratch is not None, "start() first"
+        from parity.runner import cache
+
+        ours, theirs = socket.socketpair()
+        root = str(Path(parity.__file__).resolve().parent.parent)
+        try:
+            process = subprocess.Popen([sys.executable, "-c", _BOOT, str(theirs.fileno()), root],
+                                       pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            theirs.close()
+        conn = Connection(ours.detach())
+        settings = {"sys_path": [p for p in sys.path if p], "cache_root": str(cache.root()) if cache.root() else None,
+                    "threads": self.threads, "crash_dir": self._scratch.name}
+        send(conn, settings)  # small: they wait in the socket's buffer until the worker has started
+        send(conn, self.exp)
+        crash_file = Path(self._scratch.name) / f"worker-{process.pid}.log"
+        self._worker = _Worker(process, conn, crash_file, time.monotonic())
+
+    @property
+    def worker_pid(self) -> int | None:
+        """The process id of the current worker (None between a crash and the next execution)."""
+        return self._worker.process.pid if self._worker is not None else None
+
+    def _ready(self) -> str | None:
+        """None once a worker is ready for a request, else why none could start."""
+        if self._worker is None:
+            self._spawn()
+        worker = self._worker
+        if worker.ready:
+            return None
+        limit = max(self.timeout_s, STARTUP_S)
+        if not worker.conn.poll(max(0.0, worker.started + limit - time.monotonic())):
+            self._stop()
+            return f"the worker process did not start within {limit:g} s"
+        try:
+            _, _, their_parity = receive(worker.conn)
+        except (EOFError, OSError):
+            how, _ = self._reap()
+            return f"the worker process {how} while starting"
+        if Path(their_parity).resolve() != Path(parity.__file__).resolve():
+            self._stop()
+            raise ParityError(f"the worker process imports parity from {their_parity}, this process from "
+                              f"{parity.__file__}; set PYTHONPATH so that both find the same one")
+        worker.ready = True
+        return None
+
+    def execute(self, job, spec, model, inputs, on_run=None) -> Execution:
+        remote = RemoteExecution(job, spec, self._digest(model), on_run)
+        problem = self._ready()
+        if problem is not None:
+            return remote.fail(tx.CRASH, problem)
+        worker = self._worker
+        try:
+            send(worker.conn, (job.model.name, inputs, spec, job.repeats))
+        except OSError:
+            return remote.crashed(*self._reap())
+        worker.busy = True
+        deadline = time.monotonic() + self.timeout_s
+        unreadable = None  # outputs this process cannot unpickle: the execution fails once the worker is done
+        while not remote.finished:
+            if not worker.conn.poll(max(0.0, deadline - time.monotonic())):
+                return remote.timed_out(self.timeout_s, self._stop(dump_stack=True))
+            try:
+                message = receive(worker.conn)
+            except (EOFError, OSError):
+                return remote.crashed(*self._reap())
+            except Exception as exc:  # e.g. an output class that does not import here
+                unreadable = unreadable or exc
+                continue
+            remote.receive(message)
+        worker.busy = False
+        if unreadable is not None:
+            return remote.fail(*describe_worker_error(unreadable))
+        return remote.execution
+
+    def _reap(self) -> tuple[str, str | None]:
+        """After the worker's connection broke: how it ended ('died of SIGSEGV') and where."""
+        worker, self._worker = self._worker, None
+        try:
+            code = worker.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # it closed the connection but lives on: it is of no use now
+            self._kill(worker)
+            code = worker.process.wait()
+        self._kill(worker)  # what it started (compile workers) must not outlive it
+        _, site = crash_report(worker.crash_file)
+        worker.conn.close()
+        return ending(code), site
+
+    def _stop(self, dump_stack: bool = False) -> str | None:
+        """Kill the worker (and anything it started); first, when asked, have it write its Python stack and
+        return where it was."""
+        worker, self._worker = self._worker, None
+        if worker is None:
+            return None
+        site = None
+        if dump_stack and hasattr(signal, "SIGUSR1") and worker.process.poll() is None:
+            before = worker.crash_file.stat().st_size if worker.crash_file.exists() else 0
+            os.kill(worker.process.pid, signal.SIGUSR1)
+            for _ in range(20):  # faulthandler writes from the signal handler: at once, unless the process is stopped
+                time.sleep(0.05)
+                if worker.crash_file.exists() and worker.crash_file.stat().st_size > before:
+                    break
+            _, site = crash_report(worker.crash_file)
+        self._kill(worker)
+        worker.process.wait()
+        worker.conn.close()
+        return site
+
+    @staticmethod
+    def _kill(worker: _Worker) -> None:
+        try:
+            os.killpg(worker.process.pid, signal.SIGKILL)  # the worker's session: its own children too
+        except ProcessLookupError:
+            pass
+
+    def close(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.conn.close()  # an idle worker reads EOF and exits
+            try:
+                worker.process.wait(timeout=0 if worker.busy else 10)  # a busy one (the run stopped early) is killed
+            except subprocess.TimeoutExpired:
+                self._kill(worker)
+                worker.process.wait()
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None

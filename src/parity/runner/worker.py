@@ -1,0 +1,164 @@
+"""The worker side of the process and ray executors: rebuild the model from the experiment, run one
+execution, report it as messages.
+
+A worker gets the experiment, the model's name, the inputs (tensors), the backend and the number of
+repeats, never a model: a model from someone's repository is imported from a path and may not unpickle
+anywhere else, and rebuilding it from its spec (the seed, the weights file, the adapters) gives the same
+weights, which the parent checks against its own build (the `built` message carries the digest).
+
+Messages, in order: `("built", digest)`, then `("repeat", index, run_s, outputs, prepare_s, cached)` after
+each repeat, then `("done", status, error, failure_class, prepare_s, cached)`. Outputs are CPU tensors
+in the model's own structure (backends return them so), judged by the parent as the local executor would.
+
+`python -c "from parity.runner.worker import serve; serve()" FD` runs the process executor's worker: it
+talks over the socket FD, keeps built models between executions, and dies with its parent.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import pickle
+import signal
+import sys
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from parity.config.schema import BackendSpec, Experiment, ModelSpec
+from parity.inputs import Inputs
+from parity.runner.execute import _describe, execute
+from parity.runner.executors import configured_model
+from parity.verify.taxonomy import classify_exception
+
+
+class ModelCache:
+    """Built models (adapters applied), the last few kept: building a torchvision model costs seconds, and
+    a worker usually runs every backend of one model in a row. Keyed by everything the experiment says
+    the model is, so a worker that serves several experiments (Ray's) never mixes them up."""
+
+    def __init__(self, size: int = 2):
+        self.size = size
+        self._models: OrderedDict[str, tuple[torch.nn.Module, str]] = OrderedDict()
+
+    @staticmethod
+    def key(spec: ModelSpec, exp: Experiment) -> str:
+        return json.dumps([spec.model_dump(mode="json"), exp.seed, str(exp.base_dir),
+                           [a.model_dump(mode="json") for a in exp.adapters_for(spec)]], sort_keys=True, default=str)
+
+    def get(self, spec: ModelSpec, exp: Experiment) -> tuple[torch.nn.Module, str]:
+        """The model and its digest (runner/cache.py's model_digest)."""
+        from parity.runner.cache import model_digest
+        from parity.runner.local import prepared_model
+
+        key = self.key(spec, exp)
+        if key in self._models:
+            self._models.move_to_end(key)
+            return self._models[key]
+        while len(self._models) >= self.size:
+            self._models.popitem(last=False)
+        model, _ = prepared_model(spec, exp)
+        self._models[key] = model, model_digest(model)
+        return self._models[key]
+
+
+MODELS = ModelCache()  # the models built by this process's Ray tasks (a Ray worker runs many)
+
+
+def run_execution(exp: Experiment, models: ModelCache, model_name: str, inputs: Inputs, spec: BackendSpec,
+                  repeats: int, send: Callable[[tuple], None]) -> None:
+    """One execution, as `runner.execute.execute` runs it locally, reported through `send`."""
+    from parity.runner.local import model_identity
+
+    model_spec = next(m for m in exp.models if m.name == model_name)
+    try:
+        model, digest = models.get(model_spec, exp)
+    except Exception as exc:  # the parent built it; a worker that cannot is this execution's failure
+        send(("done", "error", f"rebuilding the model in the worker failed: {_describe(exc)}", classify_exception(exc),
+              None, None))
+        return
+    send(("built", digest))
+
+    def on_run(ex, repeat: int) -> None:
+        send(("repeat", repeat, ex.run_s[repeat], ex.outputs[repeat], ex.prepare_s, ex.cached))
+
+    with model_identity(model_spec, exp):
+        ex = execute(spec, configured_model(model, spec, model_name), inputs, repeats, on_run=on_run)
+    send(("done", ex.status, ex.error, ex.failure_class, ex.prepare_s, ex.cached))
+
+
+def send(conn, message: Any) -> None:
+    """Plain pickle, by value: multiprocessing's own pickler (Connection.send) would hand tensors over as
+    shared-memory handles (torch registers that), which need the two processes to trust each other's keys."""
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def receive(conn) -> Any:
+    return pickle.loads(conn.recv_bytes())
+
+
+_crash_file = None  # kept open: faulthandler writes to its descriptor when the process dies
+
+
+def prepare_worker(settings: dict[str, Any]) -> None:
+    """Make this process run executions as the parent would: its sys.path entries (model modules next to
+    the experiment, test fixtures), its artifact cache, the threads asked for; and say where it crashes or
+    hangs (faulthandler writes the Python stack to `crash_dir`/worker-PID.log on a fatal signal, and on
+    SIGUSR1)."""
+    global _crash_file
+    from parity.runner import cache
+
+    for entry in reversed(settings.get("sys_path", [])):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    root = settings.get("cache_root")
+    cache.configure(None if root is None else Path(root))
+    if settings.get("threads"):
+        torch.set_num_threads(settings["threads"])
+    crash_dir = settings.get("crash_dir")
+    if crash_dir:
+        path = Path(crash_dir) / f"worker-{os.getpid()}.log"
+        if _crash_file is None or _crash_file.name != str(path):  # a Ray worker may serve several runs
+            if _crash_file is not None:
+                _crash_file.close()
+            _crash_file = open(path, "w")  # open for the life of the process
+            faulthandler.enable(file=_crash_file, all_threads=True)
+            if hasattr(signal, "SIGUSR1"):
+                faulthandler.register(signal.SIGUSR1, file=_crash_file, all_threads=True)
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this worker when the parent dies, even when a backend hangs in C code."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the parent died before that took effect
+        os._exit(1)
+
+
+def serve() -> None:
+    """The process executor's worker: settings, the experiment, then one request per execution until the
+    parent closes the connection."""
+    from multiprocessing.connection import Connection
+
+    _die_with_parent()
+    conn = Connection(int(sys.argv[1]))
+    prepare_worker(receive(conn))
+    exp: Experiment = receive(conn)
+    models = ModelCache()
+    import parity
+
+    send(conn, ("ready", os.getpid(), parity.__file__))
+    while True:
+        try:
+            model_name, inputs, spec, repeats = receive(conn)
+            run_execution(exp, models, model_name, inputs, spec, repeats, lambda message: send(conn, message))
+        except (EOFError, BrokenPipeError, ConnectionResetError):  # the parent is done, or stopped listening
+            return

@@ -1,0 +1,76 @@
+"""Executors: the process executor turns a segfault or a hang into a failed check and goes on. Workers run in other processes: the backends that crash or
+hang (tests/fixtures/tiny.py) must never run in the test process itself."""
+
+from __future__ import annotations
+
+import pytest
+
+from parity.api import run_experiment
+from parity.cli import main
+from parity.config import experiment_from_dict
+from parity.errors import ParityError
+from parity.records import read_records
+from tests.conftest import tiny_experiment
+
+SEGFAULTING = {"backend": "tests.fixtures.tiny:SegfaultingEager", "name": "segfaulting"}
+HANGING = {"backend": "tests.fixtures.tiny:HangingEager", "name": "hanging"}
+WELL_BEHAVED = [{"backend": "torchscript"}, {"backend": "eager", "dtype": "bfloat16"}]
+JUDGED = ("passed", "failure_class", "verdicts", "required_atol", "max_abs", "status")
+
+
+def checks(records) -> dict[tuple, dict]:
+    return {(r["model"], r["inputs"], r["target"], r["tier"]): r for r in records if r["kind"] == "check"}
+
+
+def assert_same_verdicts(got: dict[tuple, dict], local: dict[tuple, dict]) -> None:
+    assert got.keys() == local.keys()
+    for key, check in local.items():
+        assert set(got[key]) == set(check), key  # the same record shape
+        assert {k: got[key][k] for k in JUDGED} == {k: check[k] for k in JUDGED}, key
+
+
+def test_process_executor_fails_a_segfault_and_a_hang_and_the_run_goes_on(tmp_path, write_yaml):
+    data = tiny_experiment([SEGFAULTING, HANGING, *WELL_BEHAVED], repeats=2)
+    data["executor"] = {"kind": "process", "timeout": 5}
+    code = main(["run", str(write_yaml(data)), "--out", str(tmp_path / "process"), "--quiet", "--no-report"])
+    assert code == 1
+    records = read_records(tmp_path / "process")
+    by_target = {key[2]: check for key, check in checks(records).items()}
+    assert by_target["segfaulting"]["failure_class"] == "crash"
+    assert "died of SIGSEGV in run (tiny.py:" in by_target["segfaulting"]["detail"]
+    assert by_target["hanging"]["failure_class"] == "timeout"
+    assert "time limit of 5 s in run (tiny.py:" in by_target["hanging"]["detail"]
+    assert by_target["torchscript-cpu"]["passed"] is True
+    [crashed] = [r for r in records if r["kind"] == "execution" and r["backend"] == "segfaulting"]
+    assert crashed["status"] == "error" and crashed["failure_class"] == "crash"
+    assert records[0]["config"]["executor"] == {"kind": "process", "timeout": 5.0, "threads": None}
+
+    local = run_experiment(tiny_experiment(WELL_BEHAVED, repeats=2), out=tmp_path / "local", reports=())
+    well_behaved = {key: check for key, check in checks(records).items() if key[2] not in ("segfaulting", "hanging")}
+    assert_same_verdicts(well_behaved, checks(local))
+    executions = lambda rs: {(r["backend"], r["repeat"]): set(r) for r in rs if r["kind"] == "execution"}  # noqa: E731
+    assert {k: v for k, v in executions(records).items() if k[0] not in ("segfaulting", "hanging")} == executions(local)
+
+
+def test_process_executor_keeps_its_worker_and_refuses_a_model_it_cannot_rebuild():
+    from parity.inputs import build_inputs
+    from parity.models import build_model
+    from parity.runner.plan import plan
+    from parity.runner.process import ProcessExecutor
+
+    data = tiny_experiment([{"backend": "eager", "name": "same"}])
+    data["models"].append({"name": "unseeded", "source": "python", "entry": "tests.fixtures.tiny:unseeded_cnn"})
+    exp = experiment_from_dict(data)
+    jobs = plan(exp)
+    with ProcessExecutor(timeout_s=60) as executor:
+        executor.start(exp, jobs)
+        job = jobs[0]
+        model, inputs = build_model(job.model, exp), build_inputs(job.inputs, exp)
+        first = executor.execute(job, job.reference, model, inputs)
+        pid = executor.worker_pid
+        second = executor.execute(job, job.targets[0], model, inputs)
+        assert first.ok and second.ok and executor.worker_pid == pid
+        assert first.outputs[0].equal(second.outputs[0])
+        unseeded = jobs[1]
+        with pytest.raises(ParityError, match="not deterministic"):
+            executor.execute(unseeded, unseeded.reference, build_model(unseeded.model, exp), inputs)
