@@ -1,4 +1,5 @@
-"""Executors: the process executor turns a segfault or a hang into a failed check and goes on. Workers run in other processes: the backends that crash or
+"""Executors: the process executor turns a segfault or a hang into a failed check and goes on; the ray
+executor gives the local executor's verdicts. Workers run in other processes: the backends that crash or
 hang (tests/fixtures/tiny.py) must never run in the test process itself."""
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def test_process_executor_fails_a_segfault_and_a_hang_and_the_run_goes_on(tmp_pa
     assert by_target["torchscript-cpu"]["passed"] is True
     [crashed] = [r for r in records if r["kind"] == "execution" and r["backend"] == "segfaulting"]
     assert crashed["status"] == "error" and crashed["failure_class"] == "crash"
-    assert records[0]["config"]["executor"] == {"kind": "process", "timeout": 5.0, "threads": None}
+    assert records[0]["config"]["executor"] == {"kind": "process", "timeout": 5.0, "address": None, "threads": None}
 
     local = run_experiment(tiny_experiment(WELL_BEHAVED, repeats=2), out=tmp_path / "local", reports=())
     well_behaved = {key: check for key, check in checks(records).items() if key[2] not in ("segfaulting", "hanging")}
@@ -74,3 +75,20 @@ def test_process_executor_keeps_its_worker_and_refuses_a_model_it_cannot_rebuild
         unseeded = jobs[1]
         with pytest.raises(ParityError, match="not deterministic"):
             executor.execute(unseeded, unseeded.reference, build_model(unseeded.model, exp), inputs)
+
+
+def test_ray_executor_gives_the_local_verdicts_and_fails_a_segfault_and_a_hang(tmp_path):
+    pytest.importorskip("ray")
+    data = tiny_experiment([SEGFAULTING, HANGING, *WELL_BEHAVED], executor={"kind": "ray", "timeout": 5})
+    records = run_experiment(data, out=tmp_path / "ray", reports=())
+    by_target = {key[2]: check for key, check in checks(records).items()}
+    assert by_target["segfaulting"]["failure_class"] == "crash"
+    assert "died of SIGSEGV in run (tiny.py:" in by_target["segfaulting"]["detail"]
+    assert by_target["hanging"]["failure_class"] == "timeout"
+    assert "ran past the time limit of 5 s" in by_target["hanging"]["detail"]
+
+    local = run_experiment(tiny_experiment(WELL_BEHAVED), out=tmp_path / "local", reports=())
+    well_behaved = {key: check for key, check in checks(records).items() if key[2] not in ("segfaulting", "hanging")}
+    assert_same_verdicts(well_behaved, checks(local))
+    assert checks(local)[("tiny", "noise", "eager-cpu-bfloat16", 1)]["passed"] is False  # one verdict of each kind
+    assert checks(local)[("tiny", "noise", "torchscript-cpu", 1)]["passed"] is True

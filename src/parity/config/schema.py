@@ -297,12 +297,13 @@ DEFAULT_TIMEOUT_S = 600.0
 
 
 class ExecutorSpec(Strict):
-    """Where executions run: `local` (this process) or `process` (a worker process, with a time limit).
-    `executor: process` is short for `{kind: process}`."""
+    """Where executions run: `local` (this process), `process` (a worker process, with a time limit) or
+    `ray` (Ray tasks, several at a time, with a time limit). `executor: process` is short for `{kind: process}`."""
 
-    kind: Literal["local", "process"] = "local"
+    kind: Literal["local", "process", "ray"] = "local"
     timeout: float | None = Field(default=None, gt=0)  # seconds per execution; default DEFAULT_TIMEOUT_S
-    threads: int | None = Field(default=None, ge=1)  # torch threads per execution
+    address: str | None = Field(default=None, min_length=1)  # ray: the cluster to join; default: start one here
+    threads: int | None = Field(default=None, ge=1)  # torch threads per execution (ray: also its CPUs; default 1)
 
     @model_validator(mode="before")
     @classmethod
@@ -312,8 +313,10 @@ class ExecutorSpec(Strict):
     @model_validator(mode="after")
     def _applies(self) -> ExecutorSpec:
         if self.kind == "local" and (self.timeout is not None or self.threads is not None):
-            raise ValueError("'timeout' and 'threads' apply to the process executor (the local executor "
+            raise ValueError("'timeout' and 'threads' apply to the process and ray executors (the local executor "
                              "runs backends in this process and cannot stop one)")
+        if self.address is not None and self.kind != "ray":
+            raise ValueError("'address' applies to the ray executor")
         return self
 
     @property

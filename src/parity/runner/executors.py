@@ -4,6 +4,7 @@ time and judges it; the executor decides where the backend runs:
 - `local`: in this process (the default). A backend that segfaults or hangs takes the run with it.
 - `process`: in a worker process with a time limit (runner/process.py). A crash or a hang fails that
   execution's checks as `crash` or `timeout`, and the next execution gets a fresh worker.
+- `ray`: as Ray tasks, several at a time (runner/ray_executor.py), with the same crash and time-limit rules.
 
 Whatever the executor, the records are the same: the same execution records, with outputs judged in
 this process by the same code. Workers rebuild each model from the experiment (runner/worker.py) rather
@@ -72,6 +73,10 @@ def make_executor(settings: ExecutorSpec) -> Executor:
         from parity.runner.process import ProcessExecutor
 
         return ProcessExecutor(settings.timeout_s, settings.threads)
+    if settings.kind == "ray":
+        from parity.runner.ray_executor import RayExecutor
+
+        return RayExecutor(settings.timeout_s, settings.threads, settings.address)
     return LocalExecutor()
 
 
