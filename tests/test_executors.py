@@ -32,8 +32,9 @@ def assert_same_verdicts(got: dict[tuple, dict], local: dict[tuple, dict]) -> No
 
 def test_process_executor_fails_a_segfault_and_a_hang_and_the_run_goes_on(tmp_path, write_yaml):
     data = tiny_experiment([SEGFAULTING, HANGING, *WELL_BEHAVED], repeats=2)
-    data["executor"] = {"kind": "process", "timeout": 5}
-    code = main(["run", str(write_yaml(data)), "--out", str(tmp_path / "process"), "--quiet", "--no-report"])
+    path = write_yaml(data)
+    code = main(["run", str(path), "--out", str(tmp_path / "process"), "--quiet", "--no-report",
+                 "--executor", "process", "--timeout", "5"])
     assert code == 1
     records = read_records(tmp_path / "process")
     by_target = {key[2]: check for key, check in checks(records).items()}
@@ -75,6 +76,18 @@ def test_process_executor_keeps_its_worker_and_refuses_a_model_it_cannot_rebuild
         unseeded = jobs[1]
         with pytest.raises(ParityError, match="not deterministic"):
             executor.execute(unseeded, unseeded.reference, build_model(unseeded.model, exp), inputs)
+
+
+def test_executor_settings_in_the_file_and_on_the_command_line(tmp_path, write_yaml, capsys):
+    exp = experiment_from_dict(tiny_experiment(WELL_BEHAVED, executor="process"))
+    assert exp.executor.kind == "process" and exp.executor.timeout_s == 600
+    with pytest.raises(ParityError, match=r"executor: .*'timeout' and 'threads' apply to the process and ray"):
+        experiment_from_dict(tiny_experiment(WELL_BEHAVED, executor={"kind": "local", "timeout": 5}))
+    path = write_yaml(tiny_experiment(WELL_BEHAVED, executor={"kind": "ray", "address": "auto"}))
+    assert main(["run", str(path), "--executor", "process", "--address", "x", "--quiet"]) == 2
+    assert "'address' applies to the ray executor" in capsys.readouterr().err
+    assert main(["run", str(path), "--timeout", "0", "--quiet"]) == 2
+    assert "timeout: Input should be greater than 0" in capsys.readouterr().err
 
 
 def test_ray_executor_gives_the_local_verdicts_and_fails_a_segfault_and_a_hang(tmp_path):

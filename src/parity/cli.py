@@ -36,6 +36,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from parity.report.summary import exit_code, summarize
 
     experiments = [load_experiment(f) for f in args.files]  # every file is validated before anything runs
+    for exp in experiments:
+        _executor_options(exp, args)
     names = [exp.name for exp in experiments]
     if len(experiments) > 1 and len(set(names)) < len(names):
         raise ParityError(f"experiments need distinct names to share --out (got {', '.join(names)}); set 'name:' in each file")
@@ -51,6 +53,28 @@ def cmd_run(args: argparse.Namespace) -> int:
         render(records, summary, out_dir, _console(), reports)
         code = max(code, exit_code(summary, args.allow_unavailable))
     return code
+
+
+def _executor_options(exp, args: argparse.Namespace) -> None:
+    """--executor, --address and --timeout win over the file's `executor:`; the file's other settings stay
+    where they still apply (its timeout and threads unless the executor becomes local, its address for ray)."""
+    from pydantic import ValidationError
+
+    from parity.config.schema import ExecutorSpec
+
+    settings = exp.executor.model_dump(exclude_none=True)
+    if args.executor and args.executor != settings["kind"]:
+        keep = {"local": (), "process": ("timeout", "threads"), "ray": ("timeout", "threads", "address")}[args.executor]
+        settings = {"kind": args.executor, **{k: v for k, v in settings.items() if k in keep}}
+    for key in ("address", "timeout"):
+        if getattr(args, key) is not None:
+            settings[key] = getattr(args, key)
+    try:
+        exp.executor = ExecutorSpec.model_validate(settings)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(map(str, error["loc"])) or "executor"
+        raise ParityError(f"--executor/--address/--timeout: {where}: {error['msg'].removeprefix('Value error, ')}") from exc
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -252,6 +276,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="exit 0 even when a target cannot run on this machine (it is still reported)")
     run.add_argument("--no-report", action="store_true",
                      help="write only records.jsonl and summary.json, not report.md, report.html and junit.xml")
+    run.add_argument("--executor", choices=["local", "process", "ray"],
+                     help="where executions run: in this process (local, the default), each in a worker process with "
+                          "a time limit (process), or as Ray tasks (ray); wins over the file's executor setting")
+    run.add_argument("--timeout", type=float, metavar="SECONDS",
+                     help="process and ray executors: the time limit of one execution (default 600); past it, its "
+                          "checks fail as timeout and the run goes on")
+    run.add_argument("--address", metavar="ADDR", help="ray executor: the Ray cluster to join (default: start one here)")
     cache_options(run)
     run.set_defaults(func=cmd_run)
 
