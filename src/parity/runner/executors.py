@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import signal
 import weakref
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def configured_model(model: torch.nn.Module, spec: BackendSpec, model_name: str)
     return apply_fallback(model, names, spec) if names else model
 
 
-class Executor:
+class Executor(ABC):
     """Runs executions for the runner. `start` is called once before the first execution with every job
     the run may ask for (an executor that runs ahead may start them all; anything never asked for is
     dropped at `close`); `execute` returns one finished execution, calling `on_run(execution, repeat)`
@@ -47,9 +48,12 @@ class Executor:
     def start(self, exp: Experiment, jobs: list[Job]) -> None:
         self.exp = exp
 
+    @abstractmethod
     def execute(self, job: Job, spec: BackendSpec, model: torch.nn.Module, inputs: Inputs,
                 on_run: OnRun = None) -> Execution:
-        raise NotImplementedError
+        """`spec` on `model` (as built for the experiment: adapters applied, the target's fallback not yet)
+        and `inputs`, `job.repeats` times. Executors that run elsewhere use `model` only to check that
+        their worker built the same."""
 
     def close(self) -> None:
         pass
