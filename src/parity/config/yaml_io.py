@@ -2,6 +2,11 @@
 
 PyYAML follows YAML 1.1, where a float needs a dot (`1.0e-5`); `1e-5` would arrive as a string.
 Users write `1e-5`, so this loader resolves it as a float, as YAML 1.2 does.
+
+Only the safe loader is used: tags that name Python objects (`!!python/object/apply:os.system`) are
+refused. The document is composed first and checked before anything is constructed: aliases that
+expand it beyond `MAX_VALUES` values ("billion laughs"), an alias inside itself, nesting deeper than
+`MAX_DEPTH`, and keys that are lists or mappings are each one clear error, not a hang or a traceback.
 """
 
 from __future__ import annotations
@@ -16,11 +21,22 @@ from parity.errors import ParityError
 
 KeyPath = tuple[str | int, ...]
 
+MAX_FILE_BYTES = 1 << 20  # an experiment file is a page or two; this is far beyond any real one
+MAX_VALUES = 100_000  # values in the document once every alias is expanded
+MAX_DEPTH = 64  # levels of nesting
+_MERGE = "tag:yaml.org,2002:merge"
+
 
 class _Loader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
+        """Refuse keys that appear twice (a merge key `<<: *base` may be overridden, as YAML says)."""
         seen: dict = {}
         for key_node, _ in node.value:
+            if key_node.tag == _MERGE:
+                continue
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise yaml.constructor.ConstructorError(
+                    None, None, "a key must be a plain name, not a list or a mapping", key_node.start_mark)
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
@@ -56,24 +72,89 @@ def _lines(node: yaml.Node, path: KeyPath, out: dict[KeyPath, int]) -> None:
             _lines(item, path + (i,), out)
 
 
-def load_yaml(path: Path) -> tuple[Any, dict[KeyPath, int]]:
-    """The document and a map from key path to line number (1-based)."""
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _shape_problem(root: yaml.Node) -> tuple[yaml.Node, str] | None:
+    """(node, problem) when the composed document loops into itself, nests deeper than MAX_DEPTH or
+    expands beyond MAX_VALUES values through aliases; None when it is fine. Iterative, and each node is
+    sized once, so a hostile document costs as much as its text, not as much as its expansion."""
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, int, bool]] = [(root, 1, False)]
+    while stack:
+        node, depth, children_done = stack.pop()
+        key = id(node)
+        if children_done:
+            on_path.discard(key)
+            size[key] = min(1 + sum(size[id(c)] for c in _children(node)), MAX_VALUES + 1)
+            if size[key] > MAX_VALUES:
+                return node, (f"the document expands to more than {MAX_VALUES} values (through anchors and aliases); "
+                              "an experiment needs far fewer")
+            continue
+        if key in size:
+            continue
+        if key in on_path:
+            return node, "an alias refers to a value that contains it (a loop)"
+        if depth > MAX_DEPTH:
+            return node, f"nested more than {MAX_DEPTH} levels deep"
+        on_path.add(key)
+        stack.append((node, depth, True))
+        stack.extend((child, depth + 1, False) for child in _children(node) if id(child) not in size)
+    return None
+
+
+def _read_text(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise ParityError(f"{path}: no such file") from exc
+        if not path.exists():
+            raise ParityError(f"{path}: no such file")
+        if path.is_dir():
+            raise ParityError(f"{path}: is a folder, not an experiment file")
+        if not path.is_file():
+            raise ParityError(f"{path}: not a regular file (a device, pipe or socket); give an experiment file")
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise ParityError(f"{path}: {size} bytes; an experiment file is at most {MAX_FILE_BYTES} bytes")
+        return path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ParityError(f"{path}: not UTF-8 text (byte {exc.start}): save the file as UTF-8") from exc
     except OSError as exc:
-        raise ParityError(f"{path}: cannot read: {exc}") from exc
+        raise ParityError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+
+
+def load_yaml(path: Path) -> tuple[Any, dict[KeyPath, int]]:
+    """The document and a map from key path to line number (1-based)."""
+    text = _read_text(path)
+    loader = None
     try:
-        node = yaml.compose(text, Loader=_Loader)
-        data = yaml.load(text, Loader=_Loader)
+        loader = _Loader(text)
+        node = loader.get_single_node()
+        if node is not None:
+            problem = _shape_problem(node)
+            if problem:
+                bad, message = problem
+                raise ParityError(f"{path}:{bad.start_mark.line + 1}: {message}")
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow (NUL, most control characters)
+        line = text.count("\n", 0, exc.position) + 1
+        char = chr(exc.character) if isinstance(exc.character, int) else exc.character
+        raise ParityError(f"{path}:{line}: not valid YAML: character {char!r} is not allowed") from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ParityError(f"{path}{where}: not valid YAML: {problem}") from exc
+        problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+        context = getattr(exc, "context", None)
+        raise ParityError(f"{path}{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")) from exc
+    except RecursionError as exc:  # the parser recurses per level, before the depth check can run
+        raise ParityError(f"{path}: nested more than {MAX_DEPTH} levels deep") from exc
+    finally:
+        if loader is not None:
+            loader.dispose()
     lines: dict[KeyPath, int] = {}
     if node is not None:
         _lines(node, (), lines)

@@ -1,0 +1,234 @@
+"""Hostile experiment files, written by hand and generated with hypothesis.
+
+Every one must end the way principle 7 says: exit code 2, one line per problem naming the file (and the
+key path where there is one), no traceback, and nothing written anywhere but the output folder. Each
+case runs `parity run FILE --out DIR` in-process, in a fresh folder that is also the working directory,
+and the whole tree around it is compared before and after. A few real subprocesses at the end prove the
+exit code and the absence of a traceback outside pytest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from parity.cli import main
+
+VALID = {
+    "name": "hostile",
+    "models": [{"name": "tiny", "source": "python", "entry": "tests.fixtures.tiny:tiny_cnn"}],
+    "inputs": [{"name": "noise", "synthetic": {"shape": [2, 3, 8, 8]}}],
+    "targets": [{"backend": "eager", "name": "same"}],
+}
+
+# 40 examples per strategy keep the corpus at a few seconds; PARITY_HOSTILE_EXAMPLES=2000 explores deeper
+# (with a random seed each time) when the config code changes.
+_EXAMPLES = int(os.environ.get("PARITY_HOSTILE_EXAMPLES", "40"))
+HYPOTHESIS = settings(max_examples=_EXAMPLES, deadline=None, derandomize=_EXAMPLES <= 40,
+                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+
+@dataclass
+class Outcome:
+    code: int | str
+    err: str
+    path: Path
+    out: Path
+    written_outside: list[str]
+
+
+def _tree(folder: Path) -> set[Path]:
+    return {p for p in folder.rglob("*")}
+
+
+def run_cli(content: str | bytes | dict, files: dict[str, bytes] | None = None, argv: list[str] | None = None,
+            name: str = "exp.yaml") -> Outcome:
+    """`parity run FILE --out work/out` on `content`, in a fresh folder `case/work` that is also the working
+    directory; reports what was written outside `work/out`, in `work` or its parent `case`."""
+    case = Path(tempfile.mkdtemp(prefix="hostile-"))
+    try:
+        work = case / "work"
+        work.mkdir()
+        path = work / name
+        if isinstance(content, dict):
+            content = yaml.safe_dump(content, sort_keys=False)
+        path.write_bytes(content.encode("utf-8") if isinstance(content, str) else content)
+        for rel, data in (files or {}).items():
+            (work / rel).parent.mkdir(parents=True, exist_ok=True)
+            (work / rel).write_bytes(data)
+        out = work / "out"
+        before = _tree(case)
+        stdout, stderr = io.StringIO(), io.StringIO()
+        cwd, saved_path = os.getcwd(), list(sys.path)
+        os.chdir(work)
+        try:
+            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+                try:
+                    code: int | str = main(argv or ["run", str(path), "--out", str(out), "--quiet"])
+                except SystemExit as exc:  # argparse
+                    code = f"SystemExit({exc.code})"
+                except BaseException as exc:  # noqa: BLE001 - whatever escapes main is what we test for
+                    code = f"raised {type(exc).__name__}: {exc}"
+        finally:
+            os.chdir(cwd)
+            sys.path[:] = saved_path
+        outside = sorted(str(p.relative_to(case)) for p in _tree(case) - before if p != out and out not in p.parents)
+        return Outcome(code, stderr.getvalue(), path, out, outside)
+    finally:
+        shutil.rmtree(case, ignore_errors=True)
+
+
+def assert_rejected(outcome: Outcome, *expected: str, names_file: bool = True, lines: int | None = None) -> None:
+    """Exit 2; each stderr line is `error: FILE...` (or a warning); the expected words are there; no
+    traceback; nothing written outside the output folder, and for a bad file no output folder at all."""
+    err = outcome.err
+    assert outcome.code == 2, f"exit {outcome.code}:\n{err}"
+    assert "Traceback" not in err and "internal error" not in err, err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert errors and all(line.startswith(("error: ", "warning: ")) for line in err.splitlines()), err
+    if names_file:
+        assert all(line.startswith(f"error: {outcome.path}") for line in errors), err
+    if lines is not None:
+        assert len(errors) == lines, err
+    for words in expected:
+        assert words in err, f"{words!r} not in:\n{err}"
+    assert outcome.written_outside == [], outcome.written_outside
+
+
+def reject(content, *expected: str, **kw) -> None:
+    outcome = run_cli(content)
+    assert_rejected(outcome, *expected, **kw)
+    if kw.get("names_file", True):
+        assert not outcome.out.exists()
+
+
+def valid(**changes) -> dict:
+    data = copy.deepcopy(VALID)
+    data.update(changes)
+    return data
+
+
+def with_model(**fields) -> dict:
+    data = copy.deepcopy(VALID)
+    data["models"][0].update(fields)
+    return data
+
+
+def with_synthetic(spec) -> dict:
+    return valid(inputs=[{"name": "noise", "synthetic": spec}])
+
+
+def with_target(**fields) -> dict:
+    return valid(targets=[{"backend": "eager", "name": "same", **fields}])
+
+
+def test_the_valid_file_runs():
+    """The base every generated case breaks: it must itself pass, or the corpus would prove nothing."""
+    outcome = run_cli(VALID)
+    assert outcome.code == 0, outcome.err
+    assert outcome.written_outside == []
+
+
+# ---- [1] YAML that is not an experiment, or would build objects, hang or recurse
+
+LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{b}: &{b} [{', '.join(['*' + a] * 10)}]\n" for a, b in zip("abcdefgh", "bcdefghi", strict=True)) + "models: *i\n"
+
+# Each case: (id, file content, words the message must hold).
+YAML_FILES = [
+    ("empty", "", ("expected a mapping of keys",)),
+    ("only-a-comment", "# nothing here\n", ("expected a mapping of keys",)),
+    ("list-at-top", "- models\n- inputs\n", ("expected a mapping of keys", "got list")),
+    ("scalar-at-top", "just words\n", ("got str",)),
+    ("number-at-top", "42\n", ("got int",)),
+    ("two-documents", "name: a\n---\nname: b\n", ("not valid YAML", "single document")),
+    ("not-utf8", b"name: caf\xe9\nmodels: []\n", ("not UTF-8",)),
+    ("utf16", "name: x\n".encode("utf-16"), ("not UTF-8",)),
+    ("nul-byte", "name: a\x00b\n", ("not allowed",)),
+    ("tab-indent", "models:\n\t- name: x\n", ("not valid YAML",)),
+    ("unclosed-bracket", "models: [\n  - a: b\n", ("not valid YAML",)),
+    ("duplicate-key", "name: a\nname: b\n", ("appears twice",)),
+    ("python-apply", "name: !!python/object/apply:os.system ['touch PWNED']\n", ("could not determine a constructor",)),
+    ("python-object", "name: !!python/object:subprocess.Popen {args: ['touch', 'PWNED']}\n", ("constructor",)),
+    ("python-name", "name: !!python/name:os.system\n", ("constructor",)),
+    ("python-module", "name: !!python/module:os\n", ("constructor",)),
+    ("custom-tag", "name: !mytag x\n", ("constructor",)),
+    ("billion-laughs", LAUGHS, ("expands to more than 100000 values",)),
+    ("alias-loop", "models: &a [*a]\n", ("loop",)),
+    ("alias-loop-in-mapping", "a: &a {b: *a}\n", ("loop",)),
+    ("undefined-alias", "models: *nowhere\n", ("not valid YAML", "undefined alias")),
+    ("deep-nesting", "models: " + "[" * 3000 + "]" * 3000 + "\n", ("nested more than",)),
+    ("deep-nesting-mapping", "a:\n" + "".join(" " * i + "b:\n" for i in range(1, 100)), ("nested more than",)),
+    ("list-as-key", "? [a, b]\n: c\n", ("a key must be a plain name",)),
+    ("mapping-as-key", "? {a: 1}\n: c\n", ("a key must be a plain name",)),
+]
+
+
+@pytest.mark.parametrize("content, expected", [c[1:] for c in YAML_FILES], ids=[c[0] for c in YAML_FILES])
+def test_yaml_that_is_not_an_experiment(content, expected):
+    """Refused by the safe loader or its shape check: nothing is constructed, nothing runs."""
+    reject(content, *expected)
+
+
+def test_no_python_tag_ever_runs(tmp_path):
+    """The tags above would create a file named PWNED in the working directory if anything ran them."""
+    for _, content, _ in YAML_FILES:
+        if isinstance(content, str) and "PWNED" in content:
+            outcome = run_cli(content)
+            assert outcome.code == 2 and "PWNED" not in outcome.written_outside
+
+
+def test_an_oversized_file_is_refused_unread():
+    reject("# " + "x" * (1 << 20) + "\n", "bytes; an experiment file is at most")
+
+
+def test_a_folder_or_a_device_is_not_an_experiment():
+    outcome = run_cli("", argv=["run", ".", "--out", "out", "--quiet"])
+    assert outcome.code == 2 and "is a folder" in outcome.err
+    outcome = run_cli("", argv=["validate", "/dev/zero"])
+    assert outcome.code == 2 and "not a regular file" in outcome.err
+
+
+def test_merge_keys_are_yaml_not_an_error():
+    """`<<: *base` is how YAML files share settings; it was refused as an unknown tag."""
+    text = yaml.safe_dump(VALID, sort_keys=False) + "reference:\n  <<: &base {backend: eager}\n  name: ref\n"
+    outcome = run_cli(text)
+    assert outcome.code == 0, outcome.err
+
+
+# Generated cases. Each strategy builds files that are invalid by construction, so every example must be
+# rejected; hypothesis explores the variety (unicode, odd numbers, odd places) a hand list misses.
+
+@HYPOTHESIS
+@given(text=st.text(max_size=300))
+def test_generated_text_files(text):
+    reject(text)
+
+
+@HYPOTHESIS
+@given(blob=st.binary(max_size=300))
+def test_generated_byte_files(blob):
+    reject(blob)
+
+
+@HYPOTHESIS
+@given(width=st.integers(2, 12), depth=st.integers(2, 9), at=st.sampled_from(["models", "name", "params"]))
+def test_generated_alias_bombs(width, depth, at):
+    if width ** depth <= 100_000:
+        depth = 1 + next(d for d in range(2, 40) if width ** d > 100_000)
+    lines = [f"l0: &l0 [{', '.join(['x'] * width)}]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, depth)]
+    lines.append(f"{at}: *l{depth - 1}")
+    reject("\n".join(lines) + "\n", "expands to more than")
