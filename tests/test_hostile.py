@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from parity.cli import main
@@ -232,3 +232,109 @@ def test_generated_alias_bombs(width, depth, at):
     lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, depth)]
     lines.append(f"{at}: *l{depth - 1}")
     reject("\n".join(lines) + "\n", "expands to more than")
+
+
+# ---- [2] wrong types, unknown keys and names, each one message at its key path
+
+WRONG_TYPES = [
+    ("integer-key", {1: 2, **VALID}, ("(top level): key 1 is int, not a name; put it in quotes",)),
+    ("null-key", "~: 1\n", ("key None is NoneType, not a name",)),
+    ("capitalized-unknown-key", {**VALID, "Models": []}, ("Models: unknown key; did you mean 'models'?",)),
+    ("bracket-unknown-key", {**VALID, "a[0]": 1}, ("a[0]: unknown key",)),
+    ("newline-in-key", {**VALID, "a\nb": 1}, ("a\\nb: unknown key",)),
+    ("models-not-a-list", valid(models="resnet18"), ("models: expected a list",)),
+    ("model-not-a-mapping", valid(models=[5]), ("models[0]: expected a mapping",)),
+    ("no-targets", {k: v for k, v in VALID.items() if k != "targets"}, ("targets: required key is missing",)),
+    ("empty-targets", valid(targets=[]), ("targets",)),
+    ("name-is-a-number", valid(name=5), ("name: expected a string, got 5",)),
+    ("name-is-a-date", "name: 2024-01-01\n", ("name: expected a string",)),
+    ("repeats-is-text", valid(repeats="many"), ("repeats: expected an integer",)),
+    ("seed-is-a-list", valid(seed=[1]), ("seed: expected an integer",)),
+    ("unknown-key-in-target", with_target(optons={}), ("targets[0].optons: unknown key; did you mean 'options'?",)),
+    ("unknown-backend", valid(targets=[{"backend": "onnxruntim"}]), ("did you mean 'onnxruntime'",)),
+    ("unknown-option", with_target(options={"thread": 2}), ("did you mean 'threads'",)),
+    ("options-not-a-mapping", with_target(options=[1, 2]), ("targets[0].options: expected a mapping",)),
+    ("unknown-entry", with_model(entry="tests.fixtures.tiny:tiny_cnnn"), ("models[0].entry",)),
+    ("relative-entry", with_model(entry="..tiny:tiny_cnn"), ("absolute module path",)),
+    ("relative-backend", valid(targets=[{"backend": ".tiny:X"}]), ("absolute module path",)),
+    ("backend-not-a-class", valid(targets=[{"backend": "os:system"}]), ("not a subclass of parity.backends.base.Backend",)),
+    ("granularity-number", valid(tiers={"activations": {"granularity": 5}}),
+     ("tiers.activations.granularity: expected a string or a list, got 5",)),
+    ("tasks-number", valid(tiers={"tasks": 3}), ("tiers.tasks: expected a mapping",)),
+    ("adapter-number", valid(adapters=[5]), ("adapters[0]: expected a mapping",)),
+    ("adapter-unknown", valid(adapters=["nms"]), ("adapters[0].name",)),
+    ("shape-text", with_synthetic({"shape": "2x3"}), ("shape: expected a list",)),
+    ("shape-nested", with_synthetic({"shape": [[1, 2], [3]]}), ("shape[0]: expected an integer",)),
+    ("shape-fraction", with_synthetic({"shape": [2.5]}), ("shape[0]",)),
+    ("shape-zero", with_synthetic({"shape": [2, 0]}), ("every dimension must be positive",)),
+    ("shape-negative", with_synthetic({"shape": [-1]}), ("every dimension must be positive",)),
+    ("shape-empty", with_synthetic({"shape": []}), ("shape",)),
+    ("synthetic-empty-mapping", with_synthetic({}), ("shape: required key is missing",)),
+    ("synthetic-number", with_synthetic(5), ("synthetic: expected a mapping",)),
+    ("resize-three-sides", valid(inputs=[{"name": "p", "images": ["sample:chelsea"], "preprocess": {"resize": [1, 2, 3]}}]),
+     ("preprocess.resize",)),
+    ("std-zero", valid(inputs=[{"name": "p", "images": ["sample:chelsea"], "preprocess": {"mean": [0.5], "std": [0]}}]),
+     ("'std' must not contain 0",)),
+    ("missing-weights", with_model(weights="nowhere.pt"), ("weights file not found",)),
+    ("missing-image", valid(inputs=[{"name": "p", "images": ["missing.jpg"]}]), ("image not found",)),
+    ("missing-repo", valid(models=[{"name": "r", "source": "repo", "path": "nowhere", "entry": "m:M"}]),
+     ("repository folder not found",)),
+    ("weights-is-a-folder", with_model(weights="."), ("weights file not found",)),
+    ("legacy-from-unknown", "from: hub\nmodel: resnet18\ninputs: [a.jpg]\n", ("from: expected 'library' or 'repo'",)),
+    ("legacy-inputs-empty", "from: library\nmodel: resnet18\ninputs: []\n", ("inputs: expected a non-empty list",)),
+]
+
+
+@pytest.mark.parametrize("content, expected", [c[1:] for c in WRONG_TYPES], ids=[c[0] for c in WRONG_TYPES])
+def test_wrong_types_and_unknown_keys(content, expected):
+    """One line per problem, in the user's words: the key path and what was expected there."""
+    reject(content, *expected)
+
+
+MAPPINGS = {  # where a mapping lives in VALID, and the keys allowed there
+    (): set(["name", "seed", "repeats", "models", "inputs", "reference", "oracle", "targets", "tolerances", "tiers", "adapters"]),
+    ("models", 0): {"name", "source", "builder", "path", "entry", "hubconf", "weights", "init", "params", "task",
+                    "inputs", "batch"},
+    ("inputs", 0): {"name", "images", "preprocess", "synthetic"},
+    ("inputs", 0, "synthetic"): {"shape", "dtype", "distribution", "low", "high", "seed"},
+    ("targets", 0): {"backend", "device", "dtype", "name", "options", "fallback"},
+    ("targets", 0, "options"): {"channels_last", "threads", "autocast"},
+}
+
+
+def _at(data, path):
+    """The container at `path`, made (as an empty mapping) where VALID has none."""
+    for part in path:
+        if isinstance(data, dict):
+            data = data.setdefault(part, {})
+        else:
+            data = data[part]
+    return data
+
+
+KEY = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=12)
+
+
+@HYPOTHESIS
+@given(where=st.sampled_from(sorted(MAPPINGS, key=len)), key=KEY, value=st.none() | st.integers() | st.text(max_size=5))
+def test_generated_unknown_keys(where, key, value):
+    assume(key not in MAPPINGS[where] and key != "from")
+    data = valid(targets=[{"backend": "eager", "name": "same", "options": {}}])
+    _at(data, where)[key] = value
+    outcome = run_cli(data)
+    assert_rejected(outcome)
+    # `1e5` or `0E0` as a key is a number to YAML: then the message says so instead
+    assert ("unknown key" if where != ("targets", 0, "options") else "unknown option") in outcome.err or (
+        "not a name; put it in quotes" in outcome.err), outcome.err
+
+
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20)
+
+
+@HYPOTHESIS
+@given(document=JSONISH)
+def test_generated_documents(document):
+    reject(yaml.safe_dump(document))

@@ -17,12 +17,15 @@ def import_object(ref: str, what: str = "object"):
     module_name, sep, attr = ref.partition(":")
     if not sep:
         module_name, _, attr = ref.rpartition(".")
-    if not module_name or not attr:
-        raise ParityError(f"{what} '{ref}' must look like 'package.module:name'")
+    if not module_name or not attr or module_name.startswith("."):
+        raise ParityError(f"{what} '{ref}' must look like 'package.module:name' (an absolute module path)")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ParityError(f"cannot import module '{module_name}' for {what} '{ref}': {exc}") from exc
+    except Exception as exc:  # the module's own code raised while importing: the user's to fix
+        raise ParityError(f"importing module '{module_name}' for {what} '{ref}' raised "
+                          f"{type(exc).__name__}: {exc}") from exc
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,18 @@ from parity.config.schema import Experiment
 from parity.config.yaml_io import KeyPath, format_path, line_of, load_yaml
 from parity.errors import ParityError, did_you_mean
 
+_EXPECTED = {"string_type": "a string", "list_type": "a list", "model_type": "a mapping (key: value)",
+             "dict_type": "a mapping (key: value)", "int_type": "an integer", "int_parsing": "an integer",
+             "int_from_float": "an integer", "float_type": "a number", "float_parsing": "a number",
+             "bool_type": "true or false", "bool_parsing": "true or false", "literal_error": None}
+# The branch names pydantic puts into an error's location inside a union field, by field.
+_UNION_TAGS = {"synthetic": {"Synthetic", "list[Synthetic]", "dict[str,Synthetic]"}, "granularity": {"str", "list[str]"}}
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
 
 def _message(err: dict) -> str:
     kind = err["type"]
@@ -20,6 +33,8 @@ def _message(err: dict) -> str:
         return "unknown key"
     if kind == "missing":
         return "required key is missing"
+    if _EXPECTED.get(kind) and "input" in err:
+        return f"expected {_EXPECTED[kind]}, got {_shown(err['input'])}"
     msg = err["msg"].removeprefix("Value error, ")
     if kind in ("literal_error", "enum") and "input" in err:
         expected = err.get("ctx", {}).get("expected", "")
@@ -28,14 +43,37 @@ def _message(err: dict) -> str:
     return msg
 
 
+def _clean_loc(loc: tuple) -> KeyPath:
+    """The key path as the user wrote it: without the union-branch names pydantic inserts
+    (`synthetic.list[Synthetic][1]` -> `synthetic[1]`) or its `[key]` marker for a bad mapping key."""
+    out: list = []
+    for i, part in enumerate(loc):
+        if i and isinstance(loc[i - 1], str) and part in _UNION_TAGS.get(loc[i - 1], ()):
+            continue
+        if part == "[key]" and i == len(loc) - 1:
+            continue
+        out.append(part)
+    return tuple(out)
+
+
 def _pydantic_problems(exc: ValidationError, model_cls: type) -> list[tuple[KeyPath, str]]:
-    out = []
+    """One problem per key path: the branches of a union that all failed become one 'expected X or Y'."""
+    by_loc: dict[KeyPath, list[dict]] = {}
     for err in exc.errors():
-        # Drop the union-branch names pydantic inserts (`Synthetic`, `list[Synthetic]`) from the path.
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and (p[:1].isupper() or "[" in p)))
-        msg = _message(err)
-        if err["type"] == "extra_forbidden":
+        by_loc.setdefault(_clean_loc(tuple(err["loc"])), []).append(err)
+    out = []
+    for loc, errs in by_loc.items():
+        if errs[0]["type"] == "invalid_key":  # `1:`, `~:`, `1e5:` are numbers or null to YAML, not names
+            key = errs[0].get("input")
+            out.append((loc[:-1], f"key {key!r} is {type(key).__name__}, not a name; put it in quotes"))
+            continue
+        if errs[0]["type"] == "extra_forbidden":
             msg = _unknown_key(model_cls, loc)
+        elif len(errs) > 1 and all(_EXPECTED.get(e["type"]) for e in errs):
+            wanted = list(dict.fromkeys(_EXPECTED[e["type"]] for e in errs))
+            msg = f"expected {' or '.join(wanted)}, got {_shown(errs[0].get('input'))}"
+        else:
+            msg = "; ".join(dict.fromkeys(_message(e) for e in errs))
         out.append((loc, msg))
     return out
 
@@ -48,7 +86,7 @@ def _unknown_key(model_cls: type, loc: KeyPath) -> str:
             continue
         field = cls.model_fields.get(part)
         cls = _model_in(field.annotation) if field else None
-    if cls is None:
+    if cls is None or not loc:
         return "unknown key"
     allowed = list(cls.model_fields)
     return f"unknown key{did_you_mean(str(loc[-1]), allowed)} (allowed here: {', '.join(allowed)})"
@@ -66,12 +104,20 @@ def _model_in(annotation: Any) -> type | None:
     return None
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # what splits or moves a line
+
+
+def one_line(text: str) -> str:
+    """Control characters (a newline in a key the user wrote) shown escaped: one problem, one line."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 def _raise(path: Path | str, problems: list[tuple[KeyPath, str]], lines: dict[KeyPath, int]) -> None:
     msgs = []
     for key, msg in problems:
         line = line_of(key, lines)
         where = f"{path}:{line}" if line else f"{path}"
-        msgs.append(f"{where}: {format_path(key)}: {msg}")
+        msgs.append(one_line(f"{where}: {format_path(key)}: {msg}"))
     raise ParityError(*msgs)
 
 
