@@ -338,3 +338,77 @@ JSONISH = st.recursive(
 @given(document=JSONISH)
 def test_generated_documents(document):
     reject(yaml.safe_dump(document))
+
+
+# ---- [3] names that would leave the output folder
+
+NOT_NAMES = [
+    ("name-parent", valid(name="../../x"), ("name: '../../x' is not a plain name",)),
+    ("name-absolute", valid(name="/tmp/x"), ("not a plain name",)),
+    ("name-slash", valid(name="a/b"), ("not a plain name",)),
+    ("name-backslash", valid(name="a\\b"), ("not a plain name",)),
+    ("name-dotdot", valid(name=".."), ("not a plain name",)),
+    ("name-dot", valid(name="."), ("not a plain name",)),
+    ("name-hidden", valid(name=".hidden"), ("not a plain name",)),
+    ("name-empty", valid(name=""), ("not a plain name",)),
+    ("name-newline", valid(name="a\nb"), ("not a plain name",)),
+    ("name-option", valid(name="--fresh"), ("not a plain name",)),
+    ("name-too-long", valid(name="x" * 101), ("not a plain name",)),
+    ("model-name-parent", with_model(name="../m"), ("models[0].name",)),
+    ("model-name-absolute", with_model(name="/etc/passwd"), ("models[0].name",)),
+    ("model-name-colon", with_model(name="a:b"), ("models[0].name",)),
+    ("input-name-slash", valid(inputs=[{"name": "x/../../y", "synthetic": {"shape": [2]}}]), ("inputs[0].name",)),
+    ("target-name-parent", with_target(name="../../../t"), ("targets[0].name",)),
+    ("target-name-absolute", with_target(name="/t"), ("targets[0].name",)),
+    ("reference-name-slash", valid(reference={"backend": "eager", "name": "r/e/f"}), ("reference.name",)),
+    ("keyword-not-an-identifier", with_synthetic({"a/b": {"shape": [2]}}), ("not a keyword argument name",)),
+    ("legacy-model-parent", "from: library\nmodel: ../../x\ninputs: [a.jpg]\n", ("model: expected a torchvision builder",)),
+    ("legacy-class-without-module", "from: repo\nrepo: {path: ., class: Net}\ninputs: [a.jpg]\n", ("repo.class",)),
+]
+
+
+@pytest.mark.parametrize("content, expected", [c[1:] for c in NOT_NAMES], ids=[c[0] for c in NOT_NAMES])
+def test_names_that_are_not_plain(content, expected):
+    """Experiment, model, input set and target names appear in records and file names."""
+    reject(content, *expected)
+
+
+@pytest.mark.parametrize("layout", ["two-files", "default-out"])
+def test_names_cannot_steer_the_output_folder(layout):
+    """With several files the output folder is OUT/NAME, and without --out parity-out/NAME-TIMESTAMP: a name
+    like ../../escaped would put records outside; it is refused before anything is written."""
+    a = yaml.safe_dump(valid(name="../../escaped"))
+    if layout == "two-files":
+        outcome = run_cli(a, argv=["run", "exp.yaml", "b.yaml", "--out", "out", "--quiet"],
+                          files={"b.yaml": yaml.safe_dump(valid(name="b")).encode()})
+    else:
+        outcome = run_cli(a, argv=["run", "exp.yaml", "--quiet"])
+    assert outcome.code == 2 and "not a plain name" in outcome.err and "Traceback" not in outcome.err
+    assert outcome.written_outside == []
+
+
+def test_a_file_named_dots_gets_a_plain_experiment_name():
+    """`...yaml` has the stem `..`; as the experiment's name it would be the parent folder."""
+    outcome = run_cli({k: v for k, v in VALID.items() if k != "name"}, name="...yaml",
+                      argv=["run", "...yaml", "b.yaml", "--out", "out", "--quiet"],
+                      files={"b.yaml": yaml.safe_dump(valid(name="b")).encode()})
+    assert outcome.code == 0, outcome.err
+    assert outcome.written_outside == []
+
+
+NOT_A_NAME = st.one_of(
+    st.text(min_size=1, max_size=20).map(lambda s: f"../{s}"),
+    st.text(min_size=1, max_size=20).map(lambda s: f"/{s}"),
+    st.text(min_size=0, max_size=20).flatmap(lambda s: st.sampled_from([f"{s}/x", f"x/{s}", f".{s}", f"-{s}", f"a\\{s}"])),
+    st.text(st.characters(categories=["Zs", "Cc", "P", "S"], exclude_characters="_.+-"), min_size=1, max_size=5),
+    st.just(""), st.just(".."), st.just("."), st.text(min_size=101, max_size=120, alphabet="ab"),
+)
+NAME_PLACES = [("name",), ("models", 0, "name"), ("inputs", 0, "name"), ("targets", 0, "name")]
+
+
+@HYPOTHESIS
+@given(where=st.sampled_from(NAME_PLACES), name=NOT_A_NAME)
+def test_generated_names_that_are_not_plain(where, name):
+    data = valid()
+    _at(data, where[:-1])[where[-1]] = name
+    reject(data, "not a plain name")

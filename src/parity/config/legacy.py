@@ -21,6 +21,16 @@ CPU_TARGETS = ["compile", "onnxruntime", "torchscript", "openvino"]
 CUDA_TARGETS = ["eager", "compile", "onnxruntime"]
 
 
+def _is_name(text: str) -> bool:
+    from parity.config.schema import check_name
+
+    try:
+        check_name(text)
+    except ValueError:
+        return False
+    return True
+
+
 def is_legacy(data: Any) -> bool:
     return isinstance(data, dict) and "from" in data
 
@@ -33,12 +43,14 @@ def _problems(data: dict) -> list[tuple[tuple, str]]:
     source = data.get("from")
     if source not in ("library", "repo"):
         out.append((("from",), f"expected 'library' or 'repo', got {source!r}"))
-    if source == "library" and not isinstance(data.get("model"), str):
-        out.append((("model",), "expected a torchvision builder name"))
+    if source == "library" and not (isinstance(data.get("model"), str) and _is_name(data["model"])):
+        out.append((("model",), f"expected a torchvision builder name, got {data.get('model')!r}"))
     if source == "repo":
         repo = data.get("repo")
         if not isinstance(repo, dict) or not isinstance(repo.get("path"), str) or not isinstance(repo.get("class"), str):
             out.append((("repo",), "expected {path: DIR, class: module.Class}"))
+        elif not repo["class"].rpartition(".")[0] or not _is_name(repo["class"].rpartition(".")[2]):
+            out.append((("repo", "class"), f"expected module.Class, got {repo['class']!r}"))
     for key in ("params", "options", "verification"):
         if data.get(key) is not None and not isinstance(data[key], dict):
             out.append(((key,), f"expected a mapping, got {type(data[key]).__name__}"))
@@ -106,7 +118,9 @@ def translate(data: dict, path: Path) -> tuple[dict | None, list[tuple[tuple, st
         preprocess["resize_multiple"] = resize_multiple
     if data.get("means") is not None or data.get("stds") is not None:
         preprocess["mean"], preprocess["std"] = data.get("means"), data.get("stds")
-    stems = [Path(p).stem for p in data["inputs"]]
+    from parity.config.schema import plain_name
+
+    stems = [plain_name(Path(p).stem, "image") for p in data["inputs"]]
     unique = len(set(stems)) == len(stems)
     inputs = [
         {"name": stem if unique else f"image{i}-{stem}", "images": [p], "preprocess": preprocess}

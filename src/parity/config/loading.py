@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from parity.config import checks, legacy
-from parity.config.schema import Experiment
+from parity.config.schema import Experiment, plain_name
 from parity.config.yaml_io import KeyPath, format_path, line_of, load_yaml
 from parity.errors import ParityError, did_you_mean
 
@@ -140,8 +140,8 @@ def experiment_from_dict(data: Any, source: str | Path = "<dict>", base_dir: Pat
         _raise(source, _pydantic_problems(exc, Experiment), lines)
     if base_dir is not None:
         exp._base_dir = base_dir
-    if exp.name is None:
-        exp.name = Path(str(source)).stem if source != "<dict>" else "experiment"
+    if exp.name is None:  # the file's stem, made a plain name (`...yaml` would otherwise be `..`)
+        exp.name = plain_name(Path(str(source)).stem, "experiment") if source != "<dict>" else "experiment"
     problems = checks.check(exp)
     if problems:
         _raise(source, problems, lines)

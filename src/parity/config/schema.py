@@ -2,6 +2,9 @@
 
 This module checks shape and types only; names that need a registry or the file system (backends,
 torchvision builders, files) are checked in `config.checks`, so that the schema stays import-light.
+
+Every name that identifies something in records (experiment, model, input set, target) is a plain name
+that can also be a file name: no `/`, no `..`, nothing that leaves a folder.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -25,13 +29,34 @@ from pydantic import (
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 TASKS = ("classification", "detection", "segmentation", "other")
 
+MAX_NAME = 100
+_NAME = re.compile(r"\w[\w.+-]*")  # a letter, digit or _ first; then also . + -
+
+
+def check_name(name: str) -> str:
+    """A name used in records, tables and file names: letters, digits, `_ . + -`, not starting with `.`
+    or `-`, so it can never be `..`, a path or an option."""
+    if not 1 <= len(name) <= MAX_NAME or not _NAME.fullmatch(name):
+        raise ValueError(f"{name[:MAX_NAME]!r} is not a plain name: use 1-{MAX_NAME} letters, digits and _ . + -, "
+                         "starting with a letter, digit or _ (names appear in records and file names)")
+    return name
+
+
+Name = Annotated[str, AfterValidator(check_name)]
+
+
+def plain_name(text: str, fallback: str) -> str:
+    """`text` made into a valid name (a file stem, an image stem): other characters become `_`."""
+    name = re.sub(r"[^\w.+-]", "_", text).lstrip(".+-")[:MAX_NAME]
+    return name or fallback
+
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class ModelSpec(Strict):
-    name: str = Field(min_length=1)
+    name: Name
     source: Literal["torchvision", "repo", "python"] = "torchvision"
     builder: str | None = None
     path: str | None = None
@@ -141,15 +166,21 @@ def _synthetic_kind(value: Any) -> str:
     return "Synthetic"
 
 
+def _keyword(name: str) -> str:
+    if not name.isidentifier():
+        raise ValueError(f"{name!r} is not a keyword argument name (letters, digits and _, not starting with a digit)")
+    return name
+
+
 SyntheticSpec = Annotated[
     Annotated[Synthetic, Tag("Synthetic")] | Annotated[list[Synthetic], Tag("list[Synthetic]")]
-    | Annotated[dict[str, Synthetic], Tag("dict[str,Synthetic]")],
+    | Annotated[dict[Annotated[str, AfterValidator(_keyword)], Synthetic], Tag("dict[str,Synthetic]")],
     Discriminator(_synthetic_kind),
 ]
 
 
 class InputSetSpec(Strict):
-    name: str = Field(min_length=1)
+    name: Name
     images: list[str] | None = None
     preprocess: Preprocess = Field(default_factory=Preprocess)
     synthetic: SyntheticSpec | None = None
@@ -170,7 +201,7 @@ class BackendSpec(Strict):
     backend: str = Field(min_length=1)
     device: str = "cpu"
     dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
-    name: str | None = None
+    name: Name | None = None
     options: dict[str, Any] = Field(default_factory=dict)
     fallback: list[str] = Field(default_factory=list)  # modules run outside the fast path (parity fallback)
 
@@ -325,7 +356,7 @@ class ExecutorSpec(Strict):
 
 
 class Experiment(Strict):
-    name: str | None = None
+    name: Name | None = None
     seed: int = 0
     repeats: int = Field(default=1, ge=1)
     models: list[ModelSpec] = Field(min_length=1)
