@@ -412,3 +412,23 @@ def test_generated_names_that_are_not_plain(where, name):
     data = valid()
     _at(data, where[:-1])[where[-1]] = name
     reject(data, "not a plain name")
+
+
+# ---- [4] URLs and hub references: parity does not download
+
+REMOTE = [
+    ("url-weights", with_model(weights="https://example.com/w.pth"), ("parity does not download",)),
+    ("url-image", valid(inputs=[{"name": "p", "images": ["http://example.com/cat.jpg"]}]), ("parity does not download",)),
+    ("url-repo", valid(models=[{"name": "r", "source": "repo", "path": "https://github.com/pytorch/vision", "entry": "m:M"}]),
+     ("models[0].path", "parity does not download")),
+    ("github-repo", valid(models=[{"name": "r", "source": "repo", "path": "github:pytorch/vision", "hubconf": "resnet18"}]),
+     ("parity does not download",)),
+    ("hf-weights", with_model(weights="hf://org/model/w.safetensors"), ("parity does not download",)),
+    ("legacy-url-repo", "from: repo\nrepo: {path: 'https://x/y', class: m.Net}\ninputs: [a.jpg]\n", ("parity does not download",)),
+]
+
+
+@pytest.mark.parametrize("content, expected", [c[1:] for c in REMOTE], ids=[c[0] for c in REMOTE])
+def test_remote_references(content, expected):
+    """A repository, weights file or image must be a path on this machine."""
+    reject(content, *expected)

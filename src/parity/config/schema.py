@@ -51,6 +51,21 @@ def plain_name(text: str, fallback: str) -> str:
     return name or fallback
 
 
+_REMOTE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://|(github|gh|hf|huggingface|hub|torchhub):)", re.IGNORECASE)
+
+
+def local_path(ref: str) -> str:
+    """A path on this machine. URLs and hub references are refused: parity never downloads (a run works
+    offline and is the same tomorrow)."""
+    if _REMOTE.match(ref):
+        raise ValueError(f"{ref!r} is a URL or hub reference, and parity does not download; fetch it yourself "
+                         "and give the local path")
+    return ref
+
+
+LocalPath = Annotated[str, AfterValidator(local_path)]
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -59,10 +74,10 @@ class ModelSpec(Strict):
     name: Name
     source: Literal["torchvision", "repo", "python"] = "torchvision"
     builder: str | None = None
-    path: str | None = None
+    path: LocalPath | None = None  # source repo: a folder on this machine
     entry: str | None = None
     hubconf: str | None = None
-    weights: str | None = None
+    weights: LocalPath | None = None
     init: Literal["default", "fan_in"] = "default"
     params: dict[str, Any] = Field(default_factory=dict)
     task: Literal["classification", "detection", "segmentation", "other"] = "other"
@@ -181,7 +196,7 @@ SyntheticSpec = Annotated[
 
 class InputSetSpec(Strict):
     name: Name
-    images: list[str] | None = None
+    images: list[LocalPath] | None = None
     preprocess: Preprocess = Field(default_factory=Preprocess)
     synthetic: SyntheticSpec | None = None
 
