@@ -110,7 +110,7 @@ def test_a_plugin_whose_availability_check_raises_fails_only_its_own_check(tmp_p
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("from: library\nmodel: resnet18\ninputs: [a.jpg]\nverification: {tol: {atol: abc}}\n", "verification.tol.atol: expected a number"),
+    ("from: library\nmodel: resnet18\ninputs: [a.jpg]\nverification: {tol: {atol: abc}}\n", "verification.tol.atol: expected a finite number"),
     ("from: library\nmodel: resnet18\ninputs: [a.jpg]\nverification: 5\n", "verification: expected a mapping"),
     ("from: library\nmodel: resnet18\ninputs: [a.jpg]\noptions: [1]\n", "options: expected a mapping"),
     ("name: a\nname: b\n", "key 'name' appears twice in one mapping (first on line 1)"),

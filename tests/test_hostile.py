@@ -14,6 +14,7 @@ import copy
 import io
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from parity.cli import main
+from tests.conftest import ROOT
 
 VALID = {
     "name": "hostile",
@@ -432,3 +434,126 @@ REMOTE = [
 def test_remote_references(content, expected):
     """A repository, weights file or image must be a path on this machine."""
     reject(content, *expected)
+
+
+# ---- [5] absurd sizes and non-finite or negative tolerances
+
+ABSURD = [
+    ("tera-elements", with_synthetic({"shape": [10**12]}), ("more than parity builds",)),
+    ("huge-batch", with_synthetic({"shape": [10**9, 3, 224, 224]}), ("more than parity builds",)),
+    ("huge-total", with_synthetic([{"shape": [2**27]}, {"shape": [2**27]}, {"shape": [2]}]), ("together",)),
+    ("huge-dimension-integer", with_synthetic({"shape": [10**30]}), ("more than parity builds",)),
+    ("repeats-billion", valid(repeats=10**9), ("repeats: Input should be less than or equal to 1000",)),
+    ("repeats-zero", valid(repeats=0), ("repeats",)),
+    ("seed-huge", valid(seed=10**30), ("seed",)),
+    ("seed-negative", valid(seed=-1), ("seed",)),
+    ("synthetic-seed-huge", with_synthetic({"shape": [2], "seed": 2**64}), ("seed",)),
+    ("resize-billion", valid(inputs=[{"name": "p", "images": ["sample:chelsea"], "preprocess": {"resize": 10**9}}]),
+     ("sizes must be between 1 and 16384",)),
+    ("crop-huge", valid(inputs=[{"name": "p", "images": ["sample:chelsea"], "preprocess": {"center_crop": [10**6, 2]}}]),
+     ("center_crop",)),
+    ("threads-huge", with_target(options={"threads": 10**9}), ("threads",)),
+    ("uniform-high-huge", with_synthetic({"shape": [2], "distribution": "uniform", "high": 1e300}), ("high",)),
+    ("float-overflow", "repeats: 1e400\n", ("repeats",)),
+    ("shape-too-many-dims", with_synthetic({"shape": [1] * 17}), ("shape",)),
+    ("synthetic-empty-list", with_synthetic([]), ("synthetic",)),
+    ("atol-nan", valid(tolerances={"atol": [float("nan")]}), ("tolerances.atol[0]: Input should be a finite number",)),
+    ("atol-nan-yaml", "tolerances: {atol: .nan}\n", ("finite number",)),
+    ("atol-inf", valid(tolerances={"atol": [1e-5, float("inf")]}), ("finite number",)),
+    ("atol-negative", valid(tolerances={"atol": [-1e-5]}), ("tolerances must be >= 0",)),
+    ("rtol-negative", valid(tolerances={"rtol": -1}), ("tolerances.rtol",)),
+    ("rtol-nan", valid(tolerances={"rtol": float("nan")}), ("tolerances.rtol",)),
+    ("gate-negative-inf", valid(tolerances={"gate": float("-inf")}), ("tolerances.gate",)),
+    ("atol-text", valid(tolerances={"atol": "small"}), ("tolerances.atol[0]: expected a number",)),
+    ("atol-empty", valid(tolerances={"atol": []}), ("tolerances.atol",)),
+    ("oracle-multiplier-nan", valid(oracle={"multiplier": float("nan")}), ("oracle.multiplier",)),
+    ("threshold-above-one", valid(tiers={"tasks": {"top1_agreement": 2}}), ("top1_agreement",)),
+    ("activation-threshold-nan", valid(tiers={"activations": {"threshold": float("nan")}}), ("threshold",)),
+    ("score-grid-zero", valid(adapters=[{"name": "deterministic_nms", "score_grid": 0}]), ("score_grid",)),
+    ("legacy-tol-nan", "from: library\nmodel: resnet18\ninputs: [a.jpg]\nverification: {tol: {atol: .nan}}\n",
+     ("verification.tol.atol: expected a finite number",)),
+    ("legacy-means-inf", "from: library\nmodel: resnet18\ninputs: [a.jpg]\nmeans: [.inf]\nstds: [1]\n", ("means",)),
+]
+
+
+@pytest.mark.parametrize("content, expected", [c[1:] for c in ABSURD], ids=[c[0] for c in ABSURD])
+def test_absurd_numbers(content, expected):
+    """Bounds in the schema: a typo cannot ask for days of work or terabytes of memory."""
+    reject(content, *expected)
+
+
+def _not_int(values):
+    """Values no integer field accepts: words, lists, mappings, fractions, non-finite floats."""
+    return st.one_of(st.text(alphabet="abcxyz ", min_size=1, max_size=8), st.lists(st.integers(), max_size=2),
+                     st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+                     st.floats(allow_nan=True, allow_infinity=True).filter(lambda f: f != f or f in (float("inf"), float("-inf")) or f != int(f)),
+                     values)
+
+
+BAD_VALUES = {  # (key path, values that are wrong there)
+    ("seed",): _not_int(st.integers(max_value=-1) | st.integers(min_value=2**63)),
+    ("repeats",): _not_int(st.integers(max_value=0) | st.integers(min_value=1001)),
+    ("inputs", 0, "synthetic", "shape"): st.one_of(
+        st.lists(st.integers(max_value=0), min_size=1, max_size=4),
+        st.lists(st.integers(min_value=2**15, max_value=2**40), min_size=2, max_size=5),
+        st.lists(st.just(1), min_size=17, max_size=30), st.just([]), st.text(alphabet="x0123", max_size=5)),
+    ("inputs", 0, "synthetic", "dtype"): st.text(max_size=10).filter(
+        lambda s: s not in ("float32", "float64", "bfloat16", "float16", "int64", "int32", "bool")),
+    ("inputs", 0, "synthetic", "seed"): st.integers(max_value=-1) | st.integers(min_value=2**63),
+    ("tolerances", "atol"): st.lists(st.floats(max_value=-1e-300) | st.sampled_from([float("nan"), float("inf")]),
+                                     min_size=1, max_size=3),
+    ("tolerances", "rtol"): st.floats(max_value=-1e-300) | st.sampled_from([float("nan"), float("inf"), "tight"]),
+    ("tolerances", "gate"): st.floats(max_value=-1e-300) | st.sampled_from([float("nan"), float("inf"), [1e-4]]),
+    ("targets", 0, "dtype"): st.text(max_size=10).filter(lambda s: s not in ("float32", "float64", "bfloat16", "float16")),
+    ("targets", 0, "device"): st.text(max_size=10).filter(lambda s: s not in ("cpu", "cuda") and not s.startswith("cuda:")),
+    ("targets", 0, "options"): st.lists(st.integers(), max_size=2) | st.text(max_size=4) | st.integers(),
+    ("targets", 0, "backend"): st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=12).filter(
+        lambda s: s not in ("eager", "compile", "onnxruntime", "torchscript", "openvino")),
+    ("models", 0, "source"): st.text(max_size=10).filter(lambda s: s not in ("torchvision", "repo", "python")),
+    ("models", 0, "weights"): st.sampled_from(["http://", "https://", "github:", "hf://", "s3://"]).flatmap(
+        lambda scheme: st.text(alphabet="abc/._", max_size=10).map(lambda rest: scheme + rest)),
+}
+
+
+@HYPOTHESIS
+@given(data=st.data())
+def test_generated_wrong_values(data):
+    where = data.draw(st.sampled_from(sorted(BAD_VALUES)))
+    value = data.draw(BAD_VALUES[where])
+    experiment = valid()
+    _at(experiment, where[:-1])[where[-1]] = value
+    from parity.config.yaml_io import format_path
+
+    reject(experiment, format_path(where))
+
+
+# Real processes: the exit code and the stderr a user sees, outside pytest's capture.
+
+def _subprocess(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    return subprocess.run([sys.executable, "-m", "parity.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_subprocess_exit_code_and_stderr(tmp_path):
+    """Several hostile files in one `parity validate` process, then one `parity run`: exit 2, one line per
+    problem, no traceback, no file anywhere."""
+    files = {"tag.yaml": "name: !!python/object/apply:os.system ['touch PWNED']\n",
+             "laughs.yaml": LAUGHS, "names.yaml": yaml.safe_dump(valid(name="../../x")),
+             "latin1.yaml": b"name: caf\xe9\n", "top-list.yaml": "- a\n"}
+    work = tmp_path / "work"
+    work.mkdir()
+    for name, content in files.items():
+        (work / name).write_bytes(content.encode() if isinstance(content, str) else content)
+    before = _tree(tmp_path)
+    result = _subprocess(["validate", *files], work)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == len(files) and all(line.startswith("error: ") for line in lines), result.stderr
+    for name in files:
+        assert sum(line.startswith(f"error: {name}") for line in lines) == 1, result.stderr
+    result = _subprocess(["run", "laughs.yaml", "--out", "out"], work)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and "expands to more than" in result.stderr
+    assert _tree(tmp_path) == before  # no PWNED, no output folder, nothing in the parent

@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict
 from parity.inputs import Inputs
 from parity.outputs import map_tensors
 
+MAX_THREADS = 1024  # a `threads` option beyond this is a typo, and would try to start that many threads
+
 
 class NoOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")

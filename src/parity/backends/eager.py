@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from parity.backends.base import Backend, num_threads, synchronize, tf32, to_cpu
+from parity.backends.base import MAX_THREADS, Backend, num_threads, synchronize, tf32, to_cpu
 from parity.config.schema import DTYPES
 from parity.inputs import Inputs
 
@@ -16,7 +16,7 @@ from parity.inputs import Inputs
 class EagerOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     channels_last: bool = False
-    threads: int | None = Field(default=None, ge=1)
+    threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)
     autocast: bool = Field(default=False, description="keep float32 weights and run under torch.autocast(dtype)")
     tf32: bool | None = Field(default=None, description="CUDA: TensorFloat-32 in float32 convolutions and matmuls "
                                                         "(None: PyTorch's settings, which allow it in convolutions)")

@@ -18,7 +18,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from parity.backends.base import Backend, OutputSpec, cuda_reason
+from parity.backends.base import MAX_THREADS, Backend, OutputSpec, cuda_reason
 from parity.inputs import Inputs
 
 LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
@@ -28,7 +28,7 @@ class OnnxRuntimeOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     optimization: Literal["disable", "basic", "extended", "all"] = "all"
     opset: int | None = Field(default=None, ge=7)
-    threads: int | None = Field(default=None, ge=1)
+    threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)
 
 
 def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, opset: int | None, optimize: bool = True,

@@ -10,9 +10,9 @@ from __future__ import annotations
 import warnings
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from parity.backends.base import Backend, OutputSpec
+from parity.backends.base import MAX_THREADS, Backend, OutputSpec
 from parity.inputs import Inputs
 
 PRECISION = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
@@ -20,7 +20,7 @@ PRECISION = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 class OpenVinoOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    threads: int | None = None
+    threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)
 
 
 class OpenVinoBackend(Backend):

@@ -11,6 +11,7 @@ the atol sweep is 1e-6..1e-3 at the file's rtol, gated at the file's atol.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -59,12 +60,15 @@ def _problems(data: dict) -> list[tuple[tuple, str]]:
         out.append((("verification", "tol"), "expected {atol: NUMBER, rtol: NUMBER}"))
     elif tol:
         for key in ("atol", "rtol"):
-            if key in tol and (isinstance(tol[key], bool) or not isinstance(tol[key], int | float) or tol[key] < 0):
-                out.append((("verification", "tol", key), f"expected a number >= 0, got {tol[key]!r}"))
+            value = tol.get(key)
+            if key in tol and (isinstance(value, bool) or not isinstance(value, int | float)
+                               or not math.isfinite(value) or value < 0):
+                out.append((("verification", "tol", key), f"expected a finite number >= 0, got {value!r}"))
     for key in ("means", "stds"):
         value = data.get(key)
-        if value is not None and (not isinstance(value, list) or not all(isinstance(v, int | float) for v in value)):
-            out.append(((key,), "expected a list of numbers"))
+        if value is not None and (not isinstance(value, list) or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in value)):
+            out.append(((key,), "expected a list of finite numbers"))
     multiple = (data.get("options") or {}).get("resize_multiple") if isinstance(data.get("options"), dict) else None
     if multiple is not None and (isinstance(multiple, bool) or not isinstance(multiple, int) or multiple <= 0):
         out.append((("options", "resize_multiple"), f"expected a positive integer, got {multiple!r}"))

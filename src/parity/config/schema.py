@@ -3,8 +3,9 @@
 This module checks shape and types only; names that need a registry or the file system (backends,
 torchvision builders, files) are checked in `config.checks`, so that the schema stays import-light.
 
-Every name that identifies something in records (experiment, model, input set, target) is a plain name
-that can also be a file name: no `/`, no `..`, nothing that leaves a folder.
+Numbers are bounded so that a typo cannot ask for a day of work or a terabyte of memory (`MAX_*`), every
+float is finite, and every name that identifies something in records (experiment, model, input set,
+target) is a plain name that can also be a file name: no `/`, no `..`, nothing that leaves a folder.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ from pydantic import (
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 TASKS = ("classification", "detection", "segmentation", "other")
 
+MAX_REPEATS = 1000
+MAX_ELEMENTS = 2**28  # per input set: 1 GiB of float32, more than any model test needs
+MAX_DIMS = 16
+MAX_IMAGE_SIDE = 16384
+MAX_SEED = 2**63 - 1
 MAX_NAME = 100
 _NAME = re.compile(r"\w[\w.+-]*")  # a letter, digit or _ first; then also . + -
 
@@ -67,7 +73,7 @@ LocalPath = Annotated[str, AfterValidator(local_path)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ModelSpec(Strict):
@@ -117,7 +123,7 @@ class ModelSpec(Strict):
 class Preprocess(Strict):
     resize: list[int] | None = Field(default=None, min_length=1, max_length=2)  # [S] = shorter side, [H, W]
     center_crop: list[int] | None = Field(default=None, min_length=1, max_length=2)  # [S] = square
-    resize_multiple: int | None = Field(default=None, gt=0)
+    resize_multiple: int | None = Field(default=None, gt=0, le=MAX_IMAGE_SIDE)
     mean: list[float] | None = None
     std: list[float] | None = None
 
@@ -129,8 +135,8 @@ class Preprocess(Strict):
     @field_validator("resize", "center_crop")
     @classmethod
     def _positive_size(cls, value: list[int] | None) -> list[int] | None:
-        if value is not None and any(v <= 0 for v in value):
-            raise ValueError("sizes must be positive")
+        if value is not None and any(v <= 0 or v > MAX_IMAGE_SIDE for v in value):
+            raise ValueError(f"sizes must be between 1 and {MAX_IMAGE_SIDE} pixels")
         return value
 
     @model_validator(mode="after")
@@ -143,20 +149,20 @@ class Preprocess(Strict):
 
 
 class Synthetic(Strict):
-    shape: list[int] = Field(min_length=1)
+    shape: list[int] = Field(min_length=1, max_length=MAX_DIMS)
     dtype: Literal["float32", "float64", "bfloat16", "float16", "int64", "int32", "bool"] = "float32"
     distribution: Literal["normal", "uniform", "randint", "zeros", "ones"] = "normal"
     low: float = Field(default=0.0, ge=-1e15, le=1e15)
     high: float = Field(default=1.0, ge=-1e15, le=1e15)
-    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
 
     @field_validator("shape")
     @classmethod
     def _positive(cls, shape: list[int]) -> list[int]:
         if any(d <= 0 for d in shape):
             raise ValueError("every dimension must be positive")
-        if math.prod(shape) > 2**31:
-            raise ValueError(f"{math.prod(shape)} elements is more than parity builds (2**31)")
+        if math.prod(shape) > MAX_ELEMENTS:
+            raise ValueError(f"{math.prod(shape)} elements is more than parity builds ({MAX_ELEMENTS} per input set)")
         return shape
 
     @model_validator(mode="after")
@@ -188,7 +194,7 @@ def _keyword(name: str) -> str:
 
 
 SyntheticSpec = Annotated[
-    Annotated[Synthetic, Tag("Synthetic")] | Annotated[list[Synthetic], Tag("list[Synthetic]")]
+    Annotated[Synthetic, Tag("Synthetic")] | Annotated[list[Synthetic], Tag("list[Synthetic]"), Field(min_length=1)]
     | Annotated[dict[Annotated[str, AfterValidator(_keyword)], Synthetic], Tag("dict[str,Synthetic]")],
     Discriminator(_synthetic_kind),
 ]
@@ -196,7 +202,7 @@ SyntheticSpec = Annotated[
 
 class InputSetSpec(Strict):
     name: Name
-    images: list[LocalPath] | None = None
+    images: list[LocalPath] | None = Field(default=None, max_length=10_000)
     preprocess: Preprocess = Field(default_factory=Preprocess)
     synthetic: SyntheticSpec | None = None
 
@@ -206,6 +212,13 @@ class InputSetSpec(Strict):
             raise ValueError("an input set needs exactly one of 'images' or 'synthetic'")
         if self.images is not None and not self.images:
             raise ValueError("'images' is empty")
+        if self.synthetic is not None:
+            specs = self.synthetic.values() if isinstance(self.synthetic, dict) else (
+                self.synthetic if isinstance(self.synthetic, list) else [self.synthetic])
+            total = sum(math.prod(s.shape) for s in specs)
+            if total > MAX_ELEMENTS:
+                raise ValueError(f"its tensors hold {total} elements together, more than parity builds "
+                                 f"({MAX_ELEMENTS} per input set)")
         return self
 
 
@@ -238,7 +251,7 @@ class BackendSpec(Strict):
 
 
 class Tolerances(Strict):
-    atol: list[float] = Field(default_factory=lambda: [1e-6, 1e-5, 1e-4, 1e-3], min_length=1)
+    atol: list[float] = Field(default_factory=lambda: [1e-6, 1e-5, 1e-4, 1e-3], min_length=1, max_length=100)
     rtol: float = Field(default=1e-5, ge=0)
     gate: float | None = Field(default=None, ge=0)
 
@@ -372,8 +385,8 @@ class ExecutorSpec(Strict):
 
 class Experiment(Strict):
     name: Name | None = None
-    seed: int = 0
-    repeats: int = Field(default=1, ge=1)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+    repeats: int = Field(default=1, ge=1, le=MAX_REPEATS)
     models: list[ModelSpec] = Field(min_length=1)
     inputs: list[InputSetSpec] = Field(min_length=1)
     reference: BackendSpec = Field(default_factory=lambda: BackendSpec(backend="eager"))
