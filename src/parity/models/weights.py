@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -36,15 +38,45 @@ def redraw_fan_in(model: torch.nn.Module, seed: int) -> None:
                 param.copy_(torch.randn(param.shape, generator=gen, dtype=torch.float64).to(param.dtype) * std)
 
 
+def _unpickling_reason(exc: BaseException) -> tuple[str, bool]:
+    """(torch's refusal in a few words, whether the file names a callable). torch's own message is long,
+    changes between versions and advises loading with weights_only=False, which would run the code."""
+    text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).split())
+    called = re.search(r"GLOBAL ([\w.]+)", text)
+    if called:
+        return f"unpickling it would call {called.group(1)}", True
+    detail = re.search(r"(WeightsUnpickler error: .*?|Unsupported operand \d+)(?: Check the documentation|$)", text)
+    return (detail.group(1) if detail else text)[:200], False
+
+
 def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """Tensors from a `.safetensors` file or a torch file. A torch file is unpickled with
+    `weights_only=True` only: a file that holds anything but tensors and plain containers (a pickled
+    object whose `__reduce__` runs a command) is refused before any of its code can run."""
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
-        return load_file(str(path))
+        try:
+            return load_file(str(path))
+        except Exception as exc:  # SafetensorError, OSError: a damaged or foreign file
+            raise ParityError(f"cannot load weights from {path}: not a valid .safetensors file ({exc})") from exc
+    import pickle
+
     try:
-        state = torch.load(str(path), map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about pickle protocols; the error says what matters
+            state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        reason, calls = _unpickling_reason(exc)
+        if calls:  # the pickle names a function or class to call: code, not weights
+            raise ParityError(
+                f"refusing weights file {path}: it holds Python objects other than tensors, and parity loads "
+                f"torch files only with weights_only=True, so that loading cannot run code ({reason}); "
+                "save model.state_dict() with torch.save, or use a .safetensors file") from exc
+        raise ParityError(f"cannot load weights from {path}: not a torch file that weights_only=True can read "
+                          f"({reason}); save model.state_dict() with torch.save, or use a .safetensors file") from exc
     except Exception as exc:  # torch raises many kinds here; the user needs the file and the reason
-        raise ParityError(f"cannot load weights from {path} (weights_only=True): {exc}") from exc
+        raise ParityError(f"cannot load weights from {path} (weights_only=True): {_unpickling_reason(exc)[0]}") from exc
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict):
