@@ -1,8 +1,9 @@
-"""What an experiment cannot make parity do: run code hidden in a weights file."""
+"""What an experiment cannot make parity do: run code hidden in a weights file, download, use the network."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 import yaml
 
+from parity.api import run_experiment
 from parity.errors import ParityError
 from parity.models.weights import load_state_dict
 from tests.conftest import ROOT, tiny_experiment
@@ -71,3 +73,31 @@ def test_a_damaged_safetensors_file_is_a_user_error(tmp_path):
     path.write_bytes(b"not a safetensors file")
     with pytest.raises(ParityError, match="not a valid .safetensors file"):
         load_state_dict(path)
+
+
+def test_a_whole_run_needs_no_network(tmp_path, monkeypatch):
+    """Every way to reach the network raises inside this test; a run with eager, TorchScript and ONNX Runtime
+    targets (export included) passes anyway, and nothing even tried."""
+    attempts: list[str] = []
+
+    def refuse(what):
+        def blocked(*args, **kwargs):
+            attempts.append(f"{what}{args[1:2] if what.startswith('socket.') else args[:1]}")
+            raise OSError(f"network disabled in this test ({what})")
+
+        return blocked
+
+    for name in ("connect", "connect_ex", "sendto", "bind"):
+        monkeypatch.setattr(socket.socket, name, refuse(f"socket.{name}"))
+    monkeypatch.setattr(socket, "create_connection", refuse("create_connection"))
+    monkeypatch.setattr(socket, "getaddrinfo", refuse("getaddrinfo"))
+    monkeypatch.setattr(socket, "gethostbyname", refuse("gethostbyname"))
+
+    with pytest.raises(OSError):  # the guard is in place
+        socket.create_connection(("example.com", 80))
+    attempts.clear()
+    data = tiny_experiment([{"backend": "torchscript"}, {"backend": "onnxruntime"}, {"backend": "eager", "name": "same"}])
+    records = run_experiment(data, out=tmp_path / "out")
+    checks = [r for r in records if r["kind"] == "check"]
+    assert len(checks) == 3 and all(c["passed"] for c in checks), [c["detail"] for c in checks]
+    assert attempts == []
