@@ -137,6 +137,15 @@ def test_exit_codes_and_summary_arithmetic(tmp_path, write_yaml, capsys):
     assert "failed tiny / noise / perturbed: numeric_drift" in capsys.readouterr().out
 
 
+def test_a_failure_after_some_repeats_is_recorded_at_its_repeat(tmp_path):
+    """One record per (model, input set, backend, repeat): the failure is the second repeat's record, not
+    a second record for repeat 0."""
+    records = run_experiment(tiny_experiment([{"backend": "tests.fixtures.tiny:FailsAfterFirstRun", "name": "later"}],
+                                             repeats=3), out=tmp_path)
+    later = [(r["repeat"], r["status"]) for r in records if r["kind"] == "execution" and r["backend"] == "later"]
+    assert later == [(0, "ok"), (1, "error")]
+
+
 def test_a_real_torchvision_model_on_real_photos(tmp_path):
     """ResNet-18 on two bundled photographs: exported and traced backends agree, bfloat16 drifts, and the
     float64 oracle says the bfloat16 target, not the reference, is the one that is off."""

@@ -61,9 +61,9 @@ class _Progress:
 def _record_execution(writer: RecordWriter, job: Job, ex: Execution, repeat: int | None) -> None:
     fields: dict[str, Any] = {"model": job.model.name, "inputs": job.inputs.name, "backend": ex.backend.id,
                               "device": ex.backend.device, "dtype": ex.backend.dtype}
-    if repeat is None:  # a failure or an unavailable backend: one record for the whole execution
-        writer.write("execution", **fields, repeat=0, status=ex.status, prepare_s=ex.prepare_s, run_s=None,
-                     error=ex.error, failure_class=ex.failure_class, cached=ex.cached)
+    if repeat is None:  # a failure or an unavailable backend: one record, at the repeat that failed
+        writer.write("execution", **fields, repeat=len(ex.run_s), status=ex.status, prepare_s=ex.prepare_s,
+                     run_s=None, error=ex.error, failure_class=ex.failure_class, cached=ex.cached)
     else:
         writer.write("execution", **fields, repeat=repeat, status="ok", prepare_s=ex.prepare_s if repeat == 0 else 0.0,
                      run_s=ex.run_s[repeat], error=None, failure_class=None, cached=ex.cached)
