@@ -1,12 +1,19 @@
 """JSONL records: one self-describing JSON object per line, written and flushed as results come.
 
-Kinds: `run` (the resolved experiment and the environment), `model`, `execution` (one backend run),
-`check` (one verdict), `layers` (one localized check), `fallback`. Reports and summaries are rendered from these lines alone. Non-finite floats (an infinite
-required atol) are written as null: the file stays strict JSON.
+Kinds: `run` (the resolved experiment, its digest and the environment), `resume` (a later process
+continued the run), `model`, `execution` (one backend run), `check` (one verdict), `layers` (one
+localized check), `fallback`. Reports and summaries are rendered from these lines alone. Non-finite
+floats (an infinite required atol) are written as null: the file stays strict JSON.
+
+A run can be continued: `record_key` says what identifies a record, and a writer opened with
+`resume=True` keeps the records already in the file and never writes a second record with the same key.
+A process killed while writing leaves at most one torn last line (no newline); it is detected, and cut
+off before anything is appended.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -15,6 +22,13 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from parity.errors import ParityError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory lock; two runs into one folder are then the user's to avoid
+    fcntl = None
 
 SCHEMA_VERSION = 1
 
@@ -29,20 +43,112 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
-class RecordWriter:
-    """Appends records to OUT/records.jsonl, flushing each line so a crash loses nothing written."""
+def experiment_digest(config: dict[str, Any], base_dir: str) -> str:
+    """What a run is a run of: the resolved experiment and the folder its relative paths start from.
+    Comments, key order and spelling (`1e-5` vs `0.00001`) do not change it; a setting does."""
+    canonical = json.dumps({"config": _finite(config), "base_dir": base_dir}, sort_keys=True,
+                           separators=(",", ":"), allow_nan=False)
+    return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
-    def __init__(self, path: Path):
+
+def record_key(record: dict[str, Any]) -> tuple | None:
+    """The identity of a record within one run, or None for kinds that may repeat (`resume`, `fallback`).
+    A run holds one `run` record, one `model` record per model, one `execution` per (model, input set,
+    backend, repeat), one `check` per (model, input set, target, tier), one `layers` per check."""
+    kind = record.get("kind")
+    if kind == "run":
+        return ("run",)
+    if kind == "model":
+        return ("model", record["model"])
+    if kind == "execution":
+        return ("execution", record["model"], record["inputs"], record["backend"], record["repeat"])
+    if kind == "check":
+        return ("check", record["model"], record["inputs"], record["target"], record["tier"])
+    if kind == "layers":
+        return ("layers", record["model"], record["inputs"], record["target"])
+    return None
+
+
+def _parse(data: bytes, path: Path) -> list[dict[str, Any]]:
+    """The records in `data` up to its last newline: what follows is a torn line, not a record yet."""
+    records = []
+    for number, line in enumerate(data[:data.rfind(b"\n") + 1].split(b"\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            raise ParityError(f"{path}:{number}: not a JSON record ({getattr(exc, 'msg', exc)})") from exc
+        if not isinstance(record, dict) or "kind" not in record:
+            raise ParityError(f"{path}:{number}: not a parity record (no 'kind')")
+        records.append(record)
+    return records
+
+
+class RecordWriter:
+    """Appends records to OUT/records.jsonl, flushing each line so a crash loses nothing written.
+
+    The file is locked while the writer is open, so two runs cannot interleave lines in one folder.
+    `resume=False` empties it; `resume=True` reads the records already there (`records`) and the bytes
+    of a torn last line (`torn`), which `drop_torn_line` cuts off; `write` then skips any record whose
+    key is already in the file."""
+
+    def __init__(self, path: Path, resume: bool = False):
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = path.open("w", encoding="utf-8")
-        self.records: list[dict[str, Any]] = []
+        self._file = path.open("a+b")
+        try:
+            self._lock()
+            self.records: list[dict[str, Any]] = []
+            self.torn = 0
+            if resume:
+                self._file.seek(0)
+                data = self._file.read()
+                self.torn = len(data) - (data.rfind(b"\n") + 1)
+                try:
+                    self.records = _parse(data, path)
+                except ParityError as exc:
+                    raise ParityError(f"{exc.problems[0]}; something other than parity wrote this file: move it "
+                                      "away, or pass --fresh to start over") from exc
+            else:
+                self._file.truncate(0)
+        except BaseException:
+            self._file.close()
+            raise
+        self._keys = {record_key(r) for r in self.records} - {None}
 
-    def write(self, kind: str, **fields: Any) -> dict[str, Any]:
+    def _lock(self) -> None:
+        if fcntl is None:
+            return
+        try:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise ParityError(f"{self.path}: another parity process is writing this run; wait for it to end "
+                              "or give another --out") from exc
+
+    def drop_torn_line(self) -> int:
+        """Cut off a torn last line (what a killed process was writing); returns its length in bytes."""
+        torn, self.torn = self.torn, 0
+        if torn:
+            self._file.truncate(self._file.seek(0, os.SEEK_END) - torn)
+        return torn
+
+    def has(self, *key: Any) -> bool:
+        return tuple(key) in self._keys
+
+    def write(self, kind: str, **fields: Any) -> dict[str, Any] | None:
+        """Append one record; None (and nothing written) when the file already has a record with its key."""
         record = _finite({"kind": kind, "schema_version": SCHEMA_VERSION, **fields})
-        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        key = record_key(record)
+        if key is not None and key in self._keys:
+            return None
+        if self.torn:
+            raise RuntimeError("records.jsonl ends with a torn line; drop_torn_line() before appending")
+        self._file.write((json.dumps(record, allow_nan=False) + "\n").encode("utf-8"))
         self._file.flush()
         self.records.append(record)
+        if key is not None:
+            self._keys.add(key)
         return record
 
     def close(self) -> None:
@@ -56,35 +162,23 @@ class RecordWriter:
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a run. A torn last line (the run is being written, or was killed mid-line) is not a
+    record yet and is left out."""
     path = Path(path)
     if path.is_dir():
         path = path / "records.jsonl"
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return _parse(path.read_bytes(), path)
 
 
 def read_run(folder: str | Path) -> list[dict[str, Any]]:
     """The records of the run in `folder` (an `--out` folder), for rendering reports. A missing file, a
     line that is not JSON or a file without its `run` record is a ParityError that says which."""
-    from parity.errors import ParityError
-
     folder = Path(folder)
     path = folder / "records.jsonl" if folder.suffix != ".jsonl" else folder
     if not path.is_file():
         where = "does not exist" if not folder.exists() else "has no records.jsonl"
         raise ParityError(f"{folder}: {where} (expected the --out folder of a parity run)")
-    records = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ParityError(f"{path}:{number}: not a JSON record ({exc.msg})") from exc
-            if not isinstance(record, dict) or "kind" not in record:
-                raise ParityError(f"{path}:{number}: not a parity record (no 'kind')")
-            records.append(record)
+    records = _parse(path.read_bytes(), path)  # a torn last line (a run in progress, or killed) is left out
     if not any(r["kind"] == "run" for r in records):
         raise ParityError(f"{path}: no 'run' record (the first line of every parity run); is this a parity records file?")
     return records
