@@ -28,15 +28,18 @@ def default_out_dir(exp: Experiment) -> Path:
 
 
 def run_experiment(source: str | Path | dict | Experiment, out: str | Path | None = None,
-                   progress: bool = False, reports: tuple[str, ...] = ("report.md",)) -> list[dict[str, Any]]:
+                   progress: bool = False, reports: tuple[str, ...] = ("report.md",),
+                   fresh: bool = False) -> list[dict[str, Any]]:
     """Run an experiment (a YAML path, a dict in the same shape, or an Experiment); write records.jsonl,
     summary.json and `reports` under `out` (any of report.md, report.html, junit.xml: `parity run` writes
-    all three, `parity.report.REPORT_FILES`; the HTML costs about a second of plotting); return the records."""
+    all three, `parity.report.REPORT_FILES`; the HTML costs about a second of plotting); return the records.
+    When `out` already holds records of the same experiment the run continues from them, and the records
+    returned are all of them; `fresh` discards them and starts over."""
     from parity.runner.local import run_experiment_to
 
     exp = _experiment(source)
     out_dir = Path(out) if out is not None else default_out_dir(exp)
-    records = run_experiment_to(exp, out_dir, progress=progress)
+    records = run_experiment_to(exp, out_dir, progress=progress, fresh=fresh)
     if reports:
         from parity.report import write_reports
 

@@ -47,7 +47,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             out_dir = default_out_dir(exp)
         else:
             out_dir = Path(args.out) / exp.name if len(experiments) > 1 else Path(args.out)
-        records = run_experiment(exp, out_dir, progress=not args.quiet, reports=())
+        records = run_experiment(exp, out_dir, progress=not args.quiet, reports=(), fresh=args.fresh)
         summary = summarize(records)
         reports = [] if args.no_report else write_reports(out_dir, records, summary)
         render(records, summary, out_dir, _console(), reports)
@@ -283,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="process and ray executors: the time limit of one execution (default 600); past it, its "
                           "checks fail as timeout and the run goes on")
     run.add_argument("--address", metavar="ADDR", help="ray executor: the Ray cluster to join (default: start one here)")
+    run.add_argument("--fresh", action="store_true",
+                     help="discard the records already in --out and start over (by default a run continues them)")
     cache_options(run)
     run.set_defaults(func=cmd_run)
 

@@ -2,11 +2,22 @@
 
 Memory stays bounded by one model and input set at a time: the reference's (and oracle's) outputs are
 kept while that job's targets run, and each target's outputs are dropped once its check is written.
+
+Resuming. A run into a folder that already holds records of the same experiment continues it. The unit
+of resumption is a *judgement*: one target on one (model, input set), that is its tier-1 check together
+with the tier-3 check and the `layers` record that belong to it. The tier-1 check is written last, so a
+recorded tier-1 check means the whole judgement is recorded; such targets are not executed again. A job
+(model, input set) with a judgement missing re-executes its reference (and oracle), because a verdict
+needs their outputs and outputs are not recorded, and the missing targets. Records whose key is already
+in the file (an execution repeat, a model, a tier-3 check) are not written again, so nothing appears
+twice. A model whose judgements are all recorded is not even built.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +29,7 @@ from parity.config.schema import Experiment
 from parity.errors import ParityError, did_you_mean
 from parity.inputs import build_inputs
 from parity.models import build_model
-from parity.records import RecordWriter, environment
+from parity.records import RecordWriter, environment, experiment_digest
 from parity.runner import cache
 from parity.runner.execute import Execution
 from parity.runner.executors import Executor, make_executor
@@ -69,7 +80,17 @@ def _record_execution(writer: RecordWriter, job: Job, ex: Execution, repeat: int
                      run_s=ex.run_s[repeat], error=None, failure_class=None, cached=ex.cached)
 
 
-def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _Progress, executor: Executor) -> None:
+def judged(writer: RecordWriter, job: Job, target) -> bool:
+    """Whether the records already hold this target's judgement (its tier-1 check is written last)."""
+    return writer.has("check", job.model.name, job.inputs.name, target.id, 1)
+
+
+def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _Progress,
+            executor: Executor) -> None:
+    pending = [spec for spec in job.targets if not judged(writer, job, spec)]
+    if not pending:
+        progress.advance(job.executions)
+        return
     try:
         inputs = build_inputs(job.inputs, exp, job.model.batch_mode)
     except ParityError:
@@ -96,38 +117,95 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
     oracle = run(job.oracle) if job.oracle else None
     ref_spread = repeat_spread(reference.outputs, exp.tolerances.rtol, exp.tolerances.gate_atol) if reference.ok else 0.0
     for spec in job.targets:
+        if spec not in pending:
+            progress.advance(job.repeats)
+            continue
         target = run(spec)
         check = tier1_check(job, target, reference, oracle, exp, ref_spread)
         task = task_check(job, target, reference, exp, inputs) if exp.tiers.evaluate_tasks else None
         if task and task["same_set"] and check["failure_class"] == "numeric_drift":
             check["failure_class"] = "ordering"
             check["detail"] = f"the same {job.model.task} outputs in another order (tier 3 matched all): {check['detail']}"
-        writer.write("check", **check)
         if task:
             writer.write("check", **task)
-        if exp.tiers.localize and check["failure_class"] in LOCALIZABLE:
+        localize = exp.tiers.localize and check["failure_class"] in LOCALIZABLE
+        if localize and not writer.has("layers", job.model.name, job.inputs.name, spec.id):
             progress.describe(f"localizing {job.model.name} / {job.inputs.name} / {spec.id}")
             writer.write("layers", **localize_check(job, spec, as_configured(spec), inputs, exp))
+        writer.write("check", **check)  # last: once it is in the file, this judgement is complete
 
 
-def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True) -> list[dict[str, Any]]:
-    """Run `exp`, writing OUT/records.jsonl and OUT/summary.json; returns the records."""
+def _open_records(out_dir: Path, config: dict, base_dir: str, digest: str, fresh: bool) -> RecordWriter:
+    """The run's records: new, or (the same experiment, not `fresh`) the ones already there, ready to append."""
+    writer = RecordWriter(out_dir / "records.jsonl", resume=not fresh)
+    try:
+        if writer.records:
+            _same_experiment(writer, config, base_dir, digest)
+        torn = writer.drop_torn_line()
+        if torn:
+            print(f"{writer.path}: dropped a torn last line ({torn} bytes), the record an interrupted run was "
+                  "writing; it is made again", file=sys.stderr)
+    except BaseException:
+        writer.close()
+        raise
+    return writer
+
+
+def _same_experiment(writer: RecordWriter, config: dict, base_dir: str, digest: str) -> None:
+    first, path = writer.records[0], writer.path
+    again = "give another --out, or pass --fresh to discard those records and start over"
+    if first.get("kind") != "run":
+        raise ParityError(f"{path}: does not start with a run record; {again}")
+    if "digest" not in first:
+        raise ParityError(f"{path}: was written by a parity that did not record experiment digests, so it cannot "
+                          f"be continued; {again}")
+    if first["digest"] != digest:
+        old = first.get("config") or {}
+        changed = sorted(k for k in set(old) | set(config) if old.get(k) != config.get(k))
+        if first.get("base_dir") != base_dir:
+            changed.append(f"base_dir {first.get('base_dir')} -> {base_dir}")
+        raise ParityError(f"{path.parent}: holds a run of experiment '{first.get('experiment')}' with other settings "
+                          f"(changed: {', '.join(changed) or 'details'}); a run continues only the same experiment: "
+                          f"{again}")
+
+
+def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True, fresh: bool = False) -> list[dict[str, Any]]:
+    """Run `exp`, writing OUT/records.jsonl and OUT/summary.json; returns the records. When OUT already
+    holds records of this experiment, the run continues from them (see the module docstring); `fresh`
+    discards them instead."""
     from parity.report.summary import summarize, write_summary
 
     jobs = plan(exp)
+    config = exp.model_dump(mode="json")
+    digest = experiment_digest(config, str(exp.base_dir))
     bar = _Progress(sum(j.executions for j in jobs), progress)
-    with RecordWriter(out_dir / "records.jsonl") as writer, make_executor(exp.executor) as executor:
-        writer.write("run", experiment=exp.name, config=exp.model_dump(mode="json"),
-                     base_dir=str(exp.base_dir), environment=environment(exp.base_dir))
-        executor.start(exp, jobs)
+    with _open_records(out_dir, config, str(exp.base_dir), digest, fresh) as writer, \
+            make_executor(exp.executor) as executor:
+        todo = [j for j in jobs if any(not judged(writer, j, t) for t in j.targets)]
+        if not writer.records:
+            writer.write("run", experiment=exp.name, digest=digest, config=config,
+                         base_dir=str(exp.base_dir), environment=environment(exp.base_dir))
+        elif todo:
+            checks = sum(len(j.targets) for j in jobs)
+            left = sum(not judged(writer, j, t) for j in todo for t in j.targets)
+            print(f"resuming {out_dir}: {checks - left} of {checks} checks already recorded", file=sys.stderr)
+            writer.write("resume", records=len(writer.records), checks_recorded=checks - left,
+                         environment=environment(exp.base_dir))
+        # only what is left to judge: the reference, the oracle and the targets without a judgement
+        executor.start(exp, [dataclasses.replace(j, targets=tuple(t for t in j.targets if not judged(writer, j, t)))
+                             for j in todo])
         with bar.running():
             for model_spec in exp.models:
+                model_jobs = [j for j in jobs if j.model is model_spec]
+                if not any(j in todo for j in model_jobs):
+                    bar.advance(sum(j.executions for j in model_jobs))
+                    continue
                 start = time.perf_counter()
                 model, notes = prepared_model(model_spec, exp)
                 writer.write("model", model=model_spec.name, parameters=sum(p.numel() for p in model.parameters()),
                              build_s=time.perf_counter() - start, adapters=notes)
                 with model_identity(model_spec, exp):
-                    for job in (j for j in jobs if j.model is model_spec):
+                    for job in model_jobs:
                         _run_job(job, model, exp, writer, bar, executor)
                 del model
         records = writer.records
