@@ -241,6 +241,9 @@ def test_generated_alias_bombs(width, depth, at):
 WRONG_TYPES = [
     ("integer-key", {1: 2, **VALID}, ("(top level): key 1 is int, not a name; put it in quotes",)),
     ("null-key", "~: 1\n", ("key None is NoneType, not a name",)),
+    ("number-key-in-options", "targets: [{backend: eager, options: {0E0: 1}}]\n",
+     ("targets[0].options: key 0.0 is float, not a name; put it in quotes",)),
+    ("number-key-in-params", with_model(params={1: 2}), ("models[0].params: key 1 is int, not a name",)),
     ("capitalized-unknown-key", {**VALID, "Models": []}, ("Models: unknown key; did you mean 'models'?",)),
     ("bracket-unknown-key", {**VALID, "a[0]": 1}, ("a[0]: unknown key",)),
     ("newline-in-key", {**VALID, "a\nb": 1}, ("a\\nb: unknown key",)),

@@ -63,7 +63,9 @@ def _pydantic_problems(exc: ValidationError, model_cls: type) -> list[tuple[KeyP
         by_loc.setdefault(_clean_loc(tuple(err["loc"])), []).append(err)
     out = []
     for loc, errs in by_loc.items():
-        if errs[0]["type"] == "invalid_key":  # `1:`, `~:`, `1e5:` are numbers or null to YAML, not names
+        # `1:`, `~:`, `1e5:` are numbers or null to YAML, not names: at the top level pydantic says
+        # invalid_key, in a mapping field (`options`, `params`) string_type at `KEY.[key]`
+        if errs[0]["type"] == "invalid_key" or (errs[0]["type"] == "string_type" and errs[0]["loc"][-1] == "[key]"):
             key = errs[0].get("input")
             out.append((loc[:-1], f"key {key!r} is {type(key).__name__}, not a name; put it in quotes"))
             continue
