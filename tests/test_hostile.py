@@ -184,7 +184,7 @@ def test_yaml_that_is_not_an_experiment(content, expected):
     reject(content, *expected)
 
 
-def test_no_python_tag_ever_runs(tmp_path):
+def test_no_python_tag_ever_runs():
     """The tags above would create a file named PWNED in the working directory if anything ran them."""
     for _, content, _ in YAML_FILES:
         if isinstance(content, str) and "PWNED" in content:
@@ -296,15 +296,17 @@ def test_wrong_types_and_unknown_keys(content, expected):
     reject(content, *expected)
 
 
-MAPPINGS = {  # where a mapping lives in VALID, and the keys allowed there
-    (): set(["name", "seed", "repeats", "models", "inputs", "reference", "oracle", "targets", "tolerances", "tiers", "adapters"]),
-    ("models", 0): {"name", "source", "builder", "path", "entry", "hubconf", "weights", "init", "params", "task",
-                    "inputs", "batch"},
-    ("inputs", 0): {"name", "images", "preprocess", "synthetic"},
-    ("inputs", 0, "synthetic"): {"shape", "dtype", "distribution", "low", "high", "seed"},
-    ("targets", 0): {"backend", "device", "dtype", "name", "options", "fallback"},
-    ("targets", 0, "options"): {"channels_last", "threads", "autocast"},
-}
+def _mappings() -> dict[tuple, set[str]]:
+    """Where a mapping lives in VALID, and the keys the schema allows there."""
+    from parity.backends.eager import EagerOptions
+    from parity.config.schema import BackendSpec, Experiment, InputSetSpec, ModelSpec, Synthetic
+
+    return {(): set(Experiment.model_fields), ("models", 0): set(ModelSpec.model_fields),
+            ("inputs", 0): set(InputSetSpec.model_fields), ("inputs", 0, "synthetic"): set(Synthetic.model_fields),
+            ("targets", 0): set(BackendSpec.model_fields), ("targets", 0, "options"): set(EagerOptions.model_fields)}
+
+
+MAPPINGS = _mappings()
 
 
 def _at(data, path):
