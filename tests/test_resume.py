@@ -166,6 +166,8 @@ def test_another_experiment_in_the_same_folder_is_refused_unless_fresh(tmp_path,
     path.write_text("# a comment changes nothing\n" + path.read_text().replace("seed: 0", "seed: 0  # still 0"))
     assert main(["run", str(path), "--out", str(out), "--quiet"]) == 0  # the same experiment: nothing to do
     before = (out / "records.jsonl").read_bytes()
+    assert main(["run", str(path), "--out", str(out), "--quiet", "--executor", "process"]) == 0  # only where it runs
+    assert (out / "records.jsonl").read_bytes() == before
     data["tolerances"] = {"atol": [1e-3]}
     write_yaml(data)
     capsys.readouterr()

@@ -43,10 +43,16 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
+# Settings of how a run is carried out, not of what it measures: a run may continue under others.
+NOT_DIGESTED = ("executor",)
+
+
 def experiment_digest(config: dict[str, Any], base_dir: str) -> str:
     """What a run is a run of: the resolved experiment and the folder its relative paths start from.
-    Comments, key order and spelling (`1e-5` vs `0.00001`) do not change it; a setting does."""
-    canonical = json.dumps({"config": _finite(config), "base_dir": base_dir}, sort_keys=True,
+    Comments, key order and spelling (`1e-5` vs `0.00001`) do not change it; a setting does, except
+    where executions run (`executor`: a run started locally may continue in worker processes)."""
+    measured = {k: v for k, v in config.items() if k not in NOT_DIGESTED}
+    canonical = json.dumps({"config": _finite(measured), "base_dir": base_dir}, sort_keys=True,
                            separators=(",", ":"), allow_nan=False)
     return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 

@@ -29,7 +29,7 @@ from parity.config.schema import Experiment
 from parity.errors import ParityError, did_you_mean
 from parity.inputs import build_inputs
 from parity.models import build_model
-from parity.records import RecordWriter, environment, experiment_digest
+from parity.records import NOT_DIGESTED, RecordWriter, environment, experiment_digest
 from parity.runner import cache
 from parity.runner.execute import Execution
 from parity.runner.executors import Executor, make_executor
@@ -161,7 +161,7 @@ def _same_experiment(writer: RecordWriter, config: dict, base_dir: str, digest: 
                           f"be continued; {again}")
     if first["digest"] != digest:
         old = first.get("config") or {}
-        changed = sorted(k for k in set(old) | set(config) if old.get(k) != config.get(k))
+        changed = sorted(k for k in set(old) | set(config) if old.get(k) != config.get(k) and k not in NOT_DIGESTED)
         if first.get("base_dir") != base_dir:
             changed.append(f"base_dir {first.get('base_dir')} -> {base_dir}")
         raise ParityError(f"{path.parent}: holds a run of experiment '{first.get('experiment')}' with other settings "
