@@ -458,6 +458,8 @@ ABSURD = [
     ("crop-huge", valid(inputs=[{"name": "p", "images": ["sample:chelsea"], "preprocess": {"center_crop": [10**6, 2]}}]),
      ("center_crop",)),
     ("threads-huge", with_target(options={"threads": 10**9}), ("threads",)),
+    ("executor-threads-huge", valid(executor={"kind": "process", "threads": 10**6}), ("executor.threads",)),
+    ("executor-timeout-inf", valid(executor={"kind": "process", "timeout": float("inf")}), ("executor.timeout",)),
     ("uniform-high-huge", with_synthetic({"shape": [2], "distribution": "uniform", "high": 1e300}), ("high",)),
     ("float-overflow", "repeats: 1e400\n", ("repeats",)),
     ("shape-too-many-dims", with_synthetic({"shape": [1] * 17}), ("shape",)),

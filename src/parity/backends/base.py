@@ -16,10 +16,9 @@ from typing import Any, ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from parity.config.schema import MAX_THREADS  # noqa: F401 - the bound of every backend's `threads` option
 from parity.inputs import Inputs
 from parity.outputs import map_tensors
-
-MAX_THREADS = 1024  # a `threads` option beyond this is a typo, and would try to start that many threads
 
 
 class NoOptions(BaseModel):

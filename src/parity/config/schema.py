@@ -35,6 +35,7 @@ MAX_ELEMENTS = 2**28  # per input set: 1 GiB of float32, more than any model tes
 MAX_DIMS = 16
 MAX_IMAGE_SIDE = 16384
 MAX_SEED = 2**63 - 1
+MAX_THREADS = 1024  # a `threads` setting beyond this is a typo, and would try to start that many threads
 MAX_NAME = 100
 _NAME = re.compile(r"\w[\w.+-]*")  # a letter, digit or _ first; then also . + -
 
@@ -362,7 +363,7 @@ class ExecutorSpec(Strict):
     kind: Literal["local", "process", "ray"] = "local"
     timeout: float | None = Field(default=None, gt=0)  # seconds per execution; default DEFAULT_TIMEOUT_S
     address: str | None = Field(default=None, min_length=1)  # ray: the cluster to join; default: start one here
-    threads: int | None = Field(default=None, ge=1)  # torch threads per execution (ray: also its CPUs; default 1)
+    threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)  # torch threads per execution (ray: also its CPUs; default 1)
 
     @model_validator(mode="before")
     @classmethod
