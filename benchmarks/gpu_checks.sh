@@ -4,6 +4,7 @@
 # detector with and without the deterministic NMS adapter), and tier 2 and fallback on a CUDA target.
 # Everything is judged against eager float32 on the CPU. Writes its log and records under $OUT (default
 # gpu-out). Run from the repository root with parity importable (pip install -e . or PYTHONPATH=src).
+# QUICK=1 (about a minute): the tests, ResNet-18 alone from cuda.yaml, and the detector in worker processes.
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -16,6 +17,14 @@ step() { echo; echo "=== $1"; }
   python3 -m parity.cli backends
   step "tests marked gpu"
   timeout 180 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+  if [ -n "${QUICK:-}" ]; then
+    step "examples/cuda.yaml, resnet18 only, tier 3 only"
+    python3 -c "import yaml; e = yaml.safe_load(open('examples/cuda.yaml')); e['models'] = e['models'][:1]; e['tiers'] = {'tasks': True}; yaml.safe_dump(e, open('$OUT/cuda-resnet18.yaml', 'w'))"
+    time timeout 200 python3 -m parity.cli run "$OUT/cuda-resnet18.yaml" --out "$OUT/cuda" --quiet --no-report --no-cache
+    step "examples/detection_cuda.yaml in worker processes"
+    time timeout 150 python3 -m parity.cli run examples/detection_cuda.yaml --out "$OUT/detection" --quiet --no-report --no-cache --executor process
+    exit 0
+  fi
   step "examples/cuda.yaml"
   time timeout 300 python3 -m parity.cli run examples/cuda.yaml --out "$OUT/cuda" --quiet --no-report --no-cache
   step "examples/detection_cuda.yaml"
