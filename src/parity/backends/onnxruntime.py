@@ -33,8 +33,10 @@ class OnnxRuntimeOptions(BaseModel):
 
 def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, opset: int | None, optimize: bool = True,
                 external_data: bool = False) -> None:
-    """Export with the dynamo exporter (its progress messages are kept off the console)."""
-    with contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
+    """Export with the dynamo exporter. Its progress messages, and the whole traced graph that torch.export
+    prints when it gives up on a model (thousands of lines for a detector), are kept off the console: the
+    exception says why, and the check records it."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
         torch.onnx.export(model, example.args, str(path), kwargs=example.kwargs or None, dynamo=True,
                           opset_version=opset, external_data=external_data, verbose=False, optimize=optimize)
 
