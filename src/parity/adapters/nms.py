@@ -7,14 +7,15 @@ the tolerance (descending), ties broken by box coordinates quantized to `box_gri
 index: differences well below the grids cannot change which boxes survive or their order. (A value that
 sits right on a grid boundary can still land on either side: the grids make flips rare, not impossible.)
 
-Applied per model: forward hooks swap torchvision's `batched_nms` in for the duration of the model's
-forward (detection heads look it up at call time), and the region proposal network's top-k is replaced
-on the model's own instance. Hooks and the instance attribute travel with deep copies, so every backend
-runs the adapter.
+Applied per model: the model's own `forward` is wrapped so that torchvision's `batched_nms` is swapped
+in for the duration of the forward (detection heads look it up at call time) and put back however the
+forward ends, and the region proposal network's top-k is replaced on the model's own instance. Both are
+instance attributes and travel with deep copies, so every backend runs the adapter.
 """
 
 from __future__ import annotations
 
+import functools
 import types
 
 import torch
@@ -64,6 +65,23 @@ def make_batched_nms(score_grid: float, box_grid: float):
     return batched_nms
 
 
+def _forward_with(patched, forward):
+    """`forward` with torchvision's batched_nms swapped for `patched` while it runs, put back in a
+    `finally`. Not forward hooks: torch.export's non-strict tracing runs a module's pre-hooks but not its
+    always_call forward hooks when the forward raises, which left the swap in place for every model after."""
+
+    @functools.wraps(forward)
+    def with_patched_nms(self, *args, **kwargs):
+        previous = box_ops.batched_nms
+        box_ops.batched_nms = patched
+        try:
+            return forward(self, *args, **kwargs)
+        finally:
+            box_ops.batched_nms = previous
+
+    return with_patched_nms
+
+
 def _deterministic_top_n_idx(self, objectness: torch.Tensor, num_anchors_per_level: list[int]) -> torch.Tensor:
     """RegionProposalNetwork._get_top_n_idx with a tie-robust top-k (same output shape and meaning)."""
     from torchvision.models.detection import _utils as det_utils
@@ -81,22 +99,11 @@ def _deterministic_top_n_idx(self, objectness: torch.Tensor, num_anchors_per_lev
 def apply_deterministic_nms(model: torch.nn.Module, score_grid: float, box_grid: float) -> str:
     from parity.errors import ParityError
 
-    patched = make_batched_nms(score_grid, box_grid)
-    saved: list = []
-
-    def swap_in(module, args, kwargs=None):
-        saved.append(box_ops.batched_nms)
-        box_ops.batched_nms = patched
-
-    def swap_out(module, args, output):
-        box_ops.batched_nms = saved.pop()
-
     has_nms_head = any(hasattr(m, "postprocess_detections") or hasattr(m, "filter_proposals") for m in model.modules())
     if not has_nms_head:
         raise ParityError(f"adapter deterministic_nms: {type(model).__name__} has no torchvision detection head "
                           "(postprocess_detections / filter_proposals) to adapt")
-    model.register_forward_pre_hook(swap_in)
-    model.register_forward_hook(swap_out, always_call=True)  # restored even when the forward raises
+    model.forward = types.MethodType(_forward_with(make_batched_nms(score_grid, box_grid), type(model).forward), model)
     rpns = [m for m in model.modules() if hasattr(m, "_get_top_n_idx")]
     for rpn in rpns:
         rpn._parity_score_grid = score_grid
