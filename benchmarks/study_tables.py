@@ -215,6 +215,34 @@ def block_headline(s: Study) -> str:
     ])
 
 
+def block_findings(s: Study) -> str:
+    """Counts that the prose would otherwise state by hand: where checks fail, and how."""
+    lines = []
+    first, last = s.keys[0], s.keys[-1]
+    for target in s.targets:
+        mine = [c for c in s.ran if c["target"] == target]
+        if not mine:
+            continue
+        exact = sum(1 for c in mine if c.get("max_abs") == 0.0 and c.get("leaves"))
+        cannot = Counter(s.task(c["model"]) for c in mine if c["failure_class"] in ("unsupported_op", "backend_error"))
+        never = sum(1 for c in mine if not c["verdicts"].get(last))
+        parts = [f"bit-identical outputs in {exact} of {len(mine)} checks"]
+        if cannot:
+            parts.append("could not run " + ", ".join(
+                f"{n} of {sum(1 for c in mine if s.task(c['model']) == task)} {task} entries" for task, n in sorted(cannot.items())))
+        parts.append(f"{never} checks fail even at atol {float(last):g}, those it could not run included")
+        lines.append(f"- **{target}**: " + "; ".join(parts) + ".")
+    moved = [c for c in s.ran if c["verdicts"].get(last) and not c["verdicts"].get(first)]
+    lines.append(f"- The sweep decides {len(moved)} of {len(s.ran)} checks (they fail at atol {float(first):g} and pass "
+                 f"at {float(last):g}); the others have the same verdict at every tolerance.")
+    failed = [c for c in s.ran if not c["passed"]]
+    same = [c for c in failed if (t3 := s.tier3.get((c["model"], c["inputs"], c["target"]))) is not None and t3["passed"]]
+    flips = [c for c in s.tier3.values() if not c["passed"]]
+    lines.append(f"- Of the {len(failed)} failed checks, {len(same)} still decide the same at tier 3 (the drift does "
+                 f"not change the answer); {len(flips)} tier-3 checks find a changed decision.")
+    return "\n".join(lines)
+
+
 def block_tolerance(s: Study) -> str:
     rows = []
     for atol, key in zip(s.config["tolerances"]["atol"], s.keys, strict=True):
@@ -446,7 +474,7 @@ def block_comparison(s: Study) -> str:
          f"{100 * (high - low):.1f}"],
         ["reference and target", "one module moved in place", "an own copy per backend"],
         ["non-tensor outputs", "counted as passes", "compared exactly; an uncomparable one fails"],
-        ["a backend that cannot run the model", "not a failure", "a failed check (unsupported_op, backend_error)"],
+        ["weights", "pretrained", "seeded random init"],
     ])
 
 
@@ -477,6 +505,7 @@ def block_run(s: Study) -> str:
 BLOCKS = {
     "design": block_design,
     "headline": block_headline,
+    "findings": block_findings,
     "tolerance": block_tolerance,
     "per-task": block_per_task,
     "per-target": block_per_target,
