@@ -23,7 +23,7 @@ def seeded(seed: int):
 def redraw_fan_in(model: torch.nn.Module, seed: int) -> None:
     """Redraw every weight from N(0, 2/fan_in) and every bias from N(0, 0.1^2); normalization layers keep
     theirs. Some builders' own init collapses the outputs (a random-init MobileNet's logits are ~1e-9,
-    a detector gives every box the same score), which hides all drift; this init gives varied outputs."""
+    SSDlite gives every box one score), which hides all drift; this init gives varied outputs."""
     gen = torch.Generator().manual_seed(seed)
     norms = (torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm)
     with torch.no_grad():
