@@ -97,3 +97,17 @@ def test_a_task_level_fallback_restores_the_decision_where_no_set_reaches_a_tigh
     assert aimed.aim == "tier 3" and aimed.task_before["top1_agreement"] < 0.99
     assert aimed.passed and aimed.modules == ["head"] and aimed.task_after["top1_agreement"] == 1.0
     assert aimed.required_atol_after > 1e-7  # tier 1 still fails: only the decisions were the aim
+
+
+def test_localize_and_fallback_never_write_over_a_runs_records(tmp_path, capsys):
+    """Their --out holds a records file of their own; pointed at a run's folder they refuse at once."""
+    data = tiny_experiment([{"backend": "eager", "dtype": "bfloat16"}], tolerances={"atol": [1e-1], "gate": 1e-1})
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(data))
+    run_dir = tmp_path / "run"
+    run_experiment(data, out=run_dir)
+    before = (run_dir / "records.jsonl").read_bytes()
+    for verb in ("localize", "fallback"):
+        assert main([verb, str(path), "--out", str(run_dir)]) == 2
+        assert "already holds records.jsonl" in capsys.readouterr().err
+    assert (run_dir / "records.jsonl").read_bytes() == before

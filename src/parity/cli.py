@@ -130,6 +130,7 @@ def _one_check(args: argparse.Namespace):
     from parity.config import load_experiment
     from parity.config.schema import Activations
 
+    _refuse_existing_records(args.out)
     exp = load_experiment(args.file)
     model_spec = next(m for m in exp.models if m.name == _pick("model", args.model, [m.name for m in exp.models]))
     target = next(t for t in exp.targets if t.id == _pick("target", args.target, [t.id for t in exp.targets]))
@@ -149,6 +150,14 @@ def _one_check(args: argparse.Namespace):
     except ValidationError as exc:
         raise ParityError(f"--granularity/--mode: {exc.errors()[0]['msg']}") from exc
     return exp, model_spec, target, input_spec
+
+
+def _refuse_existing_records(out: str | None) -> None:
+    """localize and fallback write a records file of their own: never over a run's (checked before the
+    minutes of work, not after)."""
+    if out and (Path(out) / "records.jsonl").exists():
+        raise ParityError(f"--out {out}: it already holds records.jsonl (a run's records?); "
+                          "give a folder of its own to this command's record")
 
 
 def _write_records(out: str | None, exp, kind: str, record: dict) -> None:
