@@ -16,6 +16,17 @@ if str(ROOT) not in sys.path:  # makes `tests.fixtures.tiny` importable as a mod
     sys.path.insert(0, str(ROOT))
 
 
+# One target for each way a check can end: identical, drifting (bfloat16, a perturbed weight), a backend
+# that raises, and one that cannot run here. Reports and the study's tables are tested on runs with these.
+EVERY_OUTCOME = [
+    {"backend": "eager", "name": "same"},
+    {"backend": "eager", "dtype": "bfloat16"},
+    {"backend": "tests.fixtures.tiny:PerturbedEager", "name": "perturbed"},
+    {"backend": "tests.fixtures.tiny:FailingEager", "name": "failing"},
+    {"backend": "tests.fixtures.tiny:NeverAvailable", "name": "never"},
+]
+
+
 def tiny_experiment(targets: list[dict], **overrides) -> dict:
     """A small experiment: the tiny CNN on one synthetic batch."""
     exp = {

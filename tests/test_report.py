@@ -21,15 +21,8 @@ from parity.records import read_records
 from parity.report.html import SECTIONS, render_html
 from parity.report.summary import summarize
 from tests import browser
+from tests.conftest import EVERY_OUTCOME as TARGETS
 from tests.conftest import tiny_experiment
-
-TARGETS = [
-    {"backend": "eager", "name": "same"},
-    {"backend": "eager", "dtype": "bfloat16"},
-    {"backend": "tests.fixtures.tiny:PerturbedEager", "name": "perturbed"},
-    {"backend": "tests.fixtures.tiny:FailingEager", "name": "failing"},
-    {"backend": "tests.fixtures.tiny:NeverAvailable", "name": "never"},
-]
 
 
 def experiment() -> dict:

@@ -15,15 +15,9 @@ import yaml
 
 from parity.cli import main
 from parity.records import read_records
+from tests.conftest import EVERY_OUTCOME as TARGETS
 from tests.conftest import ROOT, tiny_experiment
 
-TARGETS = [
-    {"backend": "eager", "name": "same"},
-    {"backend": "eager", "dtype": "bfloat16"},
-    {"backend": "tests.fixtures.tiny:PerturbedEager", "name": "perturbed"},
-    {"backend": "tests.fixtures.tiny:FailingEager", "name": "failing"},
-    {"backend": "tests.fixtures.tiny:NeverAvailable", "name": "never"},
-]
 GNU_TIME = """\tCommand being timed: "parity run examples/study.yaml"
 \tUser time (seconds): 1500.25
 \tSystem time (seconds): 30.50
