@@ -174,18 +174,16 @@ def _write_records(out: str | None, exp, kind: str, record: dict) -> None:
 
 def cmd_localize(args: argparse.Namespace) -> int:
     """Localize one model x target without running the whole experiment; print the per-layer tables."""
-    from parity.adapters.fallback import apply_fallback, fallback_for
     from parity.inputs import build_inputs
     from parity.report.console import render_layers
+    from parity.runner.executors import configured_model
     from parity.runner.local import model_identity, prepared_model
     from parity.runner.plan import Job
     from parity.verify.localize import localize_check
 
     exp, model_spec, target, input_spec = _one_check(args)
     model, _ = prepared_model(model_spec, exp)
-    islands = fallback_for(target, model_spec.name)
-    if islands:  # localize the target as it runs
-        model = apply_fallback(model, islands, target)
+    model = configured_model(model, target, model_spec.name)  # localize the target as it runs
     job = Job(model_spec, input_spec, exp.reference, None, (target,), 1)
     with model_identity(model_spec, exp):
         record = localize_check(job, target, model, build_inputs(input_spec, exp, model_spec.batch_mode), exp)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.adapters import apply_adapters
-from parity.adapters.fallback import apply_fallback, fallback_for
+from parity.adapters.fallback import fallback_for
 from parity.config.schema import Experiment
 from parity.errors import ParityError, did_you_mean
 from parity.inputs import build_inputs
@@ -32,7 +32,7 @@ from parity.models import build_model
 from parity.records import NOT_DIGESTED, RecordWriter, environment, experiment_digest
 from parity.runner import cache
 from parity.runner.execute import Execution
-from parity.runner.executors import Executor, make_executor
+from parity.runner.executors import Executor, configured_model, make_executor
 from parity.runner.plan import Job, plan
 from parity.verify.checks import repeat_spread, tier1_check
 from parity.verify.localize import LOCALIZABLE, localize_check
@@ -98,11 +98,6 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
     except Exception as exc:  # e.g. a tensor too large for this machine's memory
         raise ParityError(f"input set '{job.inputs.name}': cannot build it: {type(exc).__name__}: {exc}") from exc
 
-    def as_configured(spec):
-        """The model as this target runs it: with its fallback modules, when it has some."""
-        names = fallback_for(spec, job.model.name)
-        return apply_fallback(model, names, spec) if names else model
-
     def run(spec) -> Execution:
         progress.describe(f"{job.model.name} / {job.inputs.name} / {spec.id}")
         ex = executor.execute(job, spec, model, inputs, on_run=lambda e, r: _record_execution(writer, job, e, r))
@@ -131,7 +126,7 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
         localize = exp.tiers.localize and check["failure_class"] in LOCALIZABLE
         if localize and not writer.has("layers", job.model.name, job.inputs.name, spec.id):
             progress.describe(f"localizing {job.model.name} / {job.inputs.name} / {spec.id}")
-            writer.write("layers", **localize_check(job, spec, as_configured(spec), inputs, exp))
+            writer.write("layers", **localize_check(job, spec, configured_model(model, spec, job.model.name), inputs, exp))
         writer.write("check", **check)  # last: once it is in the file, this judgement is complete
 
 
