@@ -112,3 +112,19 @@ def test_cuda_eager_matches_cpu_within_tolerance():
     model = seeded(TinyCNN)
     comparison = compare(run("eager", model, IMAGE), run("eager", model, IMAGE, device="cuda"), 1e-5, 1e-4)
     assert comparison.failure_class is None, comparison.detail
+
+
+@pytest.mark.parametrize("threads", [None, 3])
+def test_onnxruntime_runs_as_many_threads_as_torch_unless_told(threads):
+    """A one-CPU Ray task runs torch with one thread; ONNX Runtime's own default (every core) would not keep to it."""
+    from parity.backends import create_backend
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        backend = create_backend(BackendSpec(backend="onnxruntime", options={"threads": threads} if threads else {}))
+        backend.prepare(seeded(TinyCNN), IMAGE)
+        assert backend.session.get_session_options().intra_op_num_threads == (threads or 1)
+        backend.close()
+    finally:
+        torch.set_num_threads(before)

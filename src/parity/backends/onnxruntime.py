@@ -43,6 +43,7 @@ def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, opset: int 
 
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
+    preparation_cost = 2  # an export
     devices = ("cpu", "cuda")
     dtypes = ("float32", "float16")
     Options = OnnxRuntimeOptions
@@ -71,8 +72,8 @@ class OnnxRuntimeBackend(Backend):
 
         opts = ort.SessionOptions()
         opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[self.options.optimization])
-        if self.options.threads:
-            opts.intra_op_num_threads = self.options.threads
+        # By default as many threads as torch uses here: what the reference gets, and a Ray task's CPUs.
+        opts.intra_op_num_threads = self.options.threads or torch.get_num_threads()
         if self.device.type == "cuda":
             providers = [("CUDAExecutionProvider", {"device_id": self.device.index or 0})]
         else:

@@ -25,6 +25,7 @@ class OpenVinoOptions(BaseModel):
 
 class OpenVinoBackend(Backend):
     name = "openvino"
+    preparation_cost = 2  # an export
     dtypes = ("float32", "bfloat16", "float16")
     Options = OpenVinoOptions
 
@@ -46,8 +47,8 @@ class OpenVinoBackend(Backend):
             self._convert(model, example), str(folder / "model.xml"), compress_to_fp16=False))
         ov_model = ov.Core().read_model(str(folder / "model.xml"))
         config = {"INFERENCE_PRECISION_HINT": PRECISION[self.spec.dtype]}
-        if self.options.threads:
-            config["INFERENCE_NUM_THREADS"] = self.options.threads
+        # By default as many threads as torch uses here: what the reference gets, and a Ray task's CPUs.
+        config["INFERENCE_NUM_THREADS"] = self.options.threads or torch.get_num_threads()
         self.compiled = ov.Core().compile_model(ov_model, "CPU", config)
 
     @staticmethod

@@ -101,12 +101,24 @@ def receive(conn) -> Any:
     return pickle.loads(conn.recv_bytes())
 
 
+def use_cpus(n: int) -> None:
+    """Keep this process to `n` CPUs, as its Ray task asked for: `n` torch threads, and `n` processes for
+    torch.compile's code generation (inductor starts one per core by default, so a one-CPU task compiling
+    would take every core of its machine, its neighbours' too). The compile setting goes through the
+    environment while inductor is not imported yet (importing its config costs a second)."""
+    torch.set_num_threads(n)
+    if "torch._inductor.config" in sys.modules:
+        sys.modules["torch._inductor.config"].compile_threads = n
+    else:
+        os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(n)
+
+
 _crash_file = None  # kept open: faulthandler writes to its descriptor when the process dies
 
 
 def prepare_worker(settings: dict[str, Any]) -> None:
     """Make this process run executions as the parent would: its sys.path entries (model modules next to
-    the experiment, test fixtures), its artifact cache, the threads asked for; and say where it crashes or
+    the experiment, test fixtures), its artifact cache, the CPUs asked for; and say where it crashes or
     hangs (faulthandler writes the Python stack to `crash_dir`/worker-PID.log on a fatal signal, and on
     SIGUSR1)."""
     global _crash_file
@@ -118,7 +130,7 @@ def prepare_worker(settings: dict[str, Any]) -> None:
     root = settings.get("cache_root")
     cache.configure(None if root is None else Path(root))
     if settings.get("threads"):
-        torch.set_num_threads(settings["threads"])
+        use_cpus(settings["threads"])
     crash_dir = settings.get("crash_dir")
     if crash_dir:
         path = Path(crash_dir) / f"worker-{os.getpid()}.log"
