@@ -45,7 +45,8 @@ def test_process_executor_fails_a_segfault_and_a_hang_and_the_run_goes_on(tmp_pa
     assert by_target["torchscript-cpu"]["passed"] is True
     [crashed] = [r for r in records if r["kind"] == "execution" and r["backend"] == "segfaulting"]
     assert crashed["status"] == "error" and crashed["failure_class"] == "crash"
-    assert records[0]["config"]["executor"] == {"kind": "process", "timeout": 5.0, "address": None, "threads": None}
+    assert records[0]["config"]["executor"] == {"kind": "process", "timeout": 5.0, "address": None, "threads": None,
+                                              "workers": None}
 
     local = run_experiment(tiny_experiment(WELL_BEHAVED, repeats=2), out=tmp_path / "local", reports=())
     well_behaved = {key: check for key, check in checks(records).items() if key[2] not in ("segfaulting", "hanging")}
@@ -90,10 +91,55 @@ def test_executor_settings_in_the_file_and_on_the_command_line(tmp_path, write_y
     assert "timeout: Input should be greater than 0" in capsys.readouterr().err
 
 
-def test_ray_executor_gives_the_local_verdicts_and_fails_a_segfault_and_a_hang(tmp_path):
-    pytest.importorskip("ray")
-    data = tiny_experiment([SEGFAULTING, HANGING, *WELL_BEHAVED], executor={"kind": "ray", "timeout": 5})
+def test_ray_workers_is_a_setting_of_the_ray_parity_starts(tmp_path, write_yaml, capsys):
+    exp = experiment_from_dict(tiny_experiment(WELL_BEHAVED, executor={"kind": "ray", "workers": 3, "threads": 2}))
+    assert exp.executor.workers == 3 and exp.executor.execution_threads == 2
+    assert experiment_from_dict(tiny_experiment(WELL_BEHAVED, executor="ray")).executor.execution_threads == 1
+    for wrong in ({"kind": "process", "workers": 2}, {"kind": "ray", "workers": 2, "address": "auto"}):
+        with pytest.raises(ParityError, match="'workers' applies to the ray executor without an address"):
+            experiment_from_dict(tiny_experiment(WELL_BEHAVED, executor=wrong))
+    path = write_yaml(tiny_experiment(WELL_BEHAVED))
+    assert main(["run", str(path), "--workers", "2", "--quiet"]) == 2  # the local executor has no workers
+    assert "--workers/--timeout: executor: 'workers' applies to the ray executor" in capsys.readouterr().err
+
+
+def test_a_worker_keeps_to_the_cpus_it_was_given():
+    """torch threads, and torch.compile's code-generation processes, imported before or after."""
+    import subprocess
+    import sys
+
+    script = ("import sys, torch; from parity.runner.worker import use_cpus; early = sys.argv[1] == 'early'\n"
+              "if early: import torch._inductor.config\n"
+              "use_cpus(1); import torch._inductor.config as c; print(torch.get_num_threads(), c.compile_threads)")
+    for when in ("early", "late"):
+        done = subprocess.run([sys.executable, "-c", script, when], capture_output=True, text=True, check=True)
+        assert done.stdout.split() == ["1", "1"], (when, done.stderr[-2000:])
+
+
+def test_ray_starts_the_costliest_preparations_first():
+    from parity.runner.plan import plan
+    from parity.runner.ray_executor import costliest_first
+
+    targets = [{"backend": "eager", "dtype": "bfloat16"}, {"backend": "torchscript"}, {"backend": "onnxruntime"},
+               {"backend": "compile"}]
+    data = tiny_experiment(targets)
+    data["models"].append({**data["models"][0], "name": "tiny2"})
+    executions = [(job, spec) for job in plan(experiment_from_dict(data)) for spec in job.backends]
+    order = [(job.model.name, spec.id) for job, spec in costliest_first(executions)]
+    assert order == [("tiny", "compile-cpu"), ("tiny2", "compile-cpu"), ("tiny", "onnxruntime-cpu"),
+                     ("tiny2", "onnxruntime-cpu"), ("tiny", "torchscript-cpu"), ("tiny2", "torchscript-cpu"),
+                     ("tiny", "eager-cpu"), ("tiny", "eager-cpu-bfloat16"), ("tiny2", "eager-cpu"),
+                     ("tiny2", "eager-cpu-bfloat16")]
+
+
+def test_ray_executor_gives_the_local_verdicts_and_fails_a_segfault_and_a_hang(tmp_path, monkeypatch):
+    ray = pytest.importorskip("ray")
+    started = []
+    monkeypatch.setattr(ray, "init", lambda *a, init=ray.init, **kw: started.append(kw) or init(*a, **kw))
+    data = tiny_experiment([SEGFAULTING, HANGING, *WELL_BEHAVED], executor={"kind": "ray", "timeout": 5, "workers": 2})
     records = run_experiment(data, out=tmp_path / "ray", reports=())
+    assert [kw["num_cpus"] for kw in started] == [2]  # two tasks at a time, of one CPU each
+    assert records[0]["environment"]["threads"] == 1  # the executions' threads, not this process's
     by_target = {key[2]: check for key, check in checks(records).items()}
     assert by_target["segfaulting"]["failure_class"] == "crash"
     assert "died of SIGSEGV in run (tiny.py:" in by_target["segfaulting"]["detail"]

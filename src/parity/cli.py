@@ -56,17 +56,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _executor_options(exp, args: argparse.Namespace) -> None:
-    """--executor, --address and --timeout win over the file's `executor:`; the file's other settings stay
-    where they still apply (its timeout and threads unless the executor becomes local, its address for ray)."""
+    """--executor, --address, --workers and --timeout win over the file's `executor:`; the file's other
+    settings stay where they still apply (its timeout and threads unless the executor becomes local, its
+    address and workers for ray)."""
     from pydantic import ValidationError
 
     from parity.config.schema import ExecutorSpec
 
     settings = exp.executor.model_dump(exclude_none=True)
     if args.executor and args.executor != settings["kind"]:
-        keep = {"local": (), "process": ("timeout", "threads"), "ray": ("timeout", "threads", "address")}[args.executor]
+        keep = {"local": (), "process": ("timeout", "threads"),
+                "ray": ("timeout", "threads", "address", "workers")}[args.executor]
         settings = {"kind": args.executor, **{k: v for k, v in settings.items() if k in keep}}
-    for key in ("address", "timeout"):
+    if args.address is not None:
+        settings.pop("workers", None)  # the file's local Ray size means nothing on a cluster
+    for key in ("address", "workers", "timeout"):
         if getattr(args, key) is not None:
             settings[key] = getattr(args, key)
     try:
@@ -74,7 +78,7 @@ def _executor_options(exp, args: argparse.Namespace) -> None:
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(map(str, error["loc"])) or "executor"
-        raise ParityError(f"--executor/--address/--timeout: {where}: {error['msg'].removeprefix('Value error, ')}") from exc
+        raise ParityError(f"--executor/--address/--workers/--timeout: {where}: {error['msg'].removeprefix('Value error, ')}") from exc
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -290,6 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="process and ray executors: the time limit of one execution (default 600); past it, its "
                           "checks fail as timeout and the run goes on")
     run.add_argument("--address", metavar="ADDR", help="ray executor: the Ray cluster to join (default: start one here)")
+    run.add_argument("--workers", type=int, metavar="N",
+                     help="ray executor without --address: run N tasks at a time on the Ray it starts here "
+                          "(default: as many as the cores allow)")
     run.add_argument("--fresh", action="store_true",
                      help="discard the records already in --out and start over (by default a run continues them)")
     cache_options(run)

@@ -223,8 +223,9 @@ def _git_commit(folder: Path) -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def environment(experiment_dir: Path) -> dict[str, Any]:
-    """What the numbers depend on: library versions, CPU, threads, CUDA, the experiment's git commit."""
+def environment(experiment_dir: Path, threads: int | None = None) -> dict[str, Any]:
+    """What the numbers depend on: library versions, CPU, threads, CUDA, the experiment's git commit.
+    `threads`: the torch threads the executions run with, when not this process's (an executor's setting)."""
     import torch
 
     cuda = None
@@ -241,7 +242,7 @@ def environment(experiment_dir: Path) -> dict[str, Any]:
         "openvino": _version("openvino"),
         "numpy": _version("numpy"),
         "cpu": _cpu(),
-        "threads": torch.get_num_threads(),
+        "threads": threads or torch.get_num_threads(),
         "tf32": {"cudnn": torch.backends.cudnn.allow_tf32, "matmul": torch.backends.cuda.matmul.allow_tf32},
         "cuda": cuda,
         "git_commit": _git_commit(experiment_dir),

@@ -32,6 +32,10 @@ class Backend(ABC):
     Options: ClassVar[type[BaseModel]] = NoOptions
     # True when `run` executes the modules' Python forward, so module hooks see every layer (tier 2).
     runs_module_hooks: ClassVar[bool] = False
+    # How long `prepare` takes, as a rank: 0 nothing much, 1 a trace, 2 an export, 3 a compilation. The
+    # ray executor starts the costliest executions first, so that no long one is left to run at the end
+    # while the other workers wait.
+    preparation_cost: ClassVar[int] = 0
 
     def __init__(self, spec):
         self.spec = spec

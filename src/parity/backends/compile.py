@@ -31,6 +31,7 @@ class CompileOptions(BaseModel):
 
 class CompileBackend(EagerBackend):
     name = "compile"
+    preparation_cost = 3  # a compilation
     Options = CompileOptions
 
     def prepare(self, model: torch.nn.Module, example: Inputs) -> None:

@@ -363,7 +363,8 @@ class ExecutorSpec(Strict):
     kind: Literal["local", "process", "ray"] = "local"
     timeout: float | None = Field(default=None, gt=0)  # seconds per execution; default DEFAULT_TIMEOUT_S
     address: str | None = Field(default=None, min_length=1)  # ray: the cluster to join; default: start one here
-    threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)  # torch threads per execution (ray: also its CPUs; default 1)
+    threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)  # CPUs per execution: torch threads, compile processes (ray: default 1)
+    workers: int | None = Field(default=None, ge=1, le=MAX_THREADS)  # ray, started here: tasks at a time (default: cores / threads)
 
     @model_validator(mode="before")
     @classmethod
@@ -377,11 +378,19 @@ class ExecutorSpec(Strict):
                              "runs backends in this process and cannot stop one)")
         if self.address is not None and self.kind != "ray":
             raise ValueError("'address' applies to the ray executor")
+        if self.workers is not None and (self.kind != "ray" or self.address is not None):
+            raise ValueError("'workers' applies to the ray executor without an address (the Ray it starts here; "
+                             "a cluster runs as many tasks as its resources allow)")
         return self
 
     @property
     def timeout_s(self) -> float:
         return self.timeout if self.timeout is not None else DEFAULT_TIMEOUT_S
+
+    @property
+    def execution_threads(self) -> int | None:
+        """The torch threads of each execution; None: torch's default, as in the `parity run` process."""
+        return self.threads or (1 if self.kind == "ray" else None)
 
 
 class Experiment(Strict):

@@ -179,13 +179,13 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True, fre
         todo = [j for j in jobs if any(not judged(writer, j, t) for t in j.targets)]
         if not writer.records:
             writer.write("run", experiment=exp.name, digest=digest, config=config,
-                         base_dir=str(exp.base_dir), environment=environment(exp.base_dir))
+                         base_dir=str(exp.base_dir), environment=environment(exp.base_dir, exp.executor.execution_threads))
         elif todo:
             checks = sum(len(j.targets) for j in jobs)
             left = sum(not judged(writer, j, t) for j in todo for t in j.targets)
             print(f"resuming {out_dir}: {checks - left} of {checks} checks already recorded", file=sys.stderr)
             writer.write("resume", records=len(writer.records), checks_recorded=checks - left,
-                         environment=environment(exp.base_dir))
+                         environment=environment(exp.base_dir, exp.executor.execution_threads))
         # only what is left to judge: the reference, the oracle and the targets without a judgement
         executor.start(exp, [dataclasses.replace(j, targets=tuple(t for t in j.targets if not judged(writer, j, t)))
                              for j in todo])

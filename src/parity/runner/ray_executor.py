@@ -1,10 +1,12 @@
 """The ray executor: executions as Ray tasks, several at a time, on this machine or a Ray cluster.
 
-At `start`, every execution of the plan becomes a task, in plan order: each (model, input set)'s inputs
+At `start`, every execution of the plan becomes a task, the costliest to prepare first (compilations, then
+exports, then traces: Backend.preparation_cost), else in plan order: each (model, input set)'s inputs
 are put in the object store once and shared by the tasks of its reference, oracle and targets, and the
-experiment once for all. A task asks for `threads` CPUs (and runs torch with that many threads), and a
-CUDA backend's task also for one GPU, so Ray runs as many at a time as the cluster has room for; a
-worker process rebuilds each model from the experiment and keeps it for the next task (runner/worker.py).
+experiment once for all. A task asks for `threads` CPUs (and keeps to them: that many torch threads and
+compile processes), and a CUDA backend's task also for one GPU, so Ray runs as many at a time as the
+cluster has room for; a worker process rebuilds each model from the experiment and keeps it for the next
+task (runner/worker.py).
 
 The runner asks for executions in plan order, as with the other executors, and judges each check in
 this process as soon as its target's and its reference's tasks are done: the reference's outputs are
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import parity
+from parity.backends import backend_class
 from parity.errors import ParityError
 from parity.runner.execute import Execution
 from parity.runner.executors import Digests, Executor, RemoteExecution, crash_report
@@ -48,6 +51,13 @@ def _execution_task(settings: dict[str, Any], exp, model_name: str, inputs, spec
     yield messages
 
 
+def costliest_first(executions: list[tuple]) -> list[tuple]:
+    """(job, spec, ...) in the order to submit them: by the backend's preparation cost, highest first, else
+    in the order given. Longest first keeps every worker busy to the end (a compilation started last
+    would run alone while the others wait)."""
+    return sorted(executions, key=lambda e: -backend_class(e[1].backend).preparation_cost)
+
+
 @dataclass
 class _Task:
     job: Any
@@ -63,14 +73,17 @@ class _Task:
 
 
 class RayExecutor(Executor):
-    """Executions as Ray tasks, each within `timeout_s` seconds of its start, with `threads` CPUs and torch
-    threads each (default 1). `address`: a Ray cluster to join; without one, a Ray instance already started in
-    this process is used, else a local one is started (and stopped at `close`)."""
+    """Executions as Ray tasks, each within `timeout_s` seconds of its start, on `threads` CPUs each (default
+    1; runner/worker.py's use_cpus). `address`: a Ray cluster to join; without one, a Ray instance already
+    started in this process is used, else a local one is started (and stopped at `close`), with room for
+    `workers` tasks at a time (default: as many as this machine's cores allow)."""
 
-    def __init__(self, timeout_s: float, threads: int | None = None, address: str | None = None):
+    def __init__(self, timeout_s: float, threads: int | None = None, address: str | None = None,
+                 workers: int | None = None):
         self.timeout_s = timeout_s
         self.threads = threads or 1
         self.address = address
+        self.workers = workers
         self._tasks: dict[tuple, _Task] = {}
         self._running: dict[int, _Task] = {}  # by id() of the generator
         self._digest = Digests()
@@ -90,13 +103,15 @@ class RayExecutor(Executor):
         self._settings = {"sys_path": [p for p in sys.path if p], "threads": self.threads, "crash_dir": self._scratch.name,
                           "cache_root": str(cache.root()) if cache.root() else None}
         self._exp_ref = ray.put(exp)
+        executions = []
         for job in jobs:
             try:
                 inputs = ray.put(build_inputs(job.inputs, exp, job.model.batch_mode))
             except Exception:  # the runner builds them again and says why they cannot be built, in its turn
                 continue
-            for spec in job.backends:
-                self._tasks[self._key(job, spec)] = self._submit(job, spec, inputs)
+            executions += [(job, spec, inputs) for spec in job.backends]
+        for job, spec, inputs in costliest_first(executions):
+            self._tasks[self._key(job, spec)] = self._submit(job, spec, inputs)
 
     @staticmethod
     def _ray():
@@ -108,6 +123,9 @@ class RayExecutor(Executor):
 
     def _init(self, ray) -> None:
         if ray.is_initialized():
+            if self.workers is not None:
+                raise ParityError("the ray executor's 'workers' sizes the Ray it starts, but this process already "
+                                  "runs one: size that one (ray.init(num_cpus=...)), or leave 'workers' out")
             return
         if self.address:
             ray.init(address=self.address, logging_level=logging.ERROR, log_to_driver=False)
@@ -117,7 +135,8 @@ class RayExecutor(Executor):
         before = os.environ.get("PYTHONPATH")
         os.environ["PYTHONPATH"] = os.pathsep.join([root, *([before] if before else [])])
         try:
-            ray.init(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+            cpus = None if self.workers is None else self.workers * self.threads
+            ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
         finally:
             if before is None:
                 del os.environ["PYTHONPATH"]
