@@ -116,20 +116,20 @@ def test_a_worker_keeps_to_the_cpus_it_was_given():
         assert done.stdout.split() == ["1", "1"], (when, done.stderr[-2000:])
 
 
-def test_ray_starts_the_costliest_preparations_first():
+def test_ray_starts_the_references_then_the_costliest_preparations():
     from parity.runner.plan import plan
     from parity.runner.ray_executor import costliest_first
 
     targets = [{"backend": "eager", "dtype": "bfloat16"}, {"backend": "torchscript"}, {"backend": "onnxruntime"},
                {"backend": "compile"}]
-    data = tiny_experiment(targets)
+    data = tiny_experiment(targets, oracle=True)
     data["models"].append({**data["models"][0], "name": "tiny2"})
     executions = [(job, spec) for job in plan(experiment_from_dict(data)) for spec in job.backends]
     order = [(job.model.name, spec.id) for job, spec in costliest_first(executions)]
-    assert order == [("tiny", "compile-cpu"), ("tiny2", "compile-cpu"), ("tiny", "onnxruntime-cpu"),
+    assert order == [("tiny", "eager-cpu"), ("tiny", "oracle"), ("tiny2", "eager-cpu"), ("tiny2", "oracle"),
+                     ("tiny", "compile-cpu"), ("tiny2", "compile-cpu"), ("tiny", "onnxruntime-cpu"),
                      ("tiny2", "onnxruntime-cpu"), ("tiny", "torchscript-cpu"), ("tiny2", "torchscript-cpu"),
-                     ("tiny", "eager-cpu"), ("tiny", "eager-cpu-bfloat16"), ("tiny2", "eager-cpu"),
-                     ("tiny2", "eager-cpu-bfloat16")]
+                     ("tiny", "eager-cpu-bfloat16"), ("tiny2", "eager-cpu-bfloat16")]
 
 
 def test_ray_executor_gives_the_local_verdicts_and_fails_a_segfault_and_a_hang(tmp_path, monkeypatch):
@@ -140,6 +140,7 @@ def test_ray_executor_gives_the_local_verdicts_and_fails_a_segfault_and_a_hang(t
     records = run_experiment(data, out=tmp_path / "ray", reports=())
     assert [kw["num_cpus"] for kw in started] == [2]  # two tasks at a time, of one CPU each
     assert records[0]["environment"]["threads"] == 1  # the executions' threads, not this process's
+    assert run_experiment(data, out=tmp_path / "ray", reports=()) == records and len(started) == 1  # done: no Ray
     by_target = {key[2]: check for key, check in checks(records).items()}
     assert by_target["segfaulting"]["failure_class"] == "crash"
     assert "died of SIGSEGV in run (tiny.py:" in by_target["segfaulting"]["detail"]

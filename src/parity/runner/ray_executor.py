@@ -1,9 +1,9 @@
 """The ray executor: executions as Ray tasks, several at a time, on this machine or a Ray cluster.
 
-At `start`, every execution of the plan becomes a task, the costliest to prepare first (compilations, then
-exports, then traces: Backend.preparation_cost), else in plan order: each (model, input set)'s inputs
-are put in the object store once and shared by the tasks of its reference, oracle and targets, and the
-experiment once for all. A task asks for `threads` CPUs (and keeps to them: that many torch threads and
+At `start`, every execution of the plan becomes a task: references and oracles first, then targets the
+costliest to prepare first (compilations, then exports, then traces: Backend.preparation_cost), else in
+plan order (costliest_first). Each (model, input set)'s inputs are put in the object store once and
+shared by the tasks of its reference, oracle and targets, and the experiment once for all. A task asks for `threads` CPUs (and keeps to them: that many torch threads and
 compile processes), and a CUDA backend's task also for one GPU, so Ray runs as many at a time as the
 cluster has room for; a worker process rebuilds each model from the experiment and keeps it for the next
 task (runner/worker.py).
@@ -52,10 +52,15 @@ def _execution_task(settings: dict[str, Any], exp, model_name: str, inputs, spec
 
 
 def costliest_first(executions: list[tuple]) -> list[tuple]:
-    """(job, spec, ...) in the order to submit them: by the backend's preparation cost, highest first, else
-    in the order given. Longest first keeps every worker busy to the end (a compilation started last
+    """(job, spec, ...) in the order to submit them: every reference and oracle first, then the targets by
+    their backend's preparation cost, highest first, else in the order given. References first: no check
+    can be judged, nor a record written, before its reference ran (a run killed early must leave something
+    to resume from). Then longest first keeps every worker busy to the end (a compilation started last
     would run alone while the others wait)."""
-    return sorted(executions, key=lambda e: -backend_class(e[1].backend).preparation_cost)
+    def order(execution: tuple) -> tuple[int, int]:
+        job, spec = execution[:2]
+        return (0, 0) if spec is job.reference or spec is job.oracle else (1, -backend_class(spec.backend).preparation_cost)
+    return sorted(executions, key=order)
 
 
 @dataclass
@@ -92,6 +97,8 @@ class RayExecutor(Executor):
 
     def start(self, exp, jobs) -> None:
         super().start(exp, jobs)
+        if not jobs:  # a finished run started again: nothing to run, so no Ray to start (seconds)
+            return
         from parity.inputs import build_inputs
         from parity.runner import cache
 
