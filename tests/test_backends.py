@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -114,17 +116,24 @@ def test_cuda_eager_matches_cpu_within_tolerance():
     assert comparison.failure_class is None, comparison.detail
 
 
-@pytest.mark.parametrize("threads", [None, 3])
-def test_onnxruntime_runs_as_many_threads_as_torch_unless_told(threads):
-    """A one-CPU Ray task runs torch with one thread; ONNX Runtime's own default (every core) would not keep to it."""
+THREADS_OF = {"onnxruntime": lambda backend: backend.session.get_session_options().intra_op_num_threads,
+              "openvino": lambda backend: backend.compiled.get_property("INFERENCE_NUM_THREADS")}
+
+
+@pytest.mark.parametrize("threads", [None, 2])
+@pytest.mark.parametrize("backend", ["onnxruntime", CPU_BACKENDS[-1]])
+def test_runtimes_run_as_many_threads_as_torch_unless_told(backend, threads):
+    """A one-CPU Ray task runs torch with one thread; ONNX Runtime's and OpenVINO's own default (every
+    core) would not keep to it."""
     from parity.backends import create_backend
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)
+    runtime = create_backend(BackendSpec(backend=backend, options={"threads": threads} if threads else {}))
     try:
-        backend = create_backend(BackendSpec(backend="onnxruntime", options={"threads": threads} if threads else {}))
-        backend.prepare(seeded(TinyCNN), IMAGE)
-        assert backend.session.get_session_options().intra_op_num_threads == (threads or 1)
-        backend.close()
+        runtime.prepare(seeded(TinyCNN), IMAGE)
+        told = threads or 1
+        assert THREADS_OF[backend](runtime) == (min(told, os.cpu_count()) if backend == "openvino" else told)  # capped
     finally:
+        runtime.close()
         torch.set_num_threads(before)

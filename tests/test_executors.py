@@ -98,6 +98,16 @@ def test_ray_workers_is_a_setting_of_the_ray_parity_starts(tmp_path, write_yaml,
     for wrong in ({"kind": "process", "workers": 2}, {"kind": "ray", "workers": 2, "address": "auto"}):
         with pytest.raises(ParityError, match="'workers' applies to the ray executor without an address"):
             experiment_from_dict(tiny_experiment(WELL_BEHAVED, executor=wrong))
+    from argparse import Namespace
+
+    from parity.cli import _executor_options
+
+    flags = {"executor": None, "address": None, "workers": None, "timeout": None}
+    exp = experiment_from_dict(tiny_experiment(WELL_BEHAVED, executor={"kind": "ray", "workers": 2}))
+    _executor_options(exp, Namespace(**{**flags, "address": "auto"}))  # a cluster instead of the file's local Ray
+    assert (exp.executor.address, exp.executor.workers) == ("auto", None)
+    _executor_options(exp, Namespace(**{**flags, "workers": 3}))  # and back
+    assert (exp.executor.address, exp.executor.workers) == (None, 3)
     path = write_yaml(tiny_experiment(WELL_BEHAVED))
     assert main(["run", str(path), "--workers", "2", "--quiet"]) == 2  # the local executor has no workers
     assert "--workers/--timeout: executor: 'workers' applies to the ray executor" in capsys.readouterr().err
@@ -108,28 +118,36 @@ def test_a_worker_keeps_to_the_cpus_it_was_given():
     import subprocess
     import sys
 
-    script = ("import sys, torch; from parity.runner.worker import use_cpus; early = sys.argv[1] == 'early'\n"
-              "if early: import torch._inductor.config\n"
-              "use_cpus(1); import torch._inductor.config as c; print(torch.get_num_threads(), c.compile_threads)")
-    for when in ("early", "late"):
-        done = subprocess.run([sys.executable, "-c", script, when], capture_output=True, text=True, check=True)
-        assert done.stdout.split() == ["1", "1"], (when, done.stderr[-2000:])
+    import os
+
+    script = ("import sys, torch; from parity.runner.worker import use_cpus; n, when = int(sys.argv[1]), sys.argv[2]\n"
+              "if when == 'early': import torch._inductor.config\n"
+              "use_cpus(n); import torch._inductor.config as c; print(torch.get_num_threads(), c.compile_threads)")
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_COMPILE_THREADS"}
+    for n in ("1", "3"):  # not both this machine's defaults, whatever its cores
+        for when in ("early", "late"):
+            done = subprocess.run([sys.executable, "-c", script, n, when], capture_output=True, text=True, env=env)
+            assert done.stdout.split() == [n, n], (n, when, done.stderr[-2000:])
 
 
-def test_ray_starts_the_references_then_the_costliest_preparations():
+def test_ray_submits_model_by_model_references_first_then_the_costliest_preparations():
+    import dataclasses
+
     from parity.runner.plan import plan
-    from parity.runner.ray_executor import costliest_first
+    from parity.runner.ray_executor import submission_order
 
     targets = [{"backend": "eager", "dtype": "bfloat16"}, {"backend": "torchscript"}, {"backend": "onnxruntime"},
                {"backend": "compile"}]
     data = tiny_experiment(targets, oracle=True)
     data["models"].append({**data["models"][0], "name": "tiny2"})
-    executions = [(job, spec) for job in plan(experiment_from_dict(data)) for spec in job.backends]
-    order = [(job.model.name, spec.id) for job, spec in costliest_first(executions)]
-    assert order == [("tiny", "eager-cpu"), ("tiny", "oracle"), ("tiny2", "eager-cpu"), ("tiny2", "oracle"),
-                     ("tiny", "compile-cpu"), ("tiny2", "compile-cpu"), ("tiny", "onnxruntime-cpu"),
-                     ("tiny2", "onnxruntime-cpu"), ("tiny", "torchscript-cpu"), ("tiny2", "torchscript-cpu"),
-                     ("tiny", "eager-cpu-bfloat16"), ("tiny2", "eager-cpu-bfloat16")]
+    data["inputs"].append({"name": "noise2", "synthetic": {"shape": [1, 3, 16, 16]}})
+    jobs = [dataclasses.replace(job) for job in plan(experiment_from_dict(data))]  # as the runner hands them over
+    order = [(job.model.name, job.inputs.name, spec.id) for job, spec in submission_order(jobs)]
+    one_model = [("eager-cpu", "noise"), ("oracle", "noise"), ("eager-cpu", "noise2"), ("oracle", "noise2"),
+                 ("compile-cpu", "noise"), ("compile-cpu", "noise2"), ("onnxruntime-cpu", "noise"),
+                 ("onnxruntime-cpu", "noise2"), ("torchscript-cpu", "noise"), ("torchscript-cpu", "noise2"),
+                 ("eager-cpu-bfloat16", "noise"), ("eager-cpu-bfloat16", "noise2")]
+    assert order == [(model, inputs, spec) for model in ("tiny", "tiny2") for spec, inputs in one_model]
 
 
 def test_ray_executor_gives_the_local_verdicts_and_fails_a_segfault_and_a_hang(tmp_path, monkeypatch):

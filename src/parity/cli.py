@@ -57,19 +57,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _executor_options(exp, args: argparse.Namespace) -> None:
     """--executor, --address, --workers and --timeout win over the file's `executor:`; the file's other
-    settings stay where they still apply (its timeout and threads unless the executor becomes local, its
-    address and workers for ray)."""
+    settings stay where they still apply (its timeout and threads unless the executor becomes local).
+    --address and --workers each replace the other's setting in the file: a cluster to join, or the size
+    of a Ray started here."""
     from pydantic import ValidationError
 
     from parity.config.schema import ExecutorSpec
 
     settings = exp.executor.model_dump(exclude_none=True)
     if args.executor and args.executor != settings["kind"]:
-        keep = {"local": (), "process": ("timeout", "threads"),
-                "ray": ("timeout", "threads", "address", "workers")}[args.executor]
+        keep = ("timeout", "threads") if args.executor != "local" else ()
         settings = {"kind": args.executor, **{k: v for k, v in settings.items() if k in keep}}
     if args.address is not None:
-        settings.pop("workers", None)  # the file's local Ray size means nothing on a cluster
+        settings.pop("workers", None)
+    if args.workers is not None:
+        settings.pop("address", None)
     for key in ("address", "workers", "timeout"):
         if getattr(args, key) is not None:
             settings[key] = getattr(args, key)

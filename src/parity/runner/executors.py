@@ -80,7 +80,7 @@ def make_executor(settings: ExecutorSpec) -> Executor:
     if settings.kind == "ray":
         from parity.runner.ray_executor import RayExecutor
 
-        return RayExecutor(settings.timeout_s, settings.threads, settings.address, settings.workers)
+        return RayExecutor(settings.timeout_s, settings.execution_threads, settings.address, settings.workers)
     return LocalExecutor()
 
 

@@ -59,8 +59,8 @@ class _Worker:
 
 class ProcessExecutor(Executor):
     """Executions in a worker process, each within `timeout_s` seconds (building the model in a fresh
-    worker, preparing the backend and every repeat); `threads`: torch threads in the worker (default:
-    torch's own default)."""
+    worker, preparing the backend and every repeat); `threads`: the worker's CPUs, as torch threads and
+    torch.compile processes (runner/worker.py's use_cpus; default: torch's own defaults)."""
 
     def __init__(self, timeout_s: float, threads: int | None = None):
         self.timeout_s = timeout_s

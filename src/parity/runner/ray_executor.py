@@ -51,16 +51,20 @@ def _execution_task(settings: dict[str, Any], exp, model_name: str, inputs, spec
     yield messages
 
 
-def costliest_first(executions: list[tuple]) -> list[tuple]:
-    """(job, spec, ...) in the order to submit them: every reference and oracle first, then the targets by
-    their backend's preparation cost, highest first, else in the order given. References first: no check
-    can be judged, nor a record written, before its reference ran (a run killed early must leave something
-    to resume from). Then longest first keeps every worker busy to the end (a compilation started last
-    would run alone while the others wait)."""
-    def order(execution: tuple) -> tuple[int, int]:
-        job, spec = execution[:2]
-        return (0, 0) if spec is job.reference or spec is job.oracle else (1, -backend_class(spec.backend).preparation_cost)
-    return sorted(executions, key=order)
+def submission_order(jobs: list) -> list[tuple]:
+    """(job, spec) for every execution of `jobs`, in the order to submit them. Models in plan order: the
+    runner judges in plan order, so it judges, records and frees one model (and localizes its failures)
+    while the workers run the next. Within a model, its references and oracles first, since none of its
+    checks can be judged before they ran; then its targets costliest to prepare first (compilations, then
+    exports, then traces: Backend.preparation_cost), since a compilation started last would run alone at
+    the end while the other workers wait."""
+    order: list[tuple] = []
+    for name in dict.fromkeys(job.model.name for job in jobs):
+        mine = [job for job in jobs if job.model.name == name]
+        order += [(job, spec) for job in mine for spec in job.backends[:len(job.backends) - len(job.targets)]]
+        targets = [(job, spec) for job in mine for spec in job.targets]
+        order += sorted(targets, key=lambda e: -backend_class(e[1].backend).preparation_cost)
+    return order
 
 
 @dataclass
@@ -71,7 +75,7 @@ class _Task:
     started: float | None = None  # when this process learnt that it started
     pid: int | None = None
     host: str | None = None
-    messages: list[tuple] | None = None
+    result: Any = None  # the ObjectRef of its messages, fetched when the runner asks for this execution
     failure: tuple[str, str, str | None] | None = None  # (failure class, how, where)
     unavailable: str | None = None
     finished: bool = field(default=False)
@@ -80,8 +84,9 @@ class _Task:
 class RayExecutor(Executor):
     """Executions as Ray tasks, each within `timeout_s` seconds of its start, on `threads` CPUs each (default
     1; runner/worker.py's use_cpus). `address`: a Ray cluster to join; without one, a Ray instance already
-    started in this process is used, else a local one is started (and stopped at `close`), with room for
-    `workers` tasks at a time (default: as many as this machine's cores allow)."""
+    started in this process is used (then `workers` is refused: that Ray has its size), else a local one is
+    started (and stopped at `close`), with room for `workers` tasks at a time (default: as many as this
+    machine's cores allow)."""
 
     def __init__(self, timeout_s: float, threads: int | None = None, address: str | None = None,
                  workers: int | None = None):
@@ -100,25 +105,32 @@ class RayExecutor(Executor):
         if not jobs:  # a finished run started again: nothing to run, so no Ray to start (seconds)
             return
         from parity.inputs import build_inputs
+
+        ray = self._ready()
+        inputs = {}
+        for job in jobs:
+            try:
+                inputs[id(job)] = ray.put(build_inputs(job.inputs, exp, job.model.batch_mode))
+            except Exception:  # the runner builds them again and says why they cannot be built, in its turn
+                continue
+        for job, spec in submission_order([job for job in jobs if id(job) in inputs]):
+            self._tasks[self._key(job, spec)] = self._submit(job, spec, inputs[id(job)])
+
+    def _ready(self):
+        """Ray, started or joined, with the task and what every task shares; once."""
+        ray = self._ray()
+        if self._scratch is not None:
+            return ray
         from parity.runner import cache
 
-        ray = self._ray()
         self._init(ray)
         self._gpus = ray.cluster_resources().get("GPU", 0)
         self._remote = ray.remote(max_retries=0)(_execution_task)
         self._scratch = tempfile.TemporaryDirectory(prefix="parity-ray-")
         self._settings = {"sys_path": [p for p in sys.path if p], "threads": self.threads, "crash_dir": self._scratch.name,
                           "cache_root": str(cache.root()) if cache.root() else None}
-        self._exp_ref = ray.put(exp)
-        executions = []
-        for job in jobs:
-            try:
-                inputs = ray.put(build_inputs(job.inputs, exp, job.model.batch_mode))
-            except Exception:  # the runner builds them again and says why they cannot be built, in its turn
-                continue
-            executions += [(job, spec, inputs) for spec in job.backends]
-        for job, spec, inputs in costliest_first(executions):
-            self._tasks[self._key(job, spec)] = self._submit(job, spec, inputs)
+        self._exp_ref = ray.put(self.exp)
+        return ray
 
     @staticmethod
     def _ray():
@@ -142,7 +154,9 @@ class RayExecutor(Executor):
         before = os.environ.get("PYTHONPATH")
         os.environ["PYTHONPATH"] = os.pathsep.join([root, *([before] if before else [])])
         try:
-            cpus = None if self.workers is None else self.workers * self.threads
+            cpus = self.workers * self.threads if self.workers else None
+            if cpus is None and self.threads > (os.cpu_count() or 1):  # else no task would ever fit
+                cpus = self.threads
             ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
         finally:
             if before is None:
@@ -170,12 +184,13 @@ class RayExecutor(Executor):
     def execute(self, job, spec, model, inputs, on_run=None) -> Execution:
         task = self._tasks.pop(self._key(job, spec), None)
         if task is None:  # not in the plan given to start()
-            task = self._submit(job, spec, self._ray().put(inputs))
+            task = self._submit(job, spec, self._ready().put(inputs))
         self._pump(until=task)
         if task.unavailable:
             return Execution(spec, "unavailable", error=task.unavailable)
+        messages = self._get(task, task.result) if task.result is not None else None
         remote = RemoteExecution(job, spec, self._digest(model), on_run, streamed=False)
-        for message in task.messages or []:
+        for message in messages or []:
             remote.receive(message)
         if task.failure is not None:
             failure_class, how, site = task.failure
@@ -206,32 +221,45 @@ class RayExecutor(Executor):
                 self._take(self._running[id(generator)])
 
     def _take(self, task: _Task) -> None:
-        """The next thing a task yielded (it is ready): its start, its messages, or how it failed."""
-        ray = self._ray()
+        """The next thing a task yielded (it is ready): first that it started, then its messages, which stay
+        in the object store until the runner asks for this execution (so this process holds no outputs it
+        does not need yet, however far ahead the workers run)."""
         try:
-            item = ray.get(next(task.generator))
+            ref = next(task.generator)
         except StopIteration:
-            self._finish(task, failure=None if task.messages is not None else (tx.CRASH, "ended without a result", None))
+            self._finish(task, failure=(tx.CRASH, "ended without a result", None))
             return
-        except ray.exceptions.WorkerCrashedError:
-            signal_name, site = crash_report(self._crash_file(task))
-            self._finish(task, failure=(tx.CRASH, f"died of {signal_name}" if signal_name else "died", site))
+        except Exception as exc:
+            self._finish(task, failure=self._failure(task, exc))
             return
-        except ray.exceptions.OutOfMemoryError:
-            self._finish(task, failure=(tx.CRASH, "was killed by Ray's memory monitor (out of memory)", None))
-            return
-        except ray.exceptions.RayTaskError as exc:  # the task itself raised, outside the backend
-            self._finish(task, failure=(tx.BACKEND_ERROR, f"the Ray task raised: {str(exc).strip().splitlines()[-1]}", None))
-            return
-        except Exception as exc:  # e.g. outputs whose classes do not import in this process
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            self._finish(task, failure=(tx.BACKEND_ERROR, f"its result could not be received: {type(exc).__name__}: {first}", None))
-            return
-        if isinstance(item, tuple) and item and item[0] == "started":
-            task.started, task.pid, task.host = time.monotonic(), item[1], item[2]
-        else:
-            task.messages = item
+        if task.started is not None:
+            task.result = ref
             self._finish(task)
+            return
+        item = self._get(task, ref)
+        if item is not None:
+            task.started, task.pid, task.host = time.monotonic(), item[1], item[2]
+
+    def _get(self, task: _Task, ref):
+        """The value of `ref`, or None when it holds the task's failure (then the task is finished with it)."""
+        try:
+            return self._ray().get(ref)
+        except Exception as exc:
+            self._finish(task, failure=self._failure(task, exc))
+            return None
+
+    def _failure(self, task: _Task, exc: Exception) -> tuple[str, str, str | None]:
+        """What Ray's exception says of the task: (failure class, how, where)."""
+        ray = self._ray()
+        if isinstance(exc, ray.exceptions.WorkerCrashedError):
+            signal_name, site = crash_report(self._crash_file(task))
+            return tx.CRASH, f"died of {signal_name}" if signal_name else "died", site
+        if isinstance(exc, ray.exceptions.OutOfMemoryError):
+            return tx.CRASH, "was killed by Ray's memory monitor (out of memory)", None
+        if isinstance(exc, ray.exceptions.RayTaskError):  # the task itself raised, outside the backend
+            return tx.BACKEND_ERROR, f"the Ray task raised: {str(exc).strip().splitlines()[-1]}", None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""  # e.g. outputs whose classes do not import here
+        return tx.BACKEND_ERROR, f"its result could not be received: {type(exc).__name__}: {first}", None
 
     def _crash_file(self, task: _Task) -> Path | None:
         if self._scratch is None or task.pid is None or task.host != socket.gethostname():
