@@ -4,6 +4,8 @@ hang (tests/fixtures/tiny.py) must never run in the test process itself."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from parity.api import run_experiment
@@ -130,7 +132,7 @@ def test_a_worker_keeps_to_the_cpus_it_was_given():
             assert done.stdout.split() == [n, n], (n, when, done.stderr[-2000:])
 
 
-def test_ray_submits_model_by_model_references_first_then_the_costliest_preparations():
+def test_ray_submits_the_references_first_then_the_costliest_preparations():
     import dataclasses
 
     from parity.runner.plan import plan
@@ -143,21 +145,25 @@ def test_ray_submits_model_by_model_references_first_then_the_costliest_preparat
     data["inputs"].append({"name": "noise2", "synthetic": {"shape": [1, 3, 16, 16]}})
     jobs = [dataclasses.replace(job) for job in plan(experiment_from_dict(data))]  # as the runner hands them over
     order = [(job.model.name, job.inputs.name, spec.id) for job, spec in submission_order(jobs)]
-    one_model = [("eager-cpu", "noise"), ("oracle", "noise"), ("eager-cpu", "noise2"), ("oracle", "noise2"),
-                 ("compile-cpu", "noise"), ("compile-cpu", "noise2"), ("onnxruntime-cpu", "noise"),
-                 ("onnxruntime-cpu", "noise2"), ("torchscript-cpu", "noise"), ("torchscript-cpu", "noise2"),
-                 ("eager-cpu-bfloat16", "noise"), ("eager-cpu-bfloat16", "noise2")]
-    assert order == [(model, inputs, spec) for model in ("tiny", "tiny2") for spec, inputs in one_model]
+    pairs = [(model, inputs) for model in ("tiny", "tiny2") for inputs in ("noise", "noise2")]
+    assert order == [(*pair, spec) for pair in pairs for spec in ("eager-cpu", "oracle")] + [
+        (*pair, spec) for spec in ("compile-cpu", "onnxruntime-cpu", "torchscript-cpu", "eager-cpu-bfloat16")
+        for pair in pairs]
 
 
 def test_ray_executor_gives_the_local_verdicts_and_fails_a_segfault_and_a_hang(tmp_path, monkeypatch):
+    from parity.runner.local import _Progress
+
     ray = pytest.importorskip("ray")
-    started = []
+    started, said = [], []
     monkeypatch.setattr(ray, "init", lambda *a, init=ray.init, **kw: started.append(kw) or init(*a, **kw))
+    monkeypatch.setattr(_Progress, "describe", lambda self, text: said.append(text))
     data = tiny_experiment([SEGFAULTING, HANGING, *WELL_BEHAVED], executor={"kind": "ray", "timeout": 5, "workers": 2})
     records = run_experiment(data, out=tmp_path / "ray", reports=())
     assert [kw["num_cpus"] for kw in started] == [2]  # two tasks at a time, of one CPU each
     assert records[0]["environment"]["threads"] == 1  # the executions' threads, not this process's
+    counts = [tuple(map(int, re.match(r"ray (\d+)/(\d+) done, next tiny / ", t).groups())) for t in said if t[:4] == "ray "]
+    assert {m for _, m in counts} == {5} and [n for n, _ in counts] == sorted(n for n, _ in counts)  # the progress bar
     assert run_experiment(data, out=tmp_path / "ray", reports=()) == records and len(started) == 1  # done: no Ray
     by_target = {key[2]: check for key, check in checks(records).items()}
     assert by_target["segfaulting"]["failure_class"] == "crash"

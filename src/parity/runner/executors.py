@@ -45,6 +45,9 @@ class Executor(ABC):
     dropped at `close`); `execute` returns one finished execution, calling `on_run(execution, repeat)`
     after each repeat so that records are written as results come."""
 
+    # Told what the executor is doing while the runner waits on it (the runner's progress bar), if set.
+    on_status: Callable[[str], None] | None = None
+
     def start(self, exp: Experiment, jobs: list[Job]) -> None:
         self.exp = exp
 

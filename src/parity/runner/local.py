@@ -177,6 +177,7 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True, fre
     with _open_records(out_dir, config, str(exp.base_dir), digest, fresh) as writer, \
             make_executor(exp.executor) as executor:
         todo = [j for j in jobs if any(not judged(writer, j, t) for t in j.targets)]
+        executor.on_status = bar.describe
         if not writer.records:
             writer.write("run", experiment=exp.name, digest=digest, config=config,
                          base_dir=str(exp.base_dir), environment=environment(exp.base_dir, exp.executor.execution_threads))
