@@ -117,10 +117,9 @@ def test_ray_workers_is_a_setting_of_the_ray_parity_starts(tmp_path, write_yaml,
 
 def test_a_worker_keeps_to_the_cpus_it_was_given():
     """torch threads, and torch.compile's code-generation processes, imported before or after."""
+    import os
     import subprocess
     import sys
-
-    import os
 
     script = ("import sys, torch; from parity.runner.worker import use_cpus; n, when = int(sys.argv[1]), sys.argv[2]\n"
               "if when == 'early': import torch._inductor.config\n"
