@@ -137,6 +137,12 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def runtime_threads(told: int | None) -> int:
+    """Threads for a runtime with a pool of its own (ONNX Runtime, OpenVINO): as told, else as many as torch
+    uses here, which is what the reference gets and a Ray task's CPUs (their own default is every core)."""
+    return told or torch.get_num_threads()
+
+
 @contextlib.contextmanager
 def num_threads(n: int | None):
     """Run with `n` intra-op threads, then restore the process setting."""

@@ -18,7 +18,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from parity.backends.base import MAX_THREADS, Backend, OutputSpec, cuda_reason
+from parity.backends.base import MAX_THREADS, Backend, OutputSpec, cuda_reason, runtime_threads
 from parity.inputs import Inputs
 
 LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
@@ -72,8 +72,7 @@ class OnnxRuntimeBackend(Backend):
 
         opts = ort.SessionOptions()
         opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[self.options.optimization])
-        # By default as many threads as torch uses here: what the reference gets, and a Ray task's CPUs.
-        opts.intra_op_num_threads = self.options.threads or torch.get_num_threads()
+        opts.intra_op_num_threads = runtime_threads(self.options.threads)
         if self.device.type == "cuda":
             providers = [("CUDAExecutionProvider", {"device_id": self.device.index or 0})]
         else:

@@ -12,7 +12,7 @@ import warnings
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from parity.backends.base import MAX_THREADS, Backend, OutputSpec
+from parity.backends.base import MAX_THREADS, Backend, OutputSpec, runtime_threads
 from parity.inputs import Inputs
 
 PRECISION = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
@@ -47,8 +47,7 @@ class OpenVinoBackend(Backend):
             self._convert(model, example), str(folder / "model.xml"), compress_to_fp16=False))
         ov_model = ov.Core().read_model(str(folder / "model.xml"))
         config = {"INFERENCE_PRECISION_HINT": PRECISION[self.spec.dtype]}
-        # By default as many threads as torch uses here: what the reference gets, and a Ray task's CPUs.
-        config["INFERENCE_NUM_THREADS"] = self.options.threads or torch.get_num_threads()
+        config["INFERENCE_NUM_THREADS"] = runtime_threads(self.options.threads)
         self.compiled = ov.Core().compile_model(ov_model, "CPU", config)
 
     @staticmethod
