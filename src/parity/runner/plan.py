@@ -22,8 +22,13 @@ class Job:
     repeats: int
 
     @property
+    def baselines(self) -> list[BackendSpec]:
+        """What every target is judged against: the reference, and the oracle when asked."""
+        return [self.reference, *([self.oracle] if self.oracle else [])]
+
+    @property
     def backends(self) -> list[BackendSpec]:
-        return [self.reference, *([self.oracle] if self.oracle else []), *self.targets]
+        return [*self.baselines, *self.targets]
 
     @property
     def executions(self) -> int:

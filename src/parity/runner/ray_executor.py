@@ -59,7 +59,7 @@ def submission_order(jobs: list) -> list[tuple]:
     alone while the others wait (on 2 cores, 2 workers / 1 took 0.62 in plan order, 0.59 this way). The
     price: the runner judges in plan order, so the first model's checks wait for its cheapest target,
     started late; the executor reports how many tasks are done meanwhile (`on_status`)."""
-    references = [(job, spec) for job in jobs for spec in job.backends[:len(job.backends) - len(job.targets)]]
+    references = [(job, spec) for job in jobs for spec in job.baselines]
     targets = [(job, spec) for job in jobs for spec in job.targets]
     return references + sorted(targets, key=lambda e: -backend_class(e[1].backend).preparation_cost)
 
@@ -93,7 +93,7 @@ class RayExecutor(Executor):
         self.workers = workers
         self._tasks: dict[tuple, _Task] = {}
         self._running: dict[int, _Task] = {}  # by id() of the generator
-        self._submitted = self._finished = 0
+        self._submitted = 0  # tasks; those not in _running are done
         self._digest = Digests()
         self._started_ray = False
         self._scratch: tempfile.TemporaryDirectory | None = None
@@ -219,7 +219,8 @@ class RayExecutor(Executor):
             for generator in ready:
                 self._take(self._running[id(generator)])
             if self.on_status is not None:
-                self.on_status(f"ray {self._finished}/{self._submitted} done, next {until.job.model.name} / {until.spec.id}")
+                done = self._submitted - len(self._running)
+                self.on_status(f"ray {done}/{self._submitted} done, next {until.job.model.name} / {until.spec.id}")
 
     def _take(self, task: _Task) -> None:
         """The next thing a task yielded (it is ready): first that it started, then its messages, which stay
@@ -268,8 +269,6 @@ class RayExecutor(Executor):
         return Path(self._scratch.name) / f"worker-{task.pid}.log"
 
     def _finish(self, task: _Task, failure: tuple[str, str, str | None] | None = None) -> None:
-        if not task.finished and task.generator is not None:
-            self._finished += 1
         task.failure = failure
         task.finished = True
         self._running.pop(id(task.generator), None)
