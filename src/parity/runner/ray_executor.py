@@ -36,7 +36,7 @@ import parity
 from parity.backends import backend_class
 from parity.errors import ParityError
 from parity.runner.execute import Execution
-from parity.runner.executors import Digests, Executor, RemoteExecution, crash_report
+from parity.runner.executors import Digests, Executor, RemoteExecution, crash_report, describe_worker_error
 from parity.verify import taxonomy as tx
 
 
@@ -260,8 +260,7 @@ class RayExecutor(Executor):
             return tx.CRASH, "was killed by Ray's memory monitor (out of memory)", None
         if isinstance(exc, ray.exceptions.RayTaskError):  # the task itself raised, outside the backend
             return tx.BACKEND_ERROR, f"the Ray task raised: {str(exc).strip().splitlines()[-1]}", None
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""  # e.g. outputs whose classes do not import here
-        return tx.BACKEND_ERROR, f"its result could not be received: {type(exc).__name__}: {first}", None
+        return *describe_worker_error(exc), None  # e.g. outputs whose classes do not import here
 
     def _crash_file(self, task: _Task) -> Path | None:
         if self._scratch is None or task.pid is None or task.host != socket.gethostname():
