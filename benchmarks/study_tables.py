@@ -27,7 +27,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from parity.report.summary import latency_rows, summarize
+from parity.report.summary import judged, latency_rows, summarize
 from parity.verify.checks import tolerance_key
 from parity.verify.taxonomy import MEANINGS, SEVERITY
 
@@ -104,7 +104,7 @@ class Study:
         self.gate_key = tolerance_key(self.summary["gate"])
         checks = [r for r in records if r["kind"] == "check"]
         self.tier1 = [c for c in checks if c["tier"] == 1]
-        self.ran = [c for c in self.tier1 if c["status"] != "skipped"]
+        self.ran = [c for c in self.tier1 if judged(c)]
         self.tier3 = {(c["model"], c["inputs"], c["target"]): c for c in checks if c["tier"] == 3}
         self.models = {m["name"]: m for m in self.config["models"]}
         self.targets = list(dict.fromkeys(c["target"] for c in self.tier1))
@@ -115,9 +115,9 @@ class Study:
 
     def rate(self, checks: list[dict], key: str) -> tuple[int, int]:
         """(checks passing at atol `key`, checks judged) among `checks`; a check that could not run here
-        (skipped) is not judged."""
-        judged = [c for c in checks if c["status"] != "skipped"]
-        return sum(bool(c["verdicts"].get(key)) for c in judged), len(judged)
+        (skipped), or whose reference failed, is not judged."""
+        done = [c for c in checks if judged(c)]
+        return sum(bool(c["verdicts"].get(key)) for c in done), len(done)
 
     def pooled(self) -> tuple[int, int]:
         """Passing verdicts over every tolerance of the sweep: the published study's unit."""
@@ -291,7 +291,7 @@ def model_rows(s: Study) -> list[dict[str, Any]]:
         row = rows.setdefault((c["model"], c["inputs"]), {"model": c["model"], "inputs": c["inputs"], "cells": {},
                                                            "passed": 0, "judged": 0})
         row["cells"][c["target"]] = c
-        if c["status"] != "skipped":
+        if judged(c):
             row["judged"] += 1
             row["passed"] += bool(c["verdicts"].get(s.gate_key))
     return list(rows.values())
@@ -302,6 +302,8 @@ def _cell(s: Study, c: dict | None) -> str:
         return "-"
     if c["status"] == "skipped":
         return "not run here"
+    if c["status"] == "error":
+        return "reference failed"
     if c["verdicts"].get(s.gate_key):
         return f"pass {sci(c['max_abs'])}"
     if c.get("max_abs") is None or not c.get("leaves"):

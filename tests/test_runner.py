@@ -114,7 +114,7 @@ def test_unavailable_target_is_listed_not_dropped(tmp_path, write_yaml, capsys):
     out = capsys.readouterr().out
     assert "eager-cuda" in out and "CUDA is not available" in out
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
-    assert summary["totals"] == {"checks": 2, "passed": 1, "failed": 0, "skipped": 1}
+    assert summary["totals"] == {"checks": 2, "passed": 1, "failed": 0, "skipped": 1, "errors": 0}
     [ex] = [r for r in read_records(tmp_path / "a") if r["kind"] == "execution" and r["backend"] == "eager-cuda"]
     assert ex["status"] == "unavailable"
     assert main(["run", str(path), "--out", str(tmp_path / "b"), "--quiet", "--allow-unavailable"]) == 0

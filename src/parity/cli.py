@@ -1,8 +1,9 @@
 """The command line: `parity run`, `parity report`, `parity validate`, `parity localize`, `parity fallback`,
 `parity backends`. One function per verb.
 
-Exit codes: 0 every check passed at the gate; 1 some check failed (or a target could not run here);
-2 user error (bad file, unknown name, missing file); 3 internal error (a bug in parity: please report).
+Exit codes: 0 every check passed at the gate; 1 some check failed or has no verdict (a target could not
+run here, the reference crashed); 2 user error (bad file, unknown name, missing file, a model that raises on
+its inputs in the eager reference); 3 internal error (a bug in parity: please report).
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         summary = summarize(records)
         reports = [] if args.no_report else write_reports(out_dir, records, summary)
         render(records, summary, out_dir, _console(), reports)
+        for e in summary["reference_errors"]:
+            if e["user_error"]:
+                print(f"error: model '{e['model']}' on input set '{e['inputs']}': the reference {e['reference']} "
+                      f"raised, so no target was judged: {e['detail'].split(': ', 1)[-1]}", file=sys.stderr)
         code = max(code, exit_code(summary, args.allow_unavailable))
     return code
 

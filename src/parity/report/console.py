@@ -9,7 +9,9 @@ from typing import Any
 def _cell(checks: list[dict]) -> str:
     if all(c["status"] == "skipped" for c in checks):
         return "[dim]n/a[/dim]"
-    done = [c for c in checks if c["status"] != "skipped"]
+    if any(c["status"] == "error" for c in checks):
+        return "[magenta]ERROR[/magenta] reference"
+    done = [c for c in checks if c["status"] == "ok"]
     failed = [c for c in done if not c["passed"]]
     max_abs = max((c.get("max_abs") or 0.0 for c in done), default=0.0)
     if not failed:
@@ -39,8 +41,13 @@ def render(records: list[dict], summary: dict[str, Any], out_dir, console, repor
     for t, info in summary["per_target"].items():
         if info["skipped"]:
             console.print(f"[yellow]unavailable[/yellow] {escape(t)}: {escape(str(info['reason']))}")
+    for e in summary["reference_errors"]:
+        why = ("the model as written raised on these inputs: fix the model or the input set"
+               if e["user_error"] else "no target was judged")
+        console.print("[magenta]reference failed[/magenta] " + escape(f"{e['model']} / {e['inputs']}: {e['reference']}: "
+                                                                      f"{e['detail']} ({why})"), soft_wrap=True)
     for c in checks:
-        if c["status"] != "skipped" and not c["passed"]:
+        if c["status"] == "ok" and not c["passed"]:
             console.print("[red]failed[/red] " + escape(f"{c['model']} / {c['inputs']} / {c['target']}: "
                                                           f"{c['failure_class']}: {c['detail']}"), soft_wrap=True)
     tier3 = [r for r in records if r["kind"] == "check" and r["tier"] == 3]
@@ -59,7 +66,8 @@ def render(records: list[dict], summary: dict[str, Any], out_dir, console, repor
             where += " (every layer drifts alike: no single source)"
         console.print("[yellow]diverges at[/yellow] " + escape(f"{key}: {where}"))
     totals, tier3 = summary["totals"], summary["tier3"]
-    console.print(f"{totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped "
+    errors = f", {totals['errors']} without a verdict (reference failed)" if totals["errors"] else ""
+    console.print(f"{totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped{errors} "
                   f"({summary['arithmetic']['formula']})"
                   + (f"; tier 3: {tier3['passed']} agree, {tier3['failed']} differ" if tier3["checks"] else ""))
     console.print(f"records: {out_dir / 'records.jsonl'}\nsummary: {out_dir / 'summary.json'}")

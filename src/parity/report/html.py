@@ -106,14 +106,14 @@ def _gate_table(checks: list[dict], tier3: list[dict], layers: list[dict], targe
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for c in checks:
         row = rows.setdefault((c["model"], c["inputs"]), {"model": c["model"], "inputs": c["inputs"], "cells": {}})
-        state = "skip" if c["status"] == "skipped" else ("pass" if c["passed"] else "fail")
+        state = {"skipped": "skip", "error": "error"}.get(c["status"]) or ("pass" if c["passed"] else "fail")
         task = tier3_by.get(_key(c))
         row["cells"][c["target"]] = {
             "state": state, "max_abs": c.get("max_abs"), "required_atol": c.get("required_atol"),
             "failure_class": c.get("failure_class"), "detail": c.get("detail") or "",
             "tier3": None if task is None else ("agrees" if task["passed"] else task["failure_class"]),
             "culprit": culprit_by.get(_key(c)),
-            "ran": c["status"] != "skipped" and c.get("max_abs") is not None,
+            "ran": c["status"] == "ok" and c.get("max_abs") is not None,
         }
     return [{**row, "cells": [row["cells"].get(t) for t in targets]} for row in rows.values()]
 
@@ -126,7 +126,7 @@ def _pass_rates(checks: list[dict], keys: list[str]) -> tuple[list[str], dict[tu
     for c in checks:
         cell = (c["model"], c["target"])
         total.setdefault(cell, 0)
-        if c["status"] == "skipped":
+        if c["status"] != "ok":
             continue
         passed[cell] += sum(bool(c["verdicts"].get(k)) for k in keys)
         total[cell] += len(keys)
@@ -136,7 +136,7 @@ def _pass_rates(checks: list[dict], keys: list[str]) -> tuple[list[str], dict[tu
 def _failures(checks: list[dict]) -> list[dict[str, Any]]:
     out = []
     for c in checks:
-        if c["status"] == "skipped" or c["passed"]:
+        if c["status"] != "ok" or c["passed"]:
             continue
         worst = sorted((leaf for leaf in c.get("leaves") or [] if leaf.get("failure_class")),
                        key=lambda leaf: -(leaf.get("max_abs") or 0.0))[:5]
@@ -151,7 +151,7 @@ def _failures(checks: list[dict]) -> list[dict[str, Any]]:
 def _taxonomy(checks: list[dict], tier3: list[dict]) -> tuple[list[dict], str | None]:
     counts: dict[str, dict[int, int]] = defaultdict(dict)
     for c in [*checks, *tier3]:
-        if c["status"] != "skipped" and not c["passed"] and c.get("failure_class"):
+        if c["status"] == "ok" and not c["passed"] and c.get("failure_class"):
             counts[c["failure_class"]][c["tier"]] = counts[c["failure_class"]].get(c["tier"], 0) + 1
     ordered = sorted(counts, key=lambda k: SEVERITY.index(k) if k in SEVERITY else len(SEVERITY))
     rows = [{"name": k, "meaning": MEANINGS.get(k, ""), "tier1": counts[k].get(1, 0), "tier3": counts[k].get(3, 0)}
@@ -240,7 +240,7 @@ def render_html(records: list[dict], summary: dict[str, Any]) -> str:
     sweep_rows = []
     curves: dict[str, list[float]] = {}
     for target, info in summary["per_target"].items():
-        ran = info["checks"] - info["skipped"]
+        ran = info["checks"] - info["skipped"] - info["errors"]
         sweep_rows.append({"target": target, "cells": [f"{info['per_tolerance'][k]}/{ran}" for k in keys] if ran else []})
         if ran:
             curves[target] = [info["per_tolerance"][k] / ran for k in keys]
@@ -256,10 +256,14 @@ def render_html(records: list[dict], summary: dict[str, Any]) -> str:
         "localized": len(layers),
         "arithmetic": summary["arithmetic"]["formula"],
         "verdict": ("no checks in these records" if not totals["checks"] else
-                    "every check passed at the gate" if not (totals["failed"] or totals["skipped"] or summary["tier3"]["failed"])
+                    "every check passed at the gate"
+                    if not (totals["failed"] or totals["skipped"] or totals["errors"] or summary["tier3"]["failed"])
                     else f"{totals['failed'] + summary['tier3']['failed']} check(s) failed"
-                    + (f", {totals['skipped']} not run here" if totals["skipped"] else "")),
-        "ok": bool(totals["checks"]) and not (totals["failed"] or summary["tier3"]["failed"] or totals["skipped"]),
+                    + (f", {totals['skipped']} not run here" if totals["skipped"] else "")
+                    + (f", {totals['errors']} without a verdict (the reference failed)" if totals["errors"] else "")),
+        "ok": bool(totals["checks"]) and not (totals["failed"] or summary["tier3"]["failed"] or totals["skipped"]
+                                              or totals["errors"]),
+        "reference_errors": summary["reference_errors"],
         "setup": _setup(run, summary),
         "environment": _environment(run),
         "targets": targets,

@@ -3,7 +3,8 @@
 classname is `model/inputs`, name is `target tier N`; a failed check is a <failure> whose type is its
 failure class and whose message is its detail; a target that could not run here is <skipped>. Every
 problem a target has (it drifts, it cannot export the model, it raises) is a finding about the target,
-so it is a failure, never a JUnit error: `errors` counts nothing but is written, as CI parsers expect.
+so it is a failure. A check whose reference failed is a JUnit <error> (type `reference_error`): nothing
+was found about the target, which was not run.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def render_junit(records: list[dict], summary: dict[str, Any]) -> str:
     if summary.get("gate") is not None:
         ET.SubElement(props, "property", name="gate_atol", value=f"{summary['gate']:g}")
         ET.SubElement(props, "property", name="rtol", value=f"{summary['rtol']:g}")
-    failures = skipped = 0
+    failures = skipped = errors = 0
     total_time = 0.0
     for check in checks:
         seconds = _time(records, check) if check["tier"] == 1 else 0.0
@@ -69,12 +70,16 @@ def render_junit(records: list[dict], summary: dict[str, Any]) -> str:
         if check["status"] == "skipped":
             skipped += 1
             ET.SubElement(case, "skipped", message=_clean(check.get("detail") or "not run"))
+        elif check["status"] == "error":
+            errors += 1
+            ET.SubElement(case, "error", type=_clean(check["failure_class"]),
+                          message=_clean(f"{check['failure_class']}: {check['detail']}"))
         elif not check["passed"]:
             failures += 1
             failure = ET.SubElement(case, "failure", type=_clean(check["failure_class"]),
                                     message=_clean(f"{check['failure_class']}: {check['detail']}"))
             failure.text = _clean(_body(check))
-    counts = {"tests": str(len(checks)), "failures": str(failures), "errors": "0", "skipped": str(skipped),
+    counts = {"tests": str(len(checks)), "failures": str(failures), "errors": str(errors), "skipped": str(skipped),
               "time": f"{total_time:.3f}"}
     suite.attrib.update(counts)
     root = ET.Element("testsuites", name="parity", **counts)

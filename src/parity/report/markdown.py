@@ -25,7 +25,9 @@ def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
     lines = [
         f"# parity report: {summary['experiment']}",
         "",
-        f"**{t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped**{gate}. {summary['arithmetic']['formula']}."
+        f"**{t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped"
+        + (f", {t['errors']} without a verdict (reference failed)" if t["errors"] else "")
+        + f"**{gate}. {summary['arithmetic']['formula']}."
         + (f" Tier 3: **{summary['tier3']['passed']} agree, {summary['tier3']['failed']} differ**."
            if summary["tier3"]["checks"] else ""),
         "",
@@ -41,18 +43,24 @@ def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for c in checks:
-        verdict = "skipped" if c["status"] == "skipped" else ("pass" if c["passed"] else "FAIL")
+        verdict = {"skipped": "skipped", "error": "ERROR (reference)"}.get(c["status"]) or ("pass" if c["passed"] else "FAIL")
         oracle = c.get("oracle")
         worse = "" if not oracle else ("yes" if oracle["target_worse"] else "no")
         lines.append(f"| {c['model']} | {c['inputs']} | {c['target']} | {verdict} | {c['failure_class'] or ''} | "
-                     f"{_fmt(c.get('max_abs')) if c['status'] != 'skipped' else ''} | "
-                     f"{_fmt(c['required_atol']) if c['status'] != 'skipped' else ''} | {worse} |")
+                     f"{_fmt(c.get('max_abs')) if c['status'] == 'ok' else ''} | "
+                     f"{_fmt(c['required_atol']) if c['status'] == 'ok' else ''} | {worse} |")
     lines += ["", "## Tolerance sweep (checks passing at each atol)", "",
               "| target | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
     for target, info in summary["per_target"].items():
-        ran = info["checks"] - info["skipped"]
+        ran = info["checks"] - info["skipped"] - info["errors"]
         lines.append(f"| {target} | " + " | ".join(f"{info['per_tolerance'][k]}/{ran}" for k in keys) + " |")
-    failed = [c for c in checks if c["status"] != "skipped" and not c["passed"]]
+    if summary["reference_errors"]:
+        lines += ["", "## Reference failures (no verdict about the targets)", ""]
+        for e in summary["reference_errors"]:
+            why = "the model as written raised on these inputs" if e["user_error"] else "the reference could not run"
+            lines.append(f"- **{e['model']} / {e['inputs']}**: {why}; targets not run: {', '.join(e['targets'])}. "
+                         f"{e['detail']}")
+    failed = [c for c in checks if c["status"] == "ok" and not c["passed"]]
     if failed:
         lines += ["", "## Failures", ""]
         for c in failed:

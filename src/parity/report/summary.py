@@ -16,6 +16,12 @@ def _checks(records: list[dict]) -> list[dict]:
     return [r for r in records if r["kind"] == "check" and r["tier"] == 1]
 
 
+def judged(check: dict) -> bool:
+    """Whether a check holds a verdict about its target: not when the target could not run here
+    (`skipped`) nor when the reference failed (`error`)."""
+    return check["status"] == "ok"
+
+
 def _latency(records: list[dict]) -> dict[str, dict[str, Any]]:
     runs: dict[str, list[float]] = defaultdict(list)
     prepares: dict[str, list[float]] = defaultdict(list)
@@ -60,16 +66,18 @@ def summarize(records: list[dict]) -> dict[str, Any]:
     keys = [tolerance_key(a) for a in tol["atol"]]
     pairs = sorted({(c["model"], c["inputs"]) for c in checks})
     targets = list(dict.fromkeys(c["target"] for c in checks))
-    ran = [c for c in checks if c["status"] != "skipped"]
+    ran = [c for c in checks if judged(c)]
+    errors = [c for c in checks if c["status"] == "error"]
     per_target: dict[str, Any] = {}
     for t in targets:
         mine = [c for c in checks if c["target"] == t]
-        done = [c for c in mine if c["status"] != "skipped"]
+        done = [c for c in mine if judged(c)]
         per_target[t] = {
             "checks": len(mine),
             "passed": sum(bool(c["passed"]) for c in done),
             "failed": sum(not c["passed"] for c in done),
-            "skipped": len(mine) - len(done),
+            "skipped": sum(c["status"] == "skipped" for c in mine),
+            "errors": sum(c["status"] == "error" for c in mine),
             "max_abs": max((c.get("max_abs") or 0.0 for c in done), default=None),
             "per_tolerance": {k: sum(bool(c["verdicts"].get(k)) for c in done) for k in keys},
             "reason": next((c["detail"] for c in mine if c["status"] == "skipped"), None),
@@ -93,8 +101,10 @@ def summarize(records: list[dict]) -> dict[str, Any]:
             "checks": n_checks,
             "passed": sum(bool(c["passed"]) for c in ran),
             "failed": sum(not c["passed"] for c in ran),
-            "skipped": n_checks - len(ran),
+            "skipped": sum(c["status"] == "skipped" for c in checks),
+            "errors": len(errors),
         },
+        "reference_errors": _reference_errors(errors),
         "per_target": per_target,
         "per_tolerance": {k: {"passed": sum(bool(c["verdicts"].get(k)) for c in ran),
                               "failed": sum(not c["verdicts"].get(k) for c in ran)} for k in keys},
@@ -105,6 +115,18 @@ def summarize(records: list[dict]) -> dict[str, Any]:
                       for r in records if r["kind"] == "layers"},
         "latency": _latency(records),
     }
+
+
+def _reference_errors(errors: list[dict]) -> list[dict[str, Any]]:
+    """One entry per (model, input set) whose reference failed: what failed and whether it is the user's
+    to fix (the model as written raised on its inputs)."""
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for c in errors:
+        seen.setdefault((c["model"], c["inputs"]), {
+            "model": c["model"], "inputs": c["inputs"], "reference": c["reference"], "detail": c["detail"],
+            "failure_class": c.get("reference_failure_class"), "user_error": bool(c.get("user_error")),
+            "targets": []})["targets"].append(c["target"])
+    return list(seen.values())
 
 
 def _tier3(records: list[dict]) -> dict[str, Any]:
@@ -123,9 +145,13 @@ def write_summary(summary: dict[str, Any], path: Path) -> None:
 
 
 def exit_code(summary: dict[str, Any], allow_unavailable: bool = False) -> int:
-    """0 when every check passed (tier 1 at the gate, tier 3 at its thresholds); 1 when one failed, or was skipped (a target that could not
-    run here was not verified) unless `allow_unavailable`."""
+    """0 when every check passed (tier 1 at the gate, tier 3 at its thresholds); 2 when the model as written
+    could not run on its inputs (the eager reference raised: the user's to fix); 1 when a check failed, has
+    no verdict because the reference failed otherwise (a crash, a time-out, another reference backend), or
+    was skipped (a target that could not run here was not verified) unless `allow_unavailable`."""
     totals = summary["totals"]
-    if totals["failed"] or summary["tier3"]["failed"] or (totals["skipped"] and not allow_unavailable):
+    if any(e["user_error"] for e in summary.get("reference_errors", ())):
+        return 2
+    if totals["failed"] or totals.get("errors") or summary["tier3"]["failed"] or (totals["skipped"] and not allow_unavailable):
         return 1
     return 0

@@ -34,7 +34,7 @@ from parity.runner import cache
 from parity.runner.execute import Execution
 from parity.runner.executors import Executor, configured_model, make_executor
 from parity.runner.plan import Job, plan
-from parity.verify.checks import repeat_spread, tier1_check
+from parity.verify.checks import reference_error_check, repeat_spread, tier1_check
 from parity.verify.localize import LOCALIZABLE, localize_check
 from parity.verify.tasks import task_check
 
@@ -109,8 +109,13 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
     reference = run(job.reference)
     if reference.status == "unavailable":
         raise ParityError(f"the reference backend {job.reference.id} cannot run here: {reference.error}")
+    if not reference.ok:  # nothing to judge the targets against: their checks say so, and they are not run
+        progress.advance(job.executions - job.repeats)
+        for spec in pending:
+            writer.write("check", **reference_error_check(job, spec, reference, exp))
+        return
     oracle = run(job.oracle) if job.oracle else None
-    ref_spread = repeat_spread(reference.outputs, exp.tolerances.rtol, exp.tolerances.gate_atol) if reference.ok else 0.0
+    ref_spread = repeat_spread(reference.outputs, exp.tolerances.rtol, exp.tolerances.gate_atol)
     for spec in job.targets:
         if spec not in pending:
             progress.advance(job.repeats)

@@ -34,14 +34,14 @@ def tier1_check(job, target_exec, reference_exec, oracle_exec, experiment,
         return {**base, "status": "skipped", "passed": None, "failure_class": None, "detail": target_exec.error,
                 "required_atol": None, "max_abs": None, "verdicts": {}, "nondeterminism": None, "leaves": [],
                 "oracle": None}
-    failed_exec = next((e for e in (reference_exec, target_exec) if not e.ok), None)
-    if failed_exec is not None:
-        who = "reference" if failed_exec is reference_exec else "target"
+    if not reference_exec.ok:
+        raise ValueError("a check is judged only against a reference that ran: see reference_error_check")
+    if not target_exec.ok:
         return {**base, "status": "ok", "passed": False,
-                "failure_class": failed_exec.failure_class or tx.BACKEND_ERROR,
-                "detail": f"{who} {failed_exec.backend.id} failed: {failed_exec.error}",
+                "failure_class": target_exec.failure_class or tx.BACKEND_ERROR,
+                "detail": f"target {target_exec.backend.id} failed: {target_exec.error}",
                 "required_atol": None, "max_abs": None, "verdicts": {tolerance_key(a): False for a in tol.atol},
-                "nondeterminism": None, "leaves": [], "oracle": None}
+                "nondeterminism": None, "leaves": [], "oracle": None, **_oracle_error(oracle_exec)}
     oracle_out = oracle_exec.outputs[0] if oracle_exec is not None and oracle_exec.ok else None
     comparison = compare(reference_exec.outputs[0], target_exec.outputs[0], tol.rtol, gate, oracle_out)
     target_spread = repeat_spread(target_exec.outputs, tol.rtol, gate)
@@ -67,4 +67,27 @@ def tier1_check(job, target_exec, reference_exec, oracle_exec, experiment,
         "nondeterminism": {"reference": reference_spread, "target": target_spread},
         "leaves": comparison.leaves,
         "oracle": oracle,
+        **_oracle_error(oracle_exec),
     }
+
+
+def reference_error_check(job, target, reference_exec, experiment) -> dict[str, Any]:
+    """The check of `target` when the reference could not run: no verdict about the target (it was not
+    run), status `error`, class `reference_error`. `user_error` says whether the model as written failed on
+    its inputs (the eager reference raised), which is the user's to fix, not a backend's finding."""
+    tol = experiment.tolerances
+    user_error = reference_exec.backend.backend == "eager" and reference_exec.failure_class not in (tx.CRASH, tx.TIMEOUT)
+    return {"tier": 1, "model": job.model.name, "inputs": job.inputs.name, "reference": job.reference.id,
+            "target": target.id, "rtol": tol.rtol, "gate": tol.gate_atol, "status": "error", "passed": None,
+            "failure_class": tx.REFERENCE_ERROR,
+            "detail": f"the reference {reference_exec.backend.id} failed ({reference_exec.failure_class}), so "
+                      f"{target.id} was not run: {reference_exec.error}",
+            "reference_failure_class": reference_exec.failure_class, "user_error": user_error,
+            "required_atol": None, "max_abs": None, "verdicts": {}, "nondeterminism": None, "leaves": [], "oracle": None}
+
+
+def _oracle_error(oracle_exec) -> dict[str, Any]:
+    """Why a check has no oracle verdict although the oracle was asked for: it did not run."""
+    if oracle_exec is None or oracle_exec.ok:
+        return {}
+    return {"oracle_error": f"the oracle {oracle_exec.backend.id} failed ({oracle_exec.failure_class}): {oracle_exec.error}"}

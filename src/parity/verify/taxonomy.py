@@ -16,9 +16,10 @@ UNSUPPORTED_OP = "unsupported_op"
 BACKEND_ERROR = "backend_error"
 CRASH = "crash"
 TIMEOUT = "timeout"
+REFERENCE_ERROR = "reference_error"  # the reference could not run: no verdict about the target
 
 SEVERITY = [
-    CRASH, TIMEOUT, UNSUPPORTED_OP, BACKEND_ERROR, STRUCTURE_MISMATCH, SHAPE_MISMATCH, DTYPE_MISMATCH,
+    REFERENCE_ERROR, CRASH, TIMEOUT, UNSUPPORTED_OP, BACKEND_ERROR, STRUCTURE_MISMATCH, SHAPE_MISMATCH, DTYPE_MISMATCH,
     UNCOMPARABLE, NONFINITE, NONDETERMINISTIC, DECISION_FLIP, ORDERING, NUMERIC_DRIFT,
 ]
 
@@ -61,4 +62,5 @@ MEANINGS = {  # one line per class, for reports (the README's table says the sam
     BACKEND_ERROR: "the backend raised while running",
     CRASH: "the backend's process died",
     TIMEOUT: "the backend ran past its time limit",
+    REFERENCE_ERROR: "the reference could not run, so the target was not judged (not the target's fault)",
 }
