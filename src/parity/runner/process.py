@@ -240,7 +240,8 @@ class ProcessExecutor(Executor):
         if worker is not None:
             worker.conn.close()  # an idle worker reads EOF and exits
             try:
-                worker.process.wait(timeout=0 if worker.busy else 10)  # a busy one (the run stopped early) is killed
+                # a busy one (the run stopped early) is killed, and one still starting (nothing was run) too
+                worker.process.wait(timeout=0 if worker.busy or not worker.ready else 10)
             except subprocess.TimeoutExpired:
                 pass
             self._kill(worker)  # and what it started in its session, which would outlive it

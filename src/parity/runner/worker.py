@@ -170,15 +170,15 @@ def serve() -> None:
     _die_with_parent()
     os.set_inheritable(int(sys.argv[1]), False)  # a process the model starts must not hold the parent's socket
     conn = Connection(int(sys.argv[1]))
-    prepare_worker(receive(conn))
-    exp: Experiment = receive(conn)
-    models = ModelCache()
-    import parity
+    try:
+        prepare_worker(receive(conn))
+        exp: Experiment = receive(conn)
+        models = ModelCache()
+        import parity
 
-    send(conn, ("ready", os.getpid(), parity.__file__))
-    while True:
-        try:
+        send(conn, ("ready", os.getpid(), parity.__file__))
+        while True:
             model_name, inputs, spec, repeats = receive(conn)
             run_execution(exp, models, model_name, inputs, spec, repeats, lambda message: send(conn, message))
-        except (EOFError, BrokenPipeError, ConnectionResetError):  # the parent is done, or stopped listening
-            return
+    except (EOFError, BrokenPipeError, ConnectionResetError):  # the parent is done, or stopped listening
+        return
