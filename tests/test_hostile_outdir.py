@@ -257,3 +257,17 @@ def test_a_run_writes_only_regular_files_in_out(tmp_path):
     assert result.code == 0 and result.outside == [], result.err
     assert sorted(p.name for p in (work / "out").iterdir()) == ["records.jsonl", "summary.json"]
     assert all(stat.S_ISREG(os.lstat(p).st_mode) for p in (work / "out").iterdir())
+
+
+@pytest.mark.parametrize("where", ["targets[0].backend", "models[0].entry", "an unknown key"])
+def test_a_megabyte_value_is_quoted_in_two_hundred_characters(tmp_path, where):
+    work, _ = case(tmp_path)
+    big = "x" * 900_000
+    data = experiment([{"backend": big if where == "targets[0].backend" else "eager", "name": "same"}],
+                      models=[{"name": "m", "source": "python",
+                               "entry": f"tests.fixtures.exiting:{big}" if where == "models[0].entry" else
+                               "tests.fixtures.exiting:plain"}], **({big: 1} if where == "an unknown key" else {}))
+    path = write_experiment(work, data)
+    result = run_parity(["run", str(path), "--out", str(work / "out"), "--quiet"], tmp_path, work, [])
+    assert_user_error(result, "characters]")
+    assert len(result.err) < 1000
