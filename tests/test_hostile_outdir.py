@@ -45,6 +45,8 @@ def make_in_place(path: Path, kind: str, elsewhere: Path) -> None:
 
 
 KINDS = ["link to a file", "dangling link", "folder", "fifo"]
+SAID = {"link to a file": "is a symbolic link", "dangling link": "is a symbolic link", "folder": "is a folder",
+        "fifo": "not a regular file"}
 
 
 @pytest.mark.parametrize("fresh", [False, True], ids=["resume", "fresh"])
@@ -57,7 +59,7 @@ def test_run_refuses_what_is_not_a_regular_file_where_it_writes(tmp_path, name, 
     make_in_place(out / name, kind, tmp_path / "elsewhere")
     argv = ["run", str(path), "--out", str(out), "--quiet", *(["--fresh"] if fresh else [])]
     result = run_parity(argv, tmp_path, work, [])  # nothing may change, in --out either: refused before work
-    assert_user_error(result, str(out / name))
+    assert_user_error(result, str(out / name), SAID[kind])
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +81,7 @@ def test_report_refuses_what_is_not_a_regular_file_where_it_writes(tmp_path, fin
     (out / "records.jsonl").write_bytes((finished_run / "records.jsonl").read_bytes())
     make_in_place(out / name, kind, tmp_path / "elsewhere")
     result = run_parity(["report", str(out)], tmp_path, tmp_path, [])
-    assert_user_error(result, str(out / name))
+    assert_user_error(result, str(out / name), SAID[kind])
 
 
 def test_report_through_an_existing_link_never_writes_the_target(tmp_path, finished_run):
@@ -115,6 +117,7 @@ def out_paths(tmp_path: Path) -> dict[str, str]:
         "under a file": str(tmp_path / "work" / "exp.yaml" / "out"),
         "a component over 255 characters": str(tmp_path / "work" / LONG),
         "a parent over 255 characters": str(tmp_path / "work" / LONG / "out"),
+        "new folders, then one over 255 characters": str(tmp_path / "work" / "new" / "newer" / LONG),
         "a path over 4096 characters": str(tmp_path / "work" / "/".join(["z" * 200] * 21)),
         "deep under a file": str(tmp_path / "work" / "exp.yaml" / "a" / "b" / "c"),
         "~nosuchuser": "~nosuchuser-parity/out",
