@@ -53,7 +53,7 @@ def assert_crash_verdict(result, out: Path, said: str) -> None:
     assert result.code == 1, result.err[-3000:]
     assert "Traceback" not in result.err and result.outside == [], (result.err[-3000:], result.outside)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["totals"] == {"checks": 2, "passed": 1, "failed": 1, "skipped": 0}
+    assert summary["totals"] == {"checks": 2, "passed": 1, "failed": 1, "skipped": 0, "errors": 0}
     got = checks(out)
     assert got["same"]["passed"] is True
     assert got["armed"]["passed"] is False and got["armed"]["failure_class"] == "crash", got["armed"]
@@ -84,7 +84,7 @@ def test_the_process_executor_isolates_model_code_that_ends_its_process(tmp_path
     assert result.code == 1, result.err[-3000:]
     assert "Traceback" not in result.err and result.outside == [], (result.err[-3000:], result.outside)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["totals"] == {"checks": 6, "passed": 3, "failed": 3, "skipped": 0}
+    assert summary["totals"] == {"checks": 6, "passed": 3, "failed": 3, "skipped": 0, "errors": 0}
     lines = (out / "records.jsonl").read_text().splitlines()
     got = {(r["model"], r["target"]): r for r in map(json.loads, lines) if r["kind"] == "check"}
     for i, action in enumerate(actions):

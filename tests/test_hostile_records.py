@@ -164,7 +164,7 @@ def test_an_identical_duplicate_is_counted_once(tmp_path, records, kind):
     assert "repeat a record of an earlier line exactly" in result.err and "Traceback" not in result.err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["arithmetic"]["formula"].startswith("2 (model, input set) pairs x 2 targets = 4 checks")
-    assert summary["totals"] == {"checks": 4, "passed": 3, "failed": 1, "skipped": 0}
+    assert summary["totals"] == {"checks": 4, "passed": 3, "failed": 1, "skipped": 0, "errors": 0}
 
 
 def test_what_reports_are_rendered_from_counts_a_duplicate_once(tmp_path, records, capsys):
