@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -77,10 +78,11 @@ def test_a_model_without_an_identity_is_never_cached(tmp_path):
 
     example = Inputs((torch.ones(1, 3),), {})
     spec = type("Spec", (), {"backend": "onnxruntime", "device": "cpu", "dtype": "float32", "options": {}})()
-    assert cache.artifact_key("onnx", torch.nn.Linear(3, 2), spec, example) is None
+    backend = type("Backend", (), {"spec": spec, "libraries": ("torch",)})()
+    assert cache.artifact_key("onnx", torch.nn.Linear(3, 2), backend, example) is None
     with cache.model_identity("linear"):
-        first = cache.artifact_key("onnx", torch.nn.Linear(3, 2), spec, example)
-        second = cache.artifact_key("onnx", torch.nn.Linear(3, 2), spec, example)  # other random weights
+        first = cache.artifact_key("onnx", torch.nn.Linear(3, 2), backend, example)
+        second = cache.artifact_key("onnx", torch.nn.Linear(3, 2), backend, example)  # other random weights
     assert first and second and first != second
 
 
@@ -98,3 +100,97 @@ def test_an_interrupted_entry_is_not_used(tmp_path):
     folder, hit = cache.fetch_or_build("k", build)
     assert not hit and (folder / "model.onnx").read_text() == "complete"
     assert cache.fetch_or_build("k", build) == (folder, True) and len(built) == 1
+
+
+# -- the key follows the model's code --------------------------------------------------------------
+
+NET = """import torch
+from torch import nn
+
+
+def exporting():
+    return torch.jit.is_tracing() or torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export()
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        y = self.conv(x).mean((2, 3))
+        return {tail}
+"""
+GOOD, FIXED = "y", "y  # fixed"
+REGRESSION = "y + 10.0 if exporting() else y  # the exported program computes something else"
+
+
+@pytest.fixture
+def fresh_imports(monkeypatch):
+    """Each run imports model files afresh, from source (no bytecode a same-size edit could hide behind)."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+
+
+def _outcome(write_yaml, tmp_path, name: str, models: list[dict], targets: list[dict]) -> tuple[int, dict, dict]:
+    """Run with the cache in tmp_path/cache: the exit code, first executions by backend id, checks by target."""
+    path = write_yaml(tiny_experiment(targets, models=models), f"{name}.yaml")
+    code = main(["run", str(path), "--out", str(tmp_path / name), "--quiet", "--no-report",
+                 "--cache-dir", str(tmp_path / "cache")])
+    records = read_records(tmp_path / name / "records.jsonl")
+    executions = {r["backend"]: r for r in records if r["kind"] == "execution" and r["repeat"] == 0}
+    checks = {r["target"]: r for r in records if r["kind"] == "check" and r["tier"] == 1}
+    return code, executions, checks
+
+
+def _repo_run(write_yaml, tmp_path, name: str, tail: str, targets: list[dict]) -> tuple[int, dict, dict]:
+    (tmp_path / "repo").mkdir(exist_ok=True)
+    (tmp_path / "repo" / "net.py").write_text(NET.format(tail=tail))
+    models = [{"name": "net", "source": "repo", "path": "repo", "entry": "net:Net"}]
+    return _outcome(write_yaml, tmp_path, name, models, targets)
+
+
+def test_a_regression_in_forward_is_exported_afresh_and_fails(write_yaml, tmp_path, fresh_imports):
+    """The bug of issue 11: the export of the old forward was compared, and the check passed."""
+    targets = [{"backend": "onnxruntime"}, {"backend": "torchscript"}]
+    code, executions, checks = _repo_run(write_yaml, tmp_path, "good", GOOD, targets)
+    assert code == 0 and all(c["passed"] for c in checks.values())
+    code, executions, checks = _repo_run(write_yaml, tmp_path, "regression", REGRESSION, targets)
+    for target in ("onnxruntime-cpu", "torchscript-cpu"):
+        assert executions[target]["cached"] is False
+        assert not checks[target]["passed"] and checks[target]["required_atol"] == pytest.approx(10, rel=1e-3)
+    assert code == 1
+
+
+def test_a_fix_in_forward_is_exported_afresh_and_passes(write_yaml, tmp_path, fresh_imports):
+    targets = [{"backend": "torchscript"}]
+    code, _, checks = _repo_run(write_yaml, tmp_path, "regression", REGRESSION, targets)
+    assert code == 1 and not checks["torchscript-cpu"]["passed"]
+    code, executions, checks = _repo_run(write_yaml, tmp_path, "fixed", FIXED, targets)
+    assert code == 0 and checks["torchscript-cpu"]["passed"] and executions["torchscript-cpu"]["cached"] is False
+
+
+HELPERS = """import torch
+
+
+def scale(y):
+    return {body}
+"""
+
+
+def test_a_helper_edited_alone_in_another_file_is_exported_afresh(write_yaml, tmp_path, fresh_imports, monkeypatch):
+    """A python entry's module file is hashed; the file of a helper its forward calls, only the code walk finds."""
+    code_dir = tmp_path / "code"
+    code_dir.mkdir()
+    (code_dir / "netmod.py").write_text("import helpers\n" + NET.format(tail="helpers.scale(y)"))
+    monkeypatch.syspath_prepend(str(code_dir))
+    models = [{"name": "net", "source": "python", "entry": "netmod:Net"}]
+    outcomes = []
+    for name, body in (("good", "y"), ("again", "y"), ("regression", "y + 10.0 if torch.jit.is_tracing() else y")):
+        (code_dir / "helpers.py").write_text(HELPERS.format(body=body))
+        for module in ("netmod", "helpers"):  # as a new process would: import the files afresh
+            monkeypatch.delitem(sys.modules, module, raising=False)
+        outcomes.append(_outcome(write_yaml, tmp_path, name, models, [{"backend": "torchscript"}]))
+    (good, first, _), (again, second, _), (regression, third, checks) = outcomes
+    assert (good, again) == (0, 0) and first["torchscript-cpu"]["cached"] is False
+    assert second["torchscript-cpu"]["cached"] is True  # nothing changed: the export is reused
+    assert third["torchscript-cpu"]["cached"] is False and regression == 1 and not checks["torchscript-cpu"]["passed"]
