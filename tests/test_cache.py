@@ -194,3 +194,125 @@ def test_a_helper_edited_alone_in_another_file_is_exported_afresh(write_yaml, tm
     assert (good, again) == (0, 0) and first["torchscript-cpu"]["cached"] is False
     assert second["torchscript-cpu"]["cached"] is True  # nothing changed: the export is reused
     assert third["torchscript-cpu"]["cached"] is False and regression == 1 and not checks["torchscript-cpu"]["passed"]
+
+
+def _key(model: torch.nn.Module, backend_name: str = "torchscript", identity: str = "net") -> str | None:
+    from parity.backends import create_backend
+    from parity.config.schema import BackendSpec
+    from parity.inputs import Inputs
+
+    with cache.model_identity(identity):
+        return cache.artifact_key("torchscript", model, create_backend(BackendSpec(backend=backend_name)),
+                                  Inputs((torch.ones(1, 3, 8, 8),), {}))
+
+
+def _built(folder, entry: str = "netmod:Net") -> torch.nn.Module:
+    """The model of a repository folder, imported afresh, with the same weights every time."""
+    from parity.models.sources import build_repo
+
+    torch.manual_seed(0)
+    return build_repo(folder, entry, None, {})
+
+
+@pytest.fixture
+def code_dir(tmp_path, fresh_imports):
+    cache.configure(tmp_path / "cache")
+    folder = tmp_path / "code"
+    folder.mkdir()
+    (folder / "netmod.py").write_text("import helpers\nfrom helpers import SHIFT\n" + NET.format(tail="helpers.scale(y) + SHIFT"))
+    (folder / "helpers.py").write_text(HELPERS.format(body="y") + "\n\nSHIFT = 0.0\n")
+    return folder
+
+
+def test_the_key_changes_with_any_code_forward_reaches_and_not_otherwise(code_dir):
+    same = _key(_built(code_dir))
+    assert same is not None and _key(_built(code_dir)) == same  # an unchanged model hits
+    helpers = code_dir / "helpers.py"
+    text = helpers.read_text()
+    for edited in (text.replace("return y", "return y * 1"),  # the helper forward calls, alone
+                   text.replace("SHIFT = 0.0", "SHIFT = 0.5")):  # a constant forward reads
+        helpers.write_text(edited)
+        assert _key(_built(code_dir)) != same
+    helpers.write_text(text)
+    assert _key(_built(code_dir)) == same
+
+
+def test_code_whose_source_cannot_be_read_is_keyed_on_its_code_objects(tmp_path):
+    """A class typed in a notebook cell or made at run time has no file: its bytecode and constants say what it is."""
+    cache.configure(tmp_path / "cache")
+
+    def made_at_run_time(factor: str) -> torch.nn.Module:
+        source = f"class Cell(torch.nn.Module):\n    def forward(self, x):\n        return x * {factor}\n"
+        namespace = {"torch": torch}
+        exec(compile(source, "<notebook cell>", "exec"), namespace)
+        return namespace["Cell"]()
+
+    assert _key(made_at_run_time("2.0")) == _key(made_at_run_time("2.0"))
+    assert _key(made_at_run_time("2.0")) != _key(made_at_run_time("3.0"))
+
+
+def test_code_past_the_walk_bounds_is_not_cached(code_dir, monkeypatch):
+    from parity import fingerprint
+
+    assert _key(_built(code_dir)) is not None
+    monkeypatch.setattr(fingerprint, "MAX_OBJECTS", 2)
+    assert _key(_built(code_dir)) is None
+
+
+def test_the_key_holds_the_libraries_the_backend_declares_and_the_code_reaches(tmp_path, monkeypatch):
+    """onnxscript decides an ONNX export, not a TorchScript trace; torchvision decides a model built of its modules."""
+    import torchvision
+
+    from parity import fingerprint
+
+    cache.configure(tmp_path / "cache")
+    net = torch.nn.Sequential(torchvision.ops.Conv2dNormActivation(3, 4))
+    keys = {b: _key(net, b) for b in ("onnxruntime", "torchscript")}
+    real = fingerprint.version
+    for library, changed in (("onnxscript", {"onnxruntime"}), ("torchvision", {"onnxruntime", "torchscript"}),
+                             ("torch", {"onnxruntime", "torchscript"}), ("transformers", set())):
+        monkeypatch.setattr(fingerprint, "version", lambda name, lib=library: "9.9" if name == lib else real(name))
+        assert {b for b in keys if _key(net, b) != keys[b]} == changed, library
+    assert {"torch", "torchvision"} <= fingerprint.code_fingerprint(net)[1]
+
+
+def test_the_key_holds_parity_s_own_code_python_s_version_and_a_plugin_backend_s_code(tmp_path, monkeypatch):
+    from parity import fingerprint
+    from tests.fixtures import tiny
+
+    cache.configure(tmp_path / "cache")
+    net = torch.nn.Linear(3, 2)
+    key = _key(net)
+    with monkeypatch.context() as m:
+        m.setattr(fingerprint, "parity_digest", lambda: "another commit")
+        assert _key(net) != key
+    with monkeypatch.context() as m:
+        m.setattr(sys, "version", "3.99.0")
+        assert _key(net) != key
+    plugin = _key(net, "tests.fixtures.tiny:PerturbedEager")  # a backend in a user file: its file is in the key
+    assert plugin != key
+    with monkeypatch.context() as m:
+        m.setattr(tiny.PerturbedEager, "scale", 2.0, raising=False)
+        assert _key(net, "tests.fixtures.tiny:PerturbedEager") != plugin
+
+
+def test_a_repository_folder_is_keyed_on_its_python_files_within_bounds(tmp_path, monkeypatch):
+    from parity import fingerprint
+
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "layers.py").write_text("WIDTH = 4\n")
+    (repo / "README.md").write_text("not code")
+    (repo / ".git").mkdir()
+    (repo / ".git" / "hook.py").write_text("hidden")
+    digest = fingerprint.folder_digest(repo)
+    (repo / "README.md").write_text("still not code")
+    (repo / ".git" / "hook.py").write_text("hidden, edited")
+    assert fingerprint.folder_digest(repo) == digest  # only .py files outside hidden folders count
+    (repo / "pkg" / "layers.py").write_text("WIDTH = 8\n")
+    assert fingerprint.folder_digest(repo) != digest  # a file no import reached yet still counts
+    monkeypatch.setattr(fingerprint, "MAX_FILES", 0)
+    assert fingerprint.folder_digest(repo) is None
+    cache.configure(tmp_path / "cache")
+    with cache.model_identity("net", None):  # a source that cannot say what it is made of: nothing cached
+        assert cache.artifact_key("onnx", torch.nn.Linear(3, 2), object(), None) is None

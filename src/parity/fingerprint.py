@@ -79,11 +79,14 @@ def _file_kind(path: str) -> str | None:
 
 
 def kind_of(module: str | None, file: str | None) -> str:
-    """Where code of `module`, read from `file`, lives. A file that is not there (a notebook cell, a frozen
-    or built-in module, a class made at run time) is a library's only for the standard library's modules."""
+    """Where code of `module`, read from `file`, lives. Code from no file on disk is user code (a notebook
+    cell, a string given to exec, whatever module it says it is in), except the standard library's frozen
+    modules; with no file at all (built-in, compiled), the module decides."""
     found = _file_kind(file) if file else None
     if found is not None:
         return found
+    if file and not file.startswith("<frozen "):
+        return USER
     top = (module or "").partition(".")[0]
     return LIBRARY if top in sys.stdlib_module_names or top in sys.builtin_module_names else USER
 
