@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -316,3 +317,98 @@ def test_a_repository_folder_is_keyed_on_its_python_files_within_bounds(tmp_path
     cache.configure(tmp_path / "cache")
     with cache.model_identity("net", None):  # a source that cannot say what it is made of: nothing cached
         assert cache.artifact_key("onnx", torch.nn.Linear(3, 2), object(), None) is None
+
+
+# -- parity cache info / clear ---------------------------------------------------------------------
+
+def _cache_verb(capsys, *argv: str) -> tuple[int, str]:
+    code = main(["cache", *argv])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def _populated(tmp_path, write_yaml) -> Path:
+    """A cache with one artifact entry (a TorchScript trace) and something in inductor's folder."""
+    _run(write_yaml, tmp_path, "fill", "--cache-dir", str(tmp_path / "cache"), targets=[{"backend": "torchscript"}])
+    (tmp_path / "cache" / "inductor" / "fxgraph").mkdir(parents=True)
+    (tmp_path / "cache" / "inductor" / "fxgraph" / "entry").write_bytes(b"x" * 1000)
+    return tmp_path / "cache"
+
+
+def test_cache_info_says_where_the_cache_is_and_what_it_holds(write_yaml, tmp_path, capsys):
+    root = _populated(tmp_path, write_yaml)
+    assert (root / cache.TAG).read_text().startswith("Signature: 8a477f597d28d172789f06886806bc55")
+    size = sum(f.stat().st_size for f in (root / "artifacts").rglob("*") if f.is_file())
+    code, out = _cache_verb(capsys, "info", "--cache-dir", str(root))
+    assert code == 0
+    assert f"cache {root}: 1 artifact entry" in out and "inductor 1 files (1.0 kB)" in out
+    assert f"{size / 1e3:.1f} kB" in out or f"{size / 1e6:.1f} MB" in out
+    code, out = _cache_verb(capsys, "info", "--cache-dir", str(tmp_path / "none"))
+    assert code == 0 and "does not exist" in out and not (tmp_path / "none").exists()
+    assert _cache_verb(capsys, "info") == (0, "the artifact cache is off (PARITY_CACHE_DIR=off); give --cache-dir DIR to name one\n")
+
+
+def test_cache_clear_removes_what_parity_wrote_and_says_what_it_freed(write_yaml, tmp_path, capsys):
+    root = _populated(tmp_path, write_yaml)
+    (root / "artifacts" / "notes.txt").write_text("mine")  # not parity's: stays, and so does its folder
+    code, out = _cache_verb(capsys, "clear", "--cache-dir", str(root))
+    assert code == 0 and f"cleared cache {root}: 1 artifact entry" in out and "freed" in out
+    assert "not parity's, left alone: notes.txt" in out
+    assert sorted(p.name for p in root.iterdir()) == [cache.TAG, "artifacts"]
+    assert [p.name for p in (root / "artifacts").iterdir()] == ["notes.txt"]
+    again = _run(write_yaml, tmp_path, "again", "--cache-dir", str(root), targets=[{"backend": "torchscript"}])
+    assert again["executions"]["torchscript-cpu"]["cached"] is False  # the next run is cold
+
+
+def test_cache_clear_never_touches_a_folder_parity_did_not_tag(tmp_path, capsys, monkeypatch):
+    """`--cache-dir ~` names the home folder: its own artifacts/ and inductor/ folders are the user's."""
+    home = tmp_path / "home"
+    for mine in ("artifacts/0123456789abcdef0123456789abcdef", "inductor/fxgraph"):
+        (home / mine).mkdir(parents=True)
+        (home / mine / "file").write_text("mine")
+    monkeypatch.setenv("HOME", str(home))
+    code, out = _cache_verb(capsys, "clear", "--cache-dir", "~")
+    assert code == 2 and out == f"error: cache folder {home}: not a parity cache (no CACHEDIR.TAG written by parity); nothing removed\n"
+    assert all((home / mine / "file").read_text() == "mine" for mine in ("artifacts/0123456789abcdef0123456789abcdef", "inductor/fxgraph"))
+
+
+def test_cache_clear_never_follows_a_link_out_of_the_cache(tmp_path, capsys):
+    outside = tmp_path / "outside"
+    (outside / "0123456789abcdef0123456789abcdef").mkdir(parents=True)
+    (outside / "0123456789abcdef0123456789abcdef" / "keep").write_text("keep")
+    root = tmp_path / "cache"
+    cache.configure(root)  # tags it
+    (root / "artifacts").mkdir()
+    (root / "artifacts" / "fedcba9876543210fedcba9876543210").symlink_to(outside, target_is_directory=True)
+    (root / "inductor").mkdir()
+    (root / "inductor" / "link").symlink_to(outside, target_is_directory=True)
+    assert _cache_verb(capsys, "clear", "--cache-dir", str(root))[0] == 0
+    assert not (root / "artifacts").exists() and not (root / "inductor").exists()  # the links went, not their targets
+    assert (outside / "0123456789abcdef0123456789abcdef" / "keep").read_text() == "keep"
+    (root / "artifacts").symlink_to(outside, target_is_directory=True)  # parity never makes one: left alone
+    code, out = _cache_verb(capsys, "clear", "--cache-dir", str(root))
+    assert code == 0 and "not parity's, left alone: artifacts (a symbolic link)" in out
+    assert (root / "artifacts").is_symlink() and (outside / "0123456789abcdef0123456789abcdef" / "keep").exists()
+
+
+@pytest.mark.parametrize("verb", ["info", "clear"])
+def test_a_cache_folder_that_is_a_file_unreadable_or_proc_is_a_user_error(tmp_path, capsys, monkeypatch, verb):
+    (tmp_path / "file").write_text("")
+    assert _cache_verb(capsys, verb, "--cache-dir", str(tmp_path / "file")) == (
+        2, f"error: cache folder {tmp_path / 'file'}: is a file, not a folder\n")
+    assert _cache_verb(capsys, verb, "--cache-dir", "/proc") == (2, "error: cache folder /proc: is a system folder, not a cache\n")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda path=".": (_ for _ in ()).throw(PermissionError(13, "Permission denied", str(path)))
+                        if str(path) == str(locked) else real(path))  # as root, chmod would not lock anything
+    assert _cache_verb(capsys, verb, "--cache-dir", str(locked)) == (
+        2, f"error: cache folder {locked}: cannot be read (Permission denied)\n")
+
+
+def test_run_with_a_cache_folder_that_is_a_file_is_a_user_error(write_yaml, tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    path = write_yaml(tiny_experiment([{"backend": "torchscript"}]))
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "file")]) == 2
+    assert capsys.readouterr().err == f"error: cache folder {tmp_path / 'file'}: is a file, not a folder\n"
+    assert not (tmp_path / "out").exists()

@@ -283,8 +283,9 @@ def cmd_cache(args: argparse.Namespace) -> int:
         print("the artifact cache is off (PARITY_CACHE_DIR=off); give --cache-dir DIR to name one")
         return EXIT_OK
     found = cache.usage(root) if args.action == "info" else cache.clear(root)
-    held = (f"{found['entries']} artifact entries ({_amount(found['artifact_bytes'])}), inductor "
-            f"{found['inductor_files']} files ({_amount(found['inductor_bytes'])})")
+    entries = found["entries"]
+    held = (f"{entries} artifact {'entry' if entries == 1 else 'entries'} ({_amount(found['artifact_bytes'])}), "
+            f"inductor {found['inductor_files']} files ({_amount(found['inductor_bytes'])})")
     if not root.exists():
         print(f"cache {root}: does not exist (nothing cached yet)")
     elif args.action == "info":
