@@ -319,6 +319,54 @@ def test_a_repository_folder_is_keyed_on_its_python_files_within_bounds(tmp_path
         assert cache.artifact_key("onnx", torch.nn.Linear(3, 2), object(), None) is None
 
 
+
+def test_a_model_source_says_what_it_reads_the_model_from(tmp_path, monkeypatch, fresh_imports):
+    """repo: every .py file of the folder, imported or not; python: the entry's module file; torchvision: its version."""
+    from types import SimpleNamespace
+
+    from parity import fingerprint
+    from parity.config.schema import ModelSpec
+    from parity.models import source_fingerprint
+
+    (tmp_path / "netmod.py").write_text("def build():\n    return None\n")
+    (tmp_path / "unused.py").write_text("A = 1\n")
+    exp = SimpleNamespace(resolve=lambda path: tmp_path / path)
+    repo = ModelSpec(name="r", source="repo", path=".", entry="netmod:build")
+    python = ModelSpec(name="p", source="python", entry="netmod:build")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "netmod", raising=False)
+    __import__("netmod")
+    before = {spec.source: source_fingerprint(spec, exp) for spec in (repo, python)}
+    (tmp_path / "unused.py").write_text("A = 2\n")
+    assert source_fingerprint(repo, exp) != before["repo"] and source_fingerprint(python, exp) == before["python"]
+    (tmp_path / "netmod.py").write_text("def build():\n    return 1\n")
+    assert source_fingerprint(python, exp) != before["python"]
+    vision = ModelSpec(name="v", source="torchvision", builder="resnet18")
+    assert source_fingerprint(vision, exp)["libraries"] == {"torchvision": fingerprint.version("torchvision")}
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self, factor: float):
+        super().__init__()
+        self.factor = factor  # a plain attribute: in no state dict, yet baked into every export
+
+    def forward(self, x):
+        return x * self.factor
+
+
+def test_the_key_holds_plain_attributes_and_hooks_but_not_hook_handle_numbers(tmp_path):
+    cache.configure(tmp_path / "cache")
+    assert _key(Scaled(2.0)) == _key(Scaled(2.0)) != _key(Scaled(3.0))
+
+    def hooked(offset: float) -> torch.nn.Module:
+        model = Scaled(2.0)
+        model.register_forward_hook(lambda module, args, out: out + offset)  # a new handle number each time
+        return model
+
+    assert _key(hooked(0.0)) == _key(hooked(0.0)) != _key(hooked(1.0))
+    assert _key(hooked(0.0)) != _key(Scaled(2.0))
+
+
 # -- parity cache info / clear ---------------------------------------------------------------------
 
 def _cache_verb(capsys, *argv: str) -> tuple[int, str]:
