@@ -220,8 +220,12 @@ def code_dir(tmp_path, fresh_imports):
     cache.configure(tmp_path / "cache")
     folder = tmp_path / "code"
     folder.mkdir()
-    (folder / "netmod.py").write_text("import helpers\nfrom helpers import SHIFT\n" + NET.format(tail="helpers.scale(y) + SHIFT"))
-    (folder / "helpers.py").write_text(HELPERS.format(body="y") + "\n\nSHIFT = 0.0\n")
+    (folder / "netmod.py").write_text("import helpers\nfrom helpers import SHIFT\n"
+                                      + NET.format(tail="helpers.scale(helpers.offset(y)) * helpers.FACTOR + SHIFT"))
+    (folder / "helpers.py").write_text(HELPERS.format(body="y") + "\n\nSHIFT = 0.0\nfrom ops import offset  # noqa\n"
+                                       "from config import FACTOR  # noqa\n")
+    (folder / "ops.py").write_text("def offset(y):\n    return y\n")  # reached only through helpers.offset
+    (folder / "config.py").write_text("FACTOR = 1.0\n")  # read only as helpers.FACTOR
     return folder
 
 
@@ -236,20 +240,26 @@ def test_the_key_changes_with_any_code_forward_reaches_and_not_otherwise(code_di
         assert _key(_built(code_dir)) != same
     helpers.write_text(text)
     assert _key(_built(code_dir)) == same
+    for file, edited in (("ops.py", "def offset(y):\n    return y + 0\n"),  # a function re-exported from another file
+                         ("config.py", "FACTOR = 2.0\n")):  # a constant re-exported from another file
+        (code_dir / file).write_text(edited)
+        assert _key(_built(code_dir)) != same, file
+        same = _key(_built(code_dir))
 
 
 def test_code_whose_source_cannot_be_read_is_keyed_on_its_code_objects(tmp_path):
     """A class typed in a notebook cell or made at run time has no file: its bytecode and constants say what it is."""
     cache.configure(tmp_path / "cache")
 
-    def made_at_run_time(factor: str) -> torch.nn.Module:
-        source = f"class Cell(torch.nn.Module):\n    def forward(self, x):\n        return x * {factor}\n"
+    def made_at_run_time(expression: str) -> torch.nn.Module:
+        source = f"class Cell(torch.nn.Module):\n    def forward(self, x):\n        return {expression}\n"
         namespace = {"torch": torch}
         exec(compile(source, "<notebook cell>", "exec"), namespace)
         return namespace["Cell"]()
 
-    assert _key(made_at_run_time("2.0")) == _key(made_at_run_time("2.0"))
-    assert _key(made_at_run_time("2.0")) != _key(made_at_run_time("3.0"))
+    assert _key(made_at_run_time("x * 2.0")) == _key(made_at_run_time("x * 2.0"))
+    keys = {_key(made_at_run_time(e)) for e in ("x * 2.0", "x * 3.0", "x + 2.0")}  # a constant, an operation
+    assert len(keys) == 3
 
 
 def test_code_past_the_walk_bounds_is_not_cached(code_dir, monkeypatch):
@@ -274,6 +284,9 @@ def test_the_key_holds_the_libraries_the_backend_declares_and_the_code_reaches(t
                              ("torch", {"onnxruntime", "torchscript"}), ("transformers", set())):
         monkeypatch.setattr(fingerprint, "version", lambda name, lib=library: "9.9" if name == lib else real(name))
         assert {b for b in keys if _key(net, b) != keys[b]} == changed, library
+    monkeypatch.setattr(fingerprint, "version", real)
+    monkeypatch.setattr(fingerprint, "_record_digest", lambda name: "reinstalled" if name == "torch" else None)
+    assert all(_key(net, b) != keys[b] for b in keys)  # the same version, other files
     assert {"torch", "torchvision"} <= fingerprint.code_fingerprint(net)[1]
 
 
@@ -342,7 +355,8 @@ def test_a_model_source_says_what_it_reads_the_model_from(tmp_path, monkeypatch,
     (tmp_path / "netmod.py").write_text("def build():\n    return 1\n")
     assert source_fingerprint(python, exp) != before["python"]
     vision = ModelSpec(name="v", source="torchvision", builder="resnet18")
-    assert source_fingerprint(vision, exp)["libraries"] == {"torchvision": fingerprint.version("torchvision")}
+    assert source_fingerprint(vision, exp)["libraries"] == fingerprint.versions(["torchvision"])
+    assert fingerprint.versions(["torchvision"])["torchvision"][0] == fingerprint.version("torchvision") is not None
 
 
 class Scaled(torch.nn.Module):

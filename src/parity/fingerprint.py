@@ -119,9 +119,20 @@ def version(distribution: str) -> str | None:
         return None
 
 
-def versions(distributions: Iterable[str]) -> dict[str, str | None]:
-    """Each distribution's installed version (None: not installed), sorted by name."""
-    return {name: version(name) for name in sorted(set(distributions))}
+@functools.cache
+def _record_digest(distribution: str) -> str | None:
+    """The digest of a distribution's RECORD, the list of its files with the hash of each: a package
+    reinstalled with other code under the same version (a team's own, built again) still differs."""
+    try:
+        record = importlib.metadata.distribution(distribution).read_text("RECORD")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return hashlib.sha256(record.encode()).hexdigest()[:16] if record else None
+
+
+def versions(distributions: Iterable[str]) -> dict[str, tuple[str | None, str | None]]:
+    """Each distribution's installed version (None: not installed) and the digest of its file list, by name."""
+    return {name: (version(name), _record_digest(name)) for name in sorted(set(distributions))}
 
 
 @functools.cache

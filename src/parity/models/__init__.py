@@ -32,12 +32,16 @@ def build_model(spec, experiment) -> torch.nn.Module:
 def source_fingerprint(spec, experiment) -> dict[str, Any] | None:
     """What `spec`'s source reads its model from, beyond the module objects (the artifact cache keys exports
     on it): a repo folder's .py files, a python entry's module file, and the versions of the libraries the
-    source declares. None when there is no file to read or a folder is too large to hash (then the model's
-    exports are never cached). Call it after the model is built: the entry's module is imported by then."""
-    if spec.source == "repo":
-        files = fingerprint.folder_digest(experiment.resolve(spec.path))
-    elif spec.source == "python":
-        files = fingerprint.module_digest(split_ref(spec.entry)[0])
-    else:
-        files = ""
+    source declares. None when there is no file to read, or one cannot be read, or a folder is too large to
+    hash (then the model's exports are never cached). Call it after the model is built: the entry's module
+    is imported by then."""
+    try:
+        if spec.source == "repo":
+            files = fingerprint.folder_digest(experiment.resolve(spec.path))
+        elif spec.source == "python":
+            files = fingerprint.module_digest(split_ref(spec.entry)[0])
+        else:
+            files = ""
+    except OSError:  # a file that cannot be read now: not cached, rather than guessed at
+        return None
     return None if files is None else {"files": files, "libraries": fingerprint.versions(LIBRARIES[spec.source])}
