@@ -10,8 +10,9 @@ An artifact is reused only when everything that determines it is the same. Its k
   runs, with their files (parity/fingerprint.py); code past the walk's bounds is never cached;
 - the backend (name, device, dtype, options), its class's code, and what kind of artifact it is;
 - the example inputs, by value (a trace follows the branches its inputs take);
-- Python's version, parity's own source, and the versions of torch, of the libraries the backend
-  declares (`Backend.libraries`) and of every library the model's code reaches (transformers, timm).
+- Python's version, parity's own source, and the versions (and installed file lists) of torch, of the
+  libraries the backend declares (`Backend.libraries`) and of every library the model's code reaches
+  (transformers, timm).
 torch.compile's own caches (inductor's FX graph and autograd caches) are pointed into the same folder,
 so one folder holds everything a warm run reuses, and removing it makes the next run cold.
 
