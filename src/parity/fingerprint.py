@@ -27,7 +27,7 @@ import site
 import sys
 import sysconfig
 import types
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,7 @@ _COVERED = frozenset({"_parameters", "_buffers", "_modules"})
 _PLAIN_KINDS = (type(None), bool, int, float, complex, str, bytes, enum.Enum, torch.dtype, torch.device, torch.Size,
                 types.EllipsisType)
 _PLAIN = frozenset(_PLAIN_KINDS)
+_CONTAINERS = frozenset({list, tuple, dict, OrderedDict, set, frozenset})
 
 
 class TooLarge(Exception):
@@ -281,6 +282,8 @@ class CodeWalk:
         """A value user code refers to: code is queued for the walk, data is hashed by value."""
         if type(value) in _PLAIN or isinstance(value, _PLAIN_KINDS):
             self._parts.append(repr(value).encode())
+        elif type(value) in _CONTAINERS and not value:  # a module's many hook tables, nearly always empty
+            self._parts.append(type(value).__qualname__.encode())
         elif isinstance(value, torch.Tensor):
             self._tensor(value)
         elif isinstance(value, type | types.FunctionType):
