@@ -126,10 +126,22 @@ GOOD, FIXED = "y", "y  # fixed"
 REGRESSION = "y + 10.0 if exporting() else y  # the exported program computes something else"
 
 
+MODULES = ("netmod", "nethelpers", "netops", "netconfig")  # the model files these tests write
+
+
+def forget_modules() -> None:
+    for name in MODULES:
+        sys.modules.pop(name, None)
+
+
 @pytest.fixture
 def fresh_imports(monkeypatch):
-    """Each run imports model files afresh, from source (no bytecode a same-size edit could hide behind)."""
+    """Each run imports model files afresh, from source (no bytecode a same-size edit could hide behind), and
+    no test finds another's modules of the same name (not restored at the end, as monkeypatch.delitem would)."""
     monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    forget_modules()
+    yield
+    forget_modules()
 
 
 def _outcome(write_yaml, tmp_path, name: str, models: list[dict], targets: list[dict]) -> tuple[int, dict, dict]:
@@ -182,14 +194,13 @@ def test_a_helper_edited_alone_in_another_file_is_exported_afresh(write_yaml, tm
     """A python entry's module file is hashed; the file of a helper its forward calls, only the code walk finds."""
     code_dir = tmp_path / "code"
     code_dir.mkdir()
-    (code_dir / "netmod.py").write_text("import helpers\n" + NET.format(tail="helpers.scale(y)"))
+    (code_dir / "netmod.py").write_text("import nethelpers\n" + NET.format(tail="nethelpers.scale(y)"))
     monkeypatch.syspath_prepend(str(code_dir))
     models = [{"name": "net", "source": "python", "entry": "netmod:Net"}]
     outcomes = []
     for name, body in (("good", "y"), ("again", "y"), ("regression", "y + 10.0 if torch.jit.is_tracing() else y")):
-        (code_dir / "helpers.py").write_text(HELPERS.format(body=body))
-        for module in ("netmod", "helpers"):  # as a new process would: import the files afresh
-            monkeypatch.delitem(sys.modules, module, raising=False)
+        (code_dir / "nethelpers.py").write_text(HELPERS.format(body=body))
+        forget_modules()  # as a new process would: import the files afresh
         outcomes.append(_outcome(write_yaml, tmp_path, name, models, [{"backend": "torchscript"}]))
     (good, first, _), (again, second, _), (regression, third, checks) = outcomes
     assert (good, again) == (0, 0) and first["torchscript-cpu"]["cached"] is False
@@ -220,19 +231,19 @@ def code_dir(tmp_path, fresh_imports):
     cache.configure(tmp_path / "cache")
     folder = tmp_path / "code"
     folder.mkdir()
-    (folder / "netmod.py").write_text("import helpers\nfrom helpers import SHIFT\n"
-                                      + NET.format(tail="helpers.scale(helpers.offset(y)) * helpers.FACTOR + SHIFT"))
-    (folder / "helpers.py").write_text(HELPERS.format(body="y") + "\n\nSHIFT = 0.0\nfrom ops import offset  # noqa\n"
-                                       "from config import FACTOR  # noqa\n")
-    (folder / "ops.py").write_text("def offset(y):\n    return y\n")  # reached only through helpers.offset
-    (folder / "config.py").write_text("FACTOR = 1.0\n")  # read only as helpers.FACTOR
+    (folder / "netmod.py").write_text("import nethelpers\nfrom nethelpers import SHIFT\n"
+                                      + NET.format(tail="nethelpers.scale(nethelpers.offset(y)) * nethelpers.FACTOR + SHIFT"))
+    (folder / "nethelpers.py").write_text(HELPERS.format(body="y") + "\n\nSHIFT = 0.0\nfrom netops import offset  # noqa\n"
+                                          "from netconfig import FACTOR  # noqa\n")
+    (folder / "netops.py").write_text("def offset(y):\n    return y\n")  # reached only through nethelpers.offset
+    (folder / "netconfig.py").write_text("FACTOR = 1.0\n")  # read only as nethelpers.FACTOR
     return folder
 
 
 def test_the_key_changes_with_any_code_forward_reaches_and_not_otherwise(code_dir):
     same = _key(_built(code_dir))
     assert same is not None and _key(_built(code_dir)) == same  # an unchanged model hits
-    helpers = code_dir / "helpers.py"
+    helpers = code_dir / "nethelpers.py"
     text = helpers.read_text()
     for edited in (text.replace("return y", "return y * 1"),  # the helper forward calls, alone
                    text.replace("SHIFT = 0.0", "SHIFT = 0.5")):  # a constant forward reads
@@ -240,8 +251,8 @@ def test_the_key_changes_with_any_code_forward_reaches_and_not_otherwise(code_di
         assert _key(_built(code_dir)) != same
     helpers.write_text(text)
     assert _key(_built(code_dir)) == same
-    for file, edited in (("ops.py", "def offset(y):\n    return y + 0\n"),  # a function re-exported from another file
-                         ("config.py", "FACTOR = 2.0\n")):  # a constant re-exported from another file
+    for file, edited in (("netops.py", "def offset(y):\n    return y + 0\n"),  # a function re-exported from another file
+                         ("netconfig.py", "FACTOR = 2.0\n")):  # a constant re-exported from another file
         (code_dir / file).write_text(edited)
         assert _key(_built(code_dir)) != same, file
         same = _key(_built(code_dir))
@@ -347,7 +358,6 @@ def test_a_model_source_says_what_it_reads_the_model_from(tmp_path, monkeypatch,
     repo = ModelSpec(name="r", source="repo", path=".", entry="netmod:build")
     python = ModelSpec(name="p", source="python", entry="netmod:build")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "netmod", raising=False)
     __import__("netmod")
     before = {spec.source: source_fingerprint(spec, exp) for spec in (repo, python)}
     (tmp_path / "unused.py").write_text("A = 2\n")
