@@ -1,5 +1,5 @@
 """The command line: `parity run`, `parity report`, `parity validate`, `parity localize`, `parity fallback`,
-`parity backends`. One function per verb.
+`parity backends`, `parity cache info|clear`. One function per verb.
 
 Exit codes: 0 every check passed at the gate; 1 some check failed or has no verdict (a target could not
 run here, the reference crashed); 2 user error (bad file, unknown name, missing file, a model that raises on
@@ -313,6 +313,38 @@ def cmd_backends(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    """Say where the artifact cache is and what it holds (info), or empty it (clear)."""
+    from parity.outdir import user_path
+    from parity.runner import cache
+
+    root = user_path(args.location, "--cache-dir") if args.location else cache.default_root()
+    if root is None:
+        print("the artifact cache is off (PARITY_CACHE_DIR=off); give --cache-dir DIR to name one")
+        return EXIT_OK
+    found = cache.usage(root) if args.action == "info" else cache.clear(root)
+    entries = found["entries"]
+    held = (f"{entries} artifact {'entry' if entries == 1 else 'entries'} ({_amount(found['artifact_bytes'])}), "
+            f"inductor {found['inductor_files']} files ({_amount(found['inductor_bytes'])})")
+    if not root.exists():
+        print(f"cache {root}: does not exist (nothing cached yet)")
+    elif args.action == "info":
+        tagged = "" if found["tagged"] else f"; not tagged as parity's ({cache.TAG}), so `parity cache clear` leaves it"
+        print(f"cache {root}: {held}{tagged}")
+    else:
+        print(f"cleared cache {root}: {held}; {_amount(found['artifact_bytes'] + found['inductor_bytes'])} freed")
+    if found["foreign"]:
+        print(f"not parity's, left alone: {', '.join(found['foreign'])}")
+    return EXIT_OK
+
+
+def _amount(n: int) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from parity import __version__
 
@@ -374,6 +406,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     backends = sub.add_parser("backends", help="list every backend and whether it can run here")
     backends.set_defaults(func=cmd_backends)
+
+    cache = sub.add_parser("cache", help="show or empty the artifact cache")
+    actions = cache.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, help_text in (("info", "where the cache is, its entries and their size"),
+                              ("clear", "remove what parity put in the cache (never the folder itself)")):
+        verb = actions.add_parser(action, help=help_text)
+        # not `cache_dir`: these verbs look at a folder, they do not configure (and tag) it as this run's cache
+        verb.add_argument("--cache-dir", dest="location", metavar="DIR",
+                          help="the cache folder (default: $PARITY_CACHE_DIR, else ~/.cache/parity)")
+        verb.set_defaults(func=cmd_cache)
     return parser
 
 
@@ -403,6 +445,7 @@ def _configure_cache(args: argparse.Namespace) -> None:
     else:
         return
     if root is not None:
+        cache.check_location(root)
         prepare(root, what, files=())
     cache.configure(root)
 
