@@ -353,6 +353,9 @@ def _configure_cache(args: argparse.Namespace) -> None:
         cache.configure(Path(args.cache_dir))
     elif hasattr(args, "cache_dir"):
         cache.configure(cache.default_root())
+    from parity.offline import keep_state_in
+
+    keep_state_in(cache.root() if hasattr(args, "cache_dir") else cache.default_root())
 
 
 def main(argv: list[str] | None = None) -> int:
