@@ -100,7 +100,7 @@ def _images(exp: Experiment) -> list[Problem]:
     out = []
     for i, spec in enumerate(exp.inputs):
         for j, ref in enumerate(spec.images or []):
-            problem = image_problem(ref, exp.base_dir)
+            problem = image_problem(ref, exp.base_dir, spec.preprocess)
             if problem:
                 out.append((("inputs", i, "images", j), problem))
     return out
