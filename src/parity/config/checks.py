@@ -83,8 +83,10 @@ def _model(exp: Experiment, i: int) -> list[Problem]:
             import_object(model.entry, "model entry")
         except ParityError as exc:
             out.append((path + ("entry",), exc.problems[0]))
-    if model.weights not in (None, "DEFAULT") and not exp.resolve(model.weights).is_file():
-        out.append((path + ("weights",), f"weights file not found: {exp.resolve(model.weights)} (expected null, DEFAULT or a local .safetensors / torch file)"))
+    if model.weights not in (None, "DEFAULT"):
+        problem = _weights_problem(exp.resolve(model.weights))
+        if problem:
+            out.append((path + ("weights",), problem))
     if model.weights == "DEFAULT" and model.source != "torchvision":
         out.append((path + ("weights",), "DEFAULT weights exist only for torchvision builders; give a local file"))
     known = [s.name for s in exp.inputs]
@@ -92,6 +94,18 @@ def _model(exp: Experiment, i: int) -> list[Problem]:
         if name not in known:
             out.append((path + ("inputs", j), f"no input set named '{name}'{did_you_mean(name, known)} (defined: {', '.join(known)})"))
     return out
+
+
+def _weights_problem(file) -> str | None:
+    """A weights file is opened as `parity run` opens it (without building the model): a missing path, a
+    folder, a FIFO, a device, an empty file, a zip bomb, a pickle that would run code are refused here."""
+    from parity.models.weights import weights_problem
+
+    expected = "expected null, DEFAULT or a local .safetensors / torch file"
+    if not file.exists() or file.is_dir():
+        what = "a folder" if file.is_dir() else "nothing there"
+        return f"weights file not found: {file} ({what}; {expected})"
+    return weights_problem(file)
 
 
 def _images(exp: Experiment) -> list[Problem]:
