@@ -5,6 +5,8 @@ Each problem is (key path, message); `loading` adds the file name and line.
 
 from __future__ import annotations
 
+import os
+
 from pydantic import ValidationError
 
 from parity.config.schema import BackendSpec, Experiment
@@ -102,7 +104,7 @@ def _weights_problem(file) -> str | None:
     from parity.models.weights import weights_problem
 
     expected = "expected null, DEFAULT or a local .safetensors / torch file"
-    if not file.exists() or file.is_dir():
+    if file.is_dir() or not os.path.lexists(file):  # a dangling link is named as one, by weights_problem
         what = "a folder" if file.is_dir() else "nothing there"
         return f"weights file not found: {file} ({what}; {expected})"
     return weights_problem(file)
