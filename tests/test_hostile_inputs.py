@@ -17,7 +17,15 @@ from parity.verify import taxonomy as tx
 from parity.verify.tensors import compare
 from tests.fixtures.hollow import Returns
 from tests.fixtures.tiny import tiny_cnn
-from tests.hostile_kit import TINY, assert_failed_with, assert_refused, assert_warned, experiment, run, with_synthetic
+from tests.hostile_kit import (
+    TINY,
+    assert_failed_with,
+    assert_refused,
+    assert_warned,
+    experiment,
+    run,
+    with_synthetic,
+)
 
 # ---- numbers that lax parsing would have coerced: `true` is 1, `2.0` is 2, `"8"` is 8
 
