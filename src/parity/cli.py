@@ -450,6 +450,20 @@ def _configure_cache(args: argparse.Namespace) -> None:
     cache.configure(root)
 
 
+def _contain_library_state(args: argparse.Namespace) -> None:
+    """Libraries' home-folder state (matplotlib's) goes into this command's cache, else a temporary folder."""
+    from parity.offline import keep_state_in
+    from parity.runner import cache
+
+    if hasattr(args, "cache_dir"):
+        keep_state_in(cache.root())
+        return
+    try:
+        keep_state_in(cache.default_root())
+    except RuntimeError:  # PARITY_CACHE_DIR=~nosuchuser/x, and this command has no cache to complain about
+        keep_state_in(None)
+
+
 # What the system says when the user's disk, folders or limits are the problem, not parity: such an
 # OSError that reaches main is said in one line with its path, as a ParityError is (exit 2).
 ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG,
@@ -462,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(Path.cwd()))  # `entry: mymodels:build` next to you imports, as with python -m
     try:
         _configure_cache(args)
+        _contain_library_state(args)
         return args.func(args)
     except ParityError as exc:
         for problem in exc.problems:

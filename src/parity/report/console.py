@@ -38,6 +38,8 @@ def render(records: list[dict], summary: dict[str, Any], out_dir, console, repor
         mine = [c for c in checks if (c["model"], c["inputs"]) == (model, inputs)]
         table.add_row(escape(f"{model} / {inputs}"), *[_cell([c for c in mine if c["target"] == t]) for t in targets])
     console.print(table)
+    for warning in summary.get("warnings", []):  # an input that came out constant: a pass on it proves little
+        console.print("[yellow]warning[/yellow] " + escape(warning), soft_wrap=True)
     for t, info in summary["per_target"].items():
         if info["skipped"]:
             console.print(f"[yellow]unavailable[/yellow] {escape(t)}: {escape(str(info['reason']))}")

@@ -114,6 +114,7 @@ def summarize(records: list[dict]) -> dict[str, Any]:
                       {"culprit": r.get("culprit"), "evenly_spread": r.get("evenly_spread"), "error": r.get("error")}
                       for r in records if r["kind"] == "layers"},
         "latency": _latency(records),
+        "warnings": [f"{r['model']} / {r['inputs']}: {r['message']}" for r in records if r["kind"] == "warning"],
     }
 
 
