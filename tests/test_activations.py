@@ -321,6 +321,7 @@ def test_a_whole_graph_verdict_is_rendered_in_every_report(tmp_path):
     from rich.console import Console
 
     from parity.report.console import render
+    from parity.report.html import render_html
     from parity.report.summary import summarize
 
     data = tiny_experiment([{"backend": "tests.fixtures.whole_graph:GraphQuantEager", "name": "graph-quant"}],
@@ -335,6 +336,9 @@ def test_a_whole_graph_verdict_is_rendered_in_every_report(tmp_path):
     html = (tmp_path / "report.html").read_text()
     assert "diverges in the whole graph, not one layer" in html
     assert "first layer whose propagated error is over it: <code>conv</code>" in html
+    [check] = [r for r in records if r["kind"] == "check"]
+    check["required_atol"] = None  # as an integer leaf that differs, which no atol passes, would have it
+    assert "no atol passes it" in render_html(records, summarize(records))
     console = Console(file=io.StringIO(), width=300)
     render(records, summarize(records), tmp_path, console)
     assert ("diverges at tiny / noise / graph-quant: the whole graph (no layer alone exceeds the threshold); its "

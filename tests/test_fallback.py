@@ -155,3 +155,10 @@ def test_next_steps_for_each_aim():
     assert "no atol passes" in next_step(nonfinite, "parity fallback f.yaml", None)
     task_aim = FallbackResult("t", "float32", aim="tier 3")
     assert "lower the thresholds in tiers.tasks" in next_step(task_aim, "parity fallback f.yaml", "classification")
+
+
+def test_a_whole_graph_localization_leads_the_candidates_with_its_first_divergent_layer():
+    """No suspects (no own error above the threshold): the layer its propagated error names comes first."""
+    layers = [{"name": n, "local": {"rel_rmse": e, "error": None}} for n, e in (("a", 0.0), ("b", 0.0), ("c", 1e-9))]
+    record = {"suspects": [], "first_divergent": "b", "levels": [{"layers": layers}]}
+    assert candidates_from(record) == ["b", "c", "a"]

@@ -160,7 +160,7 @@ class Localization:
             return (f"no layer could be compared alone on the target; inconclusive: the target could not run "
                     f"{', '.join(self.skipped[:5])} alone") + self._propagated_instead()
         hierarchical = self.mode == "hierarchical"
-        text = ("no layer" if hierarchical else f"none of the {len(first.local)} compared layers") + \
+        text = ("no layer" if hierarchical else f"none of the {len(compared)} compared layers") + \
             f" makes an error of its own above the threshold {self.threshold:g}"
         if hierarchical and first.own_code is not None:
             text += " (nor the model's own code)"
