@@ -112,9 +112,9 @@ def _gate_table(checks: list[dict], tier3: list[dict], layers: list[dict], targe
         row["cells"][c["target"]] = {
             "state": state, "max_abs": c.get("max_abs"), "required_atol": c.get("required_atol"),
             "failure_class": c.get("failure_class"), "detail": c.get("detail") or "",
+            "whole_graph": _key(c) in whole_graph,
             "tier3": None if task is None else ("agrees" if task["passed"] else task["failure_class"]),
             "culprit": culprit_by.get(_key(c)),
-            "whole_graph": _key(c) in whole_graph,
             "ran": c["status"] != "skipped" and c.get("max_abs") is not None,
         }
     return [{**row, "cells": [row["cells"].get(t) for t in targets]} for row in rows.values()]
