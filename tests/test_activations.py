@@ -343,3 +343,10 @@ def test_a_whole_graph_verdict_is_rendered_in_every_report(tmp_path):
     render(records, summarize(records), tmp_path, console)
     assert ("diverges at tiny / noise / graph-quant: the whole graph (no layer alone exceeds the threshold); its "
             "propagated error first exceeds it at conv") in console.file.getvalue()
+
+
+def test_localize_against_a_reference_that_fails_is_a_clear_error(write_yaml, capsys):
+    data = tiny_experiment([{"backend": "eager", "name": "same"}],
+                           reference={"backend": "tests.fixtures.tiny:FailingEager", "name": "failing"})
+    assert main(["localize", str(write_yaml(data))]) == 2
+    assert "the reference failing failed: RuntimeError: boom" in capsys.readouterr().err

@@ -366,8 +366,10 @@ def gate_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs,
     from parity.runner.executors import configured_model
     from parity.verify.checks import tier1_check
 
-    reference, ran = (execute(spec, configured_model(model, spec, job.model.name), inputs, 1)
-                      for spec in (job.reference, target))
+    reference = execute(job.reference, configured_model(model, job.reference, job.model.name), inputs, 1)
+    if not reference.ok:  # nothing to localize against, as find_fallback says too
+        raise ParityError(f"the reference {job.reference.id} failed: {reference.error}")
+    ran = execute(target, configured_model(model, target, job.model.name), inputs, 1)
     check = tier1_check(job, ran, reference, None, experiment, 0.0)
     return {k: check[k] for k in ("passed", "failure_class", "detail", "required_atol", "gate", "rtol")}
 
