@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -54,3 +55,35 @@ def test_run_experiment_from_a_dict(tmp_path):
     records = run_experiment(tiny_experiment([{"backend": "torchscript"}]), out=tmp_path)
     assert [r["kind"] for r in records].count("check") == 1
     assert (tmp_path / "report.md").exists() and (tmp_path / "summary.json").exists()
+
+
+class Counts(torch.nn.Module):
+    """Integer outputs: the input scaled by 100, rounded. In bfloat16 some counts move by one or two."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.tensor(100.0))
+
+    def forward(self, x):
+        return (x * self.scale).round().to(torch.int64)
+
+
+def test_integer_outputs_are_said_to_be_compared_exactly():
+    """atol 5 would allow what the integers differ by, but integers are compared exactly: the message must
+    not say that a difference is allowed."""
+    x = torch.randn(2, 6, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(AssertionError) as info:
+        assert_backends_agree(Counts(), x, targets=[{"backend": "eager", "dtype": "bfloat16"}], atol=5, rtol=0.1)
+    message = str(info.value)
+    assert "int64 compared exactly (atol and rtol do not apply)" in message
+    assert re.search(r"Greatest absolute difference: [1-4] \(none allowed\)", message)
+    assert "allowed" not in message.replace("(none allowed)", "")
+
+
+def test_which_leaves_are_compared_exactly():
+    from parity.verify.tensors import compared_exactly
+
+    assert compared_exactly({"dtype": "int64"}) and compared_exactly({"dtype": "bool"})
+    assert not compared_exactly({"dtype": "float32"}) and not compared_exactly({"dtype": "bfloat16"})
+    assert not compared_exactly({"dtype": "complex64"})
+    assert not compared_exactly({"dtype": "int32", "reference_dtype": "int64"})  # a dtype mismatch, not exact

@@ -76,7 +76,7 @@ def assert_backends_agree(model: torch.nn.Module, inputs: Any, targets: list[str
     from parity.config.yaml_io import format_path
     from parity.errors import ParityError
     from parity.runner.execute import execute
-    from parity.verify.tensors import compare
+    from parity.verify.tensors import compare, compared_exactly
 
     inputs = _as_inputs(inputs)
     model = copy.deepcopy(model).eval()
@@ -106,12 +106,14 @@ def assert_backends_agree(model: torch.nn.Module, inputs: Any, targets: list[str
                 n = 1
                 for d in leaf["shape"]:
                     n *= d
+                exact = compared_exactly(leaf)  # integers and booleans: no tolerance applies
+                how = f", {leaf['dtype']} compared exactly (atol and rtol do not apply)" if exact else ""
                 lines.append(
                     f"  {leaf['name']}: Mismatched elements: {round(leaf['mismatch_fraction'] * n)} / {n} "
-                    f"({leaf['mismatch_fraction']:.1%})\n"
+                    f"({leaf['mismatch_fraction']:.1%}){how}\n"
                     f"    Greatest absolute difference: {leaf['max_abs']:.6g} "
-                    f"(up to {atol:g} allowed)\n"
-                    f"    Greatest relative difference: {leaf['max_rel']:.6g} (up to {rtol:g} allowed)"
+                    f"({'none' if exact else f'up to {atol:g}'} allowed)\n"
+                    f"    Greatest relative difference: {leaf['max_rel']:.6g} ({'none' if exact else f'up to {rtol:g}'} allowed)"
                 )
             else:
                 lines.append(f"  {leaf['name']}: {leaf.get('detail', leaf['failure_class'])}")

@@ -12,6 +12,7 @@ import argparse
 import atexit
 import errno
 import os
+import shlex
 import sys
 import traceback
 from pathlib import Path
@@ -224,14 +225,16 @@ def cmd_localize(args: argparse.Namespace) -> int:
     from parity.runner.executors import configured_model
     from parity.runner.local import model_identity, prepared_model
     from parity.runner.plan import Job
-    from parity.verify.localize import localize_check
+    from parity.verify.localize import gate_check, localize_check
 
     exp, model_spec, target, input_spec = _one_check(args)
     model, _ = prepared_model(model_spec, exp)
-    model = configured_model(model, target, model_spec.name)  # localize the target as it runs
     job = Job(model_spec, input_spec, exp.reference, None, (target,), 1)
+    inputs = build_inputs(input_spec, exp, model_spec.batch_mode)
     with model_identity(model_spec, exp):
-        record = localize_check(job, target, model, build_inputs(input_spec, exp, model_spec.batch_mode), exp)
+        tier1 = gate_check(job, target, model, inputs, exp)  # first: does the check it explains pass at all?
+        configured = configured_model(model, target, model_spec.name)  # localize the target as it runs
+        record = {**localize_check(job, target, configured, inputs, exp), "tier1": tier1}
     render_layers(record, _console())
     _write_records(args.out, exp, "layers", record)
     return EXIT_OK if not record.get("error") else EXIT_FAILED
@@ -242,11 +245,18 @@ def cmd_fallback(args: argparse.Namespace) -> int:
     check passes at the gate; print it with its latency cost."""
     from rich.markup import escape
 
-    from parity.adapters.fallback import candidates_from, fallback_kind, find_fallback
+    from parity.adapters.fallback import (
+        candidates_from,
+        fallback_kind,
+        find_fallback,
+        next_step,
+        whole_model_note,
+    )
     from parity.inputs import build_inputs
     from parity.runner.local import prepared_model
     from parity.runner.plan import Job
     from parity.verify.localize import localize_check
+    from parity.verify.tasks import EVALUATED
 
     exp, model_spec, target, input_spec = _one_check(args)
     fallback_kind(target)  # a target that has no fallback fails here, before anything runs
@@ -259,7 +269,6 @@ def cmd_fallback(args: argparse.Namespace) -> int:
     task = None
     if args.tier == 3:
         from parity.config.schema import Tasks
-        from parity.verify.tasks import EVALUATED
 
         if model_spec.task not in EVALUATED:
             raise ParityError(f"--tier 3: model '{model_spec.name}' has task '{model_spec.task}'; tier 3 evaluates "
@@ -267,6 +276,8 @@ def cmd_fallback(args: argparse.Namespace) -> int:
         task = (model_spec.task, exp.tiers.tasks or Tasks())
     result = find_fallback(exp.reference, target, model, inputs, candidates_from(layers), exp.tolerances.rtol,
                            exp.tolerances.gate_atol, task=task)
+    command = f"parity fallback {shlex.quote(str(args.file))} --model {model_spec.name} --target {target.id} --inputs {input_spec.name}"
+    result.next_step = next_step(result, command, model_spec.task if model_spec.task in EVALUATED else None)
     record = {"model": model_spec.name, "inputs": input_spec.name, "reference": exp.reference.id, **result.record()}
     console = _console()
     before, after = result.required_atol_before, result.required_atol_after
@@ -277,6 +288,8 @@ def cmd_fallback(args: argparse.Namespace) -> int:
         console.print(escape(f"tier 3 ({model_spec.task}): {shown(result.task_before)} -> {shown(result.task_after)}"))
     if result.passed and not result.modules:
         console.print("the check already passes: no fallback is needed")
+    elif result.whole_model:
+        console.print("[yellow]" + escape(f"fallback: [{', '.join(result.modules)}]: {whole_model_note(result)}") + "[/yellow]")
     elif result.passed:
         ratio = record["latency_ratio"]
         console.print(escape(f"fallback: [{', '.join(result.modules)}]; median latency {result.latency_before_s * 1e3:.2f} ms "
@@ -285,8 +298,10 @@ def cmd_fallback(args: argparse.Namespace) -> int:
         console.print(escape(f"apply it: in the target's entry, fallback: [{qualified}]"))
     else:
         console.print("[red]no fallback among the localized layers makes the check pass[/red]")
+    if result.next_step:
+        console.print(escape(f"next: {result.next_step}"), soft_wrap=True)
     _write_records(args.out, exp, "fallback", record)
-    return EXIT_OK if result.passed else EXIT_FAILED
+    return EXIT_OK if result.passed and not result.whole_model else EXIT_FAILED
 
 
 def cmd_backends(args: argparse.Namespace) -> int:

@@ -48,6 +48,14 @@ def _kind(t: torch.Tensor) -> str:
     return "float" if (t.is_floating_point() or t.is_complex()) else str(t.dtype)
 
 
+def compared_exactly(leaf: dict[str, Any]) -> bool:
+    """Was this tensor leaf compared exactly (integer or boolean on both sides: labels, indices, masks),
+    so that no tolerance applied to it? Read from its record, for the messages that render it."""
+    dtypes = [getattr(torch, d, None) for d in (leaf.get("dtype"), leaf.get("reference_dtype", leaf.get("dtype")))]
+    return all(isinstance(d, torch.dtype) and not (d.is_floating_point or d.is_complex) for d in dtypes) \
+        and dtypes[0] == dtypes[1]
+
+
 CHUNK = 1 << 18  # elements compared at a time: the float64 temporaries stay a few MB however large a tensor is
 
 
