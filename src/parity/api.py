@@ -60,7 +60,7 @@ def _as_inputs(inputs: Any) -> Inputs:
     return Inputs((inputs,))
 
 
-def _spec(target: str | dict | BackendSpec) -> BackendSpec:
+def target_spec(target: str | dict | BackendSpec) -> BackendSpec:
     """A target id as the tables print it (`eager-cpu-bfloat16`, `compile`, `eager:bfloat16`: the grammar
     of `parity.config.targets`), a backend entry as in an experiment file, or a BackendSpec."""
     if isinstance(target, BackendSpec):
@@ -190,7 +190,7 @@ def _specs(reference, targets) -> tuple[BackendSpec, list[BackendSpec]]:
     problems, specs = [], []
     for path, target in [(("reference",), reference), *((("targets", i), t) for i, t in enumerate(targets))]:
         try:
-            spec = _spec(target)
+            spec = target_spec(target)
         except ParityError as exc:
             problems.append(f"{format_path(path)}: {exc.problems[0]}")
             continue
