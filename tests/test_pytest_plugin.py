@@ -58,12 +58,21 @@ def test_drifts(parity):
     parity.check(build(), X)
 
 
+@pytest.mark.parity(targets=["test_user:Nowhere"])
+def test_an_unrunnable_target_is_skipped_before_the_body_runs(parity):
+    raise RuntimeError("the body ran, building a model for a target that cannot run here")
+
+
 def test_the_reference_ran_once_for_three_targets():
     assert CountingEager.prepared == 1
 
 
 def test_without_the_marker(parity):
     assert parity.check(build(), X, targets=["torchscript"]).passed
+
+
+def test_one_of_several_targets_cannot_run(parity):
+    parity.check(build(), X, targets=["torchscript", "test_user:Nowhere"])
 '''
 
 
@@ -78,7 +87,7 @@ def test_the_marker_runs_each_target_and_skips_those_that_cannot_run_here(isolat
     isolated.makepyfile(test_user=USER_TESTS)
     result = isolated.runpytest("-p", "parity.pytest_plugin", "-rs", "-v", "--junitxml=junit.xml")
     cuda = torch.cuda.is_available()
-    result.assert_outcomes(passed=6 if cuda else 5, skipped=1 if cuda else 2, failed=1)
+    result.assert_outcomes(passed=6 if cuda else 5, skipped=3 if cuda else 4, failed=1)
     result.stdout.fnmatch_lines(["*test_agrees?torchscript-cpu? PASSED*", "*test_agrees?eager-cpu-float64? PASSED*",
                                  "*test_agrees?eager-cpu-bfloat16? PASSED*", "*test_drifts?eager-cpu-bfloat16? FAILED*",
                                  "*test_the_reference_ran_once_for_three_targets PASSED*"])
@@ -95,6 +104,9 @@ def test_the_marker_runs_each_target_and_skips_those_that_cannot_run_here(isolat
     props = {p.get("name"): p.get("value") for p in cases["test_agrees[torchscript-cpu]"].iter("property")}
     assert props["parity.reference"] == "CountingEager-cpu" and props["parity.torchscript-cpu.passed"] == "True"
     assert float(props["parity.torchscript-cpu.out.required_atol"]) == 0.0
+    skipped = cases["test_one_of_several_targets_cannot_run"]  # checked what it could, then skipped: not a pass
+    assert skipped.find("skipped") is not None and "Nowhere-cpu cannot run here" in skipped.find("skipped").get("message")
+    assert {p.get("name"): p.get("value") for p in skipped.iter("property")}["parity.torchscript-cpu.passed"] == "True"
 
 
 @pytest.mark.parametrize("marked, message", [
