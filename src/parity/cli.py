@@ -29,21 +29,17 @@ def _console(stderr: bool = False):
     return console
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from parity.config import load_experiment
-
-    experiments = [load_experiment(f) for f in args.files]  # every file is validated before anything runs
-    return run_experiments(experiments, args)
-
-
-def run_experiments(experiments: list, args: argparse.Namespace) -> int:
-    """What `parity run` does with its validated experiments (and `parity check` with its one): run each,
-    print the table, write the reports, return the exit code."""
+def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
+    """Run the files of `args` or, from `parity check`, the validated `experiments`: print the table, write
+    the reports, return the exit code."""
     from parity.api import default_out_dir, run_experiment
+    from parity.config import load_experiment
     from parity.report import write_reports
     from parity.report.console import render
     from parity.report.summary import exit_code, summarize
 
+    if experiments is None:
+        experiments = [load_experiment(f) for f in args.files]  # every file is validated before anything runs
     for exp in experiments:
         _executor_options(exp, args)
     names = [exp.name for exp in experiments]
@@ -109,7 +105,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.save_experiment:
         save_experiment(data, Path(args.save_experiment))
         print(f"experiment: {args.save_experiment} (parity run {args.save_experiment} runs it again)", file=sys.stderr)
-    return run_experiments([exp], args)
+    return cmd_run(args, [exp])
 
 
 def cmd_report(args: argparse.Namespace) -> int:
