@@ -1,5 +1,5 @@
-"""The command line: `parity run`, `parity report`, `parity validate`, `parity localize`, `parity fallback`,
-`parity backends`, `parity cache info|clear`. One function per verb.
+"""The command line: `parity run`, `parity check`, `parity report`, `parity validate`, `parity localize`,
+`parity fallback`, `parity backends`, `parity cache info|clear`. One function per verb.
 
 Exit codes: 0 every check passed at the gate; 1 some check failed or has no verdict (a target could not
 run here, the reference crashed); 2 user error (bad file, unknown name, missing file, a model that raises on
@@ -31,7 +31,9 @@ def _console(stderr: bool = False):
     return console
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
+    """Run the files of `args` or, from `parity check`, the validated `experiments`: print the table, write
+    the reports, return the exit code."""
     from parity.api import default_out_dir, run_experiment
     from parity.config import load_experiment
     from parity.outdir import prepare, user_path
@@ -39,7 +41,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from parity.report.console import render
     from parity.report.summary import exit_code, summarize
 
-    experiments = [load_experiment(f) for f in args.files]  # every file is validated before anything runs
+    if experiments is None:
+        experiments = [load_experiment(f) for f in args.files]  # every file is validated before anything runs
     for exp in experiments:
         _executor_options(exp, args)
     names = [exp.name for exp in experiments]
@@ -108,6 +111,23 @@ def _executor_options(exp, args: argparse.Namespace) -> None:
         error = exc.errors()[0]
         where = ".".join(map(str, error["loc"])) or "executor"
         raise ParityError(f"--executor/--address/--workers/--timeout: {where}: {error['msg'].removeprefix('Value error, ')}") from exc
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """One model against one or more targets from the command line alone: the experiment it makes is run
+    as `parity run` runs a file (same table, records, reports and exit codes)."""
+    from parity.config import experiment_from_dict
+    from parity.quick import check_experiment, save_experiment
+
+    data = check_experiment(args.model, args.target, reference=args.reference, entry=args.entry,
+                            hubconf=args.hubconf, weights=args.weights, shapes=args.input or [],
+                            images=args.images or [], preprocess=args.preprocess, resize=args.resize,
+                            crop=args.crop, gate=args.gate, rtol=args.rtol, seed=args.seed)
+    exp = experiment_from_dict(data, "parity check", Path.cwd())
+    if args.save_experiment:
+        save_experiment(data, Path(args.save_experiment))
+        print(f"experiment: {args.save_experiment} (parity run {args.save_experiment} runs it again)", file=sys.stderr)
+    return cmd_run(args, [exp])
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -390,6 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
     cache_options(run)
     run.set_defaults(func=cmd_run)
 
+    check_parser(sub)
+
     report = sub.add_parser("report", help="render report.html, report.md and junit.xml from a run's records.jsonl")
     report.add_argument("run_dir", metavar="RUN_DIR", help="the --out folder of a parity run (holds records.jsonl)")
     report.set_defaults(func=cmd_report)
@@ -432,6 +454,65 @@ def build_parser() -> argparse.ArgumentParser:
                           help="the cache folder (default: $PARITY_CACHE_DIR, else ~/.cache/parity)")
         verb.set_defaults(func=cmd_cache)
     return parser
+
+
+PREPROCESS_CHOICES = ("imagenet", "none")  # parity.quick.PREPROCESS, named here so that --help imports nothing
+TARGET_GRAMMAR = ("BACKEND[-DEVICE][-DTYPE] or BACKEND:DTYPE, as the tables print ids: compile, onnxruntime, "
+                  "torchscript, openvino, eager-cpu-bfloat16, compile-cpu, eager-cuda, eager:float16 "
+                  "(DEVICE cpu|cuda|cudaN; DTYPE float32|float64|bfloat16|float16, or bf16|fp16|fp32|fp64)")
+
+
+def check_parser(sub) -> None:
+    """`parity check`: the experiment is the command line."""
+    check = sub.add_parser(
+        "check", help="check one model on some targets, no experiment file needed",
+        description="Check MODEL on each --target against the reference (eager CPU float32): the same table, "
+                    "records, reports and exit codes as parity run. Example: parity check torchvision:resnet18 "
+                    "--target compile --target onnxruntime")
+    check.add_argument("model", metavar="MODEL",
+                       help="torchvision:NAME (a torchvision builder), module:callable (an importable function or "
+                            "class that returns the model), or a repository FOLDER with --entry or --hubconf")
+    check.add_argument("--target", action="append", required=True, metavar="T",
+                       help=f"a target to check, repeatable: {TARGET_GRAMMAR}")
+    check.add_argument("--reference", metavar="T", help="what the targets are compared with (default: eager, "
+                                                        "on the CPU in float32); the same grammar as --target")
+    check.add_argument("--entry", metavar="MODULE:CALLABLE",
+                       help="with a FOLDER as MODEL: the function or class in it that builds the model")
+    check.add_argument("--hubconf", metavar="NAME", help="with a FOLDER as MODEL: an entry of its hubconf.py")
+    check.add_argument("--weights", metavar="FILE",
+                       help="a .safetensors or torch weights file, or DEFAULT (torchvision's, when in the local "
+                            "torch hub cache: nothing is downloaded); default: a seeded random init")
+    check.add_argument("--input", action="append", metavar="SHAPE",
+                       help="a seeded random normal float32 tensor, e.g. 1x3x224x224; repeat it for several "
+                            "positional inputs, or give NAME=SHAPE for keyword inputs")
+    check.add_argument("--images", action="append", metavar="FILE|GLOB|sample:NAME",
+                       help="images as one batch, repeatable: files, a quoted glob ('pics/*.jpg') or a photo "
+                            "bundled with scikit-image (sample:chelsea). Default for torchvision classifiers, "
+                            "segmenters and detectors: sample:chelsea, preprocessed as their weights expect")
+    check.add_argument("--preprocess", choices=list(PREPROCESS_CHOICES),
+                       help="images: imagenet (resize 256, center crop 224, ImageNet mean and std; the default for "
+                            "classifiers and segmenters) or none (RGB in [0, 1] as read; the default otherwise)")
+    check.add_argument("--resize", type=int, metavar="N", help="images: resize the shorter side to N pixels first")
+    check.add_argument("--crop", type=int, metavar="N", help="images: then crop the N x N center")
+    check.add_argument("--gate", type=float, metavar="ATOL",
+                       help="the atol that decides pass or fail and the exit code (default: 1e-4)")
+    check.add_argument("--rtol", type=float, metavar="RTOL", help="the relative tolerance (default: 1e-5)")
+    check.add_argument("--seed", type=int, default=0, metavar="N",
+                       help="seeds the random init and the random inputs (default 0)")
+    check.add_argument("--save-experiment", metavar="FILE",
+                       help="also write the experiment as a YAML file (never over an existing one): parity run "
+                            "FILE runs the same checks, and the file is there to grow")
+    check.add_argument("--out", metavar="DIR", help="output folder (default: parity-out/MODEL-TIMESTAMP)")
+    check.add_argument("--quiet", action="store_true", help="no progress bar")
+    check.add_argument("--allow-unavailable", action="store_true",
+                       help="exit 0 even when a target cannot run on this machine (it is still reported)")
+    check.add_argument("--no-report", action="store_true",
+                       help="write only records.jsonl and summary.json, not report.md, report.html and junit.xml")
+    check.add_argument("--fresh", action="store_true",
+                       help="discard the records already in --out and start over (by default a run continues them)")
+    cache_options(check)
+    check.set_defaults(func=cmd_check, executor=None, address=None, workers=None, timeout=None)
+
 
 
 def cache_options(verb: argparse.ArgumentParser) -> None:
