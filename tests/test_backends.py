@@ -33,6 +33,7 @@ def run(backend: str, model, inputs, **spec):
     return result.outputs[0]
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_cpu_backend_matches_eager(backend):
     model = seeded(TinyCNN)
@@ -41,6 +42,7 @@ def test_cpu_backend_matches_eager(backend):
     assert comparison.failure_class is None, comparison.detail
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("backend", ["eager", "onnxruntime", "compile"])
 def test_nested_outputs_keep_their_structure(backend):
     model = seeded(Structured, backend != "onnxruntime")
@@ -59,6 +61,7 @@ def test_an_output_onnx_cannot_express_is_unsupported_op():
     assert "\x1b[" not in result.error
 
 
+@pytest.mark.numerics
 def test_keyword_inputs_reach_every_backend():
     model = seeded(TwoInputs)
     inputs = Inputs((), {"image": torch.randn(2, 4), "mask": torch.ones(2, 4)})
