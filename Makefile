@@ -24,8 +24,9 @@ test: $(BIN)/parity
 # The tests whose outcome rests on real kernels' floating-point results (marker `numerics`) again, on CPU code
 # paths other than this machine's best: ATen's scalar kernels, oneDNN at most AVX2 and one thread; then ATen's
 # and oneDNN's AVX2 kernels with the default threads, as on a CPU without AVX-512. Each pass compiles into an
-# empty inductor cache of its own: inductor's on-disk cache does not key on ATEN_CPU_CAPABILITY, and a kernel
-# cached under one capability gave NaN and 1e15 under another.
+# empty inductor cache of its own, as a fresh clone on such a CPU would: inductor's on-disk cache does not tell
+# the capabilities apart, and TinyCNN compiled by a run at this machine's own (AVX-512) gave NaN when an
+# ATEN_CPU_CAPABILITY=avx2 run reused it (torch 2.14.1).
 NUMERICS := $(BIN)/python -m pytest -m numerics --durations=5
 test-portable: $(BIN)/parity
 	cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && \
