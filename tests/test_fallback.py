@@ -28,9 +28,8 @@ def faulty(condition: str, magnitude: float):
 
 @pytest.mark.parametrize("target, condition, magnitude, gate", [
     (BackendSpec(backend="compile"), "compiling", 1e-2, 1e-4),
-    (BackendSpec(backend="eager", dtype="bfloat16"), "bfloat16", 0.3, 5e-2),
+    pytest.param(BackendSpec(backend="eager", dtype="bfloat16"), "bfloat16", 0.3, 5e-2, marks=pytest.mark.numerics),
 ])
-@pytest.mark.numerics
 def test_the_faulty_module_is_the_minimal_fallback(target, condition, magnitude, gate):
     model = faulty(condition, magnitude)
     loc = localize(EAGER, target, model, IMAGE, 1e-5, 1e-4)

@@ -31,7 +31,6 @@ def test_translation():
     assert (exp.tolerances.rtol, exp.tolerances.gate_atol) == (1e-5, 1e-5)
 
 
-@pytest.mark.numerics
 def test_legacy_file_runs_from_another_directory(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # relative paths resolve against the file's folder, not the cwd
     code = main(["run", str(LEGACY), "--out", "out", "--quiet"])
