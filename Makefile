@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # torch and torchvision are pinned to the builds this project is tested with.
 TORCH  := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: demo test lint clean
+.PHONY: demo test test-portable lint clean
 
 $(BIN)/parity: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,19 @@ demo: $(BIN)/parity
 
 test: $(BIN)/parity
 	$(BIN)/python -m pytest -q
+
+# The tests whose outcome rests on real kernels' floating-point results (marker `numerics`) again, on CPU code
+# paths other than this machine's best: ATen's scalar kernels, oneDNN at most AVX2 and one thread; then ATen's
+# and oneDNN's AVX2 kernels with the default threads, as on a CPU without AVX-512. Each pass compiles into an
+# empty inductor cache of its own, as a fresh clone on such a CPU would: inductor's on-disk cache does not tell
+# the capabilities apart, and TinyCNN compiled by a run at this machine's own (AVX-512) gave NaN when an
+# ATEN_CPU_CAPABILITY=avx2 run reused it (torch 2.14.1).
+NUMERICS := $(BIN)/python -m pytest -m numerics --durations=5
+test-portable: $(BIN)/parity
+	cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && \
+	ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=AVX2 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 \
+	  TORCHINDUCTOR_CACHE_DIR="$$cache/default" $(NUMERICS) && \
+	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 TORCHINDUCTOR_CACHE_DIR="$$cache/avx2" $(NUMERICS)
 
 lint: $(BIN)/parity
 	$(BIN)/ruff check src tests benchmarks

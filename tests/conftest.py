@@ -27,6 +27,20 @@ EVERY_OUTCOME = [
 ]
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "numerics: its outcome rests on floating-point results of real kernels (ATen, "
+                                       "oneDNN, inductor, ONNX Runtime, OpenVINO); `make test-portable` runs these again "
+                                       "on other CPU code paths")
+
+
+def pytest_report_header(config) -> str:
+    """The CPU code paths this run takes: what `make test-portable` changes."""
+    import torch
+
+    return (f"torch {torch.__version__}: ATen CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+            f"{torch.get_num_threads()} thread(s); ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', '(unset)')}")
+
+
 def tiny_experiment(targets: list[dict], **overrides) -> dict:
     """A small experiment: the tiny CNN on one synthetic batch."""
     exp = {

@@ -40,6 +40,7 @@ def test_hierarchical_descent_names_the_faulty_layer_in_a_cnn(fault):
     assert loc.verdict().startswith(f"{fault} introduces the largest error of its own")
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("fault", ["attn.v", "attn.out", "ln2", "mlp.2"])
 def test_bfloat16_only_fault_in_a_transformer_block(fault):
     """Every layer drifts a little in bfloat16; the faulty one drifts far more and is named first."""
@@ -71,6 +72,7 @@ def test_export_only_fault_is_found_in_the_onnx_graph(fault):
     assert top.propagated["block2"].rel_rmse > 1e-4 and top.propagated["stem"].rel_rmse < 1e-5
 
 
+@pytest.mark.numerics
 def test_onnx_layers_are_observed_at_their_own_boundaries():
     """The observed graph is exported without the exporter's optimizer, so a convolution keeps its own
     output (the optimizer would fold it into the batch norm after it), and a layer with no computation

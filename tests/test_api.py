@@ -18,6 +18,7 @@ def model_and_input():
     return TinyCNN().eval(), torch.randn(2, 3, 12, 12)
 
 
+@pytest.mark.numerics
 def test_agreeing_backends_pass_and_the_model_is_untouched():
     model, x = model_and_input()
     before = copy.deepcopy(model.state_dict())

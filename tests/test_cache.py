@@ -37,6 +37,7 @@ def _run(write_yaml, tmp_path, name: str, *extra: str, targets=EXPORTERS, **over
     return {"executions": executions, "checks": checks}
 
 
+@pytest.mark.numerics
 def test_a_second_run_reuses_every_export_and_gets_the_same_results(write_yaml, tmp_path):
     where = ["--cache-dir", str(tmp_path / "cache")]
     cold = _run(write_yaml, tmp_path, "cold", *where)

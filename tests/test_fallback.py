@@ -28,7 +28,7 @@ def faulty(condition: str, magnitude: float):
 
 @pytest.mark.parametrize("target, condition, magnitude, gate", [
     (BackendSpec(backend="compile"), "compiling", 1e-2, 1e-4),
-    (BackendSpec(backend="eager", dtype="bfloat16"), "bfloat16", 0.3, 5e-2),
+    pytest.param(BackendSpec(backend="eager", dtype="bfloat16"), "bfloat16", 0.3, 5e-2, marks=pytest.mark.numerics),
 ])
 def test_the_faulty_module_is_the_minimal_fallback(target, condition, magnitude, gate):
     model = faulty(condition, magnitude)
@@ -39,6 +39,7 @@ def test_the_faulty_module_is_the_minimal_fallback(target, condition, magnitude,
     assert result.latency_before_s > 0 and result.latency_after_s > 0
 
 
+@pytest.mark.numerics
 def test_no_fallback_when_the_drift_has_no_single_source():
     """bfloat16 everywhere: every module in float32 still hands bfloat16 values on, so nothing passes a
     tight gate, and the search says so rather than returning a set."""
@@ -59,6 +60,7 @@ def test_fallback_applies_only_where_it_means_something():
         apply_fallback(DeepCNN(), ["haed"], BackendSpec(backend="compile"))
 
 
+@pytest.mark.numerics
 def test_a_found_set_is_applied_from_the_experiment_file_and_on_the_command_line(tmp_path, capsys):
     data = tiny_experiment([{"backend": "eager", "dtype": "bfloat16"}], tolerances={"atol": [1e-1], "gate": 1e-1})
     data["models"][0]["entry"] = "tests.fixtures.tiny:tiny_cnn"
@@ -84,6 +86,7 @@ def test_fallback_command_writes_its_record(tmp_path, capsys):
     assert record["runs_in"] == "float32" and record["passed"] and record["modules"] == []
 
 
+@pytest.mark.numerics
 def test_a_task_level_fallback_restores_the_decision_where_no_set_reaches_a_tight_gate():
     """bfloat16 everywhere plus a fault in `head` that flips decisions: no set of float32 modules brings
     every output within 1e-7 (bfloat16 values still flow between them), but `head` alone in float32

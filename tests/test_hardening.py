@@ -68,6 +68,7 @@ def test_tolerance_keys_never_collide():
     assert len(set(keys)) == len(keys) and keys[-1] == "1e-06" and keys[1] == "0.0015"
 
 
+@pytest.mark.numerics
 def test_torchscript_and_onnx_rebuild_the_eager_structure():
     torch.manual_seed(0)
 
@@ -89,6 +90,7 @@ def test_torchscript_and_onnx_rebuild_the_eager_structure():
             assert compare(reference, result.outputs[0], 1e-5, 1e-5).failure_class is None, backend
 
 
+@pytest.mark.numerics
 def test_openvino_feeds_keyword_inputs_by_name():
     from parity.backends import backend_class
 

@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 import xml.etree.ElementTree as ET
+from html import unescape
 from pathlib import Path
 
 import pytest
@@ -125,6 +126,22 @@ def test_html_holds_every_section_with_what_the_records_say(run_dir):
     assert "sample:chelsea (chelsea.png)" in html
     latency = html.split('<section id="latency">')[1].split("</section>")[0]
     assert "prepare (once)" in latency and latency.count("<tr>") > len(TARGETS)
+
+
+def test_html_lists_every_failed_check_with_its_class_and_detail(run_dir):
+    """Under the taxonomy, one entry per failed check, and no other: its key, tier, class and detail, and
+    the worst of its failing outputs."""
+    records = read_records(run_dir)
+    failed = [c for c in checks_of(records) if c["status"] != "skipped" and not c["passed"]]
+    assert len(failed) >= 3
+    listed = (run_dir / "report.html").read_text().split('<section id="taxonomy">')[1].split("</section>")[0]
+    entries = re.findall(r'<details(?: open)?>\s*<summary><b>(.*?)</b> \(tier (\d)\): <span class="cls">(.*?)</span>'
+                         r"</summary>\s*<p>(.*?)</p>(.*?)</details>", listed.split("<h3>Failed checks</h3>")[1], re.S)
+    got = sorted((unescape(key), int(tier), cls, unescape(detail)) for key, tier, cls, detail, _ in entries)
+    assert got == sorted((f"{c['model']} / {c['inputs']} / {c['target']}", c["tier"], c["failure_class"], c["detail"])
+                         for c in failed)
+    tables = {(unescape(key), int(tier)): table for key, tier, _, _, table in entries}
+    assert "<code>out</code>" in tables[("tiny / noise / perturbed", 1)]  # the output that drifted
 
 
 def test_sections_without_data_say_so(tmp_path):

@@ -145,6 +145,28 @@ def test_a_missing_judgement_re_runs_only_its_job(tmp_path):
     assert sum(r["kind"] == "execution" for r in resumed) == sum(r["kind"] == "execution" for r in full)
 
 
+@pytest.mark.parametrize("cut_after", ["check", "layers"])
+def test_a_run_cut_between_a_targets_tier3_and_tier1_records_writes_neither_twice(tmp_path, cut_after):
+    """A judgement is written tier-3 check, then layers (tier 2), then tier-1 check. Cut after the first
+    bfloat16 target's tier-3 check, or after its layers: that target is judged again, and its records
+    already there are not written a second time."""
+    data = logged_experiment(tmp_path / "runs.log")
+    data["tiers"]["activations"] = True
+    full = run_experiment(data, out=tmp_path / "full")
+    lines = (tmp_path / "full" / "records.jsonl").read_text().splitlines(keepends=True)
+    records = [json.loads(line) for line in lines]
+    cut = next(i for i, r in enumerate(records) if r["kind"] == cut_after and r["target"] == "bf16"
+               and r["tier"] in (2, 3)) + 1
+    assert records[cut]["target"] == "bf16" and records[cut]["tier"] in (1, 2)  # its tier-1 check is still to come
+    path = tmp_path / "cut" / "records.jsonl"
+    path.parent.mkdir()
+    path.write_text("".join(lines[:cut]))
+    resumed = run_experiment(data, out=tmp_path / "cut")
+    assert duplicates(resumed) == [] and verdicts(resumed) == verdicts(full)
+    assert {record_key(r) for r in resumed} - {None} == {record_key(r) for r in full} - {None}  # nothing missing
+    assert [r["kind"] for r in resumed].count("layers") == [r["kind"] for r in full].count("layers") > 0
+
+
 def test_a_run_killed_while_writing_its_last_record_is_completed(tmp_path, capsys):
     data = tiny_experiment([{"backend": "eager", "name": "same"}, {"backend": "tests.fixtures.tiny:PerturbedEager",
                                                                     "name": "perturbed"}])
