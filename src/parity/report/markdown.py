@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from parity.report.console import tolerance_lines, tolerance_title
 from parity.verify.checks import tolerance_key
 
 
@@ -21,7 +22,7 @@ def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
     checks = [r for r in records if r["kind"] == "check" and r["tier"] == 1]
     keys = [tolerance_key(a) for a in summary["tolerances"]]
     t = summary["totals"]
-    gate = "" if summary["gate"] is None else f" at atol={summary['gate']:g}, rtol={summary['rtol']:g}"
+    gate = "" if summary["gate"] is None else " " + tolerance_title(summary).removeprefix("tier 1 ")
     lines = [
         f"# parity report: {summary['experiment']}",
         "",
@@ -34,6 +35,8 @@ def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
         f"torch {env['torch']}, torchvision {env['torchvision']}, onnxruntime {env['onnxruntime']}, "
         f"python {env['python']}, {env['cpu'].get('model', env['cpu']['machine'])}, {env['threads']} threads, "
         f"CUDA: {env['cuda']['devices'] if env['cuda'] else 'none'}",
+        "",
+        *[f"- {line}" for line in tolerance_lines(summary)],
         "",
         "Charts, tier-2 plots and detection pictures: `report.html` next to this file; CI results: `junit.xml`.",
         "",

@@ -247,10 +247,11 @@ def _descend(reference, target, model, inputs, rtol, threshold, mode) -> Localiz
 def localize_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, experiment) -> dict[str, Any]:
     """The fields of a `layers` record for one failing check."""
     settings = experiment.tiers.activations
-    threshold = settings.threshold if settings.threshold is not None else experiment.tolerances.gate_atol
+    tol = experiment.tolerance_for(target)
+    threshold = settings.threshold if settings.threshold is not None else tol.gate
     base = {"tier": 2, "model": job.model.name, "inputs": job.inputs.name, "reference": job.reference.id}
     try:
-        loc = localize(job.reference, target, model, inputs, experiment.tolerances.rtol, threshold,
+        loc = localize(job.reference, target, model, inputs, tol.rtol, threshold,
                        settings.granularity, settings.mode)
     except ParityError:
         raise
