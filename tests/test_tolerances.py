@@ -157,3 +157,21 @@ def test_resolution_order_for_every_source():
     assert (fp16.rtol, fp16.gate, fp16.source) == (1e-3, 1e-5, "default-for-float16")
     assert (mine.rtol, mine.gate, mine.source) == (1e-4, 1e-3, "target")
     assert (plain.rtol, plain.gate, plain.source) == (1e-4, 1e-2, "experiment")  # no 1e-4 in the sweep: its largest
+
+
+def test_an_explicit_experiment_gate_does_not_reach_a_reduced_precision_target():
+    """The experiment's gate is written for float32: a float16 target still gets its dtype's default."""
+    exp = experiment_from_dict(tiny_experiment([{"backend": "eager", "dtype": "float16"}, {"backend": "eager", "name": "fp32"}],
+                                               tolerances={"gate": 1e-3, "rtol": 1e-4}))
+    fp16, fp32 = (exp.tolerance_for(t) for t in exp.targets)
+    assert (fp16.gate, fp16.rtol) == (1e-5, 1e-3) and (fp32.gate, fp32.rtol) == (1e-3, 1e-4)
+
+
+def test_an_exact_leaf_name_wins_over_an_earlier_glob():
+    exp = experiment_from_dict(tiny_experiment(
+        [{"backend": "eager", "name": "t", "tolerances": {"outputs": {"out*": {"atol": 1.0}}}}],
+        tolerances={"outputs": {"out[0]['boxes']": {"atol": 2.0}, "*": {"rtol": 0.5}}}))
+    tol = exp.tolerance_for(exp.targets[0])
+    assert tol.for_leaf("out[0]['boxes']").atol == 2.0  # exact, though the target's glob comes first
+    assert tol.for_leaf("out[0]['scores']").atol == 1.0  # the target's glob before the experiment's
+    assert tol.for_leaf("logits").rtol == 0.5 and tol.for_leaf("logits").atol is None
