@@ -193,10 +193,10 @@ def test_a_folder_without_records_is_a_user_error(tmp_path, capsys):
     assert err.startswith(f"error: {tmp_path}: has no records.jsonl") and "Traceback" not in err
     assert main(["report", str(tmp_path / "nowhere")]) == 2
     assert "does not exist" in capsys.readouterr().err
-    (tmp_path / "records.jsonl").write_text('{"kind": "run", "schema_version": 1}\nnot json\n')
+    (tmp_path / "records.jsonl").write_text('{"kind": "resume", "schema_version": 1}\nnot json\n')
     assert main(["report", str(tmp_path)]) == 2
     assert "records.jsonl:2: not a JSON record" in capsys.readouterr().err
-    (tmp_path / "records.jsonl").write_text('{"kind": "execution"}\n')
+    (tmp_path / "records.jsonl").write_text('{"kind": "resume"}\n')
     assert main(["report", str(tmp_path)]) == 2
     assert "no 'run' record" in capsys.readouterr().err
 

@@ -23,6 +23,9 @@ from parity.records import RecordWriter, read_records, record_key
 from tests.conftest import ROOT, tiny_experiment
 
 LOGGED = "tests.fixtures.tiny:LoggedEager"
+# The fields a `run` record must hold to be read back (records.SHAPES), for tests that write records by hand.
+RUN = {"experiment": "x", "digest": "d", "base_dir": ".", "environment": {},
+       "config": {"tolerances": {"atol": [1e-5], "rtol": 0.0}}}
 
 
 def logged_experiment(log: Path, sleep_s: float = 0.0) -> dict:
@@ -71,7 +74,7 @@ def duplicates(records: list[dict]) -> list[tuple]:
 def test_a_torn_last_line_is_cut_off_before_appending(tmp_path, capsys):
     path = tmp_path / "records.jsonl"
     with RecordWriter(path) as writer:
-        writer.write("run", experiment="x", digest="d")
+        writer.write("run", **RUN)
         writer.write("model", model="m")
     whole = path.read_bytes()
     with path.open("ab") as f:
@@ -91,7 +94,7 @@ def test_a_torn_last_line_is_cut_off_before_appending(tmp_path, capsys):
 
 def test_a_line_that_is_not_a_record_is_refused(tmp_path):
     path = tmp_path / "records.jsonl"
-    path.write_text('{"kind": "run"}\nnot json\n{"kind": "model", "model": "m"}\n')
+    path.write_text(json.dumps({"kind": "run", **RUN}) + '\nnot json\n{"kind": "model", "model": "m"}\n')
     with pytest.raises(ParityError, match=r"records.jsonl:2: not a JSON record .*pass --fresh"):
         RecordWriter(path, resume=True)
 
@@ -99,7 +102,7 @@ def test_a_line_that_is_not_a_record_is_refused(tmp_path):
 def test_two_writers_cannot_share_a_run(tmp_path):
     path = tmp_path / "records.jsonl"
     with RecordWriter(path) as writer:
-        writer.write("run", experiment="x", digest="d")
+        writer.write("run", **RUN)
         with pytest.raises(ParityError, match="another parity process is writing"):
             RecordWriter(path, resume=True)
         with pytest.raises(ParityError, match="another parity process is writing"):

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import errno
 import os
 import sys
 import traceback
 from pathlib import Path
 
-from parity.errors import ParityError
+from parity.errors import ParityError, clip_problem
 
 EXIT_OK, EXIT_FAILED, EXIT_USER, EXIT_BUG = 0, 1, 2, 3
 
@@ -32,6 +33,7 @@ def _console(stderr: bool = False):
 def cmd_run(args: argparse.Namespace) -> int:
     from parity.api import default_out_dir, run_experiment
     from parity.config import load_experiment
+    from parity.outdir import prepare, user_path
     from parity.report import write_reports
     from parity.report.console import render
     from parity.report.summary import exit_code, summarize
@@ -42,12 +44,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     names = [exp.name for exp in experiments]
     if len(experiments) > 1 and len(set(names)) < len(names):
         raise ParityError(f"experiments need distinct names to share --out (got {', '.join(names)}); set 'name:' in each file")
+    out = None if args.out is None else user_path(args.out, "--out")
+    out_dirs = [default_out_dir(exp) if out is None else out / exp.name if len(experiments) > 1 else out
+                for exp in experiments]
+    for out_dir in out_dirs:  # every folder is checked before anything runs, as every file is
+        prepare(out_dir)
     code = EXIT_OK
-    for exp in experiments:
-        if args.out is None:
-            out_dir = default_out_dir(exp)
-        else:
-            out_dir = Path(args.out) / exp.name if len(experiments) > 1 else Path(args.out)
+    for exp, out_dir in zip(experiments, out_dirs, strict=True):
         records = run_experiment(exp, out_dir, progress=not args.quiet, reports=(), fresh=args.fresh)
         summary = summarize(records)
         reports = [] if args.no_report else write_reports(out_dir, records, summary)
@@ -56,8 +59,26 @@ def cmd_run(args: argparse.Namespace) -> int:
             if e["user_error"]:
                 print(f"error: model '{e['model']}' on input set '{e['inputs']}': the reference {e['reference']} "
                       f"raised, so no target was judged: {e['detail'].split(': ', 1)[-1]}", file=sys.stderr)
-        code = max(code, exit_code(summary, args.allow_unavailable))
+        code = max(code, exit_code(summary, args.allow_unavailable), _every_check_judged(exp, records, out_dir))
     return code
+
+
+def _every_check_judged(exp, records: list[dict], out_dir: Path) -> int:
+    """EXIT_OK when summary.json was written and every planned check has its tier-1 verdict in the records;
+    else EXIT_BUG with a message: a run that lost a check must never exit 0 (nothing user code does should
+    get here; the runner turns it into verdicts)."""
+    from parity.runner.plan import plan
+
+    planned = {(j.model.name, j.inputs.name, t.id) for j in plan(exp) for t in j.targets}
+    judged = {(r["model"], r["inputs"], r["target"]) for r in records if r["kind"] == "check" and r["tier"] == 1}
+    missing = sorted(planned - judged)
+    if missing or not (out_dir / "summary.json").is_file():
+        what = (f"{len(missing)} of {len(planned)} planned checks have no verdict ({' / '.join(missing[0])} first)"
+                if missing else "no summary.json was written")
+        print(f"internal error: the run into {out_dir} ended, but {what}; no verdict is given (exit 3). This is a "
+              "bug in parity; please report it", file=sys.stderr)
+        return EXIT_BUG
+    return EXIT_OK
 
 
 def _executor_options(exp, args: argparse.Namespace) -> None:
@@ -90,12 +111,14 @@ def _executor_options(exp, args: argparse.Namespace) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Render summary.json, report.md, report.html and junit.xml again from a run's records.jsonl alone."""
+    from parity.outdir import prepare, user_path
     from parity.records import read_run
     from parity.report import write_reports
     from parity.report.summary import summarize, write_summary
 
-    out_dir = Path(args.run_dir)
+    out_dir = user_path(args.run_dir, "RUN_DIR")
     records = read_run(out_dir)
+    prepare(out_dir, "RUN_DIR")  # where the reports go: no link, no folder in a report's place
     summary = summarize(records)
     write_summary(summary, out_dir / "summary.json")
     for path in [out_dir / "summary.json", *write_reports(out_dir, records, summary)]:
@@ -166,9 +189,20 @@ def _one_check(args: argparse.Namespace):
 def _refuse_existing_records(out: str | None) -> None:
     """localize and fallback write a records file of their own: never over a run's (checked before the
     minutes of work, not after)."""
-    if out and (Path(out) / "records.jsonl").exists():
+    if not out:
+        return
+    from parity.outdir import prepare
+
+    prepare(user_path_of(out), files=("records.jsonl",))
+    if (user_path_of(out) / "records.jsonl").exists():
         raise ParityError(f"--out {out}: it already holds records.jsonl (a run's records?); "
                           "give a folder of its own to this command's record")
+
+
+def user_path_of(out: str) -> Path:
+    from parity.outdir import user_path
+
+    return user_path(out, "--out")
 
 
 def _write_records(out: str | None, exp, kind: str, record: dict) -> None:
@@ -176,11 +210,11 @@ def _write_records(out: str | None, exp, kind: str, record: dict) -> None:
         return
     from parity.records import RecordWriter, environment
 
-    with RecordWriter(Path(out) / "records.jsonl") as writer:
+    with RecordWriter(user_path_of(out) / "records.jsonl") as writer:
         writer.write("run", experiment=exp.name, config=exp.model_dump(mode="json"), base_dir=str(exp.base_dir),
                      environment=environment(exp.base_dir))
         writer.write(kind, **record)
-    print(f"records: {Path(out) / 'records.jsonl'}")
+    print(f"records: {user_path_of(out) / 'records.jsonl'}")
 
 
 def cmd_localize(args: argparse.Namespace) -> int:
@@ -351,22 +385,41 @@ def cache_options(verb: argparse.ArgumentParser) -> None:
 
 
 def _configure_cache(args: argparse.Namespace) -> None:
+    """The artifact cache this command uses, checked before anything runs: a cache that cannot be written
+    is the user's to fix (exit 2), never an export failure charged to a target."""
+    from parity.outdir import prepare, user_path
     from parity.runner import cache
 
     if getattr(args, "no_cache", False):
         cache.configure(None)
-    elif getattr(args, "cache_dir", None):
-        cache.configure(Path(args.cache_dir))
+        return
+    if getattr(args, "cache_dir", None):
+        root, what = user_path(args.cache_dir, "--cache-dir"), "--cache-dir"
     elif hasattr(args, "cache_dir"):
-        cache.configure(cache.default_root())
+        try:
+            root, what = cache.default_root(), "the artifact cache ($PARITY_CACHE_DIR, else ~/.cache/parity)"
+        except RuntimeError as exc:  # PARITY_CACHE_DIR=~nosuchuser/x
+            raise ParityError(f"$PARITY_CACHE_DIR {os.environ.get('PARITY_CACHE_DIR')}: {exc}; set it to a folder, "
+                              "or pass --no-cache") from exc
+    else:
+        return
+    if root is not None:
+        prepare(root, what, files=())
+    cache.configure(root)
+
+
+# What the system says when the user's disk, folders or limits are the problem, not parity: such an
+# OSError that reaches main is said in one line with its path, as a ParityError is (exit 2).
+ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG,
+                      errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.EFBIG, errno.EMFILE, errno.ENFILE, errno.EEXIST}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _configure_cache(args)
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))  # `entry: mymodels:build` next to you imports, as with python -m
     try:
+        _configure_cache(args)
         return args.func(args)
     except ParityError as exc:
         for problem in exc.problems:
@@ -375,10 +428,26 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except SystemExit as exc:  # model code outside an execution (the runner catches it inside one)
+        from parity.runner.execute import ends_the_program
+
+        print(f"error: {ends_the_program(exc)} while parity was running it outside a backend's execution; "
+              "nothing is judged from this command", file=sys.stderr)
+        return EXIT_USER
+    except OSError as exc:
+        if exc.errno not in ENVIRONMENT_ERRNOS:
+            return _internal_error()
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(clip_problem(f"error: {where}{exc.strerror or exc}"), file=sys.stderr)
+        return EXIT_USER
     except Exception:
-        traceback.print_exc()
-        print("internal error: this is a bug in parity; please report it with the traceback above", file=sys.stderr)
-        return EXIT_BUG
+        return _internal_error()
+
+
+def _internal_error() -> int:
+    traceback.print_exc()
+    print("internal error: this is a bug in parity; please report it with the traceback above", file=sys.stderr)
+    return EXIT_BUG
 
 
 def run_and_exit() -> None:

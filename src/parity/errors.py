@@ -2,23 +2,48 @@
 
 A `ParityError` is the user's to fix (a bad config, a missing file, an unknown name): the command line
 prints its message and exits 2, never a traceback. Anything else is a bug in parity: traceback, exit 3.
+
+A message quotes what the user gave (a name, a path, a value), and what the user gave may be a megabyte
+long: every problem is clipped where it is made, so no value fills more than `VALUE_LIMIT` characters of
+a message and no problem more than `PROBLEM_LIMIT`.
 """
 
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
+
+VALUE_LIMIT = 200
+PROBLEM_LIMIT = 2000
+_LONG_WORD = re.compile(rf"\S{{{VALUE_LIMIT + 1},}}")
+
+
+def clip(text: str, limit: int = VALUE_LIMIT) -> str:
+    """`text`, or its start and end around a note of how much was left out."""
+    if len(text) <= limit:
+        return text
+    head, tail = limit * 2 // 3, limit // 6
+    return f"{text[:head]}...[{len(text) - head - tail} characters]...{text[-tail:]}"
+
+
+def clip_problem(problem: str) -> str:
+    """Every run of more than VALUE_LIMIT non-space characters clipped (a value quoted in full), then the
+    whole problem to PROBLEM_LIMIT."""
+    return clip(_LONG_WORD.sub(lambda m: clip(m.group()), problem), PROBLEM_LIMIT)
 
 
 class ParityError(Exception):
-    """A problem the user can fix; `problems` holds one message per problem."""
+    """A problem the user can fix; `problems` holds one message per problem, each clipped (clip_problem)."""
 
     def __init__(self, *problems: str):
-        self.problems = list(problems) or ["unknown error"]
+        self.problems = [clip_problem(str(p)) for p in problems] or ["unknown error"]
         super().__init__("\n".join(self.problems))
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """' (did you mean 'x'?)' for the closest choice, or '' when nothing is close."""
+    if len(str(name)) > VALUE_LIMIT:  # nothing a user meant is that long, and comparing it costs seconds
+        return ""
     close = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=0.6)
     return f"; did you mean '{close[0]}'?" if close else ""

@@ -75,19 +75,113 @@ def record_key(record: dict[str, Any]) -> tuple | None:
     return None
 
 
+# What each kind of record must hold for the runner and the reports to read it: a type, a tuple of
+# types, {key: shape} for a mapping with those keys ("key?": only when present), or [shape] for a list
+# of items of that shape. Fields nothing reads unconditionally are not listed.
+_NUM, _STR_OR_NONE, _NUM_OR_NONE = (int, float), (str, type(None)), (int, float, type(None))
+_LEAF = {"name": str, "failure_class?": _STR_OR_NONE}
+SHAPES: dict[str, dict[str, Any]] = {
+    "run": {"experiment": str, "digest?": str, "base_dir": str, "environment": dict,
+            "config": {"tolerances": {"atol": [_NUM], "rtol": _NUM}}},
+    "resume": {},
+    "model": {"model": str},
+    "execution": {"model": str, "inputs": str, "backend": str, "device": str, "dtype": str, "repeat": int,
+                  "status": str, "prepare_s": _NUM_OR_NONE, "run_s": _NUM_OR_NONE, "error?": _STR_OR_NONE},
+    "check": {"model": str, "inputs": str, "target": str, "tier": int, "status": str, "passed": (bool, type(None)),
+              "failure_class": _STR_OR_NONE, "detail": _STR_OR_NONE},
+    "layers": {"model": str, "inputs": str, "target": str, "error?": _STR_OR_NONE},
+    "fallback": {},
+}
+_TIER_SHAPES = {
+    1: {"verdicts": dict, "leaves": [_LEAF], "gate": _NUM, "rtol": _NUM, "required_atol": _NUM_OR_NONE,
+        "max_abs?": _NUM_OR_NONE, "oracle?": (dict, type(None))},
+    3: {"task": str, "metrics": dict},
+}
+_LAYERS_SHAPE = {"verdict": str, "mode": str, "threshold": _NUM, "suspects": [{"name": str, "rel_rmse": _NUM_OR_NONE}],
+                 "levels": [{"parent": _STR_OR_NONE, "layers": list}]}
+
+
+def _shape_problem(value: Any, shape: Any, where: str) -> str | None:
+    """Where `value` first differs from `shape` ('config.tolerances: missing'), or None when it fits."""
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return f"{where or 'the record'}: expected a mapping, got {type(value).__name__}"
+        for key, inner in shape.items():
+            name = key.rstrip("?")
+            if name not in value:
+                if key.endswith("?"):
+                    continue
+                return f"{where + '.' if where else ''}{name}: missing"
+            problem = _shape_problem(value[name], inner, f"{where + '.' if where else ''}{name}")
+            if problem:
+                return problem
+        return None
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return f"{where}: expected a list, got {type(value).__name__}"
+        return next((p for i, item in enumerate(value) if (p := _shape_problem(item, shape[0], f"{where}[{i}]"))), None)
+    types = shape if isinstance(shape, tuple) else (shape,)
+    if isinstance(value, bool) and bool not in types:  # true is an int to Python, not to a record
+        return f"{where}: expected {_names(types)}, got bool"
+    if not isinstance(value, types):
+        return f"{where}: expected {_names(types)}, got {type(value).__name__}"
+    return None
+
+
+def _names(types: tuple) -> str:
+    words = {str: "a string", int: "an integer", float: "a number", bool: "true or false", dict: "a mapping",
+             list: "a list", type(None): "null"}
+    return " or ".join(dict.fromkeys(words.get(t, t.__name__) for t in types if not (t is int and float in types)))
+
+
+def record_problem(record: Any) -> str | None:
+    """Why `record` is not a record parity can read (a missing field, a list where a string belongs), or None."""
+    if not isinstance(record, dict) or "kind" not in record:
+        return "not a parity record (no 'kind')"
+    kind = record["kind"]
+    if kind not in SHAPES:
+        return f"unknown kind of record {str(kind)[:40]!r} (parity writes {', '.join(SHAPES)})"
+    problem = _shape_problem(record, SHAPES[kind], "")
+    if problem is None and kind == "check":
+        if record["tier"] not in _TIER_SHAPES:
+            return f"tier: expected 1 or 3, got {record['tier']}"
+        problem = _shape_problem(record, _TIER_SHAPES[record["tier"]], "")
+    if problem is None and kind == "layers" and not record.get("error"):
+        problem = _shape_problem(record, _LAYERS_SHAPE, "")
+    return f"a '{kind}' record: {problem}" if problem else None
+
+
 def _parse(data: bytes, path: Path) -> list[dict[str, Any]]:
-    """The records in `data` up to its last newline: what follows is a torn line, not a record yet."""
+    """The records in `data` up to its last newline: what follows is a torn line, not a record yet. Every
+    line is checked (record_problem); a record whose key an earlier line has is dropped when the two are
+    identical (said on stderr) and an error when they differ: no check is ever counted twice."""
     records = []
+    seen: dict[tuple, tuple[int, dict]] = {}
+    dropped = []
     for number, line in enumerate(data[:data.rfind(b"\n") + 1].split(b"\n"), 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise ParityError(f"{path}:{number}: not a JSON record ({getattr(exc, 'msg', exc)})") from exc
-        if not isinstance(record, dict) or "kind" not in record:
-            raise ParityError(f"{path}:{number}: not a parity record (no 'kind')")
+        problem = record_problem(record)
+        if problem:
+            raise ParityError(f"{path}:{number}: {problem}")
+        key = record_key(record)
+        if key in seen:
+            first, earlier = seen[key]
+            if earlier != record:
+                raise ParityError(f"{path}:{number}: a second {' / '.join(map(str, key))} record, different from the "
+                                  f"one on line {first}; a run holds one of each: remove the one that is wrong")
+            dropped.append(number)
+            continue
+        if key is not None:
+            seen[key] = number, record
         records.append(record)
+    if dropped:
+        print(f"warning: {path}: line(s) {', '.join(map(str, dropped[:10]))}{' ...' if len(dropped) > 10 else ''} "
+              "repeat a record of an earlier line exactly; each is counted once", file=sys.stderr)
     return records
 
 
@@ -100,9 +194,14 @@ class RecordWriter:
     key is already in the file."""
 
     def __init__(self, path: Path, resume: bool = False):
+        from parity.outdir import open_records, reason
+
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = path.open("a+b")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ParityError(f"{path.parent}: cannot create the folder: {reason(exc)}") from exc
+        self._file = open_records(path)  # never through a link, never anything but a regular file
         try:
             self._lock()
             self.records: list[dict[str, Any]] = []
@@ -118,6 +217,9 @@ class RecordWriter:
                                       "away, or pass --fresh to start over") from exc
             else:
                 self._file.truncate(0)
+        except OSError as exc:
+            self._file.close()
+            raise ParityError(f"{path}: cannot read or empty it: {exc.strerror or exc}") from exc
         except BaseException:
             self._file.close()
             raise
@@ -136,7 +238,10 @@ class RecordWriter:
         """Cut off a torn last line (what a killed process was writing); returns its length in bytes."""
         torn, self.torn = self.torn, 0
         if torn:
-            self._file.truncate(self._file.seek(0, os.SEEK_END) - torn)
+            try:
+                self._file.truncate(self._file.seek(0, os.SEEK_END) - torn)
+            except OSError as exc:
+                raise ParityError(f"{self.path}: cannot cut off its torn last line: {exc.strerror or exc}") from exc
         return torn
 
     def has(self, *key: Any) -> bool:
@@ -150,8 +255,12 @@ class RecordWriter:
             return None
         if self.torn:
             raise RuntimeError("records.jsonl ends with a torn line; drop_torn_line() before appending")
-        self._file.write((json.dumps(record, allow_nan=False) + "\n").encode("utf-8"))
-        self._file.flush()
+        try:
+            self._file.write((json.dumps(record, allow_nan=False) + "\n").encode("utf-8"))
+            self._file.flush()
+        except OSError as exc:  # a full disk, a quota: the run stops here, its records so far kept
+            raise ParityError(f"{self.path}: cannot write a record: {exc.strerror or exc}; the records written "
+                              "so far are kept and the run continues from them once the problem is solved") from exc
         self.records.append(record)
         if key is not None:
             self._keys.add(key)
@@ -173,7 +282,14 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if path.is_dir():
         path = path / "records.jsonl"
-    return _parse(path.read_bytes(), path)
+    return _parse(_read(path), path)
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ParityError(f"{path}: cannot read it: {exc.strerror or exc}") from exc
 
 
 def read_run(folder: str | Path) -> list[dict[str, Any]]:
@@ -181,10 +297,13 @@ def read_run(folder: str | Path) -> list[dict[str, Any]]:
     line that is not JSON or a file without its `run` record is a ParityError that says which."""
     folder = Path(folder)
     path = folder / "records.jsonl" if folder.suffix != ".jsonl" else folder
-    if not path.is_file():
-        where = "does not exist" if not folder.exists() else "has no records.jsonl"
-        raise ParityError(f"{folder}: {where} (expected the --out folder of a parity run)")
-    records = _parse(path.read_bytes(), path)  # a torn last line (a run in progress, or killed) is left out
+    try:
+        if not path.is_file():
+            where = "does not exist" if not folder.exists() else "has no records.jsonl"
+            raise ParityError(f"{folder}: {where} (expected the --out folder of a parity run)")
+    except OSError as exc:  # a name too long, a folder parity may not enter
+        raise ParityError(f"{folder}: cannot read it: {exc.strerror or exc}") from exc
+    records = _parse(_read(path), path)  # a torn last line (a run in progress, or killed) is left out
     if not any(r["kind"] == "run" for r in records):
         raise ParityError(f"{path}: no 'run' record (the first line of every parity run); is this a parity records file?")
     return records

@@ -414,6 +414,7 @@ ModelSpec.model_rebuild()  # its `adapters` names Adapter, defined after it
 
 
 DEFAULT_TIMEOUT_S = 600.0
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week per execution; past that a number is a typo, and past ~1e9 s no clock holds it
 
 
 class ExecutorSpec(Strict):
@@ -421,7 +422,7 @@ class ExecutorSpec(Strict):
     `ray` (Ray tasks, several at a time, with a time limit). `executor: process` is short for `{kind: process}`."""
 
     kind: Literal["local", "process", "ray"] = "local"
-    timeout: float | None = Field(default=None, gt=0)  # seconds per execution; default DEFAULT_TIMEOUT_S
+    timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)  # seconds per execution; default DEFAULT_TIMEOUT_S
     address: str | None = Field(default=None, min_length=1)  # ray: the cluster to join; default: start one here
     threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)  # CPUs per execution: torch threads, compile processes (ray: default 1)
     workers: int | None = Field(default=None, ge=1, le=MAX_THREADS)  # ray, started here: tasks at a time (default: cores / threads)

@@ -297,4 +297,6 @@ def render_html(records: list[dict], summary: dict[str, Any]) -> str:
 
 
 def write_html(records: list[dict], summary: dict[str, Any], path: Path) -> None:
-    path.write_text(render_html(records, summary), encoding="utf-8")
+    from parity.outdir import write_text
+
+    write_text(path, render_html(records, summary))  # whole or not at all

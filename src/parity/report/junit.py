@@ -89,4 +89,6 @@ def render_junit(records: list[dict], summary: dict[str, Any]) -> str:
 
 
 def write_junit(records: list[dict], summary: dict[str, Any], path: Path) -> None:
-    path.write_text(render_junit(records, summary), encoding="utf-8")
+    from parity.outdir import write_text
+
+    write_text(path, render_junit(records, summary))  # whole or not at all

@@ -105,4 +105,6 @@ def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
 
 
 def write_markdown(records: list[dict], summary: dict[str, Any], path: Path) -> None:
-    path.write_text(render_markdown(records, summary), encoding="utf-8")
+    from parity.outdir import write_text
+
+    write_text(path, render_markdown(records, summary))  # whole or not at all

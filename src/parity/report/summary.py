@@ -155,7 +155,10 @@ def _tier3(records: list[dict]) -> dict[str, Any]:
 
 
 def write_summary(summary: dict[str, Any], path: Path) -> None:
-    path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    """Whole or not at all (outdir.write_text): a summary.json on disk is the mark of a finished run."""
+    from parity.outdir import write_text
+
+    write_text(path, json.dumps(summary, indent=2) + "\n")
 
 
 def exit_code(summary: dict[str, Any], allow_unavailable: bool = False) -> int:

@@ -13,6 +13,7 @@ import torch
 from parity.backends import backend_class
 from parity.config.schema import BackendSpec
 from parity.inputs import Inputs
+from parity.verify import taxonomy as tx
 from parity.verify.taxonomy import classify_exception
 
 
@@ -54,6 +55,15 @@ def _describe(exc: BaseException) -> str:
     return text
 
 
+def ends_the_program(exc: BaseException) -> str:
+    """What user code did when it raised a BaseException that is not an Exception (sys.exit, exit(), an
+    argument parser's error, a class of its own): words for a failure's detail or a user error."""
+    if isinstance(exc, SystemExit):
+        code = exc.code if exc.code is None or isinstance(exc.code, int) else str(exc.code)[:100]
+        return f"the model called sys.exit({code!r})"
+    return f"the model raised {_first_line(exc, 200)} (a {type(exc).__name__} is a BaseException, which ends a program)"
+
+
 def execute(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, repeats: int, on_run=None) -> Execution:
     """`model` and `inputs` are never touched: the backend gets a deep copy of the model and its own copy
     of the inputs for every run, so no two backends or repeats share a module or a tensor.
@@ -80,10 +90,20 @@ def execute(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, repeats: 
         result.status = "error"
         result.error = _describe(exc)
         result.failure_class = classify_exception(exc)
+    except KeyboardInterrupt:  # the user's Ctrl-C stops the run
+        raise
+    except BaseException as exc:  # model code that ends the program (sys.exit) ends this execution, as a crash
+        result.status = "error"
+        result.error = ends_the_program(exc)
+        result.failure_class = tx.CRASH
     finally:
         try:
             if backend is not None:
                 backend.close()
         except Exception:  # closing must not hide the result
+            pass
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # nor can model code that ends the program while it is closed
             pass
     return result

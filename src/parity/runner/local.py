@@ -31,7 +31,7 @@ from parity.inputs import build_inputs
 from parity.models import build_model
 from parity.records import NOT_DIGESTED, RecordWriter, environment, experiment_digest
 from parity.runner import cache
-from parity.runner.execute import Execution
+from parity.runner.execute import Execution, ends_the_program
 from parity.runner.executors import Executor, configured_model, make_executor
 from parity.runner.plan import Job, plan
 from parity.verify.checks import gate_on_task, reference_error_check, tier1_check
@@ -137,11 +137,20 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
 
 
 def _open_records(out_dir: Path, config: dict, base_dir: str, digest: str, fresh: bool) -> RecordWriter:
-    """The run's records: new, or (the same experiment, not `fresh`) the ones already there, ready to append."""
+    """The run's records: new, or (the same experiment, not `fresh`) the ones already there, ready to append.
+    A summary.json is the mark of a finished run: records without one are a run that ended early (killed,
+    or model code that ended the process: os._exit), which is said; and the mark is removed until this
+    run writes its own, so no summary ever stands for records it does not count."""
     writer = RecordWriter(out_dir / "records.jsonl", resume=not fresh)
     try:
+        summary = out_dir / "summary.json"
         if writer.records:
             _same_experiment(writer, config, base_dir, digest)
+            if not summary.exists():
+                print(f"warning: {out_dir}: the previous run ended without a summary (an error stopped it, it was "
+                      "killed, or model code ended the process: os._exit); continuing it. The process executor (--executor process) "
+                      "runs model code in a worker process, which cannot end the run", file=sys.stderr)
+        _discard(summary)
         torn = writer.drop_torn_line()
         if torn:
             print(f"{writer.path}: dropped a torn last line ({torn} bytes), the record an interrupted run was "
@@ -150,6 +159,13 @@ def _open_records(out_dir: Path, config: dict, base_dir: str, digest: str, fresh
         writer.close()
         raise
     return writer
+
+
+def _discard(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        raise ParityError(f"{path}: cannot remove the previous run's summary: {exc.strerror or exc}") from exc
 
 
 def _same_experiment(writer: RecordWriter, config: dict, base_dir: str, digest: str) -> None:
@@ -174,8 +190,10 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True, fre
     """Run `exp`, writing OUT/records.jsonl and OUT/summary.json; returns the records. When OUT already
     holds records of this experiment, the run continues from them (see the module docstring); `fresh`
     discards them instead."""
+    from parity.outdir import prepare
     from parity.report.summary import summarize, write_summary
 
+    prepare(out_dir)  # a folder parity can write in, and no link where it writes: before any work
     jobs = plan(exp)
     config = exp.model_dump(mode="json")
     digest = experiment_digest(config, str(exp.base_dir))
@@ -235,9 +253,16 @@ def model_identity(spec, exp):
 
 
 def build_model_or_explain(spec, exp):
+    """The model, or a ParityError naming it: whatever its builder raised, including a SystemExit (a
+    command-line parser in the builder, `exit()`), which would otherwise end parity without a verdict."""
     try:
         return build_model(spec, exp)
     except ParityError:
         raise
     except Exception as exc:  # the user's model code raised while being built
         raise ParityError(f"model '{spec.name}': building it failed: {type(exc).__name__}: {exc}") from exc
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        raise ParityError(f"model '{spec.name}': building it failed: {ends_the_program(exc)} in its builder; "
+                          "parity needs a builder that returns the model") from exc

@@ -9,8 +9,9 @@ worker, so the run goes on.
 
 The worker is a new interpreter (`subprocess`, not `fork`: forking after torch started its thread pools
 is unsafe; and not `multiprocessing`, which would import the caller's `__main__` again). It talks over a
-socket pair with pickled messages (runner/worker.py says which), so the backend's own prints on stdout
-and stderr pass through untouched. It runs in its own session: Ctrl-C reaches only this process, which
+socket pair with pickled messages (runner/worker.py says which); the backend's own prints on stdout
+and stderr go to files, copied to this process's stdout and stderr after each execution (never a pipe
+that a process the model started could hold open after parity ends). It runs in its own session: Ctrl-C reaches only this process, which
 stops the worker; the kernel kills a worker whose parent died (Linux).
 """
 
@@ -47,14 +48,40 @@ _BOOT = ("import sys; root = sys.argv[2]; root in sys.path or sys.path.insert(0,
          "from parity.runner.worker import serve; serve()")
 
 
+class _Output:
+    """A worker's stdout or stderr: a file in the scratch folder, copied to this process's stream after each
+    execution. Not a pipe: a process the model starts in a session of its own (`setsid`, a daemon) keeps
+    the worker's streams open after the worker is killed, and whoever reads a pipe (a CI step reading
+    parity's output) waits until every process holding it has closed it."""
+
+    def __init__(self, path: Path, stream: str):
+        self.path, self.stream, self.offset = path, stream, 0
+        self.file = path.open("wb")  # the worker's end; this process closes it once the worker has it
+
+    def copy(self) -> None:
+        with self.path.open("rb") as file:
+            file.seek(self.offset)
+            data = file.read()
+        self.offset += len(data)
+        if data:
+            stream = getattr(sys, self.stream)
+            stream.write(data.decode("utf-8", errors="replace"))
+            stream.flush()
+
+
 @dataclass
 class _Worker:
     process: subprocess.Popen
     conn: Connection
     crash_file: Path
     started: float
+    outputs: tuple[_Output, _Output]
     ready: bool = False
     busy: bool = False  # an execution was sent and its `done` not received yet
+
+    def copy_output(self) -> None:
+        for output in self.outputs:
+            output.copy()
 
 
 class ProcessExecutor(Executor):
@@ -68,6 +95,7 @@ class ProcessExecutor(Executor):
         self._worker: _Worker | None = None
         self._digest = Digests()
         self._scratch: tempfile.TemporaryDirectory | None = None
+        self._spawned = 0  # workers started: names their output files
 
     def start(self, exp, jobs) -> None:
         super().start(exp, jobs)
@@ -80,18 +108,25 @@ class ProcessExecutor(Executor):
 
         ours, theirs = socket.socketpair()
         root = str(Path(parity.__file__).resolve().parent.parent)
+        self._spawned += 1
+        scratch = Path(self._scratch.name)
+        outputs = (_Output(scratch / f"output-{self._spawned}.stdout", "stdout"),
+                   _Output(scratch / f"output-{self._spawned}.stderr", "stderr"))
         try:
             process = subprocess.Popen([sys.executable, "-c", _BOOT, str(theirs.fileno()), root],
-                                       pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, start_new_session=True)
+                                       pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=outputs[0].file,
+                                       stderr=outputs[1].file, start_new_session=True)
         finally:
             theirs.close()
+            for output in outputs:
+                output.file.close()
         conn = Connection(ours.detach())
         settings = {"sys_path": [p for p in sys.path if p], "cache_root": str(cache.root()) if cache.root() else None,
                     "threads": self.threads, "crash_dir": self._scratch.name}
         send(conn, settings)  # small: they wait in the socket's buffer until the worker has started
         send(conn, self.exp)
         crash_file = Path(self._scratch.name) / f"worker-{process.pid}.log"
-        self._worker = _Worker(process, conn, crash_file, time.monotonic())
+        self._worker = _Worker(process, conn, crash_file, time.monotonic(), outputs)
 
     @property
     def worker_pid(self) -> int | None:
@@ -122,6 +157,16 @@ class ProcessExecutor(Executor):
         return None
 
     def execute(self, job, spec, model, inputs, on_run=None) -> Execution:
+        """One execution in the worker; what it printed is copied to this process's streams afterwards."""
+        if self._worker is None:
+            self._spawn()
+        worker = self._worker
+        try:
+            return self._execute(job, spec, model, inputs, on_run)
+        finally:
+            worker.copy_output()
+
+    def _execute(self, job, spec, model, inputs, on_run) -> Execution:
         remote = RemoteExecution(job, spec, self._digest(model), on_run)
         problem = self._ready()
         if problem is not None:
@@ -195,10 +240,13 @@ class ProcessExecutor(Executor):
         if worker is not None:
             worker.conn.close()  # an idle worker reads EOF and exits
             try:
-                worker.process.wait(timeout=0 if worker.busy else 10)  # a busy one (the run stopped early) is killed
+                # a busy one (the run stopped early) is killed, and one still starting (nothing was run) too
+                worker.process.wait(timeout=0 if worker.busy or not worker.ready else 10)
             except subprocess.TimeoutExpired:
-                self._kill(worker)
-                worker.process.wait()
+                pass
+            self._kill(worker)  # and what it started in its session, which would outlive it
+            worker.process.wait()
+            worker.copy_output()
         if self._scratch is not None:
             self._scratch.cleanup()
             self._scratch = None

@@ -31,8 +31,9 @@ import torch
 
 from parity.config.schema import BackendSpec, Experiment, ModelSpec
 from parity.inputs import Inputs
-from parity.runner.execute import _describe, execute
+from parity.runner.execute import _describe, ends_the_program, execute
 from parity.runner.executors import configured_model
+from parity.verify import taxonomy as tx
 from parity.verify.taxonomy import classify_exception
 
 
@@ -79,6 +80,12 @@ def run_execution(exp: Experiment, models: ModelCache, model_name: str, inputs: 
         model, digest = models.get(model_spec, exp)
     except Exception as exc:  # the parent built it; a worker that cannot is this execution's failure
         send(("done", "error", f"rebuilding the model in the worker failed: {_describe(exc)}", classify_exception(exc),
+              None, None))
+        return
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # its builder ends the program here only (the parent's build returned)
+        send(("done", "error", f"rebuilding the model in the worker failed: {ends_the_program(exc)}", tx.CRASH,
               None, None))
         return
     send(("built", digest))
@@ -161,16 +168,17 @@ def serve() -> None:
     from multiprocessing.connection import Connection
 
     _die_with_parent()
+    os.set_inheritable(int(sys.argv[1]), False)  # a process the model starts must not hold the parent's socket
     conn = Connection(int(sys.argv[1]))
-    prepare_worker(receive(conn))
-    exp: Experiment = receive(conn)
-    models = ModelCache()
-    import parity
+    try:
+        prepare_worker(receive(conn))
+        exp: Experiment = receive(conn)
+        models = ModelCache()
+        import parity
 
-    send(conn, ("ready", os.getpid(), parity.__file__))
-    while True:
-        try:
+        send(conn, ("ready", os.getpid(), parity.__file__))
+        while True:
             model_name, inputs, spec, repeats = receive(conn)
             run_execution(exp, models, model_name, inputs, spec, repeats, lambda message: send(conn, message))
-        except (EOFError, BrokenPipeError, ConnectionResetError):  # the parent is done, or stopped listening
-            return
+    except (EOFError, BrokenPipeError, ConnectionResetError):  # the parent is done, or stopped listening
+        return
