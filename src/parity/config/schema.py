@@ -458,6 +458,7 @@ class Experiment(Strict):
     name: Name | None = None
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
     repeats: int = Field(default=1, ge=1, le=MAX_REPEATS)
+    warmup: int = Field(default=1, ge=0, le=MAX_REPEATS)  # untimed runs of each backend before its repeats
     models: list[ModelSpec] = Field(min_length=1)
     inputs: list[InputSetSpec] = Field(min_length=1)
     reference: BackendSpec = Field(default_factory=lambda: BackendSpec(backend="eager"))

@@ -50,6 +50,20 @@ def tolerance_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def describe_note(note: dict[str, Any]) -> str:
+    """One line for what a backend warned of: `trace_specialized: "if x.mean() > 0:" at model.py:12`."""
+    where = f" at {note['where']}" if note.get("where") else ""
+    what = f'"{note["code"]}"' if note.get("code") else note["message"]
+    count = f" ({note['count']}x)" if note.get("count", 1) > 1 else ""
+    return f"{note['kind']}: {what}{where}{count}"
+
+
+def warned(checks: list[dict]) -> list[tuple[dict, list[str]]]:
+    """The checks whose target warned while it prepared or ran (a trace fixed to one branch, a graph
+    break), each with its lines, whatever the check's verdict: a pass can rest on such a trace."""
+    return [(c, [describe_note(n) for n in c["warnings"]]) for c in checks if c.get("warnings")]
+
+
 def render(records: list[dict], summary: dict[str, Any], out_dir, console, reports=()) -> None:
     """The table and the findings; then where the records, the summary and `reports` (paths) are."""
     from rich.markup import escape
@@ -80,6 +94,11 @@ def render(records: list[dict], summary: dict[str, Any], out_dir, console, repor
         if c["status"] == "ok" and not c["passed"]:
             console.print("[red]failed[/red] " + escape(f"{c['model']} / {c['inputs']} / {c['target']}: "
                                                           f"{c['failure_class']}: {c['detail']}"), soft_wrap=True)
+    for c, lines in warned(checks):
+        more = f" (and {len(lines) - 3} more in the records)" if len(lines) > 3 else ""
+        for i, line in enumerate(lines[:3]):
+            console.print("[yellow]warning[/yellow] " + escape(f"{c['model']} / {c['inputs']} / {c['target']}: {line}"
+                                                               + (more if i == 2 else "")), soft_wrap=True)
     tier3 = [r for r in records if r["kind"] == "check" and r["tier"] == 3]
     for c in tier3:
         m = c["metrics"]

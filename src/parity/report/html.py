@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.report import pictures, plots
-from parity.report.console import tolerance_lines, tolerance_title
+from parity.report.console import describe_note, tolerance_lines, tolerance_title
 from parity.report.summary import latency_rows
 from parity.verify.checks import tolerance_key
 from parity.verify.taxonomy import MEANINGS, SEVERITY
@@ -117,6 +117,7 @@ def _gate_table(checks: list[dict], tier3: list[dict], layers: list[dict], targe
             "failure_class": c.get("failure_class"), "detail": c.get("detail") or "",
             "tier3": None if task is None else ("agrees" if task["passed"] else task["failure_class"]),
             "culprit": culprit_by.get(_key(c)),
+            "warnings": [describe_note(n) for n in c.get("warnings") or []],
             "ran": c["status"] == "ok" and c.get("max_abs") is not None,
         }
     return [{**row, "cells": [row["cells"].get(t) for t in targets]} for row in rows.values()]

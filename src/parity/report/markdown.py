@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from parity.report.console import tolerance_lines, tolerance_title
+from parity.report.console import tolerance_lines, tolerance_title, warned
+from parity.report.summary import latency_rows
 from parity.verify.checks import tolerance_key
 
 
@@ -93,14 +94,26 @@ def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
             path = " > ".join(level["parent"] for level in r["levels"] if level["parent"])
             lines.append(head + r["verdict"] + (f" (descent: {path})" if path else ""))
             lines.append("  - suspects: " + ", ".join(f"`{s['name']}` (relative RMSE {s['rel_rmse']:.2e})" for s in r["suspects"]))
+    if warned(checks):
+        lines += ["", "## What the targets warned of", "",
+                  "A trace that took one branch of a data-dependent `if` is right only for inputs that take the same "
+                  "branch, whatever this run's verdict.", ""]
+        for c, notes in warned(checks):
+            lines += [f"- **{c['model']} / {c['inputs']} / {c['target']}** ({'pass' if c['passed'] else 'FAIL'}): {n}"
+                      for n in notes]
     skipped = {c["target"]: c["detail"] for c in checks if c["status"] == "skipped"}
     if skipped:
         lines += ["", "## Unavailable targets", ""] + [f"- {t}: {why}" for t, why in skipped.items()]
-    lines += ["", "## Latency per backend", "", "| backend | executions | median run s | min run s | prepare s (total) |",
-              "|---|---|---|---|---|"]
-    for backend, lat in summary["latency"].items():
-        lines.append(f"| {backend} | {lat['executions']} | {lat['run_s_median']:.4f} | {lat['run_s_min']:.4f} | "
-                     f"{lat['prepare_s_total']:.2f} |")
+    lines += ["", "## Latency per model, input set and backend", "",
+              "Timed repeats only (the warm-up runs before them are not timed); prepare (export, compile, load) apart.",
+              "", "| model | inputs | backend | repeats | median run s | min | max | prepare s |", "|---|---|---|---|---|---|---|---|"]
+    for row in latency_rows(records):
+        if row["median_s"] is None:
+            lines.append(f"| {row['model']} | {row['inputs']} | {row['backend']} | {row['status']} | | | | |")
+            continue
+        prepare = "" if row["prepare_s"] is None else f"{row['prepare_s']:.2f}"
+        lines.append(f"| {row['model']} | {row['inputs']} | {row['backend']} | {len(row['run_s'])} | {row['median_s']:.4f} | "
+                     f"{row['min_s']:.4f} | {row['max_s']:.4f} | {prepare} |")
     return "\n".join(lines) + "\n"
 
 

@@ -28,7 +28,7 @@ def tier1_check(job, target_exec, reference_exec, oracle_exec, experiment) -> di
     tol = experiment.tolerance_for(target_exec.backend)
     gate = tol.gate
     base = {"tier": 1, "model": job.model.name, "inputs": job.inputs.name, "reference": job.reference.id,
-            "target": target_exec.backend.id, **_tolerance_fields(tol)}
+            "target": target_exec.backend.id, **_tolerance_fields(tol), "warnings": target_exec.notes}
     if target_exec.status == "unavailable":
         return {**base, "status": "skipped", "passed": None, "failure_class": None, "detail": target_exec.error,
                 "required_atol": None, "max_abs": None, "verdicts": {}, "nondeterminism": None, "leaves": [],
