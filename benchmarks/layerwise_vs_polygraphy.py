@@ -168,7 +168,7 @@ def polygraphy_first(run: Run, values: list[list[str]]) -> str:
 
 
 def parity_first(run: Run) -> str:
-    first = re.search(r"first layer whose own error exceeds \S+: (\S+)", run.log)
+    first = re.search(r"first layer whose (?:own|propagated) error exceeds \S+: (\S+)", run.log)
     culprit = re.search(r"verdict: (\S+)", run.log)
     if run.rc != 0 or not culprit:
         return f"? (exit {run.rc}: {run.log.strip().splitlines()[-1] if run.log.strip() else ''})"

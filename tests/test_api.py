@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -46,7 +47,7 @@ def test_bad_targets_are_user_errors_before_anything_runs():
     model, x = model_and_input()
     with pytest.raises(ParityError) as info:
         assert_backends_agree(model, x, targets=["onnxruntim", {"backend": "compile", "options": {"mod": "default"}}])
-    assert "targets[0].backend: unknown backend 'onnxruntim'; did you mean 'onnxruntime'?" in info.value.problems[0]
+    assert "targets[0]: unknown target 'onnxruntim': no backend 'onnxruntim'; did you mean 'onnxruntime'?" in info.value.problems[0]
     assert "targets[1].options.mod: unknown option for backend 'compile'; did you mean 'mode'?" in info.value.problems[1]
 
 
@@ -54,3 +55,113 @@ def test_run_experiment_from_a_dict(tmp_path):
     records = run_experiment(tiny_experiment([{"backend": "torchscript"}]), out=tmp_path)
     assert [r["kind"] for r in records].count("check") == 1
     assert (tmp_path / "report.md").exists() and (tmp_path / "summary.json").exists()
+
+
+class Counts(torch.nn.Module):
+    """Integer outputs: the input scaled by 100, rounded. In bfloat16 some counts move by one or two."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.tensor(100.0))
+
+    def forward(self, x):
+        return (x * self.scale).round().to(torch.int64)
+
+
+def test_integer_outputs_are_said_to_be_compared_exactly():
+    """atol 5 would allow what the integers differ by, but integers are compared exactly: the message must
+    not say that a difference is allowed."""
+    x = torch.randn(2, 6, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(AssertionError) as info:
+        assert_backends_agree(Counts(), x, targets=[{"backend": "eager", "dtype": "bfloat16"}], atol=5, rtol=0.1)
+    message = str(info.value)
+    assert "int64 compared exactly (atol and rtol do not apply)" in message
+    assert re.search(r"Greatest absolute difference: [1-4] \(none allowed\)", message)
+    assert "allowed" not in message.replace("(none allowed)", "")
+
+
+def test_which_leaves_are_compared_exactly():
+    from parity.verify.tensors import compared_exactly
+
+    assert compared_exactly({"dtype": "int64"}) and compared_exactly({"dtype": "bool"})
+    assert not compared_exactly({"dtype": "float32"}) and not compared_exactly({"dtype": "bfloat16"})
+    assert not compared_exactly({"dtype": "complex64"})
+    assert not compared_exactly({"dtype": "int32", "reference_dtype": "int64"})  # a dtype mismatch, not exact
+
+
+def test_success_returns_the_numbers_per_target_and_leaf():
+    model, x = model_and_input()
+    result = assert_backends_agree(model, x, targets=["torchscript", "eager:float64"], atol=1e-5, rtol=1e-5)
+    assert result.passed and list(result.targets) == ["torchscript-cpu", "eager-cpu-float64"]
+    leaf = result["eager-cpu-float64"].leaves[0]
+    assert leaf["name"] == "out" and leaf["shape"] == [2, 5] and 0 < leaf["max_abs"] < 1e-5
+    assert result["eager-cpu-float64"].required_atol == pytest.approx(max(0.0, leaf["required_atol"]))
+    assert result["torchscript-cpu"].max_abs == 0.0 and result.reference == "eager-cpu"
+
+
+def test_the_assertion_error_carries_the_result():
+    model, x = model_and_input()
+    with pytest.raises(AssertionError) as info:
+        assert_backends_agree(model, x, targets=["eager", "eager-cpu-bfloat16"], atol=1e-6, rtol=1e-6,
+                              reference="eager:float64")
+    result = info.value.result
+    assert not result.passed and result["eager-cpu"].passed
+    bad = result["eager-cpu-bfloat16"]
+    assert bad.failure_class == "numeric_drift" and bad.required_atol > 1e-6 and bad.leaves[0]["failure_class"]
+
+
+def test_target_ids_are_the_ids_the_tables_print():
+    model, x = model_and_input()
+    result = assert_backends_agree(model, x, targets=["eager-cpu-float64", "tests.fixtures.tiny:NoisyEager"],
+                                   reference="eager-cpu")
+    assert list(result.targets) == ["eager-cpu-float64", "NoisyEager-cpu"]
+    with pytest.raises(ParityError, match="unknown target 'eager-cpu-bfloat61'.*did you mean 'bfloat16'"):
+        assert_backends_agree(model, x, targets=["eager-cpu-bfloat61"])
+    with pytest.raises(ParityError, match="target id 'eager-cpu-float64' appears twice"):
+        assert_backends_agree(model, x, targets=["eager:float64", "eager-fp64"])
+
+
+class Counting(torch.nn.Module):
+    """Counts its forwards: the reference cache is tested by how often the reference ran."""
+
+    calls = 0
+
+    def __init__(self, scale: float = 1.0):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+        self.scale = scale
+
+    def forward(self, x):
+        Counting.calls += 1
+        return self.lin(x) * self.scale
+
+
+def test_the_reference_cache_runs_the_reference_once_per_model_and_inputs():
+    cache: dict = {}
+    x = torch.randn(2, 4)
+    torch.manual_seed(0)
+    model = Counting()
+    Counting.calls = 0
+    for target in ("torchscript", "eager:float64"):  # each call builds its model afresh, as a test would
+        torch.manual_seed(0)
+        assert_backends_agree(Counting(), x, targets=[target], reference_cache=cache)
+    after_two = Counting.calls
+    assert_backends_agree(model, x, targets=["eager"], reference_cache=cache)
+    assert Counting.calls - after_two == 1  # the target ran; the reference came from the cache
+    assert len(cache) == 1
+
+
+def test_the_reference_cache_never_serves_another_models_outputs():
+    cache: dict = {}
+    x = torch.randn(2, 4)
+    torch.manual_seed(0)
+    one = Counting()
+    other_weights, other_setting = copy.deepcopy(one), copy.deepcopy(one)
+    with torch.no_grad():
+        other_weights.lin.bias[0] += 1.0
+    other_setting.scale = 2.0
+    assert_backends_agree(one, x, targets=["eager"], reference_cache=cache)
+    for changed in (other_weights, other_setting):
+        assert assert_backends_agree(changed, x, targets=["eager"], reference_cache=cache).passed
+    assert assert_backends_agree(one, x + 1, targets=["eager"], reference_cache=cache).passed
+    assert len(cache) == 4

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -77,10 +79,11 @@ def test_a_model_without_an_identity_is_never_cached(tmp_path):
 
     example = Inputs((torch.ones(1, 3),), {})
     spec = type("Spec", (), {"backend": "onnxruntime", "device": "cpu", "dtype": "float32", "options": {}})()
-    assert cache.artifact_key("onnx", torch.nn.Linear(3, 2), spec, example) is None
+    backend = type("Backend", (), {"spec": spec, "libraries": ("torch",)})()
+    assert cache.artifact_key("onnx", torch.nn.Linear(3, 2), backend, example) is None
     with cache.model_identity("linear"):
-        first = cache.artifact_key("onnx", torch.nn.Linear(3, 2), spec, example)
-        second = cache.artifact_key("onnx", torch.nn.Linear(3, 2), spec, example)  # other random weights
+        first = cache.artifact_key("onnx", torch.nn.Linear(3, 2), backend, example)
+        second = cache.artifact_key("onnx", torch.nn.Linear(3, 2), backend, example)  # other random weights
     assert first and second and first != second
 
 
@@ -98,3 +101,386 @@ def test_an_interrupted_entry_is_not_used(tmp_path):
     folder, hit = cache.fetch_or_build("k", build)
     assert not hit and (folder / "model.onnx").read_text() == "complete"
     assert cache.fetch_or_build("k", build) == (folder, True) and len(built) == 1
+
+
+# -- the key follows the model's code --------------------------------------------------------------
+
+NET = """import torch
+from torch import nn
+
+
+def exporting():
+    return torch.jit.is_tracing() or torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export()
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        y = self.conv(x).mean((2, 3))
+        return {tail}
+"""
+GOOD, FIXED = "y", "y  # fixed"
+REGRESSION = "y + 10.0 if exporting() else y  # the exported program computes something else"
+
+
+MODULES = ("netmod", "nethelpers", "netops", "netconfig")  # the model files these tests write
+
+
+def forget_modules() -> None:
+    for name in MODULES:
+        sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def fresh_imports(monkeypatch):
+    """Each run imports model files afresh, from source (no bytecode a same-size edit could hide behind), and
+    no test finds another's modules of the same name (not restored at the end, as monkeypatch.delitem would)."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    forget_modules()
+    yield
+    forget_modules()
+
+
+def _outcome(write_yaml, tmp_path, name: str, models: list[dict], targets: list[dict]) -> tuple[int, dict, dict]:
+    """Run with the cache in tmp_path/cache: the exit code, first executions by backend id, checks by target."""
+    path = write_yaml(tiny_experiment(targets, models=models), f"{name}.yaml")
+    code = main(["run", str(path), "--out", str(tmp_path / name), "--quiet", "--no-report",
+                 "--cache-dir", str(tmp_path / "cache")])
+    records = read_records(tmp_path / name / "records.jsonl")
+    executions = {r["backend"]: r for r in records if r["kind"] == "execution" and r["repeat"] == 0}
+    checks = {r["target"]: r for r in records if r["kind"] == "check" and r["tier"] == 1}
+    return code, executions, checks
+
+
+def _repo_run(write_yaml, tmp_path, name: str, tail: str, targets: list[dict]) -> tuple[int, dict, dict]:
+    (tmp_path / "repo").mkdir(exist_ok=True)
+    (tmp_path / "repo" / "net.py").write_text(NET.format(tail=tail))
+    models = [{"name": "net", "source": "repo", "path": "repo", "entry": "net:Net"}]
+    return _outcome(write_yaml, tmp_path, name, models, targets)
+
+
+def test_a_regression_in_forward_is_exported_afresh_and_fails(write_yaml, tmp_path, fresh_imports):
+    """The bug of issue 11: the export of the old forward was compared, and the check passed."""
+    targets = [{"backend": "onnxruntime"}, {"backend": "torchscript"}]
+    code, executions, checks = _repo_run(write_yaml, tmp_path, "good", GOOD, targets)
+    assert code == 0 and all(c["passed"] for c in checks.values())
+    code, executions, checks = _repo_run(write_yaml, tmp_path, "regression", REGRESSION, targets)
+    for target in ("onnxruntime-cpu", "torchscript-cpu"):
+        assert executions[target]["cached"] is False
+        assert not checks[target]["passed"] and checks[target]["required_atol"] == pytest.approx(10, rel=1e-3)
+    assert code == 1
+
+
+def test_a_fix_in_forward_is_exported_afresh_and_passes(write_yaml, tmp_path, fresh_imports):
+    targets = [{"backend": "torchscript"}]
+    code, _, checks = _repo_run(write_yaml, tmp_path, "regression", REGRESSION, targets)
+    assert code == 1 and not checks["torchscript-cpu"]["passed"]
+    code, executions, checks = _repo_run(write_yaml, tmp_path, "fixed", FIXED, targets)
+    assert code == 0 and checks["torchscript-cpu"]["passed"] and executions["torchscript-cpu"]["cached"] is False
+
+
+HELPERS = """import torch
+
+
+def scale(y):
+    return {body}
+"""
+
+
+def test_a_helper_edited_alone_in_another_file_is_exported_afresh(write_yaml, tmp_path, fresh_imports, monkeypatch):
+    """A python entry's module file is hashed; the file of a helper its forward calls, only the code walk finds."""
+    code_dir = tmp_path / "code"
+    code_dir.mkdir()
+    (code_dir / "netmod.py").write_text("import nethelpers\n" + NET.format(tail="nethelpers.scale(y)"))
+    monkeypatch.syspath_prepend(str(code_dir))
+    models = [{"name": "net", "source": "python", "entry": "netmod:Net"}]
+    outcomes = []
+    for name, body in (("good", "y"), ("again", "y"), ("regression", "y + 10.0 if torch.jit.is_tracing() else y")):
+        (code_dir / "nethelpers.py").write_text(HELPERS.format(body=body))
+        forget_modules()  # as a new process would: import the files afresh
+        outcomes.append(_outcome(write_yaml, tmp_path, name, models, [{"backend": "torchscript"}]))
+    (good, first, _), (again, second, _), (regression, third, checks) = outcomes
+    assert (good, again) == (0, 0) and first["torchscript-cpu"]["cached"] is False
+    assert second["torchscript-cpu"]["cached"] is True  # nothing changed: the export is reused
+    assert third["torchscript-cpu"]["cached"] is False and regression == 1 and not checks["torchscript-cpu"]["passed"]
+
+
+def _key(model: torch.nn.Module, backend_name: str = "torchscript", identity: str = "net") -> str | None:
+    from parity.backends import create_backend
+    from parity.config.schema import BackendSpec
+    from parity.inputs import Inputs
+
+    with cache.model_identity(identity):
+        return cache.artifact_key("torchscript", model, create_backend(BackendSpec(backend=backend_name)),
+                                  Inputs((torch.ones(1, 3, 8, 8),), {}))
+
+
+def _built(folder, entry: str = "netmod:Net") -> torch.nn.Module:
+    """The model of a repository folder, imported afresh, with the same weights every time."""
+    from parity.models.sources import build_repo
+
+    torch.manual_seed(0)
+    return build_repo(folder, entry, None, {})
+
+
+@pytest.fixture
+def code_dir(tmp_path, fresh_imports):
+    cache.configure(tmp_path / "cache")
+    folder = tmp_path / "code"
+    folder.mkdir()
+    (folder / "netmod.py").write_text("import nethelpers\nfrom nethelpers import SHIFT\n"
+                                      + NET.format(tail="nethelpers.scale(nethelpers.offset(y)) * nethelpers.FACTOR + SHIFT"))
+    (folder / "nethelpers.py").write_text(HELPERS.format(body="y") + "\n\nSHIFT = 0.0\nfrom netops import offset  # noqa\n"
+                                          "from netconfig import FACTOR  # noqa\n")
+    (folder / "netops.py").write_text("def offset(y):\n    return y\n")  # reached only through nethelpers.offset
+    (folder / "netconfig.py").write_text("FACTOR = 1.0\n")  # read only as nethelpers.FACTOR
+    return folder
+
+
+def test_the_key_changes_with_any_code_forward_reaches_and_not_otherwise(code_dir):
+    same = _key(_built(code_dir))
+    assert same is not None and _key(_built(code_dir)) == same  # an unchanged model hits
+    helpers = code_dir / "nethelpers.py"
+    text = helpers.read_text()
+    for edited in (text.replace("return y", "return y * 1"),  # the helper forward calls, alone
+                   text.replace("SHIFT = 0.0", "SHIFT = 0.5")):  # a constant forward reads
+        helpers.write_text(edited)
+        assert _key(_built(code_dir)) != same
+    helpers.write_text(text)
+    assert _key(_built(code_dir)) == same
+    for file, edited in (("netops.py", "def offset(y):\n    return y + 0\n"),  # a function re-exported from another file
+                         ("netconfig.py", "FACTOR = 2.0\n")):  # a constant re-exported from another file
+        (code_dir / file).write_text(edited)
+        assert _key(_built(code_dir)) != same, file
+        same = _key(_built(code_dir))
+
+
+def test_code_whose_source_cannot_be_read_is_keyed_on_its_code_objects(tmp_path):
+    """A class typed in a notebook cell or made at run time has no file: its bytecode and constants say what it is."""
+    cache.configure(tmp_path / "cache")
+
+    def made_at_run_time(expression: str) -> torch.nn.Module:
+        source = f"class Cell(torch.nn.Module):\n    def forward(self, x):\n        return {expression}\n"
+        namespace = {"torch": torch}
+        exec(compile(source, "<notebook cell>", "exec"), namespace)
+        return namespace["Cell"]()
+
+    assert _key(made_at_run_time("x * 2.0")) == _key(made_at_run_time("x * 2.0"))
+    keys = {_key(made_at_run_time(e)) for e in ("x * 2.0", "x * 3.0", "x + 2.0")}  # a constant, an operation
+    assert len(keys) == 3
+
+
+def test_code_past_the_walk_bounds_is_not_cached(code_dir, monkeypatch):
+    from parity import fingerprint
+
+    assert _key(_built(code_dir)) is not None
+    monkeypatch.setattr(fingerprint, "MAX_OBJECTS", 2)
+    assert _key(_built(code_dir)) is None
+
+
+def test_the_key_holds_the_libraries_the_backend_declares_and_the_code_reaches(tmp_path, monkeypatch):
+    """onnxscript decides an ONNX export, not a TorchScript trace; torchvision decides a model built of its modules."""
+    import torchvision
+
+    from parity import fingerprint
+
+    cache.configure(tmp_path / "cache")
+    net = torch.nn.Sequential(torchvision.ops.Conv2dNormActivation(3, 4))
+    keys = {b: _key(net, b) for b in ("onnxruntime", "torchscript")}
+    real = fingerprint.version
+    for library, changed in (("onnxscript", {"onnxruntime"}), ("torchvision", {"onnxruntime", "torchscript"}),
+                             ("torch", {"onnxruntime", "torchscript"}), ("transformers", set())):
+        monkeypatch.setattr(fingerprint, "version", lambda name, lib=library: "9.9" if name == lib else real(name))
+        assert {b for b in keys if _key(net, b) != keys[b]} == changed, library
+    monkeypatch.setattr(fingerprint, "version", real)
+    monkeypatch.setattr(fingerprint, "_record_digest", lambda name: "reinstalled" if name == "torch" else None)
+    assert all(_key(net, b) != keys[b] for b in keys)  # the same version, other files
+    assert {"torch", "torchvision"} <= fingerprint.code_fingerprint(net)[1]
+
+
+def test_the_key_holds_parity_s_own_code_python_s_version_and_a_plugin_backend_s_code(tmp_path, monkeypatch):
+    from parity import fingerprint
+    from tests.fixtures import tiny
+
+    cache.configure(tmp_path / "cache")
+    net = torch.nn.Linear(3, 2)
+    key = _key(net)
+    with monkeypatch.context() as m:
+        m.setattr(fingerprint, "parity_digest", lambda: "another commit")
+        assert _key(net) != key
+    with monkeypatch.context() as m:
+        m.setattr(sys, "version", "3.99.0")
+        assert _key(net) != key
+    plugin = _key(net, "tests.fixtures.tiny:PerturbedEager")  # a backend in a user file: its file is in the key
+    assert plugin != key
+    with monkeypatch.context() as m:
+        m.setattr(tiny.PerturbedEager, "scale", 2.0, raising=False)
+        assert _key(net, "tests.fixtures.tiny:PerturbedEager") != plugin
+
+
+def test_a_repository_folder_is_keyed_on_its_python_files_within_bounds(tmp_path, monkeypatch):
+    from parity import fingerprint
+
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "layers.py").write_text("WIDTH = 4\n")
+    (repo / "README.md").write_text("not code")
+    (repo / ".git").mkdir()
+    (repo / ".git" / "hook.py").write_text("hidden")
+    digest = fingerprint.folder_digest(repo)
+    (repo / "README.md").write_text("still not code")
+    (repo / ".git" / "hook.py").write_text("hidden, edited")
+    assert fingerprint.folder_digest(repo) == digest  # only .py files outside hidden folders count
+    (repo / "pkg" / "layers.py").write_text("WIDTH = 8\n")
+    assert fingerprint.folder_digest(repo) != digest  # a file no import reached yet still counts
+    monkeypatch.setattr(fingerprint, "MAX_FILES", 0)
+    assert fingerprint.folder_digest(repo) is None
+    cache.configure(tmp_path / "cache")
+    with cache.model_identity("net", None):  # a source that cannot say what it is made of: nothing cached
+        assert cache.artifact_key("onnx", torch.nn.Linear(3, 2), object(), None) is None
+
+
+
+def test_a_model_source_says_what_it_reads_the_model_from(tmp_path, monkeypatch, fresh_imports):
+    """repo: every .py file of the folder, imported or not; python: the entry's module file; torchvision: its version."""
+    from types import SimpleNamespace
+
+    from parity import fingerprint
+    from parity.config.schema import ModelSpec
+    from parity.models import source_fingerprint
+
+    (tmp_path / "netmod.py").write_text("def build():\n    return None\n")
+    (tmp_path / "unused.py").write_text("A = 1\n")
+    exp = SimpleNamespace(resolve=lambda path: tmp_path / path)
+    repo = ModelSpec(name="r", source="repo", path=".", entry="netmod:build")
+    python = ModelSpec(name="p", source="python", entry="netmod:build")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    __import__("netmod")
+    before = {spec.source: source_fingerprint(spec, exp) for spec in (repo, python)}
+    (tmp_path / "unused.py").write_text("A = 2\n")
+    assert source_fingerprint(repo, exp) != before["repo"] and source_fingerprint(python, exp) == before["python"]
+    (tmp_path / "netmod.py").write_text("def build():\n    return 1\n")
+    assert source_fingerprint(python, exp) != before["python"]
+    vision = ModelSpec(name="v", source="torchvision", builder="resnet18")
+    assert source_fingerprint(vision, exp)["libraries"] == fingerprint.versions(["torchvision"])
+    assert fingerprint.versions(["torchvision"])["torchvision"][0] == fingerprint.version("torchvision") is not None
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self, factor: float):
+        super().__init__()
+        self.factor = factor  # a plain attribute: in no state dict, yet baked into every export
+
+    def forward(self, x):
+        return x * self.factor
+
+
+def test_the_key_holds_plain_attributes_and_hooks_but_not_hook_handle_numbers(tmp_path):
+    cache.configure(tmp_path / "cache")
+    assert _key(Scaled(2.0)) == _key(Scaled(2.0)) != _key(Scaled(3.0))
+
+    def hooked(offset: float) -> torch.nn.Module:
+        model = Scaled(2.0)
+        model.register_forward_hook(lambda module, args, out: out + offset)  # a new handle number each time
+        return model
+
+    assert _key(hooked(0.0)) == _key(hooked(0.0)) != _key(hooked(1.0))
+    assert _key(hooked(0.0)) != _key(Scaled(2.0))
+
+
+# -- parity cache info / clear ---------------------------------------------------------------------
+
+def _cache_verb(capsys, *argv: str) -> tuple[int, str]:
+    code = main(["cache", *argv])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def _populated(tmp_path, write_yaml) -> Path:
+    """A cache with one artifact entry (a TorchScript trace) and something in inductor's folder."""
+    _run(write_yaml, tmp_path, "fill", "--cache-dir", str(tmp_path / "cache"), targets=[{"backend": "torchscript"}])
+    (tmp_path / "cache" / "inductor" / "fxgraph").mkdir(parents=True)
+    (tmp_path / "cache" / "inductor" / "fxgraph" / "entry").write_bytes(b"x" * 1000)
+    return tmp_path / "cache"
+
+
+def test_cache_info_says_where_the_cache_is_and_what_it_holds(write_yaml, tmp_path, capsys):
+    root = _populated(tmp_path, write_yaml)
+    assert (root / cache.TAG).read_text().startswith("Signature: 8a477f597d28d172789f06886806bc55")
+    size = sum(f.stat().st_size for f in (root / "artifacts").rglob("*") if f.is_file())
+    code, out = _cache_verb(capsys, "info", "--cache-dir", str(root))
+    assert code == 0
+    assert f"cache {root}: 1 artifact entry" in out and "inductor 1 files (1.0 kB)" in out
+    assert f"{size / 1e3:.1f} kB" in out or f"{size / 1e6:.1f} MB" in out
+    code, out = _cache_verb(capsys, "info", "--cache-dir", str(tmp_path / "none"))
+    assert code == 0 and "does not exist" in out and not (tmp_path / "none").exists()
+    assert _cache_verb(capsys, "info") == (0, "the artifact cache is off (PARITY_CACHE_DIR=off); give --cache-dir DIR to name one\n")
+
+
+def test_cache_clear_removes_what_parity_wrote_and_says_what_it_freed(write_yaml, tmp_path, capsys):
+    root = _populated(tmp_path, write_yaml)
+    (root / "artifacts" / "notes.txt").write_text("mine")  # not parity's: stays, and so does its folder
+    code, out = _cache_verb(capsys, "clear", "--cache-dir", str(root))
+    assert code == 0 and f"cleared cache {root}: 1 artifact entry" in out and "freed" in out
+    assert "not parity's, left alone: notes.txt" in out
+    assert sorted(p.name for p in root.iterdir()) == [cache.TAG, "artifacts"]
+    assert [p.name for p in (root / "artifacts").iterdir()] == ["notes.txt"]
+    again = _run(write_yaml, tmp_path, "again", "--cache-dir", str(root), targets=[{"backend": "torchscript"}])
+    assert again["executions"]["torchscript-cpu"]["cached"] is False  # the next run is cold
+
+
+def test_cache_clear_never_touches_a_folder_parity_did_not_tag(tmp_path, capsys, monkeypatch):
+    """`--cache-dir ~` names the home folder: its own artifacts/ and inductor/ folders are the user's."""
+    home = tmp_path / "home"
+    for mine in ("artifacts/0123456789abcdef0123456789abcdef", "inductor/fxgraph"):
+        (home / mine).mkdir(parents=True)
+        (home / mine / "file").write_text("mine")
+    monkeypatch.setenv("HOME", str(home))
+    code, out = _cache_verb(capsys, "clear", "--cache-dir", "~")
+    assert code == 2 and out == f"error: cache folder {home}: not a parity cache (no CACHEDIR.TAG written by parity); nothing removed\n"
+    assert all((home / mine / "file").read_text() == "mine" for mine in ("artifacts/0123456789abcdef0123456789abcdef", "inductor/fxgraph"))
+
+
+def test_cache_clear_never_follows_a_link_out_of_the_cache(tmp_path, capsys):
+    outside = tmp_path / "outside"
+    (outside / "0123456789abcdef0123456789abcdef").mkdir(parents=True)
+    (outside / "0123456789abcdef0123456789abcdef" / "keep").write_text("keep")
+    root = tmp_path / "cache"
+    cache.configure(root)  # tags it
+    (root / "artifacts").mkdir()
+    (root / "artifacts" / "fedcba9876543210fedcba9876543210").symlink_to(outside, target_is_directory=True)
+    (root / "inductor").mkdir()
+    (root / "inductor" / "link").symlink_to(outside, target_is_directory=True)
+    assert _cache_verb(capsys, "clear", "--cache-dir", str(root))[0] == 0
+    assert not (root / "artifacts").exists() and not (root / "inductor").exists()  # the links went, not their targets
+    assert (outside / "0123456789abcdef0123456789abcdef" / "keep").read_text() == "keep"
+    (root / "artifacts").symlink_to(outside, target_is_directory=True)  # parity never makes one: left alone
+    code, out = _cache_verb(capsys, "clear", "--cache-dir", str(root))
+    assert code == 0 and "not parity's, left alone: artifacts (a symbolic link)" in out
+    assert (root / "artifacts").is_symlink() and (outside / "0123456789abcdef0123456789abcdef" / "keep").exists()
+
+
+@pytest.mark.parametrize("verb", ["info", "clear"])
+def test_a_cache_folder_that_is_a_file_unreadable_or_proc_is_a_user_error(tmp_path, capsys, monkeypatch, verb):
+    (tmp_path / "file").write_text("")
+    assert _cache_verb(capsys, verb, "--cache-dir", str(tmp_path / "file")) == (
+        2, f"error: cache folder {tmp_path / 'file'}: is a file, not a folder\n")
+    assert _cache_verb(capsys, verb, "--cache-dir", "/proc") == (2, "error: cache folder /proc: is a system folder, not a cache\n")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda path=".": (_ for _ in ()).throw(PermissionError(13, "Permission denied", str(path)))
+                        if str(path) == str(locked) else real(path))  # as root, chmod would not lock anything
+    assert _cache_verb(capsys, verb, "--cache-dir", str(locked)) == (
+        2, f"error: cache folder {locked}: cannot be read (Permission denied)\n")
+
+
+def test_run_with_a_cache_folder_that_is_a_file_is_a_user_error(write_yaml, tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    path = write_yaml(tiny_experiment([{"backend": "torchscript"}]))
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "file")]) == 2
+    assert capsys.readouterr().err == f"error: cache folder {tmp_path / 'file'}: is a file, not a folder\n"
+    assert not (tmp_path / "out").exists()

@@ -6,7 +6,7 @@ import pytest
 import torch
 import yaml
 
-from parity.adapters.fallback import apply_fallback, candidates_from, find_fallback
+from parity.adapters.fallback import apply_fallback, candidates_from, find_fallback, is_whole_model, next_step
 from parity.api import run_experiment
 from parity.cli import main
 from parity.config.schema import BackendSpec
@@ -46,7 +46,10 @@ def test_no_fallback_when_the_drift_has_no_single_source():
     model = DeepCNN().eval()
     target = BackendSpec(backend="eager", dtype="bfloat16")
     result = find_fallback(EAGER, target, model, IMAGE, ["stem", "block1", "block2", "head"], 1e-5, 1e-7)
-    assert not result.passed
+    assert not result.passed and not result.whole_model
+    widen = next_step(result, "parity fallback exp.yaml", None)
+    assert f"passes from atol {result.required_atol_before:.3g}: widen the gate" in widen
+    assert next_step(result, "parity fallback exp.yaml", "classification").endswith("parity fallback exp.yaml --tier 3")
 
 
 def test_fallback_applies_only_where_it_means_something():
@@ -111,3 +114,51 @@ def test_localize_and_fallback_never_write_over_a_runs_records(tmp_path, capsys)
         assert main([verb, str(path), "--out", str(run_dir)]) == 2
         assert "already holds records.jsonl" in capsys.readouterr().err
     assert (run_dir / "records.jsonl").read_bytes() == before
+
+
+def test_a_set_that_is_the_whole_model_is_no_partial_fallback(tmp_path, capsys):
+    """A fault in each of TinyCNN's three layers, on bfloat16 only: the one set that passes is every
+    top-level module in float32, which the command says is the whole model, with a next step, exit 1."""
+    from parity.records import read_records
+
+    data = tiny_experiment([{"backend": "eager", "dtype": "bfloat16"}], tolerances={"atol": [1e-2], "gate": 1e-2})
+    data["models"][0]["entry"] = "tests.fixtures.whole_graph:faulty_everywhere"
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["fallback", str(path), "--out", str(tmp_path / "out")]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "no partial fallback exists; this is the whole model at the reference's precision (float32)" in out
+    assert "apply it" not in out
+    [record] = [r for r in read_records(tmp_path / "out") if r["kind"] == "fallback"]
+    assert record["passed"] and record["whole_model"] and sorted(record["modules"]) == ["bn", "conv", "head"]
+    assert f"next: {record['next_step']}" in out and "widen the gate" in record["next_step"]
+
+
+def test_what_counts_as_the_whole_model():
+    model = DeepCNN()
+    assert is_whole_model(model, ["stem", "block1", "block2", "head"])  # every top-level module
+    assert is_whole_model(model, ["stem", "block1.0", "block1.1", "block2", "head"])  # every parameter
+    assert not is_whole_model(model, ["stem", "block1", "block2"]) and not is_whole_model(model, [])
+    only_weights = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    assert is_whole_model(only_weights, ["0"])  # a parameter-free ReLU left out changes nothing
+
+
+def test_next_steps_for_each_aim():
+    from parity.adapters.fallback import FallbackResult
+
+    partial = FallbackResult("t", "eager", modules=["head"], passed=True)
+    assert next_step(partial, "parity fallback f.yaml", "classification") is None
+    whole = FallbackResult("t", "eager", modules=["a", "b"], passed=True, whole_model=True, required_atol_before=0.5)
+    assert next_step(whole, "parity fallback f.yaml", "detection").endswith("parity fallback f.yaml --tier 3")
+    assert "tolerances: {gate: 0.5}" in next_step(whole, "parity fallback f.yaml", None)
+    nonfinite = FallbackResult("t", "eager", required_atol_before=float("inf"))
+    assert "no atol passes" in next_step(nonfinite, "parity fallback f.yaml", None)
+    task_aim = FallbackResult("t", "float32", aim="tier 3")
+    assert "lower the thresholds in tiers.tasks" in next_step(task_aim, "parity fallback f.yaml", "classification")
+
+
+def test_a_whole_graph_localization_leads_the_candidates_with_its_first_divergent_layer():
+    """No suspects (no own error above the threshold): the layer its propagated error names comes first."""
+    layers = [{"name": n, "local": {"rel_rmse": e, "error": None}} for n, e in (("a", 0.0), ("b", 0.0), ("c", 1e-9))]
+    record = {"suspects": [], "first_divergent": "b", "levels": [{"layers": layers}]}
+    assert candidates_from(record) == ["b", "c", "a"]

@@ -64,7 +64,8 @@ def test_parity_run_with_hostile_weights_exits_2_and_runs_nothing(hostile_weight
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     [line] = result.stderr.splitlines()
-    assert line.startswith(f"error: refusing weights file {path}")
+    # refused while the file is validated, before any model is built: at its key, with the reason
+    assert line.startswith(f"error: {exp}:") and f"models[0].weights: refusing weights file {path}" in line
     assert not marker.exists()
 
 

@@ -73,7 +73,9 @@ def test_float_precision_may_differ_but_integer_dtypes_may_not():
 
 
 def test_non_tensor_leaves_are_compared_exactly_never_passed_silently():
-    assert compare({"n": 3}, {"n": 3}, 0, 1).failure_class is None
+    x = torch.ones(2)
+    assert compare({"n": 3, "x": x}, {"n": 3, "x": x}, 0, 1).failure_class is None
+    assert compare({"n": 3}, {"n": 3}, 0, 1).failure_class == tx.UNCOMPARABLE  # no tensor: nothing computed is checked
     assert compare({"n": 3}, {"n": 4}, 0, 1e9).failure_class == tx.NUMERIC_DRIFT
     assert not compare({"n": 3}, {"n": 4}, 0, 1e9).passes(1e9)
     assert compare({"s": "cat"}, {"s": "dog"}, 0, 1).failure_class == tx.STRUCTURE_MISMATCH

@@ -1,7 +1,23 @@
-"""parity: does your model give the same answers on every backend you deploy to?"""
+"""parity: does your model give the same answers on every backend you deploy to?
 
-from parity.api import assert_backends_agree, run_experiment
-from parity.errors import ParityError
+The Python API loads on first use (PEP 562): `import parity.errors`, `parity --help` and the pytest plugin,
+which pytest loads in every run once parity is installed, do not import torch (seconds, hundreds of MB).
+"""
+
+from parity.offline import contain
+
+contain()  # before any backend can load: no telemetry, nothing sent (parity/offline.py); imports no torch
+
+from parity.errors import ParityError  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["ParityError", "assert_backends_agree", "run_experiment", "__version__"]
+_API = ("assert_backends_agree", "run_experiment")
+
+
+def __getattr__(name: str):
+    if name in _API:
+        from parity import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'parity' has no attribute {name!r}")

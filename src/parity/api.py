@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import hashlib
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,45 +60,180 @@ def _as_inputs(inputs: Any) -> Inputs:
     return Inputs((inputs,))
 
 
-def _spec(target: str | dict | BackendSpec) -> BackendSpec:
+def target_spec(target: str | dict | BackendSpec) -> BackendSpec:
+    """A target id as the tables print it (`eager-cpu-bfloat16`, `compile`, `eager:bfloat16`: the grammar
+    of `parity.config.targets`), a backend entry as in an experiment file, or a BackendSpec."""
     if isinstance(target, BackendSpec):
         return target
     if isinstance(target, str):
-        return BackendSpec(backend=target)
+        from parity.config.targets import parse_target
+
+        return BackendSpec.model_validate(parse_target(target))
     return BackendSpec.model_validate(target)
+
+
+@dataclass
+class TargetAgreement:
+    """One target against the reference: its verdict at the call's atol and rtol, and every leaf's numbers
+    (`name`, `shape`, `dtype`, `max_abs`, `max_rel`, `mismatch_fraction`, `required_atol`, `failure_class`,
+    `detail`: the leaves of a check record). `status` is `error` when the target raised and `unavailable`
+    when it cannot run here: then `passed` is False and `leaves` is empty."""
+
+    target: str
+    status: str
+    passed: bool
+    failure_class: str | None = None
+    detail: str | None = None
+    required_atol: float | None = None  # the smallest atol at which every leaf passes at this rtol; None: none does
+    max_abs: float | None = None
+    leaves: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Agreement:
+    """What `assert_backends_agree` found: per target (by id, in the order given), per leaf."""
+
+    reference: str
+    atol: float
+    rtol: float
+    targets: dict[str, TargetAgreement] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return all(t.passed for t in self.targets.values())
+
+    def __getitem__(self, target: str) -> TargetAgreement:
+        return self.targets[target]
+
+
+class Disagreement(AssertionError):
+    """The AssertionError of `assert_backends_agree`, carrying the whole `Agreement` in `result`."""
+
+    def __init__(self, message: str, result: Agreement):
+        super().__init__(message)
+        self.result = result
+
+
+def _judged(target: str, comparison, atol: float) -> TargetAgreement:
+    passed = comparison.passes(atol)
+    required = comparison.required_atol
+    max_abs = max((leaf.get("max_abs") or 0.0 for leaf in comparison.leaves), default=0.0)
+    return TargetAgreement(target, "ok", passed, None if passed else comparison.failure_class,
+                           None if passed else comparison.detail, required if math.isfinite(required) else None,
+                           max_abs, comparison.leaves)
+
+
+def _reference_key(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs) -> tuple | None:
+    """What a reference's outputs depend on, for `reference_cache`: the reference backend; every module's
+    class (the class objects, so that two `Net`s of two test files never share outputs), its plain
+    attributes (`self.scale = 2.0`, hooks) and its parameters' and buffers' bytes; and the inputs by value.
+    None when an input is of a type parity cannot compare (it has no value to key on): nothing is cached."""
+    from parity.outputs import Opaque, flatten
+
+    leaves = flatten((inputs.args, inputs.kwargs))
+    if any(isinstance(v, Opaque) for v in leaves.values()):
+        return None
+    h = hashlib.sha256()
+    seen: set[int] = set()
+    _digest(h, model, seen)
+    _digest(h, leaves, seen)
+    return spec.model_dump_json(), tuple(type(m) for m in model.modules()), h.hexdigest()
+
+
+_MODULE_STATE = ("_parameters", "_buffers", "_modules", "training")  # digested apart, or the same in eval
+
+
+def _digest(h, value: Any, seen: set[int], depth: int = 0) -> None:
+    """Feed `value` into `h`: tensors by their bytes, modules by their attributes, parameters, buffers and
+    submodules, containers item by item, anything else by its repr (an object's default repr holds its
+    address: two such objects never share a key)."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach().to("cpu").contiguous()
+        h.update(f"tensor:{t.dtype}:{tuple(t.shape)}:".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(value, torch.nn.Module):
+        if id(value) in seen:  # a module met again (shared, or an attribute pointing back up): by position
+            h.update(f"module-again:{id(value)}".encode())
+            return
+        seen.add(id(value))
+        h.update(f"module:{type(value).__module__}.{type(value).__qualname__}".encode())
+        for name, item in vars(value).items():
+            if name not in _MODULE_STATE:
+                h.update(f"attr:{name}".encode())
+                _digest(h, item, seen, depth + 1)
+        for group in ("_parameters", "_buffers", "_modules"):
+            for name, item in vars(value)[group].items():
+                h.update(f"{group}:{name}".encode())
+                _digest(h, item, seen, depth + 1)
+    elif isinstance(value, dict) and depth < 8:
+        h.update(f"dict:{len(value)}".encode())
+        for key, item in value.items():
+            h.update(repr(key).encode())
+            _digest(h, item, seen, depth + 1)
+    elif isinstance(value, list | tuple) and depth < 8:
+        h.update(f"{type(value).__name__}:{len(value)}".encode())
+        for item in value:
+            _digest(h, item, seen, depth + 1)
+    elif isinstance(value, dict | list | tuple):  # nested deeper than any model's settings: never shared
+        h.update(f"deep:{id(value)}".encode())
+    else:
+        h.update(f"{type(value).__qualname__}:{value!r}".encode())
+
+
+def _specs(reference, targets) -> tuple[BackendSpec, list[BackendSpec]]:
+    """The reference's and the targets' specs; unknown names, bad options and a target id given twice fail
+    loudly, all at once, before anything runs."""
+    from parity.config.checks import backend_problems
+    from parity.config.yaml_io import format_path
+    from parity.errors import ParityError
+
+    problems, specs = [], []
+    for path, target in [(("reference",), reference), *((("targets", i), t) for i, t in enumerate(targets))]:
+        try:
+            spec = target_spec(target)
+        except ParityError as exc:
+            problems.append(f"{format_path(path)}: {exc.problems[0]}")
+            continue
+        specs.append(spec)
+        problems += [f"{format_path(where)}: {msg}" for where, msg in backend_problems(spec, path)]
+    ids = [spec.id for spec in specs[1:]]
+    problems += [f"target id '{i}' appears twice" for i in sorted({i for i in ids if ids.count(i) > 1})]
+    if problems:
+        raise ParityError(*problems)
+    return specs[0], specs[1:]
 
 
 def assert_backends_agree(model: torch.nn.Module, inputs: Any, targets: list[str | dict | BackendSpec],
                           atol: float = 1e-5, rtol: float = 1.3e-6,
-                          reference: str | dict | BackendSpec = "eager") -> None:
-    """Raise AssertionError, in the style of torch.testing.assert_close, unless every target's outputs
-    match the reference's: |t - r| <= atol + rtol * |r| on every leaf. `inputs` is a tensor, a tuple of
-    positional tensors or a dict of keyword tensors. The model itself is never modified; the copies that
-    the backends run are put in eval mode (dropout off, batch-norm statistics frozen), as `parity run` does."""
-    from parity.config.checks import backend_problems
-    from parity.config.yaml_io import format_path
-    from parity.errors import ParityError
+                          reference: str | dict | BackendSpec = "eager",
+                          reference_cache: dict | None = None) -> Agreement:
+    """Raise AssertionError (a `Disagreement`, whose `result` holds the numbers), in the style of
+    torch.testing.assert_close, unless every target's outputs match the reference's:
+    |t - r| <= atol + rtol * |r| on every leaf; else return the `Agreement`, per target and per leaf.
+    A target is an id as the tables print it (`compile-cpu`, `eager-cpu-bfloat16`, `eager:bfloat16`), a
+    backend entry as in an experiment file, or a BackendSpec. `inputs` is a tensor, a tuple of positional
+    tensors or a dict of keyword tensors. The model itself is never modified; the copies that the
+    backends run are put in eval mode (dropout off, batch-norm statistics frozen), as `parity run` does.
+    `reference_cache`, a dict kept between calls, holds the reference's outputs by what they depend on
+    (the model's classes, attributes and weights, the inputs' values, the reference backend), so that
+    checking one model target by target runs the reference once."""
     from parity.runner.execute import execute
-    from parity.verify.tensors import compare
+    from parity.verify.tensors import compare, compared_exactly
 
+    ref_spec, specs = _specs(reference, targets)
     inputs = _as_inputs(inputs)
     model = copy.deepcopy(model).eval()
-    ref_spec = _spec(reference)
-    specs = [_spec(t) for t in targets]
-    problems = [f"{format_path(path)}: {msg}" for i, spec in enumerate([ref_spec, *specs])
-                for path, msg in backend_problems(spec, ("reference",) if i == 0 else ("targets", i - 1))]
-    if problems:  # unknown names and bad options fail loudly, before anything runs
-        raise ParityError(*problems)
-    ref = execute(ref_spec, model, inputs, 1)
-    if not ref.ok:
-        raise AssertionError(f"the reference {ref_spec.id} failed: {ref.error or ref.status}")
+    reference_outputs = _reference_outputs(ref_spec, model, inputs, reference_cache)
+    result = Agreement(ref_spec.id, atol, rtol)
     problems = []
     for spec in specs:
         got = execute(spec, model, inputs, 1)
         if not got.ok:
+            result.targets[spec.id] = TargetAgreement(spec.id, got.status, False, got.failure_class, got.error)
             problems.append(f"Target {spec.id} did not run ({got.status}): {got.error}")
             continue
-        comparison = compare(ref.outputs[0], got.outputs[0], rtol, atol)
+        comparison = compare(reference_outputs, got.outputs[0], rtol, atol)
+        result.targets[spec.id] = _judged(spec.id, comparison, atol)
         if comparison.passes(atol):
             continue
         bad = [leaf for leaf in comparison.leaves if leaf["failure_class"]]
@@ -106,15 +244,32 @@ def assert_backends_agree(model: torch.nn.Module, inputs: Any, targets: list[str
                 n = 1
                 for d in leaf["shape"]:
                     n *= d
+                exact = compared_exactly(leaf)  # integers and booleans: no tolerance applies
+                how = f", {leaf['dtype']} compared exactly (atol and rtol do not apply)" if exact else ""
                 lines.append(
                     f"  {leaf['name']}: Mismatched elements: {round(leaf['mismatch_fraction'] * n)} / {n} "
-                    f"({leaf['mismatch_fraction']:.1%})\n"
+                    f"({leaf['mismatch_fraction']:.1%}){how}\n"
                     f"    Greatest absolute difference: {leaf['max_abs']:.6g} "
-                    f"(up to {atol:g} allowed)\n"
-                    f"    Greatest relative difference: {leaf['max_rel']:.6g} (up to {rtol:g} allowed)"
+                    f"({'none' if exact else f'up to {atol:g}'} allowed)\n"
+                    f"    Greatest relative difference: {leaf['max_rel']:.6g} ({'none' if exact else f'up to {rtol:g}'} allowed)"
                 )
             else:
                 lines.append(f"  {leaf['name']}: {leaf.get('detail', leaf['failure_class'])}")
         problems.append("\n".join(lines))
     if problems:
-        raise AssertionError("\n".join(problems))
+        raise Disagreement("\n".join(problems), result)
+    return result
+
+
+def _reference_outputs(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, cache: dict | None) -> Any:
+    from parity.runner.execute import execute
+
+    key = _reference_key(spec, model, inputs) if cache is not None else None
+    if key is not None and key in cache:
+        return cache[key]
+    ref = execute(spec, model, inputs, 1)
+    if not ref.ok:
+        raise AssertionError(f"the reference {spec.id} failed: {ref.error or ref.status}")
+    if key is not None:
+        cache[key] = ref.outputs[0]
+    return ref.outputs[0]

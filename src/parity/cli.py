@@ -1,5 +1,5 @@
-"""The command line: `parity run`, `parity report`, `parity validate`, `parity localize`, `parity fallback`,
-`parity backends`. One function per verb.
+"""The command line: `parity run`, `parity check`, `parity report`, `parity validate`, `parity localize`,
+`parity fallback`, `parity backends`, `parity cache info|clear`. One function per verb.
 
 Exit codes: 0 every check passed at the gate; 1 some check failed or has no verdict (a target could not
 run here, the reference crashed); 2 user error (bad file, unknown name, missing file, a model that raises on
@@ -12,6 +12,7 @@ import argparse
 import atexit
 import errno
 import os
+import shlex
 import sys
 import traceback
 from pathlib import Path
@@ -30,7 +31,9 @@ def _console(stderr: bool = False):
     return console
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
+    """Run the files of `args` or, from `parity check`, the validated `experiments`: print the table, write
+    the reports, return the exit code."""
     from parity.api import default_out_dir, run_experiment
     from parity.config import load_experiment
     from parity.outdir import prepare, user_path
@@ -38,7 +41,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from parity.report.console import render
     from parity.report.summary import exit_code, summarize
 
-    experiments = [load_experiment(f) for f in args.files]  # every file is validated before anything runs
+    if experiments is None:
+        experiments = [load_experiment(f) for f in args.files]  # every file is validated before anything runs
     for exp in experiments:
         _executor_options(exp, args)
     names = [exp.name for exp in experiments]
@@ -107,6 +111,23 @@ def _executor_options(exp, args: argparse.Namespace) -> None:
         error = exc.errors()[0]
         where = ".".join(map(str, error["loc"])) or "executor"
         raise ParityError(f"--executor/--address/--workers/--timeout: {where}: {error['msg'].removeprefix('Value error, ')}") from exc
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """One model against one or more targets from the command line alone: the experiment it makes is run
+    as `parity run` runs a file (same table, records, reports and exit codes)."""
+    from parity.config import experiment_from_dict
+    from parity.quick import check_experiment, save_experiment
+
+    data = check_experiment(args.model, args.target, reference=args.reference, entry=args.entry,
+                            hubconf=args.hubconf, weights=args.weights, shapes=args.input or [],
+                            images=args.images or [], preprocess=args.preprocess, resize=args.resize,
+                            crop=args.crop, gate=args.gate, rtol=args.rtol, seed=args.seed)
+    exp = experiment_from_dict(data, "parity check", Path.cwd())
+    if args.save_experiment:
+        save_experiment(data, Path(args.save_experiment))
+        print(f"experiment: {args.save_experiment} (parity run {args.save_experiment} runs it again)", file=sys.stderr)
+    return cmd_run(args, [exp])
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -224,14 +245,16 @@ def cmd_localize(args: argparse.Namespace) -> int:
     from parity.runner.executors import configured_model
     from parity.runner.local import model_identity, prepared_model
     from parity.runner.plan import Job
-    from parity.verify.localize import localize_check
+    from parity.verify.localize import gate_check, localize_check
 
     exp, model_spec, target, input_spec = _one_check(args)
     model, _ = prepared_model(model_spec, exp)
-    model = configured_model(model, target, model_spec.name)  # localize the target as it runs
     job = Job(model_spec, input_spec, exp.reference, None, (target,), 1)
+    inputs = build_inputs(input_spec, exp, model_spec.batch_mode)
     with model_identity(model_spec, exp):
-        record = localize_check(job, target, model, build_inputs(input_spec, exp, model_spec.batch_mode), exp)
+        tier1 = gate_check(job, target, model, inputs, exp)  # first: does the check it explains pass at all?
+        configured = configured_model(model, target, model_spec.name)  # localize the target as it runs
+        record = {**localize_check(job, target, configured, inputs, exp), "tier1": tier1}
     render_layers(record, _console())
     _write_records(args.out, exp, "layers", record)
     return EXIT_OK if not record.get("error") else EXIT_FAILED
@@ -242,11 +265,18 @@ def cmd_fallback(args: argparse.Namespace) -> int:
     check passes at the gate; print it with its latency cost."""
     from rich.markup import escape
 
-    from parity.adapters.fallback import candidates_from, fallback_kind, find_fallback
+    from parity.adapters.fallback import (
+        candidates_from,
+        fallback_kind,
+        find_fallback,
+        next_step,
+        whole_model_note,
+    )
     from parity.inputs import build_inputs
     from parity.runner.local import prepared_model
     from parity.runner.plan import Job
     from parity.verify.localize import localize_check
+    from parity.verify.tasks import EVALUATED
 
     exp, model_spec, target, input_spec = _one_check(args)
     fallback_kind(target)  # a target that has no fallback fails here, before anything runs
@@ -259,7 +289,6 @@ def cmd_fallback(args: argparse.Namespace) -> int:
     task = None
     if args.tier == 3:
         from parity.config.schema import Tasks
-        from parity.verify.tasks import EVALUATED
 
         if model_spec.task not in EVALUATED:
             raise ParityError(f"--tier 3: model '{model_spec.name}' has task '{model_spec.task}'; tier 3 evaluates "
@@ -268,6 +297,8 @@ def cmd_fallback(args: argparse.Namespace) -> int:
     tol = exp.tolerance_for(target)
     result = find_fallback(exp.reference, target, model, inputs, candidates_from(layers), tol.rtol, tol.gate,
                            task=task, leaf_tolerance=tol.for_leaf)
+    command = f"parity fallback {shlex.quote(str(args.file))} --model {model_spec.name} --target {target.id} --inputs {input_spec.name}"
+    result.next_step = next_step(result, command, model_spec.task if model_spec.task in EVALUATED else None)
     record = {"model": model_spec.name, "inputs": input_spec.name, "reference": exp.reference.id, **result.record()}
     console = _console()
     before, after = result.required_atol_before, result.required_atol_after
@@ -278,6 +309,8 @@ def cmd_fallback(args: argparse.Namespace) -> int:
         console.print(escape(f"tier 3 ({model_spec.task}): {shown(result.task_before)} -> {shown(result.task_after)}"))
     if result.passed and not result.modules:
         console.print("the check already passes: no fallback is needed")
+    elif result.whole_model:
+        console.print("[yellow]" + escape(f"fallback: [{', '.join(result.modules)}]: {whole_model_note(result)}") + "[/yellow]")
     elif result.passed:
         ratio = record["latency_ratio"]
         console.print(escape(f"fallback: [{', '.join(result.modules)}]; median latency {result.latency_before_s * 1e3:.2f} ms "
@@ -286,8 +319,10 @@ def cmd_fallback(args: argparse.Namespace) -> int:
         console.print(escape(f"apply it: in the target's entry, fallback: [{qualified}]"))
     else:
         console.print("[red]no fallback among the localized layers makes the check pass[/red]")
+    if result.next_step:
+        console.print(escape(f"next: {result.next_step}"), soft_wrap=True)
     _write_records(args.out, exp, "fallback", record)
-    return EXIT_OK if result.passed else EXIT_FAILED
+    return EXIT_OK if result.passed and not result.whole_model else EXIT_FAILED
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
@@ -312,6 +347,38 @@ def cmd_backends(args: argparse.Namespace) -> int:
             table.add_row(name, device, status, ", ".join(cls.dtypes), ", ".join(cls.Options.model_fields) or "-")
     _console().print(table)
     return EXIT_OK
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    """Say where the artifact cache is and what it holds (info), or empty it (clear)."""
+    from parity.outdir import user_path
+    from parity.runner import cache
+
+    root = user_path(args.location, "--cache-dir") if args.location else cache.default_root()
+    if root is None:
+        print("the artifact cache is off (PARITY_CACHE_DIR=off); give --cache-dir DIR to name one")
+        return EXIT_OK
+    found = cache.usage(root) if args.action == "info" else cache.clear(root)
+    entries = found["entries"]
+    held = (f"{entries} artifact {'entry' if entries == 1 else 'entries'} ({_amount(found['artifact_bytes'])}), "
+            f"inductor {found['inductor_files']} files ({_amount(found['inductor_bytes'])})")
+    if not root.exists():
+        print(f"cache {root}: does not exist (nothing cached yet)")
+    elif args.action == "info":
+        tagged = "" if found["tagged"] else f"; not tagged as parity's ({cache.TAG}), so `parity cache clear` leaves it"
+        print(f"cache {root}: {held}{tagged}")
+    else:
+        print(f"cleared cache {root}: {held}; {_amount(found['artifact_bytes'] + found['inductor_bytes'])} freed")
+    if found["foreign"]:
+        print(f"not parity's, left alone: {', '.join(found['foreign'])}")
+    return EXIT_OK
+
+
+def _amount(n: int) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -344,6 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
     cache_options(run)
     run.set_defaults(func=cmd_run)
 
+    check_parser(sub)
+
     report = sub.add_parser("report", help="render report.html, report.md and junit.xml from a run's records.jsonl")
     report.add_argument("run_dir", metavar="RUN_DIR", help="the --out folder of a parity run (holds records.jsonl)")
     report.set_defaults(func=cmd_report)
@@ -375,7 +444,76 @@ def build_parser() -> argparse.ArgumentParser:
 
     backends = sub.add_parser("backends", help="list every backend and whether it can run here")
     backends.set_defaults(func=cmd_backends)
+
+    cache = sub.add_parser("cache", help="show or empty the artifact cache")
+    actions = cache.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, help_text in (("info", "where the cache is, its entries and their size"),
+                              ("clear", "remove what parity put in the cache (never the folder itself)")):
+        verb = actions.add_parser(action, help=help_text)
+        # not `cache_dir`: these verbs look at a folder, they do not configure (and tag) it as this run's cache
+        verb.add_argument("--cache-dir", dest="location", metavar="DIR",
+                          help="the cache folder (default: $PARITY_CACHE_DIR, else ~/.cache/parity)")
+        verb.set_defaults(func=cmd_cache)
     return parser
+
+
+PREPROCESS_CHOICES = ("imagenet", "none")  # parity.quick.PREPROCESS, named here so that --help imports nothing
+TARGET_GRAMMAR = ("BACKEND[-DEVICE][-DTYPE] or BACKEND:DTYPE, as the tables print ids: compile, onnxruntime, "
+                  "torchscript, openvino, eager-cpu-bfloat16, compile-cpu, eager-cuda, eager:float16 "
+                  "(DEVICE cpu|cuda|cudaN; DTYPE float32|float64|bfloat16|float16, or bf16|fp16|fp32|fp64)")
+
+
+def check_parser(sub) -> None:
+    """`parity check`: the experiment is the command line."""
+    check = sub.add_parser(
+        "check", help="check one model on some targets, no experiment file needed",
+        description="Check MODEL on each --target against the reference (eager CPU float32): the same table, "
+                    "records, reports and exit codes as parity run. Example: parity check torchvision:resnet18 "
+                    "--target compile --target onnxruntime")
+    check.add_argument("model", metavar="MODEL",
+                       help="torchvision:NAME (a torchvision builder), module:callable (an importable function or "
+                            "class that returns the model), or a repository FOLDER with --entry or --hubconf")
+    check.add_argument("--target", action="append", required=True, metavar="T",
+                       help=f"a target to check, repeatable: {TARGET_GRAMMAR}")
+    check.add_argument("--reference", metavar="T", help="what the targets are compared with (default: eager, "
+                                                        "on the CPU in float32); the same grammar as --target")
+    check.add_argument("--entry", metavar="MODULE:CALLABLE",
+                       help="with a FOLDER as MODEL: the function or class in it that builds the model")
+    check.add_argument("--hubconf", metavar="NAME", help="with a FOLDER as MODEL: an entry of its hubconf.py")
+    check.add_argument("--weights", metavar="FILE",
+                       help="a .safetensors or torch weights file, or DEFAULT (torchvision's, when in the local "
+                            "torch hub cache: nothing is downloaded); default: a seeded random init")
+    check.add_argument("--input", action="append", metavar="SHAPE",
+                       help="a seeded random normal float32 tensor, e.g. 1x3x224x224; repeat it for several "
+                            "positional inputs, or give NAME=SHAPE for keyword inputs")
+    check.add_argument("--images", action="append", metavar="FILE|GLOB|sample:NAME",
+                       help="images as one batch, repeatable: files, a quoted glob ('pics/*.jpg') or a photo "
+                            "bundled with scikit-image (sample:chelsea). Default for torchvision classifiers, "
+                            "segmenters and detectors: sample:chelsea, preprocessed as their weights expect")
+    check.add_argument("--preprocess", choices=list(PREPROCESS_CHOICES),
+                       help="images: imagenet (resize 256, center crop 224, ImageNet mean and std; the default for "
+                            "classifiers and segmenters) or none (RGB in [0, 1] as read; the default otherwise)")
+    check.add_argument("--resize", type=int, metavar="N", help="images: resize the shorter side to N pixels first")
+    check.add_argument("--crop", type=int, metavar="N", help="images: then crop the N x N center")
+    check.add_argument("--gate", type=float, metavar="ATOL",
+                       help="the atol that decides pass or fail and the exit code (default: 1e-4)")
+    check.add_argument("--rtol", type=float, metavar="RTOL", help="the relative tolerance (default: 1e-5)")
+    check.add_argument("--seed", type=int, default=0, metavar="N",
+                       help="seeds the random init and the random inputs (default 0)")
+    check.add_argument("--save-experiment", metavar="FILE",
+                       help="also write the experiment as a YAML file (never over an existing one): parity run "
+                            "FILE runs the same checks, and the file is there to grow")
+    check.add_argument("--out", metavar="DIR", help="output folder (default: parity-out/MODEL-TIMESTAMP)")
+    check.add_argument("--quiet", action="store_true", help="no progress bar")
+    check.add_argument("--allow-unavailable", action="store_true",
+                       help="exit 0 even when a target cannot run on this machine (it is still reported)")
+    check.add_argument("--no-report", action="store_true",
+                       help="write only records.jsonl and summary.json, not report.md, report.html and junit.xml")
+    check.add_argument("--fresh", action="store_true",
+                       help="discard the records already in --out and start over (by default a run continues them)")
+    cache_options(check)
+    check.set_defaults(func=cmd_check, executor=None, address=None, workers=None, timeout=None)
+
 
 
 def cache_options(verb: argparse.ArgumentParser) -> None:
@@ -404,8 +542,23 @@ def _configure_cache(args: argparse.Namespace) -> None:
     else:
         return
     if root is not None:
+        cache.check_location(root)
         prepare(root, what, files=())
     cache.configure(root)
+
+
+def _contain_library_state(args: argparse.Namespace) -> None:
+    """Libraries' home-folder state (matplotlib's) goes into this command's cache, else a temporary folder."""
+    from parity.offline import keep_state_in
+    from parity.runner import cache
+
+    if hasattr(args, "cache_dir"):
+        keep_state_in(cache.root())
+        return
+    try:
+        keep_state_in(cache.default_root())
+    except RuntimeError:  # PARITY_CACHE_DIR=~nosuchuser/x, and this command has no cache to complain about
+        keep_state_in(None)
 
 
 # What the system says when the user's disk, folders or limits are the problem, not parity: such an
@@ -420,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(Path.cwd()))  # `entry: mymodels:build` next to you imports, as with python -m
     try:
         _configure_cache(args)
+        _contain_library_state(args)
         return args.func(args)
     except ParityError as exc:
         for problem in exc.problems:

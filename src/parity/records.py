@@ -2,8 +2,9 @@
 
 Kinds: `run` (the resolved experiment, its digest and the environment), `resume` (a later process
 continued the run), `model`, `execution` (one backend run), `check` (one verdict), `layers` (one
-localized check), `fallback`. Reports and summaries are rendered from these lines alone. Non-finite
-floats (an infinite required atol) are written as null: the file stays strict JSON.
+localized check), `fallback`, `warning` (an input that came out constant). Reports and summaries are
+rendered from these lines alone. Non-finite floats (an infinite required atol) are written as null:
+the file stays strict JSON.
 
 A run can be continued: `record_key` says what identifies a record, and a writer opened with
 `resume=True` keeps the records already in the file and never writes a second record with the same key.
@@ -60,7 +61,8 @@ def experiment_digest(config: dict[str, Any], base_dir: str) -> str:
 def record_key(record: dict[str, Any]) -> tuple | None:
     """The identity of a record within one run, or None for kinds that may repeat (`resume`, `fallback`).
     A run holds one `run` record, one `model` record per model, one `execution` per (model, input set,
-    backend, repeat), one `check` per (model, input set, target, tier), one `layers` per check."""
+    backend, repeat), one `check` per (model, input set, target, tier), one `layers` per check, one
+    `warning` per (model, input set, message)."""
     kind = record.get("kind")
     if kind == "run":
         return ("run",)
@@ -72,6 +74,8 @@ def record_key(record: dict[str, Any]) -> tuple | None:
         return ("check", record["model"], record["inputs"], record["target"], record["tier"])
     if kind == "layers":
         return ("layers", record["model"], record["inputs"], record["target"])
+    if kind == "warning":
+        return ("warning", record["model"], record["inputs"], record["message"])
     return None
 
 
@@ -91,6 +95,7 @@ SHAPES: dict[str, dict[str, Any]] = {
               "failure_class": _STR_OR_NONE, "detail": _STR_OR_NONE},
     "layers": {"model": str, "inputs": str, "target": str, "error?": _STR_OR_NONE},
     "fallback": {},
+    "warning": {"model": str, "inputs": str, "message": str},
 }
 _TIER_SHAPES = {
     1: {"verdicts": dict, "leaves": [_LEAF], "gate": _NUM, "rtol": _NUM, "required_atol": _NUM_OR_NONE,

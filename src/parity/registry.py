@@ -12,11 +12,17 @@ from parity.errors import ParityError, did_you_mean
 T = TypeVar("T")
 
 
-def import_object(ref: str, what: str = "object"):
-    """Import `package.module:attr` (or `package.module.attr`); a ParityError says what went wrong."""
+def split_ref(ref: str) -> tuple[str, str]:
+    """`package.module:attr` (or `package.module.attr`) as (module, attr)."""
     module_name, sep, attr = ref.partition(":")
     if not sep:
         module_name, _, attr = ref.rpartition(".")
+    return module_name, attr
+
+
+def import_object(ref: str, what: str = "object"):
+    """Import `package.module:attr` (or `package.module.attr`); a ParityError says what went wrong."""
+    module_name, attr = split_ref(ref)
     if not module_name or not attr or module_name.startswith("."):
         raise ParityError(f"{what} '{ref}' must look like 'package.module:name' (an absolute module path)")
     try:

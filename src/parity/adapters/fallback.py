@@ -7,7 +7,9 @@
 
 The set of modules is found by `find_fallback`: candidates in the order of their own (tier-2, local)
 error, added until the check passes (tier 1 at the gate, or the tier-3 task verdict), then shrunk to a
-minimal set (each module dropped in turn if the check still passes without it).
+minimal set (each module dropped in turn if the check still passes without it). A set that is in fact the
+whole model (every top-level module, or modules that hold every parameter) is said to be so: it is no
+partial fallback, and `next_step` says what to try instead, as it does when no set passes.
 """
 
 from __future__ import annotations
@@ -117,6 +119,8 @@ class FallbackResult:
     latency_before_s: float | None = None
     latency_after_s: float | None = None
     tried: int = 0
+    whole_model: bool = False  # the passing set is the whole model: no partial fallback exists
+    next_step: str | None = None  # what to try when no partial fallback exists (set by the caller)
 
     def record(self) -> dict[str, Any]:
         ratio = (self.latency_after_s / self.latency_before_s
@@ -206,6 +210,7 @@ def find_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn.M
         if smaller.passed:
             chosen, trial = [c for c in chosen if c != name], smaller
     result.modules, result.passed = chosen, True
+    result.whole_model = is_whole_model(model, chosen)
     result.required_atol_after, result.task_after = trial.required_atol, trial.task
     result.latency_before_s, result.latency_after_s = _latencies(
         target, [model, apply_fallback(model, chosen, target)], inputs, latency_runs)
@@ -213,14 +218,54 @@ def find_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn.M
 
 
 def candidates_from(localization_record: dict[str, Any]) -> list[str]:
-    """Every layer a localization looked at, by its own error, largest first (suspects lead)."""
+    """Every layer a localization looked at, by its own error, largest first (suspects lead, then the first
+    layer over the threshold, which is all a whole-graph verdict names)."""
     seen: dict[str, float] = {}
     for level in localization_record["levels"]:
         for layer in level["layers"]:
             local = layer["local"] or {}
             if not local.get("error"):
                 seen[layer["name"]] = max(seen.get(layer["name"], 0.0), local.get("rel_rmse") or 0.0)
-    leading = [s["name"] for s in localization_record["suspects"] if s["name"] in seen]
+    named = [s["name"] for s in localization_record["suspects"]] + [localization_record.get("first_divergent")]
+    leading = list(dict.fromkeys(n for n in named if n in seen))
     rest = sorted((n for n in seen if n not in leading), key=lambda n: -seen[n])
     return leading + rest
+
+
+def is_whole_model(model: torch.nn.Module, modules: list[str]) -> bool:
+    """Is this set the whole model in all but name: every top-level module (or a container of it), or
+    modules that together hold every parameter the model has?"""
+    from parity.verify.localize import children
+
+    if not modules:
+        return False
+    top = children(model, "")
+    if all(any(t == m or t.startswith(m + ".") for m in modules) for t in top):
+        return True
+    every = {id(p) for p in model.parameters()}
+    held = {id(p) for m in modules for p in model.get_submodule(m).parameters()}
+    return bool(every) and every <= held
+
+
+def whole_model_note(result: FallbackResult) -> str:
+    where = "run entirely eager" if result.runs_in == "eager" else "at the reference's precision (float32)"
+    return f"no partial fallback exists; this is the whole model {where}"
+
+
+def next_step(result: FallbackResult, command: str, task: str | None) -> str | None:
+    """What to try when the search found no partial fallback: the task-level aim (`command --tier 3`) when
+    the aim was tier 1 and the model has a task tier 3 evaluates; otherwise a wider gate or lower task
+    thresholds, with the numbers that would pass. None when a partial fallback (or none) is the answer."""
+    if result.passed and not result.whole_model:
+        return None
+    if result.aim == "tier 1" and task:
+        return (f"aim at the {task} decisions instead of every output within the gate: {command} --tier 3")
+    before = result.required_atol_before
+    if result.aim == "tier 1" and before is not None and before != float("inf"):
+        return (f"the target as it is passes from atol {before:.3g}: widen the gate (tolerances: {{gate: {before:.3g}}}) "
+                "if that drift is acceptable, or keep this model at the reference's precision")
+    if result.aim == "tier 1":
+        return "no atol passes the target as it is: keep this model at the reference's precision"
+    return ("lower the thresholds in tiers.tasks if the task metrics above are acceptable, or keep this model at "
+            "the reference's precision")
 

@@ -36,6 +36,10 @@ class Backend(ABC):
     # ray executor starts the costliest executions first, so that no long one is left to run at the end
     # while the other workers wait.
     preparation_cost: ClassVar[int] = 0
+    # The distributions (as pip names them) whose versions decide this backend's artifacts: the artifact
+    # cache keys on them (runner/cache.py). A plugin's own package and the libraries its model code reaches
+    # are found by the cache's walk; a backend that exports with another library names it here.
+    libraries: ClassVar[tuple[str, ...]] = ("torch",)
 
     def __init__(self, spec):
         self.spec = spec
@@ -78,7 +82,7 @@ class Backend(ABC):
         when the model has an identity; see runner/cache.py)."""
         from parity.runner import cache
 
-        key = cache.artifact_key(kind, model, self.spec, example)
+        key = cache.artifact_key(kind, model, self, example)
         if key is not None:
             folder, hit = cache.fetch_or_build(key, build)
             self.cache_hit = hit if self.cache_hit is None else self.cache_hit and hit

@@ -44,6 +44,7 @@ def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, opset: int 
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     preparation_cost = 2  # an export
+    libraries = ("torch", "onnx", "onnxscript", "onnx-ir", "onnxruntime", "numpy")  # the dynamo exporter's
     devices = ("cpu", "cuda")
     dtypes = ("float32", "float16")
     Options = OnnxRuntimeOptions

@@ -26,6 +26,7 @@ class OpenVinoOptions(BaseModel):
 class OpenVinoBackend(Backend):
     name = "openvino"
     preparation_cost = 2  # an export
+    libraries = ("torch", "openvino", "numpy")
     dtypes = ("float32", "bfloat16", "float16")
     Options = OpenVinoOptions
 

@@ -5,6 +5,8 @@ Each problem is (key path, message); `loading` adds the file name and line.
 
 from __future__ import annotations
 
+import os
+
 from pydantic import ValidationError
 
 from parity.config.schema import BackendSpec, Experiment
@@ -83,8 +85,10 @@ def _model(exp: Experiment, i: int) -> list[Problem]:
             import_object(model.entry, "model entry")
         except ParityError as exc:
             out.append((path + ("entry",), exc.problems[0]))
-    if model.weights not in (None, "DEFAULT") and not exp.resolve(model.weights).is_file():
-        out.append((path + ("weights",), f"weights file not found: {exp.resolve(model.weights)} (expected null, DEFAULT or a local .safetensors / torch file)"))
+    if model.weights not in (None, "DEFAULT"):
+        problem = _weights_problem(exp.resolve(model.weights))
+        if problem:
+            out.append((path + ("weights",), problem))
     if model.weights == "DEFAULT" and model.source != "torchvision":
         out.append((path + ("weights",), "DEFAULT weights exist only for torchvision builders; give a local file"))
     known = [s.name for s in exp.inputs]
@@ -94,13 +98,25 @@ def _model(exp: Experiment, i: int) -> list[Problem]:
     return out
 
 
+def _weights_problem(file) -> str | None:
+    """A weights file is opened as `parity run` opens it (without building the model): a missing path, a
+    folder, a FIFO, a device, an empty file, a zip bomb, a pickle that would run code are refused here."""
+    from parity.models.weights import weights_problem
+
+    expected = "expected null, DEFAULT or a local .safetensors / torch file"
+    if file.is_dir() or not os.path.lexists(file):  # a dangling link is named as one, by weights_problem
+        what = "a folder" if file.is_dir() else "nothing there"
+        return f"weights file not found: {file} ({what}; {expected})"
+    return weights_problem(file)
+
+
 def _images(exp: Experiment) -> list[Problem]:
     from parity.inputs.images import image_problem
 
     out = []
     for i, spec in enumerate(exp.inputs):
         for j, ref in enumerate(spec.images or []):
-            problem = image_problem(ref, exp.base_dir)
+            problem = image_problem(ref, exp.base_dir, spec.preprocess)
             if problem:
                 out.append((("inputs", i, "images", j), problem))
     return out

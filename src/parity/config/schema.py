@@ -22,6 +22,8 @@ from pydantic import (
     Discriminator,
     Field,
     PrivateAttr,
+    StrictFloat,
+    StrictInt,
     Tag,
     field_validator,
     model_validator,
@@ -125,11 +127,14 @@ class ModelSpec(Strict):
 
 
 class Preprocess(Strict):
-    resize: list[int] | None = Field(default=None, min_length=1, max_length=2)  # [S] = shorter side, [H, W]
-    center_crop: list[int] | None = Field(default=None, min_length=1, max_length=2)  # [S] = square
-    resize_multiple: int | None = Field(default=None, gt=0, le=MAX_IMAGE_SIDE)
-    mean: list[float] | None = None
-    std: list[float] | None = None
+    """Numbers in input specs are strict: `true` is not 1, `2.0` is not a size, `"8"` is not 8. Lax
+    coercion would silently turn a typo into a different input."""
+
+    resize: list[StrictInt] | None = Field(default=None, min_length=1, max_length=2)  # [S] = shorter side, [H, W]
+    center_crop: list[StrictInt] | None = Field(default=None, min_length=1, max_length=2)  # [S] = square
+    resize_multiple: StrictInt | None = Field(default=None, gt=0, le=MAX_IMAGE_SIDE)
+    mean: list[StrictFloat] | None = None
+    std: list[StrictFloat] | None = None
 
     @field_validator("resize", "center_crop", mode="before")
     @classmethod
@@ -153,12 +158,16 @@ class Preprocess(Strict):
 
 
 class Synthetic(Strict):
-    shape: list[int] = Field(min_length=1, max_length=MAX_DIMS)
+    """One seeded tensor. Numbers are strict (see Preprocess), and `low`/`high` must fit the dtype:
+    a randint's bounds are integers within its range (int32 would wrap 2**40 to negative values) and
+    exact in it (a float16 randint above 2048 would round), a uniform's bounds are finite in it."""
+
+    shape: list[StrictInt] = Field(min_length=1, max_length=MAX_DIMS)
     dtype: Literal["float32", "float64", "bfloat16", "float16", "int64", "int32", "bool"] = "float32"
     distribution: Literal["normal", "uniform", "randint", "zeros", "ones"] = "normal"
-    low: float = Field(default=0.0, ge=-1e15, le=1e15)
-    high: float = Field(default=1.0, ge=-1e15, le=1e15)
-    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    low: StrictFloat = Field(default=0.0, ge=-1e15, le=1e15)
+    high: StrictFloat = Field(default=1.0, ge=-1e15, le=1e15)
+    seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
 
     @field_validator("shape")
     @classmethod
@@ -178,7 +187,32 @@ class Synthetic(Strict):
             raise ValueError("distribution randint needs 'high' (exclusive) and, if not 0, 'low'")
         if self.distribution in ("uniform", "randint") and self.high <= self.low:
             raise ValueError("'high' must be greater than 'low'")
+        if self.distribution == "randint" and self.dtype != "bool":
+            self._randint_bounds()
+        if self.distribution == "uniform":
+            top = _FLOAT_MAX[self.dtype]
+            if max(abs(self.low), abs(self.high)) > top:
+                raise ValueError(f"'low' and 'high' must lie within {self.dtype}'s range (+-{top:g}); "
+                                 f"beyond it the draw is Inf")
         return self
+
+    def _randint_bounds(self) -> None:
+        """randint draws integers in [low, high): both integers, every value representable in the dtype."""
+        for key in ("low", "high"):
+            if getattr(self, key) != int(getattr(self, key)):
+                raise ValueError(f"randint draws integers: '{key}' {getattr(self, key)!r} is not a whole number")
+        low, largest = int(self.low), int(self.high) - 1
+        smallest_ok, largest_ok = _RANDINT_RANGE[self.dtype]
+        if low < smallest_ok or largest > largest_ok:
+            raise ValueError(f"randint {self.dtype} draws from {low} to {largest}; {self.dtype} holds integers "
+                             f"from {smallest_ok} to {largest_ok} exactly ('high' is exclusive)")
+
+
+# The integers each dtype holds exactly (floats: up to 2**(mantissa bits + 1)), and the floats' largest finite values.
+_RANDINT_RANGE = {"int32": (-2**31, 2**31 - 1), "int64": (-2**63, 2**63 - 1), "float16": (-2**11, 2**11),
+                  "bfloat16": (-2**8, 2**8), "float32": (-2**24, 2**24), "float64": (-2**53, 2**53)}
+_FLOAT_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38,
+              "float64": 1.7976931348623157e308, "int32": math.inf, "int64": math.inf, "bool": math.inf}
 
 
 def _synthetic_kind(value: Any) -> str:
@@ -456,9 +490,9 @@ class ExecutorSpec(Strict):
 
 class Experiment(Strict):
     name: Name | None = None
-    seed: int = Field(default=0, ge=0, le=MAX_SEED)
-    repeats: int = Field(default=1, ge=1, le=MAX_REPEATS)
-    warmup: int = Field(default=1, ge=0, le=MAX_REPEATS)  # untimed runs of each backend before its repeats
+    seed: StrictInt = Field(default=0, ge=0, le=MAX_SEED)  # strict: `seed: true` is not 1
+    repeats: StrictInt = Field(default=1, ge=1, le=MAX_REPEATS)
+    warmup: StrictInt = Field(default=1, ge=0, le=MAX_REPEATS)  # untimed runs of each backend before its repeats
     models: list[ModelSpec] = Field(min_length=1)
     inputs: list[InputSetSpec] = Field(min_length=1)
     reference: BackendSpec = Field(default_factory=lambda: BackendSpec(backend="eager"))

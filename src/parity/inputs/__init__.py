@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any
 
 import torch
@@ -12,10 +13,12 @@ from parity.outputs import map_tensors
 
 @dataclasses.dataclass(frozen=True)
 class Inputs:
-    """What a model is called with: `model(*args, **kwargs)`."""
+    """What a model is called with: `model(*args, **kwargs)`. `notes` are warnings about how the input
+    set came out (a constant image), for the console and the records."""
 
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    notes: tuple[str, ...] = ()
 
     def map(self, fn) -> Inputs:
         return Inputs(map_tensors(self.args, fn), map_tensors(self.kwargs, fn))
@@ -40,14 +43,24 @@ class Inputs:
 
 
 def build_inputs(spec, experiment, batch: str = "stack") -> Inputs:
-    """The Inputs of one input set; `batch` says how images are handed over (a stacked batch or a list)."""
+    """The Inputs of one input set; `batch` says how images are handed over (a stacked batch or a list).
+    An input that came out constant by accident (an image whose values are all the same, a random draw
+    that could take one value) is warned about on stderr and kept in `notes`: every backend agrees on a
+    constant, so a pass on it proves little."""
+    inputs = _build(spec, experiment, batch)
+    for note in inputs.notes:
+        print(f"warning: input set '{spec.name}': {note}", file=sys.stderr)
+    return inputs
+
+
+def _build(spec, experiment, batch: str) -> Inputs:
     from parity.inputs.images import load_images
     from parity.inputs.synthetic import make_synthetic
 
     if spec.images is not None:
-        images = load_images(spec.images, spec.preprocess, experiment.base_dir)
+        images, notes = load_images(spec.images, spec.preprocess, experiment.base_dir)
         if batch == "list":
-            return Inputs((images,))
+            return Inputs((images,), notes=tuple(notes))
         shapes = {tuple(i.shape) for i in images}
         if len(shapes) > 1:
             from parity.errors import ParityError
@@ -56,5 +69,5 @@ def build_inputs(spec, experiment, batch: str = "stack") -> Inputs:
                 f"input set '{spec.name}': images have different sizes after preprocessing ({sorted(shapes)}); "
                 "add 'center_crop' or a fixed 'resize: [H, W]' to stack them into one batch"
             )
-        return Inputs((torch.stack(images),))
+        return Inputs((torch.stack(images),), notes=tuple(notes))
     return make_synthetic(spec.synthetic, experiment.seed)

@@ -82,6 +82,8 @@ def render(records: list[dict], summary: dict[str, Any], out_dir, console, repor
     console.print(table)
     for line in tolerance_lines(summary):
         console.print(escape(line), soft_wrap=True)
+    for warning in summary.get("warnings", []):  # an input that came out constant: a pass on it proves little
+        console.print("[yellow]warning[/yellow] " + escape(warning), soft_wrap=True)
     for t, info in summary["per_target"].items():
         if info["skipped"]:
             console.print(f"[yellow]unavailable[/yellow] {escape(t)}: {escape(str(info['reason']))}")
@@ -110,7 +112,16 @@ def render(records: list[dict], summary: dict[str, Any], out_dir, console, repor
         console.print(f"tier 3 {verdict} " + escape(f"{c['model']} / {c['inputs']} / {c['target']}: {figures}"
                                                     + (f" ({c['detail']})" if c["detail"] else "")), soft_wrap=True)
     for key, loc in summary.get("localized", {}).items():
-        where = loc["culprit"] or f"not localized ({loc['error'] or 'no layer could be compared'})"
+        if loc["error"]:
+            where = f"not localized ({loc['error']})"
+        elif loc.get("whole_graph"):
+            where = "the whole graph (no layer alone exceeds the threshold)" + (
+                f"; its propagated error first exceeds it at {loc['first_divergent']}" if loc.get("first_divergent") else "")
+        elif loc["culprit"] is None:
+            where = "no single layer (see the tier-2 verdict in report.md)"
+        else:
+            where = loc["culprit"] + (" as a whole (none of its submodules alone exceeds the threshold)"
+                                      if loc.get("as_a_whole") else "")
         if loc["evenly_spread"]:
             where += " (every layer drifts alike: no single source)"
         console.print("[yellow]diverges at[/yellow] " + escape(f"{key}: {where}"))
@@ -135,6 +146,8 @@ def render_layers(record: dict[str, Any], console) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    if record.get("tier1"):
+        console.print(escape(gate_line(record["tier1"])), soft_wrap=True)
     if record.get("error"):
         console.print(f"[red]localization failed[/red] for {escape(record['target'])}: {escape(record['error'])}")
         return
@@ -161,7 +174,22 @@ def render_layers(record: dict[str, Any], console) -> None:
         if unseen:
             console.print("propagated n/a: " + escape("; ".join(f"{n}: {why}" for n, why in unseen.items())))
     console.print(f"[bold]verdict:[/bold] {escape(record['verdict'])}")
-    console.print("suspects: " + ", ".join(f"{escape(s['name'])} ({s['rel_rmse']:.2e})" for s in record["suspects"]))
+    if record["suspects"]:
+        console.print("suspects: " + ", ".join(f"{escape(s['name'])} ({s['rel_rmse']:.2e})" for s in record["suspects"]))
     if record.get("first_divergent"):
-        console.print(f"first layer whose own error exceeds {record['threshold']:g}: {escape(record['first_divergent'])}")
+        which = "propagated error" if record.get("first_divergent_by") == "propagated" else "own error"
+        console.print(f"first layer whose {which} exceeds {record['threshold']:g}: {escape(record['first_divergent'])}")
     console.print(f"localized in {record['elapsed_s']:.1f} s")
+
+
+def gate_line(tier1: dict[str, Any]) -> str:
+    """What `parity localize` says before its tables: whether the check it explains passes at the gate."""
+    required, gate = tier1["required_atol"], tier1["gate"]
+    if tier1["passed"]:
+        return (f"the check passes at the gate (required atol {required:.3g} <= gate {gate:g}); the tables below "
+                "show where the small differences are")
+    if required is None:
+        return f"the check fails at the gate: no atol passes it ({tier1['failure_class']}: {tier1['detail']})"
+    times = f", {required / gate:.3g}x the gate" if gate > 0 else ""
+    return (f"the check fails at the gate: required atol {required:.3g} > gate {gate:g}{times} "
+            f"({tier1['failure_class']}: {tier1['detail']})")

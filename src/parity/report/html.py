@@ -107,6 +107,7 @@ def _gate_table(checks: list[dict], tier3: list[dict], layers: list[dict], targe
     """Rows (model, input set), one cell per target: the tier-1 verdict at the gate and its numbers."""
     tier3_by = {_key(c): c for c in tier3}
     culprit_by = {_key(r): r.get("culprit") for r in layers if not r.get("error")}
+    whole_graph = {_key(r) for r in layers if r.get("whole_graph")}
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for c in checks:
         row = rows.setdefault((c["model"], c["inputs"]), {"model": c["model"], "inputs": c["inputs"], "cells": {}})
@@ -115,6 +116,7 @@ def _gate_table(checks: list[dict], tier3: list[dict], layers: list[dict], targe
         row["cells"][c["target"]] = {
             "state": state, "max_abs": c.get("max_abs"), "required_atol": c.get("required_atol"),
             "failure_class": c.get("failure_class"), "detail": c.get("detail") or "",
+            "whole_graph": _key(c) in whole_graph,
             "tier3": None if task is None else ("agrees" if task["passed"] else task["failure_class"]),
             "culprit": culprit_by.get(_key(c)),
             "warnings": [describe_note(n) for n in c.get("warnings") or []],
@@ -198,7 +200,9 @@ def _tier2(layers: list[dict]) -> list[dict[str, Any]]:
                 descent=" › ".join(level["parent"] for level in r["levels"] if level["parent"]),
                 suspects=[{"name": s["name"], "rel_rmse": _sci(s.get("rel_rmse")), "max_abs": _sci(s.get("max_abs"))}
                           for s in r["suspects"]],
-                first_divergent=r.get("first_divergent"), skipped=r.get("skipped") or [],
+                first_divergent=r.get("first_divergent"), whole_graph=r.get("whole_graph"),
+                first_divergent_by="propagated" if r.get("first_divergent_by") == "propagated" else "own",
+                skipped=r.get("skipped") or [],
                 elapsed=_seconds(r.get("elapsed_s")), plot=plots.depth_plot(r),
             )
         out.append(entry)

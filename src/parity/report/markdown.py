@@ -93,7 +93,14 @@ def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
                 continue
             path = " > ".join(level["parent"] for level in r["levels"] if level["parent"])
             lines.append(head + r["verdict"] + (f" (descent: {path})" if path else ""))
-            lines.append("  - suspects: " + ", ".join(f"`{s['name']}` (relative RMSE {s['rel_rmse']:.2e})" for s in r["suspects"]))
+            if r.get("whole_graph"):
+                lines.append("  - whole graph: no layer's own error exceeds the threshold "
+                             f"{r['threshold']:g}; the drift is not one layer's")
+            if r["suspects"]:
+                lines.append("  - suspects: " + ", ".join(f"`{s['name']}` (relative RMSE {s['rel_rmse']:.2e})" for s in r["suspects"]))
+            if r.get("first_divergent"):
+                which = "propagated" if r.get("first_divergent_by") == "propagated" else "own"
+                lines.append(f"  - first layer whose {which} error exceeds the threshold: `{r['first_divergent']}`")
     if warned(checks):
         lines += ["", "## What the targets warned of", "",
                   "A trace that took one branch of a data-dependent `if` is right only for inputs that take the same "

@@ -114,9 +114,12 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         "failure_classes": dict(Counter(c["failure_class"] for c in ran if c["failure_class"])),
         "tier3": _tier3(records),
         "localized": {f"{r['model']} / {r['inputs']} / {r['target']}":
-                      {"culprit": r.get("culprit"), "evenly_spread": r.get("evenly_spread"), "error": r.get("error")}
+                      {"culprit": r.get("culprit"), "evenly_spread": r.get("evenly_spread"), "error": r.get("error"),
+                       "whole_graph": r.get("whole_graph"), "as_a_whole": r.get("as_a_whole"),
+                       "first_divergent": r.get("first_divergent")}
                       for r in records if r["kind"] == "layers"},
         "latency": _latency(records),
+        "warnings": [f"{r['model']} / {r['inputs']}: {r['message']}" for r in records if r["kind"] == "warning"],
     }
 
 

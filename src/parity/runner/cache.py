@@ -3,17 +3,22 @@ that a second run of the same model on the same backend skips the export (second
 
 An artifact is reused only when everything that determines it is the same. Its key hashes:
 - the model's identity, given by whoever built it (`model_identity`: source, builder, params, weights,
-  adapters, as written in the experiment), and its content (module tree, every parameter and buffer);
+  adapters, as written in the experiment, and what the source reads the model from: a repository
+  folder's .py files, a python entry's module, the versions of the libraries the source declares);
   without an identity nothing is cached, so a module handed over in Python is always exported afresh;
-- the backend (name, device, dtype, options) and what kind of artifact it is;
+- its content (module tree, every parameter and buffer) and its code: every user class and function it
+  runs, with their files (parity/fingerprint.py); code past the walk's bounds is never cached;
+- the backend (name, device, dtype, options), its class's code, and what kind of artifact it is;
 - the example inputs, by value (a trace follows the branches its inputs take);
-- the versions of Python, parity and every library that exports or runs artifacts.
+- Python's version, parity's own source, and the versions (and installed file lists) of torch, of the
+  libraries the backend declares (`Backend.libraries`) and of every library the model's code reaches
+  (transformers, timm).
 torch.compile's own caches (inductor's FX graph and autograd caches) are pointed into the same folder,
 so one folder holds everything a warm run reuses, and removing it makes the next run cold.
 
 Location: `--cache-dir`, else `$PARITY_CACHE_DIR`, else `$XDG_CACHE_HOME/parity` (~/.cache/parity).
-`--no-cache` or `PARITY_CACHE_DIR=off` turns it off. Nothing is ever evicted: remove the folder to
-reclaim the space. Entries are written to a temporary folder and renamed into place when complete, so
+`--no-cache` or `PARITY_CACHE_DIR=off` turns it off. Nothing is ever evicted: `parity cache clear`
+reclaims the space. Entries are written to a temporary folder and renamed into place when complete, so
 a run killed mid-export leaves no half-written entry behind.
 """
 
@@ -25,19 +30,28 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable, Iterator
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from parity import fingerprint
+from parity.errors import ParityError
 from parity.inputs import Inputs
 
 OFF = ("off", "none", "0", "false", "")
-LIBRARIES = ("parity", "torch", "torchvision", "onnx", "onnxscript", "onnxruntime", "openvino", "numpy")
+# What parity puts in a cache folder, and all that `clear` removes: artifact entries (named by their key;
+# a `.partial` one is an export in progress or killed), torch.compile's caches, and the tag that marks the
+# folder as parity's (the Cache Directory Tagging format: backup tools skip such folders).
+ARTIFACTS, INDUCTOR, TAG = "artifacts", "inductor", "CACHEDIR.TAG"
+ENTRY = re.compile(r"[0-9a-f]{32}|\.[0-9a-f]{32}\.[0-9]+\.partial")
+TAG_TEXT = ("Signature: 8a477f597d28d172789f06886806bc55\n"
+            "# This folder is parity's artifact cache; `parity cache clear` empties it.\n")
+SYSTEM = (Path("/proc"), Path("/sys"))  # never a cache: not files on a disk
 
 _root: Path | None = None
 _identity: contextvars.ContextVar[str | None] = contextvars.ContextVar("parity_model_identity", default=None)
@@ -51,11 +65,17 @@ def default_root() -> Path | None:
 
 
 def configure(root: Path | None) -> None:
-    """Use `root` as the cache for this process (None: no cache)."""
+    """Use `root` as the cache for this process (None: no cache), and tag it as parity's."""
     global _root
     _root = Path(root) if root is not None else None
-    if _root is not None and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(_root / "inductor")
+    if _root is None:
+        return
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(_root / INDUCTOR)
+    with contextlib.suppress(OSError):  # a cache that cannot be written fails the exports that need it
+        _root.mkdir(parents=True, exist_ok=True)
+        if not (_root / TAG).exists():
+            (_root / TAG).write_text(TAG_TEXT)
 
 
 def root() -> Path | None:
@@ -64,25 +84,13 @@ def root() -> Path | None:
 
 @contextlib.contextmanager
 def model_identity(*parts: Any) -> Iterator[None]:
-    """Artifacts exported inside this block may be cached under this identity (JSON-able parts)."""
-    token = _identity.set(json.dumps(parts, sort_keys=True, default=str))
+    """Artifacts exported inside this block may be cached under this identity (JSON-able parts). A part
+    that is None (a source that cannot say what its model is made of) means: cache nothing."""
+    token = _identity.set(None if any(p is None for p in parts) else json.dumps(parts, sort_keys=True, default=str))
     try:
         yield
     finally:
         _identity.reset(token)
-
-
-@cache
-def _versions() -> dict[str, str | None]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found: dict[str, str | None] = {"python": sys.version.split()[0]}
-    for name in LIBRARIES:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = None
-    return found
 
 
 def model_digest(model: torch.nn.Module) -> str:
@@ -118,13 +126,21 @@ def inputs_digest(example: Inputs) -> str:
     return h.hexdigest()
 
 
-def artifact_key(kind: str, model: torch.nn.Module, spec: Any, example: Inputs) -> str | None:
-    """The key of an artifact, or None when the model has no identity (then it is not cached)."""
+def artifact_key(kind: str, model: torch.nn.Module, backend: Any, example: Inputs) -> str | None:
+    """The key of an artifact that `backend` makes of `model`, or None when it may not be cached: no cache,
+    no identity, or code the fingerprint cannot vouch for."""
     identity = _identity.get()
     if identity is None or _root is None:
         return None
-    parts = {"kind": kind, "identity": identity, "model": model_digest(model), "inputs": inputs_digest(example),
-             "backend": [spec.backend, spec.device, spec.dtype, spec.options], "versions": _versions()}
+    code = fingerprint.code_fingerprint(model, type(backend))
+    if code is None:
+        return None
+    code_digest, reached = code
+    spec = backend.spec
+    parts = {"kind": kind, "identity": identity, "model": model_digest(model), "code": code_digest,
+             "inputs": inputs_digest(example), "backend": [spec.backend, spec.device, spec.dtype, spec.options],
+             "libraries": fingerprint.versions({"torch", *backend.libraries, *reached}),
+             "python": sys.version, "parity": fingerprint.parity_digest()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
@@ -132,7 +148,7 @@ def fetch_or_build(key: str, build: Callable[[Path], None]) -> tuple[Path, bool]
     """The folder of the artifact `key`, built by `build(folder)` when it is not there yet; and whether it
     was there (a hit)."""
     assert _root is not None
-    final = _root / "artifacts" / key
+    final = _root / ARTIFACTS / key
     if final.is_dir():
         return final, True
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -148,3 +164,96 @@ def fetch_or_build(key: str, build: Callable[[Path], None]) -> tuple[Path, bool]
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return final, False
+
+
+# -- parity cache info / clear ---------------------------------------------------------------------
+
+def check_location(root: Path) -> None:
+    """A ParityError unless `root` can be a cache: a folder (or nothing yet), readable, on a disk."""
+    resolved = root.resolve()
+    if any(resolved == system or system in resolved.parents for system in SYSTEM):
+        raise ParityError(f"cache folder {root}: is a system folder, not a cache")
+    try:
+        if root.exists() and not root.is_dir():
+            raise ParityError(f"cache folder {root}: is a file, not a folder")
+        if root.is_dir():
+            with os.scandir(root):
+                pass
+    except OSError as exc:
+        raise ParityError(f"cache folder {root}: cannot be read ({exc.strerror or exc})") from exc
+
+
+def _size(path: Path) -> tuple[int, int]:
+    """Files and bytes under `path`, never following a symbolic link."""
+    if path.is_symlink() or not path.is_dir():
+        return 1, path.lstat().st_size
+    files = size = 0
+    for here, _, names in os.walk(path, onerror=_raise):
+        for name in names:
+            files += 1
+            size += os.lstat(os.path.join(here, name)).st_size
+    return files, size
+
+
+def _raise(exc: OSError) -> None:
+    raise exc
+
+
+def usage(root: Path) -> dict[str, Any]:
+    """What the cache at `root` holds: its artifact entries (and what else is in `artifacts/`), inductor's
+    files, their sizes, and whether parity tagged the folder."""
+    check_location(root)
+    found: dict[str, Any] = {"tagged": (root / TAG).is_file(), "entries": 0, "artifact_bytes": 0, "foreign": [],
+                             "inductor_files": 0, "inductor_bytes": 0}
+    try:
+        artifacts = root / ARTIFACTS
+        if artifacts.is_dir() and not artifacts.is_symlink():
+            for child in sorted(artifacts.iterdir()):
+                if ENTRY.fullmatch(child.name):
+                    found["entries"] += not child.name.endswith(".partial")
+                    found["artifact_bytes"] += _size(child)[1]
+                else:
+                    found["foreign"].append(child.name)
+        elif artifacts.is_symlink():
+            found["foreign"].append(f"{ARTIFACTS} (a symbolic link)")
+        inductor = root / INDUCTOR
+        if inductor.is_symlink():
+            found["foreign"].append(f"{INDUCTOR} (a symbolic link)")
+        elif inductor.is_dir():
+            found["inductor_files"], found["inductor_bytes"] = _size(inductor)
+    except OSError as exc:
+        raise ParityError(f"cache folder {root}: cannot be read ({exc.strerror or exc}: {exc.filename})") from exc
+    return found
+
+
+def clear(root: Path) -> dict[str, Any]:
+    """Remove what parity put in the cache at `root`: the artifact entries, `artifacts/` when nothing else is
+    left in it, and `inductor/`. Never `root` itself, nothing parity did not write, and no symbolic link is
+    followed (a link where parity keeps a folder is left alone: parity never makes one). A folder without
+    parity's tag is not a parity cache and is left as it is. Returns what was there (`usage`)."""
+    found = usage(root)
+    if not root.exists():
+        return found
+    if not found["tagged"]:
+        raise ParityError(f"cache folder {root}: not a parity cache (no {TAG} written by parity); nothing removed")
+    try:
+        artifacts = root / ARTIFACTS
+        if artifacts.is_dir() and not artifacts.is_symlink():
+            for child in artifacts.iterdir():
+                if ENTRY.fullmatch(child.name):
+                    _remove(child)
+            if not any(artifacts.iterdir()):
+                artifacts.rmdir()
+        inductor = root / INDUCTOR
+        if inductor.is_dir() and not inductor.is_symlink():
+            shutil.rmtree(inductor)
+    except OSError as exc:
+        raise ParityError(f"cache folder {root}: cannot remove {exc.filename}: {exc.strerror or exc}") from exc
+    return found
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)  # removes the links inside, never what they point to
+    else:
+        path.unlink()

@@ -28,7 +28,7 @@ from parity.adapters.fallback import fallback_for
 from parity.config.schema import Experiment
 from parity.errors import ParityError, did_you_mean
 from parity.inputs import build_inputs
-from parity.models import build_model
+from parity.models import build_model, source_fingerprint
 from parity.records import NOT_DIGESTED, RecordWriter, environment, experiment_digest
 from parity.runner import cache
 from parity.runner.execute import Execution, ends_the_program
@@ -100,6 +100,8 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
         raise
     except Exception as exc:  # e.g. a tensor too large for this machine's memory
         raise ParityError(f"input set '{job.inputs.name}': cannot build it: {type(exc).__name__}: {exc}") from exc
+    for note in inputs.notes:  # a constant input: every backend agrees on it, so its checks prove little
+        writer.write("warning", model=job.model.name, inputs=job.inputs.name, message=note)
 
     def run(spec) -> Execution:
         progress.describe(f"{job.model.name} / {job.inputs.name} / {spec.id}")
@@ -251,8 +253,10 @@ def prepared_model(spec, exp) -> tuple:
 
 
 def model_identity(spec, exp):
-    """Exports of this model may be cached (runner/cache.py): what the experiment says it is."""
-    return cache.model_identity(spec.model_dump(mode="json"), [a.model_dump(mode="json") for a in exp.adapters_for(spec)])
+    """Exports of this model may be cached (runner/cache.py): what the experiment says it is, and what its
+    source reads it from."""
+    return cache.model_identity(spec.model_dump(mode="json"), [a.model_dump(mode="json") for a in exp.adapters_for(spec)],
+                                source_fingerprint(spec, exp))
 
 
 def build_model_or_explain(spec, exp):

@@ -5,6 +5,12 @@ than every layer compiled separately.
 At every level the parent's own code (the additions and reshapes between its submodules, measured with
 the submodules replayed from the reference) competes with its submodules; when it is the worst, the
 parent is the culprit *in its own code* and the descent stops there.
+
+Only an own error above the threshold makes a culprit. When no top-level layer (nor the model's own code)
+exceeds it alone, the difference comes from how the target transforms the whole graph (fusion, layout,
+quantization), not from one layer: the localization says so (`whole_graph`) and names instead the first
+layer whose *propagated* error exceeds the threshold. When no part of a block exceeds it alone while the
+block does, the block is the culprit as a whole (`as_a_whole`).
 """
 
 from __future__ import annotations
@@ -94,31 +100,44 @@ def introduction_rates(errors: list[LayerError]) -> list[float | None]:
     return rates
 
 
+def within(e: LayerError, threshold: float) -> bool:
+    """At the noise: compared, and its required atol at or below the threshold (exactly 0 included)."""
+    return not e.error and e.required_atol is not None and e.required_atol <= threshold
+
+
 @dataclass
 class Localization:
     target: str
     mode: str  # hierarchical | flat
     threshold: float
     levels: list[tuple[str, LevelResult]] = field(default_factory=list)
-    culprit: str | None = None
+    culprit: str | None = None  # only ever a layer (or own code) whose error exceeds the threshold
     in_own_code: bool = False
+    whole_graph: bool = False  # no layer (nor the model's own code) exceeds the threshold alone
+    as_a_whole: bool = False  # the culprit exceeds it, but none of its submodules alone (nor its own code) does
     skipped: list[str] = field(default_factory=list)  # layers the target could not run alone
     first_divergent: str | None = None
-    suspects: list[LayerError] = field(default_factory=list)
+    first_divergent_by: str | None = None  # the error that names it: "own" (local) or "propagated"
+    suspects: list[LayerError] = field(default_factory=list)  # errors above the threshold, worst first
     elapsed_s: float = 0.0
     mode_used: str = "both"
 
     def verdict(self) -> str:
-        if not self.suspects:
+        if not any(not e.error for _, level in self.levels for e in [*level.local.values(), *level.propagated.values()]):
             why = f"; inconclusive: the target could not run {', '.join(self.skipped[:5])} alone" if self.skipped else ""
             return "no layer could be compared on the target" + why
+        if self.culprit is None:
+            return self._nothing_exceeds()
         own = self.suspects[0]
         where = " (in its own code, between its submodules)" if self.in_own_code else ""
-        exceeds = ("exceeds" if own.required_atol is None or own.required_atol > self.threshold else "stays below")
         text = (f"{'the model' if self.culprit == MODEL else self.culprit}{where} introduces the largest error of its own: relative RMSE {own.rel_rmse:.2e}, "
-                f"max abs {own.max_abs:.2e}, which {exceeds} the threshold {self.threshold:g}")
+                f"max abs {own.max_abs:.2e}, which exceeds the threshold {self.threshold:g}")
         if self.mode_used == "propagated":
             text = text.replace("introduces the largest error of its own", "is where the error grows most (propagated mode)")
+        if self.as_a_whole:
+            text += (f"; none of its submodules alone (nor its own code) exceeds the threshold: the error comes from "
+                     f"{self.culprit} as a whole (how the target transforms it, e.g. fusion across its submodules, or "
+                     "small errors adding up)")
         if self.skipped:
             text += (f"; inconclusive for {', '.join(self.skipped[:5])}: the target could not run "
                      f"{'it' if len(self.skipped) == 1 else 'them'} alone")
@@ -128,9 +147,58 @@ class Localization:
                      "kernels), not from one layer")
         return text
 
+    def _nothing_exceeds(self) -> str:
+        """The verdict when no layer's own error (or, in propagated mode alone, no layer's growth) exceeds
+        the threshold: it names no culprit, says where the difference comes from instead and, when
+        propagated errors exist, which layer they first exceed the threshold at."""
+        first = self.levels[0][1]
+        if not first.local:
+            text = f"no layer's output inside the target's end-to-end run exceeds the threshold {self.threshold:g}"
+            return text + (f"; it first exceeds it at {self.first_divergent}" if self.first_divergent else "")
+        compared = [e for e in first.local.values() if not e.error]
+        if not compared:
+            return (f"no layer could be compared alone on the target; inconclusive: the target could not run "
+                    f"{', '.join(self.skipped[:5])} alone") + self._propagated_instead()
+        hierarchical = self.mode == "hierarchical"
+        text = ("no layer" if hierarchical else f"none of the {len(compared)} compared layers") + \
+            f" makes an error of its own above the threshold {self.threshold:g}"
+        if hierarchical and first.own_code is not None:
+            text += " (nor the model's own code)"
+        largest = max(compared, key=lambda e: e.rel_rmse)
+        if largest.rel_rmse == 0:
+            each = "each that ran alone" if self.skipped else "each alone"
+            text += f": {each} on the target, fed the reference's input, gives exactly the reference's output"
+        else:
+            text += (f": the largest is {largest.name}'s, relative RMSE {largest.rel_rmse:.2e}, max abs "
+                     f"{largest.max_abs:.2e}")
+        if self.whole_graph:
+            drift = "the drift" if self.first_divergent_by == "propagated" else "any drift"  # seen, or not seen
+            grows = "" if largest.rel_rmse == 0 else " or from small errors that grow downstream"
+            text += (f"; {drift} comes from how the target transforms the whole graph (fusion, layout, quantization)"
+                     + (f"{grows}, not from one layer" if hierarchical
+                        else f"{grows} or from code outside these layers, not from one of them"))
+        elif self.skipped:
+            text += (f"; inconclusive for {', '.join(self.skipped[:5])}: the target could not run "
+                     f"{'it' if len(self.skipped) == 1 else 'them'} alone, and the drift may come from there")
+        return text + self._propagated_instead()
+
+    def _propagated_instead(self) -> str:
+        """What the propagated errors name when no own error does."""
+        if self.first_divergent_by == "propagated" and self.first_divergent:
+            e = next(level.propagated[self.first_divergent] for _, level in reversed(self.levels)
+                     if self.first_divergent in level.propagated)
+            return (f"; named instead: {self.first_divergent}, the first layer whose output inside the target's "
+                    f"end-to-end run (its propagated error) exceeds the threshold: relative RMSE {e.rel_rmse:.2e}, "
+                    f"max abs {e.max_abs:.2e}")
+        if any(not e.error for _, level in self.levels for e in level.propagated.values()):
+            return ("; no layer's output inside the target's end-to-end run exceeds the threshold either (observing "
+                    "layer outputs can keep the target from fusing across them)")
+        return ("; propagated errors were not measured (mode local, or a target that cannot show layer outputs from "
+                "its own run), so no layer is named")
+
     def evenly_spread(self) -> bool:
         """True when no layer stands out at the first level: all own errors are of one order."""
-        if not self.levels:
+        if not self.levels or self.culprit is None:
             return False
         errors = sorted(e.rel_rmse for e in self.levels[0][1].local.values() if not e.error and e.rel_rmse > 0)
         if len(errors) < 3:
@@ -154,29 +222,34 @@ class Localization:
             levels.append({"parent": parent, "layers": layers, "own_code": own})
         return {
             "target": self.target, "mode": self.mode, "threshold": self.threshold, "culprit": self.culprit,
-            "in_own_code": self.in_own_code, "evenly_spread": self.evenly_spread(), "first_divergent": self.first_divergent,
+            "in_own_code": self.in_own_code, "whole_graph": self.whole_graph, "as_a_whole": self.as_a_whole,
+            "evenly_spread": self.evenly_spread(), "first_divergent": self.first_divergent,
+            "first_divergent_by": self.first_divergent_by,
             "suspects": [s.as_record() for s in self.suspects], "verdict": self.verdict(), "skipped": self.skipped,
             "levels": levels, "elapsed_s": self.elapsed_s,
         }
 
 
-def _first_divergent(level: LevelResult, threshold: float) -> str | None:
-    """The first layer in call order whose error exceeds the threshold. A module called several times
-    (a shared ReLU) has no single place in that order, so it is passed over."""
+def _first_divergent(level: LevelResult, threshold: float, basis: str) -> str | None:
+    """The first layer in call order whose error (`basis`: own or propagated) exceeds the threshold. A
+    module called several times (a shared ReLU) has no single place in that order, so it is passed over."""
+    errors = level.local if basis == "own" else level.propagated
     for name in level.names:
         if name in level.shared:
             continue
-        e = level.local.get(name) or level.propagated.get(name)
-        if e and not e.error and (e.required_atol is None or e.required_atol > threshold):
+        e = errors.get(name)
+        if e and not e.error and not within(e, threshold):
             return name
     return None
 
 
-def _ranked(level: LevelResult) -> list[LayerError]:
-    """By own (local) error; in propagated mode alone, by how much the error grows at each layer over the
-    largest before it (an error carried on from an earlier layer does not make a layer a suspect)."""
+def _ranked(level: LevelResult, threshold: float) -> list[LayerError]:
+    """The layers whose error exceeds the threshold, likeliest culprit first: by own (local) error; in
+    propagated mode alone, by how much the error grows at each layer over the largest before it (an error
+    carried on from an earlier layer does not make a layer a suspect)."""
     if level.local:
-        return sorted((e for e in level.local.values() if not e.error), key=lambda e: e.rel_rmse, reverse=True)
+        over = (e for e in level.local.values() if not e.error and not within(e, threshold))
+        return sorted(over, key=lambda e: e.rel_rmse, reverse=True)
     growth, largest = {}, 0.0
     for name in level.names:
         e = level.propagated.get(name)
@@ -184,7 +257,8 @@ def _ranked(level: LevelResult) -> list[LayerError]:
             continue
         growth[name] = e.rel_rmse - largest
         largest = max(largest, e.rel_rmse)
-    return sorted((level.propagated[n] for n in growth), key=lambda e: growth[e.name], reverse=True)
+    over = (level.propagated[n] for n in growth if not within(level.propagated[n], threshold))
+    return sorted(over, key=lambda e: growth[e.name], reverse=True)
 
 
 def localize(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, rtol: float,
@@ -202,10 +276,13 @@ def localize(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module
             level.propagated.update(part.propagated)
         loc = Localization(target.id, "flat", threshold, [("", level)], mode_used=mode)
         loc.skipped = [e.name for e in level.local.values() if e.error]
-        ranked = _ranked(level)
+        ranked = _ranked(level, threshold)
         loc.suspects = ranked[:3]
         loc.culprit = ranked[0].name if ranked else None
-        loc.first_divergent = _first_divergent(level, threshold)
+        loc.whole_graph = not ranked and bool(level.local) and not loc.skipped
+        basis = "own" if ranked and level.local else "propagated"
+        loc.first_divergent = _first_divergent(level, threshold, basis)
+        loc.first_divergent_by = basis if loc.first_divergent else None
     else:
         loc = _descend(reference, target, model, inputs, rtol, threshold, mode)
         loc.mode_used = mode
@@ -217,7 +294,8 @@ def _descend(reference, target, model, inputs, rtol, threshold, mode) -> Localiz
     """Top-level modules first, then inside the one with the largest own error, down to a leaf. At each
     level the parent's own code (its operations between submodules, measured with the submodules
     replayed from the reference) competes with its submodules: when it is the worst, the search stops
-    there."""
+    there. Only errors above the threshold are followed: when none at the top level exceeds it, the
+    drift belongs to the whole graph; when none inside a block does, to the block as a whole."""
     loc = Localization(target.id, "hierarchical", threshold)
     parent = ""
     while True:
@@ -226,22 +304,44 @@ def _descend(reference, target, model, inputs, rtol, threshold, mode) -> Localiz
             break
         level = evaluate(reference, target, model, inputs, names, rtol, mode, parent)
         loc.levels.append((parent, level))
-        ranked = _ranked(level)
-        loc.skipped += [e.name for e in level.local.values() if e.error]
+        ranked = _ranked(level, threshold)
+        skipped = [e.name for e in level.local.values() if e.error]
+        loc.skipped += skipped
         own = own_code_error(reference, target, model, inputs, parent, names, rtol) if level.local else None
         if own is not None and not own.error:
             level.own_code = own
-            if not ranked or own.rel_rmse > ranked[0].rel_rmse:
+            if not within(own, threshold) and (not ranked or own.rel_rmse > ranked[0].rel_rmse):
                 loc.culprit, loc.in_own_code = parent or MODEL, True
                 loc.suspects = [own] + ranked[:2]
                 break
         if not ranked:
+            if loc.culprit is None:  # the top level: no layer exceeds the threshold alone
+                loc.whole_graph = bool(level.local) and not skipped
+                _follow_propagated(loc, reference, target, model, inputs, rtol, threshold)
+            else:
+                loc.as_a_whole = bool(level.local) and not skipped
             break
         best = ranked[0]
         loc.culprit, parent = best.name, best.name
         loc.suspects = ranked[:3]
-        loc.first_divergent = _first_divergent(level, threshold) or loc.first_divergent
+        basis = "own" if level.local else "propagated"
+        first = _first_divergent(level, threshold, basis)
+        if first:
+            loc.first_divergent, loc.first_divergent_by = first, basis
     return loc
+
+
+def _follow_propagated(loc: Localization, reference, target, model, inputs, rtol, threshold) -> None:
+    """No own error names a layer: from the top level down, the first layer in call order whose
+    propagated error (its output inside the target's own end-to-end run) exceeds the threshold."""
+    level = loc.levels[0][1]
+    while (first := _first_divergent(level, threshold, "propagated")) is not None:
+        loc.first_divergent, loc.first_divergent_by = first, "propagated"
+        names = children(model, first)
+        if not names:
+            break
+        level = evaluate(reference, target, model, inputs, names, rtol, "propagated", first)
+        loc.levels.append((first, level))
 
 
 def localize_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, experiment) -> dict[str, Any]:
@@ -258,3 +358,19 @@ def localize_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inp
     except Exception as exc:  # localization is evidence; a failure to gather it must not end the run
         return {**base, "target": target.id, "error": f"{type(exc).__name__}: {exc}"[:500]}
     return {**base, **loc.record(), "error": None}
+
+
+def gate_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, experiment) -> dict[str, Any]:
+    """The tier-1 verdict of `target` at the gate (one run of each side, as `parity run` judges it with one
+    repeat, no oracle), so that `parity localize` says first whether the check it explains passes."""
+    from parity.runner.execute import execute
+    from parity.runner.executors import configured_model
+    from parity.verify.checks import tier1_check
+
+    reference = execute(job.reference, configured_model(model, job.reference, job.model.name), inputs, 1)
+    if not reference.ok:  # nothing to localize against, as find_fallback says too
+        raise ParityError(f"the reference {job.reference.id} failed: {reference.error}")
+    ran = execute(target, configured_model(model, target, job.model.name), inputs, 1)
+    check = tier1_check(job, ran, reference, None, experiment)
+    return {k: check[k] for k in ("passed", "failure_class", "detail", "required_atol", "gate", "rtol")}
+

@@ -57,6 +57,14 @@ def _kind(t: torch.Tensor) -> str:
     return "float" if (t.is_floating_point() or t.is_complex()) else str(t.dtype)
 
 
+def compared_exactly(leaf: dict[str, Any]) -> bool:
+    """Was this tensor leaf compared exactly (integer or boolean on both sides: labels, indices, masks),
+    so that no tolerance applied to it? Read from its record, for the messages that render it."""
+    dtypes = [getattr(torch, d, None) for d in (leaf.get("dtype"), leaf.get("reference_dtype", leaf.get("dtype")))]
+    return all(isinstance(d, torch.dtype) and not (d.is_floating_point or d.is_complex) for d in dtypes) \
+        and dtypes[0] == dtypes[1]
+
+
 CHUNK = 1 << 18  # elements compared at a time: the float64 temporaries stay a few MB however large a tensor is
 
 
@@ -131,6 +139,23 @@ def _rmse(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a[both] - b[both]).square().mean().sqrt()) if bool(both.any()) else 0.0
 
 
+def uncomparable_tensor(t: torch.Tensor) -> str | None:
+    """Why a tensor's values cannot be read as one dense array (None when they can): a sparse, nested,
+    quantized or meta tensor is a failure with its reason, never a traceback or a silent pass."""
+    if t.is_meta:
+        return "a meta tensor (it has a shape but no values)"
+    if t.is_nested:
+        return "a nested tensor (its parts have different shapes)"
+    if t.layout != torch.strided:
+        return f"a tensor with layout {str(t.layout).removeprefix('torch.')} (sparse; compare its to_dense())"
+    if t.is_quantized:
+        return f"a quantized tensor ({str(t.dtype).removeprefix('torch.')}; compare its dequantize())"
+    return None
+
+
+NO_TENSOR = "the model returned no tensor to compare"
+
+
 def _compare_leaf(name: str, ref: Any, tgt: Any, rtol: float, gate: float) -> dict[str, Any]:
     leaf: dict[str, Any] = {"name": name, "required_atol": None, "failure_class": None}
     if isinstance(ref, Opaque) or isinstance(tgt, Opaque):
@@ -141,6 +166,11 @@ def _compare_leaf(name: str, ref: Any, tgt: Any, rtol: float, gate: float) -> di
     if ref_t != tgt_t:
         leaf.update(failure_class=tx.STRUCTURE_MISMATCH,
                     detail=f"reference has {type(ref).__name__}, target has {type(tgt).__name__}")
+        return leaf
+    reasons = [f"{side} output is {why}" for side, t in (("the reference's", ref), ("the target's", tgt))
+               if ref_t and (why := uncomparable_tensor(t))]
+    if reasons:
+        leaf.update(failure_class=tx.UNCOMPARABLE, detail="; ".join(reasons))
         return leaf
     if not ref_t:
         equal = type(ref) is type(tgt) and ref == tgt
@@ -216,6 +246,12 @@ def compare(reference: Any, target: Any, rtol: float, gate: float, oracle: Any =
                 leaf["oracle_rmse_reference"] = _rmse(ref, orc)
         result.leaves.append(leaf)
     result.failure_class = tx.most_severe(leaf["failure_class"] for leaf in result.leaves)
+    no_tensor = not any(isinstance(v, torch.Tensor) for v in ref_leaves.values())  # None, (), {}, constants
+    if no_tensor and result.failure_class is None:  # otherwise it fails for its own reason
+        shown = ", ".join(f"{n} = {v!r}"[:60] for n, v in list(ref_leaves.items())[:3])
+        result.failure_class = tx.UNCOMPARABLE
+        result.detail = f"{NO_TENSOR} (it returned {shown}): a pass would check nothing it computes"
+        return result
     if missing or extra:
         result.detail = f"{len(missing)} leaf(s) missing in the target, {len(extra)} extra: " + ", ".join((missing + extra)[:5])
     else:

@@ -1,0 +1,43 @@
+"""What a path the user named is, before anything opens it.
+
+Opening a FIFO blocks until someone writes to it, and reading a device such as /dev/zero never ends: a
+path that is not a regular file is refused by what it is ("is a FIFO, not a file"), never reported as
+missing and never opened. A link is followed: a link to a file is that file, a link to a device is a
+device.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def kind_of(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def file_problem(path: Path, what: str) -> str | None:
+    """None when `path` is a regular file (or a link to one); else why not, as '{what} {path}: ...'."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if os.path.lexists(path):
+            return f"{what} {path}: a link to {os.readlink(path)}, which does not exist"
+        return f"{what} not found: {path}"
+    except OSError as exc:  # permission, a loop of links, a name too long
+        return f"{what} {path}: cannot be read ({exc.strerror or exc})"
+    if stat.S_ISREG(mode):
+        return None
+    return f"{what} {path}: is {kind_of(mode)}, not a file"
+
+
+def is_regular(path: str | Path) -> bool:
+    """Whether `path` is a regular file (a link is followed); False for anything that cannot be stat'ed."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False

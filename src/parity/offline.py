@@ -1,0 +1,54 @@
+"""Offline and contained by construction: the libraries parity loads send nothing and keep no state in
+the home folder.
+
+Measured on this stack (strace and a fresh `$HOME`, before these switches): importing ONNX Runtime
+creates `~/.cache/Microsoft/DeveloperTools/.onnxruntime/` (a device id and an event database for its
+1DS telemetry); OpenVINO's model conversion writes `~/intel/openvino_ga_cid` and `~/intel/stats` and
+looks up `www.google-analytics.com`; matplotlib (the reports' charts) writes its font cache to
+`~/.cache/matplotlib`. Each is switched off or moved before the library loads:
+
+- ONNX Runtime reads `ORT_DISABLE_TELEMETRY` (and, in later versions, `ORT_TELEMETRY_DISABLED`) once,
+  when it initializes: with it set, no uploader, device id or offline store is created. Its runtime
+  API (`disable_telemetry_events`) comes too late: the device id is written at import.
+- OpenVINO's converter imports `openvino_telemetry` inside `try/except ImportError` and falls back to
+  its own no-op stub. The package has no switch but a consent file in the home folder, so parity makes
+  the import fail (`sys.modules[name] = None`, Python's documented way to block one) and the stub runs.
+- matplotlib keeps its state in `MPLCONFIGDIR`: the artifact cache's `matplotlib` folder, or with the
+  cache off a temporary folder removed when the process ends. A folder the user set is kept.
+
+`contain()` runs when `parity` is imported, before any backend can load; `keep_state_in(root)` once the
+command knows where its cache is. Worker processes import parity too and inherit the environment.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+TELEMETRY_OFF = {"ORT_DISABLE_TELEMETRY": "1", "ORT_TELEMETRY_DISABLED": "1"}
+BLOCKED_MODULES = ("openvino_telemetry",)
+
+
+def contain() -> None:
+    """Turn every known telemetry off for this process and the processes it starts."""
+    os.environ.update(TELEMETRY_OFF)
+    for name in BLOCKED_MODULES:
+        if sys.modules.get(name, None) is None:  # already imported by the caller's own code: not ours to unload
+            sys.modules[name] = None  # type: ignore[assignment]  # `import name` now raises ImportError
+
+
+def keep_state_in(cache_root: Path | None) -> None:
+    """Libraries' home-folder state (matplotlib's font cache) goes under the cache, or into a temporary
+    folder when there is none. Decided once per process: matplotlib reads it once, at import."""
+    if "MPLCONFIGDIR" in os.environ:
+        return
+    if cache_root is not None:
+        folder = cache_root / "matplotlib"
+    else:
+        folder = Path(tempfile.mkdtemp(prefix="parity-state-"))
+        atexit.register(shutil.rmtree, folder, True)
+    os.environ["MPLCONFIGDIR"] = str(folder)

@@ -1,0 +1,148 @@
+"""parity in pytest: the `parity` fixture and the `@pytest.mark.parity(targets=[...])` marker.
+
+    @pytest.mark.parity(targets=["compile", "onnxruntime", "eager-cpu-bfloat16", "eager-cuda"], atol=1e-4)
+    def test_my_model_agrees(parity):
+        parity.check(build_my_model(), torch.randn(2, 3, 224, 224))
+
+runs the test once per target (ids as the tables print them: `test_my_model_agrees[eager-cpu-bfloat16]`),
+skips a target that cannot run on this machine with the reason (no CUDA, a missing package), runs the
+reference once per model and inputs in the session, and puts each target's numbers in the JUnit XML
+(testcase properties, as `record_property` writes them). Without the marker, `parity.check(model, inputs, targets=[...])` checks the targets
+it is given.
+
+pytest loads this module in every run once parity is installed, so it imports nothing heavy itself:
+torch and parity's checking code load only when a test uses the marker or the fixture.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+_REFERENCES = pytest.StashKey[dict]()  # reference outputs by model, inputs and reference backend: one session
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "parity(targets=[...], reference='eager', atol=1e-5, rtol=1.3e-6): run the test once per "
+                   "target (BACKEND[-DEVICE][-DTYPE], e.g. eager-cpu-bfloat16); its `parity` fixture checks that "
+                   "target against the reference; a target that cannot run here is skipped")
+    config.stash[_REFERENCES] = {}
+
+
+def _settings(marker) -> dict[str, Any]:
+    """The marker's keyword settings; `targets` may also be its one positional argument."""
+    settings = dict(marker.kwargs)
+    if marker.args:
+        if len(marker.args) > 1 or "targets" in settings:
+            raise pytest.UsageError("@pytest.mark.parity takes the targets once: parity(targets=[...])")
+        settings["targets"] = marker.args[0]
+    unknown = set(settings) - {"targets", "reference", "atol", "rtol"}
+    if unknown:
+        raise pytest.UsageError(f"@pytest.mark.parity: unknown setting(s) {', '.join(sorted(unknown))} "
+                                "(known: targets, reference, atol, rtol)")
+    targets = settings.get("targets")
+    if isinstance(targets, str) or not targets:
+        raise pytest.UsageError("@pytest.mark.parity needs targets=[...], a list of at least one target")
+    return settings
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker("parity")
+    if marker is None:
+        return
+    if "parity" not in metafunc.fixturenames:
+        raise pytest.UsageError(f"{metafunc.definition.nodeid} has @pytest.mark.parity but does not take the "
+                                "`parity` fixture, which checks each target")
+    from parity.api import target_spec
+    from parity.errors import ParityError
+
+    targets = _settings(marker)["targets"]
+    try:
+        specs = [target_spec(t) for t in targets]
+    except ParityError as exc:
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: @pytest.mark.parity: {exc.problems[0]}") from exc
+    metafunc.parametrize("parity", specs, ids=[s.id for s in specs], indirect=True)
+
+
+class Parity:
+    """What a test receives as `parity`: `check(model, inputs)` checks its target (or the `targets` given)
+    against the reference with `parity.assert_backends_agree` and returns the `Agreement`; a disagreement
+    fails the test with torch.testing-style lines."""
+
+    def __init__(self, target, settings: dict[str, Any], references: dict, record_property):
+        self.target = target  # the marker's target of this test (a BackendSpec), or None without the marker
+        self.settings = settings
+        self._references = references
+        self._record = record_property
+
+    def check(self, model, inputs, targets: list | None = None, **settings: Any):
+        """`settings`: atol, rtol, reference; they win over the marker's."""
+        from parity.api import Disagreement, assert_backends_agree
+
+        if targets is None:
+            if self.target is None:
+                raise pytest.UsageError("parity.check(model, inputs) without targets=[...] needs the test to have "
+                                        "@pytest.mark.parity(targets=[...])")
+            targets = [self.target]
+        options = {k: v for k, v in self.settings.items() if k != "targets"} | settings
+        _, reference_unavailable = _split_by_availability([options.get("reference", "eager")])
+        if reference_unavailable:
+            pytest.skip(f"the reference {reference_unavailable[0]}")
+        runnable, unavailable = _split_by_availability(targets)
+        if not runnable:
+            pytest.skip("; ".join(unavailable))
+        try:
+            result = assert_backends_agree(model, inputs, runnable, reference_cache=self._references, **options)
+        except Disagreement as exc:
+            self._record_numbers(exc.result)
+            raise
+        self._record_numbers(result)
+        if unavailable:  # the others agree, but these were not checked: not a pass
+            pytest.skip("; ".join(unavailable))
+        return result
+
+    def _record_numbers(self, result) -> None:
+        """The JUnit XML properties: per target its verdict and numbers, and per leaf its own."""
+        self._record("parity.reference", result.reference)
+        for target, found in result.targets.items():
+            self._record(f"parity.{target}.passed", found.passed)
+            for key in ("failure_class", "required_atol", "max_abs"):
+                if getattr(found, key) is not None:
+                    self._record(f"parity.{target}.{key}", getattr(found, key))
+            for leaf in found.leaves:
+                for key in ("max_abs", "max_rel", "required_atol", "mismatch_fraction"):
+                    if leaf.get(key) is not None:
+                        self._record(f"parity.{target}.{leaf['name']}.{key}", leaf[key])
+
+
+def _split_by_availability(targets: list) -> tuple[list, list[str]]:
+    """The targets that can run here, and why each of the others cannot."""
+    from parity.api import target_spec
+    from parity.backends import backend_class
+
+    runnable, unavailable = [], []
+    for target in targets:
+        spec = target_spec(target)
+        reason = backend_class(spec.backend).available(spec)
+        if reason:
+            unavailable.append(f"{spec.id} cannot run here: {reason}")
+        else:
+            runnable.append(spec)
+    return runnable, unavailable
+
+
+@pytest.fixture
+def parity(request: pytest.FixtureRequest) -> Parity:
+    """Checks a model on the marker's target (see the module's docstring); skips the test up front when
+    that target cannot run on this machine."""
+    marker = request.node.get_closest_marker("parity")
+    settings = _settings(marker) if marker is not None else {}
+    target = getattr(request, "param", None)
+    if target is not None:
+        _, unavailable = _split_by_availability([target])
+        if unavailable:
+            pytest.skip(unavailable[0])
+    record = lambda name, value: request.node.user_properties.append((name, value))  # noqa: E731 - as record_property,
+    return Parity(target, settings, request.config.stash[_REFERENCES], record)  # without its xunit2 warning per test

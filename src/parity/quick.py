@@ -1,0 +1,187 @@
+"""`parity check`: one command line made into an experiment, so that checking a model needs no YAML.
+
+The experiment is an ordinary one (a dict in the file's shape), run by the same code as `parity run`;
+`--save-experiment` writes it as the file that `parity run` runs the same checks from.
+
+    MODEL  torchvision:NAME          a torchvision builder (seeded init, or --weights)
+           module:callable           an importable function or class (source python)
+           FOLDER --entry m:f        someone's repository folder (source repo), or --hubconf NAME
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from parity.config.schema import plain_name
+from parity.errors import ParityError, did_you_mean
+
+IMAGENET = {"resize": [256], "center_crop": [224], "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+PREPROCESS = {"imagenet": IMAGENET, "none": {}}
+DEFAULT_PHOTO = "sample:chelsea"
+# the default inputs of a torchvision model by task: a bundled photo, preprocessed as its weights expect
+DEFAULT_PREPROCESS = {"classification": "imagenet", "segmentation": "imagenet", "detection": "none"}
+LATER_SOURCES = re.compile(r"^(timm|hf|huggingface|transformers):|\.onnx$", re.IGNORECASE)
+_SHAPE = re.compile(r"^[1-9][0-9]*(x[1-9][0-9]*)*$")
+
+
+def _torchvision_task(builder: str) -> str:
+    import torchvision.models as tvm
+    from torchvision.models import list_models
+
+    for task, modules in {"classification": (tvm, tvm.quantization), "detection": (tvm.detection,),
+                          "segmentation": (tvm.segmentation,)}.items():
+        if any(builder in list_models(module=m) for m in modules):
+            return task
+    return "other"
+
+
+def model_entry(ref: str, entry: str | None = None, hubconf: str | None = None,
+                weights: str | None = None) -> dict[str, Any]:
+    """The `models:` entry that MODEL (and --entry, --hubconf, --weights) name."""
+    from parity.models.sources import torchvision_builders
+
+    if LATER_SOURCES.search(ref):
+        kind = ".onnx" if ref.lower().endswith(".onnx") else ref.split(":")[0] + ":"
+        raise ParityError(f"MODEL '{ref}': {kind} sources come with a later release (timm:, hf: or transformers:, "
+                          "and .onnx files); until then, wrap the model in a function of your own and pass it "
+                          "as module:callable")
+    folder = Path(ref).expanduser()
+    if (entry or hubconf) and not folder.is_dir():
+        raise ParityError(f"--entry/--hubconf go with a repository folder as MODEL; '{ref}' is no folder here")
+    spec: dict[str, Any]
+    if folder.is_dir():
+        if (entry is None) == (hubconf is None):
+            raise ParityError(f"MODEL '{ref}' is a folder: say what builds the model in it with --entry "
+                              "module:callable or --hubconf NAME (one of them)")
+        spec = {"name": plain_name(folder.absolute().name, "model"), "source": "repo", "path": str(folder.absolute()),
+                **({"entry": entry} if entry else {"hubconf": hubconf})}
+    elif ref.startswith("torchvision:"):
+        builder = ref.removeprefix("torchvision:")
+        if builder not in torchvision_builders():
+            raise ParityError(f"MODEL '{ref}': unknown torchvision builder '{builder}'"
+                              f"{did_you_mean(builder, torchvision_builders())}")
+        spec = {"name": plain_name(builder, "model"), "source": "torchvision", "builder": builder,
+                "task": _torchvision_task(builder)}
+    elif ":" in ref:
+        from parity.registry import import_object
+
+        import_object(ref, "MODEL")  # a typo is one message now, not a failed run later
+        spec = {"name": plain_name(ref.rpartition(":")[2], "model"), "source": "python", "entry": ref}
+    else:
+        hint = f"; did you mean 'torchvision:{ref}'?" if ref in torchvision_builders() else ""
+        raise ParityError(f"MODEL '{ref}' is not torchvision:NAME, module:callable nor a folder here{hint}")
+    if weights is not None:
+        spec["weights"] = weights if weights == "DEFAULT" else str(Path(weights).expanduser().absolute())
+    return spec
+
+
+def _shape(text: str) -> list[int]:
+    if not _SHAPE.match(text):
+        raise ParityError(f"--input '{text}': expected a shape like 1x3x224x224 (or NAME=SHAPE for a keyword input)")
+    return [int(d) for d in text.split("x")]
+
+
+def input_entry(model: dict[str, Any], shapes: list[str], images: list[str], preprocess: str | None,
+                resize: int | None, crop: int | None) -> dict[str, Any]:
+    """The `inputs:` entry: random tensors (--input), images (--images) or the model's default photo."""
+    if shapes and images:
+        raise ParityError("--input and --images: give one kind of input (random tensors or images)")
+    if shapes:
+        if preprocess or resize or crop:
+            raise ParityError("--preprocess, --resize and --crop apply to images, not to --input tensors")
+        named = [s.partition("=") for s in shapes]
+        if len({bool(sep) for _, sep, _ in named}) > 1:
+            raise ParityError("--input: give every input as SHAPE (positional) or every one as NAME=SHAPE (keyword)")
+        if named[0][1]:
+            return {"name": "random", "synthetic": {name: {"shape": _shape(shape)} for name, _, shape in named}}
+        specs = [{"shape": _shape(s)} for s in shapes]
+        return {"name": shapes[0] if len(shapes) == 1 else "random", "synthetic": specs[0] if len(specs) == 1 else specs}
+    task = model.get("task", "other")
+    if not images:
+        if task not in DEFAULT_PREPROCESS:
+            raise ParityError(f"model '{model['name']}' has no default input: give --input SHAPE (a seeded random "
+                              "tensor, e.g. 1x3x224x224) or --images FILE|GLOB|sample:NAME")
+        images = [DEFAULT_PHOTO]
+    settings = dict(PREPROCESS[preprocess or DEFAULT_PREPROCESS.get(task, "none")])
+    if resize is not None:
+        settings["resize"] = [resize]
+    if crop is not None:
+        settings["center_crop"] = [crop]
+    refs = [ref if ref.startswith("sample:") else str(Path(ref).expanduser().absolute()) for ref in images]
+    return {"name": "images", "images": refs, "preprocess": settings}
+
+
+def target_entries(targets: list[str], reference: str | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The reference's and the targets' entries; each --target that cannot be one is refused by name."""
+    from parity.config.checks import backend_problems
+    from parity.config.schema import BackendSpec
+    from parity.config.targets import parse_target
+
+    entries, problems, seen = [], [], {}
+    for flag, text in [("--reference", reference or "eager"), *(("--target", t) for t in targets)]:
+        try:
+            entry = parse_target(text)
+        except ParityError as exc:
+            problems.append(f"{flag} {text}: {exc.problems[0]}")
+            continue
+        spec = BackendSpec.model_validate(entry)
+        problems += [f"{flag} {text}: {msg}" for _, msg in backend_problems(spec, ())]
+        if spec.id in seen:
+            what = "the reference" if seen[spec.id] == "--reference" else f"given twice ({seen[spec.id]} and {text})"
+            problems.append(f"{flag} {text}: its id {spec.id} is {what}; every target needs its own id")
+        seen.setdefault(spec.id, flag if flag == "--reference" else text)
+        entries.append(entry)
+    if problems:
+        raise ParityError(*problems)
+    return entries[0], entries[1:]
+
+
+def check_experiment(model: str, targets: list[str], *, reference: str | None = None, entry: str | None = None,
+                     hubconf: str | None = None, weights: str | None = None, shapes: list[str] = (),
+                     images: list[str] = (), preprocess: str | None = None, resize: int | None = None,
+                     crop: int | None = None, gate: float | None = None, rtol: float | None = None,
+                     seed: int = 0) -> dict[str, Any]:
+    """The experiment (a dict in the file's shape) that a `parity check` command line describes. Paths
+    are absolute, so that the experiment means the same wherever it is run or saved from."""
+    spec = model_entry(model, entry, hubconf, weights)
+    inputs = input_entry(spec, list(shapes), list(images), preprocess, resize, crop)
+    ref, target_list = target_entries(list(targets), reference)
+    data: dict[str, Any] = {"name": spec["name"], "seed": seed, "models": [spec], "inputs": [inputs]}
+    if reference is not None:
+        data["reference"] = ref
+    data["targets"] = target_list
+    tolerances = {k: v for k, v in (("rtol", rtol), ("gate", gate)) if v is not None}
+    if tolerances:
+        data["tolerances"] = tolerances
+    return data
+
+
+def save_experiment(data: dict[str, Any], path: Path) -> None:
+    """Write `data` as an experiment file at `path`, its paths relative to the file's folder (so that the
+    folder can move with the file); never over an existing file (it may be one the user grew)."""
+    import yaml
+
+    if path.exists():
+        raise ParityError(f"--save-experiment {path}: the file exists; remove it or name another (it is never "
+                          "overwritten: it may be an experiment you grew)")
+    folder = path.expanduser().absolute().parent
+    if not folder.is_dir():
+        raise ParityError(f"--save-experiment {path}: no folder {folder}")
+
+    def relative(p: str) -> str:
+        return p if p.startswith("sample:") or p == "DEFAULT" else os.path.relpath(p, folder)
+
+    saved = {**data, "models": [dict(m) for m in data["models"]], "inputs": [dict(s) for s in data["inputs"]]}
+    for m in saved["models"]:
+        for key in ("path", "weights"):
+            if key in m:
+                m[key] = relative(m[key])
+    for s in saved["inputs"]:
+        if "images" in s:
+            s["images"] = [relative(ref) for ref in s["images"]]
+    header = (f"# Written by parity check. `parity run {path.name}` runs the same checks; every key is in the\n"
+              "# README's section 'The experiment file' (more targets, an oracle, tiers 2 and 3, repeats...).\n")
+    path.write_text(header + yaml.safe_dump(saved, sort_keys=False, default_flow_style=None))

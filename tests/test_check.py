@@ -1,0 +1,129 @@
+"""`parity check`: an experiment from the command line, run as `parity run` runs a file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from parity.cli import PREPROCESS_CHOICES, main
+from parity.quick import PREPROCESS, check_experiment
+from tests.conftest import ROOT
+
+TINY = "tests.fixtures.tiny:tiny_cnn"
+
+
+def checks(out: Path) -> list[dict]:
+    lines = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    return [{k: r[k] for k in ("model", "inputs", "target", "status", "passed", "failure_class", "max_abs", "required_atol")}
+            for r in lines if r["kind"] == "check"]
+
+
+def test_check_prints_the_table_and_exits_as_run_does(tmp_path, capsys):
+    code = main(["check", TINY, "--target", "torchscript", "--target", "eager-cpu-bfloat16", "--target", "eager-cuda",
+                 "--input", "2x3x16x16", "--out", str(tmp_path), "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 1  # the bfloat16 target drifts beyond the default gate 1e-4
+    assert "tiny_cnn: tier 1 at atol=0.0001" in out and "tiny_cnn / 2x3x16x16" in out
+    assert "torchscript-cpu" in out and "eager-cpu-bfloat16" in out and "FAIL" in out
+    found = {c["target"]: c for c in checks(tmp_path)}
+    assert found["torchscript-cpu"]["passed"] and found["eager-cpu-bfloat16"]["failure_class"] == "numeric_drift"
+    if not torch.cuda.is_available():
+        assert found["eager-cuda"]["status"] == "skipped" and "unavailable eager-cuda: CUDA is not available" in out
+    assert {p.name for p in tmp_path.iterdir()} >= {"records.jsonl", "summary.json", "report.md", "report.html", "junit.xml"}
+
+
+def test_the_gate_decides_the_exit_code(tmp_path, capsys):
+    args = ["check", TINY, "--target", "eager:bf16", "--input", "2x3x16x16", "--quiet", "--no-report"]
+    assert main([*args, "--out", str(tmp_path / "a"), "--gate", "0.1"]) == 0
+    assert main([*args, "--out", str(tmp_path / "b"), "--gate", "1e-6"]) == 1
+
+
+def test_the_saved_experiment_runs_the_same_checks(tmp_path, monkeypatch, capsys):
+    from PIL import Image
+
+    (tmp_path / "pics").mkdir()
+    for i, size in enumerate([(20, 24), (30, 18)]):
+        Image.new("RGB", size, (40 * i, 90, 200)).save(tmp_path / "pics" / f"{i}.png")
+    (tmp_path / "exps").mkdir()
+    monkeypatch.chdir(tmp_path)
+    code = main(["check", TINY, "--target", "torchscript", "--target", "eager:float64", "--images", "pics/*.png",
+                 "--resize", "16", "--crop", "16", "--out", "a", "--quiet", "--no-report",
+                 "--save-experiment", "exps/grown.yaml"])
+    assert code == 0
+    saved = yaml.safe_load((tmp_path / "exps" / "grown.yaml").read_text())
+    assert saved["inputs"][0]["images"] == ["../pics/*.png"]  # relative to the file: the folder can move
+    assert saved["inputs"][0]["preprocess"] == {"resize": [16], "center_crop": [16]}
+    monkeypatch.chdir(tmp_path / "exps")  # run from elsewhere: the file's paths start at the file
+    assert main(["run", "grown.yaml", "--out", str(tmp_path / "b"), "--quiet", "--no-report"]) == 0
+    assert checks(tmp_path / "a") == checks(tmp_path / "b") and len(checks(tmp_path / "a")) == 2
+
+
+def test_saving_never_overwrites_a_file(tmp_path, capsys):
+    grown = tmp_path / "grown.yaml"
+    grown.write_text("mine")
+    code = main(["check", TINY, "--target", "torchscript", "--input", "1x3x8x8", "--out", str(tmp_path / "o"),
+                 "--save-experiment", str(grown)])
+    assert code == 2 and "the file exists" in capsys.readouterr().err
+    assert grown.read_text() == "mine" and not (tmp_path / "o").exists()
+
+
+def test_a_repository_folder_with_an_entry(tmp_path, monkeypatch, capsys):
+    repo = tmp_path / "their-repo"
+    repo.mkdir()
+    (repo / "net.py").write_text("import torch\n\ndef build():\n    return torch.nn.Linear(4, 2)\n")
+    monkeypatch.chdir(tmp_path)
+    code = main(["check", "their-repo", "--entry", "net:build", "--target", "torchscript", "--input", "3x4",
+                 "--out", "o", "--quiet", "--no-report", "--save-experiment", "e.yaml"])
+    assert code == 0 and "their-repo / 3x4" in capsys.readouterr().out
+    assert yaml.safe_load((tmp_path / "e.yaml").read_text())["models"][0] == {
+        "name": "their-repo", "source": "repo", "path": "their-repo", "entry": "net:build"}
+
+
+def test_a_torchvision_classifier_defaults_to_a_bundled_photo_with_imagenet_preprocessing():
+    data = check_experiment("torchvision:resnet18", ["compile", "onnxruntime"])
+    assert data["models"] == [{"name": "resnet18", "source": "torchvision", "builder": "resnet18", "task": "classification"}]
+    assert data["inputs"] == [{"name": "images", "images": ["sample:chelsea"], "preprocess": PREPROCESS["imagenet"]}]
+    assert data["targets"] == [{"backend": "compile"}, {"backend": "onnxruntime"}] and "reference" not in data
+    assert PREPROCESS["imagenet"]["center_crop"] == [224]
+    detector = check_experiment("torchvision:fasterrcnn_resnet50_fpn", ["compile"])
+    assert detector["models"][0]["task"] == "detection" and detector["inputs"][0]["preprocess"] == {}
+    assert set(PREPROCESS) == set(PREPROCESS_CHOICES)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["timm:resnet50", "--target", "compile"], "MODEL 'timm:resnet50': timm: sources come with a later release"),
+    (["hf:bert-base-uncased", "--target", "compile"], "MODEL 'hf:bert-base-uncased': hf: sources come with a later"),
+    (["model.onnx", "--target", "onnxruntime"], "MODEL 'model.onnx': .onnx sources come with a later release"),
+    (["torchvision:resnt18", "--target", "compile"], "unknown torchvision builder 'resnt18'; did you mean 'resnet18'?"),
+    (["resnet18", "--target", "compile"], "did you mean 'torchvision:resnet18'?"),
+    (["tests.fixtures.tiny:tiny_cn", "--target", "compile"], "has no attribute 'tiny_cn'; did you mean 'tiny_cnn'?"),
+    ([TINY, "--target", "compile"], "model 'tiny_cnn' has no default input: give --input SHAPE"),
+    ([TINY, "--target", "compile", "--input", "1x3xfoo"], "--input '1x3xfoo': expected a shape like 1x3x224x224"),
+    ([TINY, "--target", "compile", "--input", "a=1x4", "--input", "1x4"], "every input as SHAPE (positional) or"),
+    ([TINY, "--target", "compile", "--input", "1x4", "--images", "sample:chelsea"], "give one kind of input"),
+    ([TINY, "--target", "compile", "--input", "1x4", "--crop", "8"], "apply to images, not to --input tensors"),
+    ([TINY, "--target", "onnxruntme", "--input", "1x4"], "--target onnxruntme: unknown target 'onnxruntme': no backend 'onnxruntme'; did you mean 'onnxruntime'?"),
+    ([TINY, "--target", "onnxruntime:bf16", "--input", "1x4"], "--target onnxruntime:bf16: backend 'onnxruntime' supports dtypes float32, float16, not 'bfloat16'"),
+    ([TINY, "--target", "eager-cpu", "--input", "1x4"], "--target eager-cpu: its id eager-cpu is the reference"),
+    ([TINY, "--target", "compile", "--target", "compile-cpu", "--input", "1x4"], "its id compile-cpu is given twice (compile and compile-cpu)"),
+    ([".", "--target", "compile"], "MODEL '.' is a folder: say what builds the model in it with --entry"),
+    (["torchvision:resnet18", "--entry", "a:b", "--target", "compile"], "--entry/--hubconf go with a repository folder"),
+])
+def test_command_line_mistakes_are_one_message_and_exit_2(argv, message, capsys):
+    assert main(["check", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_python_dash_m_parity_is_the_command(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "parity", "check", "timm:resnet50", "--target", "compile"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env={"PYTHONPATH": f"{ROOT / 'src'}", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("error: MODEL 'timm:resnet50': timm: sources come with a later release")

@@ -1,0 +1,149 @@
+"""Offline and contained by construction: no telemetry, no DNS, nothing in the home folder.
+
+The whole-run cases start a real process, because what they guard happens in native code at import
+(ONNX Runtime writes a device id when it loads) and in threads a library starts: a run with ONNX Runtime
+and OpenVINO targets, and `parity backends`, under a home folder that is read-only (a read-only bind
+mount in a mount namespace, where the test runs as root; else a fresh folder checked to stay empty), in
+a network namespace with no network (`unshare -n`, where available), traced with strace for any
+non-local socket. Before parity's switches this run wrote ~/.cache/Microsoft/DeveloperTools/.onnxruntime,
+~/intel/openvino_ga_cid and ~/.cache/matplotlib, and looked up www.google-analytics.com.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import parity.offline as offline
+from tests.conftest import ROOT
+from tests.hostile_kit import experiment, run
+
+ROOT_USER = hasattr(os, "geteuid") and os.geteuid() == 0
+UNSHARE = shutil.which("unshare") if ROOT_USER else None
+STRACE = shutil.which("strace")
+
+
+def _tree(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+def _command(args: list[str], home: Path, trace: Path) -> list[str]:
+    """`python -m parity.cli ARGS`, traced, in a namespace with no network and a read-only home."""
+    python = [sys.executable, "-m", "parity.cli", *args]
+    if STRACE:
+        python = [STRACE, "-f", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg", "-o", str(trace), *python]
+    if not UNSHARE:
+        return python
+    script = f'mount --bind "{home}" "{home}" && mount -o remount,ro,bind "{home}" && exec "$@"'
+    return [UNSHARE, "-n", "-m", "sh", "-c", script, "sh", *python]
+
+
+def _network_calls(trace: Path) -> list[str]:
+    """Socket calls that could leave the machine: anything but local (AF_UNIX, netlink) sockets."""
+    if not trace.exists():
+        return []
+    lines = trace.read_text().splitlines()
+    return [line for line in lines if re.search(r"AF_INET6?|sin_port|htons\(53\)", line)]
+
+
+@pytest.fixture
+def sandbox(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MPLCONFIGDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "PARITY_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+           and not k.startswith(("ORT_", "OPENVINO"))}
+    env.update(HOME=str(home), PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    return tmp_path, home, work, env
+
+
+# Each: (id, argv after `parity`), run in `work` beside exp.yaml
+WHOLE = [
+    ("run-onnxruntime-openvino", ["run", "exp.yaml", "--out", "out", "--cache-dir", "cache", "--quiet"]),
+    ("backends", ["backends"]),
+]
+
+
+@pytest.mark.parametrize("args", [w[1] for w in WHOLE], ids=[w[0] for w in WHOLE])
+def test_no_telemetry_no_network_nothing_in_home(args, sandbox):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("openvino")
+    tmp_path, home, work, env = sandbox
+    data = experiment(targets=[{"backend": "onnxruntime"}, {"backend": "openvino"}])
+    (work / "exp.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    before = _tree(tmp_path)
+    trace = tmp_path / "trace.txt"
+    result = subprocess.run(_command(args, home, trace), cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert _network_calls(trace) == [], _network_calls(trace)[:5]
+    assert _tree(home) == set(), sorted(_tree(home))  # read-only where possible; empty in any case
+    made = {p for p in _tree(tmp_path) - before if p != "trace.txt"}
+    allowed = ("work/out", "work/cache")
+    assert all(p.startswith(allowed) for p in made), sorted(p for p in made if not p.startswith(allowed))
+    if args[0] == "run":
+        assert (work / "cache" / "matplotlib").is_dir()  # matplotlib's state went to the cache
+        assert "2 passed" in result.stdout, result.stdout[-2000:]
+
+
+def test_telemetry_is_off_once_parity_is_imported():
+    """The switches are in place before any backend can load (parity/__init__ runs contain())."""
+    import parity  # noqa: F401
+
+    for name, value in offline.TELEMETRY_OFF.items():
+        assert os.environ[name] == value
+    with pytest.raises(ImportError):
+        importlib.import_module("openvino_telemetry")
+
+
+def test_contain_overrides_a_setting_that_would_turn_telemetry_on(monkeypatch):
+    monkeypatch.setenv("ORT_DISABLE_TELEMETRY", "0")
+    offline.contain()
+    assert os.environ["ORT_DISABLE_TELEMETRY"] == "1"
+
+
+def test_openvino_converts_with_its_own_stub_when_telemetry_is_blocked():
+    ovc = pytest.importorskip("openvino.tools.ovc.convert_impl")
+    assert ovc.tm.__name__ == "openvino.tools.ovc.telemetry_stub"
+
+
+def test_library_state_goes_to_the_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv("MPLCONFIGDIR", raising=False)
+    offline.keep_state_in(tmp_path / "cache")
+    assert os.environ["MPLCONFIGDIR"] == str(tmp_path / "cache" / "matplotlib")
+
+
+def test_library_state_without_a_cache_goes_to_a_temporary_folder(monkeypatch, tmp_path):
+    monkeypatch.delenv("MPLCONFIGDIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    offline.keep_state_in(None)
+    folder = Path(os.environ["MPLCONFIGDIR"])
+    assert folder.is_dir() and tmp_path not in folder.parents and folder.name.startswith("parity-state-")
+
+
+def test_a_folder_the_user_chose_is_kept(monkeypatch, tmp_path):
+    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mine"))
+    offline.keep_state_in(tmp_path / "cache")
+    assert os.environ["MPLCONFIGDIR"] == str(tmp_path / "mine")
+
+
+@pytest.mark.parametrize("verb", ["run", "validate"])
+@pytest.mark.parametrize("targets", [[{"backend": "eager", "name": "same"}], [{"backend": "torchscript"}]],
+                         ids=["eager", "torchscript"])
+def test_in_process_commands_leave_the_home_folder_alone(verb, targets, monkeypatch, tmp_path):
+    """Cheaper cases, in this process: HOME at an empty folder stays empty (the cache is off)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    outcome = run(experiment(targets=targets), verb=verb)
+    assert outcome.code == 0, outcome.err
+    assert outcome.written_outside == []
+    assert _tree(tmp_path) == set(), sorted(_tree(tmp_path))
