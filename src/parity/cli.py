@@ -294,14 +294,15 @@ def cmd_fallback(args: argparse.Namespace) -> int:
             raise ParityError(f"--tier 3: model '{model_spec.name}' has task '{model_spec.task}'; tier 3 evaluates "
                               f"{', '.join(EVALUATED)} (set the model's task:)")
         task = (model_spec.task, exp.tiers.tasks or Tasks())
-    result = find_fallback(exp.reference, target, model, inputs, candidates_from(layers), exp.tolerances.rtol,
-                           exp.tolerances.gate_atol, task=task)
+    tol = exp.tolerance_for(target)
+    result = find_fallback(exp.reference, target, model, inputs, candidates_from(layers), tol.rtol, tol.gate,
+                           task=task, leaf_tolerance=tol.for_leaf)
     command = f"parity fallback {shlex.quote(str(args.file))} --model {model_spec.name} --target {target.id} --inputs {input_spec.name}"
     result.next_step = next_step(result, command, model_spec.task if model_spec.task in EVALUATED else None)
     record = {"model": model_spec.name, "inputs": input_spec.name, "reference": exp.reference.id, **result.record()}
     console = _console()
     before, after = result.required_atol_before, result.required_atol_after
-    console.print(escape(f"{target.id}: required atol {before:.3g} -> {after:.3g} (gate {exp.tolerances.gate_atol:g}) "
+    console.print(escape(f"{target.id}: required atol {before:.3g} -> {after:.3g} (gate {tol.gate:g}) "
                          f"with {len(result.modules)} module(s) in {result.runs_in}, {result.tried} trial run(s)"))
     if task is not None:
         shown = lambda metrics: ", ".join(f"{k} {v:.4g}" for k, v in (metrics or {}).items() if isinstance(v, float))  # noqa: E731

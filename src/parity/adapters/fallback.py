@@ -165,7 +165,7 @@ def _latencies(spec, models: list[torch.nn.Module], inputs, runs: int) -> list[f
 
 def find_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module, inputs: Inputs,
                   candidates: list[str], rtol: float, gate: float, latency_runs: int = 7,
-                  task: tuple[str, Any] | None = None) -> FallbackResult:
+                  task: tuple[str, Any] | None = None, leaf_tolerance=None) -> FallbackResult:
     """The smallest set of `candidates` (tried in the order given) whose fallback makes the check pass:
     tier 1 at `gate`, or with `task` = (task name, tier-3 thresholds) the task-level verdict, which a
     reduced-precision target can often regain where no set brings every output within a tight gate."""
@@ -183,7 +183,7 @@ def find_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn.M
         ran = execute(target, apply_fallback(model, modules, target) if modules else model, inputs, 1)
         if not ran.ok:
             return Trial(False, float("inf"))
-        required = compare(reference_out, ran.outputs[0], rtol, gate).required_atol
+        required = compare(reference_out, ran.outputs[0], rtol, gate, leaf_tolerance=leaf_tolerance).required_atol
         if task is None:
             return Trial(required <= gate, required)
         verdict = evaluate(task[0], reference_out, ran.outputs[0], task[1], gate)

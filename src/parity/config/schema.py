@@ -29,6 +29,9 @@ from pydantic import (
     model_validator,
 )
 
+from parity.config.tolerances import Tolerance, default_gate
+from parity.config.tolerances import resolve as resolve_tolerance
+
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 TASKS = ("classification", "detection", "segmentation", "other")
 
@@ -260,6 +263,87 @@ class InputSetSpec(Strict):
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
+class OutputTolerance(Strict):
+    """The tolerance of the output leaves a rule names (`tolerances.outputs`): its own atol (judged at it
+    whatever the sweep) and/or its own rtol."""
+
+    atol: float | None = Field(default=None, ge=0)
+    rtol: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _something(self) -> OutputTolerance:
+        if self.atol is None and self.rtol is None:
+            raise ValueError("an output rule sets atol, rtol or both")
+        return self
+
+
+def _sweep(value: Any) -> Any:
+    return [value] if isinstance(value, int | float | str) else value
+
+
+def _sorted_sweep(atol: list[float]) -> list[float]:
+    if any(a < 0 for a in atol):
+        raise ValueError("tolerances must be >= 0")
+    return sorted(set(atol))
+
+
+Gate = float | Literal["tier3"] | None
+
+
+def _check_gate(gate: Any) -> Any:
+    """Before validation, so that a wrong gate gets one message rather than one per member of the union."""
+    if gate is None or gate == "tier3":
+        return gate
+    if isinstance(gate, bool) or not isinstance(gate, int | float):
+        raise ValueError(f"the gate is a number (an atol) or 'tier3', not {str(gate)[:50]!r}")
+    if not math.isfinite(gate) or gate < 0:
+        raise ValueError("the gate must be >= 0 and finite (or 'tier3')")
+    return float(gate)
+OutputRules = dict[Annotated[str, Field(min_length=1, max_length=500)], OutputTolerance]
+
+
+class Tolerances(Strict):
+    atol: list[float] = Field(default_factory=lambda: [1e-6, 1e-5, 1e-4, 1e-3], min_length=1, max_length=100)
+    rtol: float = Field(default=1e-5, ge=0)
+    gate: Gate = Field(default=None, union_mode="left_to_right")
+    outputs: OutputRules = Field(default_factory=dict, max_length=100)
+
+    @field_validator("atol", mode="before")
+    @classmethod
+    def _listify(cls, value: Any) -> Any:
+        return _sweep(value)
+
+    @field_validator("atol")
+    @classmethod
+    def _sorted(cls, atol: list[float]) -> list[float]:
+        return _sorted_sweep(atol)
+
+    @field_validator("gate", mode="before")
+    @classmethod
+    def _gate(cls, gate: Any) -> Any:
+        return _check_gate(gate)
+
+    @property
+    def gate_atol(self) -> float:
+        """The atol that decides tier 1's pass/fail: `gate`, else 1e-4 when swept, else the largest."""
+        return self.gate if isinstance(self.gate, float) else default_gate(self.atol)
+
+
+class TargetTolerances(Strict):
+    """A target's own tolerances (`targets[i].tolerances`): what it gives wins over the experiment's and
+    over its dtype's default. The sweep stays the experiment's, so that every target is swept over the same
+    atols and the sweep's table compares like with like."""
+
+    rtol: float | None = Field(default=None, ge=0)
+    gate: Gate = Field(default=None, union_mode="left_to_right")
+    outputs: OutputRules = Field(default_factory=dict, max_length=100)
+
+    @field_validator("gate", mode="before")
+    @classmethod
+    def _gate(cls, gate: Any) -> Any:
+        return _check_gate(gate)
+
+
 class BackendSpec(Strict):
     backend: str = Field(min_length=1)
     device: str = "cpu"
@@ -267,6 +351,7 @@ class BackendSpec(Strict):
     name: Name | None = None
     options: dict[str, Any] = Field(default_factory=dict)
     fallback: list[str] = Field(default_factory=list)  # modules run outside the fast path (parity fallback)
+    tolerances: TargetTolerances | None = None  # this target's own (see config/tolerances.py)
 
     @field_validator("device")
     @classmethod
@@ -283,31 +368,6 @@ class BackendSpec(Strict):
         backend = self.backend.rpartition(":")[2] if ":" in self.backend else self.backend
         suffix = "" if self.dtype == "float32" else f"-{self.dtype}"
         return f"{backend}-{self.device.replace(':', '')}{suffix}"
-
-
-class Tolerances(Strict):
-    atol: list[float] = Field(default_factory=lambda: [1e-6, 1e-5, 1e-4, 1e-3], min_length=1, max_length=100)
-    rtol: float = Field(default=1e-5, ge=0)
-    gate: float | None = Field(default=None, ge=0)
-
-    @field_validator("atol", mode="before")
-    @classmethod
-    def _listify(cls, value: Any) -> Any:
-        return [value] if isinstance(value, int | float | str) else value
-
-    @field_validator("atol")
-    @classmethod
-    def _sorted(cls, atol: list[float]) -> list[float]:
-        if any(a < 0 for a in atol):
-            raise ValueError("tolerances must be >= 0")
-        return sorted(set(atol))
-
-    @property
-    def gate_atol(self) -> float:
-        """The atol that decides pass/fail (and the exit code): `gate`, else 1e-4 when swept, else the largest."""
-        if self.gate is not None:
-            return self.gate
-        return 1e-4 if 1e-4 in self.atol else self.atol[-1]
 
 
 class Oracle(Strict):
@@ -432,6 +492,7 @@ class Experiment(Strict):
     name: Name | None = None
     seed: StrictInt = Field(default=0, ge=0, le=MAX_SEED)  # strict: `seed: true` is not 1
     repeats: StrictInt = Field(default=1, ge=1, le=MAX_REPEATS)
+    warmup: StrictInt = Field(default=1, ge=0, le=MAX_REPEATS)  # untimed runs of each backend before its repeats
     models: list[ModelSpec] = Field(min_length=1)
     inputs: list[InputSetSpec] = Field(min_length=1)
     reference: BackendSpec = Field(default_factory=lambda: BackendSpec(backend="eager"))
@@ -466,6 +527,25 @@ class Experiment(Strict):
     def adapters_for(self, model: ModelSpec) -> list[Adapter]:
         """A model's own adapters when it lists some (an empty list: none), else the experiment's."""
         return self.adapters if model.adapters is None else model.adapters
+
+    def tolerance_for(self, target: BackendSpec) -> Tolerance:
+        """What `target`'s checks are judged at (config/tolerances.py)."""
+        return resolve_tolerance(self.tolerances, target, self.reference.dtype)
+
+    @model_validator(mode="after")
+    def _task_gate(self) -> Experiment:
+        """`gate: tier3` needs a tier-3 verdict for every check it decides."""
+        gated = [t for t in self.targets if self.tolerance_for(t).by_task]
+        if not gated:
+            return self
+        if not self.tiers.evaluate_tasks:
+            raise ValueError(f"gate: tier3 (target {gated[0].id}) needs tier 3: add `tiers: {{tasks: true}}`")
+        for model in self.models:
+            if model.task == "other":
+                raise ValueError(f"gate: tier3 (target {gated[0].id}) needs a task with a tier-3 evaluator, and "
+                                 f"model '{model.name}' has task 'other' (set its task: classification, detection "
+                                 "or segmentation)")
+        return self
 
     def inputs_for(self, model: ModelSpec) -> list[InputSetSpec]:
         if model.inputs is None:

@@ -21,6 +21,49 @@ def _cell(checks: list[dict]) -> str:
     return f"[red]FAIL[/red]{number} {','.join(classes)}"
 
 
+def tolerance_title(summary: dict[str, Any]) -> str:
+    """`tier 1 at atol=.., rtol=..` when every target shares one tolerance, else where to read each."""
+    if summary["gate"] is None:
+        return "tier 1"
+    if summary["uniform_tolerance"]:
+        first = next(iter(summary["per_target"].values()), {})
+        gate, rtol = first.get("gate", summary["gate"]), first.get("rtol", summary["rtol"])
+        by = " (gate: tier 3)" if first.get("gated_by") == "tier3" else ""
+        return f"tier 1 at atol={gate:g}, rtol={rtol:g}{by}"
+    return "tier 1, each target at its own tolerance"
+
+
+def tolerance_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per target judged at other than the experiment's tolerance, and per target whose checks
+    show the reference's own error (its noise floor)."""
+    lines = []
+    for target, info in summary["per_target"].items():
+        if info.get("gate") is None:
+            continue
+        if info.get("tolerance_source", "experiment") != "experiment" or info.get("gated_by") == "tier3":
+            by = "; tier 3 decides the verdict (gate: tier3)" if info.get("gated_by") == "tier3" else ""
+            lines.append(f"tolerance {target}: atol {info['gate']:g}, rtol {info['rtol']:g} ({info['tolerance_source']}){by}")
+        floor = info.get("noise_floor")
+        if floor and floor["atol"] > 0:
+            lines.append(f"noise floor {target}: atol {floor['atol']:.2g} is within the reference's own error "
+                         f"({floor['source']}); no gate below it can be met")
+    return lines
+
+
+def describe_note(note: dict[str, Any]) -> str:
+    """One line for what a backend warned of: `trace_specialized: "if x.mean() > 0:" at model.py:12`."""
+    where = f" at {note['where']}" if note.get("where") else ""
+    what = f'"{note["code"]}"' if note.get("code") else note["message"]
+    count = f" ({note['count']}x)" if note.get("count", 1) > 1 else ""
+    return f"{note['kind']}: {what}{where}{count}"
+
+
+def warned(checks: list[dict]) -> list[tuple[dict, list[str]]]:
+    """The checks whose target warned while it prepared or ran (a trace fixed to one branch, a graph
+    break), each with its lines, whatever the check's verdict: a pass can rest on such a trace."""
+    return [(c, [describe_note(n) for n in c["warnings"]]) for c in checks if c.get("warnings")]
+
+
 def render(records: list[dict], summary: dict[str, Any], out_dir, console, reports=()) -> None:
     """The table and the findings; then where the records, the summary and `reports` (paths) are."""
     from rich.markup import escape
@@ -29,8 +72,7 @@ def render(records: list[dict], summary: dict[str, Any], out_dir, console, repor
     checks = [r for r in records if r["kind"] == "check" and r["tier"] == 1]
     targets = list(summary["per_target"])
     rows = list(dict.fromkeys((c["model"], c["inputs"]) for c in checks))
-    table = Table(title=f"{summary['experiment']}: tier 1 at atol={summary['gate']:g}, rtol={summary['rtol']:g} "
-                        "(verdict, max abs difference)")
+    table = Table(title=f"{summary['experiment']}: {tolerance_title(summary)} (verdict, max abs difference)")
     table.add_column("model / inputs")
     for t in targets:
         table.add_column(t)
@@ -38,6 +80,8 @@ def render(records: list[dict], summary: dict[str, Any], out_dir, console, repor
         mine = [c for c in checks if (c["model"], c["inputs"]) == (model, inputs)]
         table.add_row(escape(f"{model} / {inputs}"), *[_cell([c for c in mine if c["target"] == t]) for t in targets])
     console.print(table)
+    for line in tolerance_lines(summary):
+        console.print(escape(line), soft_wrap=True)
     for warning in summary.get("warnings", []):  # an input that came out constant: a pass on it proves little
         console.print("[yellow]warning[/yellow] " + escape(warning), soft_wrap=True)
     for t, info in summary["per_target"].items():
@@ -52,6 +96,11 @@ def render(records: list[dict], summary: dict[str, Any], out_dir, console, repor
         if c["status"] == "ok" and not c["passed"]:
             console.print("[red]failed[/red] " + escape(f"{c['model']} / {c['inputs']} / {c['target']}: "
                                                           f"{c['failure_class']}: {c['detail']}"), soft_wrap=True)
+    for c, lines in warned(checks):
+        more = f" (and {len(lines) - 3} more in the records)" if len(lines) > 3 else ""
+        for i, line in enumerate(lines[:3]):
+            console.print("[yellow]warning[/yellow] " + escape(f"{c['model']} / {c['inputs']} / {c['target']}: {line}"
+                                                               + (more if i == 2 else "")), soft_wrap=True)
     tier3 = [r for r in records if r["kind"] == "check" and r["tier"] == 3]
     for c in tier3:
         m = c["metrics"]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.report import pictures, plots
+from parity.report.console import describe_note, tolerance_lines, tolerance_title
 from parity.report.summary import latency_rows
 from parity.verify.checks import tolerance_key
 from parity.verify.taxonomy import MEANINGS, SEVERITY
@@ -89,7 +90,10 @@ def _setup(run: dict[str, Any], summary: dict[str, Any]) -> list[tuple[str, str]
     tiers = config.get("tiers") or {}
     return [
         ("reference", f"{ref.get('backend', '?')} on {ref.get('device', '?')}, {ref.get('dtype', '?')}"),
-        ("gate", "–" if summary["gate"] is None else f"atol {summary['gate']:g}, rtol {summary['rtol']:g}"),
+        ("gate", "–" if summary["gate"] is None else tolerance_title(summary).removeprefix("tier 1 ")),
+        *[("tolerance", line.removeprefix("tolerance ")) for line in tolerance_lines(summary) if line.startswith("tolerance ")],
+        *[("noise floor", line.removeprefix("noise floor ")) for line in tolerance_lines(summary)
+          if line.startswith("noise floor ")],
         ("tolerance sweep", ", ".join(f"{a:g}" for a in summary["tolerances"])),
         ("repeats", str(config.get("repeats", "?"))),
         ("seed", str(config.get("seed", "?"))),
@@ -115,6 +119,7 @@ def _gate_table(checks: list[dict], tier3: list[dict], layers: list[dict], targe
             "whole_graph": _key(c) in whole_graph,
             "tier3": None if task is None else ("agrees" if task["passed"] else task["failure_class"]),
             "culprit": culprit_by.get(_key(c)),
+            "warnings": [describe_note(n) for n in c.get("warnings") or []],
             "ran": c["status"] == "ok" and c.get("max_abs") is not None,
         }
     return [{**row, "cells": [row["cells"].get(t) for t in targets]} for row in rows.values()]

@@ -14,6 +14,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from parity.report.console import describe_note
+
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")  # characters XML 1.0 cannot hold
 
 
@@ -79,6 +81,8 @@ def render_junit(records: list[dict], summary: dict[str, Any]) -> str:
             failure = ET.SubElement(case, "failure", type=_clean(check["failure_class"]),
                                     message=_clean(f"{check['failure_class']}: {check['detail']}"))
             failure.text = _clean(_body(check))
+        if check.get("warnings"):  # what the target warned of, whatever the verdict
+            ET.SubElement(case, "system-out").text = _clean("\n".join(describe_note(n) for n in check["warnings"]))
     counts = {"tests": str(len(checks)), "failures": str(failures), "errors": str(errors), "skipped": str(skipped),
               "time": f"{total_time:.3f}"}
     suite.attrib.update(counts)

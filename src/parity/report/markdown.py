@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from parity.report.console import tolerance_lines, tolerance_title, warned
+from parity.report.summary import latency_rows
 from parity.verify.checks import tolerance_key
 
 
@@ -21,7 +23,7 @@ def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
     checks = [r for r in records if r["kind"] == "check" and r["tier"] == 1]
     keys = [tolerance_key(a) for a in summary["tolerances"]]
     t = summary["totals"]
-    gate = "" if summary["gate"] is None else f" at atol={summary['gate']:g}, rtol={summary['rtol']:g}"
+    gate = "" if summary["gate"] is None else " " + tolerance_title(summary).removeprefix("tier 1 ")
     lines = [
         f"# parity report: {summary['experiment']}",
         "",
@@ -34,6 +36,8 @@ def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
         f"torch {env['torch']}, torchvision {env['torchvision']}, onnxruntime {env['onnxruntime']}, "
         f"python {env['python']}, {env['cpu'].get('model', env['cpu']['machine'])}, {env['threads']} threads, "
         f"CUDA: {env['cuda']['devices'] if env['cuda'] else 'none'}",
+        "",
+        *[f"- {line}" for line in tolerance_lines(summary)],
         "",
         "Charts, tier-2 plots and detection pictures: `report.html` next to this file; CI results: `junit.xml`.",
         "",
@@ -97,14 +101,26 @@ def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
             if r.get("first_divergent"):
                 which = "propagated" if r.get("first_divergent_by") == "propagated" else "own"
                 lines.append(f"  - first layer whose {which} error exceeds the threshold: `{r['first_divergent']}`")
+    if warned(checks):
+        lines += ["", "## What the targets warned of", "",
+                  "A trace that took one branch of a data-dependent `if` is right only for inputs that take the same "
+                  "branch, whatever this run's verdict.", ""]
+        for c, notes in warned(checks):
+            lines += [f"- **{c['model']} / {c['inputs']} / {c['target']}** ({'pass' if c['passed'] else 'FAIL'}): {n}"
+                      for n in notes]
     skipped = {c["target"]: c["detail"] for c in checks if c["status"] == "skipped"}
     if skipped:
         lines += ["", "## Unavailable targets", ""] + [f"- {t}: {why}" for t, why in skipped.items()]
-    lines += ["", "## Latency per backend", "", "| backend | executions | median run s | min run s | prepare s (total) |",
-              "|---|---|---|---|---|"]
-    for backend, lat in summary["latency"].items():
-        lines.append(f"| {backend} | {lat['executions']} | {lat['run_s_median']:.4f} | {lat['run_s_min']:.4f} | "
-                     f"{lat['prepare_s_total']:.2f} |")
+    lines += ["", "## Latency per model, input set and backend", "",
+              "Timed repeats only (the warm-up runs before them are not timed); prepare (export, compile, load) apart.",
+              "", "| model | inputs | backend | repeats | median run s | min | max | prepare s |", "|---|---|---|---|---|---|---|---|"]
+    for row in latency_rows(records):
+        if row["median_s"] is None:
+            lines.append(f"| {row['model']} | {row['inputs']} | {row['backend']} | {row['status']} | | | | |")
+            continue
+        prepare = "" if row["prepare_s"] is None else f"{row['prepare_s']:.2f}"
+        lines.append(f"| {row['model']} | {row['inputs']} | {row['backend']} | {len(row['run_s'])} | {row['median_s']:.4f} | "
+                     f"{row['min_s']:.4f} | {row['max_s']:.4f} | {prepare} |")
     return "\n".join(lines) + "\n"
 
 

@@ -9,6 +9,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from parity.config.tolerances import default_gate
 from parity.verify.checks import tolerance_key
 
 
@@ -81,12 +82,14 @@ def summarize(records: list[dict]) -> dict[str, Any]:
             "max_abs": max((c.get("max_abs") or 0.0 for c in done), default=None),
             "per_tolerance": {k: sum(bool(c["verdicts"].get(k)) for c in done) for k in keys},
             "reason": next((c["detail"] for c in mine if c["status"] == "skipped"), None),
+            **_tolerance(mine, tol),
         }
     n_checks = len(checks)
     return {
         "experiment": run["experiment"],
         "rtol": tol["rtol"],
-        "gate": ran[0]["gate"] if ran else (checks[0]["gate"] if checks else None),
+        "gate": (tol["gate"] if isinstance(tol.get("gate"), float | int) else default_gate(tol["atol"])) if checks else None,
+        "uniform_tolerance": len({(c["gate"], c["rtol"], c.get("gated_by")) for c in checks}) <= 1,
         "tolerances": tol["atol"],
         "arithmetic": {
             "model_input_pairs": len(pairs),
@@ -118,6 +121,17 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         "latency": _latency(records),
         "warnings": [f"{r['model']} / {r['inputs']}: {r['message']}" for r in records if r["kind"] == "warning"],
     }
+
+
+def _tolerance(checks: list[dict], experiment: dict[str, Any]) -> dict[str, Any]:
+    """What a target's checks were judged at (every check of a target shares it) and the largest noise
+    floor its checks found: the reference's own error, below which no gate can be met."""
+    first = checks[0] if checks else {}
+    floors = [c["noise_floor"] for c in checks if c.get("noise_floor")]
+    return {"gate": first.get("gate"), "rtol": first.get("rtol", experiment["rtol"]),
+            "tolerance_source": first.get("tolerance_source", "experiment"),
+            "gated_by": first.get("gated_by", "tier1"),
+            "noise_floor": max(floors, key=lambda f: f["atol"]) if floors else None}
 
 
 def _reference_errors(errors: list[dict]) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ import torch
 from parity.backends import backend_class
 from parity.config.schema import BackendSpec
 from parity.inputs import Inputs
+from parity.runner import notes
 from parity.verify import taxonomy as tx
 from parity.verify.taxonomy import classify_exception
 
@@ -29,6 +30,8 @@ class Execution:
     error: str | None = None
     failure_class: str | None = None
     cached: bool | None = None  # prepare found its export in the artifact cache (None: nothing to cache)
+    notes: list[dict[str, Any]] = field(default_factory=list)  # what the backend warned of (runner/notes.py)
+    warmup: int = 0  # untimed runs before the timed repeats
 
     @property
     def ok(self) -> bool:
@@ -64,27 +67,41 @@ def ends_the_program(exc: BaseException) -> str:
     return f"the model raised {_first_line(exc, 200)} (a {type(exc).__name__} is a BaseException, which ends a program)"
 
 
-def execute(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, repeats: int, on_run=None) -> Execution:
+def execute(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, repeats: int, on_run=None,
+            warmup: int = 0) -> Execution:
     """`model` and `inputs` are never touched: the backend gets a deep copy of the model and its own copy
-    of the inputs for every run, so no two backends or repeats share a module or a tensor.
-    `on_run(execution, repeat)` is called after each repeat, so records are written as results come."""
-    result = Execution(spec, "ok")
+    of the inputs for every run, so no two backends or repeats share a module or a tensor. `warmup` runs
+    after preparing are not timed (first-call costs: allocations, lazy initialization, autotuning).
+    `on_run(execution, repeat)` is called after each repeat, so records are written as results come; the
+    backend's warnings (notes.py) are collected from the start and are complete when this returns."""
+    result = Execution(spec, "ok", warmup=warmup)
+    with notes.collecting() as collector:
+        _execute(result, spec, model, inputs, repeats, on_run, warmup, collector)
+        result.notes = collector.notes()
+    return result
+
+
+def _execute(result: Execution, spec, model, inputs, repeats, on_run, warmup, collector) -> None:
     backend = None
     try:
         reason = backend_class(spec.backend).available(spec)
         if reason:
-            return Execution(spec, "unavailable", error=reason)
+            result.status, result.error = "unavailable", reason
+            return
         backend = backend_class(spec.backend)(spec)
         start = time.perf_counter()
         backend.prepare(copy.deepcopy(model), inputs.clone())
         result.prepare_s = time.perf_counter() - start
         result.cached = backend.cache_hit
+        for _ in range(warmup):
+            backend.run(inputs.clone())
         for repeat in range(repeats):
             fresh = inputs.clone()  # a model that writes into its input must not change the next run's
             start = time.perf_counter()
             result.outputs.append(backend.run(fresh))
             result.run_s.append(time.perf_counter() - start)
             if on_run:
+                result.notes = collector.notes()  # complete for the last repeat's record
                 on_run(result, repeat)
     except Exception as exc:  # a backend that raises fails its own checks; the run goes on
         result.status = "error"
@@ -106,4 +123,3 @@ def execute(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, repeats: 
             raise
         except BaseException:  # nor can model code that ends the program while it is closed
             pass
-    return result

@@ -72,7 +72,8 @@ class LocalExecutor(Executor):
     """Every execution in this process, one after the other."""
 
     def execute(self, job, spec, model, inputs, on_run=None):
-        return execute(spec, configured_model(model, spec, job.model.name), inputs, job.repeats, on_run=on_run)
+        return execute(spec, configured_model(model, spec, job.model.name), inputs, job.repeats, on_run=on_run,
+                       warmup=self.exp.warmup)
 
 
 def make_executor(settings: ExecutorSpec) -> Executor:
@@ -107,13 +108,13 @@ class RemoteExecution:
                     f"model '{self.job.model.name}': the worker built it with other weights than this process did "
                     "(its builder is not deterministic for a seed); run it with the local executor")
         elif kind == "repeat":
-            repeat, run_s, outputs, ex.prepare_s, ex.cached = fields
+            repeat, run_s, outputs, ex.prepare_s, ex.cached, ex.notes, ex.warmup = fields
             ex.outputs.append(outputs)
             ex.run_s.append(run_s)
             if self.on_run:
                 self.on_run(ex, repeat)
         elif kind == "done":
-            ex.status, ex.error, ex.failure_class, ex.prepare_s, ex.cached = fields
+            ex.status, ex.error, ex.failure_class, ex.prepare_s, ex.cached, ex.notes, ex.warmup = fields
             if not ex.ok:  # as execute() leaves a failed execution: no outputs
                 ex.outputs, ex.run_s = [], []
             self.finished = True

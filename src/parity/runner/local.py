@@ -34,7 +34,7 @@ from parity.runner import cache
 from parity.runner.execute import Execution, ends_the_program
 from parity.runner.executors import Executor, configured_model, make_executor
 from parity.runner.plan import Job, plan
-from parity.verify.checks import reference_error_check, repeat_spread, tier1_check
+from parity.verify.checks import gate_on_task, reference_error_check, tier1_check
 from parity.verify.localize import LOCALIZABLE, localize_check
 from parity.verify.tasks import task_check
 
@@ -74,10 +74,13 @@ def _record_execution(writer: RecordWriter, job: Job, ex: Execution, repeat: int
                               "device": ex.backend.device, "dtype": ex.backend.dtype}
     if repeat is None:  # a failure or an unavailable backend: one record, at the repeat that failed
         writer.write("execution", **fields, repeat=len(ex.run_s), status=ex.status, prepare_s=ex.prepare_s,
-                     run_s=None, error=ex.error, failure_class=ex.failure_class, cached=ex.cached)
-    else:
+                     run_s=None, error=ex.error, failure_class=ex.failure_class, cached=ex.cached,
+                     warmup=ex.warmup, warnings=ex.notes)
+    else:  # the warm-up runs are before repeat 0; the backend's warnings are complete at the last repeat
+        last = {"warnings": ex.notes} if repeat == job.repeats - 1 else {}
         writer.write("execution", **fields, repeat=repeat, status="ok", prepare_s=ex.prepare_s if repeat == 0 else 0.0,
-                     run_s=ex.run_s[repeat], error=None, failure_class=None, cached=ex.cached)
+                     run_s=ex.run_s[repeat], error=None, failure_class=None, cached=ex.cached,
+                     **({"warmup": ex.warmup} if repeat == 0 else {}), **last)
 
 
 def judged(writer: RecordWriter, job: Job, target) -> bool:
@@ -117,19 +120,20 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
             writer.write("check", **reference_error_check(job, spec, reference, exp))
         return
     oracle = run(job.oracle) if job.oracle else None
-    ref_spread = repeat_spread(reference.outputs, exp.tolerances.rtol, exp.tolerances.gate_atol)
     for spec in job.targets:
         if spec not in pending:
             progress.advance(job.repeats)
             continue
         target = run(spec)
-        check = tier1_check(job, target, reference, oracle, exp, ref_spread)
+        check = tier1_check(job, target, reference, oracle, exp)
         task = task_check(job, target, reference, exp, inputs) if exp.tiers.evaluate_tasks else None
         if task and task["same_set"] and check["failure_class"] == "numeric_drift":
             check["failure_class"] = "ordering"
             check["detail"] = f"the same {job.model.task} outputs in another order (tier 3 matched all): {check['detail']}"
         if task:
             writer.write("check", **task)
+            if check["gated_by"] == "tier3":
+                gate_on_task(check, task)
         localize = exp.tiers.localize and check["failure_class"] in LOCALIZABLE
         if localize and not writer.has("layers", job.model.name, job.inputs.name, spec.id):
             progress.describe(f"localizing {job.model.name} / {job.inputs.name} / {spec.id}")

@@ -6,9 +6,10 @@ repeats, never a model: a model from someone's repository is imported from a pat
 anywhere else, and rebuilding it from its spec (the seed, the weights file, the adapters) gives the same
 weights, which the parent checks against its own build (the `built` message carries the digest).
 
-Messages, in order: `("built", digest)`, then `("repeat", index, run_s, outputs, prepare_s, cached)` after
-each repeat, then `("done", status, error, failure_class, prepare_s, cached)`. Outputs are CPU tensors
-in the model's own structure (backends return them so), judged by the parent as the local executor would.
+Messages, in order: `("built", digest)`, then `("repeat", index, run_s, outputs, prepare_s, cached, notes,
+warmup)` after each repeat, then `("done", status, error, failure_class, prepare_s, cached, notes, warmup)`.
+Outputs are CPU tensors in the model's own structure (backends return them so), judged by the parent as the
+local executor would.
 
 `python -c "from parity.runner.worker import serve; serve()" FD` runs the process executor's worker: it
 talks over the socket FD, keeps built models between executions, and dies with its parent.
@@ -80,22 +81,23 @@ def run_execution(exp: Experiment, models: ModelCache, model_name: str, inputs: 
         model, digest = models.get(model_spec, exp)
     except Exception as exc:  # the parent built it; a worker that cannot is this execution's failure
         send(("done", "error", f"rebuilding the model in the worker failed: {_describe(exc)}", classify_exception(exc),
-              None, None))
+              None, None, [], 0))
         return
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # its builder ends the program here only (the parent's build returned)
         send(("done", "error", f"rebuilding the model in the worker failed: {ends_the_program(exc)}", tx.CRASH,
-              None, None))
+              None, None, [], 0))
         return
     send(("built", digest))
 
     def on_run(ex, repeat: int) -> None:
-        send(("repeat", repeat, ex.run_s[repeat], ex.outputs[repeat], ex.prepare_s, ex.cached))
+        send(("repeat", repeat, ex.run_s[repeat], ex.outputs[repeat], ex.prepare_s, ex.cached, ex.notes, ex.warmup))
 
     with model_identity(model_spec, exp):
-        ex = execute(spec, configured_model(model, spec, model_name), inputs, repeats, on_run=on_run)
-    send(("done", ex.status, ex.error, ex.failure_class, ex.prepare_s, ex.cached))
+        ex = execute(spec, configured_model(model, spec, model_name), inputs, repeats, on_run=on_run,
+                     warmup=exp.warmup)
+    send(("done", ex.status, ex.error, ex.failure_class, ex.prepare_s, ex.cached, ex.notes, ex.warmup))
 
 
 def send(conn, message: Any) -> None:

@@ -23,13 +23,12 @@ def repeat_spread(outputs: list[Any], rtol: float, gate: float) -> float:
     return spread
 
 
-def tier1_check(job, target_exec, reference_exec, oracle_exec, experiment,
-                reference_spread: float) -> dict[str, Any]:
-    """The fields of one `check` record."""
-    tol = experiment.tolerances
-    gate = tol.gate_atol
+def tier1_check(job, target_exec, reference_exec, oracle_exec, experiment) -> dict[str, Any]:
+    """The fields of one `check` record, judged at the target's own tolerance (config/tolerances.py)."""
+    tol = experiment.tolerance_for(target_exec.backend)
+    gate = tol.gate
     base = {"tier": 1, "model": job.model.name, "inputs": job.inputs.name, "reference": job.reference.id,
-            "target": target_exec.backend.id, "rtol": tol.rtol, "gate": gate}
+            "target": target_exec.backend.id, **_tolerance_fields(tol), "warnings": target_exec.notes}
     if target_exec.status == "unavailable":
         return {**base, "status": "skipped", "passed": None, "failure_class": None, "detail": target_exec.error,
                 "required_atol": None, "max_abs": None, "verdicts": {}, "nondeterminism": None, "leaves": [],
@@ -40,10 +39,11 @@ def tier1_check(job, target_exec, reference_exec, oracle_exec, experiment,
         return {**base, "status": "ok", "passed": False,
                 "failure_class": target_exec.failure_class or tx.BACKEND_ERROR,
                 "detail": f"target {target_exec.backend.id} failed: {target_exec.error}",
-                "required_atol": None, "max_abs": None, "verdicts": {tolerance_key(a): False for a in tol.atol},
+                "required_atol": None, "max_abs": None, "verdicts": {tolerance_key(a): False for a in tol.sweep},
                 "nondeterminism": None, "leaves": [], "oracle": None, **_oracle_error(oracle_exec)}
     oracle_out = oracle_exec.outputs[0] if oracle_exec is not None and oracle_exec.ok else None
-    comparison = compare(reference_exec.outputs[0], target_exec.outputs[0], tol.rtol, gate, oracle_out)
+    comparison = compare(reference_exec.outputs[0], target_exec.outputs[0], tol.rtol, gate, oracle_out, tol.for_leaf)
+    reference_spread = repeat_spread(reference_exec.outputs, tol.rtol, gate)
     target_spread = repeat_spread(target_exec.outputs, tol.rtol, gate)
     required = max(comparison.required_atol, target_spread, reference_spread)
     failure, detail = comparison.failure_class, comparison.detail
@@ -63,22 +63,56 @@ def tier1_check(job, target_exec, reference_exec, oracle_exec, experiment,
         "detail": detail,
         "required_atol": required if math.isfinite(required) else None,
         "max_abs": max_abs,
-        "verdicts": {tolerance_key(a): required <= a for a in tol.atol},
+        "verdicts": {tolerance_key(a): required <= a for a in tol.sweep},
         "nondeterminism": {"reference": reference_spread, "target": target_spread},
         "leaves": comparison.leaves,
         "oracle": oracle,
+        "noise_floor": _noise_floor(reference_exec.outputs[0], oracle_out, reference_spread, tol),
         **_oracle_error(oracle_exec),
     }
+
+
+def gate_on_task(check: dict[str, Any], task: dict[str, Any]) -> None:
+    """`gate: tier3`: the check's verdict becomes the task-level one; tier 1's own is kept beside it."""
+    check["tier1_passed"], check["passed"] = check["passed"], task["passed"]
+    if task["passed"]:
+        if check["failure_class"]:
+            check["detail"] = f"tier 3 agrees, which decides this check (gate: tier3); tier 1: {check['failure_class']}: {check['detail']}"
+        check["failure_class"] = None
+    else:
+        check["failure_class"], check["detail"] = task["failure_class"], f"tier 3 (the gate): {task['detail']}"
+
+
+def _tolerance_fields(tol) -> dict[str, Any]:
+    """What a check was judged at, and where that came from (experiment, target, default-for-<dtype>)."""
+    return {"rtol": tol.rtol, "gate": tol.gate, "tolerance_source": tol.source,
+            "gated_by": "tier3" if tol.by_task else "tier1"}
+
+
+def _noise_floor(reference_out: Any, oracle_out: Any, reference_spread: float, tol) -> dict[str, Any] | None:
+    """The reference's own error, where the data show it: its distance from the float64 oracle and the
+    spread of its repeats, as a required atol. No gate below it can be met, whatever the target does."""
+    found = []
+    if oracle_out is not None:
+        against_oracle = compare(oracle_out, reference_out, tol.rtol, tol.gate).required_atol
+        if math.isfinite(against_oracle):
+            found.append((against_oracle, "float64 oracle"))
+    if reference_spread > 0:
+        found.append((reference_spread, "the reference's repeats"))
+    if not found:
+        return None
+    atol, source = max(found)
+    return {"atol": atol, "source": source}
 
 
 def reference_error_check(job, target, reference_exec, experiment) -> dict[str, Any]:
     """The check of `target` when the reference could not run: no verdict about the target (it was not
     run), status `error`, class `reference_error`. `user_error` says whether the model as written failed on
     its inputs (the eager reference raised), which is the user's to fix, not a backend's finding."""
-    tol = experiment.tolerances
+    tol = experiment.tolerance_for(target)
     user_error = reference_exec.backend.backend == "eager" and reference_exec.failure_class not in (tx.CRASH, tx.TIMEOUT)
     return {"tier": 1, "model": job.model.name, "inputs": job.inputs.name, "reference": job.reference.id,
-            "target": target.id, "rtol": tol.rtol, "gate": tol.gate_atol, "status": "error", "passed": None,
+            "target": target.id, **_tolerance_fields(tol), "status": "error", "passed": None,
             "failure_class": tx.REFERENCE_ERROR,
             "detail": f"the reference {reference_exec.backend.id} failed ({reference_exec.failure_class}), so "
                       f"{target.id} was not run: {reference_exec.error}",

@@ -347,10 +347,11 @@ def _follow_propagated(loc: Localization, reference, target, model, inputs, rtol
 def localize_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, experiment) -> dict[str, Any]:
     """The fields of a `layers` record for one failing check."""
     settings = experiment.tiers.activations
-    threshold = settings.threshold if settings.threshold is not None else experiment.tolerances.gate_atol
+    tol = experiment.tolerance_for(target)
+    threshold = settings.threshold if settings.threshold is not None else tol.gate
     base = {"tier": 2, "model": job.model.name, "inputs": job.inputs.name, "reference": job.reference.id}
     try:
-        loc = localize(job.reference, target, model, inputs, experiment.tolerances.rtol, threshold,
+        loc = localize(job.reference, target, model, inputs, tol.rtol, threshold,
                        settings.granularity, settings.mode)
     except ParityError:
         raise
@@ -370,6 +371,6 @@ def gate_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs,
     if not reference.ok:  # nothing to localize against, as find_fallback says too
         raise ParityError(f"the reference {job.reference.id} failed: {reference.error}")
     ran = execute(target, configured_model(model, target, job.model.name), inputs, 1)
-    check = tier1_check(job, ran, reference, None, experiment, 0.0)
+    check = tier1_check(job, ran, reference, None, experiment)
     return {k: check[k] for k in ("passed", "failure_class", "detail", "required_atol", "gate", "rtol")}
 

@@ -8,12 +8,14 @@ verdict at every atol of a sweep, and any later re-judgement, comes from one exe
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from numbers import Number
 from typing import Any
 
 import torch
 
+from parity.config.tolerances import LeafTolerance
 from parity.outputs import Opaque, flatten
 from parity.verify import taxonomy as tx
 
@@ -28,11 +30,18 @@ class Comparison:
 
     @property
     def required_atol(self) -> float:
-        """The smallest atol at which every leaf passes; inf when none does (structure, NaN...)."""
+        """The smallest atol of the sweep at which every leaf passes; inf when none does (structure, NaN,
+        a leaf beyond the atol of its own output rule, which no sweep atol changes)."""
         if self.failure_class not in (None, tx.NUMERIC_DRIFT):
             return math.inf
-        values = [leaf["required_atol"] for leaf in self.leaves]
-        return max((math.inf if v is None else v for v in values), default=0.0)
+        required = 0.0
+        for leaf in self.leaves:
+            value, own = leaf["required_atol"], (leaf.get("tolerance") or {}).get("atol")
+            if value is None or (own is not None and value > own):
+                return math.inf
+            if own is None:
+                required = max(required, value)
+        return required
 
     def passes(self, atol: float) -> bool:
         return self.required_atol <= atol
@@ -203,9 +212,11 @@ def _compare_leaf(name: str, ref: Any, tgt: Any, rtol: float, gate: float) -> di
     return leaf
 
 
-def compare(reference: Any, target: Any, rtol: float, gate: float, oracle: Any = None) -> Comparison:
+def compare(reference: Any, target: Any, rtol: float, gate: float, oracle: Any = None,
+            leaf_tolerance: Callable[[str], LeafTolerance] | None = None) -> Comparison:
     """Compare two model outputs leaf by leaf. With `oracle` (float64 outputs), each tensor leaf also
-    gets rmse(target, oracle) and rmse(reference, oracle)."""
+    gets rmse(target, oracle) and rmse(reference, oracle). `leaf_tolerance(name)` gives a leaf its own rtol
+    and atol (output rules): the leaf is judged at them and records which rule applied."""
     ref_leaves, tgt_leaves = flatten(reference), flatten(target)
     oracle_leaves = flatten(oracle) if oracle is not None else {}
     result = Comparison()
@@ -220,7 +231,14 @@ def compare(reference: Any, target: Any, rtol: float, gate: float, oracle: Any =
     for name, ref in ref_leaves.items():
         if name not in tgt_leaves:
             continue
-        leaf = _compare_leaf(name, ref, tgt_leaves[name], rtol, gate)
+        own = leaf_tolerance(name) if leaf_tolerance is not None else None
+        if own is not None and own.rule is not None:
+            leaf = _compare_leaf(name, ref, tgt_leaves[name], own.rtol, gate if own.atol is None else own.atol)
+            leaf["tolerance"] = own.record()
+            if leaf.get("detail"):
+                leaf["detail"] += f" (judged by the {own.rule})"
+        else:
+            leaf = _compare_leaf(name, ref, tgt_leaves[name], rtol, gate)
         orc = oracle_leaves.get(name)
         if isinstance(orc, torch.Tensor) and leaf.get("failure_class") in (None, tx.NUMERIC_DRIFT) and "shape" in leaf:
             if orc.shape == ref.shape:

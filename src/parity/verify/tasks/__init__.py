@@ -53,7 +53,7 @@ def task_check(job, target_exec, reference_exec, experiment, inputs=None) -> dic
     if task not in EVALUATED or not (reference_exec.ok and target_exec.ok):
         return None
     result = evaluate(task, reference_exec.outputs[0], target_exec.outputs[0], experiment.tiers.tasks,
-                      experiment.tolerances.gate_atol)
+                      experiment.tolerance_for(target_exec.backend).gate)
     record = {"tier": 3, "model": job.model.name, "inputs": job.inputs.name, "reference": job.reference.id,
               "target": target_exec.backend.id, "task": task, "status": "ok", "passed": result.passed,
               "failure_class": result.failure_class, "detail": result.detail, "metrics": result.metrics,

@@ -1,0 +1,78 @@
+"""The tolerance a target is judged at: the experiment's, the target's own, or the default for its dtype;
+and per output leaf, the first rule whose name or glob matches.
+
+Why per dtype: a gate that means something for float32 (1e-4) fails every bfloat16 target, and loosening
+the experiment's gate for them would loosen float32 too. A reduced-precision target that says nothing of
+its tolerances is therefore judged at `torch.testing.assert_close`'s defaults for its dtype (the lower-
+precision side of the pair). Float32 and float64 targets keep the experiment's.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Any
+
+# torch.testing.assert_close's defaults (rtol, atol), for the reduced-precision dtypes.
+DTYPE_DEFAULTS = {"bfloat16": (1.6e-2, 1e-5), "float16": (1e-3, 1e-5)}
+PRECISION = {"float64": 3, "float32": 2, "bfloat16": 1, "float16": 1}
+DEFAULT_SWEEP = (1e-6, 1e-5, 1e-4, 1e-3)
+
+
+def default_gate(sweep: list[float]) -> float:
+    """1e-4 when the sweep has it, else its largest atol."""
+    return 1e-4 if 1e-4 in sweep else max(sweep)
+
+
+@dataclass(frozen=True)
+class LeafTolerance:
+    """What one output leaf is judged at: `atol` None means the check's gate (and the sweep) applies."""
+
+    atol: float | None
+    rtol: float
+    rule: str | None = None  # the output rule that set it
+
+    def record(self) -> dict[str, Any]:
+        return {"atol": self.atol, "rtol": self.rtol, "rule": self.rule}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """A target's tolerances, resolved. `gate` is the atol of tier 1's verdict; with `by_task` the check's
+    verdict comes from tier 3 instead, and tier 1's numbers are still recorded."""
+
+    sweep: tuple[float, ...]
+    rtol: float
+    gate: float
+    by_task: bool = False
+    source: str = "experiment"  # experiment | target | default-for-<dtype>
+    rules: tuple[tuple[str, float | None, float | None, str], ...] = field(default=())  # pattern, atol, rtol, owner
+
+    def for_leaf(self, name: str) -> LeafTolerance:
+        """The leaf's tolerance: an output rule naming it exactly wins, then the first glob that matches
+        (the target's rules before the experiment's), else the check's."""
+        exact = [r for r in self.rules if r[0] == name]
+        globbed = [r for r in self.rules if r[0] != name and fnmatch.fnmatchcase(name, r[0])]
+        for pattern, atol, rtol, owner in exact + globbed:
+            return LeafTolerance(atol, self.rtol if rtol is None else rtol, f"{owner} output rule '{pattern}'")
+        return LeafTolerance(None, self.rtol)
+
+
+def resolve(experiment_tolerances: Any, target: Any, reference_dtype: str) -> Tolerance:
+    """The tolerance of `target` (a BackendSpec) under the experiment's `tolerances`. Each of rtol and the
+    gate comes from the first that has it: the target's own `tolerances`, the default of a reduced-precision
+    dtype, the experiment's; a gate nobody gives is 1e-4 when swept, else the sweep's largest atol. `gate:
+    tier3` (the target's, else the experiment's) keeps tier 1's numbers but lets tier 3 decide the verdict."""
+    exp, own = experiment_tolerances, target.tolerances
+    given = own.model_fields_set & {"rtol", "gate"} if own is not None else set()
+    lower = min((target.dtype, reference_dtype), key=PRECISION.__getitem__)
+    dtype_rtol, dtype_atol = DTYPE_DEFAULTS.get(lower, (None, None))
+    sweep = list(exp.atol)
+    gate_setting = own.gate if "gate" in given else exp.gate
+    numeric = [g for g in (own.gate if "gate" in given else None, dtype_atol, exp.gate) if isinstance(g, float | int)]
+    gate = numeric[0] if numeric else default_gate(sweep)
+    rtol = next(r for r in (own.rtol if "rtol" in given else None, dtype_rtol, exp.rtol) if r is not None)
+    source = "target" if given else (f"default-for-{lower}" if dtype_atol is not None else "experiment")
+    rules = [(p, r.atol, r.rtol, "target") for p, r in (own.outputs.items() if own is not None else ())]
+    rules += [(p, r.atol, r.rtol, "experiment") for p, r in exp.outputs.items()]
+    return Tolerance(tuple(sorted(set(sweep))), rtol, float(gate), gate_setting == "tier3", source, tuple(rules))

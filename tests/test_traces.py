@@ -1,0 +1,65 @@
+"""What a backend warns of is kept with its execution and shown beside its check, and warm-up runs are
+not timed."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from parity.cli import main
+from parity.records import read_records
+from tests.conftest import tiny_experiment
+from tests.fixtures import traces
+
+FIX = "tests.fixtures.traces"
+
+
+def test_a_trace_with_a_data_dependent_branch_is_flagged_even_when_its_check_passes(write_yaml, tmp_path, capsys):
+    """The input's mean is positive, so the trace takes the branch the reference takes and the check
+    passes; the tracer's warning names the `if` and its line, in the execution record, the check, the
+    console, report.md and junit.xml."""
+    exp = tiny_experiment([{"backend": "torchscript"}],
+                          models=[{"name": "branchy", "source": "python", "entry": f"{FIX}:data_dependent"}],
+                          inputs=[{"name": "pos", "synthetic": {"shape": [2, 8], "distribution": "ones"}}])
+    out = tmp_path / "out"
+    assert main(["run", str(write_yaml(exp)), "--out", str(out), "--quiet"]) == 0
+    records = read_records(out)
+    [check] = [r for r in records if r["kind"] == "check"]
+    assert check["passed"] is True
+    [note] = [n for n in check["warnings"] if n["kind"] == "trace_specialized"]
+    assert note["code"] == "if x.mean() > 0:" and note["where"].endswith("fixtures/traces.py:19")
+    [execution] = [r for r in records if r["kind"] == "execution" and r["backend"] == "torchscript-cpu"]
+    assert execution["warnings"] == check["warnings"]
+    line = f'trace_specialized: "if x.mean() > 0:" at {note["where"]}'
+    assert line in capsys.readouterr().out
+    assert line in (out / "report.md").read_text()
+    [case] = ET.parse(out / "junit.xml").getroot().iter("testcase")
+    assert case.find("failure") is None and line in case.find("system-out").text
+    assert "⚠ 1 warning(s)" in (out / "report.html").read_text()
+
+
+def test_eager_targets_have_nothing_to_warn_of(write_yaml, tmp_path):
+    exp = tiny_experiment([{"backend": "eager", "name": "same"}],
+                          models=[{"name": "branchy", "source": "python", "entry": f"{FIX}:data_dependent"}])
+    out = tmp_path / "out"
+    main(["run", str(write_yaml(exp)), "--out", str(out), "--quiet", "--no-report"])
+    assert all(not r.get("warnings") for r in read_records(out) if r["kind"] in ("check", "execution"))
+
+
+def test_a_compile_graph_break_is_recorded(write_yaml, tmp_path):
+    exp = tiny_experiment([{"backend": "compile"}], models=[{"name": "p", "source": "python", "entry": f"{FIX}:printing"}],
+                          inputs=[{"name": "x", "synthetic": {"shape": [4]}}])
+    out = tmp_path / "out"
+    assert main(["run", str(write_yaml(exp)), "--out", str(out), "--quiet", "--no-report"]) == 0
+    [check] = [r for r in read_records(out) if r["kind"] == "check"]
+    assert any(n["kind"] == "graph_break" and "print" in n["message"] for n in check["warnings"]), check["warnings"]
+
+
+def test_warm_up_runs_come_before_the_timed_repeats_and_are_not_recorded(write_yaml, tmp_path):
+    traces.RUNS.clear()
+    exp = tiny_experiment([{"backend": f"{FIX}:CountingEager", "name": "counted"}], repeats=3, warmup=2)
+    out = tmp_path / "out"
+    main(["run", str(write_yaml(exp)), "--out", str(out), "--quiet", "--no-report"])
+    assert traces.RUNS.count("counted") == 5  # 2 warm-up runs, then 3 timed repeats
+    runs = [r for r in read_records(out) if r["kind"] == "execution" and r["backend"] == "counted"]
+    assert [r["repeat"] for r in runs] == [0, 1, 2] and runs[0]["warmup"] == 2
+    assert all(r["run_s"] > 0 for r in runs)
