@@ -485,3 +485,20 @@ def test_run_with_a_cache_folder_that_is_a_file_is_a_user_error(write_yaml, tmp_
     assert main(["run", str(path), "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "file")]) == 2
     assert capsys.readouterr().err == f"error: cache folder {tmp_path / 'file'}: is a file, not a folder\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_each_kind_of_cpu_kernel_gets_its_own_inductor_cache(tmp_path, monkeypatch):
+    """Inductor's cache does not key on the ISA a kernel was compiled for: under another
+    ATEN_CPU_CAPABILITY a reused AVX-512 kernel gave NaN. parity's cache keeps them apart, artifacts too."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    native = cache.kernel_tag()
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    avx2 = cache.kernel_tag()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert len({native, avx2, cache.kernel_tag()}) == 3
+    try:
+        cache.configure(tmp_path / "c")
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "c" / "inductor" / cache.kernel_tag())
+    finally:
+        cache.configure(None)

@@ -20,15 +20,16 @@ TINY = "tests.fixtures.tiny:tiny_cnn"
 
 def checks(out: Path) -> list[dict]:
     lines = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
-    return [{k: r[k] for k in ("model", "inputs", "target", "status", "passed", "failure_class", "max_abs", "required_atol")}
+    return [{k: r[k] for k in ("model", "inputs", "target", "status", "passed", "failure_class", "max_abs", "required_atol",
+                               "tolerance_source", "gate")}
             for r in lines if r["kind"] == "check"]
 
 
 def test_check_prints_the_table_and_exits_as_run_does(tmp_path, capsys):
     code = main(["check", TINY, "--target", "torchscript", "--target", "eager-cpu-bfloat16", "--target", "eager-cuda",
-                 "--input", "2x3x16x16", "--out", str(tmp_path), "--quiet"])
+                 "--input", "2x3x16x16", "--out", str(tmp_path), "--quiet", "--gate", "1e-4", "--rtol", "1e-5"])
     out = capsys.readouterr().out
-    assert code == 1  # the bfloat16 target drifts beyond the default gate 1e-4
+    assert code == 1  # the bfloat16 target drifts beyond float32's gate, which --gate and --rtol set for every target
     assert "tiny_cnn: tier 1 at atol=0.0001" in out and "tiny_cnn / 2x3x16x16" in out
     assert "torchscript-cpu" in out and "eager-cpu-bfloat16" in out and "FAIL" in out
     found = {c["target"]: c for c in checks(tmp_path)}
@@ -39,7 +40,7 @@ def test_check_prints_the_table_and_exits_as_run_does(tmp_path, capsys):
 
 
 def test_the_gate_decides_the_exit_code(tmp_path, capsys):
-    args = ["check", TINY, "--target", "eager:bf16", "--input", "2x3x16x16", "--quiet", "--no-report"]
+    args = ["check", TINY, "--target", "eager:bf16", "--input", "2x3x16x16", "--quiet", "--no-report", "--rtol", "1e-5"]
     assert main([*args, "--out", str(tmp_path / "a"), "--gate", "0.1"]) == 0
     assert main([*args, "--out", str(tmp_path / "b"), "--gate", "1e-6"]) == 1
 
@@ -127,3 +128,16 @@ def test_python_dash_m_parity_is_the_command(tmp_path):
                           env={"PYTHONPATH": f"{ROOT / 'src'}", "PATH": "/usr/bin:/bin"})
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("error: MODEL 'timm:resnet50': timm: sources come with a later release")
+
+
+def test_gate_and_rtol_on_the_command_line_apply_to_every_target(tmp_path):
+    """In a file the experiment's gate is float32's and a bfloat16 target keeps its dtype's default; on the
+    command line `--gate` is said for every target, so each target records it as its own."""
+    base = ["check", TINY, "--target", "torchscript", "--target", "eager:bf16", "--input", "2x3x16x16", "--quiet",
+            "--no-report"]
+    main([*base, "--out", str(tmp_path / "default")])
+    sources = {c["target"]: (c["tolerance_source"], c["gate"]) for c in checks(tmp_path / "default")}
+    assert sources == {"torchscript-cpu": ("experiment", 1e-4), "eager-cpu-bfloat16": ("default-for-bfloat16", 1e-5)}
+    main([*base, "--out", str(tmp_path / "given"), "--gate", "0.5"])
+    sources = {c["target"]: (c["tolerance_source"], c["gate"]) for c in checks(tmp_path / "given")}
+    assert sources == {"torchscript-cpu": ("target", 0.5), "eager-cpu-bfloat16": ("target", 0.5)}

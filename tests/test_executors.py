@@ -13,11 +13,11 @@ from parity.cli import main
 from parity.config import experiment_from_dict
 from parity.errors import ParityError
 from parity.records import read_records
-from tests.conftest import tiny_experiment
+from tests.conftest import BF16_AT_FLOAT32, tiny_experiment
 
 SEGFAULTING = {"backend": "tests.fixtures.tiny:SegfaultingEager", "name": "segfaulting"}
 HANGING = {"backend": "tests.fixtures.tiny:HangingEager", "name": "hanging"}
-WELL_BEHAVED = [{"backend": "torchscript"}, {"backend": "eager", "dtype": "bfloat16"}]
+WELL_BEHAVED = [{"backend": "torchscript"}, BF16_AT_FLOAT32]
 JUDGED = ("passed", "failure_class", "verdicts", "required_atol", "max_abs", "status")
 # The time limit the hanging backend runs into. It never returns, so any limit ends it; a generous one keeps
 # the well-behaved executions of the same run (a trace in a fresh worker) inside it on a loaded machine.

@@ -38,6 +38,7 @@ def logged_experiment(log: Path, sleep_s: float = 0.0) -> dict:
     return {
         "name": "resumable",
         "repeats": 2,
+        "warmup": 0,  # the log counts runs: one per repeat
         "oracle": True,
         "models": [{"name": "wide", "source": "python", "entry": "tests.fixtures.tiny:tiny_cnn", "task": "classification"},
                    {"name": "narrow", "source": "python", "entry": "tests.fixtures.tiny:tiny_cnn", "task": "classification",
@@ -46,7 +47,7 @@ def logged_experiment(log: Path, sleep_s: float = 0.0) -> dict:
                    {"name": "three", "synthetic": {"shape": [3, 3, 8, 8]}}],
         "reference": logged("ref"),
         "targets": [logged("same"), logged("perturbed", options={"perturb": True}),
-                    logged("bf16", dtype="bfloat16")],
+                    logged("bf16", dtype="bfloat16", tolerances={"rtol": 1e-5, "gate": 1e-4})],  # at float32's: it drifts
         "tiers": {"tasks": True},
     }
 

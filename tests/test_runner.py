@@ -17,7 +17,7 @@ from parity.models import build_model
 from parity.records import SCHEMA_VERSION, read_records
 from parity.report.summary import summarize
 from parity.runner.execute import execute
-from tests.conftest import tiny_experiment
+from tests.conftest import BF16_AT_FLOAT32, tiny_experiment
 
 PERTURBED = {"backend": "tests.fixtures.tiny:PerturbedEager", "name": "perturbed"}
 
@@ -46,7 +46,7 @@ def test_reference_equals_a_fresh_float32_run_after_other_backends_ran():
 
 
 def test_bfloat16_and_perturbed_targets_fail_and_an_identical_one_passes(tmp_path):
-    targets = [{"backend": "eager", "dtype": "bfloat16"}, PERTURBED, {"backend": "eager", "name": "same"}]
+    targets = [BF16_AT_FLOAT32, PERTURBED, {"backend": "eager", "name": "same"}]
     records = run_experiment(tiny_experiment(targets), out=tmp_path)
     checks = checks_by_target(records)
     assert checks["eager-cpu-bfloat16"]["passed"] is False
@@ -91,8 +91,8 @@ def test_one_execution_serves_every_tolerance(tmp_path):
 
 def test_nondeterministic_target_is_caught(tmp_path):
     noisy = {"backend": "tests.fixtures.tiny:NoisyEager", "name": "noisy"}
-    records = run_experiment(tiny_experiment([noisy], repeats=3, tolerances={"atol": [1e-4]}),
-                             out=tmp_path)
+    records = run_experiment(tiny_experiment([noisy], repeats=3, warmup=0, tolerances={"atol": [1e-4]}),
+                             out=tmp_path)  # no warm-up: the target's first run is its exact one
     [check] = [r for r in records if r["kind"] == "check"]
     assert check["passed"] is False and check["failure_class"] == "nondeterministic"
     assert check["nondeterminism"]["target"] > 1e-3 and check["nondeterminism"]["reference"] == 0.0
@@ -142,7 +142,7 @@ def test_a_failure_after_some_repeats_is_recorded_at_its_repeat(tmp_path):
     """One record per (model, input set, backend, repeat): the failure is the second repeat's record, not
     a second record for repeat 0."""
     records = run_experiment(tiny_experiment([{"backend": "tests.fixtures.tiny:FailsAfterFirstRun", "name": "later"}],
-                                             repeats=3), out=tmp_path)
+                                             repeats=3, warmup=0), out=tmp_path)
     later = [(r["repeat"], r["status"]) for r in records if r["kind"] == "execution" and r["backend"] == "later"]
     assert later == [(0, "ok"), (1, "error")]
 

@@ -63,3 +63,16 @@ def test_warm_up_runs_come_before_the_timed_repeats_and_are_not_recorded(write_y
     runs = [r for r in read_records(out) if r["kind"] == "execution" and r["backend"] == "counted"]
     assert [r["repeat"] for r in runs] == [0, 1, 2] and runs[0]["warmup"] == 2
     assert all(r["run_s"] > 0 for r in runs)
+
+
+def test_graph_breaks_counted_before_a_dynamo_reset_are_not_lost():
+    """The compile backend resets dynamo, which clears its counters: a break seen before the block must
+    not hide the same break inside it."""
+    from parity.runner import notes
+
+    before = {("graph_break", "Failed to trace builtin operator\nExplanation: print"): 3,
+              ("graph_break", "other"): 1}
+    after = {("graph_break", "Failed to trace builtin operator\nExplanation: print"): 1}
+    [note] = notes._graph_breaks(before, after)
+    assert note["count"] == 1 and note["message"] == "Failed to trace builtin operator: print"
+    assert notes._graph_breaks(after, {**after}) == []  # nothing new, no reset

@@ -154,8 +154,9 @@ def check_experiment(model: str, targets: list[str], *, reference: str | None = 
         data["reference"] = ref
     data["targets"] = target_list
     tolerances = {k: v for k, v in (("rtol", rtol), ("gate", gate)) if v is not None}
-    if tolerances:
-        data["tolerances"] = tolerances
+    for target in target_list:  # said on the command line, so meant for every target, whatever its dtype
+        if tolerances:
+            target["tolerances"] = dict(tolerances)
     return data
 
 

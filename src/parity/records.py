@@ -14,6 +14,7 @@ off before anything is appended.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -323,7 +324,14 @@ def _version(module: str) -> str | None:
         return None
 
 
-def _cpu() -> dict[str, Any]:
+def cpu_info() -> dict[str, Any]:
+    """The machine, its CPU model and the vector extensions numbers depend on (a copy: read once)."""
+    info = _read_cpu_info()
+    return {**info, **({"flags": list(info["flags"])} if "flags" in info else {})}
+
+
+@functools.cache
+def _read_cpu_info() -> dict[str, Any]:
     info: dict[str, Any] = {"machine": platform.machine(), "count": os.cpu_count()}
     try:
         text = Path("/proc/cpuinfo").read_text()
@@ -365,7 +373,7 @@ def environment(experiment_dir: Path, threads: int | None = None) -> dict[str, A
         "onnxruntime": _version("onnxruntime"),
         "openvino": _version("openvino"),
         "numpy": _version("numpy"),
-        "cpu": _cpu(),
+        "cpu": cpu_info(),
         "threads": threads or torch.get_num_threads(),
         "tf32": {"cudnn": torch.backends.cudnn.allow_tf32, "matmul": torch.backends.cuda.matmul.allow_tf32},
         "cuda": cuda,

@@ -44,7 +44,7 @@ def tolerance_lines(summary: dict[str, Any]) -> list[str]:
             by = "; tier 3 decides the verdict (gate: tier3)" if info.get("gated_by") == "tier3" else ""
             lines.append(f"tolerance {target}: atol {info['gate']:g}, rtol {info['rtol']:g} ({info['tolerance_source']}){by}")
         floor = info.get("noise_floor")
-        if floor and floor["atol"] > 0:
+        if floor and (floor.get("atol") or 0) > 0:
             lines.append(f"noise floor {target}: atol {floor['atol']:.2g} is within the reference's own error "
                          f"({floor['source']}); no gate below it can be met")
     return lines

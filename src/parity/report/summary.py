@@ -127,7 +127,7 @@ def _tolerance(checks: list[dict], experiment: dict[str, Any]) -> dict[str, Any]
     """What a target's checks were judged at (every check of a target shares it) and the largest noise
     floor its checks found: the reference's own error, below which no gate can be met."""
     first = checks[0] if checks else {}
-    floors = [c["noise_floor"] for c in checks if c.get("noise_floor")]
+    floors = [c["noise_floor"] for c in checks if c.get("noise_floor") and c["noise_floor"].get("atol") is not None]
     return {"gate": first.get("gate"), "rtol": first.get("rtol", experiment["rtol"]),
             "tolerance_source": first.get("tolerance_source", "experiment"),
             "gated_by": first.get("gated_by", "tier1"),

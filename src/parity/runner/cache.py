@@ -71,11 +71,24 @@ def configure(root: Path | None) -> None:
     if _root is None:
         return
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(_root / INDUCTOR)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(_root / INDUCTOR / kernel_tag())
     with contextlib.suppress(OSError):  # a cache that cannot be written fails the exports that need it
         _root.mkdir(parents=True, exist_ok=True)
         if not (_root / TAG).exists():
             (_root / TAG).write_text(TAG_TEXT)
+
+
+def kernel_tag() -> str:
+    """Which CPU kernels this process compiles for: the machine, its vector extensions and the settings
+    that cap them (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA). Inductor's own cache does not key on them
+    (measured: a kernel compiled for AVX-512 and reused under ATEN_CPU_CAPABILITY=avx2 gave NaN), so each
+    kind of kernel gets its own inductor folder, and artifacts carry the tag in their key."""
+    from parity.records import cpu_info
+
+    cpu = cpu_info()
+    parts = [cpu.get("machine"), *cpu.get("flags", []),
+             *(f"{k}={os.environ.get(k, '')}" for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"))]
+    return "cpu-" + hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:12]
 
 
 def root() -> Path | None:
@@ -140,7 +153,7 @@ def artifact_key(kind: str, model: torch.nn.Module, backend: Any, example: Input
     parts = {"kind": kind, "identity": identity, "model": model_digest(model), "code": code_digest,
              "inputs": inputs_digest(example), "backend": [spec.backend, spec.device, spec.dtype, spec.options],
              "libraries": fingerprint.versions({"torch", *backend.libraries, *reached}),
-             "python": sys.version, "parity": fingerprint.parity_digest()}
+             "python": sys.version, "parity": fingerprint.parity_digest(), "kernels": kernel_tag()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 

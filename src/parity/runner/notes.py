@@ -48,8 +48,9 @@ def _dynamo_counts() -> dict[tuple[str, str], int]:
 
 def _graph_breaks(before: dict, after: dict) -> list[dict[str, Any]]:
     notes = []
+    reset = any(after.get(key, 0) < n for key, n in before.items())  # torch._dynamo.reset() clears them
     for (group, reason), n in after.items():
-        more = n - before.get((group, reason), 0)
+        more = n if reset else n - before.get((group, reason), 0)
         if more > 0:
             lines = [line.strip() for line in reason.splitlines() if line.strip()] or [reason]
             why = next((line.removeprefix("Explanation:").strip() for line in lines if line.startswith("Explanation:")), None)

@@ -97,7 +97,7 @@ def _noise_floor(reference_out: Any, oracle_out: Any, reference_spread: float, t
         against_oracle = compare(oracle_out, reference_out, tol.rtol, tol.gate).required_atol
         if math.isfinite(against_oracle):
             found.append((against_oracle, "float64 oracle"))
-    if reference_spread > 0:
+    if 0 < reference_spread < math.inf:  # inf: repeats that cannot be compared say nothing of the noise
         found.append((reference_spread, "the reference's repeats"))
     if not found:
         return None
