@@ -9,13 +9,9 @@ may write.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 import json
-import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from parity.cli import main
+from tests.hostile_support import run_parity
 
 TINY = {"name": "tiny", "source": "python", "entry": "tests.fixtures.tiny:tiny_cnn"}
 BASE = {
@@ -61,19 +57,10 @@ def with_synthetic(spec) -> dict:
     return experiment(inputs=[{"name": "noise", "synthetic": spec}])
 
 
-def _tree(folder: Path) -> dict[str, tuple]:
-    """Every path under `folder` with what it is, and a file's size and time (a FIFO is listed, never
-    opened; a folder's own time changes with what is made in it, so its contents speak for it)."""
-    out = {}
-    for path in folder.rglob("*"):
-        st = path.lstat()
-        out[str(path.relative_to(folder))] = (st.st_mode,) if path.is_dir() else (st.st_mode, st.st_size, st.st_mtime_ns)
-    return out
-
-
 def run(content: dict, setup: Callable[[Path], None] | None = None, verb: str = "run",
         extra: list[str] | None = None) -> Outcome:
-    """`parity VERB exp.yaml [--out out --quiet --no-report]` in a fresh folder prepared by `setup`."""
+    """`parity VERB exp.yaml [--out out --quiet --no-report]` in a fresh folder prepared by `setup`; what
+    changed in that folder outside `out` (hostile_support.run_parity) is `written_outside`."""
     case = Path(tempfile.mkdtemp(prefix="hostile-"))
     try:
         work = case / "work"
@@ -84,27 +71,10 @@ def run(content: dict, setup: Callable[[Path], None] | None = None, verb: str = 
         path.write_text(yaml.safe_dump(content, sort_keys=False))
         out_dir = work / "out"
         argv = [verb, str(path)] + (["--out", str(out_dir), "--quiet", "--no-report"] if verb == "run" else [])
-        before = _tree(case)
-        stdout, stderr = io.StringIO(), io.StringIO()
-        cwd, saved_path = os.getcwd(), list(sys.path)
-        os.chdir(work)
-        try:
-            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-                try:
-                    code: int | str = main(argv + (extra or []))
-                except SystemExit as exc:
-                    code = f"SystemExit({exc.code})"
-                except BaseException as exc:  # noqa: BLE001 - whatever escapes main is what we test for
-                    code = f"raised {type(exc).__name__}: {exc}"
-        finally:
-            os.chdir(cwd)
-            sys.path[:] = saved_path
-        after = _tree(case)
-        outside = sorted(p for p in set(after) | set(before)
-                         if after.get(p) != before.get(p) and not p.startswith("work/out"))
+        result = run_parity(argv + (extra or []), case, work, ["work/out"])
         records_file = out_dir / "records.jsonl"
         records = [json.loads(line) for line in records_file.read_text().splitlines()] if records_file.exists() else []
-        return Outcome(code, stdout.getvalue(), stderr.getvalue(), out_dir, outside, records)
+        return Outcome(result.code, result.out, result.err, out_dir, result.outside, records)
     finally:
         shutil.rmtree(case, ignore_errors=True)
 
