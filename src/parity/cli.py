@@ -390,12 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run experiment files and judge every target against the reference")
     run.add_argument("files", nargs="+", metavar="FILE", help="experiment YAML files")
-    run.add_argument("--out", metavar="DIR", help="output folder (default: parity-out/NAME-TIMESTAMP)")
-    run.add_argument("--quiet", action="store_true", help="no progress bar")
-    run.add_argument("--allow-unavailable", action="store_true",
-                     help="exit 0 even when a target cannot run on this machine (it is still reported)")
-    run.add_argument("--no-report", action="store_true",
-                     help="write only records.jsonl and summary.json, not report.md, report.html and junit.xml")
+    output_options(run, "NAME")
     run.add_argument("--executor", choices=["local", "process", "ray"],
                      help="where executions run: in this process (local, the default), each in a worker process with "
                           "a time limit (process), or as Ray tasks (ray); wins over the file's executor setting")
@@ -406,8 +401,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", type=int, metavar="N",
                      help="ray executor without --address: run N tasks at a time on the Ray it starts here "
                           "(default: as many as the cores allow)")
-    run.add_argument("--fresh", action="store_true",
-                     help="discard the records already in --out and start over (by default a run continues them)")
     cache_options(run)
     run.set_defaults(func=cmd_run)
 
@@ -505,17 +498,22 @@ def check_parser(sub) -> None:
     check.add_argument("--save-experiment", metavar="FILE",
                        help="also write the experiment as a YAML file (never over an existing one): parity run "
                             "FILE runs the same checks, and the file is there to grow")
-    check.add_argument("--out", metavar="DIR", help="output folder (default: parity-out/MODEL-TIMESTAMP)")
-    check.add_argument("--quiet", action="store_true", help="no progress bar")
-    check.add_argument("--allow-unavailable", action="store_true",
-                       help="exit 0 even when a target cannot run on this machine (it is still reported)")
-    check.add_argument("--no-report", action="store_true",
-                       help="write only records.jsonl and summary.json, not report.md, report.html and junit.xml")
-    check.add_argument("--fresh", action="store_true",
-                       help="discard the records already in --out and start over (by default a run continues them)")
+    output_options(check, "MODEL")
     cache_options(check)
     check.set_defaults(func=cmd_check, executor=None, address=None, workers=None, timeout=None)
 
+
+
+def output_options(verb: argparse.ArgumentParser, name: str) -> None:
+    """Where a verb that runs checks writes, and what it says: `run` and `check` alike."""
+    verb.add_argument("--out", metavar="DIR", help=f"output folder (default: parity-out/{name}-TIMESTAMP)")
+    verb.add_argument("--quiet", action="store_true", help="no progress bar")
+    verb.add_argument("--allow-unavailable", action="store_true",
+                      help="exit 0 even when a target cannot run on this machine (it is still reported)")
+    verb.add_argument("--no-report", action="store_true",
+                      help="write only records.jsonl and summary.json, not report.md, report.html and junit.xml")
+    verb.add_argument("--fresh", action="store_true",
+                      help="discard the records already in --out and start over (by default a run continues them)")
 
 
 def cache_options(verb: argparse.ArgumentParser) -> None:

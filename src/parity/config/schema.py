@@ -277,51 +277,45 @@ class OutputTolerance(Strict):
         return self
 
 
-def _sweep(value: Any) -> Any:
-    return [value] if isinstance(value, int | float | str) else value
-
-
-def _sorted_sweep(atol: list[float]) -> list[float]:
-    if any(a < 0 for a in atol):
-        raise ValueError("tolerances must be >= 0")
-    return sorted(set(atol))
-
-
 Gate = float | Literal["tier3"] | None
-
-
-def _check_gate(gate: Any) -> Any:
-    """Before validation, so that a wrong gate gets one message rather than one per member of the union."""
-    if gate is None or gate == "tier3":
-        return gate
-    if isinstance(gate, bool) or not isinstance(gate, int | float):
-        raise ValueError(f"the gate is a number (an atol) or 'tier3', not {str(gate)[:50]!r}")
-    if not math.isfinite(gate) or gate < 0:
-        raise ValueError("the gate must be >= 0 and finite (or 'tier3')")
-    return float(gate)
 OutputRules = dict[Annotated[str, Field(min_length=1, max_length=500)], OutputTolerance]
 
 
-class Tolerances(Strict):
-    atol: list[float] = Field(default_factory=lambda: [1e-6, 1e-5, 1e-4, 1e-3], min_length=1, max_length=100)
-    rtol: float = Field(default=1e-5, ge=0)
+class GateAndRules(Strict):
+    """What the experiment's and a target's tolerances share: the gate (an atol, or `tier3`: the task-level
+    verdict decides) and the output rules."""
+
     gate: Gate = Field(default=None, union_mode="left_to_right")
     outputs: OutputRules = Field(default_factory=dict, max_length=100)
-
-    @field_validator("atol", mode="before")
-    @classmethod
-    def _listify(cls, value: Any) -> Any:
-        return _sweep(value)
-
-    @field_validator("atol")
-    @classmethod
-    def _sorted(cls, atol: list[float]) -> list[float]:
-        return _sorted_sweep(atol)
 
     @field_validator("gate", mode="before")
     @classmethod
     def _gate(cls, gate: Any) -> Any:
-        return _check_gate(gate)
+        """Before validation, so that a wrong gate gets one message rather than one per member of the union."""
+        if gate is None or gate == "tier3":
+            return gate
+        if isinstance(gate, bool) or not isinstance(gate, int | float):
+            raise ValueError(f"the gate is a number (an atol) or 'tier3', not {str(gate)[:50]!r}")
+        if not math.isfinite(gate) or gate < 0:
+            raise ValueError("the gate must be >= 0 and finite (or 'tier3')")
+        return float(gate)
+
+
+class Tolerances(GateAndRules):
+    atol: list[float] = Field(default_factory=lambda: [1e-6, 1e-5, 1e-4, 1e-3], min_length=1, max_length=100)
+    rtol: float = Field(default=1e-5, ge=0)
+
+    @field_validator("atol", mode="before")
+    @classmethod
+    def _listify(cls, value: Any) -> Any:
+        return [value] if isinstance(value, int | float | str) else value
+
+    @field_validator("atol")
+    @classmethod
+    def _sorted(cls, atol: list[float]) -> list[float]:
+        if any(a < 0 for a in atol):
+            raise ValueError("tolerances must be >= 0")
+        return sorted(set(atol))
 
     @property
     def gate_atol(self) -> float:
@@ -329,19 +323,12 @@ class Tolerances(Strict):
         return self.gate if isinstance(self.gate, float) else default_gate(self.atol)
 
 
-class TargetTolerances(Strict):
+class TargetTolerances(GateAndRules):
     """A target's own tolerances (`targets[i].tolerances`): what it gives wins over the experiment's and
     over its dtype's default. The sweep stays the experiment's, so that every target is swept over the same
     atols and the sweep's table compares like with like."""
 
     rtol: float | None = Field(default=None, ge=0)
-    gate: Gate = Field(default=None, union_mode="left_to_right")
-    outputs: OutputRules = Field(default_factory=dict, max_length=100)
-
-    @field_validator("gate", mode="before")
-    @classmethod
-    def _gate(cls, gate: Any) -> Any:
-        return _check_gate(gate)
 
 
 class BackendSpec(Strict):
