@@ -34,9 +34,9 @@ def tolerance_title(summary: dict[str, Any]) -> str:
 
 
 def tolerance_lines(summary: dict[str, Any]) -> list[str]:
-    """One line per target judged at other than the experiment's tolerance, and per target whose checks
-    show the reference's own error (its noise floor)."""
-    lines = []
+    """One line per target judged at other than the experiment's tolerance, and one per noise floor the
+    checks show (the reference's own error, at each target's rtol), with the targets it concerns."""
+    lines, floors = [], {}
     for target, info in summary["per_target"].items():
         if info.get("gate") is None:
             continue
@@ -45,8 +45,10 @@ def tolerance_lines(summary: dict[str, Any]) -> list[str]:
             lines.append(f"tolerance {target}: atol {info['gate']:g}, rtol {info['rtol']:g} ({info['tolerance_source']}){by}")
         floor = info.get("noise_floor")
         if floor and (floor.get("atol") or 0) > 0:
-            lines.append(f"noise floor {target}: atol {floor['atol']:.2g} is within the reference's own error "
-                         f"({floor['source']}); no gate below it can be met")
+            floors.setdefault((floor["atol"], floor["source"]), []).append(target)
+    for (atol, source), targets in floors.items():
+        lines.append(f"noise floor {', '.join(targets)}: atol {atol:.2g} is within the reference's own error "
+                     f"({source}): a gate below it judges the reference's rounding, not the target")
     return lines
 
 
