@@ -82,6 +82,8 @@ class TargetAgreement:
     target: str
     status: str
     passed: bool
+    atol: float | None = None  # what it was judged at: the call's, else the dtype's default
+    rtol: float | None = None
     failure_class: str | None = None
     detail: str | None = None
     required_atol: float | None = None  # the smallest atol at which every leaf passes at this rtol; None: none does
@@ -94,8 +96,8 @@ class Agreement:
     """What `assert_backends_agree` found: per target (by id, in the order given), per leaf."""
 
     reference: str
-    atol: float
-    rtol: float
+    atol: float | None  # as the call gave them; None: each target's dtype's default (TargetAgreement says which)
+    rtol: float | None
     targets: dict[str, TargetAgreement] = field(default_factory=dict)
 
     @property
@@ -114,11 +116,11 @@ class Disagreement(AssertionError):
         self.result = result
 
 
-def _judged(target: str, comparison, atol: float) -> TargetAgreement:
+def _judged(target: str, comparison, atol: float, rtol: float) -> TargetAgreement:
     passed = comparison.passes(atol)
     required = comparison.required_atol
     max_abs = max((leaf.get("max_abs") or 0.0 for leaf in comparison.leaves), default=0.0)
-    return TargetAgreement(target, "ok", passed, None if passed else comparison.failure_class,
+    return TargetAgreement(target, "ok", passed, atol, rtol, None if passed else comparison.failure_class,
                            None if passed else comparison.detail, required if math.isfinite(required) else None,
                            max_abs, comparison.leaves)
 
@@ -204,12 +206,15 @@ def _specs(reference, targets) -> tuple[BackendSpec, list[BackendSpec]]:
 
 
 def assert_backends_agree(model: torch.nn.Module, inputs: Any, targets: list[str | dict | BackendSpec],
-                          atol: float = 1e-5, rtol: float = 1.3e-6,
+                          atol: float | None = None, rtol: float | None = None,
                           reference: str | dict | BackendSpec = "eager",
                           reference_cache: dict | None = None) -> Agreement:
     """Raise AssertionError (a `Disagreement`, whose `result` holds the numbers), in the style of
     torch.testing.assert_close, unless every target's outputs match the reference's:
     |t - r| <= atol + rtol * |r| on every leaf; else return the `Agreement`, per target and per leaf.
+    `atol` and `rtol` apply to every target; each one not given is `torch.testing.assert_close`'s default
+    for the lower-precision dtype of the pair (float32 1e-5 / 1.3e-6, bfloat16 1e-5 / 1.6e-2, float16
+    1e-5 / 1e-3), as `parity run` judges a bfloat16 target that says nothing of its tolerance.
     A target is an id as the tables print it (`compile-cpu`, `eager-cpu-bfloat16`, `eager:bfloat16`), a
     backend entry as in an experiment file, or a BackendSpec. `inputs` is a tensor, a tuple of positional
     tensors or a dict of keyword tensors. The model itself is never modified; the copies that the
@@ -217,23 +222,29 @@ def assert_backends_agree(model: torch.nn.Module, inputs: Any, targets: list[str
     `reference_cache`, a dict kept between calls, holds the reference's outputs by what they depend on
     (the model's classes, attributes and weights, the inputs' values, the reference backend), so that
     checking one model target by target runs the reference once."""
+    from parity.config.tolerances import assert_close_defaults
     from parity.runner.execute import execute
     from parity.verify.tensors import compare, compared_exactly
 
+    given_atol, given_rtol = atol, rtol
     ref_spec, specs = _specs(reference, targets)
     inputs = _as_inputs(inputs)
     model = copy.deepcopy(model).eval()
     reference_outputs = _reference_outputs(ref_spec, model, inputs, reference_cache)
-    result = Agreement(ref_spec.id, atol, rtol)
+    result = Agreement(ref_spec.id, given_atol, given_rtol)
     problems = []
     for spec in specs:
+        default_rtol, default_atol = assert_close_defaults(spec.dtype, ref_spec.dtype)
+        atol = default_atol if given_atol is None else given_atol
+        rtol = default_rtol if given_rtol is None else given_rtol
         got = execute(spec, model, inputs, 1)
         if not got.ok:
-            result.targets[spec.id] = TargetAgreement(spec.id, got.status, False, got.failure_class, got.error)
+            result.targets[spec.id] = TargetAgreement(spec.id, got.status, False, atol, rtol, got.failure_class,
+                                                      got.error)
             problems.append(f"Target {spec.id} did not run ({got.status}): {got.error}")
             continue
         comparison = compare(reference_outputs, got.outputs[0], rtol, atol)
-        result.targets[spec.id] = _judged(spec.id, comparison, atol)
+        result.targets[spec.id] = _judged(spec.id, comparison, atol, rtol)
         if comparison.passes(atol):
             continue
         bad = [leaf for leaf in comparison.leaves if leaf["failure_class"]]

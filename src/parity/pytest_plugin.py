@@ -25,7 +25,7 @@ _REFERENCES = pytest.StashKey[dict]()  # reference outputs by model, inputs and 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "parity(targets=[...], reference='eager', atol=1e-5, rtol=1.3e-6): run the test once per "
+        "markers", "parity(targets=[...], reference='eager', atol=None, rtol=None): run the test once per "
                    "target (BACKEND[-DEVICE][-DTYPE], e.g. eager-cpu-bfloat16); its `parity` fixture checks that "
                    "target against the reference; a target that cannot run here is skipped")
     config.stash[_REFERENCES] = {}

@@ -19,6 +19,15 @@ PRECISION = {"float64": 3, "float32": 2, "bfloat16": 1, "float16": 1}
 DEFAULT_SWEEP = (1e-6, 1e-5, 1e-4, 1e-3)
 
 
+# ... and for every dtype, as `assert_backends_agree` uses them when a call gives none.
+ASSERT_CLOSE = {**DTYPE_DEFAULTS, "float32": (1.3e-6, 1e-5), "float64": (1e-7, 1e-7)}
+
+
+def assert_close_defaults(target_dtype: str, reference_dtype: str) -> tuple[float, float]:
+    """(rtol, atol) of `torch.testing.assert_close` for the lower-precision side of a pair."""
+    return ASSERT_CLOSE[min((target_dtype, reference_dtype), key=PRECISION.__getitem__)]
+
+
 def default_gate(sweep: list[float]) -> float:
     """1e-4 when the sweep has it, else its largest atol."""
     return 1e-4 if 1e-4 in sweep else max(sweep)
