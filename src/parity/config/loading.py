@@ -153,4 +153,6 @@ def experiment_from_dict(data: Any, source: str | Path = "<dict>", base_dir: Pat
 def load_experiment(path: str | Path) -> Experiment:
     path = Path(path)
     data, lines = load_yaml(path)
-    return experiment_from_dict(data, path, path.resolve().parent, lines)
+    exp = experiment_from_dict(data, path, path.resolve().parent, lines)
+    exp._file = str(path)  # as the user named it: the commands reports suggest use it again
+    return exp

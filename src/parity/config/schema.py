@@ -496,6 +496,11 @@ class Experiment(Strict):
         return adapter_names(value)
 
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+    _file: str | None = PrivateAttr(default=None)  # the file it was loaded from, if any
+
+    @property
+    def file(self) -> str | None:
+        return self._file
 
     @field_validator("oracle", mode="before")
     @classmethod

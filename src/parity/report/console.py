@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from parity.report.next_steps import layers_by_check, next_steps
+
 
 def _cell(checks: list[dict]) -> str:
     if all(c["status"] == "skipped" for c in checks):
@@ -94,10 +96,14 @@ def render(records: list[dict], summary: dict[str, Any], out_dir, console, repor
                if e["user_error"] else "no target was judged")
         console.print("[magenta]reference failed[/magenta] " + escape(f"{e['model']} / {e['inputs']}: {e['reference']}: "
                                                                       f"{e['detail']} ({why})"), soft_wrap=True)
+    run = next(r for r in records if r["kind"] == "run")
+    layers = layers_by_check(records)
     for c in checks:
         if c["status"] == "ok" and not c["passed"]:
             console.print("[red]failed[/red] " + escape(f"{c['model']} / {c['inputs']} / {c['target']}: "
                                                           f"{c['failure_class']}: {c['detail']}"), soft_wrap=True)
+            for line in next_steps(c, run, layers):
+                console.print("  " + escape(line), soft_wrap=True)
     for c, lines in warned(checks):
         more = f" (and {len(lines) - 3} more in the records)" if len(lines) > 3 else ""
         for i, line in enumerate(lines[:3]):
@@ -113,6 +119,8 @@ def render(records: list[dict], summary: dict[str, Any], out_dir, console, repor
         verdict = "[green]agrees[/green]" if c["passed"] else f"[red]{c['failure_class']}[/red]"
         console.print(f"tier 3 {verdict} " + escape(f"{c['model']} / {c['inputs']} / {c['target']}: {figures}"
                                                     + (f" ({c['detail']})" if c["detail"] else "")), soft_wrap=True)
+        for line in next_steps(c, run, layers) if not c["passed"] else ():
+            console.print("  " + escape(line), soft_wrap=True)
     for key, loc in summary.get("localized", {}).items():
         if loc["error"]:
             where = f"not localized ({loc['error']})"

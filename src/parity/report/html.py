@@ -14,6 +14,7 @@ from typing import Any
 
 from parity.report import pictures, plots
 from parity.report.console import describe_note, tolerance_lines, tolerance_title
+from parity.report.next_steps import layers_by_check, next_steps
 from parity.report.summary import latency_rows
 from parity.verify.checks import tolerance_key
 from parity.verify.taxonomy import MEANINGS, SEVERITY
@@ -140,7 +141,7 @@ def _pass_rates(checks: list[dict], keys: list[str]) -> tuple[list[str], dict[tu
     return models, {cell: (passed[cell] / n if n else None) for cell, n in total.items()}
 
 
-def _failures(checks: list[dict]) -> list[dict[str, Any]]:
+def _failures(checks: list[dict], run: dict[str, Any], layers: dict[tuple, dict]) -> list[dict[str, Any]]:
     out = []
     for c in checks:
         if c["status"] != "ok" or c["passed"]:
@@ -148,6 +149,7 @@ def _failures(checks: list[dict]) -> list[dict[str, Any]]:
         worst = sorted((leaf for leaf in c.get("leaves") or [] if leaf.get("failure_class")),
                        key=lambda leaf: -(leaf.get("max_abs") or 0.0))[:5]
         out.append({"key": _key(c), "tier": c["tier"], "failure_class": c["failure_class"], "detail": c.get("detail") or "",
+                    "next": next_steps(c, run, layers),
                     "leaves": [{"name": leaf["name"], "failure_class": leaf["failure_class"],
                                 "max_abs": _sci(leaf.get("max_abs")), "max_rel": _sci(leaf.get("max_rel")),
                                 "cosine": _cosine(leaf.get("cosine")), "mismatch": _num(leaf.get("mismatch_fraction")),
@@ -286,7 +288,7 @@ def render_html(records: list[dict], summary: dict[str, Any]) -> str:
         "sweep": plots.sweep_curve(summary["tolerances"], curves, summary["gate"]) if curves else None,
         "taxonomy_rows": taxonomy_rows,
         "taxonomy_plot": taxonomy_plot,
-        "failures": _failures([*checks, *tier3]),
+        "failures": _failures([*checks, *tier3], run, layers_by_check(records)),
         "latency_rows": latency_table,
         "latency_plot": latency_plot,
         "tier2": _tier2(layers),

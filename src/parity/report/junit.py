@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.report.console import describe_note
+from parity.report.next_steps import layers_by_check, next_steps
 
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")  # characters XML 1.0 cannot hold
 
@@ -33,9 +34,10 @@ def _time(records: list[dict], check: dict) -> float:
     return total
 
 
-def _body(check: dict[str, Any]) -> str:
-    """The failure's text: the detail, then the worst failing leaves (tier 1) or the metrics (tier 3)."""
-    lines = [f"{check['failure_class']}: {check['detail']}"]
+def _body(check: dict[str, Any], steps: list[str]) -> str:
+    """The failure's text: the detail, what to do next, then the worst failing leaves (tier 1) or the
+    metrics (tier 3)."""
+    lines = [f"{check['failure_class']}: {check['detail']}", *steps]
     if check["tier"] == 1:
         if check.get("required_atol") is not None:
             lines.append(f"required atol {check['required_atol']:.3g} at rtol {check['rtol']:g} (gate {check['gate']:g})")
@@ -53,6 +55,7 @@ def _body(check: dict[str, Any]) -> str:
 def render_junit(records: list[dict], summary: dict[str, Any]) -> str:
     run = next(r for r in records if r["kind"] == "run")
     checks = [r for r in records if r["kind"] == "check"]
+    layers = layers_by_check(records)
     suite = ET.Element("testsuite", name=f"parity.{run['experiment']}")
     props = ET.SubElement(suite, "properties")
     env = run.get("environment") or {}
@@ -74,13 +77,14 @@ def render_junit(records: list[dict], summary: dict[str, Any]) -> str:
             ET.SubElement(case, "skipped", message=_clean(check.get("detail") or "not run"))
         elif check["status"] == "error":
             errors += 1
-            ET.SubElement(case, "error", type=_clean(check["failure_class"]),
-                          message=_clean(f"{check['failure_class']}: {check['detail']}"))
+            error = ET.SubElement(case, "error", type=_clean(check["failure_class"]),
+                                  message=_clean(f"{check['failure_class']}: {check['detail']}"))
+            error.text = _clean("\n".join([check["detail"], *next_steps(check, run, layers)]))
         elif not check["passed"]:
             failures += 1
             failure = ET.SubElement(case, "failure", type=_clean(check["failure_class"]),
                                     message=_clean(f"{check['failure_class']}: {check['detail']}"))
-            failure.text = _clean(_body(check))
+            failure.text = _clean(_body(check, next_steps(check, run, layers)))
         if check.get("warnings"):  # what the target warned of, whatever the verdict
             ET.SubElement(case, "system-out").text = _clean("\n".join(describe_note(n) for n in check["warnings"]))
     counts = {"tests": str(len(checks)), "failures": str(failures), "errors": str(errors), "skipped": str(skipped),

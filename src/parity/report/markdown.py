@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.report.console import tolerance_lines, tolerance_title, warned
+from parity.report.next_steps import layers_by_check, next_steps
 from parity.report.summary import latency_rows
 from parity.verify.checks import tolerance_key
 
@@ -61,7 +62,8 @@ def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
     if summary["reference_errors"]:
         lines += ["", "## Reference failures (no verdict about the targets)", ""]
         for e in summary["reference_errors"]:
-            why = "the model as written raised on these inputs" if e["user_error"] else "the reference could not run"
+            why = ("the model as written raised on these inputs: fix the model or the input set" if e["user_error"]
+                   else "the reference could not run")
             lines.append(f"- **{e['model']} / {e['inputs']}**: {why}; targets not run: {', '.join(e['targets'])}. "
                          f"{e['detail']}")
     failed = [c for c in checks if c["status"] == "ok" and not c["passed"]]
@@ -69,6 +71,8 @@ def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
         lines += ["", "## Failures", ""]
         for c in failed:
             lines.append(f"- **{c['model']} / {c['inputs']} / {c['target']}**: `{c['failure_class']}`: {c['detail']}")
+            lines += [f"  - {line.split(': ', 1)[0]}: `{line.split(': ', 1)[1]}`" if line.startswith("next: ")
+                      else f"  - {line}" for line in next_steps(c, run, layers_by_check(records))]
             worst = sorted((leaf for leaf in c["leaves"] if leaf.get("failure_class")),
                            key=lambda leaf: -(leaf.get("max_abs") or 0.0))[:5]
             for leaf in worst:

@@ -208,7 +208,7 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True, fre
         todo = [j for j in jobs if any(not judged(writer, j, t) for t in j.targets)]
         executor.on_status = bar.describe
         if not writer.records:
-            writer.write("run", experiment=exp.name, digest=digest, config=config,
+            writer.write("run", experiment=exp.name, digest=digest, config=config, file=exp.file,
                          base_dir=str(exp.base_dir), environment=environment(exp.base_dir, exp.executor.execution_threads))
         elif todo:
             checks = sum(len(j.targets) for j in jobs)

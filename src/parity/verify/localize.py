@@ -357,7 +357,21 @@ def localize_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inp
         raise
     except Exception as exc:  # localization is evidence; a failure to gather it must not end the run
         return {**base, "target": target.id, "error": f"{type(exc).__name__}: {exc}"[:500]}
-    return {**base, **loc.record(), "error": None}
+    return {**base, **loc.record(), "culprit_code": module_code(model, loc.culprit), "error": None}
+
+
+def module_code(model: torch.nn.Module, name: str | None) -> str | None:
+    """Where a culprit's code is: `Conv2d (torch/nn/modules/conv.py:448)`, so that a report can say what to
+    read or to attach to a bug report; None when there is no culprit or its class has no source file."""
+    import inspect
+
+    if not name:
+        return None
+    try:
+        cls = type(model if name == MODEL else model.get_submodule(name))
+        return f"{cls.__qualname__} ({inspect.getsourcefile(cls)}:{inspect.getsourcelines(cls)[1]})"
+    except (AttributeError, OSError, TypeError):  # a class made at run time, or built in
+        return None
 
 
 def gate_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, experiment) -> dict[str, Any]:

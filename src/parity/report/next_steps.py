@@ -1,0 +1,54 @@
+"""The next command for a failing check, from the records alone: what helps a user who reads that a
+target fails (localize where it diverges, find a fallback, or look at the culprit tier 2 already named)."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+LOCALIZABLE = ("numeric_drift", "nonfinite", "ordering")  # tier-1 failures that a layer's numbers explain
+TASKS = ("classification", "detection", "segmentation")  # what tier 3 evaluates
+
+
+def _targets(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The run's targets by id, as the experiment wrote them."""
+    from parity.config.schema import BackendSpec
+
+    out = {}
+    for entry in (run.get("config") or {}).get("targets") or []:
+        try:
+            out[BackendSpec.model_validate(entry).id] = entry
+        except ValueError:  # records written by hand: no command rather than a wrong one
+            continue
+    return out
+
+
+def next_steps(check: dict[str, Any], run: dict[str, Any], layers: dict[tuple, dict[str, Any]]) -> list[str]:
+    """Lines for a failed (or errored) check: the culprit tier 2 named, then the commands that help."""
+    if check["status"] == "skipped" or check.get("passed"):
+        return []
+    if check["status"] == "error":
+        return ["fix the model or the input set so that the reference runs; no target was judged"]
+    key = (check["model"], check["inputs"], check["target"])
+    found = layers.get(key)
+    config = run.get("config") or {}
+    task = next((m.get("task") for m in config.get("models") or [] if m.get("name") == check["model"]), None)
+    file = shlex.quote(run["file"]) if run.get("file") else "EXPERIMENT.yaml"
+    which = f"--model {shlex.quote(check['model'])} --target {shlex.quote(check['target'])} --inputs {shlex.quote(check['inputs'])}"
+    lines = []
+    if found and not found.get("error") and found.get("culprit"):
+        where = f" ({found['culprit_code']})" if found.get("culprit_code") else ""
+        lines.append(f"diverges at {found['culprit']}{where}")
+    failure = check.get("failure_class")
+    if failure in LOCALIZABLE and not found:
+        lines.append(f"next: parity localize {file} {which}")
+    target = _targets(run).get(check["target"], {})
+    reduced = target.get("dtype") in ("bfloat16", "float16")
+    if failure in (*LOCALIZABLE, "decision_flip") and (reduced or target.get("backend") == "compile"):
+        tier = " --tier 3" if task in TASKS else ""
+        lines.append(f"next: parity fallback {file} {which}{tier}")
+    return lines
+
+
+def layers_by_check(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
+    return {(r["model"], r["inputs"], r["target"]): r for r in records if r["kind"] == "layers"}

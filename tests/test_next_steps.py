@@ -1,0 +1,56 @@
+"""Every failing check says what to do next, in the console, report.md, report.html and junit.xml, and
+the command it names runs."""
+
+from __future__ import annotations
+
+import shlex
+import xml.etree.ElementTree as ET
+
+from parity.cli import main
+from tests.conftest import BF16_AT_FLOAT32, tiny_experiment
+
+PERTURBED = {"backend": "tests.fixtures.tiny:PerturbedEager", "name": "perturbed"}
+
+
+def _run(write_yaml, tmp_path, capsys, exp, *extra):
+    path = write_yaml(exp)
+    out = tmp_path / "out"
+    code = main(["run", str(path), "--out", str(out), "--quiet", *extra])
+    return code, path, out, capsys.readouterr().out
+
+
+def test_a_drift_names_the_localize_command_everywhere_and_that_command_runs(write_yaml, tmp_path, capsys):
+    code, path, out, printed = _run(write_yaml, tmp_path, capsys, tiny_experiment([PERTURBED]))
+    command = f"parity localize {path} --model tiny --target perturbed --inputs noise"
+    assert code == 1 and f"next: {command}" in printed.replace("\n  ", " ")
+    assert "parity fallback" not in printed  # an eager float32 target has no fallback to offer
+    assert f"`{command}`" in (out / "report.md").read_text()
+    assert command in (out / "report.html").read_text()
+    [failure] = [c.find("failure") for c in ET.parse(out / "junit.xml").getroot().iter("testcase")]
+    assert command in failure.text
+    assert main(shlex.split(command)[1:]) in (0, 1)  # the suggested command runs: not a usage error (2)
+
+
+def test_a_reduced_precision_target_with_a_task_is_offered_a_tier3_fallback(write_yaml, tmp_path, capsys):
+    exp = tiny_experiment([BF16_AT_FLOAT32])
+    exp["models"][0]["task"] = "classification"
+    code, path, _, printed = _run(write_yaml, tmp_path, capsys, exp, "--no-report")
+    assert code == 1
+    assert (f"next: parity fallback {path} --model tiny --target eager-cpu-bfloat16 --inputs noise --tier 3"
+            in printed.replace("\n  ", " "))
+
+
+def test_a_localized_failure_names_its_culprit_and_where_its_code_is(write_yaml, tmp_path, capsys):
+    code, path, out, printed = _run(write_yaml, tmp_path, capsys,
+                                    tiny_experiment([PERTURBED], tiers={"activations": True}), "--no-report")
+    assert code == 1 and "parity localize" not in printed  # tier 2 already ran: its finding instead
+    assert "diverges at conv (Conv2d (" in printed and "conv.py:" in printed
+
+
+def test_a_reference_that_fails_says_what_to_fix(write_yaml, tmp_path, capsys):
+    exp = tiny_experiment([PERTURBED], inputs=[{"name": "gray", "synthetic": {"shape": [2, 1, 16, 16]}}])
+    code, _, out, _ = _run(write_yaml, tmp_path, capsys, exp)
+    assert code == 2
+    [error] = [c.find("error") for c in ET.parse(out / "junit.xml").getroot().iter("testcase")]
+    assert "fix the model or the input set" in error.text
+    assert "fix the model or the input set" in (out / "report.md").read_text()
