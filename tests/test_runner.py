@@ -218,3 +218,21 @@ def test_non_tensor_outputs_are_compared_exactly_end_to_end(tmp_path):
         assert not any(check["verdicts"].values()) and check["required_atol"] is None
         [leaf] = [leaf for leaf in check["leaves"] if leaf["failure_class"]]
         assert leaf["name"] == f"out['{name}']" and leaf["value"] == value
+
+
+def test_a_failure_keeps_its_whole_traceback_and_verbose_prints_it(tmp_path, write_yaml, capsys):
+    """The table and the failure line stay short; the execution record keeps the whole traceback, and
+    `--verbose` prints it (the process executor's worker sends it too)."""
+    failing = {"backend": "tests.fixtures.tiny:FailingEager", "name": "failing"}
+    path = write_yaml(tiny_experiment([failing]))
+    assert main(["run", str(path), "--out", str(tmp_path / "a"), "--quiet", "--no-report"]) == 1
+    quiet = capsys.readouterr()
+    assert "Traceback" not in quiet.out + quiet.err
+    [ex] = [r for r in read_records(tmp_path / "a") if r["kind"] == "execution" and r["backend"] == "failing"]
+    assert ex["traceback"].startswith("Traceback (most recent call last)") and "tiny.py" in ex["traceback"]
+    assert ex["traceback"].rstrip().endswith("RuntimeError: boom: this backend always fails")
+    assert main(["run", str(path), "--out", str(tmp_path / "b"), "--quiet", "--no-report", "--verbose",
+                 "--executor", "process"]) == 1
+    err = capsys.readouterr().err
+    assert "--- tiny / noise / failing (repeat 0)" in err and "Traceback (most recent call last)" in err
+    assert "RuntimeError: boom" in err

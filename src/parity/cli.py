@@ -59,12 +59,22 @@ def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
         summary = summarize(records)
         reports = [] if args.no_report else write_reports(out_dir, records, summary)
         render(records, summary, out_dir, _console(), reports)
+        if args.verbose:
+            _print_tracebacks(records)
         for e in summary["reference_errors"]:
             if e["user_error"]:
                 print(f"error: model '{e['model']}' on input set '{e['inputs']}': the reference {e['reference']} "
                       f"raised, so no target was judged: {e['detail'].split(': ', 1)[-1]}", file=sys.stderr)
         code = max(code, exit_code(summary, args.allow_unavailable), _every_check_judged(exp, records, out_dir))
     return code
+
+
+def _print_tracebacks(records: list[dict]) -> None:
+    """`--verbose`: each failed execution's whole traceback, as its record keeps it."""
+    for r in records:
+        if r["kind"] == "execution" and r.get("traceback"):
+            print(f"\n--- {r['model']} / {r['inputs']} / {r['backend']} (repeat {r['repeat']}): {r.get('error')}\n"
+                  f"{r['traceback']}", file=sys.stderr)
 
 
 def _every_check_judged(exp, records: list[dict], out_dir: Path) -> int:
@@ -514,6 +524,9 @@ def output_options(verb: argparse.ArgumentParser, name: str) -> None:
                       help="write only records.jsonl and summary.json, not report.md, report.html and junit.xml")
     verb.add_argument("--fresh", action="store_true",
                       help="discard the records already in --out and start over (by default a run continues them)")
+    verb.add_argument("--verbose", action="store_true",
+                      help="after the table, the whole traceback of every execution that failed (the records keep "
+                           "them; the table and its lines show their first line)")
 
 
 def cache_options(verb: argparse.ArgumentParser) -> None:

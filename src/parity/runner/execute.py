@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import re
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ class Execution:
     failure_class: str | None = None
     cached: bool | None = None  # prepare found its export in the artifact cache (None: nothing to cache)
     notes: list[dict[str, Any]] = field(default_factory=list)  # what the backend warned of (runner/notes.py)
+    traceback: str | None = None  # the whole traceback of a failure (`error` is its first line)
     warmup: int = 0  # untimed runs before the timed repeats
 
     @property
@@ -56,6 +58,15 @@ def _describe(exc: BaseException) -> str:
     if root is not exc:
         text += f" (caused by {_first_line(root)})"
     return text
+
+
+MAX_TRACEBACK = 20_000  # characters kept: its end, where the error is
+
+
+def format_traceback(exc: BaseException) -> str:
+    """The whole traceback, chained causes included, for the records and `--verbose`."""
+    text = "".join(traceback.format_exception(exc))
+    return text if len(text) <= MAX_TRACEBACK else "...\n" + text[-MAX_TRACEBACK:]
 
 
 def ends_the_program(exc: BaseException) -> str:
@@ -107,12 +118,14 @@ def _execute(result: Execution, spec, model, inputs, repeats, on_run, warmup, co
         result.status = "error"
         result.error = _describe(exc)
         result.failure_class = classify_exception(exc)
+        result.traceback = format_traceback(exc)
     except KeyboardInterrupt:  # the user's Ctrl-C stops the run
         raise
     except BaseException as exc:  # model code that ends the program (sys.exit) ends this execution, as a crash
         result.status = "error"
         result.error = ends_the_program(exc)
         result.failure_class = tx.CRASH
+        result.traceback = format_traceback(exc)
     finally:
         try:
             if backend is not None:

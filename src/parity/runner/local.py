@@ -75,7 +75,7 @@ def _record_execution(writer: RecordWriter, job: Job, ex: Execution, repeat: int
     if repeat is None:  # a failure or an unavailable backend: one record, at the repeat that failed
         writer.write("execution", **fields, repeat=len(ex.run_s), status=ex.status, prepare_s=ex.prepare_s,
                      run_s=None, error=ex.error, failure_class=ex.failure_class, cached=ex.cached,
-                     warmup=ex.warmup, warnings=ex.notes)
+                     warmup=ex.warmup, warnings=ex.notes, traceback=ex.traceback)
     else:  # the warm-up runs are before repeat 0; the backend's warnings are complete at the last repeat
         last = {"warnings": ex.notes} if repeat == job.repeats - 1 else {}
         writer.write("execution", **fields, repeat=repeat, status="ok", prepare_s=ex.prepare_s if repeat == 0 else 0.0,

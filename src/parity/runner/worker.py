@@ -7,7 +7,8 @@ anywhere else, and rebuilding it from its spec (the seed, the weights file, the 
 weights, which the parent checks against its own build (the `built` message carries the digest).
 
 Messages, in order: `("built", digest)`, then `("repeat", index, run_s, outputs, prepare_s, cached, notes,
-warmup)` after each repeat, then `("done", status, error, failure_class, prepare_s, cached, notes, warmup)`.
+warmup)` after each repeat, then `("done", status, error, failure_class, prepare_s, cached, notes, warmup,
+traceback)`.
 Outputs are CPU tensors in the model's own structure (backends return them so), judged by the parent as the
 local executor would.
 
@@ -32,7 +33,7 @@ import torch
 
 from parity.config.schema import BackendSpec, Experiment, ModelSpec
 from parity.inputs import Inputs
-from parity.runner.execute import _describe, ends_the_program, execute
+from parity.runner.execute import _describe, ends_the_program, execute, format_traceback
 from parity.runner.executors import configured_model
 from parity.verify import taxonomy as tx
 from parity.verify.taxonomy import classify_exception
@@ -81,13 +82,13 @@ def run_execution(exp: Experiment, models: ModelCache, model_name: str, inputs: 
         model, digest = models.get(model_spec, exp)
     except Exception as exc:  # the parent built it; a worker that cannot is this execution's failure
         send(("done", "error", f"rebuilding the model in the worker failed: {_describe(exc)}", classify_exception(exc),
-              None, None, [], 0))
+              None, None, [], 0, format_traceback(exc)))
         return
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # its builder ends the program here only (the parent's build returned)
         send(("done", "error", f"rebuilding the model in the worker failed: {ends_the_program(exc)}", tx.CRASH,
-              None, None, [], 0))
+              None, None, [], 0, format_traceback(exc)))
         return
     send(("built", digest))
 
@@ -97,7 +98,7 @@ def run_execution(exp: Experiment, models: ModelCache, model_name: str, inputs: 
     with model_identity(model_spec, exp):
         ex = execute(spec, configured_model(model, spec, model_name), inputs, repeats, on_run=on_run,
                      warmup=exp.warmup)
-    send(("done", ex.status, ex.error, ex.failure_class, ex.prepare_s, ex.cached, ex.notes, ex.warmup))
+    send(("done", ex.status, ex.error, ex.failure_class, ex.prepare_s, ex.cached, ex.notes, ex.warmup, ex.traceback))
 
 
 def send(conn, message: Any) -> None:
