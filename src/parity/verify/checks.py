@@ -72,9 +72,19 @@ def tier1_check(job, target_exec, reference_exec, oracle_exec, experiment) -> di
     }
 
 
+# What tier 3 may excuse under `gate: tier3`: values that differ. Not NaN where the reference has a number,
+# another shape or structure, an output that cannot be compared, or repeats that disagree with each other.
+EXCUSABLE = (None, tx.NUMERIC_DRIFT, tx.ORDERING)
+
+
 def gate_on_task(check: dict[str, Any], task: dict[str, Any]) -> None:
-    """`gate: tier3`: the check's verdict becomes the task-level one; tier 1's own is kept beside it."""
-    check["tier1_passed"], check["passed"] = check["passed"], task["passed"]
+    """`gate: tier3`: the check's verdict becomes the task-level one when tier 1 found only numeric drift
+    (or nothing); tier 1's own verdict is kept beside it."""
+    check["tier1_passed"] = check["passed"]
+    if check["failure_class"] not in EXCUSABLE:
+        check["detail"] = f"tier 3 cannot excuse {check['failure_class']} (gate: tier3 decides numeric drift only): {check['detail']}"
+        return
+    check["passed"] = task["passed"]
     if task["passed"]:
         if check["failure_class"]:
             check["detail"] = f"tier 3 agrees, which decides this check (gate: tier3); tier 1: {check['failure_class']}: {check['detail']}"
