@@ -184,9 +184,45 @@ def test_gate_tier3_never_excuses_what_is_not_numeric_drift():
 
     agreeing = {"passed": True, "failure_class": None, "detail": None}
     for failure in ("nonfinite", "shape_mismatch", "structure_mismatch", "uncomparable", "nondeterministic"):
-        check = {"passed": False, "failure_class": failure, "detail": "x"}
+        check = {"passed": False, "failure_class": failure, "detail": "x", "gate": 1e-4}
         gate_on_task(check, agreeing)
         assert check["passed"] is False and check["failure_class"] == failure and check["tier1_passed"] is False
-    drift = {"passed": False, "failure_class": "numeric_drift", "detail": "x"}
+    drift = {"passed": False, "failure_class": "numeric_drift", "detail": "x", "gate": 1e-4,
+             "nondeterminism": {"reference": 0.0, "target": 1e-5}}
     gate_on_task(drift, agreeing)
     assert drift["passed"] is True and drift["failure_class"] is None
+
+
+def test_a_wrong_first_call_is_not_hidden_by_the_warm_up(write_yaml, tmp_path):
+    """The warm-up run is not timed but it is judged: its outputs count among the target's runs."""
+    target = {"backend": f"{FIX}:FirstCallWrong", "name": "t"}
+    code, checks, _ = _run(write_yaml, tmp_path, tiny_experiment([target]))
+    assert code == 1 and checks["t", 1]["failure_class"] == "nondeterministic"
+    assert checks["t", 1]["nondeterminism"]["target"] >= 999
+
+
+def test_gate_tier3_never_excuses_runs_that_disagree_with_each_other(write_yaml, tmp_path):
+    """The first timed run only drifts (tier 3 agrees); the next ones flip every decision."""
+    target = {"backend": f"{FIX}:ShiftThenReverse", "name": "t", "tolerances": {"gate": "tier3"}}
+    exp = tiny_experiment([target], models=CLASSIFIER, tiers={"tasks": True}, repeats=3, warmup=0,
+                          inputs=[{"name": "noise", "synthetic": {"shape": [8, 3, 16, 16]}}])
+    code, checks, _ = _run(write_yaml, tmp_path, exp)
+    assert code == 1 and checks["t", 1]["passed"] is False and checks["t", 1]["failure_class"] == "nondeterministic"
+
+
+def test_brackets_in_an_output_rule_are_literal_and_rules_make_the_tolerance_the_targets():
+    exp = experiment_from_dict(tiny_experiment(
+        [{"backend": "eager", "name": "t", "tolerances": {"outputs": {"out[*]['boxes']": {"atol": 0.5}}}}]))
+    tol = exp.tolerance_for(exp.targets[0])
+    assert tol.for_leaf("out[0]['boxes']").atol == 0.5 and tol.for_leaf("out[12]['boxes']").atol == 0.5
+    assert tol.for_leaf("out0boxes").atol is None and tol.for_leaf("out[0]['scores']").atol is None
+    assert tol.source == "target"  # a target with rules of its own is not judged at the experiment's alone
+
+
+def test_a_metric_that_is_not_a_number_does_not_crash_the_report(write_yaml, tmp_path, capsys):
+    """An overflowing top logit: tier 1 fails nonfinite, tier 3's KL divergence is NaN (null in the
+    records); the run ends with its verdict (exit 1), not a traceback."""
+    exp = tiny_experiment([{"backend": f"{FIX}:InfAtTop", "name": "t"}], models=CLASSIFIER, tiers={"tasks": True})
+    code, checks, _ = _run(write_yaml, tmp_path, exp)
+    assert code == 1 and checks["t", 1]["failure_class"] == "nonfinite"
+    assert "Traceback" not in capsys.readouterr().err

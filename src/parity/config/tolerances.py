@@ -9,7 +9,8 @@ precision side of the pair). Float32 and float64 targets keep the experiment's.
 
 from __future__ import annotations
 
-import fnmatch
+import functools
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,13 @@ ASSERT_CLOSE = {**DTYPE_DEFAULTS, "float32": (1.3e-6, 1e-5), "float64": (1e-7, 1
 def assert_close_defaults(target_dtype: str, reference_dtype: str) -> tuple[float, float]:
     """(rtol, atol) of `torch.testing.assert_close` for the lower-precision side of a pair."""
     return ASSERT_CLOSE[min((target_dtype, reference_dtype), key=PRECISION.__getitem__)]
+
+
+@functools.cache
+def _glob(pattern: str) -> re.Pattern:
+    """`*` any run of characters, `?` one; everything else literal, brackets too, so that
+    `out[*]['boxes']` means every image's boxes (fnmatch would read `[*]` as a character class)."""
+    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern), re.S)
 
 
 def default_gate(sweep: list[float]) -> float:
@@ -61,7 +69,7 @@ class Tolerance:
         """The leaf's tolerance: an output rule naming it exactly wins, then the first glob that matches
         (the target's rules before the experiment's), else the check's."""
         exact = [r for r in self.rules if r[0] == name]
-        globbed = [r for r in self.rules if r[0] != name and fnmatch.fnmatchcase(name, r[0])]
+        globbed = [r for r in self.rules if r[0] != name and _glob(r[0]).fullmatch(name)]
         for pattern, atol, rtol, owner in exact + globbed:
             return LeafTolerance(atol, self.rtol if rtol is None else rtol, f"{owner} output rule '{pattern}'")
         return LeafTolerance(None, self.rtol)
@@ -73,7 +81,7 @@ def resolve(experiment_tolerances: Any, target: Any, reference_dtype: str) -> To
     dtype, the experiment's; a gate nobody gives is 1e-4 when swept, else the sweep's largest atol. `gate:
     tier3` (the target's, else the experiment's) keeps tier 1's numbers but lets tier 3 decide the verdict."""
     exp, own = experiment_tolerances, target.tolerances
-    given = own.model_fields_set & {"rtol", "gate"} if own is not None else set()
+    given = own.model_fields_set & {"rtol", "gate", "outputs"} if own is not None else set()
     lower = min((target.dtype, reference_dtype), key=PRECISION.__getitem__)
     dtype_rtol, dtype_atol = DTYPE_DEFAULTS.get(lower, (None, None))
     sweep = list(exp.atol)

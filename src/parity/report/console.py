@@ -115,7 +115,7 @@ def render(records: list[dict], summary: dict[str, Any], out_dir, console, repor
         shown = {"classification": ("top1_agreement", "top5_overlap", "kl_divergence"),
                  "detection": ("f1", "map", "box_count_change", "max_box_drift"),
                  "segmentation": ("pixel_agreement", "miou")}.get(c["task"], ())
-        figures = ", ".join(f"{k} {m[k]:.4g}" for k in shown if k in m)
+        figures = ", ".join(f"{k} {m[k]:.4g}" if isinstance(m[k], int | float) else f"{k} {m[k]}" for k in shown if k in m)
         verdict = "[green]agrees[/green]" if c["passed"] else f"[red]{c['failure_class']}[/red]"
         console.print(f"tier 3 {verdict} " + escape(f"{c['model']} / {c['inputs']} / {c['target']}: {figures}"
                                                     + (f" ({c['detail']})" if c["detail"] else "")), soft_wrap=True)

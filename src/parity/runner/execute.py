@@ -34,6 +34,7 @@ class Execution:
     notes: list[dict[str, Any]] = field(default_factory=list)  # what the backend warned of (runner/notes.py)
     traceback: str | None = None  # the whole traceback of a failure (`error` is its first line)
     warmup: int = 0  # untimed runs before the timed repeats
+    warmup_outputs: list[Any] = field(default_factory=list)  # judged with the repeats: a first call is a call
 
     @property
     def ok(self) -> bool:
@@ -104,8 +105,8 @@ def _execute(result: Execution, spec, model, inputs, repeats, on_run, warmup, co
         backend.prepare(copy.deepcopy(model), inputs.clone())
         result.prepare_s = time.perf_counter() - start
         result.cached = backend.cache_hit
-        for _ in range(warmup):
-            backend.run(inputs.clone())
+        for _ in range(warmup):  # not timed, but judged: what a first call returns is what a user gets
+            result.warmup_outputs.append(backend.run(inputs.clone()))
         for repeat in range(repeats):
             fresh = inputs.clone()  # a model that writes into its input must not change the next run's
             start = time.perf_counter()

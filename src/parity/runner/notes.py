@@ -79,8 +79,8 @@ class Collector:
 
 @contextlib.contextmanager
 def collecting() -> Iterator[Collector]:
-    """Catch every warning raised inside the block (none reaches the console) for `Collector.notes`."""
+    """Record the warnings raised inside the block (none reaches the console) for `Collector.notes`. The
+    user's filters stand: a warning they turned into an error (`-W error`) still raises."""
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
         yield Collector(caught)
 

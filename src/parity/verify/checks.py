@@ -15,12 +15,18 @@ def tolerance_key(atol: float) -> str:
     return short if float(short) == atol else repr(atol)
 
 
-def repeat_spread(outputs: list[Any], rtol: float, gate: float) -> float:
-    """How far a backend's repeats stray from its first: the largest required atol (0.0 = bitwise equal)."""
+def repeat_spread(outputs: list[Any], rtol: float, gate: float, leaf_tolerance=None) -> float:
+    """How far a backend's other runs stray from its first timed one: the largest required atol (0.0 =
+    bitwise equal), each leaf at its own output rule."""
     spread = 0.0
     for other in outputs[1:]:
-        spread = max(spread, compare(outputs[0], other, rtol, gate).required_atol)
+        spread = max(spread, compare(outputs[0], other, rtol, gate, leaf_tolerance=leaf_tolerance).required_atol)
     return spread
+
+
+def _runs(execution) -> list[Any]:
+    """Every output a backend returned: its first timed repeat, then its warm-up runs and the other repeats."""
+    return [*execution.outputs[:1], *getattr(execution, "warmup_outputs", []), *execution.outputs[1:]]
 
 
 def tier1_check(job, target_exec, reference_exec, oracle_exec, experiment) -> dict[str, Any]:
@@ -43,14 +49,15 @@ def tier1_check(job, target_exec, reference_exec, oracle_exec, experiment) -> di
                 "nondeterminism": None, "leaves": [], "oracle": None, **_oracle_error(oracle_exec)}
     oracle_out = oracle_exec.outputs[0] if oracle_exec is not None and oracle_exec.ok else None
     comparison = compare(reference_exec.outputs[0], target_exec.outputs[0], tol.rtol, gate, oracle_out, tol.for_leaf)
-    reference_spread = repeat_spread(reference_exec.outputs, tol.rtol, gate)
-    target_spread = repeat_spread(target_exec.outputs, tol.rtol, gate)
+    reference_spread = repeat_spread(_runs(reference_exec), tol.rtol, gate, tol.for_leaf)
+    target_spread = repeat_spread(_runs(target_exec), tol.rtol, gate, tol.for_leaf)
     required = max(comparison.required_atol, target_spread, reference_spread)
     failure, detail = comparison.failure_class, comparison.detail
     if failure is None and max(target_spread, reference_spread) > gate:
         failure = tx.NONDETERMINISTIC
         who = "target" if target_spread >= reference_spread else "reference"
-        detail = f"the {who}'s repeats differ from its first run by up to {max(target_spread, reference_spread):.3g} (required atol)"
+        detail = (f"the {who}'s runs (warm-up and repeats) differ from its first timed run by up to "
+                  f"{max(target_spread, reference_spread):.3g} (required atol)")
     oracle = None
     if oracle_out is not None:
         oracle = oracle_verdict(comparison, experiment.oracle.multiplier, experiment.oracle.floor)
@@ -81,6 +88,10 @@ def gate_on_task(check: dict[str, Any], task: dict[str, Any]) -> None:
     """`gate: tier3`: the check's verdict becomes the task-level one when tier 1 found only numeric drift
     (or nothing); tier 1's own verdict is kept beside it."""
     check["tier1_passed"] = check["passed"]
+    spread = max((check.get("nondeterminism") or {}).values(), default=0.0)
+    if (spread is None or spread > check["gate"]) and check["failure_class"] in EXCUSABLE:  # None: inf, written
+        check["failure_class"] = tx.NONDETERMINISTIC
+        check["detail"] = f"its runs disagree with each other by up to {spread} (required atol): {check['detail']}"
     if check["failure_class"] not in EXCUSABLE:
         check["detail"] = f"tier 3 cannot excuse {check['failure_class']} (gate: tier3 decides numeric drift only): {check['detail']}"
         return
@@ -120,7 +131,7 @@ def reference_error_check(job, target, reference_exec, experiment) -> dict[str, 
     run), status `error`, class `reference_error`. `user_error` says whether the model as written failed on
     its inputs (the eager reference raised), which is the user's to fix, not a backend's finding."""
     tol = experiment.tolerance_for(target)
-    user_error = reference_exec.backend.backend == "eager" and reference_exec.failure_class not in (tx.CRASH, tx.TIMEOUT)
+    user_error = reference_exec.backend.backend == "eager" and reference_exec.failure_class == tx.BACKEND_ERROR
     return {"tier": 1, "model": job.model.name, "inputs": job.inputs.name, "reference": job.reference.id,
             "target": target.id, **_tolerance_fields(tol), "status": "error", "passed": None,
             "failure_class": tx.REFERENCE_ERROR,
