@@ -66,6 +66,8 @@ def test_an_output_rule_turns_a_box_drift_failure_into_a_pass_and_says_which_rul
     [scores] = [leaf for name, leaf in leaves.items() if "scores" in name]
     assert boxes["tolerance"] == {"atol": 0.5, "rtol": 1e-5, "rule": "experiment output rule '*boxes*'"}
     assert "tolerance" not in scores
+    summary = json.loads((tmp_path / "rule" / "summary.json").read_text())
+    assert summary["per_target"]["shift"]["output_rules"] == ["experiment output rule '*boxes*': atol 0.5, rtol 1e-05"]
     assert check["required_atol"] == scores["required_atol"] == 0.0  # the boxes left the sweep to their rule
 
     exp["tolerances"]["outputs"]["*boxes*"]["atol"] = 0.1

@@ -45,6 +45,8 @@ def tolerance_lines(summary: dict[str, Any]) -> list[str]:
         if info.get("tolerance_source", "experiment") != "experiment" or info.get("gated_by") == "tier3":
             by = "; tier 3 decides the verdict (gate: tier3)" if info.get("gated_by") == "tier3" else ""
             lines.append(f"tolerance {target}: atol {info['gate']:g}, rtol {info['rtol']:g} ({info['tolerance_source']}){by}")
+        if info.get("output_rules"):
+            lines.append(f"output rules {target}: {'; '.join(info['output_rules'])} (the leaves they matched)")
         floor = info.get("noise_floor")
         if floor and (floor.get("atol") or 0) > 0:
             floors.setdefault((floor["atol"], floor["source"]), []).append(target)

@@ -93,8 +93,8 @@ def _setup(run: dict[str, Any], summary: dict[str, Any]) -> list[tuple[str, str]
         ("reference", f"{ref.get('backend', '?')} on {ref.get('device', '?')}, {ref.get('dtype', '?')}"),
         ("gate", "–" if summary["gate"] is None else tolerance_title(summary).removeprefix("tier 1 ")),
         *[("tolerance", line.removeprefix("tolerance ")) for line in tolerance_lines(summary) if line.startswith("tolerance ")],
-        *[("noise floor", line.removeprefix("noise floor ")) for line in tolerance_lines(summary)
-          if line.startswith("noise floor ")],
+        *[(kind, line.removeprefix(kind + " ")) for line in tolerance_lines(summary)
+          for kind in ("noise floor", "output rules") if line.startswith(kind + " ")],
         ("tolerance sweep", ", ".join(f"{a:g}" for a in summary["tolerances"])),
         ("repeats", str(config.get("repeats", "?"))),
         ("seed", str(config.get("seed", "?"))),

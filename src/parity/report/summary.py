@@ -131,7 +131,14 @@ def _tolerance(checks: list[dict], experiment: dict[str, Any]) -> dict[str, Any]
     return {"gate": first.get("gate"), "rtol": first.get("rtol", experiment["rtol"]),
             "tolerance_source": first.get("tolerance_source", "experiment"),
             "gated_by": first.get("gated_by", "tier1"),
-            "noise_floor": max(floors, key=lambda f: f["atol"]) if floors else None}
+            "noise_floor": max(floors, key=lambda f: f["atol"]) if floors else None,
+            "output_rules": sorted({_rule(leaf["tolerance"]) for c in checks for leaf in c.get("leaves") or []
+                                    if leaf.get("tolerance")})}
+
+
+def _rule(tolerance: dict[str, Any]) -> str:
+    atol = "the gate" if tolerance.get("atol") is None else f"atol {tolerance['atol']:g}"
+    return f"{tolerance['rule']}: {atol}, rtol {tolerance['rtol']:g}"
 
 
 def _reference_errors(errors: list[dict]) -> list[dict[str, Any]]:
