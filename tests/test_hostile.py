@@ -9,9 +9,7 @@ exit code and the absence of a traceback outside pytest.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 import os
 import shutil
 import subprocess
@@ -25,8 +23,8 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from parity.cli import main
 from tests.conftest import ROOT
+from tests.hostile_support import run_parity
 
 VALID = {
     "name": "hostile",
@@ -58,7 +56,8 @@ def _tree(folder: Path) -> set[Path]:
 def run_cli(content: str | bytes | dict, files: dict[str, bytes] | None = None, argv: list[str] | None = None,
             name: str = "exp.yaml") -> Outcome:
     """`parity run FILE --out work/out` on `content`, in a fresh folder `case/work` that is also the working
-    directory; reports what was written outside `work/out`, in `work` or its parent `case`."""
+    directory; reports what changed outside `work/out`, in `work` or its parent `case`, by path and content
+    (hostile_support.run_parity)."""
     case = Path(tempfile.mkdtemp(prefix="hostile-"))
     try:
         work = case / "work"
@@ -71,23 +70,8 @@ def run_cli(content: str | bytes | dict, files: dict[str, bytes] | None = None, 
             (work / rel).parent.mkdir(parents=True, exist_ok=True)
             (work / rel).write_bytes(data)
         out = work / "out"
-        before = _tree(case)
-        stdout, stderr = io.StringIO(), io.StringIO()
-        cwd, saved_path = os.getcwd(), list(sys.path)
-        os.chdir(work)
-        try:
-            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-                try:
-                    code: int | str = main(argv or ["run", str(path), "--out", str(out), "--quiet"])
-                except SystemExit as exc:  # argparse
-                    code = f"SystemExit({exc.code})"
-                except BaseException as exc:  # noqa: BLE001 - whatever escapes main is what we test for
-                    code = f"raised {type(exc).__name__}: {exc}"
-        finally:
-            os.chdir(cwd)
-            sys.path[:] = saved_path
-        outside = sorted(str(p.relative_to(case)) for p in _tree(case) - before if p != out and out not in p.parents)
-        return Outcome(code, stderr.getvalue(), path, out, outside)
+        result = run_parity(argv or ["run", str(path), "--out", str(out), "--quiet"], case, work, ["work/out"])
+        return Outcome(result.code, result.err, path, out, result.outside)
     finally:
         shutil.rmtree(case, ignore_errors=True)
 
