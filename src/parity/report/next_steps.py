@@ -6,8 +6,10 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-LOCALIZABLE = ("numeric_drift", "nonfinite", "ordering")  # tier-1 failures that a layer's numbers explain
-TASKS = ("classification", "detection", "segmentation")  # what tier 3 evaluates
+from parity.verify.localize import LOCALIZABLE as RUN_LOCALIZES
+from parity.verify.tasks import EVALUATED
+
+LOCALIZABLE = (*RUN_LOCALIZES, "ordering")  # tier-1 failures that a layer's numbers can explain
 
 
 def _targets(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -45,7 +47,7 @@ def next_steps(check: dict[str, Any], run: dict[str, Any], layers: dict[tuple, d
     target = _targets(run).get(check["target"], {})
     reduced = target.get("dtype") in ("bfloat16", "float16")
     if failure in (*LOCALIZABLE, "decision_flip") and (reduced or target.get("backend") == "compile"):
-        tier = " --tier 3" if task in TASKS else ""
+        tier = " --tier 3" if task in EVALUATED else ""
         lines.append(f"next: parity fallback {file} {which}{tier}")
     return lines
 

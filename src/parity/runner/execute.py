@@ -113,7 +113,8 @@ def _execute(result: Execution, spec, model, inputs, repeats, on_run, warmup, co
             result.outputs.append(backend.run(fresh))
             result.run_s.append(time.perf_counter() - start)
             if on_run:
-                result.notes = collector.notes()  # complete for the last repeat's record
+                if repeat == repeats - 1:
+                    result.notes = collector.notes()  # complete for the last repeat's record
                 on_run(result, repeat)
     except Exception as exc:  # a backend that raises fails its own checks; the run goes on
         result.status = "error"

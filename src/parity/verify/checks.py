@@ -26,7 +26,7 @@ def repeat_spread(outputs: list[Any], rtol: float, gate: float, leaf_tolerance=N
 
 def _runs(execution) -> list[Any]:
     """Every output a backend returned: its first timed repeat, then its warm-up runs and the other repeats."""
-    return [*execution.outputs[:1], *getattr(execution, "warmup_outputs", []), *execution.outputs[1:]]
+    return [*execution.outputs[:1], *execution.warmup_outputs, *execution.outputs[1:]]
 
 
 def tier1_check(job, target_exec, reference_exec, oracle_exec, experiment) -> dict[str, Any]:
