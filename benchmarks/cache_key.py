@@ -1,4 +1,4 @@
-"""What an artifact cache key costs (runner/cache.py): the whole key for one export of a torchvision model,
+"""What an artifact cache key costs (execute/cache.py): the whole key for one export of a torchvision model,
 and each of its parts, as medians of repeated calls in one process. The code walk (fingerprint.py) is
 what the key added to know the model's code; the state dict's bytes were hashed before it too.
 
@@ -18,8 +18,8 @@ import torchvision
 from parity import fingerprint
 from parity.backends import create_backend
 from parity.config.schema import BackendSpec
+from parity.execute import cache
 from parity.inputs import Inputs
-from parity.runner import cache
 
 
 def median_ms(f, repeats: int) -> float:

@@ -103,7 +103,7 @@ def build(name: str) -> tuple[torch.nn.Module, Inputs]:
 
 def check_fails(target: BackendSpec, model: torch.nn.Module, inputs: Inputs) -> bool:
     """Does the tier-1 check fail at atol THRESHOLD, so that `parity run` would localize it?"""
-    from parity.runner.execute import execute
+    from parity.execute.execution import execute
     from parity.verify.tensors import compare
 
     reference, ran = (execute(spec, model, inputs, 1) for spec in (REFERENCE, target))

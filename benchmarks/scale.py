@@ -16,7 +16,7 @@ cold (empty artifact cache) against warm.
    spent in backends (preparation plus runs, from the records); the rest is fixed cost: starting Ray,
    importing torch in each worker, the driver building each model and judging.
 2. Cache: `parity run examples/quickstart.yaml` in a fresh process with an empty `--cache-dir` (the
-   inductor cache points into it, runner/cache.py), then again with the same folder. Goal: cold / warm >= 3.
+   inductor cache points into it, execute/cache.py), then again with the same folder. Goal: cold / warm >= 3.
 
 Run it from the repository root (about fifteen minutes on 2 cores):
 

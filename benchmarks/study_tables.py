@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from parity.report.summary import judged, latency_rows, summarize
+from parity.taxonomy import MEANINGS, SEVERITY
 from parity.verify.checks import tolerance_key
-from parity.verify.taxonomy import MEANINGS, SEVERITY
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "study.md"

@@ -9,8 +9,8 @@ from parity.backends import BACKENDS, backend_class
 from parity.cli import main
 from parity.config.schema import BackendSpec
 from parity.errors import ParityError
+from parity.execute.execution import execute
 from parity.inputs import Inputs
-from parity.runner.execute import execute
 from parity.verify.tensors import compare
 from tests.fixtures.tiny import DataclassOut, Structured, TinyCNN, TwoInputs
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from parity.cli import main
+from parity.execute import cache
 from parity.records import read_records
-from parity.runner import cache
 from tests.conftest import tiny_experiment
 
 EXPORTERS = [{"backend": "onnxruntime"}, {"backend": "torchscript"}, {"backend": "openvino"}]

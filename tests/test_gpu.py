@@ -11,9 +11,9 @@ import torch
 
 from parity.api import run_experiment
 from parity.config import experiment_from_dict
+from parity.execute.execution import execute
 from parity.inputs import build_inputs
 from parity.models import build_model
-from parity.runner.execute import execute
 from tests.conftest import tiny_experiment
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

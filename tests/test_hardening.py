@@ -11,8 +11,8 @@ from parity.cli import main
 from parity.config import load_experiment
 from parity.config.schema import BackendSpec
 from parity.errors import ParityError
+from parity.execute.execution import execute
 from parity.inputs import Inputs
-from parity.runner.execute import execute
 from parity.verify.checks import tolerance_key
 from parity.verify.tensors import compare
 from tests.conftest import tiny_experiment

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from parity.verify import taxonomy as tx
+from parity import taxonomy as tx
 from parity.verify.tensors import compare
 from tests.fixtures.hollow import Returns
 from tests.fixtures.tiny import tiny_cnn

@@ -12,11 +12,11 @@ import torch
 from parity.api import run_experiment
 from parity.cli import main
 from parity.config import experiment_from_dict
+from parity.execute.execution import execute
 from parity.inputs import build_inputs
 from parity.models import build_model
 from parity.records import SCHEMA_VERSION, read_records
 from parity.report.summary import summarize
-from parity.runner.execute import execute
 from tests.conftest import BF16_AT_FLOAT32, tiny_experiment
 
 PERTURBED = {"backend": "tests.fixtures.tiny:PerturbedEager", "name": "perturbed"}

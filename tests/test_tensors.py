@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from parity.verify import taxonomy as tx
+from parity import taxonomy as tx
 from parity.verify.tensors import compare, oracle_verdict, tensor_stats
 
 

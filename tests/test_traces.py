@@ -68,7 +68,7 @@ def test_warm_up_runs_come_before_the_timed_repeats_and_are_not_recorded(write_y
 def test_graph_breaks_counted_before_a_dynamo_reset_are_not_lost():
     """The compile backend resets dynamo, which clears its counters: a break seen before the block must
     not hide the same break inside it."""
-    from parity.runner import notes
+    from parity.execute import notes
 
     before = {("graph_break", "Failed to trace builtin operator\nExplanation: print"): 3,
               ("graph_break", "other"): 1}

@@ -223,7 +223,7 @@ def assert_backends_agree(model: torch.nn.Module, inputs: Any, targets: list[str
     (the model's classes, attributes and weights, the inputs' values, the reference backend), so that
     checking one model target by target runs the reference once."""
     from parity.config.tolerances import assert_close_defaults
-    from parity.runner.execute import execute
+    from parity.execute.execution import execute
     from parity.verify.tensors import compare, compared_exactly
 
     given_atol, given_rtol = atol, rtol
@@ -273,7 +273,7 @@ def assert_backends_agree(model: torch.nn.Module, inputs: Any, targets: list[str
 
 
 def _reference_outputs(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, cache: dict | None) -> Any:
-    from parity.runner.execute import execute
+    from parity.execute.execution import execute
 
     key = _reference_key(spec, model, inputs) if cache is not None else None
     if key is not None and key in cache:

@@ -361,8 +361,8 @@ def cmd_backends(args: argparse.Namespace) -> int:
 
 def cmd_cache(args: argparse.Namespace) -> int:
     """Say where the artifact cache is and what it holds (info), or empty it (clear)."""
+    from parity.execute import cache
     from parity.outdir import user_path
-    from parity.runner import cache
 
     root = user_path(args.location, "--cache-dir") if args.location else cache.default_root()
     if root is None:
@@ -538,8 +538,8 @@ def cache_options(verb: argparse.ArgumentParser) -> None:
 def _configure_cache(args: argparse.Namespace) -> None:
     """The artifact cache this command uses, checked before anything runs: a cache that cannot be written
     is the user's to fix (exit 2), never an export failure charged to a target."""
+    from parity.execute import cache
     from parity.outdir import prepare, user_path
-    from parity.runner import cache
 
     if getattr(args, "no_cache", False):
         cache.configure(None)
@@ -562,8 +562,8 @@ def _configure_cache(args: argparse.Namespace) -> None:
 
 def _contain_library_state(args: argparse.Namespace) -> None:
     """Libraries' home-folder state (matplotlib's) goes into this command's cache, else a temporary folder."""
+    from parity.execute import cache
     from parity.offline import keep_state_in
-    from parity.runner import cache
 
     if hasattr(args, "cache_dir"):
         keep_state_in(cache.root())
@@ -596,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except SystemExit as exc:  # model code outside an execution (the runner catches it inside one)
-        from parity.runner.execute import ends_the_program
+        from parity.execute.execution import ends_the_program
 
         print(f"error: {ends_the_program(exc)} while parity was running it outside a backend's execution; "
               "nothing is judged from this command", file=sys.stderr)

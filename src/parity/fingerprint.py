@@ -1,5 +1,5 @@
 """Fingerprints of the code that decides a result: the user's model code, parity's own source, and the
-versions of the libraries involved. The artifact cache keys on them (runner/cache.py): an export made
+versions of the libraries involved. The artifact cache keys on them (execute/cache.py): an export made
 from other code must never be taken for this code's.
 
 Code is sorted by where it lives:

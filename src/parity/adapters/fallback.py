@@ -169,7 +169,7 @@ def find_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn.M
     """The smallest set of `candidates` (tried in the order given) whose fallback makes the check pass:
     tier 1 at `gate`, or with `task` = (task name, tier-3 thresholds) the task-level verdict, which a
     reduced-precision target can often regain where no set brings every output within a tight gate."""
-    from parity.runner.execute import execute
+    from parity.execute.execution import execute
     from parity.verify.tasks import evaluate
     from parity.verify.tensors import compare
 

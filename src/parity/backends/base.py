@@ -37,7 +37,7 @@ class Backend(ABC):
     # while the other workers wait.
     preparation_cost: ClassVar[int] = 0
     # The distributions (as pip names them) whose versions decide this backend's artifacts: the artifact
-    # cache keys on them (runner/cache.py). A plugin's own package and the libraries its model code reaches
+    # cache keys on them (execute/cache.py). A plugin's own package and the libraries its model code reaches
     # are found by the cache's walk; a backend that exports with another library names it here.
     libraries: ClassVar[tuple[str, ...]] = ("torch",)
 
@@ -79,8 +79,8 @@ class Backend(ABC):
     def artifact(self, kind: str, model: torch.nn.Module, example: Inputs, build) -> Path:
         """A folder holding the artifact `kind` (an exported graph, a traced module) of `model` for inputs
         like `example`: from the artifact cache when it has it, else made by `build(folder)` (and cached
-        when the model has an identity; see runner/cache.py)."""
-        from parity.runner import cache
+        when the model has an identity; see execute/cache.py)."""
+        from parity.execute import cache
 
         key = cache.artifact_key(kind, model, self, example)
         if key is not None:

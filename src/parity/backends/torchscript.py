@@ -38,7 +38,7 @@ class TorchScriptBackend(EagerBackend):
     def _trace(self, model: torch.nn.Module, example: Inputs) -> torch.jit.ScriptModule:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # the API's deprecation notices; not what the trace says of this model
-            warnings.simplefilter("always", torch.jit.TracerWarning)  # kept with the execution (runner/notes.py)
+            warnings.simplefilter("always", torch.jit.TracerWarning)  # kept with the execution (execute/notes.py)
             if example.kwargs:
                 traced = torch.jit.trace(model, example_kwarg_inputs=example.kwargs, strict=False, check_trace=False)
             else:

@@ -19,7 +19,7 @@ from parity.errors import ParityError, did_you_mean
 from parity.registry import import_object
 
 # The distributions each source builds its models with: their versions are part of the key of every
-# artifact exported from such a model (runner/cache.py). The code of a repo's or a python entry's model is
+# artifact exported from such a model (execute/cache.py). The code of a repo's or a python entry's model is
 # fingerprinted itself (fingerprint.py), with the libraries it reaches.
 LIBRARIES: dict[str, tuple[str, ...]] = {"torchvision": ("torchvision",), "repo": (), "python": ()}
 

@@ -16,8 +16,8 @@ from parity.report import pictures, plots
 from parity.report.console import describe_note, tolerance_lines, tolerance_title
 from parity.report.next_steps import layers_by_check, next_steps
 from parity.report.summary import latency_rows
+from parity.taxonomy import MEANINGS, SEVERITY
 from parity.verify.checks import tolerance_key
-from parity.verify.taxonomy import MEANINGS, SEVERITY
 
 PICTURED_IMAGES = 4  # images drawn per detection check; the rest are counted, not drawn
 

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import torch
 
+from parity import taxonomy as tx
 from parity.adapters.fallback import apply_fallback, fallback_for
 from parity.config.schema import BackendSpec, ExecutorSpec, Experiment
 from parity.errors import ParityError
+from parity.execute.execution import Execution, execute
 from parity.inputs import Inputs
-from parity.runner.execute import Execution, execute
 from parity.runner.plan import Job
-from parity.verify import taxonomy as tx
 
 OnRun = Callable[[Execution, int], None] | None
 
@@ -143,13 +143,13 @@ class RemoteExecution:
 
 
 class Digests:
-    """The digest of each model this process built (runner/cache.py's model_digest), computed once per model."""
+    """The digest of each model this process built (execute/cache.py's model_digest), computed once per model."""
 
     def __init__(self):
         self._digests: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
 
     def __call__(self, model: torch.nn.Module) -> str:
-        from parity.runner.cache import model_digest
+        from parity.execute.cache import model_digest
 
         if model not in self._digests:
             self._digests[model] = model_digest(model)
@@ -193,7 +193,7 @@ def crash_report(path: Path | None) -> tuple[str | None, str | None]:
 def describe_worker_error(exc: BaseException) -> tuple[str, str]:
     """(failure class, message) for an exception raised while receiving a worker's results in this process
     (outputs that cannot be rebuilt here, for instance)."""
-    from parity.runner.execute import _describe
+    from parity.execute.execution import _describe
 
     return tx.BACKEND_ERROR, f"the outputs could not be received from the worker: {_describe(exc)}"
 

@@ -27,11 +27,11 @@ from parity.adapters import apply_adapters
 from parity.adapters.fallback import fallback_for
 from parity.config.schema import Experiment
 from parity.errors import ParityError, did_you_mean
+from parity.execute import cache
+from parity.execute.execution import Execution, ends_the_program
 from parity.inputs import build_inputs
 from parity.models import build_model, source_fingerprint
 from parity.records import NOT_DIGESTED, RecordWriter, environment, experiment_digest
-from parity.runner import cache
-from parity.runner.execute import Execution, ends_the_program
 from parity.runner.executors import Executor, configured_model, make_executor
 from parity.runner.plan import Job, plan
 from parity.verify.checks import gate_on_task, reference_error_check, tier1_check
@@ -253,7 +253,7 @@ def prepared_model(spec, exp) -> tuple:
 
 
 def model_identity(spec, exp):
-    """Exports of this model may be cached (runner/cache.py): what the experiment says it is, and what its
+    """Exports of this model may be cached (execute/cache.py): what the experiment says it is, and what its
     source reads it from."""
     return cache.model_identity(spec.model_dump(mode="json"), [a.model_dump(mode="json") for a in exp.adapters_for(spec)],
                                 source_fingerprint(spec, exp))

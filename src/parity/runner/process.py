@@ -29,8 +29,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 import parity
+from parity import taxonomy as tx
 from parity.errors import ParityError
-from parity.runner.execute import Execution
+from parity.execute.execution import Execution
 from parity.runner.executors import (
     Digests,
     Executor,
@@ -40,7 +41,6 @@ from parity.runner.executors import (
     ending,
 )
 from parity.runner.worker import receive, send
-from parity.verify import taxonomy as tx
 
 STARTUP_S = 120.0  # at least this long to start a worker (importing torch on a busy machine), else the time limit
 # Imports parity from where this process has it, even when only this process's sys.path says where.
@@ -104,7 +104,7 @@ class ProcessExecutor(Executor):
 
     def _spawn(self) -> None:
         assert self._scratch is not None, "start() first"
-        from parity.runner import cache
+        from parity.execute import cache
 
         ours, theirs = socket.socketpair()
         root = str(Path(parity.__file__).resolve().parent.parent)

@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Any
 
 import parity
+from parity import taxonomy as tx
 from parity.backends import backend_class
 from parity.errors import ParityError
-from parity.runner.execute import Execution
+from parity.execute.execution import Execution
 from parity.runner.executors import Digests, Executor, RemoteExecution, crash_report, describe_worker_error
-from parity.verify import taxonomy as tx
 
 
 def _execution_task(settings: dict[str, Any], exp, model_name: str, inputs, spec, repeats: int):
@@ -119,7 +119,7 @@ class RayExecutor(Executor):
         ray = self._ray()
         if self._scratch is not None:
             return ray
-        from parity.runner import cache
+        from parity.execute import cache
 
         self._init(ray)
         self._gpus = ray.cluster_resources().get("GPU", 0)

@@ -31,12 +31,12 @@ from typing import Any
 
 import torch
 
+from parity import taxonomy as tx
 from parity.config.schema import BackendSpec, Experiment, ModelSpec
+from parity.execute.execution import _describe, ends_the_program, execute, format_traceback
 from parity.inputs import Inputs
-from parity.runner.execute import _describe, ends_the_program, execute, format_traceback
 from parity.runner.executors import configured_model
-from parity.verify import taxonomy as tx
-from parity.verify.taxonomy import classify_exception
+from parity.taxonomy import classify_exception
 
 
 class ModelCache:
@@ -54,8 +54,8 @@ class ModelCache:
                            [a.model_dump(mode="json") for a in exp.adapters_for(spec)]], sort_keys=True, default=str)
 
     def get(self, spec: ModelSpec, exp: Experiment) -> tuple[torch.nn.Module, str]:
-        """The model and its digest (runner/cache.py's model_digest)."""
-        from parity.runner.cache import model_digest
+        """The model and its digest (execute/cache.py's model_digest)."""
+        from parity.execute.cache import model_digest
         from parity.runner.local import prepared_model
 
         key = self.key(spec, exp)
@@ -74,7 +74,7 @@ MODELS = ModelCache()  # the models built by this process's Ray tasks (a Ray wor
 
 def run_execution(exp: Experiment, models: ModelCache, model_name: str, inputs: Inputs, spec: BackendSpec,
                   repeats: int, send: Callable[[tuple], None]) -> None:
-    """One execution, as `runner.execute.execute` runs it locally, reported through `send`."""
+    """One execution, as `execute.execution.execute` runs it locally, reported through `send`."""
     from parity.runner.local import model_identity
 
     model_spec = next(m for m in exp.models if m.name == model_name)
@@ -133,7 +133,7 @@ def prepare_worker(settings: dict[str, Any]) -> None:
     hangs (faulthandler writes the Python stack to `crash_dir`/worker-PID.log on a fatal signal, and on
     SIGUSR1)."""
     global _crash_file
-    from parity.runner import cache
+    from parity.execute import cache
 
     for entry in reversed(settings.get("sys_path", [])):
         if entry not in sys.path:

@@ -1,1 +1,1 @@
-"""Verification: tier 1 (tensors) and the failure taxonomy."""
+"""Verification: tier 1 (tensors), tier 2 (activations, localization), tier 3 (tasks)."""

@@ -202,7 +202,7 @@ def propagated_errors(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs,
 
 def local_error(spec: BackendSpec, module: torch.nn.Module, calls: list[Call], rtol: float) -> LayerError:
     """The layer alone on the target, fed the reference's inputs to it: its own error."""
-    from parity.runner.execute import execute
+    from parity.execute.execution import execute
 
     errors = []
     for call in calls:

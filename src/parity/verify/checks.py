@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from parity.verify import taxonomy as tx
+from parity import taxonomy as tx
 from parity.verify.tensors import compare, oracle_verdict
 
 

@@ -377,7 +377,7 @@ def module_code(model: torch.nn.Module, name: str | None) -> str | None:
 def gate_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, experiment) -> dict[str, Any]:
     """The tier-1 verdict of `target` at the gate (one run of each side, as `parity run` judges it with one
     repeat, no oracle), so that `parity localize` says first whether the check it explains passes."""
-    from parity.runner.execute import execute
+    from parity.execute.execution import execute
     from parity.runner.executors import configured_model
     from parity.verify.checks import tier1_check
 

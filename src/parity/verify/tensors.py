@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
+from parity import taxonomy as tx
 from parity.config.tolerances import LeafTolerance
 from parity.outputs import Opaque, flatten
-from parity.verify import taxonomy as tx
 
 
 @dataclass

@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
+from parity import taxonomy as tx
 from parity.backends import backend_class
 from parity.config.schema import BackendSpec
+from parity.execute import notes
 from parity.inputs import Inputs
-from parity.runner import notes
-from parity.verify import taxonomy as tx
-from parity.verify.taxonomy import classify_exception
+from parity.taxonomy import classify_exception
 
 
 @dataclass
@@ -31,7 +31,7 @@ class Execution:
     error: str | None = None
     failure_class: str | None = None
     cached: bool | None = None  # prepare found its export in the artifact cache (None: nothing to cache)
-    notes: list[dict[str, Any]] = field(default_factory=list)  # what the backend warned of (runner/notes.py)
+    notes: list[dict[str, Any]] = field(default_factory=list)  # what the backend warned of (execute/notes.py)
     traceback: str | None = None  # the whole traceback of a failure (`error` is its first line)
     warmup: int = 0  # untimed runs before the timed repeats
     warmup_outputs: list[Any] = field(default_factory=list)  # judged with the repeats: a first call is a call
