@@ -184,5 +184,5 @@ def save_experiment(data: dict[str, Any], path: Path) -> None:
         if "images" in s:
             s["images"] = [relative(ref) for ref in s["images"]]
     header = (f"# Written by parity check. `parity run {path.name}` runs the same checks; every key is in the\n"
-              "# README's section 'The experiment file' (more targets, an oracle, tiers 2 and 3, repeats...).\n")
+              "# parity docs, docs/experiment-file.md (more targets, an oracle, tiers 2 and 3, repeats...).\n")
     path.write_text(header + yaml.safe_dump(saved, sort_keys=False, default_flow_style=None))

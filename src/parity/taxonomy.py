@@ -48,7 +48,7 @@ def classify_exception(exc: BaseException) -> str:
     return BACKEND_ERROR
 
 
-MEANINGS = {  # one line per class, for reports (the README's table says the same)
+MEANINGS = {  # one line per class, for reports (docs/tiers.md's table says the same)
     NUMERIC_DRIFT: "same structure, values farther apart than the gate allows",
     NONFINITE: "NaN or Inf in one output where the other has a finite value",
     SHAPE_MISMATCH: "a leaf's shape differs",
