@@ -8,7 +8,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from parity.backends.base import OutputSpec
-from parity.backends.eager import EagerBackend
+from parity.backends.eager import EagerBackend, placement_lines
 from parity.inputs import Inputs
 
 
@@ -22,6 +22,22 @@ class TorchScriptBackend(EagerBackend):
     preparation_cost = 1  # a trace
     Options = TorchScriptOptions
     runs_module_hooks = False  # a traced graph no longer calls the modules' Python hooks
+
+    @classmethod
+    def repro_snippet(cls, spec) -> str | None:
+        """Traced with the positional inputs, or with the keyword inputs when there are none (a module that
+        takes both is bound to its keywords by parity; traced here with its positional inputs, it refuses the
+        keywords at the call: the script fails visibly rather than run the module without them)."""
+        freeze = cls.Options.model_validate(spec.options).freeze
+        return "\n".join([
+            *placement_lines(cls, spec),
+            "with torch.no_grad():",
+            "    traced = torch.jit.trace(module, tuple(args), strict=False, check_trace=False) if args else "
+            "torch.jit.trace(module, example_kwarg_inputs=kwargs, strict=False, check_trace=False)",
+            *(["traced = torch.jit.freeze(traced.eval())"] if freeze else []),
+            "with torch.inference_mode():",
+            "    out = traced(*args, **kwargs)",
+        ])
 
     def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
         model = model.to(self.device, self.dtype)
