@@ -100,6 +100,7 @@ def reduce_check(run_dir: Path, which: str, out: Path | None) -> Path:
     """Write the repro folder of check `which` (MODEL/INPUTS/TARGET) of the run in `run_dir`; return it."""
     from parity.backends import backend_class
     from parity.inputs import build_inputs
+    from parity.outdir import prepare
     from parity.records import read_run
     from parity.runner.executors import configured_model
     from parity.runner.local import prepared_model
@@ -120,6 +121,7 @@ def reduce_check(run_dir: Path, which: str, out: Path | None) -> Path:
             raise ParityError(f"the {role} {spec.id}: backend '{spec.backend}' does not say how to reproduce its "
                               "runs alone (Backend.repro_snippet); reduce writes no script that would compare eager "
                               "with eager")
+    prepare(out, "--out", files=FILES)  # as every --out: made, writable, no link where a file goes; before the work
     model, _ = prepared_model(model_spec, exp)
     inputs = build_inputs(input_spec, exp, model_spec.batch_mode)
     configured = configured_model(model, target, model_spec.name)  # the model localize ran on the target
@@ -359,10 +361,10 @@ def readme(found: Found, exp, target, code: dict[str, str], call: str) -> str:
 
 
 def _write(out: Path, payload: dict[str, bytes]) -> None:
-    """The folder, checked as every --out is (parity.outdir), then each file whole or not at all."""
-    from parity.outdir import prepare, write_bytes
+    """Each file whole or not at all, into the folder checked before the work (still empty: nothing else
+    writes a repro there in between)."""
+    from parity.outdir import write_bytes
 
-    prepare(out, "--out", files=FILES)
-    _refuse_nonempty(out)  # made since the check before the work began
+    _refuse_nonempty(out)
     for name, data in payload.items():
         write_bytes(out / name, data)
