@@ -88,6 +88,10 @@ def test_the_script_reproduces_a_fault_only_the_target_sees_and_agrees_without_i
             runpy.run_path(str(folder / "repro.py"), run_name="__main__")
         assert ended.value.code == 0, why
     assert "agrees at the check's gate" in capsys.readouterr().out
+    save_file({"args.0": torch.ones(2, 5)}, folder / "inputs.safetensors")  # a side that raises: no verdict
+    with pytest.raises(SystemExit) as ended:
+        runpy.run_path(str(folder / "repro.py"), run_name="__main__")
+    assert ended.value.code == 2 and "RuntimeError" in capsys.readouterr().err
 
 
 def test_what_reduce_refuses(write_yaml, tmp_path, capsys):

@@ -26,6 +26,7 @@ import io
 import math
 import shlex
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -249,7 +250,8 @@ def import_root(cls: type) -> str:
 
 
 SCRIPT = '''"""Reproduces a divergence found by parity (parity reduce): {culprit}, alone, on the reference and on
-the target. Exits 1 when an output differs beyond the check's gate, 0 when they agree.
+the target. Exits 1 when an output differs beyond the check's gate, 0 when they agree, 2 when a side
+raises (its traceback is printed).
 
 module: {cls} ({source}), {culprit_as} in model '{model}'
 check:  {check}: {failure}, required atol {required} (gate {gate:g} at rtol {rtol:g})
@@ -257,6 +259,7 @@ reference: {reference}; target: {target}
 Run: python repro.py (needs torch, safetensors and the target's library)
 """
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -285,12 +288,23 @@ def load():
     return module, {args}, {kwargs}
 
 
-module, args, kwargs = load()  # the reference: {reference}
+def reference_outputs():  # {reference}
+    module, args, kwargs = load()
 {reference_snippet}
-reference = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-module, args, kwargs = load()  # the target: {target}
+    return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+def target_outputs():  # {target}
+    module, args, kwargs = load()
 {target_snippet}
-target = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+try:
+    reference, target = reference_outputs(), target_outputs()
+except Exception:  # a side that cannot run the module: no verdict (exit 2), never a divergence (exit 1)
+    traceback.print_exc()
+    sys.exit(2)
 
 diverges = len(target) != len(reference)
 print(f"{{len(reference)}} output(s) on the reference, {{len(target)}} on the target")
@@ -322,7 +336,8 @@ def repro_script(code: dict[str, str], found: Found, reference, target, snippets
         check=f"{found.model}/{found.inputs}/{found.target}", failure=check.get("failure_class"),
         required=f"{required:.3g}" if isinstance(required, float) else required, gate=check["gate"], rtol=check["rtol"],
         reference=reference.id, target=_described(target), path_line=path_line, args=args, kwargs=kwargs,
-        reference_snippet=snippets["reference"], target_snippet=snippets["target"])
+        reference_snippet=textwrap.indent(snippets["reference"], "    "),
+        target_snippet=textwrap.indent(snippets["target"], "    "))
 
 
 def _described(spec) -> str:

@@ -25,12 +25,18 @@ class TorchScriptBackend(EagerBackend):
 
     @classmethod
     def repro_snippet(cls, spec) -> str | None:
-        """Traced with the positional inputs, or with the keyword inputs when there are none (a module that
-        takes both is bound to its keywords by parity; traced here with its positional inputs, it refuses the
-        keywords at the call: the script fails visibly rather than run the module without them)."""
+        """Traced as `prepare` traces: keyword inputs beside positional ones are bound as constants."""
         freeze = cls.Options.model_validate(spec.options).freeze
         return "\n".join([
             *placement_lines(cls, spec),
+            "class Bound(torch.nn.Module):  # trace takes positional or keyword inputs: the keywords are fixed",
+            "    def __init__(self, module, kwargs):",
+            "        super().__init__()",
+            "        self.module, self.kwargs = module, kwargs",
+            "    def forward(self, *args):",
+            "        return self.module(*args, **self.kwargs)",
+            "if args and kwargs:",
+            "    module, kwargs = Bound(module, kwargs), {}",
             "with torch.no_grad():",
             "    traced = torch.jit.trace(module, tuple(args), strict=False, check_trace=False) if args else "
             "torch.jit.trace(module, example_kwarg_inputs=kwargs, strict=False, check_trace=False)",
