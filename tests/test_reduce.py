@@ -95,7 +95,8 @@ def test_the_script_reproduces_a_fault_only_the_target_sees_and_agrees_without_i
 
 
 def test_what_reduce_refuses(write_yaml, tmp_path, capsys):
-    exp = tiny_experiment([{"backend": "eager", "name": "same"}, PERTURBED], tiers={"activations": True})
+    exp = tiny_experiment([{"backend": "eager", "name": "same"}, PERTURBED, {"backend": "tests.fixtures.tiny:NeverAvailable",
+                                                                            "name": "never"}], tiers={"activations": True})
     code, run_dir, _ = _run(write_yaml, tmp_path, capsys, exp)
     assert code == 1
 
@@ -106,6 +107,7 @@ def test_what_reduce_refuses(write_yaml, tmp_path, capsys):
     assert "no check tiny/noise/nope" in refused("--check", "tiny/noise/nope")
     assert "expected MODEL/INPUTS/TARGET" in refused("--check", "tiny/noise")
     assert "check tiny/noise/same passed" in refused("--check", "tiny/noise/same")
+    assert "check tiny/noise/never has no verdict (skipped" in refused("--check", "tiny/noise/never")
     # a plugin on top of eager inherits eager's snippet but runs otherwise: no eager-vs-eager script
     assert "does not say how to reproduce" in refused("--check", "tiny/noise/perturbed")
     (tmp_path / "full").mkdir()
