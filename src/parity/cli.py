@@ -1,5 +1,5 @@
 """The command line: `parity run`, `parity check`, `parity report`, `parity validate`, `parity localize`,
-`parity fallback`, `parity backends`, `parity cache info|clear`. One function per verb.
+`parity fallback`, `parity reduce`, `parity backends`, `parity cache info|clear`. One function per verb.
 
 Exit codes: 0 every check passed at the gate; 1 some check failed or has no verdict (a target could not
 run here, the reference crashed); 2 user error (bad file, unknown name, missing file, a model that raises on
@@ -335,6 +335,16 @@ def cmd_fallback(args: argparse.Namespace) -> int:
     return EXIT_OK if result.passed and not result.whole_model else EXIT_FAILED
 
 
+def cmd_reduce(args: argparse.Namespace) -> int:
+    """Cut a failing check down to its culprit module: a folder with a standalone repro script."""
+    from parity.outdir import user_path
+    from parity.reduce import reduce_check
+
+    out = reduce_check(user_path(args.run_dir, "RUN_DIR"), args.check, user_path(args.out, "--out") if args.out else None)
+    print(f"repro: {out} (python {out / 'repro.py'}: exit 1 when it diverges; README.txt says what it is)")
+    return EXIT_OK
+
+
 def cmd_backends(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
@@ -444,6 +454,15 @@ def build_parser() -> argparse.ArgumentParser:
                             "a compile, bfloat16 or float16 target id", "fallback", cmd_fallback)
     fall.add_argument("--tier", type=int, choices=[1, 3], default=1,
                       help="what must pass: 1, every output within the gate (default); 3, the task-level verdict")
+
+    reduce = sub.add_parser("reduce", help="cut a failing, localized check down to its culprit module: a "
+                                           "standalone script, its inputs and weights, for a bug report")
+    reduce.add_argument("run_dir", metavar="RUN_DIR", help="the --out folder of a parity run (or of parity localize)")
+    reduce.add_argument("--check", required=True, metavar="MODEL/INPUTS/TARGET",
+                        help="the failing check, as the table names it, e.g. resnet18/cat/compile-cpu")
+    reduce.add_argument("--out", metavar="DIR",
+                        help="a new or empty folder for the repro (default: RUN_DIR/reduce-MODEL-INPUTS-TARGET)")
+    reduce.set_defaults(func=cmd_reduce)
 
     backends = sub.add_parser("backends", help="list every backend and whether it can run here")
     backends.set_defaults(func=cmd_backends)

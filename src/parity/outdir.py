@@ -121,9 +121,12 @@ def open_records(path: Path):
 
 
 def write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` whole or not at all: into a temporary file next to it, renamed into place
+    write_bytes(path, text.encode("utf-8"))
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` whole or not at all: into a temporary file next to it, renamed into place
     (a rename replaces a link itself, never what it points to)."""
-    data = text.encode("utf-8")
     try:
         fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
     except OSError as exc:

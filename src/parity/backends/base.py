@@ -57,6 +57,16 @@ class Backend(ABC):
         """A problem with this combination of options, device and dtype, found before anything runs."""
         return None
 
+    @classmethod
+    def repro_snippet(cls, spec) -> str | None:
+        """For `parity reduce`: Python lines that run one module the way this backend runs it, with only
+        torch and this backend's library. They start from `module` (a private copy on the CPU, as the model
+        was built, in eval mode), `args` (a list) and `kwargs` (a dict) as the reference captured them, may call
+        `cast(value, device, dtype)` (tensors to the device, floating ones to the dtype; dtype None keeps
+        it), and leave the outputs in `out`. None: this backend cannot say how, so reduce writes no script
+        rather than one that compares eager with eager."""
+        return None
+
     @abstractmethod
     def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
         """Take ownership of `model` (a private copy) and get ready to run inputs like `example`."""

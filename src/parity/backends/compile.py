@@ -12,7 +12,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from parity.backends.eager import EagerBackend
+from parity.backends.eager import EagerBackend, call_lines, placement_lines
 from parity.inputs import Inputs
 
 # Inductor imports torch.utils.cpp_extension, which warns "No CUDA runtime is found" on every CPU-only
@@ -33,6 +33,13 @@ class CompileBackend(EagerBackend):
     name = "compile"
     preparation_cost = 3  # a compilation
     Options = CompileOptions
+
+    @classmethod
+    def repro_snippet(cls, spec) -> str | None:
+        o = cls.Options.model_validate(spec.options)
+        compiled = (f"compiled = torch.compile(module, mode={o.mode!r}, backend={o.backend!r}, fullgraph={o.fullgraph}, "
+                    f"dynamic={o.dynamic})")
+        return "\n".join([*placement_lines(cls, spec), compiled, *call_lines("compiled")])
 
     def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
         import torch._dynamo

@@ -37,6 +37,12 @@ class EagerBackend(Backend):
             return "option tf32 applies to CUDA devices only"
         return None
 
+    @classmethod
+    def repro_snippet(cls, spec) -> str | None:
+        autocast = cls.Options.model_validate(spec.options).autocast
+        context = f'torch.autocast("{torch.device(spec.device).type}", dtype=torch.{spec.dtype})' if autocast else None
+        return "\n".join([*placement_lines(cls, spec), *call_lines("module", context)])
+
     def _option(self, name: str, default=None):
         """Eager-only options; subclasses (compile) that lack them get the plain behaviour."""
         return getattr(self.options, name, default)
@@ -74,3 +80,27 @@ class EagerBackend(Backend):
 
     def run(self, inputs: Inputs) -> Any:
         return self.call(self.model, inputs)
+
+
+def placement_lines(cls, spec) -> list[str]:
+    """Repro lines that put `module`, `args` and `kwargs` where the backend `spec` runs them, with the
+    eager options the backend has (autocast keeps float32 weights; channels_last; threads; tf32)."""
+    options = cls.Options.model_validate(spec.options)
+    option = lambda name: getattr(options, name, None)  # noqa: E731 - compile and torchscript lack some
+    dtype = "None" if option("autocast") else f"torch.{spec.dtype}"
+    lines = [f'module = module.to("{spec.device}"{"" if option("autocast") else f", {dtype}"})',
+             f'args, kwargs = cast(args, "{spec.device}", {dtype}), cast(kwargs, "{spec.device}", {dtype})']
+    if option("channels_last"):
+        lines += ["module = module.to(memory_format=torch.channels_last)",
+                  "args = [a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) "
+                  "and a.dim() == 4 else a for a in args]"]
+    if option("threads"):
+        lines.append(f"torch.set_num_threads({option('threads')})")
+    if option("tf32") is not None:
+        lines.append(f"torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = {option('tf32')}")
+    return lines
+
+
+def call_lines(fn: str, context: str | None = None) -> list[str]:
+    """Repro lines that call `fn` as the eager backends do: under inference mode (and `context`)."""
+    return [f"with torch.inference_mode(){f', {context}' if context else ''}:", f"    out = {fn}(*args, **kwargs)"]

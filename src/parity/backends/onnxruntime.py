@@ -61,6 +61,31 @@ class OnnxRuntimeBackend(Backend):
             return cuda_reason(spec.device)
         return None
 
+    @classmethod
+    def repro_snippet(cls, spec) -> str | None:
+        """Exported as parity exports it, to module.onnx beside the script (the graph an ONNX Runtime report
+        needs), and run in a session with the target's options."""
+        o = cls.Options.model_validate(spec.options)
+        device = torch.device(spec.device)
+        provider = (f'("CUDAExecutionProvider", {{"device_id": {device.index or 0}}})' if device.type == "cuda"
+                    else '"CPUExecutionProvider"')
+        return "\n".join([
+            "import contextlib, io",
+            "import onnxruntime as ort",
+            f'module, args, kwargs = module.to(torch.{spec.dtype}), cast(args, "cpu", torch.{spec.dtype}), '
+            f'cast(kwargs, "cpu", torch.{spec.dtype})',
+            "with contextlib.redirect_stdout(io.StringIO()), torch.no_grad():  # the exporter's progress lines",
+            '    torch.onnx.export(module, tuple(args), str(HERE / "module.onnx"), kwargs=kwargs or None, dynamo=True, '
+            f"opset_version={o.opset}, verbose=False)",
+            "options = ort.SessionOptions()",
+            f"options.graph_optimization_level = ort.GraphOptimizationLevel.{LEVELS[o.optimization]}",
+            f"options.intra_op_num_threads = {o.threads or 'torch.get_num_threads()'}",
+            f'session = ort.InferenceSession(str(HERE / "module.onnx"), options, providers=[{provider}])',
+            "feed = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]",
+            "out = [torch.from_numpy(a) for a in session.run(None, {i.name: t.contiguous().numpy() "
+            "for i, t in zip(session.get_inputs(), feed)})]",
+        ])
+
     def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
         model, example = model.to(self.dtype), example.to("cpu", self.dtype)
         self.outputs = OutputSpec(model, example)

@@ -38,6 +38,21 @@ class OpenVinoBackend(Backend):
             return "openvino is not installed (pip install 'parity[openvino]')"
         return None
 
+    @classmethod
+    def repro_snippet(cls, spec) -> str | None:
+        """Converted and compiled as parity does: the inference precision pinned to the target's dtype."""
+        threads = cls.Options.model_validate(spec.options).threads
+        return "\n".join([
+            "import openvino as ov",
+            "feed = kwargs or [t for t in tree_leaves(args) if isinstance(t, torch.Tensor)]",
+            "with torch.no_grad():",
+            "    converted = ov.convert_model(module, example_input=feed)",
+            f'compiled = ov.Core().compile_model(converted, "CPU", {{"INFERENCE_PRECISION_HINT": "{PRECISION[spec.dtype]}", '
+            f'"INFERENCE_NUM_THREADS": {threads or "torch.get_num_threads()"}}})',
+            "result = compiled({k: v.numpy() for k, v in feed.items()} if kwargs else [t.numpy() for t in feed])",
+            "out = [torch.from_numpy(result[o].copy()) for o in compiled.outputs]",
+        ])
+
     def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
         import openvino as ov
 

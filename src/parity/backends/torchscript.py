@@ -8,7 +8,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from parity.backends.base import OutputSpec
-from parity.backends.eager import EagerBackend
+from parity.backends.eager import EagerBackend, placement_lines
 from parity.inputs import Inputs
 
 
@@ -22,6 +22,28 @@ class TorchScriptBackend(EagerBackend):
     preparation_cost = 1  # a trace
     Options = TorchScriptOptions
     runs_module_hooks = False  # a traced graph no longer calls the modules' Python hooks
+
+    @classmethod
+    def repro_snippet(cls, spec) -> str | None:
+        """Traced as `prepare` traces: keyword inputs beside positional ones are bound as constants."""
+        freeze = cls.Options.model_validate(spec.options).freeze
+        return "\n".join([
+            *placement_lines(cls, spec),
+            "class Bound(torch.nn.Module):  # trace takes positional or keyword inputs: the keywords are fixed",
+            "    def __init__(self, module, kwargs):",
+            "        super().__init__()",
+            "        self.module, self.kwargs = module, kwargs",
+            "    def forward(self, *args):",
+            "        return self.module(*args, **self.kwargs)",
+            "if args and kwargs:",
+            "    module, kwargs = Bound(module, kwargs), {}",
+            "with torch.no_grad():",
+            "    traced = torch.jit.trace(module, tuple(args), strict=False, check_trace=False) if args else "
+            "torch.jit.trace(module, example_kwarg_inputs=kwargs, strict=False, check_trace=False)",
+            *(["traced = torch.jit.freeze(traced.eval())"] if freeze else []),
+            "with torch.inference_mode():",
+            "    out = traced(*args, **kwargs)",
+        ])
 
     def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
         model = model.to(self.device, self.dtype)

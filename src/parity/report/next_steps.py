@@ -41,6 +41,7 @@ def next_steps(check: dict[str, Any], run: dict[str, Any], layers: dict[tuple, d
     if found and not found.get("error") and found.get("culprit"):
         where = f" ({found['culprit_code']})" if found.get("culprit_code") else ""
         lines.append(f"diverges at {found['culprit']}{where}")
+        lines.append(f"next: parity reduce RUN_DIR --check {shlex.quote('/'.join(key))} (a standalone repro script)")
     failure = check.get("failure_class")
     if failure in LOCALIZABLE and not found:
         lines.append(f"next: parity localize {file} {which}")

@@ -1,0 +1,185 @@
+"""`parity reduce`: a failing check cut down to its culprit module, as a folder whose standalone script
+reproduces the divergence (exit 1) and agrees once the fault is gone (exit 0)."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from parity.cli import main
+from parity.config import experiment_from_dict
+from parity.inputs import build_inputs
+from parity.reduce import snippet
+from parity.runner.local import prepared_model
+from tests.conftest import tiny_experiment
+
+# The Offset of tests/fixtures/culprit.py adds its `fault` only while traced: compile (aot_eager, no C++
+# compiler: fast) sees it, eager does not. The gate 1e-2 lies between the fault below it and the one above.
+CHAIN = {
+    "name": "chain", "seed": 0,
+    "models": [{"name": "chain", "source": "python", "entry": "tests.fixtures.culprit:chain"}],
+    "inputs": [{"name": "noise", "synthetic": {"shape": [2, 8]}}],
+    "targets": [{"backend": "compile", "options": {"backend": "aot_eager"}}],
+    "tolerances": {"atol": [1e-2], "gate": 1e-2},
+    "tiers": {"activations": {"granularity": ["first", "odd"], "mode": "local"}},  # two layers compiled alone
+}
+CHECK = "chain/noise/compile-cpu"
+PERTURBED = {"backend": "tests.fixtures.tiny:PerturbedEager", "name": "perturbed"}
+
+
+def _run(write_yaml, tmp_path, capsys, exp, name="exp.yaml"):
+    out = tmp_path / f"out-{name}"
+    code = main(["run", str(write_yaml(exp, name)), "--out", str(out), "--quiet", "--no-report"])
+    return code, out, capsys.readouterr().out
+
+
+def _set_fault(folder, value: float) -> None:
+    weights = load_file(folder / "weights.safetensors")
+    weights["fault"] = torch.tensor(value)
+    save_file(weights, folder / "weights.safetensors")
+
+
+def _repro(folder, tmp_path) -> subprocess.CompletedProcess:
+    """repro.py as a user runs it: its own interpreter, no PYTHONPATH; -X importtime lists every module
+    it imports (on stderr), so that a script that needs parity shows."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor")
+    return subprocess.run([sys.executable, "-X", "importtime", str(folder / "repro.py")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_script_reproduces_a_fault_only_the_target_sees_and_agrees_without_it(write_yaml, tmp_path, capsys):
+    code, run_dir, printed = _run(write_yaml, tmp_path, capsys, CHAIN)
+    assert code == 1 and f"next: parity reduce RUN_DIR --check {CHECK}" in printed.replace("\n  ", " ")
+    folder = tmp_path / "repro"
+    assert main(["reduce", str(run_dir), "--check", CHECK, "--out", str(folder)]) == 0
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        ["inputs.safetensors", "weights.safetensors", "module.pt", "module.txt", "repro.py", "README.txt"])
+    described = (folder / "module.txt").read_text()
+    assert "class: tests.fixtures.culprit.Offset" in described and "name: odd" in described
+    assert "culprit.py:15" in described  # `class Offset` is on that line
+    assert "required atol" in (folder / "README.txt").read_text() and "python repro.py" in (folder / "README.txt").read_text()
+
+    # the hook sat on the culprit: the input saved is what the reference fed odd, relu(first(x))
+    exp = experiment_from_dict(CHAIN, "chain", tmp_path)
+    model, _ = prepared_model(exp.models[0], exp)
+    with torch.no_grad():
+        expected = model.act(model.first(build_inputs(exp.inputs[0], exp).args[0]))
+    assert list(load_file(folder / "inputs.safetensors")) == ["args.0"]
+    assert torch.equal(load_file(folder / "inputs.safetensors")["args.0"], expected)
+    script = (folder / "repro.py").read_text()
+    assert "{'scale': 2.0}" in script  # the keyword number, written out
+    assert "backend='aot_eager'" in script and "GATE, RTOL = 0.01, 1e-05" in script
+
+    diverging = _repro(folder, tmp_path)
+    assert diverging.returncode == 1, diverging.stdout + diverging.stderr
+    assert "max abs difference 0.494 (beyond the gate)" in diverging.stdout and "DIVERGES" in diverging.stdout
+    assert "parity" not in {line.split("|")[-1].strip().split(".")[0] for line in diverging.stderr.splitlines()}
+
+    for fault, why in ((0.0, "the fault removed"), (2e-3, "beyond the default atol 1e-4, within the gate 1e-2")):
+        _set_fault(folder, fault)  # the same script in this process (torch is imported already): exit 0
+        with pytest.raises(SystemExit) as ended:
+            runpy.run_path(str(folder / "repro.py"), run_name="__main__")
+        assert ended.value.code == 0, why
+    assert "agrees at the check's gate" in capsys.readouterr().out
+    save_file({"args.0": torch.ones(2, 5)}, folder / "inputs.safetensors")  # a side that raises: no verdict
+    with pytest.raises(SystemExit) as ended:
+        runpy.run_path(str(folder / "repro.py"), run_name="__main__")
+    assert ended.value.code == 2 and "RuntimeError" in capsys.readouterr().err
+
+
+def test_what_reduce_refuses(write_yaml, tmp_path, capsys):
+    exp = tiny_experiment([{"backend": "eager", "name": "same"}, PERTURBED, {"backend": "tests.fixtures.tiny:NeverAvailable",
+                                                                            "name": "never"}], tiers={"activations": True})
+    code, run_dir, _ = _run(write_yaml, tmp_path, capsys, exp)
+    assert code == 1
+
+    def refused(*argv) -> str:
+        assert main(["reduce", str(run_dir), *argv]) == 2
+        return capsys.readouterr().err
+
+    assert "no check tiny/noise/nope" in refused("--check", "tiny/noise/nope")
+    assert "expected MODEL/INPUTS/TARGET" in refused("--check", "tiny/noise")
+    assert "check tiny/noise/same passed" in refused("--check", "tiny/noise/same")
+    assert "check tiny/noise/never has no verdict (skipped" in refused("--check", "tiny/noise/never")
+    # a plugin on top of eager inherits eager's snippet but runs otherwise: no eager-vs-eager script
+    assert "does not say how to reproduce" in refused("--check", "tiny/noise/perturbed")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    assert "exists and is not empty" in refused("--check", "tiny/noise/perturbed", "--out", str(tmp_path / "full"))
+    assert not (run_dir / "reduce-tiny-noise-perturbed").exists()
+
+
+def test_a_check_never_localized_names_the_command_that_localizes_it(write_yaml, tmp_path, capsys):
+    code, run_dir, _ = _run(write_yaml, tmp_path, capsys, tiny_experiment([PERTURBED]))
+    assert code == 1
+    assert main(["reduce", str(run_dir), "--check", "tiny/noise/perturbed"]) == 2
+    error = capsys.readouterr().err
+    command = (f"parity localize {tmp_path / 'exp.yaml'} --model tiny --target perturbed --inputs noise "
+               f"--out DIR")
+    assert f"run `{command}` first" in error
+    localized = tmp_path / "localized"
+    assert main([*command.replace("DIR", str(localized)).split()[1:]]) == 0
+    capsys.readouterr()
+    # the localize folder is a RUN_DIR too: the check is found (and refused only for its plugin backend)
+    assert main(["reduce", str(localized), "--check", "tiny/noise/perturbed"]) == 2
+    assert "does not say how to reproduce" in capsys.readouterr().err
+
+
+def test_only_a_backend_that_runs_as_its_snippet_says_has_one():
+    from parity.backends import backend_class
+    from parity.config.schema import BackendSpec
+    from tests.fixtures.faults import FaultyEager
+    from tests.fixtures.tiny import PerturbedEager
+
+    for name in ("eager", "compile", "onnxruntime", "torchscript", "openvino"):
+        spec = BackendSpec(backend=name)
+        lines = snippet(backend_class(name), spec)
+        compile(lines, name, "exec")  # valid Python
+        assert "out = " in lines
+    assert snippet(PerturbedEager, BackendSpec(backend="eager")) is None
+    assert snippet(FaultyEager, BackendSpec(backend="eager")) is None
+    bf16 = snippet(backend_class("eager"), BackendSpec(backend="eager", dtype="bfloat16", options={"autocast": True}))
+    assert 'torch.autocast("cpu", dtype=torch.bfloat16)' in bf16 and 'module.to("cpu")' in bf16
+
+
+
+def test_arguments_are_written_as_source_and_tensors_stored_by_key():
+    from parity.errors import ParityError
+    from parity.reduce import _expression
+
+    tensors: dict = {}
+    value = [torch.ones(2), (3, float("inf")), {"mask": torch.zeros(1), "mode": None}]
+    text = _expression(value, "args.0", tensors)
+    assert text == "[saved['args.0.0'], (3, float('inf')), {'mask': saved['args.0.2.mask'], 'mode': None}]"
+    assert sorted(tensors) == ["args.0.0", "args.0.2.mask"]
+    with pytest.raises(ParityError, match="args.1 is a object"):
+        _expression(object(), "args.1", tensors)
+
+
+def test_a_module_called_twice_is_reduced_to_the_call_that_differs_most():
+    from parity.config.schema import BackendSpec
+    from parity.inputs import Inputs
+    from parity.reduce import _worst_call
+    from parity.verify.activations import Call
+
+    x = torch.arange(4.0)
+    calls = [Call("relu", 0, Inputs((x,)), x), Call("relu", 1, Inputs((x,)), x + 1), Call("relu", 2, Inputs((x,)), x)]
+    assert _worst_call(BackendSpec(backend="eager"), torch.nn.ReLU(), calls, 1e-5) == 1
+
+
+def test_the_script_adds_the_folder_a_class_imports_from():
+    from collections import OrderedDict
+    from pathlib import Path
+
+    from parity.reduce import import_root
+    from tests.fixtures.culprit import Offset
+
+    assert Path(import_root(Offset)) / "tests" / "fixtures" / "culprit.py" == Path(sys.modules[Offset.__module__].__file__)
+    assert (Path(import_root(OrderedDict)) / "collections" / "__init__.py").is_file()  # a package's own class
