@@ -37,9 +37,9 @@ def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
     from parity.api import default_out_dir, run_experiment
     from parity.config import load_experiment
     from parity.outdir import prepare, user_path
+    from parity.records.summary import exit_code, summarize
     from parity.report import write_reports
     from parity.report.console import render
-    from parity.report.summary import exit_code, summarize
 
     if experiments is None:
         experiments = [load_experiment(f) for f in args.files]  # every file is validated before anything runs
@@ -144,8 +144,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Render summary.json, report.md, report.html and junit.xml again from a run's records.jsonl alone."""
     from parity.outdir import prepare, user_path
     from parity.records import read_run
+    from parity.records.summary import summarize, write_summary
     from parity.report import write_reports
-    from parity.report.summary import summarize, write_summary
 
     out_dir = user_path(args.run_dir, "RUN_DIR")
     records = read_run(out_dir)
@@ -240,10 +240,11 @@ def _write_records(out: str | None, exp, kind: str, record: dict) -> None:
     if not out:
         return
     from parity.records import RecordWriter, environment
+    from parity.runner.local import libraries
 
     with RecordWriter(user_path_of(out) / "records.jsonl") as writer:
         writer.write("run", experiment=exp.name, config=exp.model_dump(mode="json"), base_dir=str(exp.base_dir),
-                     environment=environment(exp.base_dir))
+                     environment=environment(exp.base_dir, libraries=libraries(exp)))
         writer.write(kind, **record)
     print(f"records: {user_path_of(out) / 'records.jsonl'}")
 

@@ -13,10 +13,10 @@ def write_reports(out_dir: str | Path, records: list[dict[str, Any]], summary: d
                   names: tuple[str, ...] = REPORT_FILES) -> list[Path]:
     """Write the reports `names` (all of them by default) of one run into `out_dir`; returns their paths."""
     from parity.errors import ParityError
+    from parity.records.summary import summarize
     from parity.report.html import write_html
     from parity.report.junit import write_junit
     from parity.report.markdown import write_markdown
-    from parity.report.summary import summarize
 
     writers = {"report.md": write_markdown, "report.html": write_html, "junit.xml": write_junit}
     unknown = [n for n in names if n not in writers]
