@@ -23,7 +23,7 @@ from parity.records import RecordWriter, read_records, record_key
 from tests.conftest import ROOT, tiny_experiment
 
 LOGGED = "tests.fixtures.tiny:LoggedEager"
-# The fields a `run` record must hold to be read back (records.SHAPES), for tests that write records by hand.
+# The fields a `run` record must hold to be read back (records/models.py), for tests that write records by hand.
 RUN = {"experiment": "x", "digest": "d", "base_dir": ".", "environment": {},
        "config": {"tolerances": {"atol": [1e-5], "rtol": 0.0}}}
 
@@ -83,8 +83,8 @@ def test_a_torn_last_line_is_cut_off_before_appending(tmp_path, capsys):
     assert [r["kind"] for r in read_records(path)] == ["run", "model"]  # readers skip it
     with RecordWriter(path, resume=True) as writer:
         assert [r["kind"] for r in writer.records] == ["run", "model"] and writer.torn == 40
-        with pytest.raises(RuntimeError):
-            writer.write("check", model="m", inputs="i", target="t", tier=1)  # never glued onto the torn line
+        with pytest.raises(RuntimeError, match="torn line"):  # never glued onto the torn line
+            writer.write("warning", model="m", inputs="i", message="constant")
         assert writer.drop_torn_line() == 40
         assert path.read_bytes() == whole
         assert writer.write("model", model="m") is None  # already there: not written again

@@ -143,7 +143,10 @@ def _parse(data: bytes, path: Path) -> list[dict[str, Any]]:
             record = json.loads(line)
         except (ValueError, RecursionError) as exc:
             raise ParityError(f"{path}:{number}: not a JSON record ({getattr(exc, 'msg', exc)})") from exc
-        problem = record_problem(record)
+        try:
+            problem = record_problem(record)
+        except NewerRecords as exc:
+            raise NewerRecords(f"{path}:{number}: {exc.problems[0]}") from None
         if problem:
             raise ParityError(f"{path}:{number}: {problem}")
         key = record_key(record)
