@@ -20,6 +20,7 @@ from parity.api import run_experiment
 from parity.cli import main
 from parity.errors import ParityError
 from parity.records import RecordWriter, read_records, record_key
+from parity.records.view import RunView
 from tests.conftest import ROOT, tiny_experiment
 
 LOGGED = "tests.fixtures.tiny:LoggedEager"
@@ -241,13 +242,11 @@ def test_killed_at_any_moment_and_resumed_the_records_match_an_uninterrupted_run
     judged_before: list[set] = []  # per process: the judgements already recorded when it started
     pids: list[int] = []
     for lines in (2, 15, 33, 52):
-        judged_before.append({(r["model"], r["inputs"], r["target"]) for r in (read_records(path) if path.exists() else [])
-                              if r["kind"] == "check" and r["tier"] == 1})
+        judged_before.append({RunView.identity(c) for c in RunView(read_records(path) if path.exists() else []).checks(1)})
         proc = _cli(["killed.yaml", "--out", "killed", "--quiet"], tmp_path)
         pids.append(proc.pid)
         _kill_after(proc, path, lines)
-    judged_before.append({(r["model"], r["inputs"], r["target"]) for r in read_records(path)
-                          if r["kind"] == "check" and r["tier"] == 1})
+    judged_before.append({RunView.identity(c) for c in RunView(read_records(path)).checks(1)})
     last = _cli(["killed.yaml", "--out", "killed", "--quiet"], tmp_path)
     pids.append(last.pid)
     last_err = last.communicate(timeout=300)[1]

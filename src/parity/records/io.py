@@ -2,9 +2,11 @@
 
 Kinds: `run` (the resolved experiment, its digest and the environment), `resume` (a later process
 continued the run), `model`, `execution` (one backend run), `check` (one verdict), `layers` (one
-localized check), `fallback`, `warning` (an input that came out constant). Reports and summaries are
-rendered from these lines alone. Non-finite floats (an infinite required atol) are written as null:
-the file stays strict JSON.
+localized check), `fallback`, `warning` (an input that came out constant); their fields are the models
+of records/models.py. Every record is validated against its model when written (an undeclared field or a
+wrong type is a bug, raised where it is made) and every line when read (a ParityError naming the file
+and the line). Reports and summaries are rendered from these lines alone. Non-finite floats (an infinite
+required atol) are written as null: the file stays strict JSON.
 
 A run can be continued: `record_key` says what identifies a record, and a writer opened with
 `resume=True` keeps the records already in the file and never writes a second record with the same key.

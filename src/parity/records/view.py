@@ -125,6 +125,3 @@ class RunView:
         """Whether a check holds a verdict about its target: not when the target could not run here
         (`skipped`) nor when the reference failed (`error`)."""
         return check["status"] == "ok"
-
-    def has_check(self, model: str, inputs: str, target: str, tier: int = 1) -> bool:
-        return any(True for _ in self.checks(tier, model=model, inputs=inputs, target=target))
