@@ -15,6 +15,7 @@ from parity.config import experiment_from_dict
 from parity.errors import ParityError
 from parity.records import SCHEMA_VERSION, RecordWriter, environment, read_records, read_run, record_problem
 from parity.records.reference import COMMAND, reference
+from parity.records.summary import exit_code, summarize
 from parity.records.view import RunView
 from parity.runner.local import libraries
 from tests.conftest import ROOT, tiny_experiment
@@ -138,6 +139,15 @@ def test_the_view_selects_names_and_orders_once():
     assert [leaf["name"] for leaf in view.worst_leaves(failed, 1)] == ["large"]
     assert view.layers_for(failed)["error"] == "e" and view.layers_for(view.checks(1)[0]) is None
     assert view.run["experiment"] == "x" and RunView.of(view) is view
+
+
+def test_the_summary_counts_the_tier_1_checks_and_names_each_by_its_key():
+    summary = summarize(records_of_a_run())
+    assert summary["totals"] == {"checks": 4, "passed": 2, "failed": 1, "skipped": 1, "errors": 0}
+    assert summary["arithmetic"]["formula"].startswith("2 (model, input set) pairs x 2 targets = 4 checks")
+    assert summary["tier3"]["checks"] == 1 and list(summary["tier3"]["metrics"]) == ["m / x / b"]
+    assert list(summary["localized"]) == ["m / x / b"] and summary["warnings"] == ["m / y: constant"]
+    assert exit_code(summary) == 1 and exit_code(summary, allow_unavailable=True) == 1
 
 
 def test_the_environment_records_the_libraries_it_is_given(tmp_path):
