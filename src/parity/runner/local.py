@@ -210,13 +210,13 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True, fre
         executor.on_status = bar.describe
         if not writer.records:
             writer.write("run", experiment=exp.name, digest=digest, config=config, file=exp.file,
-                         base_dir=str(exp.base_dir), environment=environment(exp.base_dir, exp.executor.execution_threads, libraries(exp)))
+                         base_dir=str(exp.base_dir), environment=run_environment(exp))
         elif todo:
             checks = sum(len(j.targets) for j in jobs)
             left = sum(not judged(writer, j, t) for j in todo for t in j.targets)
             print(f"resuming {out_dir}: {checks - left} of {checks} checks already recorded", file=sys.stderr)
             writer.write("resume", records=len(writer.records), checks_recorded=checks - left,
-                         environment=environment(exp.base_dir, exp.executor.execution_threads, libraries(exp)))
+                         environment=run_environment(exp))
         # only what is left to judge: the reference, the oracle and the targets without a judgement
         executor.start(exp, [dataclasses.replace(j, targets=tuple(t for t in j.targets if not judged(writer, j, t)))
                              for j in todo])
@@ -237,6 +237,11 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True, fre
         records = writer.records
     write_summary(summarize(records), out_dir / "summary.json")
     return records
+
+
+def run_environment(exp: Experiment) -> dict[str, Any]:
+    """The environment a run (or its resumption) records: the executions' threads, the experiment's libraries."""
+    return environment(exp.base_dir, exp.executor.execution_threads, libraries(exp))
 
 
 def libraries(exp: Experiment) -> list[str]:
