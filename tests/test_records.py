@@ -48,7 +48,7 @@ def test_the_archived_study_records_are_valid_records(tmp_path):
 @pytest.mark.parametrize(("fields", "problem"), [
     ({"repeat": "0"}, "repeat: expected an integer, got a string"),
     ({"repeat": True}, "repeat: expected an integer, got true or false"),
-    ({"run_s": "fast"}, "run_s: expected a number, got a string"),
+    ({"run_s": "fast"}, "run_s: expected a number or null, got a string"),
     ({"status": None}, "status: expected a string, got null"),
 ])
 def test_the_writer_refuses_a_field_of_the_wrong_type(tmp_path, fields, problem):
@@ -84,9 +84,11 @@ def test_the_experiment_dump_in_a_run_record_is_not_the_records_schema(tmp_path)
 @pytest.mark.parametrize(("record", "problem"), [
     (check(tier=2), "a 'check' record: tier: expected 1 or 3, got 2"),
     (check(tier=True), "a 'check' record: tier: expected 1 or 3, got True"),
-    (check(passed=1), "a 'check' record: passed: expected true or false, got an integer"),
+    (check(passed=1), "a 'check' record: passed: expected true, false or null, got an integer"),
     (check(leaves=[{"name": 5}]), "a 'check' record: leaves[0].name: expected a string, got an integer"),
     (check(gate="1e-5"), "a 'check' record: gate: expected a number, got a string"),
+    (check(leaves=[{"name": "out", "max_abs": "big"}]), "a 'check' record: leaves[0].max_abs: expected a number or null, "
+                                                        "got a string"),
     (check(tier=3, metrics=[]), "a 'check' record: metrics: expected a mapping, got a list"),
     ({k: v for k, v in check().items() if k != "verdicts"}, "a 'check' record: verdicts: missing"),
     ({"kind": "run", **RUN, "config": {"tolerances": {"atol": [None], "rtol": 0.0}}},

@@ -21,6 +21,8 @@ import json
 import math
 import os
 import sys
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +79,8 @@ def record_problem(record: Any) -> str | None:
     try:
         RECORDS[kind, tier if kind == "check" else None].model_validate(record)
     except ValidationError as exc:
-        return f"a '{kind}' record: {_said(exc.errors(include_url=False)[0])}"
+        model = RECORDS[kind, tier if kind == "check" else None]
+        return f"a '{kind}' record: {_said(exc.errors(include_url=False)[0], model)}"
     return None
 
 
@@ -90,7 +93,7 @@ _EXPECTED = {"string_type": "a string", "int_type": "an integer", "float_type": 
              "list_type": "a list", "literal_error": "another value"}
 
 
-def _said(error: dict[str, Any]) -> str:
+def _said(error: dict[str, Any], model: type[BaseModel]) -> str:
     """One pydantic error as a record problem: 'config.tolerances.atol[0]: expected a number, got null'."""
     where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"]).lstrip(".")
     if error["type"] == "missing":
@@ -100,7 +103,34 @@ def _said(error: dict[str, Any]) -> str:
     expected = _EXPECTED.get(error["type"], error["msg"].lower().removeprefix("input should be "))
     got = "null" if error["input"] is None else {bool: "true or false", dict: "a mapping", list: "a list", str: "a string",
                                                  int: "an integer", float: "a number"}.get(type(error["input"]), "?")
+    if _allows_null(model, error["loc"]):
+        expected = expected.replace(" or ", ", ") + " or null"  # true, false or null
     return f"{where or 'the record'}: expected {expected}, got {got}"
+
+
+def _allows_null(model: type[BaseModel], loc: tuple) -> bool:
+    """Whether the field at `loc` in `model` (through its parts and lists) may be null."""
+    annotation: Any = model
+    for part in loc:
+        annotation = _one_of(annotation)
+        if isinstance(part, int):
+            args = typing.get_args(annotation)
+            if typing.get_origin(annotation) is not list or not args:
+                return False
+            annotation = args[0]
+        elif isinstance(annotation, type) and issubclass(annotation, BaseModel) and part in annotation.model_fields:
+            annotation = annotation.model_fields[part].annotation
+        else:  # a key of a mapping
+            return False
+    return type(None) in typing.get_args(annotation)
+
+
+def _one_of(annotation: Any) -> Any:
+    """`X` for `X | None`; anything else unchanged."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        rest = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return rest[0] if len(rest) == 1 else annotation
+    return annotation
 
 
 def undeclared_fields(model: BaseModel, where: str = "") -> list[str]:
