@@ -27,9 +27,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from parity.report.summary import judged, latency_rows, summarize
+from parity.records import tolerance_key
+from parity.records.summary import judged, latency_rows, summarize
 from parity.taxonomy import MEANINGS, SEVERITY
-from parity.verify.checks import tolerance_key
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "study.md"
@@ -487,7 +487,7 @@ def block_run(s: Study) -> str:
     builds = sum(r.get("build_s") or 0.0 for r in s.records if r["kind"] == "model")
     spent = builds + sum((r.get("prepare_s") or 0.0) + (r.get("run_s") or 0.0) for r in executions)
     lines = [
-        f"- torch {env['torch']}, torchvision {env['torchvision']}, onnx {env['onnx']}, onnxruntime {env['onnxruntime']}, "
+        f"- torch {env['torch']}, torchvision {env.get('torchvision')}, onnx {env.get('onnx')}, onnxruntime {env.get('onnxruntime')}, "
         f"python {env['python']}; {cpu.get('model', cpu.get('machine'))}, {cpu.get('count')} cores, "
         f"{env['threads']} torch threads; CUDA: {', '.join(env['cuda']['devices']) if env.get('cuda') else 'none'}; "
         f"parity at commit {(env.get('git_commit') or 'unknown')[:10]}.",

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from parity.records.view import RunView
 from tests.hostile_support import run_parity
 
 TINY = {"name": "tiny", "source": "python", "entry": "tests.fixtures.tiny:tiny_cnn"}
@@ -107,7 +108,7 @@ def assert_failed_with(outcome: Outcome, failure_class: str, *words: str) -> Non
     """The run ended (exit 1) with every check failed in `failure_class`: never a pass, never a traceback."""
     assert outcome.code == 1, f"exit {outcome.code}:\n{outcome.err}\n{outcome.out[-2000:]}"
     assert "Traceback" not in outcome.err, outcome.err
-    checks = [r for r in outcome.records if r["kind"] == "check" and r["tier"] == 1]
+    checks = RunView(outcome.records).checks(1)
     assert checks and all(not c["passed"] and c["failure_class"] == failure_class for c in checks), checks
     for w in words:
         assert any(w in (c["detail"] or "") for c in checks), [c["detail"] for c in checks]

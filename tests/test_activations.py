@@ -322,9 +322,9 @@ def test_a_whole_graph_verdict_is_rendered_in_every_report(tmp_path):
 
     from rich.console import Console
 
+    from parity.records.summary import summarize
     from parity.report.console import render
     from parity.report.html import render_html
-    from parity.report.summary import summarize
 
     data = tiny_experiment([{"backend": "tests.fixtures.whole_graph:GraphQuantEager", "name": "graph-quant"}],
                            tiers={"activations": True})

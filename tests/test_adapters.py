@@ -10,6 +10,7 @@ from torchvision.ops import batched_nms as plain_batched_nms
 
 from parity.adapters.nms import apply_deterministic_nms, deterministic_order, make_batched_nms
 from parity.errors import ParityError
+from parity.records.view import RunView
 
 
 def candidates():
@@ -98,15 +99,15 @@ def test_the_adapter_turns_a_detectors_decision_flip_into_agreement(tmp_path):
     from parity.api import run_experiment
 
     records = run_experiment(adapter_experiment(), tmp_path / "out")
-    tier3 = {r["model"]: r for r in records if r["kind"] == "check" and r["tier"] == 3}
-    tier1 = {r["model"]: r for r in records if r["kind"] == "check" and r["tier"] == 1}
+    tier3 = {r["model"]: r for r in RunView(records).checks(3)}
+    tier1 = {r["model"]: r for r in RunView(records).checks(1)}
     assert tier3["frcnn"]["passed"] is False and tier3["frcnn"]["failure_class"] == "decision_flip"
     assert tier3["frcnn"]["metrics"]["f1"] < 0.9
     assert tier1["frcnn"]["passed"] is False and tier1["frcnn"]["failure_class"] != "ordering"  # other boxes
     assert tier3["frcnn_nms"]["passed"] is True and tier3["frcnn_nms"]["metrics"]["f1"] == 1.0
     assert tier3["frcnn_nms"]["same_set"] is True
     assert tier1["frcnn_nms"]["passed"] is True, tier1["frcnn_nms"]["detail"]  # only the scores' jitter is left
-    notes = {r["model"]: r["adapters"] for r in records if r["kind"] == "model"}
+    notes = {r["model"]: r["adapters"] for r in RunView(records).models}
     assert notes["frcnn"] == [] and "proposal network" in notes["frcnn_nms"][0]
 
 

@@ -12,6 +12,7 @@ import torch
 from parity.cli import main
 from parity.execute import cache
 from parity.records import read_records
+from parity.records.view import RunView
 from tests.conftest import tiny_experiment
 
 EXPORTERS = [{"backend": "onnxruntime"}, {"backend": "torchscript"}, {"backend": "openvino"}]
@@ -32,7 +33,7 @@ def _run(write_yaml, tmp_path, name: str, *extra: str, targets=EXPORTERS, **over
     assert main(["run", str(path), "--out", str(out), "--quiet", *extra]) == 0
     records = read_records(out / "records.jsonl")
     executions = {r["backend"]: r for r in records if r["kind"] == "execution" and r["repeat"] == 0}
-    checks = {r["target"]: r for r in records if r["kind"] == "check" and r["tier"] == 1}
+    checks = {r["target"]: r for r in RunView(records).checks(1)}
     assert all(c["passed"] for c in checks.values()), checks
     return {"executions": executions, "checks": checks}
 
@@ -152,7 +153,7 @@ def _outcome(write_yaml, tmp_path, name: str, models: list[dict], targets: list[
                  "--cache-dir", str(tmp_path / "cache")])
     records = read_records(tmp_path / name / "records.jsonl")
     executions = {r["backend"]: r for r in records if r["kind"] == "execution" and r["repeat"] == 0}
-    checks = {r["target"]: r for r in records if r["kind"] == "check" and r["tier"] == 1}
+    checks = {r["target"]: r for r in RunView(records).checks(1)}
     return code, executions, checks
 
 

@@ -76,13 +76,13 @@ def test_a_found_set_is_applied_from_the_experiment_file_and_on_the_command_line
 
 
 def test_fallback_command_writes_its_record(tmp_path, capsys):
-    from parity.records import read_records
+    from parity.records.view import RunView
 
     data = tiny_experiment([{"backend": "eager", "dtype": "bfloat16"}], tolerances={"atol": [1e-1], "gate": 1e-1})
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(data))
     assert main(["fallback", str(path), "--out", str(tmp_path / "out")]) == 0
-    [record] = [r for r in read_records(tmp_path / "out") if r["kind"] == "fallback"]
+    [record] = RunView.read(tmp_path / "out").fallbacks
     assert record["runs_in"] == "float32" and record["passed"] and record["modules"] == []
 
 
@@ -122,7 +122,7 @@ def test_localize_and_fallback_never_write_over_a_runs_records(tmp_path, capsys)
 def test_a_set_that_is_the_whole_model_is_no_partial_fallback(tmp_path, capsys):
     """A fault in each of TinyCNN's three layers, on bfloat16 only: the one set that passes is every
     top-level module in float32, which the command says is the whole model, with a next step, exit 1."""
-    from parity.records import read_records
+    from parity.records.view import RunView
 
     data = tiny_experiment([{"backend": "eager", "dtype": "bfloat16"}], tolerances={"atol": [1e-2], "gate": 1e-2})
     data["models"][0]["entry"] = "tests.fixtures.whole_graph:faulty_everywhere"
@@ -132,7 +132,7 @@ def test_a_set_that_is_the_whole_model_is_no_partial_fallback(tmp_path, capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "no partial fallback exists; this is the whole model at the reference's precision (float32)" in out
     assert "apply it" not in out
-    [record] = [r for r in read_records(tmp_path / "out") if r["kind"] == "fallback"]
+    [record] = RunView.read(tmp_path / "out").fallbacks
     assert record["passed"] and record["whole_model"] and sorted(record["modules"]) == ["bn", "conv", "head"]
     assert f"next: {record['next_step']}" in out and "widen the gate" in record["next_step"]
 

@@ -13,7 +13,7 @@ from parity.config.schema import BackendSpec
 from parity.errors import ParityError
 from parity.execute.execution import execute
 from parity.inputs import Inputs
-from parity.verify.checks import tolerance_key
+from parity.records import tolerance_key
 from parity.verify.tensors import compare
 from tests.conftest import tiny_experiment
 from tests.fixtures.tiny import Pair, TwoInputs, WithNone

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from parity.records.view import RunView
 from parity.runner import local
 from tests.conftest import ROOT
 from tests.fixtures.exiting import ACTIONS
@@ -44,7 +45,7 @@ def run_case(tmp_path: Path, data: dict, *flags: str):
 
 def checks(out: Path) -> dict[str, dict]:
     lines = (out / "records.jsonl").read_text().splitlines()
-    return {r["target"]: r for r in map(json.loads, lines) if r["kind"] == "check" and r["tier"] == 1}
+    return {r["target"]: r for r in RunView(map(json.loads, lines)).checks(1)}
 
 
 def assert_crash_verdict(result, out: Path, said: str) -> None:

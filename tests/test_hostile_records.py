@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from parity.records import read_run
-from parity.report.summary import summarize
+from parity.records.summary import summarize
 from tests.hostile_support import assert_user_error, experiment, run_parity, write_experiment
 
 TARGETS = [{"backend": "eager", "name": "same"}, {"backend": "tests.fixtures.tiny:PerturbedEager", "name": "perturbed"}]

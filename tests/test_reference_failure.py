@@ -8,6 +8,7 @@ import xml.etree.ElementTree as ET
 
 from parity.cli import main
 from parity.records import read_records
+from parity.records.view import RunView
 from tests.conftest import tiny_experiment
 
 TARGETS = [{"backend": "eager", "name": "same"}, {"backend": "tests.fixtures.tiny:PerturbedEager", "name": "perturbed"}]
@@ -20,7 +21,7 @@ def _run(write_yaml, tmp_path, exp, *extra):
 
 
 def _tier1(records):
-    return {r["target"]: r for r in records if r["kind"] == "check" and r["tier"] == 1}
+    return {r["target"]: r for r in RunView(records).checks(1)}
 
 
 def test_a_model_that_raises_on_its_inputs_is_a_user_error_and_no_target_is_charged(write_yaml, tmp_path, capsys):

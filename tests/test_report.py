@@ -19,8 +19,8 @@ import yaml
 
 from parity.cli import main
 from parity.records import read_records
+from parity.records.summary import summarize
 from parity.report.html import SECTIONS, render_html
-from parity.report.summary import summarize
 from tests import browser
 from tests.conftest import EVERY_OUTCOME as TARGETS
 from tests.conftest import tiny_experiment

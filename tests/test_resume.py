@@ -20,10 +20,11 @@ from parity.api import run_experiment
 from parity.cli import main
 from parity.errors import ParityError
 from parity.records import RecordWriter, read_records, record_key
+from parity.records.view import RunView
 from tests.conftest import ROOT, tiny_experiment
 
 LOGGED = "tests.fixtures.tiny:LoggedEager"
-# The fields a `run` record must hold to be read back (records.SHAPES), for tests that write records by hand.
+# The fields a `run` record must hold to be read back (records/models.py), for tests that write records by hand.
 RUN = {"experiment": "x", "digest": "d", "base_dir": ".", "environment": {},
        "config": {"tolerances": {"atol": [1e-5], "rtol": 0.0}}}
 
@@ -83,8 +84,8 @@ def test_a_torn_last_line_is_cut_off_before_appending(tmp_path, capsys):
     assert [r["kind"] for r in read_records(path)] == ["run", "model"]  # readers skip it
     with RecordWriter(path, resume=True) as writer:
         assert [r["kind"] for r in writer.records] == ["run", "model"] and writer.torn == 40
-        with pytest.raises(RuntimeError):
-            writer.write("check", model="m", inputs="i", target="t", tier=1)  # never glued onto the torn line
+        with pytest.raises(RuntimeError, match="torn line"):  # never glued onto the torn line
+            writer.write("warning", model="m", inputs="i", message="constant")
         assert writer.drop_torn_line() == 40
         assert path.read_bytes() == whole
         assert writer.write("model", model="m") is None  # already there: not written again
@@ -241,13 +242,11 @@ def test_killed_at_any_moment_and_resumed_the_records_match_an_uninterrupted_run
     judged_before: list[set] = []  # per process: the judgements already recorded when it started
     pids: list[int] = []
     for lines in (2, 15, 33, 52):
-        judged_before.append({(r["model"], r["inputs"], r["target"]) for r in (read_records(path) if path.exists() else [])
-                              if r["kind"] == "check" and r["tier"] == 1})
+        judged_before.append({RunView.identity(c) for c in RunView(read_records(path) if path.exists() else []).checks(1)})
         proc = _cli(["killed.yaml", "--out", "killed", "--quiet"], tmp_path)
         pids.append(proc.pid)
         _kill_after(proc, path, lines)
-    judged_before.append({(r["model"], r["inputs"], r["target"]) for r in read_records(path)
-                          if r["kind"] == "check" and r["tier"] == 1})
+    judged_before.append({RunView.identity(c) for c in RunView(read_records(path)).checks(1)})
     last = _cli(["killed.yaml", "--out", "killed", "--quiet"], tmp_path)
     pids.append(last.pid)
     last_err = last.communicate(timeout=300)[1]

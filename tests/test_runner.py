@@ -16,7 +16,7 @@ from parity.execute.execution import execute
 from parity.inputs import build_inputs
 from parity.models import build_model
 from parity.records import SCHEMA_VERSION, read_records
-from parity.report.summary import summarize
+from parity.records.summary import summarize
 from tests.conftest import BF16_AT_FLOAT32, tiny_experiment
 
 PERTURBED = {"backend": "tests.fixtures.tiny:PerturbedEager", "name": "perturbed"}

@@ -8,6 +8,7 @@ import torch
 
 from parity.api import run_experiment
 from parity.config.schema import Tasks
+from parity.records.view import RunView
 from parity.verify.tasks import evaluate
 from parity.verify.tasks.classification import rank_distance
 from parity.verify.tasks.detection import average_precision, match
@@ -104,7 +105,7 @@ def test_run_writes_tier3_checks_and_fails_on_a_flip(tmp_path):
                            tiers={"tasks": {"top1_agreement": 1.0}})
     data["models"][0]["task"] = "classification"
     records = run_experiment(data, out=tmp_path)
-    tier3 = {r["target"]: r for r in records if r["kind"] == "check" and r["tier"] == 3}
+    tier3 = {r["target"]: r for r in RunView(records).checks(3)}
     assert tier3["same"]["passed"] and tier3["same"]["metrics"]["top1_agreement"] == 1.0
     assert set(tier3["perturbed"]["metrics"]) >= {"top1_agreement", "top5_overlap", "kl_divergence", "rank_distance"}
 
@@ -132,7 +133,7 @@ def test_class_scores_among_several_outputs_are_named_not_guessed(tmp_path, caps
     data["models"][0].update(entry="tests.fixtures.tiny:features_and_logits", task="classification")
     data["inputs"] = [{"name": "x", "synthetic": {"shape": [4, 3, 2, 2]}}]
     records = run_experiment(data, out=tmp_path / "guess")
-    [tier3] = [r for r in records if r["kind"] == "check" and r["tier"] == 3]
+    [tier3] = RunView(records).checks(3)
     assert tier3["failure_class"] == "structure_mismatch" and "tiers.tasks.output" in tier3["detail"]
     data["tiers"] = {"tasks": {"output": "out[1]"}}
     path = tmp_path / "named.yaml"

@@ -37,9 +37,9 @@ def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
     from parity.api import default_out_dir, run_experiment
     from parity.config import load_experiment
     from parity.outdir import prepare, user_path
+    from parity.records.summary import exit_code, summarize
     from parity.report import write_reports
     from parity.report.console import render
-    from parity.report.summary import exit_code, summarize
 
     if experiments is None:
         experiments = [load_experiment(f) for f in args.files]  # every file is validated before anything runs
@@ -71,8 +71,10 @@ def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
 
 def _print_tracebacks(records: list[dict]) -> None:
     """`--verbose`: each failed execution's whole traceback, as its record keeps it."""
-    for r in records:
-        if r["kind"] == "execution" and r.get("traceback"):
+    from parity.records.view import RunView
+
+    for r in RunView.of(records).executions():
+        if r.get("traceback"):
             print(f"\n--- {r['model']} / {r['inputs']} / {r['backend']} (repeat {r['repeat']}): {r.get('error')}\n"
                   f"{r['traceback']}", file=sys.stderr)
 
@@ -81,10 +83,11 @@ def _every_check_judged(exp, records: list[dict], out_dir: Path) -> int:
     """EXIT_OK when summary.json was written and every planned check has its tier-1 verdict in the records;
     else EXIT_BUG with a message: a run that lost a check must never exit 0 (nothing user code does should
     get here; the runner turns it into verdicts)."""
+    from parity.records.view import RunView
     from parity.runner.plan import plan
 
     planned = {(j.model.name, j.inputs.name, t.id) for j in plan(exp) for t in j.targets}
-    judged = {(r["model"], r["inputs"], r["target"]) for r in records if r["kind"] == "check" and r["tier"] == 1}
+    judged = {RunView.identity(c) for c in RunView.of(records).checks(1)}
     missing = sorted(planned - judged)
     if missing or not (out_dir / "summary.json").is_file():
         what = (f"{len(missing)} of {len(planned)} planned checks have no verdict ({' / '.join(missing[0])} first)"
@@ -143,16 +146,16 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     """Render summary.json, report.md, report.html and junit.xml again from a run's records.jsonl alone."""
     from parity.outdir import prepare, user_path
-    from parity.records import read_run
+    from parity.records.summary import summarize, write_summary
+    from parity.records.view import RunView
     from parity.report import write_reports
-    from parity.report.summary import summarize, write_summary
 
     out_dir = user_path(args.run_dir, "RUN_DIR")
-    records = read_run(out_dir)
+    view = RunView.read(out_dir)
     prepare(out_dir, "RUN_DIR")  # where the reports go: no link, no folder in a report's place
-    summary = summarize(records)
+    summary = summarize(view)
     write_summary(summary, out_dir / "summary.json")
-    for path in [out_dir / "summary.json", *write_reports(out_dir, records, summary)]:
+    for path in [out_dir / "summary.json", *write_reports(out_dir, view, summary)]:
         print(f"{path.name + ':':<13} {path}")
     return EXIT_OK
 
@@ -240,10 +243,11 @@ def _write_records(out: str | None, exp, kind: str, record: dict) -> None:
     if not out:
         return
     from parity.records import RecordWriter, environment
+    from parity.runner.local import libraries
 
     with RecordWriter(user_path_of(out) / "records.jsonl") as writer:
         writer.write("run", experiment=exp.name, config=exp.model_dump(mode="json"), base_dir=str(exp.base_dir),
-                     environment=environment(exp.base_dir))
+                     environment=environment(exp.base_dir, libraries=libraries(exp)))
         writer.write(kind, **record)
     print(f"records: {user_path_of(out) / 'records.jsonl'}")
 

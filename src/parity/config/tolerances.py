@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from parity.records.keys import default_gate
+
 # torch.testing.assert_close's defaults (rtol, atol), for the reduced-precision dtypes.
 DTYPE_DEFAULTS = {"bfloat16": (1.6e-2, 1e-5), "float16": (1e-3, 1e-5)}
 PRECISION = {"float64": 3, "float32": 2, "bfloat16": 1, "float16": 1}
@@ -34,11 +36,6 @@ def _glob(pattern: str) -> re.Pattern:
     """`*` any run of characters, `?` one; everything else literal, brackets too, so that
     `out[*]['boxes']` means every image's boxes (fnmatch would read `[*]` as a character class)."""
     return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern), re.S)
-
-
-def default_gate(sweep: list[float]) -> float:
-    """1e-4 when the sweep has it, else its largest atol."""
-    return 1e-4 if 1e-4 in sweep else max(sweep)
 
 
 @dataclass(frozen=True)

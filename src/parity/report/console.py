@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from parity.report.next_steps import layers_by_check, next_steps
+from parity.records.view import RunView
+from parity.report.next_steps import next_steps
 
 
 def _cell(checks: list[dict]) -> str:
@@ -56,6 +57,14 @@ def tolerance_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def environment_line(env: dict[str, Any]) -> str:
+    """One line for what the numbers depend on: the recorded libraries' versions, python, CPU, threads, CUDA.
+    Records written before the runner chose the libraries have no `libraries`: torch, torchvision, onnxruntime."""
+    versions = ", ".join(f"{name} {env.get(name)}" for name in env.get("libraries", ("torch", "torchvision", "onnxruntime")))
+    return (f"{versions}, python {env['python']}, {env['cpu'].get('model', env['cpu']['machine'])}, {env['threads']} threads, "
+            f"CUDA: {env['cuda']['devices'] if env['cuda'] else 'none'}")
+
+
 def describe_note(note: dict[str, Any]) -> str:
     """One line for what a backend warned of: `trace_specialized: "if x.mean() > 0:" at model.py:12`."""
     where = f" at {note['where']}" if note.get("where") else ""
@@ -70,14 +79,15 @@ def warned(checks: list[dict]) -> list[tuple[dict, list[str]]]:
     return [(c, [describe_note(n) for n in c["warnings"]]) for c in checks if c.get("warnings")]
 
 
-def render(records: list[dict], summary: dict[str, Any], out_dir, console, reports=()) -> None:
+def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, console, reports=()) -> None:
     """The table and the findings; then where the records, the summary and `reports` (paths) are."""
     from rich.markup import escape
     from rich.table import Table
 
-    checks = [r for r in records if r["kind"] == "check" and r["tier"] == 1]
+    view = RunView.of(records)
+    checks = view.checks(1)
     targets = list(summary["per_target"])
-    rows = list(dict.fromkeys((c["model"], c["inputs"]) for c in checks))
+    rows = view.pairs()
     table = Table(title=f"{summary['experiment']}: {tolerance_title(summary)} (verdict, max abs difference)")
     table.add_column("model / inputs")
     for t in targets:
@@ -98,30 +108,25 @@ def render(records: list[dict], summary: dict[str, Any], out_dir, console, repor
                if e["user_error"] else "no target was judged")
         console.print("[magenta]reference failed[/magenta] " + escape(f"{e['model']} / {e['inputs']}: {e['reference']}: "
                                                                       f"{e['detail']} ({why})"), soft_wrap=True)
-    run = next(r for r in records if r["kind"] == "run")
-    layers = layers_by_check(records)
-    for c in checks:
-        if c["status"] == "ok" and not c["passed"]:
-            console.print("[red]failed[/red] " + escape(f"{c['model']} / {c['inputs']} / {c['target']}: "
-                                                          f"{c['failure_class']}: {c['detail']}"), soft_wrap=True)
-            for line in next_steps(c, run, layers):
-                console.print("  " + escape(line), soft_wrap=True)
+    for c in view.failed(1):
+        console.print("[red]failed[/red] " + escape(f"{view.key(c)}: {c['failure_class']}: {c['detail']}"), soft_wrap=True)
+        for line in next_steps(c, view):
+            console.print("  " + escape(line), soft_wrap=True)
     for c, lines in warned(checks):
         more = f" (and {len(lines) - 3} more in the records)" if len(lines) > 3 else ""
         for i, line in enumerate(lines[:3]):
-            console.print("[yellow]warning[/yellow] " + escape(f"{c['model']} / {c['inputs']} / {c['target']}: {line}"
+            console.print("[yellow]warning[/yellow] " + escape(f"{view.key(c)}: {line}"
                                                                + (more if i == 2 else "")), soft_wrap=True)
-    tier3 = [r for r in records if r["kind"] == "check" and r["tier"] == 3]
-    for c in tier3:
+    for c in view.checks(3):
         m = c["metrics"]
         shown = {"classification": ("top1_agreement", "top5_overlap", "kl_divergence"),
                  "detection": ("f1", "map", "box_count_change", "max_box_drift"),
                  "segmentation": ("pixel_agreement", "miou")}.get(c["task"], ())
         figures = ", ".join(f"{k} {m[k]:.4g}" if isinstance(m[k], int | float) else f"{k} {m[k]}" for k in shown if k in m)
         verdict = "[green]agrees[/green]" if c["passed"] else f"[red]{c['failure_class']}[/red]"
-        console.print(f"tier 3 {verdict} " + escape(f"{c['model']} / {c['inputs']} / {c['target']}: {figures}"
+        console.print(f"tier 3 {verdict} " + escape(f"{view.key(c)}: {figures}"
                                                     + (f" ({c['detail']})" if c["detail"] else "")), soft_wrap=True)
-        for line in next_steps(c, run, layers) if not c["passed"] else ():
+        for line in next_steps(c, view) if not c["passed"] else ():
             console.print("  " + escape(line), soft_wrap=True)
     for key, loc in summary.get("localized", {}).items():
         if loc["error"]:
@@ -165,7 +170,7 @@ def render_layers(record: dict[str, Any], console) -> None:
         return
     suspects = {s["name"] for s in record["suspects"]}
     for level in record["levels"]:
-        title = f"{record['model']} / {record['inputs']} / {record['target']}: layers of {level['parent'] or 'the model'}"
+        title = f"{RunView.key(record)}: layers of {level['parent'] or 'the model'}"
         table = Table(title=escape(title))
         for col in ("layer", "local max abs", "local rel rmse", "local SQNR dB", "propagated rel rmse", "R"):
             table.add_column(col, justify="left" if col == "layer" else "right")

@@ -12,12 +12,13 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from parity.records import tolerance_key
+from parity.records.summary import latency_rows
+from parity.records.view import RunView
 from parity.report import pictures, plots
 from parity.report.console import describe_note, tolerance_lines, tolerance_title
-from parity.report.next_steps import layers_by_check, next_steps
-from parity.report.summary import latency_rows
+from parity.report.next_steps import next_steps
 from parity.taxonomy import MEANINGS, SEVERITY
-from parity.verify.checks import tolerance_key
 
 PICTURED_IMAGES = 4  # images drawn per detection check; the rest are counted, not drawn
 
@@ -62,16 +63,15 @@ def _seconds(x: float | None) -> str:
     return f"{x * 1e3:.3g} ms" if x < 1 else f"{x:.3g} s"
 
 
-def _key(check: dict) -> str:
-    return f"{check['model']} / {check['inputs']} / {check['target']}"
+_key = RunView.key
 
 
 def _environment(run: dict[str, Any]) -> list[tuple[str, str]]:
     env = run.get("environment") or {}
     cpu = env.get("cpu") or {}
     cuda = env.get("cuda")
-    rows = [(name, env.get(name)) for name in ("python", "platform", "parity", "torch", "torchvision", "onnx",
-                                               "onnxruntime", "openvino", "numpy")]
+    libraries = env.get("libraries", ("torch", "torchvision", "onnx", "onnxruntime", "openvino", "numpy"))  # older records
+    rows = [(name, env.get(name)) for name in ("python", "platform", "parity", *libraries)]
     rows += [
         ("cpu", f"{cpu.get('model', cpu.get('machine', '?'))}, {cpu.get('count', '?')} cores"
                 + (f"; {' '.join(cpu['flags'])}" if cpu.get("flags") else "")),
@@ -80,8 +80,7 @@ def _environment(run: dict[str, Any]) -> list[tuple[str, str]]:
         ("git commit", env.get("git_commit")),
         ("experiment folder", run.get("base_dir")),
     ]
-    return [(k, "not installed" if v is None and k in ("onnx", "onnxruntime", "openvino") else str(v if v is not None else "–"))
-            for k, v in rows]
+    return [(k, "not installed" if v is None and k in libraries else str(v if v is not None else "–")) for k, v in rows]
 
 
 def _setup(run: dict[str, Any], summary: dict[str, Any]) -> list[tuple[str, str]]:
@@ -141,15 +140,12 @@ def _pass_rates(checks: list[dict], keys: list[str]) -> tuple[list[str], dict[tu
     return models, {cell: (passed[cell] / n if n else None) for cell, n in total.items()}
 
 
-def _failures(checks: list[dict], run: dict[str, Any], layers: dict[tuple, dict]) -> list[dict[str, Any]]:
+def _failures(view: RunView) -> list[dict[str, Any]]:
     out = []
-    for c in checks:
-        if c["status"] != "ok" or c["passed"]:
-            continue
-        worst = sorted((leaf for leaf in c.get("leaves") or [] if leaf.get("failure_class")),
-                       key=lambda leaf: -(leaf.get("max_abs") or 0.0))[:5]
+    for c in [*view.failed(1), *view.failed(3)]:
+        worst = view.worst_leaves(c, 5)
         out.append({"key": _key(c), "tier": c["tier"], "failure_class": c["failure_class"], "detail": c.get("detail") or "",
-                    "next": next_steps(c, run, layers),
+                    "next": next_steps(c, view),
                     "leaves": [{"name": leaf["name"], "failure_class": leaf["failure_class"],
                                 "max_abs": _sci(leaf.get("max_abs")), "max_rel": _sci(leaf.get("max_rel")),
                                 "cosine": _cosine(leaf.get("cosine")), "mismatch": _num(leaf.get("mismatch_fraction")),
@@ -195,7 +191,7 @@ def _tier3_tables(tier3: list[dict]) -> list[dict[str, Any]]:
 def _tier2(layers: list[dict]) -> list[dict[str, Any]]:
     out = []
     for r in layers:
-        entry = {"key": f"{r['model']} / {r['inputs']} / {r['target']}", "error": r.get("error")}
+        entry = {"key": _key(r), "error": r.get("error")}
         if not r.get("error"):
             entry.update(
                 verdict=r["verdict"], mode=r["mode"], threshold=r["threshold"],
@@ -226,7 +222,7 @@ def _detections(tier3: list[dict]) -> list[dict[str, Any]]:
     return out
 
 
-def _latency(records: list[dict]) -> tuple[list[dict], str | None]:
+def _latency(records: RunView) -> tuple[list[dict], str | None]:
     rows = latency_rows(records)
     table = [{**r, "median": _seconds(r["median_s"]), "min": _seconds(r["min_s"]), "max": _seconds(r["max_s"]),
               "prepare": _seconds(r["prepare_s"]), "repeats": len(r["run_s"]),
@@ -236,14 +232,12 @@ def _latency(records: list[dict]) -> tuple[list[dict], str | None]:
     return table, plots.latency_chart(timed) if timed else None
 
 
-def render_html(records: list[dict], summary: dict[str, Any]) -> str:
+def render_html(records: RunView | list[dict], summary: dict[str, Any]) -> str:
     """The whole page as one string."""
     import jinja2
 
-    run = next(r for r in records if r["kind"] == "run")
-    checks = [r for r in records if r["kind"] == "check" and r["tier"] == 1]
-    tier3 = [r for r in records if r["kind"] == "check" and r["tier"] == 3]
-    layers = [r for r in records if r["kind"] == "layers"]
+    view = RunView.of(records)
+    run, checks, tier3, layers = view.run, view.checks(1), view.checks(3), view.layers
     targets = list(summary["per_target"])
     keys = [tolerance_key(a) for a in summary["tolerances"]]
 
@@ -256,7 +250,7 @@ def render_html(records: list[dict], summary: dict[str, Any]) -> str:
         if ran:
             curves[target] = [info["per_tolerance"][k] / ran for k in keys]
     taxonomy_rows, taxonomy_plot = _taxonomy(checks, tier3)
-    latency_table, latency_plot = _latency(records)
+    latency_table, latency_plot = _latency(view)
     totals = summary["totals"]
     context = {
         "title": f"parity report: {summary['experiment']}",
@@ -288,7 +282,7 @@ def render_html(records: list[dict], summary: dict[str, Any]) -> str:
         "sweep": plots.sweep_curve(summary["tolerances"], curves, summary["gate"]) if curves else None,
         "taxonomy_rows": taxonomy_rows,
         "taxonomy_plot": taxonomy_plot,
-        "failures": _failures([*checks, *tier3], run, layers_by_check(records)),
+        "failures": _failures(view),
         "latency_rows": latency_table,
         "latency_plot": latency_plot,
         "tier2": _tier2(layers),

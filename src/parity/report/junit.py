@@ -14,8 +14,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from parity.records.view import RunView
 from parity.report.console import describe_note
-from parity.report.next_steps import layers_by_check, next_steps
+from parity.report.next_steps import next_steps
 
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")  # characters XML 1.0 cannot hold
 
@@ -24,14 +25,10 @@ def _clean(text: Any) -> str:
     return _NOT_XML.sub("?", str(text))
 
 
-def _time(records: list[dict], check: dict) -> float:
+def _time(view: RunView, check: dict) -> float:
     """The target's own execution time on this model and input set: prepare plus every repeat."""
-    total = 0.0
-    for r in records:
-        if (r["kind"] == "execution" and r["model"] == check["model"] and r["inputs"] == check["inputs"]
-                and r["backend"] == check["target"]):
-            total += (r.get("prepare_s") or 0.0) + (r.get("run_s") or 0.0)
-    return total
+    return sum((r.get("prepare_s") or 0.0) + (r.get("run_s") or 0.0)
+               for r in view.executions(model=check["model"], inputs=check["inputs"], backend=check["target"]))
 
 
 def _body(check: dict[str, Any], steps: list[str]) -> str:
@@ -41,9 +38,7 @@ def _body(check: dict[str, Any], steps: list[str]) -> str:
     if check["tier"] == 1:
         if check.get("required_atol") is not None:
             lines.append(f"required atol {check['required_atol']:.3g} at rtol {check['rtol']:g} (gate {check['gate']:g})")
-        worst = sorted((leaf for leaf in check.get("leaves") or [] if leaf.get("failure_class")),
-                       key=lambda leaf: -(leaf.get("max_abs") or 0.0))[:5]
-        for leaf in worst:
+        for leaf in RunView.worst_leaves(check, 5):
             lines.append(f"  {leaf['name']}: {leaf['failure_class']}"
                          + (f", max abs {leaf['max_abs']:.3g}" if leaf.get("max_abs") is not None else "")
                          + (f" ({leaf['detail']})" if leaf.get("detail") else ""))
@@ -52,14 +47,14 @@ def _body(check: dict[str, Any], steps: list[str]) -> str:
     return "\n".join(lines)
 
 
-def render_junit(records: list[dict], summary: dict[str, Any]) -> str:
-    run = next(r for r in records if r["kind"] == "run")
-    checks = [r for r in records if r["kind"] == "check"]
-    layers = layers_by_check(records)
+def render_junit(records: RunView | list[dict], summary: dict[str, Any]) -> str:
+    view = RunView.of(records)
+    run, checks = view.run, view.checks()
     suite = ET.Element("testsuite", name=f"parity.{run['experiment']}")
     props = ET.SubElement(suite, "properties")
     env = run.get("environment") or {}
-    for key in ("torch", "torchvision", "onnxruntime", "openvino", "python", "platform", "git_commit"):
+    libraries = env.get("libraries", ("torch", "torchvision", "onnxruntime", "openvino"))  # older records: these
+    for key in (*libraries, "python", "platform", "git_commit"):
         if env.get(key):
             ET.SubElement(props, "property", name=key, value=_clean(env[key]))
     if summary.get("gate") is not None:
@@ -68,7 +63,7 @@ def render_junit(records: list[dict], summary: dict[str, Any]) -> str:
     failures = skipped = errors = 0
     total_time = 0.0
     for check in checks:
-        seconds = _time(records, check) if check["tier"] == 1 else 0.0
+        seconds = _time(view, check) if check["tier"] == 1 else 0.0
         total_time += seconds
         case = ET.SubElement(suite, "testcase", classname=_clean(f"{check['model']}/{check['inputs']}"),
                              name=_clean(f"{check['target']} tier {check['tier']}"), time=f"{seconds:.3f}")
@@ -79,12 +74,12 @@ def render_junit(records: list[dict], summary: dict[str, Any]) -> str:
             errors += 1
             error = ET.SubElement(case, "error", type=_clean(check["failure_class"]),
                                   message=_clean(f"{check['failure_class']}: {check['detail']}"))
-            error.text = _clean("\n".join([check["detail"], *next_steps(check, run, layers)]))
+            error.text = _clean("\n".join([check["detail"], *next_steps(check, view)]))
         elif not check["passed"]:
             failures += 1
             failure = ET.SubElement(case, "failure", type=_clean(check["failure_class"]),
                                     message=_clean(f"{check['failure_class']}: {check['detail']}"))
-            failure.text = _clean(_body(check, next_steps(check, run, layers)))
+            failure.text = _clean(_body(check, next_steps(check, view)))
         if check.get("warnings"):  # what the target warned of, whatever the verdict
             ET.SubElement(case, "system-out").text = _clean("\n".join(describe_note(n) for n in check["warnings"]))
     counts = {"tests": str(len(checks)), "failures": str(failures), "errors": str(errors), "skipped": str(skipped),

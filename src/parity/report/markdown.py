@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from parity.report.console import tolerance_lines, tolerance_title, warned
-from parity.report.next_steps import layers_by_check, next_steps
-from parity.report.summary import latency_rows
-from parity.verify.checks import tolerance_key
+from parity.records import tolerance_key
+from parity.records.summary import latency_rows
+from parity.records.view import RunView
+from parity.report.console import environment_line, tolerance_lines, tolerance_title, warned
+from parity.report.next_steps import next_steps
 
 
 def _fmt(x: Any) -> str:
@@ -18,10 +19,9 @@ def _fmt(x: Any) -> str:
     return f"{x:.2e}" if isinstance(x, float) else str(x)
 
 
-def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
-    run = next(r for r in records if r["kind"] == "run")
-    env = run["environment"]
-    checks = [r for r in records if r["kind"] == "check" and r["tier"] == 1]
+def render_markdown(records: RunView | list[dict], summary: dict[str, Any]) -> str:
+    view = RunView.of(records)
+    checks = view.checks(1)
     keys = [tolerance_key(a) for a in summary["tolerances"]]
     t = summary["totals"]
     gate = "" if summary["gate"] is None else " " + tolerance_title(summary).removeprefix("tier 1 ")
@@ -34,9 +34,7 @@ def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
         + (f" Tier 3: **{summary['tier3']['passed']} agree, {summary['tier3']['failed']} differ**."
            if summary["tier3"]["checks"] else ""),
         "",
-        f"torch {env['torch']}, torchvision {env['torchvision']}, onnxruntime {env['onnxruntime']}, "
-        f"python {env['python']}, {env['cpu'].get('model', env['cpu']['machine'])}, {env['threads']} threads, "
-        f"CUDA: {env['cuda']['devices'] if env['cuda'] else 'none'}",
+        environment_line(view.run["environment"]),
         "",
         *[f"- {line}" for line in tolerance_lines(summary)],
         "",
@@ -66,20 +64,18 @@ def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
                    else "the reference could not run")
             lines.append(f"- **{e['model']} / {e['inputs']}**: {why}; targets not run: {', '.join(e['targets'])}. "
                          f"{e['detail']}")
-    failed = [c for c in checks if c["status"] == "ok" and not c["passed"]]
+    failed = view.failed(1)
     if failed:
         lines += ["", "## Failures", ""]
         for c in failed:
-            lines.append(f"- **{c['model']} / {c['inputs']} / {c['target']}**: `{c['failure_class']}`: {c['detail']}")
+            lines.append(f"- **{view.key(c)}**: `{c['failure_class']}`: {c['detail']}")
             lines += [f"  - {line.split(': ', 1)[0]}: `{line.split(': ', 1)[1]}`" if line.startswith("next: ")
-                      else f"  - {line}" for line in next_steps(c, run, layers_by_check(records))]
-            worst = sorted((leaf for leaf in c["leaves"] if leaf.get("failure_class")),
-                           key=lambda leaf: -(leaf.get("max_abs") or 0.0))[:5]
-            for leaf in worst:
+                      else f"  - {line}" for line in next_steps(c, view)]
+            for leaf in view.worst_leaves(c, 5):
                 lines.append(f"  - `{leaf['name']}`: max abs {_fmt(leaf.get('max_abs'))}, max rel {_fmt(leaf.get('max_rel'))}, "
                              f"cosine {_fmt(leaf.get('cosine'))}, mismatched {_fmt(leaf.get('mismatch_fraction'))}"
                              + (f" ({leaf['detail']})" if leaf.get("detail") else ""))
-    tier3 = [r for r in records if r["kind"] == "check" and r["tier"] == 3]
+    tier3 = view.checks(3)
     if tier3:
         lines += ["", "## Task-level agreement (tier 3)", "", "| model | inputs | target | task | verdict | metrics |",
                   "|---|---|---|---|---|---|"]
@@ -87,11 +83,11 @@ def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
             metrics = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in c["metrics"].items())
             verdict = "agrees" if c["passed"] else f"{c['failure_class']}: {c['detail']}".replace("|", "\\|")
             lines.append(f"| {c['model']} | {c['inputs']} | {c['target']} | {c['task']} | {verdict} | {metrics} |")
-    layers = [r for r in records if r["kind"] == "layers"]
+    layers = view.layers
     if layers:
         lines += ["", "## Where the failing checks diverge (tier 2)", ""]
         for r in layers:
-            head = f"- **{r['model']} / {r['inputs']} / {r['target']}**: "
+            head = f"- **{view.key(r)}**: "
             if r.get("error"):
                 lines.append(head + f"localization failed: {r['error']}")
                 continue
@@ -110,7 +106,7 @@ def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
                   "A trace that took one branch of a data-dependent `if` is right only for inputs that take the same "
                   "branch, whatever this run's verdict.", ""]
         for c, notes in warned(checks):
-            lines += [f"- **{c['model']} / {c['inputs']} / {c['target']}** ({'pass' if c['passed'] else 'FAIL'}): {n}"
+            lines += [f"- **{view.key(c)}** ({'pass' if c['passed'] else 'FAIL'}): {n}"
                       for n in notes]
     skipped = {c["target"]: c["detail"] for c in checks if c["status"] == "skipped"}
     if skipped:
@@ -118,7 +114,7 @@ def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
     lines += ["", "## Latency per model, input set and backend", "",
               "Timed repeats only (the warm-up runs before them are not timed); prepare (export, compile, load) apart.",
               "", "| model | inputs | backend | repeats | median run s | min | max | prepare s |", "|---|---|---|---|---|---|---|---|"]
-    for row in latency_rows(records):
+    for row in latency_rows(view):
         if row["median_s"] is None:
             lines.append(f"| {row['model']} | {row['inputs']} | {row['backend']} | {row['status']} | | | | |")
             continue
@@ -128,7 +124,7 @@ def render_markdown(records: list[dict], summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_markdown(records: list[dict], summary: dict[str, Any], path: Path) -> None:
+def write_markdown(records: RunView | list[dict], summary: dict[str, Any], path: Path) -> None:
     from parity.outdir import write_text
 
     write_text(path, render_markdown(records, summary))  # whole or not at all

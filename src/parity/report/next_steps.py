@@ -6,10 +6,12 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from parity import taxonomy as tx
+from parity.records.view import RunView
 from parity.verify.localize import LOCALIZABLE as RUN_LOCALIZES
 from parity.verify.tasks import EVALUATED
 
-LOCALIZABLE = (*RUN_LOCALIZES, "ordering")  # tier-1 failures that a layer's numbers can explain
+LOCALIZABLE = (*RUN_LOCALIZES, tx.ORDERING)  # tier-1 failures that a layer's numbers can explain
 
 
 def _targets(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -25,14 +27,14 @@ def _targets(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def next_steps(check: dict[str, Any], run: dict[str, Any], layers: dict[tuple, dict[str, Any]]) -> list[str]:
+def next_steps(check: dict[str, Any], view: RunView) -> list[str]:
     """Lines for a failed (or errored) check: the culprit tier 2 named, then the commands that help."""
     if check["status"] == "skipped" or check.get("passed"):
         return []
     if check["status"] == "error":
         return ["fix the model or the input set so that the reference runs; no target was judged"]
-    key = (check["model"], check["inputs"], check["target"])
-    found = layers.get(key)
+    run = view.run
+    found = view.layers_for(check)
     config = run.get("config") or {}
     task = next((m.get("task") for m in config.get("models") or [] if m.get("name") == check["model"]), None)
     file = shlex.quote(run["file"]) if run.get("file") else "EXPERIMENT.yaml"
@@ -41,17 +43,14 @@ def next_steps(check: dict[str, Any], run: dict[str, Any], layers: dict[tuple, d
     if found and not found.get("error") and found.get("culprit"):
         where = f" ({found['culprit_code']})" if found.get("culprit_code") else ""
         lines.append(f"diverges at {found['culprit']}{where}")
-        lines.append(f"next: parity reduce RUN_DIR --check {shlex.quote('/'.join(key))} (a standalone repro script)")
+        lines.append(f"next: parity reduce RUN_DIR --check {shlex.quote('/'.join((check['model'], check['inputs'], check['target'])))} (a standalone repro script)")
     failure = check.get("failure_class")
     if failure in LOCALIZABLE and not found:
         lines.append(f"next: parity localize {file} {which}")
     target = _targets(run).get(check["target"], {})
     reduced = target.get("dtype") in ("bfloat16", "float16")
-    if failure in (*LOCALIZABLE, "decision_flip") and (reduced or target.get("backend") == "compile"):
+    if failure in (*LOCALIZABLE, tx.DECISION_FLIP) and (reduced or target.get("backend") == "compile"):
         tier = " --tier 3" if task in EVALUATED else ""
         lines.append(f"next: parity fallback {file} {which}{tier}")
     return lines
 
-
-def layers_by_check(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
-    return {(r["model"], r["inputs"], r["target"]): r for r in records if r["kind"] == "layers"}

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from parity import taxonomy as tx
 from parity.adapters import apply_adapters
 from parity.adapters.fallback import fallback_for
 from parity.config.schema import Experiment
@@ -32,6 +33,7 @@ from parity.execute.execution import Execution, ends_the_program
 from parity.inputs import build_inputs
 from parity.models import build_model, source_fingerprint
 from parity.records import NOT_DIGESTED, RecordWriter, environment, experiment_digest
+from parity.records.summary import summarize, write_summary
 from parity.runner.executors import Executor, configured_model, make_executor
 from parity.runner.plan import Job, plan
 from parity.verify.checks import gate_on_task, reference_error_check, tier1_check
@@ -127,8 +129,8 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
         target = run(spec)
         check = tier1_check(job, target, reference, oracle, exp)
         task = task_check(job, target, reference, exp, inputs) if exp.tiers.evaluate_tasks else None
-        if task and task["same_set"] and check["failure_class"] == "numeric_drift":
-            check["failure_class"] = "ordering"
+        if task and task["same_set"] and check["failure_class"] == tx.NUMERIC_DRIFT:
+            check["failure_class"] = tx.ORDERING
             check["detail"] = f"the same {job.model.task} outputs in another order (tier 3 matched all): {check['detail']}"
         if task:
             writer.write("check", **task)
@@ -196,7 +198,6 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True, fre
     holds records of this experiment, the run continues from them (see the module docstring); `fresh`
     discards them instead."""
     from parity.outdir import prepare
-    from parity.report.summary import summarize, write_summary
 
     prepare(out_dir)  # a folder parity can write in, and no link where it writes: before any work
     jobs = plan(exp)
@@ -209,13 +210,13 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True, fre
         executor.on_status = bar.describe
         if not writer.records:
             writer.write("run", experiment=exp.name, digest=digest, config=config, file=exp.file,
-                         base_dir=str(exp.base_dir), environment=environment(exp.base_dir, exp.executor.execution_threads))
+                         base_dir=str(exp.base_dir), environment=run_environment(exp))
         elif todo:
             checks = sum(len(j.targets) for j in jobs)
             left = sum(not judged(writer, j, t) for j in todo for t in j.targets)
             print(f"resuming {out_dir}: {checks - left} of {checks} checks already recorded", file=sys.stderr)
             writer.write("resume", records=len(writer.records), checks_recorded=checks - left,
-                         environment=environment(exp.base_dir, exp.executor.execution_threads))
+                         environment=run_environment(exp))
         # only what is left to judge: the reference, the oracle and the targets without a judgement
         executor.start(exp, [dataclasses.replace(j, targets=tuple(t for t in j.targets if not judged(writer, j, t)))
                              for j in todo])
@@ -236,6 +237,22 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True, fre
         records = writer.records
     write_summary(summarize(records), out_dir / "summary.json")
     return records
+
+
+def run_environment(exp: Experiment) -> dict[str, Any]:
+    """The environment a run (or its resumption) records: the executions' threads, the experiment's libraries."""
+    return environment(exp.base_dir, exp.executor.execution_threads, libraries(exp))
+
+
+def libraries(exp: Experiment) -> list[str]:
+    """The libraries whose versions a run records: torch, torchvision and numpy, and every library the
+    experiment's reference and targets declare (`Backend.libraries`)."""
+    from parity.backends import backend_class
+
+    found = ["torch", "torchvision", "numpy"]
+    for spec in (exp.reference, *exp.targets):
+        found += backend_class(spec.backend).libraries
+    return list(dict.fromkeys(found))
 
 
 def prepared_model(spec, exp) -> tuple:

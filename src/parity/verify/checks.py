@@ -6,13 +6,8 @@ import math
 from typing import Any
 
 from parity import taxonomy as tx
+from parity.records import tolerance_key
 from parity.verify.tensors import compare, oracle_verdict
-
-
-def tolerance_key(atol: float) -> str:
-    """The keys of a check's `verdicts`: 1e-6 -> '1e-06', 1.5e-3 -> '0.0015' (never two atols on one key)."""
-    short = f"{atol:.0e}"
-    return short if float(short) == atol else repr(atol)
 
 
 def repeat_spread(outputs: list[Any], rtol: float, gate: float, leaf_tolerance=None) -> float:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from parity import taxonomy as tx
 from parity.config.schema import BackendSpec
 from parity.errors import ParityError, did_you_mean
 from parity.inputs import Inputs
@@ -37,7 +38,7 @@ from parity.verify.activations import (
 
 FLAT_CHUNK = 24  # layers per end-to-end run in a flat (leaf, depth:N, list) comparison; 96 in propagated mode
 MODEL = "(model)"  # the culprit when the model's own top-level code is at fault
-LOCALIZABLE = ("numeric_drift", "nonfinite")  # tier-1 failures that a layer's numbers can explain
+LOCALIZABLE = (tx.NUMERIC_DRIFT, tx.NONFINITE)  # tier-1 failures that a layer's numbers can explain
 SPREAD_RATIO = 3.0  # the worst layer within this factor of the median: the error has no single source
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from parity import taxonomy as tx
+
 
 @dataclass
 class TaskResult:
@@ -29,7 +31,7 @@ def evaluate(task: str, reference: Any, target: Any, thresholds, gate: float) ->
     try:
         return evaluators[task](reference, target, thresholds, gate)
     except OutputsNotUnderstood as exc:
-        return TaskResult(task, passed=False, failure_class="structure_mismatch", detail=str(exc))
+        return TaskResult(task, passed=False, failure_class=tx.STRUCTURE_MISMATCH, detail=str(exc))
 
 
 class OutputsNotUnderstood(ValueError):
@@ -38,7 +40,7 @@ class OutputsNotUnderstood(ValueError):
 
 def verdict(result: TaskResult, failures: list[str]) -> TaskResult:
     if failures:
-        result.passed, result.failure_class, result.detail = False, "decision_flip", "; ".join(failures)
+        result.passed, result.failure_class, result.detail = False, tx.DECISION_FLIP, "; ".join(failures)
     return result
 
 
@@ -58,7 +60,7 @@ def task_check(job, target_exec, reference_exec, experiment, inputs=None) -> dic
               "target": target_exec.backend.id, "task": task, "status": "ok", "passed": result.passed,
               "failure_class": result.failure_class, "detail": result.detail, "metrics": result.metrics,
               "thresholds": experiment.tiers.tasks.model_dump(exclude={"enabled", "output"}), "same_set": result.same_set}
-    if task == "detection" and result.failure_class != "structure_mismatch":
+    if task == "detection" and result.failure_class != tx.STRUCTURE_MISMATCH:
         record["pictures"] = detection_pictures(job.inputs, reference_exec.outputs[0], target_exec.outputs[0],
                                                 experiment, inputs)
     return record

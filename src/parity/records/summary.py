@@ -1,5 +1,6 @@
 """The summary: totals, per target, per tolerance, per failure class, latency, and the arithmetic that
-makes the totals. Computed from the records alone."""
+makes the totals, and the exit code they give. Computed from the records alone (through RunView), below the
+runner (which writes summary.json at the end of a run) and the reports (which render it)."""
 
 from __future__ import annotations
 
@@ -9,40 +10,29 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from parity.config.tolerances import default_gate
-from parity.verify.checks import tolerance_key
+from parity.records.keys import default_gate, tolerance_key
+from parity.records.view import RunView
+
+judged = RunView.judged
 
 
-def _checks(records: list[dict]) -> list[dict]:
-    return [r for r in records if r["kind"] == "check" and r["tier"] == 1]
-
-
-def judged(check: dict) -> bool:
-    """Whether a check holds a verdict about its target: not when the target could not run here
-    (`skipped`) nor when the reference failed (`error`)."""
-    return check["status"] == "ok"
-
-
-def _latency(records: list[dict]) -> dict[str, dict[str, Any]]:
+def _latency(view: RunView) -> dict[str, dict[str, Any]]:
     runs: dict[str, list[float]] = defaultdict(list)
     prepares: dict[str, list[float]] = defaultdict(list)
-    for r in records:
-        if r["kind"] == "execution" and r["status"] == "ok":
-            runs[r["backend"]].append(r["run_s"])
-            if r["repeat"] == 0 and r["prepare_s"] is not None:
-                prepares[r["backend"]].append(r["prepare_s"])
+    for r in view.executions(status="ok"):
+        runs[r["backend"]].append(r["run_s"])
+        if r["repeat"] == 0 and r["prepare_s"] is not None:
+            prepares[r["backend"]].append(r["prepare_s"])
     return {b: {"executions": len(v), "run_s_median": statistics.median(v), "run_s_min": min(v),
                 "prepare_s_total": sum(prepares[b])} for b, v in runs.items()}
 
 
-def latency_rows(records: list[dict]) -> list[dict[str, Any]]:
+def latency_rows(records: RunView | list[dict]) -> list[dict[str, Any]]:
     """Per model, input set and backend, in the order they ran: every repeat's run time, their median and
     spread, and the one-time prepare cost (export, compile, load: repeat 0 carries it) apart. A backend
     that failed or could not run has its status and error instead of times."""
     rows: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for r in records:
-        if r["kind"] != "execution":
-            continue
+    for r in RunView.of(records).executions():
         key = (r["model"], r["inputs"], r["backend"])
         row = rows.setdefault(key, {"model": r["model"], "inputs": r["inputs"], "backend": r["backend"],
                                     "device": r["device"], "dtype": r["dtype"], "status": "ok", "error": None,
@@ -60,13 +50,14 @@ def latency_rows(records: list[dict]) -> list[dict[str, Any]]:
     return list(rows.values())
 
 
-def summarize(records: list[dict]) -> dict[str, Any]:
-    run = next(r for r in records if r["kind"] == "run")
+def summarize(records: RunView | list[dict]) -> dict[str, Any]:
+    view = RunView.of(records)
+    run = view.run
     tol = run["config"]["tolerances"]
-    checks = _checks(records)
+    checks = view.checks(1)
     keys = [tolerance_key(a) for a in tol["atol"]]
-    pairs = sorted({(c["model"], c["inputs"]) for c in checks})
-    targets = list(dict.fromkeys(c["target"] for c in checks))
+    pairs = view.pairs()
+    targets = view.targets()
     ran = [c for c in checks if judged(c)]
     errors = [c for c in checks if c["status"] == "error"]
     per_target: dict[str, Any] = {}
@@ -112,14 +103,14 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         "per_tolerance": {k: {"passed": sum(bool(c["verdicts"].get(k)) for c in ran),
                               "failed": sum(not c["verdicts"].get(k) for c in ran)} for k in keys},
         "failure_classes": dict(Counter(c["failure_class"] for c in ran if c["failure_class"])),
-        "tier3": _tier3(records),
-        "localized": {f"{r['model']} / {r['inputs']} / {r['target']}":
+        "tier3": _tier3(view),
+        "localized": {view.key(r):
                       {"culprit": r.get("culprit"), "evenly_spread": r.get("evenly_spread"), "error": r.get("error"),
                        "whole_graph": r.get("whole_graph"), "as_a_whole": r.get("as_a_whole"),
                        "first_divergent": r.get("first_divergent")}
-                      for r in records if r["kind"] == "layers"},
-        "latency": _latency(records),
-        "warnings": [f"{r['model']} / {r['inputs']}: {r['message']}" for r in records if r["kind"] == "warning"],
+                      for r in view.layers},
+        "latency": _latency(view),
+        "warnings": [f"{view.key(r)}: {r['message']}" for r in view.warnings],
     }
 
 
@@ -153,14 +144,14 @@ def _reference_errors(errors: list[dict]) -> list[dict[str, Any]]:
     return list(seen.values())
 
 
-def _tier3(records: list[dict]) -> dict[str, Any]:
-    checks = [r for r in records if r["kind"] == "check" and r["tier"] == 3]
+def _tier3(view: RunView) -> dict[str, Any]:
+    checks = view.checks(3)
     return {
         "checks": len(checks),
         "passed": sum(bool(c["passed"]) for c in checks),
         "failed": sum(not c["passed"] for c in checks),
         "failure_classes": dict(Counter(c["failure_class"] for c in checks if c["failure_class"])),
-        "metrics": {f"{c['model']} / {c['inputs']} / {c['target']}": c["metrics"] for c in checks},
+        "metrics": {view.key(c): c["metrics"] for c in checks},
     }
 
 

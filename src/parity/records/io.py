@@ -2,9 +2,11 @@
 
 Kinds: `run` (the resolved experiment, its digest and the environment), `resume` (a later process
 continued the run), `model`, `execution` (one backend run), `check` (one verdict), `layers` (one
-localized check), `fallback`, `warning` (an input that came out constant). Reports and summaries are
-rendered from these lines alone. Non-finite floats (an infinite required atol) are written as null:
-the file stays strict JSON.
+localized check), `fallback`, `warning` (an input that came out constant); their fields are the models
+of records/models.py. Every record is validated against its model when written (an undeclared field or a
+wrong type is a bug, raised where it is made) and every line when read (a ParityError naming the file
+and the line). Reports and summaries are rendered from these lines alone. Non-finite floats (an infinite
+required atol) are written as null: the file stays strict JSON.
 
 A run can be continued: `record_key` says what identifies a record, and a writer opened with
 `resume=True` keeps the records already in the file and never writes a second record with the same key.
@@ -14,26 +16,26 @@ off before anything is appended.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
 import os
-import platform
-import subprocess
 import sys
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
+
 from parity.errors import ParityError
+from parity.records.keys import record_key
+from parity.records.models import KINDS, RECORDS, SCHEMA_VERSION, TIERS
 
 try:
     import fcntl
 except ImportError:  # Windows: no advisory lock; two runs into one folder are then the user's to avoid
     fcntl = None
-
-SCHEMA_VERSION = 1
-
 
 def _finite(obj: Any) -> Any:
     if isinstance(obj, float):
@@ -59,102 +61,104 @@ def experiment_digest(config: dict[str, Any], base_dir: str) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def record_key(record: dict[str, Any]) -> tuple | None:
-    """The identity of a record within one run, or None for kinds that may repeat (`resume`, `fallback`).
-    A run holds one `run` record, one `model` record per model, one `execution` per (model, input set,
-    backend, repeat), one `check` per (model, input set, target, tier), one `layers` per check, one
-    `warning` per (model, input set, message)."""
-    kind = record.get("kind")
-    if kind == "run":
-        return ("run",)
-    if kind == "model":
-        return ("model", record["model"])
-    if kind == "execution":
-        return ("execution", record["model"], record["inputs"], record["backend"], record["repeat"])
-    if kind == "check":
-        return ("check", record["model"], record["inputs"], record["target"], record["tier"])
-    if kind == "layers":
-        return ("layers", record["model"], record["inputs"], record["target"])
-    if kind == "warning":
-        return ("warning", record["model"], record["inputs"], record["message"])
-    return None
-
-
-# What each kind of record must hold for the runner and the reports to read it: a type, a tuple of
-# types, {key: shape} for a mapping with those keys ("key?": only when present), or [shape] for a list
-# of items of that shape. Fields nothing reads unconditionally are not listed.
-_NUM, _STR_OR_NONE, _NUM_OR_NONE = (int, float), (str, type(None)), (int, float, type(None))
-_LEAF = {"name": str, "failure_class?": _STR_OR_NONE}
-SHAPES: dict[str, dict[str, Any]] = {
-    "run": {"experiment": str, "digest?": str, "base_dir": str, "environment": dict,
-            "config": {"tolerances": {"atol": [_NUM], "rtol": _NUM}}},
-    "resume": {},
-    "model": {"model": str},
-    "execution": {"model": str, "inputs": str, "backend": str, "device": str, "dtype": str, "repeat": int,
-                  "status": str, "prepare_s": _NUM_OR_NONE, "run_s": _NUM_OR_NONE, "error?": _STR_OR_NONE},
-    "check": {"model": str, "inputs": str, "target": str, "tier": int, "status": str, "passed": (bool, type(None)),
-              "failure_class": _STR_OR_NONE, "detail": _STR_OR_NONE},
-    "layers": {"model": str, "inputs": str, "target": str, "error?": _STR_OR_NONE},
-    "fallback": {},
-    "warning": {"model": str, "inputs": str, "message": str},
-}
-_TIER_SHAPES = {
-    1: {"verdicts": dict, "leaves": [_LEAF], "gate": _NUM, "rtol": _NUM, "required_atol": _NUM_OR_NONE,
-        "max_abs?": _NUM_OR_NONE, "oracle?": (dict, type(None))},
-    3: {"task": str, "metrics": dict},
-}
-_LAYERS_SHAPE = {"verdict": str, "mode": str, "threshold": _NUM, "suspects": [{"name": str, "rel_rmse": _NUM_OR_NONE}],
-                 "levels": [{"parent": _STR_OR_NONE, "layers": list}]}
-
-
-def _shape_problem(value: Any, shape: Any, where: str) -> str | None:
-    """Where `value` first differs from `shape` ('config.tolerances: missing'), or None when it fits."""
-    if isinstance(shape, dict):
-        if not isinstance(value, dict):
-            return f"{where or 'the record'}: expected a mapping, got {type(value).__name__}"
-        for key, inner in shape.items():
-            name = key.rstrip("?")
-            if name not in value:
-                if key.endswith("?"):
-                    continue
-                return f"{where + '.' if where else ''}{name}: missing"
-            problem = _shape_problem(value[name], inner, f"{where + '.' if where else ''}{name}")
-            if problem:
-                return problem
-        return None
-    if isinstance(shape, list):
-        if not isinstance(value, list):
-            return f"{where}: expected a list, got {type(value).__name__}"
-        return next((p for i, item in enumerate(value) if (p := _shape_problem(item, shape[0], f"{where}[{i}]"))), None)
-    types = shape if isinstance(shape, tuple) else (shape,)
-    if isinstance(value, bool) and bool not in types:  # true is an int to Python, not to a record
-        return f"{where}: expected {_names(types)}, got bool"
-    if not isinstance(value, types):
-        return f"{where}: expected {_names(types)}, got {type(value).__name__}"
-    return None
-
-
-def _names(types: tuple) -> str:
-    words = {str: "a string", int: "an integer", float: "a number", bool: "true or false", dict: "a mapping",
-             list: "a list", type(None): "null"}
-    return " or ".join(dict.fromkeys(words.get(t, t.__name__) for t in types if not (t is int and float in types)))
-
-
 def record_problem(record: Any) -> str | None:
-    """Why `record` is not a record parity can read (a missing field, a list where a string belongs), or None."""
+    """Why `record` is not a record parity can read (a missing field, a list where a string belongs), or None.
+    Raises NewerRecords for a record of a newer schema than this parity's."""
     if not isinstance(record, dict) or "kind" not in record:
         return "not a parity record (no 'kind')"
     kind = record["kind"]
-    if kind not in SHAPES:
-        return f"unknown kind of record {str(kind)[:40]!r} (parity writes {', '.join(SHAPES)})"
-    problem = _shape_problem(record, SHAPES[kind], "")
-    if problem is None and kind == "check":
-        if record["tier"] not in _TIER_SHAPES:
-            return f"tier: expected 1 or 3, got {record['tier']}"
-        problem = _shape_problem(record, _TIER_SHAPES[record["tier"]], "")
-    if problem is None and kind == "layers" and not record.get("error"):
-        problem = _shape_problem(record, _LAYERS_SHAPE, "")
-    return f"a '{kind}' record: {problem}" if problem else None
+    if not isinstance(kind, str) or kind not in KINDS:
+        return f"unknown kind of record {str(kind)[:40]!r} (parity writes {', '.join(KINDS)})"
+    version = record.get("schema_version", SCHEMA_VERSION)
+    if type(version) is int and version > SCHEMA_VERSION:
+        raise NewerRecords(f"a '{kind}' record of schema version {version}: written by a newer parity (this one reads "
+                           f"version {SCHEMA_VERSION} and older); upgrade parity to read it")
+    tier = record.get("tier")
+    if kind == "check" and (type(tier) is not int or tier not in TIERS):
+        return f"a 'check' record: tier: {'missing' if 'tier' not in record else f'expected 1 or 3, got {tier!r}'}"
+    try:
+        RECORDS[kind, tier if kind == "check" else None].model_validate(record)
+    except ValidationError as exc:
+        model = RECORDS[kind, tier if kind == "check" else None]
+        return f"a '{kind}' record: {_said(exc.errors(include_url=False)[0], model)}"
+    return None
+
+
+class NewerRecords(ParityError):
+    """Records of a schema version this parity does not know: a newer parity wrote them."""
+
+
+_EXPECTED = {"string_type": "a string", "int_type": "an integer", "float_type": "a number", "bool_type": "true or false",
+             "dict_type": "a mapping", "model_type": "a mapping", "model_attributes_type": "a mapping",
+             "list_type": "a list", "literal_error": "another value"}
+
+
+def _said(error: dict[str, Any], model: type[BaseModel]) -> str:
+    """One pydantic error as a record problem: 'config.tolerances.atol[0]: expected a number, got null'."""
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"]).lstrip(".")
+    if error["type"] == "missing":
+        return f"{where}: missing"
+    if error["type"] == "value_error":  # a model's own rule: the message names the field
+        return ".".join(filter(None, (where, error["msg"].removeprefix("Value error, "))))
+    expected = _EXPECTED.get(error["type"], error["msg"].lower().removeprefix("input should be "))
+    got = "null" if error["input"] is None else {bool: "true or false", dict: "a mapping", list: "a list", str: "a string",
+                                                 int: "an integer", float: "a number"}.get(type(error["input"]), "?")
+    if _allows_null(model, error["loc"]):
+        expected = expected.replace(" or ", ", ") + " or null"  # true, false or null
+    return f"{where or 'the record'}: expected {expected}, got {got}"
+
+
+def _allows_null(model: type[BaseModel], loc: tuple) -> bool:
+    """Whether the field at `loc` in `model` (through its parts and lists) may be null."""
+    annotation: Any = model
+    for part in loc:
+        annotation = _one_of(annotation)
+        if isinstance(part, int):
+            args = typing.get_args(annotation)
+            if typing.get_origin(annotation) is not list or not args:
+                return False
+            annotation = args[0]
+        elif isinstance(annotation, type) and issubclass(annotation, BaseModel) and part in annotation.model_fields:
+            annotation = annotation.model_fields[part].annotation
+        else:  # a key of a mapping
+            return False
+    return type(None) in typing.get_args(annotation)
+
+
+def _one_of(annotation: Any) -> Any:
+    """`X` for `X | None`; anything else unchanged."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        rest = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return rest[0] if len(rest) == 1 else annotation
+    return annotation
+
+
+def undeclared_fields(model: BaseModel, where: str = "") -> list[str]:
+    """The fields of a validated record (and of its parts) that its model does not declare: a writer bug."""
+    if getattr(model, "open", False):
+        return []
+    found = [f"{where}{name}" for name in model.model_extra or {}]
+    for name in model.model_fields_set:
+        value = getattr(model, name)
+        for i, part in enumerate(value if isinstance(value, list) else [value]):
+            if isinstance(part, BaseModel):
+                found += undeclared_fields(part, f"{where}{name}{f'[{i}]' if isinstance(value, list) else ''}.")
+    return found
+
+
+def validated(record: dict[str, Any]) -> dict[str, Any]:
+    """`record` unchanged when its model declares every field and each has its type; a RuntimeError (a bug in
+    what parity writes, found where it is written) otherwise."""
+    problem = record_problem(record)
+    if problem is None:
+        model = RECORDS[record["kind"], record.get("tier") if record["kind"] == "check" else None]
+        extra = undeclared_fields(model.model_validate(record))
+        problem = f"a '{record['kind']}' record: undeclared field(s) {', '.join(extra)} (declare them in records/models.py)" \
+            if extra else None
+    if problem:
+        raise RuntimeError(f"parity would write an invalid record: {problem}")
+    return record
+
 
 
 def _parse(data: bytes, path: Path) -> list[dict[str, Any]]:
@@ -171,7 +175,10 @@ def _parse(data: bytes, path: Path) -> list[dict[str, Any]]:
             record = json.loads(line)
         except (ValueError, RecursionError) as exc:
             raise ParityError(f"{path}:{number}: not a JSON record ({getattr(exc, 'msg', exc)})") from exc
-        problem = record_problem(record)
+        try:
+            problem = record_problem(record)
+        except NewerRecords as exc:
+            raise NewerRecords(f"{path}:{number}: {exc.problems[0]}") from None
         if problem:
             raise ParityError(f"{path}:{number}: {problem}")
         key = record_key(record)
@@ -218,6 +225,8 @@ class RecordWriter:
                 self.torn = len(data) - (data.rfind(b"\n") + 1)
                 try:
                     self.records = _parse(data, path)
+                except NewerRecords:
+                    raise
                 except ParityError as exc:
                     raise ParityError(f"{exc.problems[0]}; something other than parity wrote this file: move it "
                                       "away, or pass --fresh to start over") from exc
@@ -255,7 +264,7 @@ class RecordWriter:
 
     def write(self, kind: str, **fields: Any) -> dict[str, Any] | None:
         """Append one record; None (and nothing written) when the file already has a record with its key."""
-        record = _finite({"kind": kind, "schema_version": SCHEMA_VERSION, **fields})
+        record = validated(_finite({"kind": kind, "schema_version": SCHEMA_VERSION, **fields}))
         key = record_key(record)
         if key is not None and key in self._keys:
             return None
@@ -315,67 +324,3 @@ def read_run(folder: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-def _version(module: str) -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version(module)
-    except Exception:  # not installed
-        return None
-
-
-def cpu_info() -> dict[str, Any]:
-    """The machine, its CPU model and the vector extensions numbers depend on (a copy: read once)."""
-    info = _read_cpu_info()
-    return {**info, **({"flags": list(info["flags"])} if "flags" in info else {})}
-
-
-@functools.cache
-def _read_cpu_info() -> dict[str, Any]:
-    info: dict[str, Any] = {"machine": platform.machine(), "count": os.cpu_count()}
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return info
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and "model" not in info:
-            info["model"] = value.strip()
-        if key.strip() == "flags" and "flags" not in info:
-            wanted = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
-            info["flags"] = [f for f in value.split() if f in wanted]
-    return info
-
-
-def _git_commit(folder: Path) -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
-
-
-def environment(experiment_dir: Path, threads: int | None = None) -> dict[str, Any]:
-    """What the numbers depend on: library versions, CPU, threads, CUDA, the experiment's git commit.
-    `threads`: the torch threads the executions run with, when not this process's (an executor's setting)."""
-    import torch
-
-    cuda = None
-    if torch.cuda.is_available():
-        cuda = {"version": torch.version.cuda, "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}
-    return {
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "parity": _version("parity"),
-        "torch": torch.__version__,
-        "torchvision": _version("torchvision"),
-        "onnx": _version("onnx"),
-        "onnxruntime": _version("onnxruntime"),
-        "openvino": _version("openvino"),
-        "numpy": _version("numpy"),
-        "cpu": cpu_info(),
-        "threads": threads or torch.get_num_threads(),
-        "tf32": {"cudnn": torch.backends.cudnn.allow_tf32, "matmul": torch.backends.cuda.matmul.allow_tf32},
-        "cuda": cuda,
-        "git_commit": _git_commit(experiment_dir),
-    }

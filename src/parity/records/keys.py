@@ -1,0 +1,45 @@
+"""How records are keyed: the identity of a record within a run (`record_key`), the key of a verdict in a
+check's `verdicts` (`tolerance_key`), which atol of a sweep is the gate by default, and the one way a
+check, a localization or a tier-3 result is named to a reader (`check_key`: "model / inputs / target")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def record_key(record: dict[str, Any]) -> tuple | None:
+    """The identity of a record within one run, or None for kinds that may repeat (`resume`, `fallback`).
+    A run holds one `run` record, one `model` record per model, one `execution` per (model, input set,
+    backend, repeat), one `check` per (model, input set, target, tier), one `layers` per check, one
+    `warning` per (model, input set, message)."""
+    kind = record.get("kind")
+    if kind == "run":
+        return ("run",)
+    if kind == "model":
+        return ("model", record["model"])
+    if kind == "execution":
+        return ("execution", record["model"], record["inputs"], record["backend"], record["repeat"])
+    if kind == "check":
+        return ("check", record["model"], record["inputs"], record["target"], record["tier"])
+    if kind == "layers":
+        return ("layers", record["model"], record["inputs"], record["target"])
+    if kind == "warning":
+        return ("warning", record["model"], record["inputs"], record["message"])
+    return None
+
+def check_key(record: dict[str, Any]) -> str:
+    """What a check (or its `layers`, tier-3 or fallback record) is about, as reports and the summary name
+    it: "model / inputs / target"; an execution by its backend, a warning by its input set alone."""
+    side = record.get("target", record.get("backend"))
+    return " / ".join([record["model"], record["inputs"], *([side] if side is not None else [])])
+
+
+def tolerance_key(atol: float) -> str:
+    """The keys of a check's `verdicts`: 1e-6 -> '1e-06', 1.5e-3 -> '0.0015' (never two atols on one key)."""
+    short = f"{atol:.0e}"
+    return short if float(short) == atol else repr(atol)
+
+
+def default_gate(sweep: list[float]) -> float:
+    """1e-4 when the sweep has it, else its largest atol."""
+    return 1e-4 if 1e-4 in sweep else max(sweep)

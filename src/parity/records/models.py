@@ -1,0 +1,336 @@
+"""The record kinds of a run's records.jsonl, one pydantic model each: the schema, and (each field's
+description) the records reference (docs/records.md is generated from these classes: records/reference.py).
+
+A record is one JSON object with a `kind` (and, for checks, a `tier`); `RECORDS` maps those to the model
+that validates it. The models are strict (a string is never a number, `true` never an integer) and open
+to fields they do not declare when reading (a record written by hand or by a newer minor version);
+the writer refuses undeclared fields (io.undeclared_fields), so every field parity writes is declared here.
+Fields that records written by earlier versions lack (the archived study records) are optional.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SCHEMA_VERSION = 1
+
+
+class Part(BaseModel):
+    """A part of a record: strict types; fields it does not declare are kept on reading."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    # A part whose fields are another module's (the experiment's settings): not checked for undeclared ones.
+    open: ClassVar[bool] = False
+
+
+class Record(Part):
+    """The fields every record has."""
+
+    kind: str = Field(description="What the record is: run, resume, model, execution, check, layers, fallback, warning.")
+    schema_version: int = Field(SCHEMA_VERSION, description="The version of this schema the record was written in; "
+                                                             "a parity refuses records newer than its own.")
+
+
+# -- run -------------------------------------------------------------------------------------------------
+
+class Tolerances(Part):
+    """The experiment's tolerances (config/schema.py): what the reports read of them."""
+
+    open: ClassVar[bool] = True
+    atol: list[float] = Field(description="The atol sweep: every check gets a verdict at each.")
+    rtol: float = Field(description="The relative tolerance of every verdict.")
+
+
+class RunConfig(Part):
+    """The resolved experiment, as config/schema.py's Experiment dumps it (its reference is config/schema.py)."""
+
+    open: ClassVar[bool] = True
+    tolerances: Tolerances = Field(description="The experiment's tolerances.")
+
+
+class Run(Record):
+    """The first line of every run: the resolved experiment, its digest and the environment."""
+
+    kind: Literal["run"] = Field(description="`run`.")
+    experiment: str = Field(description="The experiment's name.")
+    digest: str | None = Field(None, description="sha256 of the resolved experiment and base_dir (settings of how "
+                                                  "it runs excepted): a run continues only records with the same.")
+    config: RunConfig = Field(description="The resolved experiment, every default filled in.")
+    file: str | None = Field(None, description="The experiment file, when it came from one.")
+    base_dir: str = Field(description="The folder the experiment's relative paths start from.")
+    environment: dict[str, Any] = Field(description="What the numbers depend on: python, platform, the versions of "
+                                                    "parity and of every library the backends use, cpu, threads, "
+                                                    "tf32, cuda, git_commit (records/environment.py).")
+
+
+class Resume(Record):
+    """A later process continued the run (it may run on another machine: its own environment)."""
+
+    kind: Literal["resume"] = Field(description="`resume`.")
+    records: int | None = Field(None, description="How many records the file held when the run was continued.")
+    checks_recorded: int | None = Field(None, description="How many planned checks were already judged.")
+    environment: dict[str, Any] | None = Field(None, description="The continuing process's environment (as `run`'s).")
+
+
+# -- model and execution ---------------------------------------------------------------------------------
+
+class ModelBuilt(Record):
+    """One model, built once per run."""
+
+    kind: Literal["model"] = Field(description="`model`.")
+    model: str = Field(description="The model's name in the experiment.")
+    parameters: int | None = Field(None, description="Its number of parameters.")
+    build_s: float | None = Field(None, description="Seconds spent building it (adapters included).")
+    adapters: list[Any] | None = Field(None, description="What each adapter changed in it.")
+
+
+class Execution(Record):
+    """One timed run (repeat) of one backend on one model and input set; a failure has one record, at the
+    repeat that failed."""
+
+    kind: Literal["execution"] = Field(description="`execution`.")
+    model: str = Field(description="The model's name.")
+    inputs: str = Field(description="The input set's name.")
+    backend: str = Field(description="The backend's id (the reference, the oracle or a target).")
+    device: str = Field(description="The device it ran on.")
+    dtype: str = Field(description="The dtype it ran in.")
+    repeat: int = Field(description="Which timed run, from 0.")
+    status: str = Field(description="ok, failed, crashed, timeout or unavailable (it cannot run here).")
+    prepare_s: float | None = Field(description="One-time cost (export, compile, load): on repeat 0, 0.0 after.")
+    run_s: float | None = Field(description="Seconds of this run; null when it did not run.")
+    error: str | None = Field(None, description="Why it failed or could not run.")
+    failure_class: str | None = Field(None, description="The failure's class (taxonomy.py), when it failed.")
+    cached: bool | None = Field(None, description="Whether its prepared artifact came from the cache.")
+    warmup: Any = Field(None, description="Its warm-up runs (before repeat 0): their count and seconds.")
+    warnings: list[dict[str, Any]] | None = Field(None, description="What the backend said while preparing and "
+                                                                    "running (trace specializations, graph breaks); "
+                                                                    "complete on the last repeat.")
+    traceback: str | None = Field(None, description="The whole traceback of a failure (`--verbose` prints it).")
+
+
+# -- checks ----------------------------------------------------------------------------------------------
+
+class LeafTolerance(Part):
+    """An output rule that judged this leaf instead of the check's tolerances."""
+
+    atol: float | None = Field(description="Its atol; null: the check's gate.")
+    rtol: float = Field(description="Its rtol.")
+    rule: str | None = Field(description="Which rule of the experiment's `outputs:`.")
+
+
+class Leaf(Part):
+    """One output leaf (a tensor or a value in the output's structure) of a tier-1 check."""
+
+    name: str = Field(description="Its path in the output (`out[0].boxes`).")
+    failure_class: str | None = Field(None, description="Why this leaf fails, or null.")
+    required_atol: float | None = Field(None, description="The smallest atol it passes at; null: none.")
+    detail: str | None = Field(None, description="What differs, in words.")
+    shape: list[int] | None = Field(None, description="The target's shape.")
+    dtype: str | None = Field(None, description="The target's dtype.")
+    reference_shape: list[int] | None = Field(None, description="The reference's shape, when it differs.")
+    reference_dtype: str | None = Field(None, description="The reference's dtype, when it differs.")
+    max_abs: float | None = Field(None, description="Largest absolute difference.")
+    max_rel: float | None = Field(None, description="Largest relative difference.")
+    mean_abs: float | None = Field(None, description="Mean absolute difference.")
+    rmse: float | None = Field(None, description="Root mean square difference.")
+    cosine: float | None = Field(None, description="Cosine similarity of the two.")
+    nonfinite: int | None = Field(None, description="Elements NaN/Inf in one output only.")
+    mismatch_fraction: float | None = Field(None, description="Share of elements beyond the gate.")
+    value: str | None = Field(None, description="A non-tensor leaf's target value (repr).")
+    reference_value: str | None = Field(None, description="A non-tensor leaf's reference value (repr).")
+    oracle_rmse_target: float | None = Field(None, description="rmse of the target from the float64 oracle.")
+    oracle_rmse_reference: float | None = Field(None, description="rmse of the reference from the float64 oracle.")
+    tolerance: LeafTolerance | None = Field(None, description="The output rule that judged it, if one did.")
+
+
+class Oracle(Part):
+    """Is the target farther from the float64 oracle than the reference is?"""
+
+    multiplier: float = Field(description="The target may be this many times farther ...")
+    floor: float = Field(description="... plus this.")
+    target_rmse: float | None = Field(description="rmse of the worst leaf's target from the oracle.")
+    reference_rmse: float | None = Field(description="rmse of that leaf's reference from the oracle.")
+    target_worse: bool = Field(description="Whether some leaf is farther than allowed.")
+    leaves_target_worse: list[str] = Field(description="Which leaves are.")
+
+
+class NoiseFloor(Part):
+    """The reference's own error: no gate below it can be met."""
+
+    atol: float = Field(description="As a required atol.")
+    source: str = Field(description="Where it shows: the float64 oracle, or the reference's repeats.")
+
+
+class Check(Record):
+    """One verdict about one target on one model and input set."""
+
+    kind: Literal["check"] = Field(description="`check`.")
+    model: str = Field(description="The model's name.")
+    inputs: str = Field(description="The input set's name.")
+    target: str = Field(description="The target backend's id.")
+    reference: str | None = Field(None, description="The reference backend's id.")
+    status: str = Field(description="ok (judged), skipped (the target cannot run here) or error (the reference "
+                                    "failed: no verdict).")
+    passed: bool | None = Field(description="The verdict; null when not judged.")
+    failure_class: str | None = Field(description="Why it failed (taxonomy.py), or null.")
+    detail: str | None = Field(description="The failure or the reason it was not judged, in words.")
+    warnings: list[dict[str, Any]] | None = Field(None, description="What the target's backend said while running "
+                                                                    "(its execution's warnings).")
+
+
+class Tier1Check(Check):
+    """Tier 1: every output leaf of the target against the reference's, at the gate and at each atol of the sweep."""
+
+    tier: Literal[1] = Field(description="1.")
+    rtol: float = Field(description="The rtol it was judged at.")
+    gate: float = Field(description="The atol of its verdict.")
+    tolerance_source: str | None = Field(None, description="Where the tolerances came from: experiment, target, "
+                                                           "default-for-<dtype>.")
+    gated_by: str | None = Field(None, description="tier1, or tier3 when the task-level verdict decides it.")
+    required_atol: float | None = Field(description="The smallest atol it passes at; null: none.")
+    max_abs: float | None = Field(None, description="The largest absolute difference over its leaves.")
+    verdicts: dict[str, bool] = Field(description="The verdict at each atol of the sweep, keyed by "
+                                                  "records.tolerance_key(atol).")
+    nondeterminism: dict[str, float | None] | None = Field(None, description="How far each side's repeats "
+                                                                             "stray from its first (reference, target).")
+    leaves: list[Leaf] = Field(description="Every output leaf's comparison.")
+    oracle: Oracle | None = Field(None, description="The float64 oracle's verdict, when the experiment asks for it.")
+    oracle_error: str | None = Field(None, description="Why there is no oracle verdict: the oracle failed.")
+    noise_floor: NoiseFloor | None = Field(None, description="The reference's own error, where the data show it.")
+    tier1_passed: bool | None = Field(None, description="Tier 1's own verdict, when tier 3 decides (gate: tier3).")
+    reference_failure_class: str | None = Field(None, description="How the reference failed (status error).")
+    user_error: bool | None = Field(None, description="Whether the model as written raised on its inputs (the eager "
+                                                      "reference failed): the user's to fix, exit 2.")
+
+
+class Tier3Check(Check):
+    """Tier 3: the task-level verdict (same top-k, same boxes, ...) from the task's evaluator."""
+
+    tier: Literal[3] = Field(description="3.")
+    task: str = Field(description="The model's task (classification, detection, ...).")
+    metrics: dict[str, Any] = Field(description="The evaluator's metrics.")
+    thresholds: dict[str, Any] | None = Field(None, description="The thresholds they were judged at.")
+    same_set: bool | None = Field(None, description="Whether both sides gave the same items in another order.")
+    pictures: dict[str, Any] | None = Field(None, description="Detection: the images and each side's boxes, for "
+                                                              "reports to draw.")
+
+
+# -- localization and fallback ---------------------------------------------------------------------------
+
+class LayerError(Part):
+    """How far one layer's target output is from the reference's."""
+
+    name: str = Field(description="The module's name.")
+    max_abs: float | None = Field(None, description="Largest absolute difference.")
+    rmse: float | None = Field(None, description="Root mean square difference.")
+    rel_rmse: float | None = Field(description="rmse / rms(reference): comparable across layers.")
+    cosine: float | None = Field(None, description="Cosine similarity.")
+    sqnr_db: float | None = Field(None, description="Signal to quantization noise, dB; null when identical.")
+    required_atol: float | None = Field(None, description="The atol it passes at; null: none.")
+    error: str | None = Field(None, description="Why it could not be run or compared on the target.")
+
+
+class Layer(Part):
+    """One layer of a level, in call order."""
+
+    name: str = Field(description="The module's name.")
+    depth: int | None = Field(None, description="How deep in the model it is (1: top level).")
+    call_order: int | None = Field(None, description="Its place in the forward pass.")
+    local: LayerError | None = Field(None, description="Its own error: run on the reference's inputs.")
+    propagated: LayerError | None = Field(None, description="Its error inside the target's end-to-end run.")
+    introduction_rate: float | None = Field(None, description="How much of the error it introduces.")
+
+
+class Level(Part):
+    """The children of one module (the top level: parent null), compared layer by layer."""
+
+    parent: str | None = Field(description="The module whose children these are; null: the model.")
+    layers: list[Layer] = Field(description="Its children, in call order.")
+    own_code: LayerError | None = Field(None, description="The parent's own operations, its submodules replayed.")
+
+
+class Layers(Record):
+    """Tier 2 for one failing check: which layer introduces the difference."""
+
+    kind: Literal["layers"] = Field(description="`layers`.")
+    tier: int | None = Field(None, description="2.")
+    model: str = Field(description="The model's name.")
+    inputs: str = Field(description="The input set's name.")
+    target: str = Field(description="The target's id.")
+    reference: str | None = Field(None, description="The reference's id.")
+    error: str | None = Field(None, description="Why localization failed (then none of the fields below).")
+    mode: str | None = Field(None, description="own or propagated errors.")
+    threshold: float | None = Field(None, description="The error a layer must exceed to be a suspect.")
+    verdict: str | None = Field(None, description="The finding, in words.")
+    culprit: str | None = Field(None, description="The layer that introduces the difference, if one does.")
+    culprit_code: str | None = Field(None, description="Where its class is defined.")
+    in_own_code: bool | None = Field(None, description="Whether it is in a parent's own operations.")
+    whole_graph: bool | None = Field(None, description="Whether every layer passes alone (a whole-graph effect).")
+    as_a_whole: bool | None = Field(None, description="Whether only the compiled whole differs.")
+    evenly_spread: bool | None = Field(None, description="Whether the error is spread evenly over the layers.")
+    first_divergent: str | None = Field(None, description="The first layer over the threshold, in call order.")
+    first_divergent_by: str | None = Field(None, description="By which error: own or propagated.")
+    suspects: list[LayerError] | None = Field(None, description="The likeliest culprits, worst first.")
+    skipped: list[Any] | None = Field(None, description="Layers that could not be compared, and why.")
+    levels: list[Level] | None = Field(None, description="Each level looked at, from the top down.")
+    elapsed_s: float | None = Field(None, description="Seconds spent localizing.")
+    tier1: dict[str, Any] | None = Field(None, description="`parity localize`: the check's tier-1 verdict at the gate.")
+
+    @model_validator(mode="after")
+    def _complete(self) -> Layers:
+        """A localization that did not fail has its finding."""
+        if not self.error:
+            for name in ("verdict", "mode", "threshold", "suspects", "levels"):
+                if name not in self.model_fields_set:
+                    raise ValueError(f"{name}: missing")
+        return self
+
+
+class Fallback(Record):
+    """`parity fallback`: the smallest set of modules to run outside the target's fast path."""
+
+    kind: Literal["fallback"] = Field(description="`fallback`.")
+    model: str = Field(description="The model's name.")
+    inputs: str = Field(description="The input set's name.")
+    reference: str = Field(description="The reference's id.")
+    target: str = Field(description="The target's id.")
+    runs_in: str = Field(description="Where the modules run instead: eager (out of torch.compile) or float32.")
+    aim: str = Field(description="What must pass: tier 1 at the gate, or tier 3.")
+    modules: list[str] = Field(description="The modules found (or tried last, when none passes).")
+    passed: bool = Field(description="Whether the check passes with them.")
+    required_atol_before: float | None = Field(description="The target's required atol without fallback.")
+    required_atol_after: float | None = Field(description="... and with it.")
+    task_before: dict[str, Any] | None = Field(description="Tier-3 metrics without fallback (aim tier 3).")
+    task_after: dict[str, Any] | None = Field(description="... and with it.")
+    latency_before_s: float | None = Field(description="Median run time without fallback.")
+    latency_after_s: float | None = Field(description="... and with it.")
+    latency_ratio: float | None = Field(description="after / before.")
+    tried: int = Field(description="How many sets were tried.")
+    whole_model: bool = Field(description="Whether the set is the whole model: no partial fallback exists.")
+    next_step: str | None = Field(description="What to try when no partial fallback exists.")
+
+
+class InputWarning(Record):
+    """An input set that proves little: it came out constant."""
+
+    kind: Literal["warning"] = Field(description="`warning`.")
+    model: str = Field(description="The model's name.")
+    inputs: str = Field(description="The input set's name.")
+    message: str = Field(description="What is wrong with it.")
+
+
+# (kind, tier) -> model; tier None for the kinds that have none.
+RECORDS: dict[tuple[str, int | None], type[Record]] = {
+    ("run", None): Run, ("resume", None): Resume, ("model", None): ModelBuilt, ("execution", None): Execution,
+    ("check", 1): Tier1Check, ("check", 3): Tier3Check, ("layers", None): Layers, ("fallback", None): Fallback,
+    ("warning", None): InputWarning,
+}
+KINDS = tuple(dict.fromkeys(kind for kind, _ in RECORDS))
+TIERS = tuple(tier for kind, tier in RECORDS if kind == "check")
+
+# The same, as one type discriminated on `kind` (and `tier` for checks), for pydantic users and the reference.
+AnyCheck = Annotated[Tier1Check | Tier3Check, Field(discriminator="tier")]
+AnyRecord = Annotated[Run | Resume | ModelBuilt | Execution | AnyCheck | Layers | Fallback | InputWarning,
+                      Field(discriminator="kind")]
