@@ -22,6 +22,7 @@ class TorchScriptBackend(EagerBackend):
     preparation_cost = 1  # a trace
     Options = TorchScriptOptions
     runs_module_hooks = False  # a traced graph no longer calls the modules' Python hooks
+    legacy_devices = ("cpu",)
 
     def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
         model = model.to(self.device, self.dtype)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from parity.report.next_steps import layers_by_check, next_steps
+from parity.verify.tasks import headline_of
 
 
 def _cell(checks: list[dict]) -> str:
@@ -114,9 +115,8 @@ def render(records: list[dict], summary: dict[str, Any], out_dir, console, repor
     tier3 = [r for r in records if r["kind"] == "check" and r["tier"] == 3]
     for c in tier3:
         m = c["metrics"]
-        shown = {"classification": ("top1_agreement", "top5_overlap", "kl_divergence"),
-                 "detection": ("f1", "map", "box_count_change", "max_box_drift"),
-                 "segmentation": ("pixel_agreement", "miou")}.get(c["task"], ())
+        headline = headline_of(c["task"])  # not installed here: every metric the record has
+        shown = [h.metric for h in headline] if headline is not None else list(m)
         figures = ", ".join(f"{k} {m[k]:.4g}" if isinstance(m[k], int | float) else f"{k} {m[k]}" for k in shown if k in m)
         verdict = "[green]agrees[/green]" if c["passed"] else f"[red]{c['failure_class']}[/red]"
         console.print(f"tier 3 {verdict} " + escape(f"{c['model']} / {c['inputs']} / {c['target']}: {figures}"

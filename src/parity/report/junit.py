@@ -14,6 +14,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from parity.report import ReportWriter
 from parity.report.console import describe_note
 from parity.report.next_steps import layers_by_check, next_steps
 
@@ -100,3 +101,6 @@ def write_junit(records: list[dict], summary: dict[str, Any], path: Path) -> Non
     from parity.outdir import write_text
 
     write_text(path, render_junit(records, summary))  # whole or not at all
+
+
+WRITER = ReportWriter("junit", "junit.xml", write_junit)

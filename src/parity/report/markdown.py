@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from parity.report import ReportWriter
 from parity.report.console import tolerance_lines, tolerance_title, warned
 from parity.report.next_steps import layers_by_check, next_steps
 from parity.report.summary import latency_rows
@@ -132,3 +133,6 @@ def write_markdown(records: list[dict], summary: dict[str, Any], path: Path) -> 
     from parity.outdir import write_text
 
     write_text(path, render_markdown(records, summary))  # whole or not at all
+
+
+WRITER = ReportWriter("markdown", "report.md", write_markdown)
