@@ -114,10 +114,7 @@ def render(records: list[dict], summary: dict[str, Any], out_dir, console, repor
                                                                + (more if i == 2 else "")), soft_wrap=True)
     tier3 = [r for r in records if r["kind"] == "check" and r["tier"] == 3]
     for c in tier3:
-        m = c["metrics"]
-        headline = headline_of(c["task"])  # not installed here: every metric the record has
-        shown = [h.metric for h in headline] if headline is not None else list(m)
-        figures = ", ".join(f"{k} {m[k]:.4g}" if isinstance(m[k], int | float) else f"{k} {m[k]}" for k in shown if k in m)
+        figures = headline_figures(c)
         verdict = "[green]agrees[/green]" if c["passed"] else f"[red]{c['failure_class']}[/red]"
         console.print(f"tier 3 {verdict} " + escape(f"{c['model']} / {c['inputs']} / {c['target']}: {figures}"
                                                     + (f" ({c['detail']})" if c["detail"] else "")), soft_wrap=True)
@@ -147,6 +144,15 @@ def render(records: list[dict], summary: dict[str, Any], out_dir, console, repor
         console.print(f"report:  {path}")
     if not reports:
         console.print(f"reports: not written (--no-report); parity report {out_dir} renders them")
+
+
+def headline_figures(check: dict[str, Any]) -> str:
+    """A tier-3 check's figures for the console: its task's headline metrics, or every metric the record
+    has when the task is not installed here (reports render from the records alone)."""
+    m = check["metrics"]
+    headline = headline_of(check["task"])
+    shown = [h.metric for h in headline] if headline is not None else list(m)
+    return ", ".join(f"{k} {m[k]:.4g}" if isinstance(m[k], int | float) else f"{k} {m[k]}" for k in shown if k in m)
 
 
 def _num(x: Any, fmt: str = ".2e") -> str:
