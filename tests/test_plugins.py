@@ -207,3 +207,13 @@ def test_a_plugin_on_pythonpath_is_found_by_a_fresh_parity_process(write_yaml, t
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "valid" in done.stdout
+
+
+def test_how_images_are_batched_is_the_task_s_default_unless_the_model_says():
+    from parity.config.schema import model_spec
+
+    entry = {"name": "m", "source": "python", "entry": "tests.fixtures.tiny:tiny_detector"}
+    assert model_spec({**entry, "task": "detection"}).batch_mode == "list"  # detectors take a list of images
+    assert model_spec({**entry, "task": "classification"}).batch_mode == "stack"
+    assert model_spec(entry).batch_mode == "stack"  # task: other
+    assert model_spec({**entry, "task": "detection", "batch": "stack"}).batch_mode == "stack"
