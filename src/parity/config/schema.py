@@ -1,7 +1,9 @@
 """The experiment file, as pydantic models. Unknown keys are rejected everywhere.
 
-This module checks shape and types only; names that need a registry or the file system (backends,
-torchvision builders, files) are checked in `config.checks`, so that the schema stays import-light.
+This module checks shape and types only; names that need the file system or a library (backends' options,
+torchvision builders, files) are checked in `config.checks`. What a plugin owns (a model source's keys, a
+task's thresholds, an adapter's and an executor's settings) is validated by the plugin's own spec, which
+the registries in `parity.plugins` find when a file is validated (`plugin_spec`).
 
 Numbers are bounded so that a typo cannot ask for a day of work or a terabyte of memory (`MAX_*`), every
 float is finite, and every name that identifies something in records (experiment, model, input set,
@@ -38,6 +40,7 @@ from pydantic_core import PydanticCustomError
 from parity.config.tolerances import Tolerance, default_gate
 from parity.config.tolerances import resolve as resolve_tolerance
 from parity.errors import ParityError, did_you_mean
+from parity.plugins import ADAPTERS, EXECUTORS, SOURCES, TASKS
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 
@@ -170,8 +173,6 @@ class ModelSpecBase(Strict):
     @field_validator("task")
     @classmethod
     def _task(cls, task: str) -> str:
-        from parity.plugins import TASKS
-
         known = [*TASKS.names(), "other"]
         if task not in known:
             raise ValueError(f"unknown task '{task}'{did_you_mean(task, known)} (known: {', '.join(known)})")
@@ -192,25 +193,11 @@ class ModelSpecBase(Strict):
             return self.batch
         if self.task == "other":
             return "stack"
-        from parity.plugins import TASKS
-
         return TASKS.get(self.task).batch
 
 
-class _LazyRegistry:
-    """The registry of `group`, found when first used (config/ imports parity.plugins only when validating)."""
-
-    def __init__(self, attr: str):
-        self.attr = attr
-
-    def __getattr__(self, name: str) -> Any:
-        import parity.plugins
-
-        return getattr(getattr(parity.plugins, self.attr), name)
-
-
 # A model spec: validated by the spec of the source it names (default torchvision).
-ModelSpec = Annotated[SerializeAsAny[ModelSpecBase], _dispatched(_LazyRegistry("SOURCES"), "source", "torchvision", ModelSpecBase)]
+ModelSpec = Annotated[SerializeAsAny[ModelSpecBase], _dispatched(SOURCES, "source", "torchvision", ModelSpecBase)]
 
 
 def model_spec(data: dict[str, Any]) -> ModelSpecBase:
@@ -494,8 +481,6 @@ _TASKS_MODELS: dict[tuple, type[Tasks]] = {}
 
 def tasks_model() -> type[Tasks]:
     """`Tasks` with one field per registered task (its thresholds spec), made once per set of tasks."""
-    from parity.plugins import TASKS
-
     names = tuple(TASKS.names())
     specs = tuple(TASKS.get(n).Thresholds for n in names)
     key = names + specs
@@ -511,8 +496,6 @@ def flat_thresholds(value: Any) -> tuple[Any, list[tuple[str, str]]]:
     says which flat keys were its own (`Task.flat_keys`)."""
     if not isinstance(value, dict):
         return value, []
-    from parity.plugins import TASKS
-
     owners = {flat: (name, own) for name in TASKS.names() for flat, own in TASKS.get(name).flat_keys.items()}
     moved, renamed = dict(value), []
     for flat in [k for k in value if k in owners]:
@@ -567,7 +550,7 @@ class AdapterSpec(Strict):
 
 
 # An adapter spec: validated by the spec of the adapter it names.
-Adapter = Annotated[SerializeAsAny[AdapterSpec], _dispatched(_LazyRegistry("ADAPTERS"), "name", None, AdapterSpec)]
+Adapter = Annotated[SerializeAsAny[AdapterSpec], _dispatched(ADAPTERS, "name", None, AdapterSpec)]
 
 
 def adapter_names(value: Any) -> Any:
@@ -612,7 +595,7 @@ class ExecutorSpec(Strict):
         return self.threads
 
 
-_executor_spec = plugin_spec(_LazyRegistry("EXECUTORS"), "kind", "local", ExecutorSpec)
+_executor_spec = plugin_spec(EXECUTORS, "kind", "local", ExecutorSpec)
 
 
 class Experiment(Strict):
@@ -674,9 +657,7 @@ class Experiment(Strict):
             raise ValueError(f"gate: tier3 (target {gated[0].id}) needs tier 3: add `tiers: {{tasks: true}}`")
         for model in self.models:
             if model.task == "other":
-                from parity.plugins import TASKS
-
-                raise ValueError(f"gate: tier3 (target {gated[0].id}) needs a task with a tier-3 evaluator, and "
+                        raise ValueError(f"gate: tier3 (target {gated[0].id}) needs a task with a tier-3 evaluator, and "
                                  f"model '{model.name}' has task 'other' (set its task: "
                                  f"{', '.join(TASKS.names())})")
         return self
