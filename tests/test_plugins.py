@@ -217,3 +217,15 @@ def test_how_images_are_batched_is_the_task_s_default_unless_the_model_says():
     assert model_spec({**entry, "task": "classification"}).batch_mode == "stack"
     assert model_spec(entry).batch_mode == "stack"  # task: other
     assert model_spec({**entry, "task": "detection", "batch": "stack"}).batch_mode == "stack"
+
+
+def test_the_html_reads_a_threshold_from_records_of_either_spelling():
+    """Records written before tasks were plugins hold the flat thresholds (`detection_f1`)."""
+    from parity.report.html import _tier3_tables
+
+    check = {"kind": "check", "tier": 3, "model": "m", "inputs": "i", "reference": "eager-cpu", "target": "t",
+             "task": "detection", "status": "ok", "passed": False, "failure_class": "decision_flip", "detail": None,
+             "metrics": {"f1": 0.5}, "same_set": False}
+    for thresholds in ({"iou": 0.5, "f1": 0.9}, {"detection_iou": 0.5, "detection_f1": 0.9, "top1_agreement": 0.99}):
+        [table] = _tier3_tables([{**check, "thresholds": thresholds}])
+        assert table["columns"][0]["threshold"] == 0.9 and table["rows"][0]["cells"][0]["low"] is True
