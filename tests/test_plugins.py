@@ -229,3 +229,14 @@ def test_the_html_reads_a_threshold_from_records_of_either_spelling():
     for thresholds in ({"iou": 0.5, "f1": 0.9}, {"detection_iou": 0.5, "detection_f1": 0.9, "top1_agreement": 0.99}):
         [table] = _tier3_tables([{**check, "thresholds": thresholds}])
         assert table["columns"][0]["threshold"] == 0.9 and table["rows"][0]["cells"][0]["low"] is True
+
+
+def test_another_source_s_key_left_null_is_accepted_as_before():
+    """Runs recorded when one spec held every source's keys have `entry: null` under torchvision in their
+    `config`; such an experiment validates again (parity reduce rebuilds it), a set one is still refused."""
+    from parity.config.schema import model_spec
+
+    old = {"name": "v", "source": "torchvision", "builder": "resnet18", "path": None, "entry": None, "hubconf": None}
+    assert model_spec(old).model_dump()["builder"] == "resnet18"
+    with pytest.raises(ValueError, match="entry"):
+        model_spec({**old, "entry": "m:f"})
