@@ -240,3 +240,16 @@ def test_another_source_s_key_left_null_is_accepted_as_before():
     assert model_spec(old).model_dump()["builder"] == "resnet18"
     with pytest.raises(ValueError, match="entry"):
         model_spec({**old, "entry": "m:f"})
+
+
+def test_a_plugin_that_cannot_be_imported_is_named(monkeypatch):
+    from types import SimpleNamespace
+
+    def missing():
+        raise ModuleNotFoundError("No module named 'theirlib'")
+
+    own = SimpleNamespace(metadata={"Name": "parity"})
+    found = [SimpleNamespace(name="theirs", load=missing, dist=own)]
+    monkeypatch.setattr("parity.registry.entry_points", lambda group: found)
+    with pytest.raises(ParityError, match=r"cannot load task 'theirs' \(entry point in 'parity.tasks'\): No module named 'theirlib'"):
+        Registry("task", "parity.tasks").get("theirs")

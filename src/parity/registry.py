@@ -48,21 +48,13 @@ class Registry(Generic[T]):
     """Names to objects, from the entry-point group `group`: parity registers its built-ins there exactly as a
     third-party package registers its plugins (pyproject.toml), and an entry point is imported only when its
     name is first looked up, so that listing names stays cheap. `package.module:Name` references import
-    directly. `register` adds one in this process (tests); `refresh` rescans the entry points (a package put
-    on sys.path after the first lookup)."""
+    directly. `refresh` rescans the entry points (a package put on sys.path after the first lookup)."""
 
     def __init__(self, kind: str, group: str):
         self.kind = kind
         self.group = group
-        self._registered: dict[str, Callable[[], T]] = {}
         self._loaders: dict[str, Callable[[], T]] | None = None
         self._loaded: dict[str, T] = {}
-
-    def register(self, name: str, loader: Callable[[], T]) -> None:
-        self._registered[name] = loader
-        self._loaded.pop(name, None)
-        if self._loaders is not None:
-            self._loaders[name] = loader
 
     def refresh(self) -> None:
         """Forget what was scanned and loaded: the next lookup reads the entry points again."""
@@ -78,7 +70,6 @@ class Registry(Generic[T]):
                     "installed parity): parity registers them through its installed metadata, which is missing or "
                     "older than this source; run `pip install -e .` in parity's folder")
             self._loaders = {ep.name: ep.load for ep in found}
-            self._loaders.update(self._registered)
         return self._loaders
 
     def names(self) -> list[str]:
@@ -91,11 +82,8 @@ class Registry(Generic[T]):
         if name in loaders:
             try:
                 obj = loaders[name]()
-            except ParityError:
-                raise
-            except Exception as exc:  # a plugin whose module raises on import: its author's to fix, named
-                raise ParityError(f"loading {self.kind} '{name}' (entry point in '{self.group}') raised "
-                                  f"{type(exc).__name__}: {exc}") from exc
+            except ImportError as exc:  # a plugin whose package or a library it needs is not installed here
+                raise ParityError(f"cannot load {self.kind} '{name}' (entry point in '{self.group}'): {exc}") from exc
         elif ":" in name:
             obj = import_object(name, self.kind)
         else:
