@@ -170,6 +170,17 @@ class ModelSpecBase(Strict):
     def _adapter_names(cls, value: Any) -> Any:
         return adapter_names(value)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _other_sources_keys_unset(cls, value: Any) -> Any:
+        """Another source's key left null (`entry: null` under torchvision) says nothing and is dropped, as
+        when every source's keys were in one spec; the experiments recorded then (a run record's `config`)
+        hold them all."""
+        if not isinstance(value, dict):
+            return value
+        others = {k for name in SOURCES.names() for k in SOURCES.get(name).Spec.model_fields} - set(cls.model_fields)
+        return {k: v for k, v in value.items() if not (v is None and k in others)}
+
     @field_validator("task")
     @classmethod
     def _task(cls, task: str) -> str:
