@@ -185,7 +185,10 @@ def block_design(s: Study) -> str:
 
     tol = cfg["tolerances"]
     tasks_cfg = cfg["tiers"].get("tasks") or {}
-    thresholds = ", ".join(f"{k} {v:g}" for k, v in tasks_cfg.items() if k not in ("enabled", "output") and v is not None)
+    # each task's own thresholds (`tiers.tasks.<task>`), or the flat ones of records written before tasks were plugins
+    flat = {k: v for k, v in tasks_cfg.items() if not isinstance(v, dict)}
+    flat.update({f"{task} {k}": v for task, own in tasks_cfg.items() if isinstance(own, dict) for k, v in own.items()})
+    thresholds = ", ".join(f"{k} {v:g}" for k, v in flat.items() if k not in ("enabled", "output") and v is not None)
     lines += [
         f"- **Reference**: {backend(cfg['reference'])}. **Targets**: " + "; ".join(backend(t) for t in cfg["targets"]) + ".",
         f"- **Tolerances**: atol {', '.join(f'{a:g}' for a in tol['atol'])} at rtol {tol['rtol']:g}; gate {s.summary['gate']:g}. "

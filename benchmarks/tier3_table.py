@@ -134,7 +134,7 @@ def _adapter_cost(builder: str, params: dict, photos: list[str], runs: int) -> t
 def fallback_rows(photos: list[str], gate: float) -> list[tuple]:
     """For each dense model: the fallback search aimed at tier 1 (every output within `gate`) and at
     tier 3 (the task verdict), from the same tier-2 candidates."""
-    from parity.config.schema import Tasks
+    from parity.config.schema import tasks_spec
 
     rows = []
     for name, builder, task, params, init in DENSE:
@@ -148,7 +148,7 @@ def fallback_rows(photos: list[str], gate: float) -> list[tuple]:
         target = exp.targets[0]
         layers = localize_check(Job(exp.models[0], exp.inputs[0], exp.reference, None, (target,), 1), target, model,
                                 inputs, exp)
-        for aim in (None, (task, Tasks())):
+        for aim in (None, (task, tasks_spec())):
             found = find_fallback(exp.reference, target, model, inputs, candidates_from(layers), exp.tolerances.rtol,
                                   gate, task=aim)
             rows.append((name, target.id, found))

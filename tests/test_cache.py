@@ -222,7 +222,7 @@ def _key(model: torch.nn.Module, backend_name: str = "torchscript", identity: st
 
 def _built(folder, entry: str = "netmod:Net") -> torch.nn.Module:
     """The model of a repository folder, imported afresh, with the same weights every time."""
-    from parity.models.sources import build_repo
+    from parity.models.sources.repo import build_repo
 
     torch.manual_seed(0)
     return build_repo(folder, entry, None, {})
@@ -351,14 +351,14 @@ def test_a_model_source_says_what_it_reads_the_model_from(tmp_path, monkeypatch,
     from types import SimpleNamespace
 
     from parity import fingerprint
-    from parity.config.schema import ModelSpec
+    from parity.config.schema import model_spec
     from parity.models import source_fingerprint
 
     (tmp_path / "netmod.py").write_text("def build():\n    return None\n")
     (tmp_path / "unused.py").write_text("A = 1\n")
     exp = SimpleNamespace(resolve=lambda path: tmp_path / path)
-    repo = ModelSpec(name="r", source="repo", path=".", entry="netmod:build")
-    python = ModelSpec(name="p", source="python", entry="netmod:build")
+    repo = model_spec({"name": "r", "source": "repo", "path": ".", "entry": "netmod:build"})
+    python = model_spec({"name": "p", "source": "python", "entry": "netmod:build"})
     monkeypatch.syspath_prepend(str(tmp_path))
     __import__("netmod")
     before = {spec.source: source_fingerprint(spec, exp) for spec in (repo, python)}
@@ -366,7 +366,7 @@ def test_a_model_source_says_what_it_reads_the_model_from(tmp_path, monkeypatch,
     assert source_fingerprint(repo, exp) != before["repo"] and source_fingerprint(python, exp) == before["python"]
     (tmp_path / "netmod.py").write_text("def build():\n    return 1\n")
     assert source_fingerprint(python, exp) != before["python"]
-    vision = ModelSpec(name="v", source="torchvision", builder="resnet18")
+    vision = model_spec({"name": "v", "source": "torchvision", "builder": "resnet18"})
     assert source_fingerprint(vision, exp)["libraries"] == fingerprint.versions(["torchvision"])
     assert fingerprint.versions(["torchvision"])["torchvision"][0] == fingerprint.version("torchvision") is not None
 

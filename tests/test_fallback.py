@@ -91,7 +91,7 @@ def test_a_task_level_fallback_restores_the_decision_where_no_set_reaches_a_tigh
     """bfloat16 everywhere plus a fault in `head` that flips decisions: no set of float32 modules brings
     every output within 1e-7 (bfloat16 values still flow between them), but `head` alone in float32
     restores every top-1 decision, which is what the tier-3 aim asks for."""
-    from parity.config.schema import Tasks
+    from parity.config.schema import tasks_spec
 
     images = Inputs((torch.randn(16, 3, 10, 10, generator=torch.Generator().manual_seed(1)),))
     model = faulty("bfloat16", 30.0)
@@ -99,7 +99,7 @@ def test_a_task_level_fallback_restores_the_decision_where_no_set_reaches_a_tigh
     candidates = ["block2", "head", "block1", "stem"]
     strict = find_fallback(EAGER, target, model, images, candidates, 1e-5, 1e-7)
     assert not strict.passed
-    aimed = find_fallback(EAGER, target, model, images, candidates, 1e-5, 1e-7, task=("classification", Tasks()))
+    aimed = find_fallback(EAGER, target, model, images, candidates, 1e-5, 1e-7, task=("classification", tasks_spec()))
     assert aimed.aim == "tier 3" and aimed.task_before["top1_agreement"] < 0.99
     assert aimed.passed and aimed.modules == ["head"] and aimed.task_after["top1_agreement"] == 1.0
     assert aimed.required_atol_after > 1e-7  # tier 1 still fails: only the decisions were the aim

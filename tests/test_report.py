@@ -195,13 +195,15 @@ def test_no_report_writes_only_records_and_summary(tmp_path, capsys):
 
 def test_the_api_writes_the_reports_it_is_asked_for(tmp_path):
     from parity.api import run_experiment
-    from parity.report import REPORT_FILES
+    from parity.report import report_writers
 
+    files = tuple(w.filename for w in report_writers())
+    assert {"report.md", "report.html", "junit.xml"} <= set(files)
     data = tiny_experiment([{"backend": "eager", "name": "same"}])
     run_experiment(data, out=tmp_path / "default")
     assert sorted(p.name for p in (tmp_path / "default").iterdir()) == ["records.jsonl", "report.md", "summary.json"]
-    run_experiment(data, out=tmp_path / "all", reports=REPORT_FILES)
-    assert set(REPORT_FILES) <= {p.name for p in (tmp_path / "all").iterdir()}
+    run_experiment(data, out=tmp_path / "all", reports=files)
+    assert set(files) <= {p.name for p in (tmp_path / "all").iterdir()}
 
 
 def test_a_folder_without_records_is_a_user_error(tmp_path, capsys):

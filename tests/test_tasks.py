@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from parity.api import run_experiment
-from parity.config.schema import Tasks
+from parity.config.schema import tasks_spec
 from parity.records.view import RunView
 from parity.verify.tasks import evaluate
 from parity.verify.tasks.classification import rank_distance
 from parity.verify.tasks.detection import average_precision, match
 from tests.conftest import tiny_experiment
 
-T = Tasks()
+T = tasks_spec()
 
 
 def dets(boxes, labels, scores):
@@ -102,7 +102,7 @@ def test_outputs_of_the_wrong_shape_are_a_structure_mismatch():
 def test_run_writes_tier3_checks_and_fails_on_a_flip(tmp_path):
     data = tiny_experiment([{"backend": "eager", "name": "same"},
                             {"backend": "tests.fixtures.tiny:PerturbedEager", "name": "perturbed"}],
-                           tiers={"tasks": {"top1_agreement": 1.0}})
+                           tiers={"tasks": {"classification": {"top1_agreement": 1.0}}})
     data["models"][0]["task"] = "classification"
     records = run_experiment(data, out=tmp_path)
     tier3 = {r["target"]: r for r in RunView(records).checks(3)}

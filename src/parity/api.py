@@ -35,7 +35,7 @@ def run_experiment(source: str | Path | dict | Experiment, out: str | Path | Non
                    fresh: bool = False) -> list[dict[str, Any]]:
     """Run an experiment (a YAML path, a dict in the same shape, or an Experiment); write records.jsonl,
     summary.json and `reports` under `out` (any of report.md, report.html, junit.xml: `parity run` writes
-    all three, `parity.report.REPORT_FILES`; the HTML costs about a second of plotting); return the records.
+    every registered writer's, `parity.report.report_writers()`; the HTML costs about a second of plotting); return the records.
     When `out` already holds records of the same experiment the run continues from them, and the records
     returned are all of them; `fresh` discards them and starts over."""
     from parity.runner.local import run_experiment_to

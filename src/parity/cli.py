@@ -290,7 +290,7 @@ def cmd_fallback(args: argparse.Namespace) -> int:
     from parity.runner.local import prepared_model
     from parity.runner.plan import Job
     from parity.verify.localize import localize_check
-    from parity.verify.tasks import EVALUATED
+    from parity.verify.tasks import evaluated
 
     exp, model_spec, target, input_spec = _one_check(args)
     fallback_kind(target)  # a target that has no fallback fails here, before anything runs
@@ -302,17 +302,17 @@ def cmd_fallback(args: argparse.Namespace) -> int:
         raise ParityError(f"localizing {target.id} failed, so there are no candidates: {layers['error']}")
     task = None
     if args.tier == 3:
-        from parity.config.schema import Tasks
+        from parity.config.schema import tasks_spec
 
-        if model_spec.task not in EVALUATED:
+        if model_spec.task not in evaluated():
             raise ParityError(f"--tier 3: model '{model_spec.name}' has task '{model_spec.task}'; tier 3 evaluates "
-                              f"{', '.join(EVALUATED)} (set the model's task:)")
-        task = (model_spec.task, exp.tiers.tasks or Tasks())
+                              f"{', '.join(evaluated())} (set the model's task:)")
+        task = (model_spec.task, exp.tiers.tasks or tasks_spec())
     tol = exp.tolerance_for(target)
     result = find_fallback(exp.reference, target, model, inputs, candidates_from(layers), tol.rtol, tol.gate,
                            task=task, leaf_tolerance=tol.for_leaf)
     command = f"parity fallback {shlex.quote(str(args.file))} --model {model_spec.name} --target {target.id} --inputs {input_spec.name}"
-    result.next_step = next_step(result, command, model_spec.task if model_spec.task in EVALUATED else None)
+    result.next_step = next_step(result, command, model_spec.task if model_spec.task in evaluated() else None)
     record = {"model": model_spec.name, "inputs": input_spec.name, "reference": exp.reference.id, **result.record()}
     console = _console()
     before, after = result.required_atol_before, result.required_atol_after

@@ -41,7 +41,7 @@ def _torchvision_task(builder: str) -> str:
 def model_entry(ref: str, entry: str | None = None, hubconf: str | None = None,
                 weights: str | None = None) -> dict[str, Any]:
     """The `models:` entry that MODEL (and --entry, --hubconf, --weights) name."""
-    from parity.models.sources import torchvision_builders
+    from parity.models.sources.torchvision import torchvision_builders
 
     if LATER_SOURCES.search(ref):
         kind = ".onnx" if ref.lower().endswith(".onnx") else ref.split(":")[0] + ":"

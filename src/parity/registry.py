@@ -41,37 +41,49 @@ def import_object(ref: str, what: str = "object"):
     return obj
 
 
-class Registry(Generic[T]):
-    """Names to objects. Built-ins register lazily (a loader per name keeps heavy imports away until
-    used); plugins come from the entry-point group `group`; `pkg.module:Name` references import directly."""
+OWN_DISTRIBUTION = "parity"  # the distribution whose entry points register the built-ins
 
-    def __init__(self, kind: str, group: str | None = None):
+
+class Registry(Generic[T]):
+    """Names to objects, from the entry-point group `group`: parity registers its built-ins there exactly as a
+    third-party package registers its plugins (pyproject.toml), and an entry point is imported only when its
+    name is first looked up, so that listing names stays cheap. `package.module:Name` references import
+    directly. `refresh` rescans the entry points (a package put on sys.path after the first lookup)."""
+
+    def __init__(self, kind: str, group: str):
         self.kind = kind
         self.group = group
-        self._loaders: dict[str, Callable[[], T]] = {}
+        self._loaders: dict[str, Callable[[], T]] | None = None
         self._loaded: dict[str, T] = {}
-        self._plugins_scanned = False
 
-    def register(self, name: str, loader: Callable[[], T]) -> None:
-        self._loaders[name] = loader
+    def refresh(self) -> None:
+        """Forget what was scanned and loaded: the next lookup reads the entry points again."""
+        self._loaders = None
+        self._loaded.clear()
 
-    def _scan_plugins(self) -> None:
-        if self._plugins_scanned or self.group is None:
-            return
-        self._plugins_scanned = True
-        for ep in entry_points(group=self.group):
-            self._loaders.setdefault(ep.name, ep.load)
+    def _scan(self) -> dict[str, Callable[[], T]]:
+        if self._loaders is None:
+            found = entry_points(group=self.group)
+            if not any(_distribution(ep) == OWN_DISTRIBUTION for ep in found):
+                raise ParityError(
+                    f"parity's built-in {self.kind}s are not registered (no '{self.group}' entry points from an "
+                    "installed parity): parity registers them through its installed metadata, which is missing or "
+                    "older than this source; run `pip install -e .` in parity's folder")
+            self._loaders = {ep.name: ep.load for ep in found}
+        return self._loaders
 
     def names(self) -> list[str]:
-        self._scan_plugins()
-        return sorted(self._loaders)
+        return sorted(self._scan())
 
     def get(self, name: str) -> T:
         if name in self._loaded:
             return self._loaded[name]
-        self._scan_plugins()
-        if name in self._loaders:
-            obj = self._loaders[name]()
+        loaders = self._scan()
+        if name in loaders:
+            try:
+                obj = loaders[name]()
+            except ImportError as exc:  # a plugin whose package or a library it needs is not installed here
+                raise ParityError(f"cannot load {self.kind} '{name}' (entry point in '{self.group}'): {exc}") from exc
         elif ":" in name:
             obj = import_object(name, self.kind)
         else:
@@ -79,3 +91,8 @@ class Registry(Generic[T]):
             raise ParityError(f"unknown {self.kind} '{name}'{did_you_mean(name, self.names())} (known: {known})")
         self._loaded[name] = obj
         return obj
+
+
+def _distribution(ep) -> str | None:
+    dist = getattr(ep, "dist", None)
+    return dist.metadata["Name"] if dist is not None else None

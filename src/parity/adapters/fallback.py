@@ -81,11 +81,18 @@ def fallback_for(spec: BackendSpec, model_name: str) -> list[str]:
 
 
 def fallback_kind(spec: BackendSpec) -> str:
+    """What the fallback modules of `spec` run as: float32 on a reduced-dtype target, else the backend's own
+    `fallback_kind` (compile: eager)."""
+    from parity.backends import BACKENDS, backend_class
+
     if spec.dtype in REDUCED:
         return "float32"
-    if spec.backend == "compile":
-        return "eager"
-    raise ParityError(f"target {spec.id}: fallback applies to compile targets and to bfloat16/float16 targets")
+    kind = backend_class(spec.backend).fallback_kind
+    if kind is None:
+        able = [n for n in BACKENDS.names() if backend_class(n).fallback_kind is not None]
+        raise ParityError(f"target {spec.id}: fallback applies to {', '.join(able)} targets and to bfloat16/float16 "
+                          "targets")
+    return kind
 
 
 def apply_fallback(model: torch.nn.Module, names: list[str], spec: BackendSpec) -> torch.nn.Module:

@@ -17,9 +17,14 @@ from __future__ import annotations
 
 import functools
 import types
+from typing import Literal
 
 import torch
 import torchvision.ops.boxes as box_ops
+from pydantic import Field
+
+from parity.adapters import Adapter
+from parity.config.schema import AdapterSpec
 
 _ORIGINAL_BATCHED_NMS = box_ops.batched_nms
 
@@ -110,3 +115,23 @@ def apply_deterministic_nms(model: torch.nn.Module, score_grid: float, box_grid:
         rpn._get_top_n_idx = types.MethodType(_deterministic_top_n_idx, rpn)
     return (f"deterministic_nms: batched_nms ordered by score on a {score_grid:g} grid, then box coordinates "
             f"on a {box_grid:g} px grid, then index" + (f"; tie-robust top-k in {len(rpns)} proposal network(s)" if rpns else ""))
+
+
+class DeterministicNmsSpec(AdapterSpec):
+    name: Literal["deterministic_nms"]
+    score_grid: float | None = Field(default=None, gt=0)  # default: 10 x the gate atol
+    box_grid: float = Field(default=1.0, gt=0)  # pixels
+
+    def score_grid_for(self, experiment) -> float:
+        return self.score_grid if self.score_grid is not None else 10 * max(experiment.tolerances.gate_atol, 1e-7)
+
+
+class DeterministicNms(Adapter):
+    name = "deterministic_nms"
+    Spec = DeterministicNmsSpec
+
+    def apply(self, model, spec, experiment):
+        return apply_deterministic_nms(model, spec.score_grid_for(experiment), spec.box_grid)
+
+
+ADAPTER = DeterministicNms()

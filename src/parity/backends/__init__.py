@@ -1,21 +1,11 @@
-"""Backends by name. Built-ins load lazily; plugins come from the `parity.backends` entry-point group or
-from `backend: package.module:Class` in an experiment file."""
+"""Backends by name: the `parity.backends` entry-point group (parity's own are registered in its
+pyproject.toml, a plugin package's in its own), or `backend: package.module:Class` in an experiment file."""
 
 from __future__ import annotations
 
 from parity.backends.base import Backend
 from parity.errors import ParityError
-from parity.registry import Registry, import_object
-
-BACKENDS: Registry[type[Backend]] = Registry("backend", group="parity.backends")
-for _name, _ref in {
-    "eager": "parity.backends.eager:EagerBackend",
-    "compile": "parity.backends.compile:CompileBackend",
-    "onnxruntime": "parity.backends.onnxruntime:OnnxRuntimeBackend",
-    "torchscript": "parity.backends.torchscript:TorchScriptBackend",
-    "openvino": "parity.backends.openvino:OpenVinoBackend",
-}.items():
-    BACKENDS.register(_name, lambda ref=_ref: import_object(ref, "backend"))
+from parity.plugins import BACKENDS
 
 
 def backend_class(name: str) -> type[Backend]:

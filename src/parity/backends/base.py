@@ -40,6 +40,16 @@ class Backend(ABC):
     # cache keys on them (execute/cache.py). A plugin's own package and the libraries its model code reaches
     # are found by the cache's walk; a backend that exports with another library names it here.
     libraries: ClassVar[tuple[str, ...]] = ("torch",)
+    # What `parity fallback` runs the chosen modules as on this backend in float32 (adapters/fallback.py):
+    # "eager" (outside a compiled graph), or None when it cannot take modules out of its fast path. A
+    # bfloat16/float16 target of any backend can run modules in float32.
+    fallback_kind: ClassVar[str | None] = None
+    # Whether `capture_layers` is implemented: tier 2's propagated mode then reads layer outputs from inside
+    # this backend's own run (a backend that `runs_module_hooks` is read through hooks instead).
+    captures_layers: ClassVar[bool] = False
+    # The devices on which an experiment in the published tool's format (config/legacy.py), which names no
+    # targets, checks this backend when it is available here.
+    legacy_devices: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, spec):
         self.spec = spec
@@ -74,6 +84,11 @@ class Backend(ABC):
     @abstractmethod
     def run(self, inputs: Inputs) -> Any:
         """Outputs for `inputs`, on the CPU."""
+
+    def capture_layers(self, model: torch.nn.Module, example: Inputs, names: list[str]) -> dict[str, list | str]:
+        """Each named module's outputs (one per call) inside one run of this backend, or a string saying why
+        that module's cannot be seen. Optional: a backend that implements it sets `captures_layers`."""
+        raise NotImplementedError(f"backend '{self.name}' cannot show layer outputs from inside its own run")
 
     def close(self) -> None:
         """Release what `prepare` made (sessions, compiled graphs, temporary files). Subclasses that

@@ -32,6 +32,8 @@ class CompileOptions(BaseModel):
 class CompileBackend(EagerBackend):
     name = "compile"
     preparation_cost = 3  # a compilation
+    fallback_kind = "eager"  # modules taken out of the compiled graph run eagerly
+    legacy_devices = ("cpu", "cuda")
     Options = CompileOptions
 
     @classmethod

@@ -25,6 +25,7 @@ class EagerOptions(BaseModel):
 class EagerBackend(Backend):
     name = "eager"
     devices = ("cpu", "cuda")
+    legacy_devices = ("cuda",)  # on the CPU it is the reference
     dtypes = DTYPES
     Options = EagerOptions
     runs_module_hooks = True

@@ -25,6 +25,7 @@ class OpenVinoOptions(BaseModel):
 
 class OpenVinoBackend(Backend):
     name = "openvino"
+    legacy_devices = ("cpu",)
     preparation_cost = 2  # an export
     libraries = ("torch", "openvino", "numpy")
     dtypes = ("float32", "bfloat16", "float16")

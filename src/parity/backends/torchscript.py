@@ -22,6 +22,7 @@ class TorchScriptBackend(EagerBackend):
     preparation_cost = 1  # a trace
     Options = TorchScriptOptions
     runs_module_hooks = False  # a traced graph no longer calls the modules' Python hooks
+    legacy_devices = ("cpu",)
 
     @classmethod
     def repro_snippet(cls, spec) -> str | None:

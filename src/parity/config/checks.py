@@ -63,34 +63,18 @@ def backend_problems(spec: BackendSpec, path: tuple) -> list[Problem]:
 
 
 def _model(exp: Experiment, i: int) -> list[Problem]:
-    from parity.models.sources import torchvision_builders
+    from parity.plugins import SOURCES
 
     model = exp.models[i]
     path = ("models", i)
-    out: list[Problem] = []
-    if model.source == "torchvision":
-        builders = torchvision_builders()
-        if model.builder not in builders:
-            out.append((path + ("builder",), f"unknown torchvision builder '{model.builder}'{did_you_mean(model.builder, builders)}"))
-    if model.source == "repo":
-        repo = exp.resolve(model.path)
-        if not repo.is_dir():
-            out.append((path + ("path",), f"repository folder not found: {repo}"))
-        elif model.hubconf is not None and not (repo / "hubconf.py").is_file():
-            out.append((path + ("hubconf",), f"no hubconf.py in {repo}"))
-    if model.source == "python":
-        from parity.registry import import_object
-
-        try:
-            import_object(model.entry, "model entry")
-        except ParityError as exc:
-            out.append((path + ("entry",), exc.problems[0]))
+    source = SOURCES.get(model.source)
+    out: list[Problem] = [(path + key, msg) for key, msg in source.problems(model, exp)]
     if model.weights not in (None, "DEFAULT"):
         problem = _weights_problem(exp.resolve(model.weights))
         if problem:
             out.append((path + ("weights",), problem))
-    if model.weights == "DEFAULT" and model.source != "torchvision":
-        out.append((path + ("weights",), "DEFAULT weights exist only for torchvision builders; give a local file"))
+    if model.weights == "DEFAULT" and not source.default_weights:
+        out.append((path + ("weights",), f"source '{model.source}' has no DEFAULT weights; give a local file"))
     known = [s.name for s in exp.inputs]
     for j, name in enumerate(model.inputs or []):
         if name not in known:

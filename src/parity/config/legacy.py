@@ -5,7 +5,7 @@
     options: {resize_multiple: 32}                           verification: {tol: {atol: 1e-5, rtol: 1e-5}}
 
 Each image becomes its own input set (images resized to a multiple need not share a size). The reference
-is eager CPU float32; the targets are the CPU backends available here, plus CUDA ones when a GPU exists;
+is eager CPU float32; the targets are the backends available here that declare the format's devices (`legacy_devices`);
 the atol sweep is 1e-6..1e-3 at the file's rtol, gated at the file's atol.
 """
 
@@ -18,8 +18,6 @@ from typing import Any
 from parity.errors import did_you_mean
 
 LEGACY_KEYS = {"from", "model", "repo", "params", "inputs", "means", "stds", "options", "verification"}
-CPU_TARGETS = ["compile", "onnxruntime", "torchscript", "openvino"]
-CUDA_TARGETS = ["eager", "compile", "onnxruntime"]
 
 
 def _is_name(text: str) -> bool:
@@ -79,17 +77,16 @@ def _problems(data: dict) -> list[tuple[tuple, str]]:
 
 
 def _available_targets() -> list[dict]:
-    from parity.backends import backend_class
+    """Every registered backend on each of its `legacy_devices` where it can run here: CPU ones first."""
+    from parity.backends import BACKENDS, backend_class
     from parity.config.schema import BackendSpec
 
     targets = []
-    for name in CPU_TARGETS:
-        if backend_class(name).available(BackendSpec(backend=name)) is None:
-            targets.append({"backend": name, "device": "cpu"})
-    for name in CUDA_TARGETS:
-        spec = BackendSpec(backend=name, device="cuda")
-        if backend_class(name).available(spec) is None:
-            targets.append({"backend": name, "device": "cuda"})
+    for device in ("cpu", "cuda"):
+        for name in BACKENDS.names():
+            cls = backend_class(name)
+            if device in cls.legacy_devices and cls.available(BackendSpec(backend=name, device=device)) is None:
+                targets.append({"backend": name, "device": device})
     return targets
 
 
@@ -100,7 +97,7 @@ def translate(data: dict, path: Path) -> tuple[dict | None, list[tuple[tuple, st
         return None, problems, []
     warnings: list[str] = []
     if data["from"] == "library":
-        from parity.models.sources import default_weights_cached
+        from parity.models.sources.torchvision import default_weights_cached
 
         builder = data["model"]
         model: dict[str, Any] = {"name": builder, "source": "torchvision", "builder": builder}

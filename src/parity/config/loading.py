@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from parity.config import checks, legacy
-from parity.config.schema import Experiment, plain_name
+from parity.config.schema import Experiment, flat_thresholds, plain_name, spec_class_for
 from parity.config.yaml_io import KeyPath, format_path, line_of, load_yaml
 from parity.errors import ParityError, did_you_mean
 
@@ -56,7 +56,7 @@ def _clean_loc(loc: tuple) -> KeyPath:
     return tuple(out)
 
 
-def _pydantic_problems(exc: ValidationError, model_cls: type) -> list[tuple[KeyPath, str]]:
+def _pydantic_problems(exc: ValidationError, model_cls: type, data: Any) -> list[tuple[KeyPath, str]]:
     """One problem per key path: the branches of a union that all failed become one 'expected X or Y'."""
     by_loc: dict[KeyPath, list[dict]] = {}
     for err in exc.errors():
@@ -70,7 +70,7 @@ def _pydantic_problems(exc: ValidationError, model_cls: type) -> list[tuple[KeyP
             out.append((loc[:-1], f"key {key!r} is {type(key).__name__}, not a name; put it in quotes"))
             continue
         if errs[0]["type"] == "extra_forbidden":
-            msg = _unknown_key(model_cls, loc)
+            msg = _unknown_key(model_cls, loc, data)
         elif len(errs) > 1 and all(_EXPECTED.get(e["type"]) for e in errs):
             wanted = list(dict.fromkeys(_EXPECTED[e["type"]] for e in errs))
             msg = f"expected {' or '.join(wanted)}, got {_shown(errs[0].get('input'))}"
@@ -80,18 +80,41 @@ def _pydantic_problems(exc: ValidationError, model_cls: type) -> list[tuple[KeyP
     return out
 
 
-def _unknown_key(model_cls: type, loc: KeyPath) -> str:
-    """'unknown key' with the keys allowed there and a did-you-mean."""
-    cls = model_cls
+def _unknown_key(model_cls: type, loc: KeyPath, data: Any) -> str:
+    """'unknown key' with the keys allowed there and a did-you-mean. Where a plugin's spec decides the keys
+    (a model's source, an adapter's name, `tiers.tasks`), the spec of what `data` names there."""
+    cls, annotation = model_cls, None
     for part in loc[:-1]:
-        if isinstance(part, int) or cls is None:
-            continue
-        field = cls.model_fields.get(part)
-        cls = _model_in(field.annotation) if field else None
+        data = _item(data, part)
+        if not isinstance(part, int):
+            field = cls.model_fields.get(part) if cls is not None else None
+            annotation = field.annotation if field else None
+        cls = (_plugin_spec(annotation, data) or _model_in(annotation)) if annotation is not None else None
     if cls is None or not loc:
         return "unknown key"
     allowed = list(cls.model_fields)
     return f"unknown key{did_you_mean(str(loc[-1]), allowed)} (allowed here: {', '.join(allowed)})"
+
+
+def _item(data: Any, part: Any) -> Any:
+    if isinstance(data, dict):
+        return data.get(part)
+    if isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data):
+        return data[part]
+    return None
+
+
+def _plugin_spec(annotation: Any, data: Any) -> type | None:
+    """The spec class a plugin-dispatched field (or the list of them) gives `data`."""
+    for arg in (annotation, *getattr(annotation, "__args__", ())):
+        found = spec_class_for(arg, data)
+        if found is not None:
+            return found
+        if arg is not annotation and getattr(arg, "__args__", ()):
+            found = _plugin_spec(arg, data)
+            if found is not None:
+                return found
+    return None
 
 
 def _model_in(annotation: Any) -> type | None:
@@ -123,6 +146,17 @@ def _raise(path: Path | str, problems: list[tuple[KeyPath, str]], lines: dict[Ke
     raise ParityError(*msgs)
 
 
+def _warn_flat_thresholds(data: dict, source: str | Path, lines: dict[KeyPath, int]) -> None:
+    """One line per threshold in the old flat spelling (`tiers.tasks.top1_agreement`): it still counts
+    (the schema moves it), and the warning names the key it now lives under."""
+    tiers = data.get("tiers")
+    tasks = tiers.get("tasks") if isinstance(tiers, dict) else None
+    for old, new in flat_thresholds(tasks)[1]:
+        line = line_of(("tiers", "tasks", old), lines)
+        where = f"{source}:{line}" if line else f"{source}"
+        print(one_line(f"warning: {where}: tiers.tasks.{old} is deprecated; write {new}"), file=sys.stderr)
+
+
 def experiment_from_dict(data: Any, source: str | Path = "<dict>", base_dir: Path | None = None,
                          lines: dict[KeyPath, int] | None = None) -> Experiment:
     """Validate a mapping (the new format or the published tool's) into an Experiment."""
@@ -136,10 +170,11 @@ def experiment_from_dict(data: Any, source: str | Path = "<dict>", base_dir: Pat
         for w in warnings:
             print(f"warning: {w}", file=sys.stderr)
         data, lines = translated, {}
+    _warn_flat_thresholds(data, source, lines)
     try:
         exp = Experiment.model_validate(data)
     except ValidationError as exc:
-        _raise(source, _pydantic_problems(exc, Experiment), lines)
+        _raise(source, _pydantic_problems(exc, Experiment, data), lines)
     if base_dir is not None:
         exp._base_dir = base_dir
     if exp.name is None:  # the file's stem, made a plain name (`...yaml` would otherwise be `..`)

@@ -1,7 +1,9 @@
 """The experiment file, as pydantic models. Unknown keys are rejected everywhere.
 
-This module checks shape and types only; names that need a registry or the file system (backends,
-torchvision builders, files) are checked in `config.checks`, so that the schema stays import-light.
+This module checks shape and types only; names that need the file system or a library (backends' options,
+torchvision builders, files) are checked in `config.checks`. What a plugin owns (a model source's keys, a
+task's thresholds, an adapter's and an executor's settings) is validated by the plugin's own spec, which
+the registries in `parity.plugins` find when a file is validated (`plugin_spec`).
 
 Numbers are bounded so that a typo cannot ask for a day of work or a terabyte of memory (`MAX_*`), every
 float is finite, and every name that identifies something in records (experiment, model, input set,
@@ -21,19 +23,26 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PlainValidator,
     PrivateAttr,
+    SerializeAsAny,
     StrictFloat,
     StrictInt,
     Tag,
+    TypeAdapter,
+    ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from parity.config.tolerances import Tolerance, default_gate
 from parity.config.tolerances import resolve as resolve_tolerance
+from parity.errors import ParityError, did_you_mean
+from parity.plugins import ADAPTERS, EXECUTORS, SOURCES, TASKS
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
-TASKS = ("classification", "detection", "segmentation", "other")
 
 MAX_REPEATS = 1000
 MAX_ELEMENTS = 2**28  # per input set: 1 GiB of float32, more than any model test needs
@@ -82,17 +91,76 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
-class ModelSpec(Strict):
+def _error(loc: tuple, kind: str, message: str, value: Any) -> ValidationError:
+    """A validation error at `loc` (relative to the value being validated), as pydantic would raise it."""
+    return ValidationError.from_exception_data("parity", [
+        {"type": PydanticCustomError(kind, message), "loc": loc, "input": value}])
+
+
+def _not_a_mapping(value: Any) -> ValidationError:
+    return ValidationError.from_exception_data("parity", [
+        {"type": "model_type", "loc": (), "input": value, "ctx": {"class_name": "mapping"}}])
+
+
+def plugin_spec(registry, key: str, default: str | None, base: type[BaseModel]):
+    """A validator that hands a mapping to the spec class of the plugin its `key` names (`source: repo` to
+    the repo source's spec): each plugin owns its keys. The plugin is looked up in `registry` when a file is
+    validated, not when this module is imported, so a plugin put on the path later (and `refresh`ed) counts."""
+
+    def validate(value: Any) -> BaseModel:
+        if isinstance(value, base):
+            return value
+        if not isinstance(value, dict):
+            raise _not_a_mapping(value)
+        name = value.get(key, default)
+        if name is None:
+            raise _error((key,), "missing", "required key is missing", value)
+        if not isinstance(name, str) or ":" in name:
+            raise _error((key,), "plugin", f"expected the name of a registered {registry.kind}, got {name!r}", name)
+        try:
+            spec_class = registry.get(name).Spec
+        except ParityError as exc:
+            if name in registry.names():
+                raise  # a registered plugin that cannot be loaded: its own message, as is
+            raise _error((key,), "plugin", exc.problems[0], name) from None
+        return spec_class.model_validate(value)
+
+    return validate
+
+
+def spec_class_for(annotation: Any, value: Any) -> type[BaseModel] | None:
+    """The spec class a plugin-dispatched field gives `value` (for messages listing the allowed keys)."""
+    for meta in getattr(annotation, "__metadata__", ()):
+        lookup = getattr(getattr(meta, "func", None), "spec_class", None)
+        if lookup is not None:
+            return lookup(value)
+    return None
+
+
+def _dispatched(registry, key: str, default: str | None, base: type[BaseModel]):
+    validate = plugin_spec(registry, key, default, base)
+
+    def spec_class(value: Any) -> type[BaseModel] | None:
+        name = value.get(key, default) if isinstance(value, dict) else None
+        try:
+            return registry.get(name).Spec if isinstance(name, str) and ":" not in name else None
+        except ParityError:
+            return None
+
+    validate.spec_class = spec_class
+    return PlainValidator(validate, json_schema_input_type=base)
+
+
+class ModelSpecBase(Strict):
+    """What every model spec has, whatever its source. A source plugin subclasses it with its own keys and
+    `source: Literal["<its name>"]` (models/sources/); `models[i]` is validated by the spec of its source."""
+
     name: Name
-    source: Literal["torchvision", "repo", "python"] = "torchvision"
-    builder: str | None = None
-    path: LocalPath | None = None  # source repo: a folder on this machine
-    entry: str | None = None
-    hubconf: str | None = None
+    source: str
     weights: LocalPath | None = None
     init: Literal["default", "fan_in"] = "default"
     params: dict[str, Any] = Field(default_factory=dict)
-    task: Literal["classification", "detection", "segmentation", "other"] = "other"
+    task: str = "other"  # a registered task (tier 3 evaluates it) or `other`
     inputs: list[str] | None = Field(default=None, min_length=1)
     batch: Literal["stack", "list"] | None = None
     adapters: list[Adapter] | None = None  # this model's own; None: the experiment's
@@ -102,28 +170,50 @@ class ModelSpec(Strict):
     def _adapter_names(cls, value: Any) -> Any:
         return adapter_names(value)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _other_sources_keys_unset(cls, value: Any) -> Any:
+        """Another source's key left null (`entry: null` under torchvision) says nothing and is dropped, as
+        when every source's keys were in one spec; the experiments recorded then (a run record's `config`)
+        hold them all."""
+        if not isinstance(value, dict):
+            return value
+        others = {k for name in SOURCES.names() for k in SOURCES.get(name).Spec.model_fields} - set(cls.model_fields)
+        return {k: v for k, v in value.items() if not (v is None and k in others)}
+
+    @field_validator("task")
+    @classmethod
+    def _task(cls, task: str) -> str:
+        known = [*TASKS.names(), "other"]
+        if task not in known:
+            raise ValueError(f"unknown task '{task}'{did_you_mean(task, known)} (known: {', '.join(known)})")
+        return task
+
     @model_validator(mode="after")
-    def _source_keys(self) -> ModelSpec:
-        needed = {"torchvision": ["builder"], "repo": ["path"], "python": ["entry"]}[self.source]
-        for key in needed:
-            if getattr(self, key) is None:
-                raise ValueError(f"source '{self.source}' needs '{key}'")
-        if self.source == "repo" and (self.entry is None) == (self.hubconf is None):
-            raise ValueError("source 'repo' needs exactly one of 'entry' (module:attr) or 'hubconf' (name)")
-        foreign = {"torchvision": ["path", "entry", "hubconf"], "repo": ["builder"], "python": ["builder", "path", "hubconf"]}
+    def _common(self) -> ModelSpecBase:
         if self.inputs is not None and len(set(self.inputs)) != len(self.inputs):
             raise ValueError("'inputs' names an input set twice")
         if self.init != "default" and self.weights is not None:
             raise ValueError("'init' applies only to a seeded init (weights: null)")
-        for key in foreign[self.source]:
-            if getattr(self, key) is not None:
-                raise ValueError(f"'{key}' does not apply to source '{self.source}'")
         return self
 
     @property
     def batch_mode(self) -> str:
-        """How images are handed over: one stacked batch, or a list of CHW tensors (detection)."""
-        return self.batch or ("list" if self.task == "detection" else "stack")
+        """How images are handed over: one stacked batch, or a list of CHW tensors (a task's default)."""
+        if self.batch:
+            return self.batch
+        if self.task == "other":
+            return "stack"
+        return TASKS.get(self.task).batch
+
+
+# A model spec: validated by the spec of the source it names (default torchvision).
+ModelSpec = Annotated[SerializeAsAny[ModelSpecBase], _dispatched(SOURCES, "source", "torchvision", ModelSpecBase)]
+
+
+def model_spec(data: dict[str, Any]) -> ModelSpecBase:
+    """One `models[i]` entry, validated as the experiment file validates it."""
+    return TypeAdapter(ModelSpec).validate_python(data)
 
 
 class Preprocess(Strict):
@@ -385,21 +475,69 @@ class Activations(Strict):
 
 
 class Tasks(Strict):
-    """Tier 3: thresholds of task-level agreement between target and reference."""
+    """Tier 3: thresholds of task-level agreement between target and reference, one mapping per task under
+    `tiers.tasks.<task>` (each validated by its task's own spec), and what every task shares. The model
+    that validates `tiers.tasks` is made from the registered tasks (`tasks_spec`)."""
 
     enabled: bool = True
-    output: str | None = None  # the output leaf holding the class scores when it is not the only one (out[1])
-    top1_agreement: float = Field(default=0.99, ge=0, le=1)  # classification
-    top5_overlap: float | None = Field(default=None, ge=0, le=1)
-    detection_iou: float = Field(default=0.5, gt=0, le=1)  # a target box matches a reference box from this IoU
-    detection_f1: float = Field(default=0.95, ge=0, le=1)
-    pixel_agreement: float = Field(default=0.99, ge=0, le=1)  # segmentation
-    miou: float | None = Field(default=None, ge=0, le=1)
+    output: str | None = None  # the output leaf holding the task's result when it is not the only one (out[1])
+
+    def thresholds_for(self, task: str) -> BaseModel:
+        """The thresholds of `task`: as the file gives them, else its defaults."""
+        return getattr(self, task)
+
+
+_TASKS_MODELS: dict[tuple, type[Tasks]] = {}
+
+
+def tasks_model() -> type[Tasks]:
+    """`Tasks` with one field per registered task (its thresholds spec), made once per set of tasks."""
+    names = tuple(TASKS.names())
+    specs = tuple(TASKS.get(n).Thresholds for n in names)
+    key = names + specs
+    if key not in _TASKS_MODELS:
+        fields = {n: (spec, Field(default_factory=spec)) for n, spec in zip(names, specs, strict=True)}
+        _TASKS_MODELS[key] = create_model("Tasks", __base__=Tasks, **fields)
+    return _TASKS_MODELS[key]
+
+
+def flat_thresholds(value: Any) -> tuple[Any, list[tuple[str, str]]]:
+    """The old spelling (`tiers.tasks.top1_agreement`) moved to the task that owns the threshold
+    (`tiers.tasks.classification.top1_agreement`): (the moved mapping, [(old key, new key path)]). Each task
+    says which flat keys were its own (`Task.flat_keys`)."""
+    if not isinstance(value, dict):
+        return value, []
+    owners = {flat: (name, own) for name in TASKS.names() for flat, own in TASKS.get(name).flat_keys.items()}
+    moved, renamed = dict(value), []
+    for flat in [k for k in value if k in owners]:
+        task, own = owners[flat]
+        nested = moved.get(task)
+        if nested is not None and not isinstance(nested, dict):
+            continue  # the task's own entry is not a mapping: its own error says so
+        nested = dict(nested or {})
+        nested.setdefault(own, moved.pop(flat))
+        moved[task] = nested
+        renamed.append((flat, f"tiers.tasks.{task}.{own}"))
+    return moved, renamed
+
+
+def tasks_spec(value: Any = None) -> Tasks:
+    """`tiers.tasks` validated against the registered tasks (the old flat spelling moved, see flat_thresholds)."""
+    if isinstance(value, Tasks):
+        return value
+    value = {} if value is None else value
+    if not isinstance(value, dict):
+        raise _not_a_mapping(value)
+    return tasks_model().model_validate(flat_thresholds(value)[0])
+
+
+tasks_spec.spec_class = lambda value: tasks_model()
+TasksSpec = Annotated[SerializeAsAny[Tasks], PlainValidator(tasks_spec, json_schema_input_type=Tasks)]
 
 
 class Tiers(Strict):
     activations: Activations | None = None
-    tasks: Tasks | None = None
+    tasks: TasksSpec | None = None
 
     @field_validator("activations", "tasks", mode="before")
     @classmethod
@@ -415,15 +553,15 @@ class Tiers(Strict):
         return self.tasks is not None and self.tasks.enabled
 
 
-class Adapter(Strict):
-    """A deterministic replacement for order-sensitive post-processing, applied on every backend alike."""
+class AdapterSpec(Strict):
+    """A deterministic replacement for order-sensitive post-processing, applied on every backend alike. An
+    adapter plugin subclasses it with its own keys and `name: Literal["<its name>"]` (adapters/)."""
 
-    name: Literal["deterministic_nms"]
-    score_grid: float | None = Field(default=None, gt=0)  # default: 10 x the gate atol
-    box_grid: float = Field(default=1.0, gt=0)  # pixels
+    name: str
 
-    def score_grid_for(self, experiment) -> float:
-        return self.score_grid if self.score_grid is not None else 10 * max(experiment.tolerances.gate_atol, 1e-7)
+
+# An adapter spec: validated by the spec of the adapter it names.
+Adapter = Annotated[SerializeAsAny[AdapterSpec], _dispatched(ADAPTERS, "name", None, AdapterSpec)]
 
 
 def adapter_names(value: Any) -> Any:
@@ -431,7 +569,7 @@ def adapter_names(value: Any) -> Any:
     return [{"name": v} if isinstance(v, str) else v for v in value] if isinstance(value, list) else value
 
 
-ModelSpec.model_rebuild()  # its `adapters` names Adapter, defined after it
+ModelSpecBase.model_rebuild()  # its `adapters` names Adapter, defined after it
 
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -439,31 +577,24 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week per execution; past that a number is a
 
 
 class ExecutorSpec(Strict):
-    """Where executions run: `local` (this process), `process` (a worker process, with a time limit) or
-    `ray` (Ray tasks, several at a time, with a time limit). `executor: process` is short for `{kind: process}`."""
+    """Where executions run: the executor `kind` names (a registered executor: local, process, ray, ...) and
+    the settings executors share. Each executor's own spec subclasses this with `kind: Literal["<its name>"]`
+    and says which settings apply to it (runner/); validating this class validates by the spec of the kind
+    given. `executor: process` is short for `{kind: process}`."""
 
-    kind: Literal["local", "process", "ray"] = "local"
+    kind: str = "local"
     timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)  # seconds per execution; default DEFAULT_TIMEOUT_S
     address: str | None = Field(default=None, min_length=1)  # ray: the cluster to join; default: start one here
-    threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)  # CPUs per execution: torch threads, compile processes (ray: default 1)
-    workers: int | None = Field(default=None, ge=1, le=MAX_THREADS)  # ray, started here: tasks at a time (default: cores / threads)
+    threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)  # CPUs per execution: torch threads, compile processes
+    workers: int | None = Field(default=None, ge=1, le=MAX_THREADS)  # ray, started here: tasks at a time
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _shorthand(cls, value: Any) -> Any:
-        return {"kind": value} if isinstance(value, str) else value
-
-    @model_validator(mode="after")
-    def _applies(self) -> ExecutorSpec:
-        if self.kind == "local" and (self.timeout is not None or self.threads is not None):
-            raise ValueError("'timeout' and 'threads' apply to the process and ray executors (the local executor "
-                             "runs backends in this process and cannot stop one)")
-        if self.address is not None and self.kind != "ray":
-            raise ValueError("'address' applies to the ray executor")
-        if self.workers is not None and (self.kind != "ray" or self.address is not None):
-            raise ValueError("'workers' applies to the ray executor without an address (the Ray it starts here; "
-                             "a cluster runs as many tasks as its resources allow)")
-        return self
+    def _by_kind(cls, value: Any, handler: Any) -> Any:
+        value = {"kind": value} if isinstance(value, str) else value
+        if cls is ExecutorSpec and isinstance(value, dict):
+            return _executor_spec(value)
+        return handler(value)
 
     @property
     def timeout_s(self) -> float:
@@ -472,7 +603,10 @@ class ExecutorSpec(Strict):
     @property
     def execution_threads(self) -> int | None:
         """The torch threads of each execution; None: torch's default, as in the `parity run` process."""
-        return self.threads or (1 if self.kind == "ray" else None)
+        return self.threads
+
+
+_executor_spec = plugin_spec(EXECUTORS, "kind", "local", ExecutorSpec)
 
 
 class Experiment(Strict):
@@ -488,7 +622,7 @@ class Experiment(Strict):
     tolerances: Tolerances = Field(default_factory=Tolerances)
     tiers: Tiers = Field(default_factory=Tiers)
     adapters: list[Adapter] = Field(default_factory=list)
-    executor: ExecutorSpec = Field(default_factory=ExecutorSpec)
+    executor: SerializeAsAny[ExecutorSpec] = Field(default_factory=lambda: ExecutorSpec.model_validate("local"))
 
     @field_validator("adapters", mode="before")
     @classmethod
@@ -534,9 +668,9 @@ class Experiment(Strict):
             raise ValueError(f"gate: tier3 (target {gated[0].id}) needs tier 3: add `tiers: {{tasks: true}}`")
         for model in self.models:
             if model.task == "other":
-                raise ValueError(f"gate: tier3 (target {gated[0].id}) needs a task with a tier-3 evaluator, and "
-                                 f"model '{model.name}' has task 'other' (set its task: classification, detection "
-                                 "or segmentation)")
+                        raise ValueError(f"gate: tier3 (target {gated[0].id}) needs a task with a tier-3 evaluator, and "
+                                 f"model '{model.name}' has task 'other' (set its task: "
+                                 f"{', '.join(TASKS.names())})")
         return self
 
     def inputs_for(self, model: ModelSpec) -> list[InputSetSpec]:

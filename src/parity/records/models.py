@@ -211,7 +211,7 @@ class Tier3Check(Check):
     tier: Literal[3] = Field(description="3.")
     task: str = Field(description="The model's task (classification, detection, ...).")
     metrics: dict[str, Any] = Field(description="The evaluator's metrics.")
-    thresholds: dict[str, Any] | None = Field(None, description="The thresholds they were judged at.")
+    thresholds: dict[str, Any] | None = Field(None, description="The thresholds they were judged at: the task's own (`tiers.tasks.<task>`); records written before tasks were plugins hold the flat set of every task's.")
     same_set: bool | None = Field(None, description="Whether both sides gave the same items in another order.")
     pictures: dict[str, Any] | None = Field(None, description="Detection: the images and each side's boxes, for "
                                                               "reports to draw.")

@@ -7,6 +7,7 @@ from typing import Any
 
 from parity.records.view import RunView
 from parity.report.next_steps import next_steps
+from parity.verify.tasks import headline_of
 
 
 def _cell(checks: list[dict]) -> str:
@@ -118,11 +119,7 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
             console.print("[yellow]warning[/yellow] " + escape(f"{view.key(c)}: {line}"
                                                                + (more if i == 2 else "")), soft_wrap=True)
     for c in view.checks(3):
-        m = c["metrics"]
-        shown = {"classification": ("top1_agreement", "top5_overlap", "kl_divergence"),
-                 "detection": ("f1", "map", "box_count_change", "max_box_drift"),
-                 "segmentation": ("pixel_agreement", "miou")}.get(c["task"], ())
-        figures = ", ".join(f"{k} {m[k]:.4g}" if isinstance(m[k], int | float) else f"{k} {m[k]}" for k in shown if k in m)
+        figures = headline_figures(c)
         verdict = "[green]agrees[/green]" if c["passed"] else f"[red]{c['failure_class']}[/red]"
         console.print(f"tier 3 {verdict} " + escape(f"{view.key(c)}: {figures}"
                                                     + (f" ({c['detail']})" if c["detail"] else "")), soft_wrap=True)
@@ -152,6 +149,15 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
         console.print(f"report:  {path}")
     if not reports:
         console.print(f"reports: not written (--no-report); parity report {out_dir} renders them")
+
+
+def headline_figures(check: dict[str, Any]) -> str:
+    """A tier-3 check's figures for the console: its task's headline metrics, or every metric the record
+    has when the task is not installed here (reports render from the records alone)."""
+    m = check["metrics"]
+    headline = headline_of(check["task"])
+    shown = [h.metric for h in headline] if headline is not None else list(m)
+    return ", ".join(f"{k} {m[k]:.4g}" if isinstance(m[k], int | float) else f"{k} {m[k]}" for k in shown if k in m)
 
 
 def _num(x: Any, fmt: str = ".2e") -> str:

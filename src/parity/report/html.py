@@ -15,7 +15,7 @@ from typing import Any
 from parity.records import tolerance_key
 from parity.records.summary import latency_rows
 from parity.records.view import RunView
-from parity.report import pictures, plots
+from parity.report import ReportWriter, pictures, plots
 from parity.report.console import describe_note, tolerance_lines, tolerance_title
 from parity.report.next_steps import next_steps
 from parity.taxonomy import MEANINGS, SEVERITY
@@ -164,23 +164,37 @@ def _taxonomy(checks: list[dict], tier3: list[dict]) -> tuple[list[dict], str | 
     return rows, plots.taxonomy_bars({k: counts[k] for k in ordered}) if rows else None
 
 
+def _bound(task: str, metric: str, thresholds: dict[str, Any]) -> dict[str, Any]:
+    """The threshold of `metric` in a tier-3 record and which side of it fails, from the task's headline
+    metrics (a record of the old flat thresholds names them as the task's `flat_keys` did). A task that is
+    not installed here: no thresholds shown."""
+    from parity.plugins import TASKS
+    from parity.verify.tasks import headline_of
+
+    headline = {h.metric: h for h in headline_of(task) or ()}
+    h = headline.get(metric)
+    if h is None or h.threshold is None or h.higher_is_better is None:
+        return {"threshold": None, "higher_is_better": True}
+    flat = {own: old for old, own in TASKS.get(task).flat_keys.items()}
+    value = thresholds.get(h.threshold, thresholds.get(flat.get(h.threshold, "")))
+    return {"threshold": value, "higher_is_better": h.higher_is_better}
+
+
 def _tier3_tables(tier3: list[dict]) -> list[dict[str, Any]]:
     """One table per task: rows checks, columns the metrics, each metric with its threshold if it has one."""
     tables = []
     for task in dict.fromkeys(c["task"] for c in tier3):
         mine = [c for c in tier3 if c["task"] == task]
         metrics = list(dict.fromkeys(k for c in mine for k in c["metrics"]))
-        thresholds = mine[0].get("thresholds") or {}
-        limit = {"top1_agreement": "top1_agreement", "top5_overlap": "top5_overlap", "f1": "detection_f1",
-                 "pixel_agreement": "pixel_agreement", "miou": "miou"}
-        columns = [{"name": m, "title": m.replace("_", " "), "threshold": thresholds.get(limit.get(m, ""))}
+        columns = [{"name": m, "title": m.replace("_", " "), **_bound(task, m, mine[0].get("thresholds") or {})}
                    for m in metrics]
         rows = []
         for c in mine:
             cells = []
             for col in columns:
                 value = c["metrics"].get(col["name"])
-                low = col["threshold"] is not None and isinstance(value, int | float) and value < col["threshold"]
+                low = col["threshold"] is not None and isinstance(value, int | float) and (
+                    value < col["threshold"] if col["higher_is_better"] else value > col["threshold"])
                 cells.append({"text": _num(value), "low": low})
             rows.append({"key": _key(c), "passed": c["passed"], "failure_class": c.get("failure_class"),
                          "detail": c.get("detail") or "", "same_set": c.get("same_set"), "cells": cells})
@@ -301,3 +315,6 @@ def write_html(records: list[dict], summary: dict[str, Any], path: Path) -> None
     from parity.outdir import write_text
 
     write_text(path, render_html(records, summary))  # whole or not at all
+
+
+WRITER = ReportWriter("html", "report.html", write_html)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.records.view import RunView
+from parity.report import ReportWriter
 from parity.report.console import describe_note
 from parity.report.next_steps import next_steps
 
@@ -95,3 +96,6 @@ def write_junit(records: list[dict], summary: dict[str, Any], path: Path) -> Non
     from parity.outdir import write_text
 
     write_text(path, render_junit(records, summary))  # whole or not at all
+
+
+WRITER = ReportWriter("junit", "junit.xml", write_junit)

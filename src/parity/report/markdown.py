@@ -9,6 +9,7 @@ from typing import Any
 from parity.records import tolerance_key
 from parity.records.summary import latency_rows
 from parity.records.view import RunView
+from parity.report import ReportWriter
 from parity.report.console import environment_line, tolerance_lines, tolerance_title, warned
 from parity.report.next_steps import next_steps
 
@@ -128,3 +129,6 @@ def write_markdown(records: RunView | list[dict], summary: dict[str, Any], path:
     from parity.outdir import write_text
 
     write_text(path, render_markdown(records, summary))  # whole or not at all
+
+
+WRITER = ReportWriter("markdown", "report.md", write_markdown)

@@ -9,7 +9,7 @@ from typing import Any
 from parity import taxonomy as tx
 from parity.records.view import RunView
 from parity.verify.localize import LOCALIZABLE as RUN_LOCALIZES
-from parity.verify.tasks import EVALUATED
+from parity.verify.tasks import headline_of
 
 LOCALIZABLE = (*RUN_LOCALIZES, tx.ORDERING)  # tier-1 failures that a layer's numbers can explain
 
@@ -50,7 +50,7 @@ def next_steps(check: dict[str, Any], view: RunView) -> list[str]:
     target = _targets(run).get(check["target"], {})
     reduced = target.get("dtype") in ("bfloat16", "float16")
     if failure in (*LOCALIZABLE, tx.DECISION_FLIP) and (reduced or target.get("backend") == "compile"):
-        tier = " --tier 3" if task in EVALUATED else ""
+        tier = " --tier 3" if task and headline_of(task) is not None else ""
         lines.append(f"next: parity fallback {file} {which}{tier}")
     return lines
 

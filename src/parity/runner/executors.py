@@ -19,8 +19,10 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar, Literal
 
 import torch
+from pydantic import model_validator
 
 from parity import taxonomy as tx
 from parity.adapters.fallback import apply_fallback, fallback_for
@@ -77,15 +79,96 @@ class LocalExecutor(Executor):
 
 
 def make_executor(settings: ExecutorSpec) -> Executor:
-    if settings.kind == "process":
+    """The executor `settings.kind` names (parity.plugins.EXECUTORS), set up as `settings` says."""
+    from parity.plugins import EXECUTORS
+
+    return EXECUTORS.get(settings.kind).make(settings)
+
+
+class ExecutorPlugin(ABC):
+    """An executor as registered in the `parity.executors` entry-point group: its spec (a subclass of
+    config.schema.ExecutorSpec with `kind: Literal["<name>"]`, saying which settings apply to it) and how to
+    make one."""
+
+    name: ClassVar[str]
+    Spec: ClassVar[type[ExecutorSpec]]
+
+    @abstractmethod
+    def make(self, settings: ExecutorSpec) -> Executor:
+        """A new executor for `settings` (validated by `Spec`)."""
+
+
+class LocalSpec(ExecutorSpec):
+    kind: Literal["local"] = "local"
+
+    @model_validator(mode="after")
+    def _applies(self) -> LocalSpec:
+        if self.timeout is not None or self.threads is not None:
+            raise ValueError("'timeout' and 'threads' apply to the process and ray executors (the local executor "
+                             "runs backends in this process and cannot stop one)")
+        _ray_only(self)
+        return self
+
+
+def _ray_only(settings: ExecutorSpec) -> None:
+    if settings.address is not None:
+        raise ValueError("'address' applies to the ray executor")
+    if settings.workers is not None:
+        raise ValueError("'workers' applies to the ray executor without an address (the Ray it starts here; "
+                         "a cluster runs as many tasks as its resources allow)")
+
+
+class ProcessSpec(ExecutorSpec):
+    kind: Literal["process"]
+
+    @model_validator(mode="after")
+    def _applies(self) -> ProcessSpec:
+        _ray_only(self)
+        return self
+
+
+class RaySpec(ExecutorSpec):
+    kind: Literal["ray"]
+
+    @model_validator(mode="after")
+    def _applies(self) -> RaySpec:
+        if self.workers is not None and self.address is not None:
+            raise ValueError("'workers' applies to the ray executor without an address (the Ray it starts here; "
+                             "a cluster runs as many tasks as its resources allow)")
+        return self
+
+    @property
+    def execution_threads(self) -> int | None:
+        """One torch thread per execution unless told: Ray runs several executions at a time."""
+        return self.threads or 1
+
+
+class _Local(ExecutorPlugin):
+    name, Spec = "local", LocalSpec
+
+    def make(self, settings):
+        return LocalExecutor()
+
+
+class _Process(ExecutorPlugin):
+    name, Spec = "process", ProcessSpec
+
+    def make(self, settings):
         from parity.runner.process import ProcessExecutor
 
         return ProcessExecutor(settings.timeout_s, settings.threads)
-    if settings.kind == "ray":
+
+
+class _Ray(ExecutorPlugin):
+    name, Spec = "ray", RaySpec
+
+    def make(self, settings):
         from parity.runner.ray_executor import RayExecutor
 
         return RayExecutor(settings.timeout_s, settings.execution_threads, settings.address, settings.workers)
-    return LocalExecutor()
+
+
+LOCAL, PROCESS, RAY = _Local(), _Process(), _Ray()
 
 
 class RemoteExecution:

@@ -162,7 +162,7 @@ def capture(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, names: li
 def observes_layers(spec: BackendSpec) -> bool:
     """Can the target show layer outputs from inside its own end-to-end run?"""
     cls = backend_class(spec.backend)
-    return cls.runs_module_hooks or hasattr(cls, "capture_layers")
+    return cls.runs_module_hooks or cls.captures_layers
 
 
 def _observed(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, names: list[str]) -> dict[str, list | str]:

@@ -1,16 +1,22 @@
-"""Tier 3: does the target decide the same as the reference? One evaluator per task.
+"""Tier 3: does the target decide the same as the reference? One `Task` per task, registered in the
+`parity.tasks` entry-point group (built-ins: classification.py, detection.py, segmentation.py).
 
-Each evaluator reads the reference's and the target's outputs (one execution each, as tier 1) and
-returns task metrics, a verdict against the thresholds of the experiment file, and whether the two
+Each task reads the reference's and the target's outputs (one execution each, as tier 1) and returns task
+metrics, a verdict against its thresholds (`tiers.tasks.<task>` in the experiment file), and whether the two
 outputs are the same set in another order (which turns a failed tier-1 check into `ordering`).
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
 
 from parity import taxonomy as tx
+from parity.errors import ParityError
+from parity.plugins import TASKS
 
 
 @dataclass
@@ -23,13 +29,57 @@ class TaskResult:
     same_set: bool = False  # every item matched, with values within the gate: only the order differs
 
 
-def evaluate(task: str, reference: Any, target: Any, thresholds, gate: float) -> TaskResult:
-    from parity.verify.tasks import classification, detection, segmentation
+@dataclass(frozen=True)
+class Headline:
+    """A metric a report shows first for a task. `threshold` names the key of the task's thresholds that
+    bounds it (if one does); `higher_is_better` says which side of it fails (None: nearer zero is better)."""
 
-    evaluators = {"classification": classification.evaluate, "detection": detection.evaluate,
-                  "segmentation": segmentation.evaluate}
+    metric: str
+    higher_is_better: bool | None = True
+    threshold: str | None = None
+
+
+class Task(ABC):
+    """A tier-3 evaluator. Its module is imported when an experiment or a report names the task, so it
+    imports heavy libraries inside its methods (torch is already loaded wherever it evaluates)."""
+
+    name: ClassVar[str]
+    # Its thresholds, validated under `tiers.tasks.<name>` (a pydantic model with a default for every key).
+    Thresholds: ClassVar[type[BaseModel]]
+    headline: ClassVar[tuple[Headline, ...]] = ()
+    # The old flat spelling (`tiers.tasks.<key>`) of its thresholds: flat key -> its own key.
+    flat_keys: ClassVar[dict[str, str]] = {}
+    # How images are handed to its models unless the model says (`batch`): one stacked batch, or a list.
+    batch: ClassVar[str] = "stack"
+
+    @abstractmethod
+    def evaluate(self, reference: Any, target: Any, thresholds: Any, gate: float, output: str | None) -> TaskResult:
+        """Metrics and verdict; raise OutputsNotUnderstood when the outputs are not this task's. `output`
+        names the leaf that holds the task's result when the outputs have several (tiers.tasks.output)."""
+
+    def record_fields(self, input_spec, reference: Any, target: Any, experiment, inputs) -> dict[str, Any]:
+        """Fields this task adds to its tier-3 record (what a report needs beyond the metrics)."""
+        return {}
+
+
+def evaluated() -> list[str]:
+    """The tasks tier 3 evaluates (the registered ones)."""
+    return TASKS.names()
+
+
+def headline_of(task: str) -> tuple[Headline, ...] | None:
+    """The headline metrics of `task`, or None when it is not installed here (a report then lists the
+    record's metrics as they are)."""
     try:
-        return evaluators[task](reference, target, thresholds, gate)
+        return TASKS.get(task).headline if task in TASKS.names() else None
+    except ParityError:
+        return None
+
+
+def evaluate(task: str, reference: Any, target: Any, tasks_spec, gate: float) -> TaskResult:
+    """`task`'s verdict at its thresholds in `tasks_spec` (an experiment's `tiers.tasks`)."""
+    try:
+        return TASKS.get(task).evaluate(reference, target, tasks_spec.thresholds_for(task), gate, tasks_spec.output)
     except OutputsNotUnderstood as exc:
         return TaskResult(task, passed=False, failure_class=tx.STRUCTURE_MISMATCH, detail=str(exc))
 
@@ -44,53 +94,21 @@ def verdict(result: TaskResult, failures: list[str]) -> TaskResult:
     return result
 
 
-EVALUATED = ("classification", "detection", "segmentation")
-
-
 def task_check(job, target_exec, reference_exec, experiment, inputs=None) -> dict[str, Any] | None:
     """The fields of a tier-3 `check` record, or None when the task has no evaluator or a side did not
-    run (its tier-1 check already says why). `same_set` is returned too, for the tier-1 check.
-    A detection check also carries `pictures` (see `detection_pictures`); `inputs` gives their sizes."""
+    run (its tier-1 check already says why). `same_set` is returned too, for the tier-1 check. A task may
+    add fields of its own (`Task.record_fields`; detection: the `pictures`); `inputs` gives their sizes."""
     task = job.model.task
-    if task not in EVALUATED or not (reference_exec.ok and target_exec.ok):
+    if task not in evaluated() or not (reference_exec.ok and target_exec.ok):
         return None
-    result = evaluate(task, reference_exec.outputs[0], target_exec.outputs[0], experiment.tiers.tasks,
+    tasks_spec = experiment.tiers.tasks
+    result = evaluate(task, reference_exec.outputs[0], target_exec.outputs[0], tasks_spec,
                       experiment.tolerance_for(target_exec.backend).gate)
     record = {"tier": 3, "model": job.model.name, "inputs": job.inputs.name, "reference": job.reference.id,
               "target": target_exec.backend.id, "task": task, "status": "ok", "passed": result.passed,
               "failure_class": result.failure_class, "detail": result.detail, "metrics": result.metrics,
-              "thresholds": experiment.tiers.tasks.model_dump(exclude={"enabled", "output"}), "same_set": result.same_set}
-    if task == "detection" and result.failure_class != tx.STRUCTURE_MISMATCH:
-        record["pictures"] = detection_pictures(job.inputs, reference_exec.outputs[0], target_exec.outputs[0],
-                                                experiment, inputs)
+              "thresholds": tasks_spec.thresholds_for(task).model_dump(), "same_set": result.same_set}
+    if result.failure_class != tx.STRUCTURE_MISMATCH:
+        record.update(TASKS.get(task).record_fields(job.inputs, reference_exec.outputs[0], target_exec.outputs[0],
+                                                    experiment, inputs))
     return record
-
-
-def _image_sizes(inputs) -> list[list[int]]:
-    """[H, W] of every image the model was given: a list of CHW tensors or an NCHW batch."""
-    sizes = []
-    for t in inputs.tensors() if inputs is not None else []:
-        if t.dim() == 3:
-            sizes.append(list(t.shape[-2:]))
-        elif t.dim() == 4:
-            sizes += [list(t.shape[-2:])] * t.shape[0]
-    return sizes
-
-
-def detection_pictures(input_spec, reference_out: Any, target_out: Any, experiment, inputs=None) -> dict[str, Any]:
-    """What a report needs to draw reference and target boxes on each input image, from the record alone:
-    the image files (resolved paths; `path` is None for synthetic inputs), the size the model saw them at,
-    the preprocessing geometry that took the file there, and each side's highest-scoring boxes."""
-    from parity.inputs.images import image_files
-    from parity.verify.tasks.detection import PICTURE_BOXES, drawable
-
-    reference, target = drawable(reference_out), drawable(target_out)
-    files = image_files(input_spec.images, experiment.base_dir) if input_spec.images else []
-    sizes = _image_sizes(inputs)
-    images = []
-    for i in range(len(reference)):
-        source, path = files[i] if i < len(files) else ("synthetic", None)
-        images.append({"source": source, "path": str(path) if path else None,
-                       "size": sizes[i] if len(sizes) == len(reference) else None})
-    geometry = input_spec.preprocess.model_dump(include={"resize", "center_crop", "resize_multiple"})
-    return {"images": images, "preprocess": geometry, "cap": PICTURE_BOXES, "reference": reference, "target": target}

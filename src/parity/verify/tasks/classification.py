@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from pydantic import Field
 
+from parity.config.schema import Strict
 from parity.outputs import flatten
-from parity.verify.tasks import OutputsNotUnderstood, TaskResult, verdict
+from parity.verify.tasks import Headline, OutputsNotUnderstood, Task, TaskResult, verdict
 
 
 def logits_of(output: Any, leaf: str | None = None) -> torch.Tensor:
@@ -41,8 +43,14 @@ def rank_distance(ref: torch.Tensor, tgt: torch.Tensor, k: int) -> float:
     return float(moved.mean() / max(classes - 1, 1))
 
 
-def evaluate(reference: Any, target: Any, thresholds, gate: float) -> TaskResult:
-    ref, tgt = logits_of(reference, thresholds.output), logits_of(target, thresholds.output)
+class ClassificationThresholds(Strict):
+    top1_agreement: float = Field(default=0.99, ge=0, le=1)
+    top5_overlap: float | None = Field(default=None, ge=0, le=1)
+
+
+def evaluate(reference: Any, target: Any, thresholds: ClassificationThresholds, gate: float,
+             output: str | None = None) -> TaskResult:
+    ref, tgt = logits_of(reference, output), logits_of(target, output)
     if ref.shape != tgt.shape:
         raise OutputsNotUnderstood(f"scores of shape {list(tgt.shape)} vs reference {list(ref.shape)}")
     k = min(5, ref.shape[1])
@@ -62,3 +70,17 @@ def evaluate(reference: Any, target: Any, thresholds, gate: float) -> TaskResult
     if thresholds.top5_overlap is not None and overlap < thresholds.top5_overlap:
         failures.append(f"top-5 overlap {overlap:.3f} < {thresholds.top5_overlap}")
     return verdict(result, failures)
+
+
+class Classification(Task):
+    name = "classification"
+    Thresholds = ClassificationThresholds
+    headline = (Headline("top1_agreement", threshold="top1_agreement"), Headline("top5_overlap", threshold="top5_overlap"),
+                Headline("kl_divergence", higher_is_better=False))
+    flat_keys = {"top1_agreement": "top1_agreement", "top5_overlap": "top5_overlap"}
+
+    def evaluate(self, reference, target, thresholds, gate, output):
+        return evaluate(reference, target, thresholds, gate, output)
+
+
+TASK = Classification()

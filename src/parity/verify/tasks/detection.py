@@ -7,8 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from pydantic import Field
 
-from parity.verify.tasks import OutputsNotUnderstood, TaskResult, verdict
+from parity.config.schema import Strict
+from parity.verify.tasks import Headline, OutputsNotUnderstood, Task, TaskResult, verdict
 
 
 def detections_of(output: Any) -> list[dict[str, torch.Tensor]]:
@@ -88,14 +90,20 @@ def average_precision(refs: list[dict], tgts: list[dict], iou_threshold: float) 
     return sum(aps) / len(aps)
 
 
-def evaluate(reference: Any, target: Any, thresholds, gate: float) -> TaskResult:
+class DetectionThresholds(Strict):
+    iou: float = Field(default=0.5, gt=0, le=1)  # a target box matches a reference box of its label from this IoU
+    f1: float = Field(default=0.95, ge=0, le=1)
+
+
+def evaluate(reference: Any, target: Any, thresholds: DetectionThresholds, gate: float,
+             output: str | None = None) -> TaskResult:
     refs, tgts = detections_of(reference), detections_of(target)
     if len(refs) != len(tgts):
         raise OutputsNotUnderstood(f"{len(tgts)} images' detections vs {len(refs)} in the reference")
     matched = n_ref = n_tgt = 0
     score_drift = box_drift = 0.0
     for r, t in zip(refs, tgts, strict=True):
-        pairs = match(r, t, thresholds.detection_iou)
+        pairs = match(r, t, thresholds.iou)
         matched += len(pairs)
         n_ref, n_tgt = n_ref + len(r["labels"]), n_tgt + len(t["labels"])
         for ri, ti, _ in pairs:
@@ -107,13 +115,13 @@ def evaluate(reference: Any, target: Any, thresholds, gate: float) -> TaskResult
     result = TaskResult("detection", {
         "reference_boxes": n_ref, "target_boxes": n_tgt, "box_count_change": n_tgt - n_ref, "matched": matched,
         "precision": precision, "recall": recall, "f1": f1,
-        "map": average_precision(refs, tgts, thresholds.detection_iou),
+        "map": average_precision(refs, tgts, thresholds.iou),
         "max_score_drift": score_drift, "max_box_drift": box_drift,
     })
     result.same_set = matched == n_ref == n_tgt and score_drift <= gate and box_drift <= gate
     failures = []
-    if f1 < thresholds.detection_f1:
-        failures.append(f"detection F1 {f1:.3f} < {thresholds.detection_f1} ({matched} of {n_ref} reference boxes "
+    if f1 < thresholds.f1:
+        failures.append(f"detection F1 {f1:.3f} < {thresholds.f1} ({matched} of {n_ref} reference boxes "
                         f"matched, {n_tgt} target boxes)")
     return verdict(result, failures)
 
@@ -135,3 +143,50 @@ def drawable(output: Any, cap: int = PICTURE_BOXES) -> list[dict[str, Any]]:
             "total": len(scores),
         })
     return images
+
+
+def _image_sizes(inputs) -> list[list[int]]:
+    """[H, W] of every image the model was given: a list of CHW tensors or an NCHW batch."""
+    sizes = []
+    for t in inputs.tensors() if inputs is not None else []:
+        if t.dim() == 3:
+            sizes.append(list(t.shape[-2:]))
+        elif t.dim() == 4:
+            sizes += [list(t.shape[-2:])] * t.shape[0]
+    return sizes
+
+
+def detection_pictures(input_spec, reference_out: Any, target_out: Any, experiment, inputs=None) -> dict[str, Any]:
+    """What a report needs to draw reference and target boxes on each input image, from the record alone:
+    the image files (resolved paths; `path` is None for synthetic inputs), the size the model saw them at,
+    the preprocessing geometry that took the file there, and each side's highest-scoring boxes."""
+    from parity.inputs.images import image_files
+
+    reference, target = drawable(reference_out), drawable(target_out)
+    files = image_files(input_spec.images, experiment.base_dir) if input_spec.images else []
+    sizes = _image_sizes(inputs)
+    images = []
+    for i in range(len(reference)):
+        source, path = files[i] if i < len(files) else ("synthetic", None)
+        images.append({"source": source, "path": str(path) if path else None,
+                       "size": sizes[i] if len(sizes) == len(reference) else None})
+    geometry = input_spec.preprocess.model_dump(include={"resize", "center_crop", "resize_multiple"})
+    return {"images": images, "preprocess": geometry, "cap": PICTURE_BOXES, "reference": reference, "target": target}
+
+
+class Detection(Task):
+    name = "detection"
+    Thresholds = DetectionThresholds
+    headline = (Headline("f1", threshold="f1"), Headline("map"), Headline("box_count_change", higher_is_better=None),
+                Headline("max_box_drift", higher_is_better=False))
+    flat_keys = {"detection_iou": "iou", "detection_f1": "f1"}
+    batch = "list"  # detectors take a list of CHW images
+
+    def evaluate(self, reference, target, thresholds, gate, output):
+        return evaluate(reference, target, thresholds, gate, output)
+
+    def record_fields(self, input_spec, reference, target, experiment, inputs):
+        return {"pictures": detection_pictures(input_spec, reference, target, experiment, inputs)}
+
+
+TASK = Detection()

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from pydantic import Field
 
+from parity.config.schema import Strict
 from parity.outputs import flatten
-from parity.verify.tasks import OutputsNotUnderstood, TaskResult, verdict
+from parity.verify.tasks import Headline, OutputsNotUnderstood, Task, TaskResult, verdict
 
 
 def scores_of(output: Any) -> torch.Tensor:
@@ -32,7 +34,13 @@ def miou(ref: torch.Tensor, tgt: torch.Tensor) -> float:
     return sum(ious) / len(ious) if ious else 1.0
 
 
-def evaluate(reference: Any, target: Any, thresholds, gate: float) -> TaskResult:
+class SegmentationThresholds(Strict):
+    pixel_agreement: float = Field(default=0.99, ge=0, le=1)
+    miou: float | None = Field(default=None, ge=0, le=1)
+
+
+def evaluate(reference: Any, target: Any, thresholds: SegmentationThresholds, gate: float,
+             output: str | None = None) -> TaskResult:
     ref, tgt = scores_of(reference), scores_of(target)
     if ref.shape != tgt.shape:
         raise OutputsNotUnderstood(f"scores of shape {list(tgt.shape)} vs reference {list(ref.shape)}")
@@ -46,3 +54,16 @@ def evaluate(reference: Any, target: Any, thresholds, gate: float) -> TaskResult
     if thresholds.miou is not None and result.metrics["miou"] < thresholds.miou:
         failures.append(f"mIoU {result.metrics['miou']:.4f} < {thresholds.miou}")
     return verdict(result, failures)
+
+
+class Segmentation(Task):
+    name = "segmentation"
+    Thresholds = SegmentationThresholds
+    headline = (Headline("pixel_agreement", threshold="pixel_agreement"), Headline("miou", threshold="miou"))
+    flat_keys = {"pixel_agreement": "pixel_agreement", "miou": "miou"}
+
+    def evaluate(self, reference, target, thresholds, gate, output):
+        return evaluate(reference, target, thresholds, gate, output)
+
+
+TASK = Segmentation()

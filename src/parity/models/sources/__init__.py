@@ -1,0 +1,81 @@
+"""Where models come from: one `Source` per module here (torchvision, repo, python), registered in the
+`parity.sources` entry-point group; a third-party package registers its own the same way.
+
+Nothing here downloads: a source reads files on this machine only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from parity.errors import ParityError
+
+if TYPE_CHECKING:
+    import torch
+
+    from parity.config.schema import ModelSpecBase
+
+Problem = tuple[tuple, str]  # (key path under the model, message), as config/checks.py reports them
+
+
+class Source(ABC):
+    """A model source. Its module is imported when an experiment names it (config/ validates `models[i]`
+    with `Spec`), so it imports torch and the libraries it builds with inside its methods."""
+
+    name: ClassVar[str]
+    # This source's keys: a subclass of config.schema.ModelSpecBase with `source: Literal["<name>"]`.
+    Spec: ClassVar[type[ModelSpecBase]]
+    # The distributions (as pip names them) the models of this source are built with: their versions are
+    # part of the key of every artifact exported from such a model (execute/cache.py).
+    libraries: ClassVar[tuple[str, ...]] = ()
+    # Whether `weights: DEFAULT` means something: the source's own pretrained weights, found on this machine.
+    default_weights: ClassVar[bool] = False
+
+    @abstractmethod
+    def build(self, spec: Any, experiment: Any) -> torch.nn.Module:
+        """A new module for `spec` (seeded by the caller; weights files and eval mode are the caller's)."""
+
+    def files_digest(self, spec: Any, experiment: Any) -> str | None:
+        """A digest of the files the model is read from, beyond the module objects ('' when there are none,
+        None when they cannot be digested: then exports are never cached). Called after `build`."""
+        return ""
+
+    def problems(self, spec: Any, experiment: Any) -> list[Problem]:
+        """What is wrong with `spec` on this machine (a folder, a name in a library), found before anything
+        runs."""
+        return []
+
+
+@contextlib.contextmanager
+def isolated_import_path(folder: Path):
+    """Import from `folder`, then leave sys.path and sys.modules as they were: the next model may have
+    a module of the same name (`model.py`, `utils`) that must not resolve to this one."""
+    saved_path = list(sys.path)
+    saved_modules = set(sys.modules)
+    sys.path.insert(0, str(folder))
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        sys.path[:] = saved_path
+        for name in set(sys.modules) - saved_modules:
+            del sys.modules[name]
+        importlib.invalidate_caches()
+
+
+def call_factory(factory, params: dict, what: str) -> torch.nn.Module:
+    """`factory(**params)`, which must return a module; a ParityError names `what` when it does not."""
+    import torch
+
+    try:
+        model = factory(**params)
+    except TypeError as exc:
+        raise ParityError(f"{what} does not accept params {sorted(params)}: {exc}") from exc
+    if not isinstance(model, torch.nn.Module):
+        raise ParityError(f"{what} returned {type(model).__name__}, not a torch.nn.Module")
+    return model
