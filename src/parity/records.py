@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import math
 import os
 import platform
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from parity.errors import ParityError
+
+log = logging.getLogger(__name__)
 
 try:
     import fcntl
@@ -186,8 +189,8 @@ def _parse(data: bytes, path: Path) -> list[dict[str, Any]]:
             seen[key] = number, record
         records.append(record)
     if dropped:
-        print(f"warning: {path}: line(s) {', '.join(map(str, dropped[:10]))}{' ...' if len(dropped) > 10 else ''} "
-              "repeat a record of an earlier line exactly; each is counted once", file=sys.stderr)
+        log.warning("%s: line(s) %s%s repeat a record of an earlier line exactly; each is counted once", path,
+                    ", ".join(map(str, dropped[:10])), " ..." if len(dropped) > 10 else "")
     return records
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import logging
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,8 @@ from parity.config import checks, legacy
 from parity.config.schema import Experiment, plain_name
 from parity.config.yaml_io import KeyPath, format_path, line_of, load_yaml
 from parity.errors import ParityError, did_you_mean
+
+log = logging.getLogger(__name__)
 
 _EXPECTED = {"string_type": "a string", "list_type": "a list", "model_type": "a mapping (key: value)",
              "dict_type": "a mapping (key: value)", "int_type": "an integer", "int_parsing": "an integer",
@@ -134,7 +136,7 @@ def experiment_from_dict(data: Any, source: str | Path = "<dict>", base_dir: Pat
         if problems:
             _raise(source, problems, lines)
         for w in warnings:
-            print(f"warning: {w}", file=sys.stderr)
+            log.warning("%s", w)
         data, lines = translated, {}
     try:
         exp = Experiment.model_validate(data)
