@@ -40,4 +40,4 @@ lint: $(BIN)/parity
 	$(BIN)/lint-imports
 
 clean:
-	rm -rf parity-out .pytest_cache
+	rm -rf parity-out .pytest_cache .import_linter_cache
