@@ -34,8 +34,10 @@ test-portable: $(BIN)/parity
 	  TORCHINDUCTOR_CACHE_DIR="$$cache/default" $(NUMERICS) && \
 	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 TORCHINDUCTOR_CACHE_DIR="$$cache/avx2" $(NUMERICS)
 
+# ruff, and the import contract (pyproject.toml's [tool.importlinter]: the layers of docs/architecture.md).
 lint: $(BIN)/parity
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/lint-imports
 
 clean:
-	rm -rf parity-out .pytest_cache
+	rm -rf parity-out .pytest_cache .import_linter_cache

@@ -41,15 +41,16 @@ def main() -> None:
     model = torchvision.models.get_model(args.model, weights=None).eval()
     example = Inputs((torch.randn(2, 3, args.size, args.size),), {})
     backend = create_backend(BackendSpec(backend="onnxruntime"))
-    with tempfile.TemporaryDirectory() as folder, cache.model_identity(args.model):
-        cache.configure(Path(folder))
+    with tempfile.TemporaryDirectory() as folder:
+        artifacts = cache.ArtifactCache(Path(folder))
+        identity = args.model
         start = time.perf_counter()
-        cache.artifact_key("onnx", model, backend, example)
+        artifacts.key("onnx", model, backend, example, identity)
         first = (time.perf_counter() - start) * 1e3
         n = args.repeats
         print(f"{args.model}, batch 2, {args.size}x{args.size}, ONNX Runtime target; medians of {n} calls")
         print(f"first key of the process:  {first:8.1f} ms (reads parity's source and the libraries' RECORDs once)")
-        print(f"key:                       {median_ms(lambda: cache.artifact_key('onnx', model, backend, example), n):8.1f} ms")
+        print(f"key:                       {median_ms(lambda: artifacts.key('onnx', model, backend, example, identity), n):8.1f} ms")
         print(f"  code walk:               {median_ms(lambda: fingerprint.code_fingerprint(model, type(backend)), n):8.2f} ms")
         print(f"  state dict and repr:     {median_ms(lambda: cache.model_digest(model), n):8.1f} ms")
         print(f"  inputs by value:         {median_ms(lambda: cache.inputs_digest(example), n):8.1f} ms")
@@ -57,7 +58,6 @@ def main() -> None:
         names = {"torch", "torchvision", *backend.libraries}
         records = median_ms(lambda: [fingerprint._record_digest.__wrapped__(name) for name in names], n)
         print(f"  libraries' RECORDs (once):{records:8.1f} ms ({len(names)} of them)")
-        cache.configure(None)
 
 
 if __name__ == "__main__":

@@ -30,8 +30,8 @@ from parity.api import run_experiment
 from parity.config import experiment_from_dict
 from parity.config.schema import Adapter
 from parity.inputs import build_inputs
-from parity.runner.local import prepared_model
 from parity.runner.plan import Job
+from parity.runner.prepared import prepared_model
 from parity.verify.localize import localize_check
 
 PHOTOS = ["sample:coffee", "sample:chelsea", "sample:astronaut", "sample:rocket"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -18,12 +19,24 @@ from tests.conftest import tiny_experiment
 EXPORTERS = [{"backend": "onnxruntime"}, {"backend": "torchscript"}, {"backend": "openvino"}]
 
 
+_opened: list[cache.ArtifactCache] = [cache.ArtifactCache(None)]  # the cache the key tests use (configure)
+
+
+def configure(root) -> cache.ArtifactCache:
+    _opened[0] = cache.ArtifactCache(root).open()
+    return _opened[0]
+
+
+def artifact_key(kind, model, backend, example, identity=None) -> str | None:
+    return _opened[0].key(kind, model, backend, example, identity)
+
+
 @pytest.fixture(autouse=True)
 def private_cache(monkeypatch):
-    """Inductor's cache stays where it is (configure would move it), and no test leaves a cache behind."""
+    """Inductor's cache stays where it is (open() would move it), and no test leaves a cache behind."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.environ.get("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor-parity-tests"))
     yield
-    cache.configure(None)
+    configure(None)
 
 
 def _run(write_yaml, tmp_path, name: str, *extra: str, targets=EXPORTERS, **overrides) -> dict[str, dict]:
@@ -76,22 +89,21 @@ def test_no_cache_writes_nothing(write_yaml, tmp_path):
 
 def test_a_model_without_an_identity_is_never_cached(tmp_path):
     """A module handed over in Python (no experiment entry says what it is) is exported afresh."""
-    cache.configure(tmp_path / "cache")
+    configure(tmp_path / "cache")
     from parity.inputs import Inputs
 
     example = Inputs((torch.ones(1, 3),), {})
     spec = type("Spec", (), {"backend": "onnxruntime", "device": "cpu", "dtype": "float32", "options": {}})()
     backend = type("Backend", (), {"spec": spec, "libraries": ("torch",)})()
-    assert cache.artifact_key("onnx", torch.nn.Linear(3, 2), backend, example) is None
-    with cache.model_identity("linear"):
-        first = cache.artifact_key("onnx", torch.nn.Linear(3, 2), backend, example)
-        second = cache.artifact_key("onnx", torch.nn.Linear(3, 2), backend, example)  # other random weights
+    assert artifact_key("onnx", torch.nn.Linear(3, 2), backend, example) is None
+    first = artifact_key("onnx", torch.nn.Linear(3, 2), backend, example, "linear")
+    second = artifact_key("onnx", torch.nn.Linear(3, 2), backend, example, "linear")  # other random weights
     assert first and second and first != second
 
 
 def test_an_interrupted_entry_is_not_used(tmp_path):
     """An export killed half-way leaves a .partial folder, which is never taken for the artifact."""
-    cache.configure(tmp_path / "cache")
+    configure(tmp_path / "cache")
     built = []
 
     def build(folder):
@@ -100,9 +112,9 @@ def test_an_interrupted_entry_is_not_used(tmp_path):
 
     (tmp_path / "cache" / "artifacts").mkdir(parents=True)
     (tmp_path / "cache" / "artifacts" / ".k.999.partial").mkdir()
-    folder, hit = cache.fetch_or_build("k", build)
+    folder, hit = _opened[0].fetch_or_build("k", build)
     assert not hit and (folder / "model.onnx").read_text() == "complete"
-    assert cache.fetch_or_build("k", build) == (folder, True) and len(built) == 1
+    assert _opened[0].fetch_or_build("k", build) == (folder, True) and len(built) == 1
 
 
 # -- the key follows the model's code --------------------------------------------------------------
@@ -215,9 +227,8 @@ def _key(model: torch.nn.Module, backend_name: str = "torchscript", identity: st
     from parity.config.schema import BackendSpec
     from parity.inputs import Inputs
 
-    with cache.model_identity(identity):
-        return cache.artifact_key("torchscript", model, create_backend(BackendSpec(backend=backend_name)),
-                                  Inputs((torch.ones(1, 3, 8, 8),), {}))
+    return artifact_key("torchscript", model, create_backend(BackendSpec(backend=backend_name)),
+                        Inputs((torch.ones(1, 3, 8, 8),), {}), json.dumps([identity]))
 
 
 def _built(folder, entry: str = "netmod:Net") -> torch.nn.Module:
@@ -230,7 +241,7 @@ def _built(folder, entry: str = "netmod:Net") -> torch.nn.Module:
 
 @pytest.fixture
 def code_dir(tmp_path, fresh_imports):
-    cache.configure(tmp_path / "cache")
+    configure(tmp_path / "cache")
     folder = tmp_path / "code"
     folder.mkdir()
     (folder / "netmod.py").write_text("import nethelpers\nfrom nethelpers import SHIFT\n"
@@ -262,7 +273,7 @@ def test_the_key_changes_with_any_code_forward_reaches_and_not_otherwise(code_di
 
 def test_code_whose_source_cannot_be_read_is_keyed_on_its_code_objects(tmp_path):
     """A class typed in a notebook cell or made at run time has no file: its bytecode and constants say what it is."""
-    cache.configure(tmp_path / "cache")
+    configure(tmp_path / "cache")
 
     def made_at_run_time(expression: str) -> torch.nn.Module:
         source = f"class Cell(torch.nn.Module):\n    def forward(self, x):\n        return {expression}\n"
@@ -289,7 +300,7 @@ def test_the_key_holds_the_libraries_the_backend_declares_and_the_code_reaches(t
 
     from parity import fingerprint
 
-    cache.configure(tmp_path / "cache")
+    configure(tmp_path / "cache")
     net = torch.nn.Sequential(torchvision.ops.Conv2dNormActivation(3, 4))
     keys = {b: _key(net, b) for b in ("onnxruntime", "torchscript")}
     real = fingerprint.version
@@ -307,7 +318,7 @@ def test_the_key_holds_parity_s_own_code_python_s_version_and_a_plugin_backend_s
     from parity import fingerprint
     from tests.fixtures import tiny
 
-    cache.configure(tmp_path / "cache")
+    configure(tmp_path / "cache")
     net = torch.nn.Linear(3, 2)
     key = _key(net)
     with monkeypatch.context() as m:
@@ -340,9 +351,9 @@ def test_a_repository_folder_is_keyed_on_its_python_files_within_bounds(tmp_path
     assert fingerprint.folder_digest(repo) != digest  # a file no import reached yet still counts
     monkeypatch.setattr(fingerprint, "MAX_FILES", 0)
     assert fingerprint.folder_digest(repo) is None
-    cache.configure(tmp_path / "cache")
-    with cache.model_identity("net", None):  # a source that cannot say what it is made of: nothing cached
-        assert cache.artifact_key("onnx", torch.nn.Linear(3, 2), object(), None) is None
+    configure(tmp_path / "cache")
+    with _opened[0].for_model("net", None) as artifacts:  # a source that cannot say what it is made of: nothing cached
+        assert artifacts.fetch("onnx", torch.nn.Linear(3, 2), object(), None, lambda folder: None) is None
 
 
 
@@ -381,7 +392,7 @@ class Scaled(torch.nn.Module):
 
 
 def test_the_key_holds_plain_attributes_and_hooks_but_not_hook_handle_numbers(tmp_path):
-    cache.configure(tmp_path / "cache")
+    configure(tmp_path / "cache")
     assert _key(Scaled(2.0)) == _key(Scaled(2.0)) != _key(Scaled(3.0))
 
     def hooked(offset: float) -> torch.nn.Module:
@@ -451,7 +462,7 @@ def test_cache_clear_never_follows_a_link_out_of_the_cache(tmp_path, capsys):
     (outside / "0123456789abcdef0123456789abcdef").mkdir(parents=True)
     (outside / "0123456789abcdef0123456789abcdef" / "keep").write_text("keep")
     root = tmp_path / "cache"
-    cache.configure(root)  # tags it
+    configure(root)  # tags it
     (root / "artifacts").mkdir()
     (root / "artifacts" / "fedcba9876543210fedcba9876543210").symlink_to(outside, target_is_directory=True)
     (root / "inductor").mkdir()
@@ -499,7 +510,7 @@ def test_each_kind_of_cpu_kernel_gets_its_own_inductor_cache(tmp_path, monkeypat
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert len({native, avx2, cache.kernel_tag()}) == 3
     try:
-        cache.configure(tmp_path / "c")
+        configure(tmp_path / "c")
         assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "c" / "inductor" / cache.kernel_tag())
     finally:
-        cache.configure(None)
+        configure(None)

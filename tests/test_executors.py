@@ -48,9 +48,11 @@ def test_process_executor_fails_a_segfault_and_a_hang_and_the_run_goes_on(tmp_pa
     data = tiny_experiment([SEGFAULTING, HANGING, *WELL_BEHAVED], repeats=2, executor={"kind": "process", "threads": 1})
     path = write_yaml(data)
     code = main(["run", str(path), "--out", str(tmp_path / "process"), "--quiet", "--no-report",
-                 "--executor", "process", "--timeout", str(LIMIT_S)])
+                 "--executor", "process", "--timeout", str(LIMIT_S), "--cache-dir", str(tmp_path / "cache")])
     assert code == 1
     records = read_records(tmp_path / "process")
+    traced = [r for r in records if r["kind"] == "execution" and r["backend"] == "torchscript-cpu" and r["repeat"] == 0]
+    assert traced[0]["cached"] is False and len(list((tmp_path / "cache" / "artifacts").iterdir())) == 1  # the worker's
     by_target = {key[2]: check for key, check in checks(records).items()}
     assert by_target["segfaulting"]["failure_class"] == "crash"
     assert "died of SIGSEGV in run (tiny.py:" in by_target["segfaulting"]["detail"]
@@ -163,7 +165,7 @@ def test_ray_submits_the_references_first_then_the_costliest_preparations():
 
 
 def test_ray_executor_gives_the_local_verdicts_and_fails_a_segfault_and_a_hang(tmp_path, monkeypatch):
-    from parity.runner.local import _Progress
+    from parity.runner.runner import _Progress
 
     ray = pytest.importorskip("ray")
     started, said = [], []

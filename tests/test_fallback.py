@@ -86,6 +86,25 @@ def test_fallback_command_writes_its_record(tmp_path, capsys):
     assert record["runs_in"] == "float32" and record["passed"] and record["modules"] == []
 
 
+def test_localize_and_fallback_keep_their_exports_in_the_artifact_cache(tmp_path, capsys):
+    """`parity localize` and `parity fallback` run their target through the Runner's artifact cache, under the
+    same key as `parity run`: the run after fallback finds the export there."""
+    from parity.records import read_records
+
+    data = tiny_experiment([{"backend": "tests.fixtures.tiny:SavingEager", "dtype": "bfloat16", "tolerances": {"gate": 1.0}}])
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["localize", str(path), "--cache-dir", str(tmp_path / "localized")]) == 0
+    assert len(list((tmp_path / "localized" / "artifacts").iterdir())) >= 1
+    where = ["--cache-dir", str(tmp_path / "cache")]  # passes at once: no search, only what every command runs
+    assert main(["fallback", str(path), *where]) == 0
+    assert len(list((tmp_path / "cache" / "artifacts").iterdir())) >= 1
+    assert main(["run", str(path), "--out", str(tmp_path / "run"), "--quiet", "--no-report", *where]) == 0
+    [target] = [r for r in read_records(tmp_path / "run") if r["kind"] == "execution" and r["backend"] == "SavingEager-cpu-bfloat16"
+                and r["repeat"] == 0]
+    assert target["cached"] is True
+
+
 @pytest.mark.numerics
 def test_a_task_level_fallback_restores_the_decision_where_no_set_reaches_a_tight_gate():
     """bfloat16 everywhere plus a fault in `head` that flips decisions: no set of float32 modules brings

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from parity.records.view import RunView
-from parity.runner import local
+from parity.runner import runner as local
 from tests.conftest import ROOT
 from tests.fixtures.exiting import ACTIONS
 from tests.hostile_support import assert_user_error, experiment, run_parity, write_experiment

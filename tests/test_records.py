@@ -17,7 +17,7 @@ from parity.records import SCHEMA_VERSION, RecordWriter, environment, read_recor
 from parity.records.reference import COMMAND, reference
 from parity.records.summary import exit_code, summarize
 from parity.records.view import RunView
-from parity.runner.local import libraries
+from parity.runner.runner import libraries
 from tests.conftest import ROOT, tiny_experiment
 
 RUN = {"experiment": "x", "digest": "d", "base_dir": ".", "environment": {},

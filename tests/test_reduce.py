@@ -16,7 +16,7 @@ from parity.cli import main
 from parity.config import experiment_from_dict
 from parity.inputs import build_inputs
 from parity.reduce import snippet
-from parity.runner.local import prepared_model
+from parity.runner.prepared import prepared_model
 from tests.conftest import tiny_experiment
 
 # The Offset of tests/fixtures/culprit.py adds its `fault` only while traced: compile (aot_eager, no C++

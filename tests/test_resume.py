@@ -5,6 +5,7 @@ records are refused unless --fresh."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -169,7 +170,7 @@ def test_a_run_cut_between_a_targets_tier3_and_tier1_records_writes_neither_twic
     assert [r["kind"] for r in resumed].count("layers") == [r["kind"] for r in full].count("layers") > 0
 
 
-def test_a_run_killed_while_writing_its_last_record_is_completed(tmp_path, capsys):
+def test_a_run_killed_while_writing_its_last_record_is_completed(tmp_path, caplog):
     data = tiny_experiment([{"backend": "eager", "name": "same"}, {"backend": "tests.fixtures.tiny:PerturbedEager",
                                                                     "name": "perturbed"}])
     full = run_experiment(data, out=tmp_path / "out")
@@ -177,10 +178,11 @@ def test_a_run_killed_while_writing_its_last_record_is_completed(tmp_path, capsy
     text = path.read_bytes()
     last = text.rstrip(b"\n").rfind(b"\n") + 1
     path.write_bytes(text[:last + 25])  # the last check, torn after 25 bytes
-    capsys.readouterr()
-    resumed = run_experiment(data, out=tmp_path / "out")
-    err = capsys.readouterr().err
-    assert "dropped a torn last line (25 bytes)" in err and "resuming" in err
+    with caplog.at_level(logging.INFO, logger="parity"):  # the API logs; the command line shows it (test_logging.py)
+        resumed = run_experiment(data, out=tmp_path / "out")
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert any(level == "WARNING" and "dropped a torn last line (25 bytes)" in m for level, m in said), said
+    assert any(level == "INFO" and m.startswith("resuming") for level, m in said), said
     assert verdicts(resumed) == verdicts(full) and duplicates(resumed) == []
     assert read_records(path) == resumed
 

@@ -37,12 +37,13 @@ def run_experiment(source: str | Path | dict | Experiment, out: str | Path | Non
     summary.json and `reports` under `out` (any of report.md, report.html, junit.xml: `parity run` writes
     every registered writer's, `parity.report.report_writers()`; the HTML costs about a second of plotting); return the records.
     When `out` already holds records of the same experiment the run continues from them, and the records
-    returned are all of them; `fresh` discards them and starts over."""
-    from parity.runner.local import run_experiment_to
+    returned are all of them; `fresh` discards them and starts over. Nothing is cached (the command line's
+    `--cache-dir` gives its Runner an artifact cache)."""
+    from parity.runner.runner import Runner
 
     exp = _experiment(source)
     out_dir = Path(out) if out is not None else default_out_dir(exp)
-    records = run_experiment_to(exp, out_dir, progress=progress, fresh=fresh)
+    records = Runner(exp, out_dir).run(progress=progress, fresh=fresh)
     if reports:
         from parity.report import write_reports
 

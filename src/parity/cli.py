@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import errno
+import logging
 import os
 import shlex
 import sys
@@ -34,12 +35,13 @@ def _console(stderr: bool = False):
 def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
     """Run the files of `args` or, from `parity check`, the validated `experiments`: print the table, write
     the reports, return the exit code."""
-    from parity.api import default_out_dir, run_experiment
+    from parity.api import default_out_dir
     from parity.config import load_experiment
     from parity.outdir import prepare, user_path
     from parity.records.summary import exit_code, summarize
     from parity.report import write_reports
     from parity.report.console import render
+    from parity.runner.runner import Runner
 
     if experiments is None:
         experiments = [load_experiment(f) for f in args.files]  # every file is validated before anything runs
@@ -55,7 +57,7 @@ def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
         prepare(out_dir)
     code = EXIT_OK
     for exp, out_dir in zip(experiments, out_dirs, strict=True):
-        records = run_experiment(exp, out_dir, progress=not args.quiet, reports=(), fresh=args.fresh)
+        records = Runner(exp, out_dir, args.artifact_cache).run(progress=not args.quiet, fresh=args.fresh)
         summary = summarize(records)
         reports = [] if args.no_report else write_reports(out_dir, records, summary)
         render(records, summary, out_dir, _console(), reports)
@@ -239,38 +241,25 @@ def user_path_of(out: str) -> Path:
     return user_path(out, "--out")
 
 
-def _write_records(out: str | None, exp, kind: str, record: dict) -> None:
-    if not out:
-        return
-    from parity.records import RecordWriter, environment
-    from parity.runner.local import libraries
+def _runner(args: argparse.Namespace, exp):
+    from parity.runner.runner import Runner
 
-    with RecordWriter(user_path_of(out) / "records.jsonl") as writer:
-        writer.write("run", experiment=exp.name, config=exp.model_dump(mode="json"), base_dir=str(exp.base_dir),
-                     environment=environment(exp.base_dir, libraries=libraries(exp)))
-        writer.write(kind, **record)
-    print(f"records: {user_path_of(out) / 'records.jsonl'}")
+    return Runner(exp, user_path_of(args.out) if args.out else None, args.artifact_cache)
+
+
+def _said_records(args: argparse.Namespace) -> None:
+    if args.out:
+        print(f"records: {user_path_of(args.out) / 'records.jsonl'}")
 
 
 def cmd_localize(args: argparse.Namespace) -> int:
     """Localize one model x target without running the whole experiment; print the per-layer tables."""
-    from parity.inputs import build_inputs
     from parity.report.console import render_layers
-    from parity.runner.executors import configured_model
-    from parity.runner.local import model_identity, prepared_model
-    from parity.runner.plan import Job
-    from parity.verify.localize import gate_check, localize_check
 
     exp, model_spec, target, input_spec = _one_check(args)
-    model, _ = prepared_model(model_spec, exp)
-    job = Job(model_spec, input_spec, exp.reference, None, (target,), 1)
-    inputs = build_inputs(input_spec, exp, model_spec.batch_mode)
-    with model_identity(model_spec, exp):
-        tier1 = gate_check(job, target, model, inputs, exp)  # first: does the check it explains pass at all?
-        configured = configured_model(model, target, model_spec.name)  # localize the target as it runs
-        record = {**localize_check(job, target, configured, inputs, exp), "tier1": tier1}
+    record = _runner(args, exp).localize(model_spec, target, input_spec)
     render_layers(record, _console())
-    _write_records(args.out, exp, "layers", record)
+    _said_records(args)
     return EXIT_OK if not record.get("error") else EXIT_FAILED
 
 
@@ -279,46 +268,17 @@ def cmd_fallback(args: argparse.Namespace) -> int:
     check passes at the gate; print it with its latency cost."""
     from rich.markup import escape
 
-    from parity.adapters.fallback import (
-        candidates_from,
-        fallback_kind,
-        find_fallback,
-        next_step,
-        whole_model_note,
-    )
-    from parity.inputs import build_inputs
-    from parity.runner.local import prepared_model
-    from parity.runner.plan import Job
-    from parity.verify.localize import localize_check
-    from parity.verify.tasks import evaluated
+    from parity.adapters.fallback import whole_model_note
 
     exp, model_spec, target, input_spec = _one_check(args)
-    fallback_kind(target)  # a target that has no fallback fails here, before anything runs
-    model, _ = prepared_model(model_spec, exp)  # adapters included, as parity run executes it
-    inputs = build_inputs(input_spec, exp, model_spec.batch_mode)
-    job = Job(model_spec, input_spec, exp.reference, None, (target,), 1)
-    layers = localize_check(job, target, model, inputs, exp)
-    if layers.get("error"):
-        raise ParityError(f"localizing {target.id} failed, so there are no candidates: {layers['error']}")
-    task = None
-    if args.tier == 3:
-        from parity.config.schema import tasks_spec
-
-        if model_spec.task not in evaluated():
-            raise ParityError(f"--tier 3: model '{model_spec.name}' has task '{model_spec.task}'; tier 3 evaluates "
-                              f"{', '.join(evaluated())} (set the model's task:)")
-        task = (model_spec.task, exp.tiers.tasks or tasks_spec())
-    tol = exp.tolerance_for(target)
-    result = find_fallback(exp.reference, target, model, inputs, candidates_from(layers), tol.rtol, tol.gate,
-                           task=task, leaf_tolerance=tol.for_leaf)
     command = f"parity fallback {shlex.quote(str(args.file))} --model {model_spec.name} --target {target.id} --inputs {input_spec.name}"
-    result.next_step = next_step(result, command, model_spec.task if model_spec.task in evaluated() else None)
-    record = {"model": model_spec.name, "inputs": input_spec.name, "reference": exp.reference.id, **result.record()}
+    result, record = _runner(args, exp).find_fallback(model_spec, target, input_spec, args.tier, command)
+    tol = exp.tolerance_for(target)
     console = _console()
     before, after = result.required_atol_before, result.required_atol_after
     console.print(escape(f"{target.id}: required atol {before:.3g} -> {after:.3g} (gate {tol.gate:g}) "
                          f"with {len(result.modules)} module(s) in {result.runs_in}, {result.tried} trial run(s)"))
-    if task is not None:
+    if args.tier == 3:
         shown = lambda metrics: ", ".join(f"{k} {v:.4g}" for k, v in (metrics or {}).items() if isinstance(v, float))  # noqa: E731
         console.print(escape(f"tier 3 ({model_spec.task}): {shown(result.task_before)} -> {shown(result.task_after)}"))
     if result.passed and not result.modules:
@@ -335,7 +295,7 @@ def cmd_fallback(args: argparse.Namespace) -> int:
         console.print("[red]no fallback among the localized layers makes the check pass[/red]")
     if result.next_step:
         console.print(escape(f"next: {result.next_step}"), soft_wrap=True)
-    _write_records(args.out, exp, "fallback", record)
+    _said_records(args)
     return EXIT_OK if result.passed and not result.whole_model else EXIT_FAILED
 
 
@@ -549,7 +509,7 @@ def output_options(verb: argparse.ArgumentParser, name: str) -> None:
                       help="discard the records already in --out and start over (by default a run continues them)")
     verb.add_argument("--verbose", action="store_true",
                       help="after the table, the whole traceback of every execution that failed (the records keep "
-                           "them; the table and its lines show their first line)")
+                           "them; the table and its lines show their first line); and parity's debug messages")
 
 
 def cache_options(verb: argparse.ArgumentParser) -> None:
@@ -558,41 +518,38 @@ def cache_options(verb: argparse.ArgumentParser) -> None:
     verb.add_argument("--no-cache", action="store_true", help="export and compile afresh; write nothing to the cache")
 
 
-def _configure_cache(args: argparse.Namespace) -> None:
-    """The artifact cache this command uses, checked before anything runs: a cache that cannot be written
-    is the user's to fix (exit 2), never an export failure charged to a target."""
-    from parity.execute import cache
+def _artifact_cache(args: argparse.Namespace):
+    """The artifact cache this command's Runner keeps exports in, checked before anything runs: a cache that
+    cannot be written is the user's to fix (exit 2), never an export failure charged to a target."""
+    from parity.execute.cache import ArtifactCache, check_location, default_root
     from parity.outdir import prepare, user_path
 
-    if getattr(args, "no_cache", False):
-        cache.configure(None)
-        return
-    if getattr(args, "cache_dir", None):
+    if getattr(args, "no_cache", False) or not hasattr(args, "cache_dir"):
+        return ArtifactCache(None)
+    if args.cache_dir:
         root, what = user_path(args.cache_dir, "--cache-dir"), "--cache-dir"
-    elif hasattr(args, "cache_dir"):
+    else:
         try:
-            root, what = cache.default_root(), "the artifact cache ($PARITY_CACHE_DIR, else ~/.cache/parity)"
+            root, what = default_root(), "the artifact cache ($PARITY_CACHE_DIR, else ~/.cache/parity)"
         except RuntimeError as exc:  # PARITY_CACHE_DIR=~nosuchuser/x
             raise ParityError(f"$PARITY_CACHE_DIR {os.environ.get('PARITY_CACHE_DIR')}: {exc}; set it to a folder, "
                               "or pass --no-cache") from exc
-    else:
-        return
     if root is not None:
-        cache.check_location(root)
+        check_location(root)
         prepare(root, what, files=())
-    cache.configure(root)
+    return ArtifactCache(root).open()
 
 
 def _contain_library_state(args: argparse.Namespace) -> None:
     """Libraries' home-folder state (matplotlib's) goes into this command's cache, else a temporary folder."""
-    from parity.execute import cache
+    from parity.execute.cache import default_root
     from parity.offline import keep_state_in
 
     if hasattr(args, "cache_dir"):
-        keep_state_in(cache.root())
+        keep_state_in(args.artifact_cache.root)
         return
     try:
-        keep_state_in(cache.default_root())
+        keep_state_in(default_root())
     except RuntimeError:  # PARITY_CACHE_DIR=~nosuchuser/x, and this command has no cache to complain about
         keep_state_in(None)
 
@@ -603,12 +560,51 @@ ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, err
                       errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.EFBIG, errno.EMFILE, errno.ENFILE, errno.EEXIST}
 
 
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever sys.stderr is when a message comes (a test's capture, redirect_stderr swap it), as
+    `warning: ...`: the words scripts and tests have read from parity's stderr."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+class _Plain(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        return text if record.levelno == logging.INFO else f"{record.levelname.lower()}: {text}"
+
+
+def show_logs(verbose: bool = False) -> None:
+    """parity's messages (its modules log through `logging`) on stderr, at INFO (`--verbose`: DEBUG): through
+    rich on a terminal, as plain `warning: ...` lines elsewhere (CI logs, pipes, tests). Once per process:
+    each call replaces the handler it installed before."""
+    logger = logging.getLogger("parity")
+    for handler in [h for h in logger.handlers if getattr(h, "parity_cli", False)]:
+        logger.removeHandler(handler)
+    if sys.stderr.isatty():
+        from rich.logging import RichHandler
+
+        handler: logging.Handler = RichHandler(console=_console(stderr=True), show_time=False, show_path=False)
+    else:
+        handler = _Stderr()
+        handler.setFormatter(_Plain("%(message)s"))
+    handler.parity_cli = True
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    show_logs(getattr(args, "verbose", False))
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))  # `entry: mymodels:build` next to you imports, as with python -m
     try:
-        _configure_cache(args)
+        args.artifact_cache = _artifact_cache(args)
         _contain_library_state(args)
         return args.func(args)
     except ParityError as exc:

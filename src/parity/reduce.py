@@ -103,8 +103,7 @@ def reduce_check(run_dir: Path, which: str, out: Path | None) -> Path:
     from parity.inputs import build_inputs
     from parity.outdir import prepare
     from parity.records import read_run
-    from parity.runner.executors import configured_model
-    from parity.runner.local import prepared_model
+    from parity.runner.prepared import configured_model, prepared_model
     from parity.verify.activations import capture
     from parity.verify.localize import MODEL
 

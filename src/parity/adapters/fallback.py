@@ -146,13 +146,16 @@ class Trial:
 
 def _latencies(spec, models: list[torch.nn.Module], inputs, runs: int) -> list[float]:
     """The median run time of each model on the backend `spec`, runs interleaved (one of each in turn),
-    so that a slow spell of the machine falls on all of them alike."""
+    so that a slow spell of the machine falls on all of them alike. Their exports come from the running
+    model's artifacts, as the search's executions' do."""
     from parity.backends import backend_class
+    from parity.execute import cache
 
     backends = []
     try:
         for model in models:
             backend = backend_class(spec.backend)(spec)
+            backend.artifacts = cache.active()
             backends.append(backend)
             backend.prepare(copy.deepcopy(model), inputs.clone())
         times: list[list[float]] = [[] for _ in models]

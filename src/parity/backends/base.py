@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -100,16 +101,17 @@ class Backend(ABC):
 
     # Whether `prepare` found its artifact in the cache (None: this backend caches nothing).
     cache_hit: bool | None = None
+    # Where `artifact` keeps what it makes: set by the execution layer before `prepare` (execute/execution.py
+    # hands over the running model's artifacts in the cache); None: nothing is cached.
+    artifacts: ArtifactStore | None = None
 
     def artifact(self, kind: str, model: torch.nn.Module, example: Inputs, build) -> Path:
         """A folder holding the artifact `kind` (an exported graph, a traced module) of `model` for inputs
         like `example`: from the artifact cache when it has it, else made by `build(folder)` (and cached
         when the model has an identity; see execute/cache.py)."""
-        from parity.execute import cache
-
-        key = cache.artifact_key(kind, model, self, example)
-        if key is not None:
-            folder, hit = cache.fetch_or_build(key, build)
+        found = self.artifacts.fetch(kind, model, self, example, build) if self.artifacts is not None else None
+        if found is not None:
+            folder, hit = found
             self.cache_hit = hit if self.cache_hit is None else self.cache_hit and hit
             return folder
         if getattr(self, "_scratch", None) is None:
@@ -118,6 +120,15 @@ class Backend(ABC):
         folder.mkdir()
         build(folder)
         return folder
+
+
+class ArtifactStore(Protocol):
+    """What a backend keeps its artifacts in (execute/cache.py's ModelArtifacts is the one parity uses)."""
+
+    def fetch(self, kind: str, model: torch.nn.Module, backend: Backend, example: Inputs,
+              build: Callable[[Path], None]) -> tuple[Path, bool] | None:
+        """(folder, whether it was there) of the artifact, made by `build(folder)` when missing; None when it
+        may not be kept."""
 
 
 class OutputSpec:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import logging
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,8 @@ from parity.config import checks, legacy
 from parity.config.schema import Experiment, flat_thresholds, plain_name, spec_class_for
 from parity.config.yaml_io import KeyPath, format_path, line_of, load_yaml
 from parity.errors import ParityError, did_you_mean
+
+log = logging.getLogger(__name__)
 
 _EXPECTED = {"string_type": "a string", "list_type": "a list", "model_type": "a mapping (key: value)",
              "dict_type": "a mapping (key: value)", "int_type": "an integer", "int_parsing": "an integer",
@@ -154,7 +156,7 @@ def _warn_flat_thresholds(data: dict, source: str | Path, lines: dict[KeyPath, i
     for old, new in flat_thresholds(tasks)[1]:
         line = line_of(("tiers", "tasks", old), lines)
         where = f"{source}:{line}" if line else f"{source}"
-        print(one_line(f"warning: {where}: tiers.tasks.{old} is deprecated; write {new}"), file=sys.stderr)
+        log.warning("%s", one_line(f"{where}: tiers.tasks.{old} is deprecated; write {new}"))
 
 
 def experiment_from_dict(data: Any, source: str | Path = "<dict>", base_dir: Path | None = None,
@@ -168,7 +170,7 @@ def experiment_from_dict(data: Any, source: str | Path = "<dict>", base_dir: Pat
         if problems:
             _raise(source, problems, lines)
         for w in warnings:
-            print(f"warning: {w}", file=sys.stderr)
+            log.warning("%s", w)
         data, lines = translated, {}
     _warn_flat_thresholds(data, source, lines)
     try:

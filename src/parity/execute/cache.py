@@ -2,10 +2,11 @@
 that a second run of the same model on the same backend skips the export (seconds to minutes each).
 
 An artifact is reused only when everything that determines it is the same. Its key hashes:
-- the model's identity, given by whoever built it (`model_identity`: source, builder, params, weights,
-  adapters, as written in the experiment, and what the source reads the model from: a repository
-  folder's .py files, a python entry's module, the versions of the libraries the source declares);
-  without an identity nothing is cached, so a module handed over in Python is always exported afresh;
+- the model's identity, given by whoever built it (`ArtifactCache.for_model`; the runner gives
+  runner/prepared.py's `model_identity`: source, builder, params, weights, adapters, as written in the
+  experiment, and what the source reads the model from: a repository folder's .py files, a python
+  entry's module, the versions of the libraries the source declares); without an identity nothing is
+  cached, so a module handed over in Python is always exported afresh;
 - its content (module tree, every parameter and buffer) and its code: every user class and function it
   runs, with their files (parity/fingerprint.py); code past the walk's bounds is never cached;
 - the backend (name, device, dtype, options), its class's code, and what kind of artifact it is;
@@ -17,7 +18,7 @@ torch.compile's own caches (inductor's FX graph and autograd caches) are pointed
 so one folder holds everything a warm run reuses, and removing it makes the next run cold.
 
 Location: `--cache-dir`, else `$PARITY_CACHE_DIR`, else `$XDG_CACHE_HOME/parity` (~/.cache/parity).
-`--no-cache` or `PARITY_CACHE_DIR=off` turns it off. Nothing is ever evicted: `parity cache clear`
+`--no-cache` or `PARITY_CACHE_DIR=off` turns it off (an `ArtifactCache(None)`: the Python API's). Nothing is ever evicted: `parity cache clear`
 reclaims the space. Entries are written to a temporary folder and renamed into place when complete, so
 a run killed mid-export leaves no half-written entry behind.
 """
@@ -53,8 +54,10 @@ TAG_TEXT = ("Signature: 8a477f597d28d172789f06886806bc55\n"
             "# This folder is parity's artifact cache; `parity cache clear` empties it.\n")
 SYSTEM = (Path("/proc"), Path("/sys"))  # never a cache: not files on a disk
 
-_root: Path | None = None
-_identity: contextvars.ContextVar[str | None] = contextvars.ContextVar("parity_model_identity", default=None)
+# The artifacts of the model whose executions are running (ArtifactCache.for_model): a context, so that every
+# execution inside it (a run's, tier 2's on submodules, a fallback search's trials) finds them without each
+# layer between the Runner and `execute` passing them on.
+_active: contextvars.ContextVar[ModelArtifacts | None] = contextvars.ContextVar("parity_artifacts", default=None)
 
 
 def default_root() -> Path | None:
@@ -62,20 +65,6 @@ def default_root() -> Path | None:
     if value is not None:
         return None if value.strip().lower() in OFF else Path(value).expanduser()
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "parity"
-
-
-def configure(root: Path | None) -> None:
-    """Use `root` as the cache for this process (None: no cache), and tag it as parity's."""
-    global _root
-    _root = Path(root) if root is not None else None
-    if _root is None:
-        return
-    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(_root / INDUCTOR / kernel_tag())
-    with contextlib.suppress(OSError):  # a cache that cannot be written fails the exports that need it
-        _root.mkdir(parents=True, exist_ok=True)
-        if not (_root / TAG).exists():
-            (_root / TAG).write_text(TAG_TEXT)
 
 
 def kernel_tag() -> str:
@@ -91,19 +80,96 @@ def kernel_tag() -> str:
     return "cpu-" + hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:12]
 
 
-def root() -> Path | None:
-    return _root
+class ArtifactCache:
+    """The artifact cache in the folder `root` (None: no cache, every export is made afresh). Whoever runs
+    executions holds one (the Runner, a worker) and says whose artifacts they are with `for_model`; the
+    execution layer hands them to each backend before `prepare` (execute/execution.py), so backends never
+    import this module."""
+
+    def __init__(self, root: Path | None = None):
+        self.root = Path(root) if root is not None else None
+
+    def open(self) -> ArtifactCache:
+        """Tag the folder as parity's and point torch.compile's caches into it (once per process: inductor
+        reads its folder from the environment). Returns self."""
+        if self.root is None:
+            return self
+        if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.root / INDUCTOR / kernel_tag())
+        with contextlib.suppress(OSError):  # a cache that cannot be written fails the exports that need it
+            self.root.mkdir(parents=True, exist_ok=True)
+            if not (self.root / TAG).exists():
+                (self.root / TAG).write_text(TAG_TEXT)
+        return self
+
+    @contextlib.contextmanager
+    def for_model(self, *parts: Any) -> Iterator[ModelArtifacts]:
+        """Artifacts exported inside this block may be cached under this identity (JSON-able parts). A part
+        that is None (a source that cannot say what its model is made of) means: cache nothing."""
+        identity = None if any(p is None for p in parts) else json.dumps(parts, sort_keys=True, default=str)
+        artifacts = ModelArtifacts(self, identity)
+        token = _active.set(artifacts)
+        try:
+            yield artifacts
+        finally:
+            _active.reset(token)
+
+    def key(self, kind: str, model: torch.nn.Module, backend: Any, example: Inputs, identity: str | None) -> str | None:
+        """The key of an artifact that `backend` makes of `model`, or None when it may not be cached: no cache,
+        no identity, or code the fingerprint cannot vouch for."""
+        if identity is None or self.root is None:
+            return None
+        code = fingerprint.code_fingerprint(model, type(backend))
+        if code is None:
+            return None
+        code_digest, reached = code
+        spec = backend.spec
+        parts = {"kind": kind, "identity": identity, "model": model_digest(model), "code": code_digest,
+                 "inputs": inputs_digest(example), "backend": [spec.backend, spec.device, spec.dtype, spec.options],
+                 "libraries": fingerprint.versions({"torch", *backend.libraries, *reached}),
+                 "python": sys.version, "parity": fingerprint.parity_digest(), "kernels": kernel_tag()}
+        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+    def fetch_or_build(self, key: str, build: Callable[[Path], None]) -> tuple[Path, bool]:
+        """The folder of the artifact `key`, built by `build(folder)` when it is not there yet; and whether it
+        was there (a hit)."""
+        assert self.root is not None
+        final = self.root / ARTIFACTS / key
+        if final.is_dir():
+            return final, True
+        final.parent.mkdir(parents=True, exist_ok=True)
+        partial = final.parent / f".{key}.{os.getpid()}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        try:
+            build(partial)
+            os.replace(partial, final)
+        except OSError:  # another process finished the same entry first: keep theirs
+            if not final.is_dir():
+                raise
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+        return final, False
 
 
-@contextlib.contextmanager
-def model_identity(*parts: Any) -> Iterator[None]:
-    """Artifacts exported inside this block may be cached under this identity (JSON-able parts). A part
-    that is None (a source that cannot say what its model is made of) means: cache nothing."""
-    token = _identity.set(None if any(p is None for p in parts) else json.dumps(parts, sort_keys=True, default=str))
-    try:
-        yield
-    finally:
-        _identity.reset(token)
+class ModelArtifacts:
+    """One model's artifacts in a cache: what `Backend.artifact` is given (backends/base.py's
+    `ArtifactStore`)."""
+
+    def __init__(self, cache: ArtifactCache, identity: str | None):
+        self.cache, self.identity = cache, identity
+
+    def fetch(self, kind: str, model: torch.nn.Module, backend: Any, example: Inputs,
+              build: Callable[[Path], None]) -> tuple[Path, bool] | None:
+        """(folder, hit) of the artifact `kind` of `model`, built by `build` when missing; None when it may not
+        be cached (the backend then builds it in a scratch folder of its own)."""
+        key = self.cache.key(kind, model, backend, example, self.identity)
+        return None if key is None else self.cache.fetch_or_build(key, build)
+
+
+def active() -> ModelArtifacts | None:
+    """The artifacts of the model whose executions run now (inside `ArtifactCache.for_model`), if any."""
+    return _active.get()
 
 
 def model_digest(model: torch.nn.Module) -> str:
@@ -137,46 +203,6 @@ def inputs_digest(example: Inputs) -> str:
         else:
             h.update(repr(value).encode())
     return h.hexdigest()
-
-
-def artifact_key(kind: str, model: torch.nn.Module, backend: Any, example: Inputs) -> str | None:
-    """The key of an artifact that `backend` makes of `model`, or None when it may not be cached: no cache,
-    no identity, or code the fingerprint cannot vouch for."""
-    identity = _identity.get()
-    if identity is None or _root is None:
-        return None
-    code = fingerprint.code_fingerprint(model, type(backend))
-    if code is None:
-        return None
-    code_digest, reached = code
-    spec = backend.spec
-    parts = {"kind": kind, "identity": identity, "model": model_digest(model), "code": code_digest,
-             "inputs": inputs_digest(example), "backend": [spec.backend, spec.device, spec.dtype, spec.options],
-             "libraries": fingerprint.versions({"torch", *backend.libraries, *reached}),
-             "python": sys.version, "parity": fingerprint.parity_digest(), "kernels": kernel_tag()}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
-
-
-def fetch_or_build(key: str, build: Callable[[Path], None]) -> tuple[Path, bool]:
-    """The folder of the artifact `key`, built by `build(folder)` when it is not there yet; and whether it
-    was there (a hit)."""
-    assert _root is not None
-    final = _root / ARTIFACTS / key
-    if final.is_dir():
-        return final, True
-    final.parent.mkdir(parents=True, exist_ok=True)
-    partial = final.parent / f".{key}.{os.getpid()}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir()
-    try:
-        build(partial)
-        os.replace(partial, final)
-    except OSError:  # another process finished the same entry first: keep theirs
-        if not final.is_dir():
-            raise
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-    return final, False
 
 
 # -- parity cache info / clear ---------------------------------------------------------------------

@@ -14,7 +14,7 @@ import torch
 from parity import taxonomy as tx
 from parity.backends import backend_class
 from parity.config.schema import BackendSpec
-from parity.execute import notes
+from parity.execute import cache, notes
 from parity.inputs import Inputs
 from parity.taxonomy import classify_exception
 
@@ -50,7 +50,7 @@ def _first_line(exc: BaseException, limit: int = 300) -> str:
     return f"{type(exc).__name__}: " + (text if len(text) <= limit else text[:limit] + "...")
 
 
-def _describe(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
     """The exception's first line, and the root cause's when it was raised from another (exporters wrap)."""
     root = exc
     while root.__cause__ is not None and root.__cause__ is not root:
@@ -101,6 +101,7 @@ def _execute(result: Execution, spec, model, inputs, repeats, on_run, warmup, co
             result.status, result.error = "unavailable", reason
             return
         backend = backend_class(spec.backend)(spec)
+        backend.artifacts = cache.active()  # the running model's artifacts (ArtifactCache.for_model), if any
         start = time.perf_counter()
         backend.prepare(copy.deepcopy(model), inputs.clone())
         result.prepare_s = time.perf_counter() - start
@@ -118,7 +119,7 @@ def _execute(result: Execution, spec, model, inputs, repeats, on_run, warmup, co
                 on_run(result, repeat)
     except Exception as exc:  # a backend that raises fails its own checks; the run goes on
         result.status = "error"
-        result.error = _describe(exc)
+        result.error = describe(exc)
         result.failure_class = classify_exception(exc)
         result.traceback = format_traceback(exc)
     except KeyboardInterrupt:  # the user's Ctrl-C stops the run

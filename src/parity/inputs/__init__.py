@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
+import logging
 from typing import Any
 
 import torch
 
 from parity.outputs import map_tensors
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +51,7 @@ def build_inputs(spec, experiment, batch: str = "stack") -> Inputs:
     constant, so a pass on it proves little."""
     inputs = _build(spec, experiment, batch)
     for note in inputs.notes:
-        print(f"warning: input set '{spec.name}': {note}", file=sys.stderr)
+        log.warning("input set '%s': %s", spec.name, note)
     return inputs
 
 

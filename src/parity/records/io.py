@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
-import sys
 import types
 import typing
 from pathlib import Path
@@ -31,6 +31,8 @@ from pydantic import BaseModel, ValidationError
 from parity.errors import ParityError
 from parity.records.keys import record_key
 from parity.records.models import KINDS, RECORDS, SCHEMA_VERSION, TIERS
+
+log = logging.getLogger(__name__)
 
 try:
     import fcntl
@@ -193,8 +195,8 @@ def _parse(data: bytes, path: Path) -> list[dict[str, Any]]:
             seen[key] = number, record
         records.append(record)
     if dropped:
-        print(f"warning: {path}: line(s) {', '.join(map(str, dropped[:10]))}{' ...' if len(dropped) > 10 else ''} "
-              "repeat a record of an earlier line exactly; each is counted once", file=sys.stderr)
+        log.warning("%s: line(s) %s%s repeat a record of an earlier line exactly; each is counted once", path,
+                    ", ".join(map(str, dropped[:10])), " ..." if len(dropped) > 10 else "")
     return records
 
 

@@ -28,19 +28,12 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-import parity
 from parity import taxonomy as tx
 from parity.errors import ParityError
 from parity.execute.execution import Execution
-from parity.runner.executors import (
-    Digests,
-    Executor,
-    RemoteExecution,
-    crash_report,
-    describe_worker_error,
-    ending,
-)
-from parity.runner.worker import receive, send
+from parity.runner.base import Executor
+from parity.runner.remote import Digests, RemoteExecution, crash_report, describe_worker_error, ending
+from parity.runner.worker import package_file, receive, send
 
 STARTUP_S = 120.0  # at least this long to start a worker (importing torch on a busy machine), else the time limit
 # Imports parity from where this process has it, even when only this process's sys.path says where.
@@ -97,17 +90,15 @@ class ProcessExecutor(Executor):
         self._scratch: tempfile.TemporaryDirectory | None = None
         self._spawned = 0  # workers started: names their output files
 
-    def start(self, exp, jobs) -> None:
-        super().start(exp, jobs)
+    def start(self, exp, jobs, cache=None) -> None:
+        super().start(exp, jobs, cache)
         self._scratch = tempfile.TemporaryDirectory(prefix="parity-workers-")
         self._spawn()  # it imports torch while this process builds the first model
 
     def _spawn(self) -> None:
         assert self._scratch is not None, "start() first"
-        from parity.execute import cache
-
         ours, theirs = socket.socketpair()
-        root = str(Path(parity.__file__).resolve().parent.parent)
+        root = str(Path(package_file()).parent.parent)
         self._spawned += 1
         scratch = Path(self._scratch.name)
         outputs = (_Output(scratch / f"output-{self._spawned}.stdout", "stdout"),
@@ -121,7 +112,7 @@ class ProcessExecutor(Executor):
             for output in outputs:
                 output.file.close()
         conn = Connection(ours.detach())
-        settings = {"sys_path": [p for p in sys.path if p], "cache_root": str(cache.root()) if cache.root() else None,
+        settings = {"sys_path": [p for p in sys.path if p], "cache_root": str(self.cache.root) if self.cache.root else None,
                     "threads": self.threads, "crash_dir": self._scratch.name}
         send(conn, settings)  # small: they wait in the socket's buffer until the worker has started
         send(conn, self.exp)
@@ -149,10 +140,10 @@ class ProcessExecutor(Executor):
         except (EOFError, OSError):
             how, _ = self._reap()
             return f"the worker process {how} while starting"
-        if Path(their_parity).resolve() != Path(parity.__file__).resolve():
+        if Path(their_parity).resolve() != Path(package_file()):
             self._stop()
             raise ParityError(f"the worker process imports parity from {their_parity}, this process from "
-                              f"{parity.__file__}; set PYTHONPATH so that both find the same one")
+                              f"{package_file()}; set PYTHONPATH so that both find the same one")
         worker.ready = True
         return None
 

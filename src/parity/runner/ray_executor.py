@@ -32,12 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import parity
 from parity import taxonomy as tx
 from parity.backends import backend_class
 from parity.errors import ParityError
 from parity.execute.execution import Execution
-from parity.runner.executors import Digests, Executor, RemoteExecution, crash_report, describe_worker_error
+from parity.runner.base import Executor
+from parity.runner.remote import Digests, RemoteExecution, crash_report, describe_worker_error
+from parity.runner.worker import package_file
 
 
 def _execution_task(settings: dict[str, Any], exp, model_name: str, inputs, spec, repeats: int):
@@ -98,8 +99,8 @@ class RayExecutor(Executor):
         self._started_ray = False
         self._scratch: tempfile.TemporaryDirectory | None = None
 
-    def start(self, exp, jobs) -> None:
-        super().start(exp, jobs)
+    def start(self, exp, jobs, cache=None) -> None:
+        super().start(exp, jobs, cache)
         if not jobs:  # a finished run started again: nothing to run, so no Ray to start (seconds)
             return
         from parity.inputs import build_inputs
@@ -119,14 +120,12 @@ class RayExecutor(Executor):
         ray = self._ray()
         if self._scratch is not None:
             return ray
-        from parity.execute import cache
-
         self._init(ray)
         self._gpus = ray.cluster_resources().get("GPU", 0)
         self._remote = ray.remote(max_retries=0)(_execution_task)
         self._scratch = tempfile.TemporaryDirectory(prefix="parity-ray-")
         self._settings = {"sys_path": [p for p in sys.path if p], "threads": self.threads, "crash_dir": self._scratch.name,
-                          "cache_root": str(cache.root()) if cache.root() else None}
+                          "cache_root": str(self.cache.root) if self.cache.root else None}
         self._exp_ref = ray.put(self.exp)
         return ray
 
@@ -148,7 +147,7 @@ class RayExecutor(Executor):
             ray.init(address=self.address, logging_level=logging.ERROR, log_to_driver=False)
             return
         # Workers of a local instance inherit this environment: they must import the parity this process runs.
-        root = str(Path(parity.__file__).resolve().parent.parent)
+        root = str(Path(package_file()).parent.parent)
         before = os.environ.get("PYTHONPATH")
         os.environ["PYTHONPATH"] = os.pathsep.join([root, *([before] if before else [])])
         try:

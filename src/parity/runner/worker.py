@@ -33,9 +33,10 @@ import torch
 
 from parity import taxonomy as tx
 from parity.config.schema import BackendSpec, Experiment, ModelSpec
-from parity.execute.execution import _describe, ends_the_program, execute, format_traceback
+from parity.execute.cache import ArtifactCache, model_digest
+from parity.execute.execution import describe, ends_the_program, execute, format_traceback
 from parity.inputs import Inputs
-from parity.runner.executors import configured_model
+from parity.runner.prepared import configured_model, model_identity, prepared_model
 from parity.taxonomy import classify_exception
 
 
@@ -55,9 +56,6 @@ class ModelCache:
 
     def get(self, spec: ModelSpec, exp: Experiment) -> tuple[torch.nn.Module, str]:
         """The model and its digest (execute/cache.py's model_digest)."""
-        from parity.execute.cache import model_digest
-        from parity.runner.local import prepared_model
-
         key = self.key(spec, exp)
         if key in self._models:
             self._models.move_to_end(key)
@@ -70,18 +68,24 @@ class ModelCache:
 
 
 MODELS = ModelCache()  # the models built by this process's Ray tasks (a Ray worker runs many)
+ARTIFACTS = ArtifactCache(None)  # this worker's artifact cache: the parent's folder (prepare_worker)
+
+
+def package_file() -> str:
+    """The `__init__.py` of the parity this process imports, found without importing the package root (which
+    would import the front ends): the parent and its workers must run the same one."""
+    return str(Path(__file__).resolve().parent.parent / "__init__.py")
 
 
 def run_execution(exp: Experiment, models: ModelCache, model_name: str, inputs: Inputs, spec: BackendSpec,
                   repeats: int, send: Callable[[tuple], None]) -> None:
-    """One execution, as `execute.execution.execute` runs it locally, reported through `send`."""
-    from parity.runner.local import model_identity
-
+    """One execution, as `execute.execution.execute` runs it locally, reported through `send`; its artifacts
+    go to the cache `prepare_worker` opened."""
     model_spec = next(m for m in exp.models if m.name == model_name)
     try:
         model, digest = models.get(model_spec, exp)
     except Exception as exc:  # the parent built it; a worker that cannot is this execution's failure
-        send(("done", "error", f"rebuilding the model in the worker failed: {_describe(exc)}", classify_exception(exc),
+        send(("done", "error", f"rebuilding the model in the worker failed: {describe(exc)}", classify_exception(exc),
               None, None, [], 0, format_traceback(exc), []))
         return
     except KeyboardInterrupt:
@@ -95,7 +99,7 @@ def run_execution(exp: Experiment, models: ModelCache, model_name: str, inputs: 
     def on_run(ex, repeat: int) -> None:
         send(("repeat", repeat, ex.run_s[repeat], ex.outputs[repeat], ex.prepare_s, ex.cached, ex.notes, ex.warmup))
 
-    with model_identity(model_spec, exp):
+    with ARTIFACTS.for_model(*model_identity(model_spec, exp)):
         ex = execute(spec, configured_model(model, spec, model_name), inputs, repeats, on_run=on_run,
                      warmup=exp.warmup)
     send(("done", ex.status, ex.error, ex.failure_class, ex.prepare_s, ex.cached, ex.notes, ex.warmup, ex.traceback,
@@ -132,14 +136,12 @@ def prepare_worker(settings: dict[str, Any]) -> None:
     the experiment, test fixtures), its artifact cache, the CPUs asked for; and say where it crashes or
     hangs (faulthandler writes the Python stack to `crash_dir`/worker-PID.log on a fatal signal, and on
     SIGUSR1)."""
-    global _crash_file
-    from parity.execute import cache
-
+    global _crash_file, ARTIFACTS
     for entry in reversed(settings.get("sys_path", [])):
         if entry not in sys.path:
             sys.path.insert(0, entry)
     root = settings.get("cache_root")
-    cache.configure(None if root is None else Path(root))
+    ARTIFACTS = ArtifactCache(None if root is None else Path(root)).open()
     if settings.get("threads"):
         use_cpus(settings["threads"])
     crash_dir = settings.get("crash_dir")
@@ -178,9 +180,7 @@ def serve() -> None:
         prepare_worker(receive(conn))
         exp: Experiment = receive(conn)
         models = ModelCache()
-        import parity
-
-        send(conn, ("ready", os.getpid(), parity.__file__))
+        send(conn, ("ready", os.getpid(), package_file()))
         while True:
             model_name, inputs, spec, repeats = receive(conn)
             run_execution(exp, models, model_name, inputs, spec, repeats, lambda message: send(conn, message))

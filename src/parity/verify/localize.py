@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -375,17 +376,18 @@ def module_code(model: torch.nn.Module, name: str | None) -> str | None:
         return None
 
 
-def gate_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, experiment) -> dict[str, Any]:
+def gate_check(job, target: BackendSpec, model_for: Callable[[BackendSpec], torch.nn.Module], inputs: Inputs,
+               experiment) -> dict[str, Any]:
     """The tier-1 verdict of `target` at the gate (one run of each side, as `parity run` judges it with one
-    repeat, no oracle), so that `parity localize` says first whether the check it explains passes."""
+    repeat, no oracle), so that `parity localize` says first whether the check it explains passes.
+    `model_for(spec)`: the model as `spec` runs it (the runner's, with that target's fallback modules)."""
     from parity.execute.execution import execute
-    from parity.runner.executors import configured_model
     from parity.verify.checks import tier1_check
 
-    reference = execute(job.reference, configured_model(model, job.reference, job.model.name), inputs, 1)
+    reference = execute(job.reference, model_for(job.reference), inputs, 1)
     if not reference.ok:  # nothing to localize against, as find_fallback says too
         raise ParityError(f"the reference {job.reference.id} failed: {reference.error}")
-    ran = execute(target, configured_model(model, target, job.model.name), inputs, 1)
+    ran = execute(target, model_for(target), inputs, 1)
     check = tier1_check(job, ran, reference, None, experiment)
     return {k: check[k] for k in ("passed", "failure_class", "detail", "required_atol", "gate", "rtol")}
 

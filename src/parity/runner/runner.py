@@ -1,4 +1,7 @@
-"""The local executor: builds each model once, runs every backend on its own copy, judges, records.
+"""The Runner: one experiment into one output folder. It builds each model once, runs every backend on its
+own copy through an executor, judges, localizes, records (`run`); and, for one failing check, explains it
+layer by layer (`localize`) or finds modules to fall back (`find_fallback`). Every execution keeps its
+exports in the Runner's artifact cache. The command line and the Python API only parse, call it and render.
 
 Memory stays bounded by one model and input set at a time: the reference's (and oracle's) outputs are
 kept while that job's targets run, and each target's outputs are dropped once its check is written.
@@ -17,28 +20,37 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import sys
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from parity import taxonomy as tx
-from parity.adapters import apply_adapters
-from parity.adapters.fallback import fallback_for
-from parity.config.schema import Experiment
-from parity.errors import ParityError, did_you_mean
-from parity.execute import cache
-from parity.execute.execution import Execution, ends_the_program
+from parity.adapters.fallback import (
+    FallbackResult,
+    candidates_from,
+    fallback_kind,
+    find_fallback,
+    next_step,
+)
+from parity.config.schema import BackendSpec, Experiment, InputSetSpec, ModelSpec, tasks_spec
+from parity.errors import ParityError
+from parity.execute.cache import ArtifactCache
+from parity.execute.execution import Execution
 from parity.inputs import build_inputs
-from parity.models import build_model, source_fingerprint
+from parity.outdir import prepare
 from parity.records import NOT_DIGESTED, RecordWriter, environment, experiment_digest
 from parity.records.summary import summarize, write_summary
-from parity.runner.executors import Executor, configured_model, make_executor
+from parity.runner.base import Executor
+from parity.runner.executors import make_executor
 from parity.runner.plan import Job, plan
+from parity.runner.prepared import configured_model, model_identity, prepared_model
 from parity.verify.checks import gate_on_task, reference_error_check, tier1_check
-from parity.verify.localize import LOCALIZABLE, localize_check
-from parity.verify.tasks import task_check
+from parity.verify.localize import LOCALIZABLE, gate_check, localize_check
+from parity.verify.tasks import evaluated, task_check
+
+log = logging.getLogger(__name__)
 
 
 class _Progress:
@@ -91,7 +103,7 @@ def judged(writer: RecordWriter, job: Job, target) -> bool:
 
 
 def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _Progress,
-            executor: Executor) -> None:
+             executor: Executor) -> None:
     pending = [spec for spec in job.targets if not judged(writer, job, spec)]
     if not pending:
         progress.advance(job.executions)
@@ -154,14 +166,14 @@ def _open_records(out_dir: Path, config: dict, base_dir: str, digest: str, fresh
         if writer.records:
             _same_experiment(writer, config, base_dir, digest)
             if not summary.exists():
-                print(f"warning: {out_dir}: the previous run ended without a summary (an error stopped it, it was "
-                      "killed, or model code ended the process: os._exit); continuing it. The process executor (--executor process) "
-                      "runs model code in a worker process, which cannot end the run", file=sys.stderr)
+                log.warning("%s: the previous run ended without a summary (an error stopped it, it was killed, or "
+                            "model code ended the process: os._exit); continuing it. The process executor "
+                            "(--executor process) runs model code in a worker process, which cannot end the run", out_dir)
         _discard(summary)
         torn = writer.drop_torn_line()
         if torn:
-            print(f"{writer.path}: dropped a torn last line ({torn} bytes), the record an interrupted run was "
-                  "writing; it is made again", file=sys.stderr)
+            log.warning("%s: dropped a torn last line (%d bytes), the record an interrupted run was writing; it is "
+                        "made again", writer.path, torn)
     except BaseException:
         writer.close()
         raise
@@ -193,19 +205,16 @@ def _same_experiment(writer: RecordWriter, config: dict, base_dir: str, digest: 
                           f"{again}")
 
 
-def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True, fresh: bool = False) -> list[dict[str, Any]]:
-    """Run `exp`, writing OUT/records.jsonl and OUT/summary.json; returns the records. When OUT already
-    holds records of this experiment, the run continues from them (see the module docstring); `fresh`
-    discards them instead."""
-    from parity.outdir import prepare
+def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool, fresh: bool, cache: ArtifactCache,
+                      executor: Executor) -> list[dict[str, Any]]:
+    """`Runner.run`: every job of `exp` through `executor`, each model's exports kept in `cache`."""
 
     prepare(out_dir)  # a folder parity can write in, and no link where it writes: before any work
     jobs = plan(exp)
     config = exp.model_dump(mode="json")
     digest = experiment_digest(config, str(exp.base_dir))
     bar = _Progress(sum(j.executions for j in jobs), progress)
-    with _open_records(out_dir, config, str(exp.base_dir), digest, fresh) as writer, \
-            make_executor(exp.executor) as executor:
+    with _open_records(out_dir, config, str(exp.base_dir), digest, fresh) as writer, executor:
         todo = [j for j in jobs if any(not judged(writer, j, t) for t in j.targets)]
         executor.on_status = bar.describe
         if not writer.records:
@@ -214,12 +223,12 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True, fre
         elif todo:
             checks = sum(len(j.targets) for j in jobs)
             left = sum(not judged(writer, j, t) for j in todo for t in j.targets)
-            print(f"resuming {out_dir}: {checks - left} of {checks} checks already recorded", file=sys.stderr)
+            log.info("resuming %s: %d of %d checks already recorded", out_dir, checks - left, checks)
             writer.write("resume", records=len(writer.records), checks_recorded=checks - left,
                          environment=run_environment(exp))
         # only what is left to judge: the reference, the oracle and the targets without a judgement
         executor.start(exp, [dataclasses.replace(j, targets=tuple(t for t in j.targets if not judged(writer, j, t)))
-                             for j in todo])
+                             for j in todo], cache)
         with bar.running():
             for model_spec in exp.models:
                 model_jobs = [j for j in jobs if j.model is model_spec]
@@ -230,7 +239,7 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool = True, fre
                 model, notes = prepared_model(model_spec, exp)
                 writer.write("model", model=model_spec.name, parameters=sum(p.numel() for p in model.parameters()),
                              build_s=time.perf_counter() - start, adapters=notes)
-                with model_identity(model_spec, exp):
+                with cache.for_model(*model_identity(model_spec, exp)):
                     for job in model_jobs:
                         _run_job(job, model, exp, writer, bar, executor)
                 del model
@@ -255,38 +264,79 @@ def libraries(exp: Experiment) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def prepared_model(spec, exp) -> tuple:
-    """The model as every command runs it: built, adapters applied, and each target's fallback checked
-    against its modules before anything executes. Returns (model, what the adapters changed)."""
-    model = build_model_or_explain(spec, exp)
-    notes = apply_adapters(model, exp.adapters_for(spec), exp)
-    known = {n for n, _ in model.named_modules()}
-    for target in exp.targets:
-        for name in fallback_for(target, spec.name):
-            if name not in known:
-                raise ParityError(f"target {target.id}: fallback names '{name}', which model '{spec.name}' does not "
-                                  f"have{did_you_mean(name, sorted(known))}")
-    return model, notes
+class Runner:
+    """One experiment into one output folder (`out_dir`: where `run` writes records.jsonl and summary.json, and
+    where `localize` and `find_fallback` write their record when given). Every execution keeps its exports in
+    `cache` (None: nothing is cached); `executor` runs the executions (None: the experiment's `executor:`)."""
 
+    def __init__(self, exp: Experiment, out_dir: Path | None = None, cache: ArtifactCache | None = None,
+                 executor: Executor | None = None):
+        self.exp, self.out_dir = exp, out_dir
+        self.cache = cache if cache is not None else ArtifactCache(None)
+        self.executor = executor
 
-def model_identity(spec, exp):
-    """Exports of this model may be cached (execute/cache.py): what the experiment says it is, and what its
-    source reads it from."""
-    return cache.model_identity(spec.model_dump(mode="json"), [a.model_dump(mode="json") for a in exp.adapters_for(spec)],
-                                source_fingerprint(spec, exp))
+    def run(self, progress: bool = True, fresh: bool = False) -> list[dict[str, Any]]:
+        """Run the experiment, writing OUT/records.jsonl and OUT/summary.json; returns the records. When OUT
+        already holds records of this experiment, the run continues from them (see the module docstring);
+        `fresh` discards them instead."""
+        executor = self.executor if self.executor is not None else make_executor(self.exp.executor)
+        return run_experiment_to(self.exp, self._out(), progress, fresh, self.cache, executor)
 
+    def localize(self, model_spec: ModelSpec, target: BackendSpec, input_spec: InputSetSpec) -> dict[str, Any]:
+        """The `layers` record of one model x target x input set, without running the whole experiment, with
+        the tier-1 verdict it explains (`tier1`: does the check pass at the gate at all?)."""
+        exp = self.exp
+        model, _ = prepared_model(model_spec, exp)
+        job = Job(model_spec, input_spec, exp.reference, None, (target,), 1)
+        inputs = build_inputs(input_spec, exp, model_spec.batch_mode)
+        with self.cache.for_model(*model_identity(model_spec, exp)):
+            tier1 = gate_check(job, target, lambda spec: configured_model(model, spec, model_spec.name), inputs, exp)
+            configured = configured_model(model, target, model_spec.name)  # localize the target as it runs
+            record = {**localize_check(job, target, configured, inputs, exp), "tier1": tier1}
+        self._write_record("layers", record)
+        return record
 
-def build_model_or_explain(spec, exp):
-    """The model, or a ParityError naming it: whatever its builder raised, including a SystemExit (a
-    command-line parser in the builder, `exit()`), which would otherwise end parity without a verdict."""
-    try:
-        return build_model(spec, exp)
-    except ParityError:
-        raise
-    except Exception as exc:  # the user's model code raised while being built
-        raise ParityError(f"model '{spec.name}': building it failed: {type(exc).__name__}: {exc}") from exc
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:
-        raise ParityError(f"model '{spec.name}': building it failed: {ends_the_program(exc)} in its builder; "
-                          "parity needs a builder that returns the model") from exc
+    def find_fallback(self, model_spec: ModelSpec, target: BackendSpec, input_spec: InputSetSpec, tier: int = 1,
+                      command: str | None = None) -> tuple[FallbackResult, dict[str, Any]]:
+        """A small set of modules to run eager (compile) or in float32 (bfloat16/float16) so that the check
+        passes at the gate (`tier` 3: and its task metrics hold); `command` is the one that asked (its next
+        step repeats it). Returns the search's result and its `fallback` record."""
+        exp = self.exp
+        fallback_kind(target)  # a target that has no fallback fails here, before anything runs
+        task = None
+        if tier == 3:
+            if model_spec.task not in evaluated():
+                raise ParityError(f"--tier 3: model '{model_spec.name}' has task '{model_spec.task}'; tier 3 evaluates "
+                                  f"{', '.join(evaluated())} (set the model's task:)")
+            task = (model_spec.task, exp.tiers.tasks or tasks_spec())
+        model, _ = prepared_model(model_spec, exp)  # adapters included, as parity run executes it
+        inputs = build_inputs(input_spec, exp, model_spec.batch_mode)
+        job = Job(model_spec, input_spec, exp.reference, None, (target,), 1)
+        tol = exp.tolerance_for(target)
+        with self.cache.for_model(*model_identity(model_spec, exp)):  # the trials' exports are cached as a run's
+            layers = localize_check(job, target, model, inputs, exp)
+            if layers.get("error"):
+                raise ParityError(f"localizing {target.id} failed, so there are no candidates: {layers['error']}")
+            result = find_fallback(exp.reference, target, model, inputs, candidates_from(layers), tol.rtol, tol.gate,
+                                   task=task, leaf_tolerance=tol.for_leaf)
+        if command is not None:
+            result.next_step = next_step(result, command, model_spec.task if model_spec.task in evaluated() else None)
+        record = {"model": model_spec.name, "inputs": input_spec.name, "reference": exp.reference.id, **result.record()}
+        self._write_record("fallback", record)
+        return result, record
+
+    def _out(self) -> Path:
+        if self.out_dir is None:
+            raise ParityError("a run needs an output folder (--out)")
+        return self.out_dir
+
+    def _write_record(self, kind: str, record: dict[str, Any]) -> None:
+        """`localize` and `find_fallback` write their record (after the experiment's `run` record) into
+        OUT/records.jsonl when the Runner has an output folder."""
+        if self.out_dir is None:
+            return
+        exp = self.exp
+        with RecordWriter(self.out_dir / "records.jsonl") as writer:
+            writer.write("run", experiment=exp.name, config=exp.model_dump(mode="json"), base_dir=str(exp.base_dir),
+                         environment=environment(exp.base_dir, libraries=libraries(exp)))
+            writer.write(kind, **record)

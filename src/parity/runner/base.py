@@ -1,0 +1,50 @@
+"""The executor's contract: where executions run (runner/executors.py makes one from the experiment's
+`executor:` settings). The Runner asks it for one execution at a time and judges it."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import torch
+
+from parity.config.schema import BackendSpec, Experiment
+from parity.execute.cache import ArtifactCache
+from parity.execute.execution import Execution
+from parity.inputs import Inputs
+from parity.runner.plan import Job
+
+OnRun = Callable[[Execution, int], None] | None
+
+
+class Executor(ABC):
+    """Runs executions for the runner. `start` is called once before the first execution with every job
+    the run may ask for (an executor that runs ahead may start them all; anything never asked for is
+    dropped at `close`); `execute` returns one finished execution, calling `on_run(execution, repeat)`
+    after each repeat so that records are written as results come."""
+
+    # Told what the executor is doing while the runner waits on it (the runner's progress bar), if set.
+    on_status: Callable[[str], None] | None = None
+
+    def start(self, exp: Experiment, jobs: list[Job], cache: ArtifactCache | None = None) -> None:
+        """`cache`: where executions keep their artifacts (None: nowhere). The Runner says whose model runs
+        (`cache.for_model`) around the executions of this process; executors that run elsewhere hand the
+        cache's folder to their workers, which do the same."""
+        self.exp = exp
+        self.cache = cache if cache is not None else ArtifactCache(None)
+
+    @abstractmethod
+    def execute(self, job: Job, spec: BackendSpec, model: torch.nn.Module, inputs: Inputs,
+                on_run: OnRun = None) -> Execution:
+        """`spec` on `model` (as built for the experiment: adapters applied, the target's fallback not yet)
+        and `inputs`, `job.repeats` times. Executors that run elsewhere use `model` only to check that
+        their worker built the same."""
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,59 @@
+"""The model as every command runs it: built (a builder that raises or exits is the user's error),
+adapters applied, fallbacks checked against its modules; what identifies it in the artifact cache; and
+each target's copy with its fallback modules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from parity.adapters import apply_adapters
+from parity.adapters.fallback import apply_fallback, fallback_for
+from parity.config.schema import BackendSpec
+from parity.errors import ParityError, did_you_mean
+from parity.execute.execution import ends_the_program
+from parity.models import build_model, source_fingerprint
+
+
+def configured_model(model: torch.nn.Module, spec: BackendSpec, model_name: str) -> torch.nn.Module:
+    """The model as the target `spec` runs it: with its fallback modules, when it has some."""
+    names = fallback_for(spec, model_name)
+    return apply_fallback(model, names, spec) if names else model
+
+
+def prepared_model(spec, exp) -> tuple:
+    """The model as every command runs it: built, adapters applied, and each target's fallback checked
+    against its modules before anything executes. Returns (model, what the adapters changed)."""
+    model = build_model_or_explain(spec, exp)
+    notes = apply_adapters(model, exp.adapters_for(spec), exp)
+    known = {n for n, _ in model.named_modules()}
+    for target in exp.targets:
+        for name in fallback_for(target, spec.name):
+            if name not in known:
+                raise ParityError(f"target {target.id}: fallback names '{name}', which model '{spec.name}' does not "
+                                  f"have{did_you_mean(name, sorted(known))}")
+    return model, notes
+
+
+def model_identity(spec, exp) -> tuple[Any, ...]:
+    """What identifies this model's exports in the artifact cache (`ArtifactCache.for_model(*parts)`): what
+    the experiment says it is, and what its source reads it from (None when the source cannot say)."""
+    return (spec.model_dump(mode="json"), [a.model_dump(mode="json") for a in exp.adapters_for(spec)],
+            source_fingerprint(spec, exp))
+
+
+def build_model_or_explain(spec, exp):
+    """The model, or a ParityError naming it: whatever its builder raised, including a SystemExit (a
+    command-line parser in the builder, `exit()`), which would otherwise end parity without a verdict."""
+    try:
+        return build_model(spec, exp)
+    except ParityError:
+        raise
+    except Exception as exc:  # the user's model code raised while being built
+        raise ParityError(f"model '{spec.name}': building it failed: {type(exc).__name__}: {exc}") from exc
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        raise ParityError(f"model '{spec.name}': building it failed: {ends_the_program(exc)} in its builder; "
+                          "parity needs a builder that returns the model") from exc
