@@ -169,7 +169,7 @@ def test_the_runner_records_the_libraries_of_the_experiments_backends():
 
 def test_the_records_package_and_the_runner_import_no_report():
     """Reports render; the summary, the reader and the runner are below them."""
-    for path in [*(ROOT / "src" / "parity" / "records").glob("*.py"), ROOT / "src" / "parity" / "runner" / "local.py"]:
+    for path in [*(ROOT / "src" / "parity" / "records").glob("*.py"), ROOT / "src" / "parity" / "runner" / "runner.py"]:
         tree = ast.parse(Path(path).read_text())
         imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module] + \
                    [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
