@@ -103,3 +103,27 @@ def test_detection_builders_do_not_fetch_a_backbone():
     exp = experiment({"source": "torchvision", "builder": "fasterrcnn_mobilenet_v3_large_320_fpn",
                       "params": {"num_classes": 3}})
     assert build_model(exp.models[0], exp).roi_heads is not None
+
+
+def test_a_python_entry_is_found_next_to_the_experiment_file_from_any_working_directory(tmp_path, monkeypatch):
+    folder = tmp_path / "experiments"
+    folder.mkdir()
+    (folder / "beside_the_file_models.py").write_text(
+        "import torch\n\ndef build():\n    return torch.nn.Linear(3, 2)\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    path_before = list(sys.path)
+    exp = experiment({"source": "python", "entry": "beside_the_file_models:build"}, folder)
+    assert isinstance(build_model(exp.models[0], exp), torch.nn.Linear)
+    assert sys.path == path_before  # the folder was first only while the entry was imported
+
+
+def test_a_python_entry_found_nowhere_says_where_it_looked_and_a_missing_import_inside_it_does_not(tmp_path):
+    with pytest.raises(ParityError) as missing:
+        experiment({"source": "python", "entry": "no_such_models_module:build"}, tmp_path)
+    assert f"looked in {tmp_path}, the experiment file's folder" in str(missing.value)
+    (tmp_path / "imports_a_missing_library.py").write_text("import no_such_library_either\n\ndef build(): pass\n")
+    with pytest.raises(ParityError) as inner:
+        experiment({"source": "python", "entry": "imports_a_missing_library:build"}, tmp_path)
+    assert "no_such_library_either" in str(inner.value) and "looked in" not in str(inner.value)

@@ -1,7 +1,14 @@
-"""`source: python`: an importable callable (`entry: package.module:attr`) that returns the model."""
+"""`source: python`: an importable callable (`entry: package.module:attr`) that returns the model, imported
+with the experiment file's folder first on `sys.path` (as a `repo` folder is), so a file runs the same from
+any working directory."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Literal
 
 from parity import fingerprint
@@ -16,8 +23,36 @@ class PythonSpec(ModelSpecBase):
     entry: str
 
 
-def build_python(entry: str, params: dict):
-    return call_factory(import_object(entry, "model entry"), params, f"'{entry}'")
+@contextlib.contextmanager
+def folder_first(folder: Path) -> Iterator[None]:
+    """`folder` first on sys.path while the entry is imported; its modules stay imported (the artifact
+    cache digests the entry's module file afterwards), only sys.path is restored."""
+    saved = list(sys.path)
+    sys.path.insert(0, str(folder))
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+
+
+def import_entry(entry: str, folder: Path):
+    """The callable `entry` names, looked up from `folder` first; a module found nowhere says where it looked."""
+    with folder_first(folder):
+        try:
+            return import_object(entry, "model entry")
+        except ParityError as exc:
+            missing = getattr(exc.__cause__, "name", None) if isinstance(exc.__cause__, ModuleNotFoundError) else None
+            module = split_ref(entry)[0]
+            if not missing or not (module == missing or module.startswith(missing + ".")):
+                raise  # the entry's module was found; something it imports was not
+            raise ParityError(f"{exc.problems[0]} (looked in {folder}, the experiment file's folder, then on "
+                              "sys.path; `entry` is module:callable with the module importable from there, e.g. "
+                              "models:build for models.py next to the file)") from exc.__cause__
+
+
+def build_python(entry: str, params: dict, folder: Path):
+    return call_factory(import_entry(entry, folder), params, f"'{entry}'")
 
 
 class PythonSource(Source):
@@ -25,7 +60,7 @@ class PythonSource(Source):
     Spec = PythonSpec
 
     def build(self, spec, experiment):
-        return build_python(spec.entry, spec.params)
+        return build_python(spec.entry, spec.params, experiment.base_dir)
 
     def files_digest(self, spec, experiment):
         """The entry's module file (imported by `build`)."""
@@ -33,7 +68,7 @@ class PythonSource(Source):
 
     def problems(self, spec, experiment):
         try:
-            import_object(spec.entry, "model entry")
+            import_entry(spec.entry, experiment.base_dir)
         except ParityError as exc:
             return [(("entry",), exc.problems[0])]
         return []
