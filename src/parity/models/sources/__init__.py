@@ -52,17 +52,26 @@ class Source(ABC):
 
 
 @contextlib.contextmanager
-def isolated_import_path(folder: Path):
-    """Import from `folder`, then leave sys.path and sys.modules as they were: the next model may have
-    a module of the same name (`model.py`, `utils`) that must not resolve to this one."""
+def folder_first(folder: Path):
+    """`folder` first on sys.path while in the block; only sys.path is restored after it."""
     saved_path = list(sys.path)
-    saved_modules = set(sys.modules)
     sys.path.insert(0, str(folder))
     importlib.invalidate_caches()
     try:
         yield
     finally:
         sys.path[:] = saved_path
+
+
+@contextlib.contextmanager
+def isolated_import_path(folder: Path):
+    """Import from `folder`, then leave sys.path and sys.modules as they were: the next model may have
+    a module of the same name (`model.py`, `utils`) that must not resolve to this one."""
+    saved_modules = set(sys.modules)
+    try:
+        with folder_first(folder):
+            yield
+    finally:
         for name in set(sys.modules) - saved_modules:
             del sys.modules[name]
         importlib.invalidate_caches()

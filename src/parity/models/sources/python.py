@@ -4,17 +4,13 @@ any working directory."""
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
 from parity import fingerprint
 from parity.config.schema import ModelSpecBase
 from parity.errors import ParityError
-from parity.models.sources import Source, call_factory
+from parity.models.sources import Source, call_factory, folder_first
 from parity.registry import import_object, split_ref
 
 
@@ -23,21 +19,9 @@ class PythonSpec(ModelSpecBase):
     entry: str
 
 
-@contextlib.contextmanager
-def folder_first(folder: Path) -> Iterator[None]:
-    """`folder` first on sys.path while the entry is imported; its modules stay imported (the artifact
-    cache digests the entry's module file afterwards), only sys.path is restored."""
-    saved = list(sys.path)
-    sys.path.insert(0, str(folder))
-    importlib.invalidate_caches()
-    try:
-        yield
-    finally:
-        sys.path[:] = saved
-
-
 def import_entry(entry: str, folder: Path):
-    """The callable `entry` names, looked up from `folder` first; a module found nowhere says where it looked."""
+    """The callable `entry` names, looked up from `folder` first; a module found nowhere says where it looked.
+    Its modules stay imported (the artifact cache digests the entry's module file after the build)."""
     with folder_first(folder):
         try:
             return import_object(entry, "model entry")
