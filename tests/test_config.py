@@ -74,6 +74,9 @@ def test_every_problem_is_reported_at_once(write_yaml):
         ({"targets": [{"backend": "eager", "options": {"autocast": True}}]}, "autocast needs dtype bfloat16 or float16"),
         ({"targets": [{"backend": "eager", "options": {"tf32": False}}]}, "option tf32 applies to CUDA devices only"),
         ({"targets": [{"backend": "torchscript"}, {"backend": "torchscript"}]}, "backend id 'torchscript-cpu' appears twice"),
+        ({"targets": [{"backend": "compile", "options": {"backend": "inductr"}}]},
+         "targets[0].options.backend: unknown torch.compile backend 'inductr'; did you mean 'inductor'?"),
+        ({"targets": [{"backend": "compile", "options": {"mode": "max-autotun"}}]}, "targets[0].options.mode"),
         ({"targets": []}, "targets"),
         ({"repeats": 0}, "repeats"),
         ({"tolerances": {"atol": [-1.0]}}, "tolerances must be >= 0"),
@@ -85,6 +88,11 @@ def test_bad_values_are_named(write_yaml, change, expected):
     data.update(change)
     problems = problems_of(write_yaml(data))
     assert any(expected in p for p in problems), problems
+
+
+@pytest.mark.parametrize("name", ["inductor", "eager", "aot_eager", "aot_eager_decomp_partition"])
+def test_dynamo_backends_torch_accepts_are_valid(write_yaml, name):
+    load_experiment(write_yaml(tiny_experiment([{"backend": "compile", "options": {"backend": name}}])))
 
 
 def test_synthetic_errors_speak_of_the_form_the_user_meant(write_yaml):
