@@ -455,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     def one_check_parser(name: str, help_text: str, target_help: str, record: str, func) -> argparse.ArgumentParser:
         """A verb about one model x target x input set of an experiment."""
         verb = sub.add_parser(name, help=help_text)
-        verb.add_argument("file", metavar="FILE")
+        verb.add_argument("file", metavar="FILE", help="the experiment YAML file")
         verb.add_argument("--model", help="model name (default: the only one)")
         verb.add_argument("--target", help=f"{target_help} (default: the only one)")
         verb.add_argument("--inputs", help="input set (default: the model's first)")
@@ -467,7 +467,9 @@ def build_parser() -> argparse.ArgumentParser:
     loc = one_check_parser("localize", "find the layer where a target starts to differ (tier 2)",
                            "target id, e.g. compile-cpu", "layers", cmd_localize)
     loc.add_argument("--granularity", help="blocks (default, hierarchical) | leaf | depth:N | name,name,...")
-    loc.add_argument("--mode", choices=["local", "propagated", "both"])
+    loc.add_argument("--mode", choices=["local", "propagated", "both"],
+                     help="local: each layer's own error; propagated: the error that reaches each layer; both "
+                          "(default: the experiment's tiers.activations.mode)")
     fall = one_check_parser("fallback", "find modules to run eager or in float32 so that a target passes",
                             "a compile, bfloat16 or float16 target id", "fallback", cmd_fallback)
     fall.add_argument("--tier", type=int, choices=[1, 3], default=1,
