@@ -1,5 +1,6 @@
 """The command line: `parity run`, `parity check`, `parity report`, `parity validate`, `parity localize`,
-`parity fallback`, `parity reduce`, `parity backends`, `parity cache info|clear`. One function per verb.
+`parity fallback`, `parity reduce`, `parity backends`, `parity cache info|clear`, `parity completion
+bash|zsh`. One function per verb.
 
 Exit codes: 0 every check passed at the gate; 1 some check failed or has no verdict (a target could not
 run here, the reference crashed); 2 user error (bad file, unknown name, missing file, a model that raises on
@@ -385,6 +386,13 @@ def cmd_backends(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    from parity.completion import SCRIPTS
+
+    print(SCRIPTS[args.shell](build_parser()), end="")
+    return EXIT_OK
+
+
 def cmd_cache(args: argparse.Namespace) -> int:
     """Say where the artifact cache is and what it holds (info), or empty it (clear)."""
     from parity.execute import cache
@@ -496,6 +504,10 @@ def build_parser() -> argparse.ArgumentParser:
         verb.add_argument("--cache-dir", dest="location", metavar="DIR",
                           help="the cache folder (default: $PARITY_CACHE_DIR, else ~/.cache/parity)")
         verb.set_defaults(func=cmd_cache)
+
+    completion = sub.add_parser("completion", help="print a shell completion script (docs/getting-started.md)")
+    completion.add_argument("shell", choices=["bash", "zsh"], help="the shell the script is for")
+    completion.set_defaults(func=cmd_completion)
     return parser
 
 
