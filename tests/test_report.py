@@ -274,3 +274,47 @@ def test_the_browser_check_sees_errors_and_fetches(tmp_path):
     loaded = browser.load(bad, [])
     assert any("broken" in e for e in loaded.console_errors) and any("nope" in e for e in loaded.console_errors)
     assert any(url.endswith("missing.png") for url in loaded.requests) and loaded.failed_loads
+
+
+def quickstart_records(models=("resnet18", "mobilenet_v3_small")) -> list[dict]:
+    """Records shaped as examples/quickstart.yaml's: two models, four targets, the bfloat16 one at its own
+    tolerance (so the title is the longest the table prints)."""
+    run = {"kind": "run", "experiment": "quickstart", "digest": "d", "base_dir": ".", "environment": {},
+           "config": {"tolerances": {"atol": [1e-6, 1e-5, 1e-4, 1e-3], "rtol": 1e-5}}}
+    targets = {"compile-cpu": (1e-4, 1e-5, "experiment"), "onnxruntime-cpu": (1e-4, 1e-5, "experiment"),
+               "torchscript-cpu": (1e-4, 1e-5, "experiment"),
+               "eager-cpu-bfloat16": (1e-5, 1.6e-2, "default-for-bfloat16")}
+    return [run] + [{"kind": "check", "model": m, "inputs": "photos", "target": t, "tier": 1, "status": "ok",
+                     "passed": True, "failure_class": None, "detail": None, "gate": gate, "rtol": rtol,
+                     "tolerance_source": source, "required_atol": 1e-6, "max_abs": 1e-6, "leaves": [],
+                     "verdicts": {"1e-06": True}}
+                    for m in models for t, (gate, rtol, source) in targets.items()]
+
+
+def _console_text(records: list[dict], width: int) -> str:
+    import io
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from parity.report.console import render
+
+    console = Console(file=io.StringIO(), width=width, highlight=False, color_system=None)
+    render(records, summarize(records), Path("out"), console)
+    return console.file.getvalue()
+
+
+def test_the_table_title_fits_one_line_of_an_80_column_terminal():
+    lines = _console_text(quickstart_records(), 80).splitlines()
+    [title] = [i for i, line in enumerate(lines) if "quickstart: tier 1" in line]
+    assert lines[title + 1].lstrip().startswith("┏")  # the table starts on the next line: the title did not wrap
+    assert any("cells: verdict, max abs difference" in line for line in lines)
+    one_target = [r for r in quickstart_records(models=("resnet18",)) if r.get("target") in (None, "compile-cpu")]
+    lines = _console_text(one_target, 80).splitlines()  # a table narrower than its title
+    [title] = [i for i, line in enumerate(lines) if "quickstart: tier 1 at atol=0.0001, rtol=1e-05" in line]
+    assert lines[title + 1].lstrip().startswith("┏")
+
+
+def test_a_run_without_checks_prints_no_empty_table():
+    text = _console_text(quickstart_records(models=()), 80)
+    assert "no checks: no (model, input set) was judged" in text and "┏" not in text
