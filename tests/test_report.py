@@ -21,6 +21,7 @@ from parity.cli import main
 from parity.records import read_records
 from parity.records.summary import summarize
 from parity.report.html import SECTIONS, render_html
+from parity.report.markdown import render_markdown
 from tests import browser
 from tests.conftest import EVERY_OUTCOME as TARGETS
 from tests.conftest import tiny_experiment
@@ -155,6 +156,11 @@ def test_sections_without_data_say_so(tmp_path):
     only_run = [records[0]]  # a run that stopped before anything executed
     html = render_html(only_run, summarize(only_run))
     assert "No tier-1 checks in these records" in html and "No execution records in this run" in html
+    markdown = render_markdown(only_run, summarize(only_run))
+    assert "| model |" not in markdown and "| target |" not in markdown and "|---|" not in markdown
+    for line in ("No tier-1 checks in these records.", "No tier-1 check ran, so there is no sweep.",
+                 "No execution records in this run."):
+        assert line in markdown
 
 
 def _tiny_run(tmp_path: Path, targets: list[dict], **overrides) -> str:
@@ -279,7 +285,8 @@ def test_the_browser_check_sees_errors_and_fetches(tmp_path):
 def quickstart_records(models=("resnet18", "mobilenet_v3_small")) -> list[dict]:
     """Records shaped as examples/quickstart.yaml's: two models, four targets, the bfloat16 one at its own
     tolerance (so the title is the longest the table prints)."""
-    run = {"kind": "run", "experiment": "quickstart", "digest": "d", "base_dir": ".", "environment": {},
+    env = {"python": "3.12", "cpu": {"machine": "x86_64"}, "threads": 2, "cuda": None, "libraries": ["torch"], "torch": "2"}
+    run = {"kind": "run", "experiment": "quickstart", "digest": "d", "base_dir": ".", "environment": env,
            "config": {"tolerances": {"atol": [1e-6, 1e-5, 1e-4, 1e-3], "rtol": 1e-5}}}
     targets = {"compile-cpu": (1e-4, 1e-5, "experiment"), "onnxruntime-cpu": (1e-4, 1e-5, "experiment"),
                "torchscript-cpu": (1e-4, 1e-5, "experiment"),
@@ -318,3 +325,13 @@ def test_the_table_title_fits_one_line_of_an_80_column_terminal():
 def test_a_run_without_checks_prints_no_empty_table():
     text = _console_text(quickstart_records(models=()), 80)
     assert "no checks: no (model, input set) was judged" in text and "┏" not in text
+
+
+def test_a_share_of_mismatched_elements_reads_as_a_percentage_and_stays_a_fraction_in_the_records():
+    records = quickstart_records(models=("resnet18",))
+    leaf = {"name": "out", "failure_class": "numeric_drift", "max_abs": 0.02, "max_rel": 0.5, "cosine": 0.99,
+            "mismatch_fraction": 0.138}
+    records[-1].update(passed=False, failure_class="numeric_drift", detail="drift", max_abs=0.02, leaves=[leaf])
+    assert "mismatched 13.8%" in render_markdown(records, summarize(records))
+    assert '<td class="num">13.8%</td>' in render_html(records, summarize(records))
+    assert records[-1]["leaves"][0]["mismatch_fraction"] == 0.138

@@ -163,6 +163,11 @@ def headline_figures(check: dict[str, Any]) -> str:
     return ", ".join(f"{k} {m[k]:.4g}" if isinstance(m[k], int | float) else f"{k} {m[k]}" for k in shown if k in m)
 
 
+def percent(share: float | None, none: str = "-") -> str:
+    """A share (a fraction, as records keep it) as a reader reads it: 0.138 -> '13.8%', 1e-06 -> '0.0001%'."""
+    return none if share is None else f"{100 * share:.3g}%"
+
+
 def _num(x: Any, fmt: str = ".2e") -> str:
     return "-" if x is None else format(x, fmt)
 
