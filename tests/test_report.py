@@ -335,3 +335,20 @@ def test_a_share_of_mismatched_elements_reads_as_a_percentage_and_stays_a_fracti
     assert "mismatched 13.8%" in render_markdown(records, summarize(records))
     assert '<td class="num">13.8%</td>' in render_html(records, summarize(records))
     assert records[-1]["leaves"][0]["mismatch_fraction"] == 0.138
+
+
+def test_matplotlib_warnings_stay_off_the_console_and_verbose_shows_them(caplog):
+    """A glyph missing from matplotlib's font (a model named in Chinese) warns while the chart is drawn:
+    that is about the report's drawing, not the model, so it is a DEBUG message, not a console warning."""
+    import logging
+    import warnings
+
+    from parity.report import plots
+
+    name = "model \u4e2d"
+    with warnings.catch_warnings(record=True) as escaped, caplog.at_level(logging.DEBUG, logger="parity"):
+        warnings.simplefilter("always")
+        plots.pass_rate_heatmap([name], ["t"], {(name, "t"): 1.0})
+    assert escaped == []
+    assert any("Glyph" in r.getMessage() and r.levelno == logging.DEBUG for r in caplog.records)
+    assert logging.getLogger("matplotlib.font_manager").getEffectiveLevel() == logging.ERROR
