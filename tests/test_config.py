@@ -77,6 +77,8 @@ def test_every_problem_is_reported_at_once(write_yaml):
         ({"targets": [{"backend": "compile", "options": {"backend": "inductr"}}]},
          "targets[0].options.backend: unknown torch.compile backend 'inductr'; did you mean 'inductor'?"),
         ({"targets": [{"backend": "compile", "options": {"mode": "max-autotun"}}]}, "targets[0].options.mode"),
+        ({"targets": [{"backend": "onnxruntime", "options": {"opset": 99}}]},
+         "targets[0].options.opset: opset 99 is newer than the installed onnx package knows (at most "),
         ({"targets": []}, "targets"),
         ({"repeats": 0}, "repeats"),
         ({"tolerances": {"atol": [-1.0]}}, "tolerances must be >= 0"),
