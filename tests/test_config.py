@@ -74,6 +74,11 @@ def test_every_problem_is_reported_at_once(write_yaml):
         ({"targets": [{"backend": "eager", "options": {"autocast": True}}]}, "autocast needs dtype bfloat16 or float16"),
         ({"targets": [{"backend": "eager", "options": {"tf32": False}}]}, "option tf32 applies to CUDA devices only"),
         ({"targets": [{"backend": "torchscript"}, {"backend": "torchscript"}]}, "backend id 'torchscript-cpu' appears twice"),
+        ({"targets": [{"backend": "compile", "options": {"backend": "inductr"}}]},
+         "targets[0].options.backend: unknown torch.compile backend 'inductr'; did you mean 'inductor'?"),
+        ({"targets": [{"backend": "compile", "options": {"mode": "max-autotun"}}]}, "targets[0].options.mode"),
+        ({"targets": [{"backend": "onnxruntime", "options": {"opset": 99}}]},
+         "targets[0].options.opset: opset 99 is newer than the installed onnx package knows (at most "),
         ({"targets": []}, "targets"),
         ({"repeats": 0}, "repeats"),
         ({"tolerances": {"atol": [-1.0]}}, "tolerances must be >= 0"),
@@ -85,6 +90,11 @@ def test_bad_values_are_named(write_yaml, change, expected):
     data.update(change)
     problems = problems_of(write_yaml(data))
     assert any(expected in p for p in problems), problems
+
+
+@pytest.mark.parametrize("name", ["inductor", "eager", "aot_eager", "aot_eager_decomp_partition"])
+def test_dynamo_backends_torch_accepts_are_valid(write_yaml, name):
+    load_experiment(write_yaml(tiny_experiment([{"backend": "compile", "options": {"backend": name}}])))
 
 
 def test_synthetic_errors_speak_of_the_form_the_user_meant(write_yaml):
@@ -139,3 +149,52 @@ def test_validate_cli_exits_2_without_traceback(write_yaml, capsys):
 def test_missing_file_is_a_user_error(capsys, tmp_path):
     assert main(["run", str(tmp_path / "nope.yaml")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_validate_deep_names_fallbacks_the_built_model_lacks_and_builds_nothing_without_it(write_yaml, capsys):
+    data = tiny_experiment([{"backend": "compile", "fallback": ["con", "tiny:head", "other:nothing"]}])
+    path = write_yaml(data)
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "valid" in out and out.count("add --deep") == 1
+    assert main(["validate", "--deep", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert "add --deep" not in captured.out
+    [problem] = captured.err.splitlines()
+    assert problem == (f"error: {path}: target compile-cpu: fallback names 'con', which model 'tiny' does not have; "
+                       "did you mean 'conv'?")
+
+
+def test_validate_deep_names_a_builder_that_raises_and_validate_alone_does_not_build(write_yaml, capsys):
+    data = tiny_experiment([{"backend": "compile", "fallback": ["conv"]}])
+    data["models"][0]["params"] = {"width": -1}
+    path = write_yaml(data)
+    assert main(["validate", str(path)]) == 0
+    assert main(["validate", "--deep", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: model 'tiny': building it failed: ") and len(err.splitlines()) == 1
+
+
+def test_validate_deep_names_adapters_that_find_nothing(write_yaml, capsys, monkeypatch):
+    from parity.adapters.nms import DeterministicNms
+
+    path = write_yaml(tiny_experiment([{"backend": "torchscript"}], adapters=["deterministic_nms"]))
+    assert main(["validate", "--deep", str(path)]) == 2
+    assert "adapter deterministic_nms: TinyCNN has no torchvision detection head" in capsys.readouterr().err
+    monkeypatch.setattr(DeterministicNms, "apply", lambda self, model, spec, exp: "adapted")
+    assert main(["validate", "--deep", str(path)]) == 2
+    assert "adapter deterministic_nms changed nothing on model 'tiny'" in capsys.readouterr().err
+
+    def replace_forward(self, model, spec, exp):
+        model.forward = lambda x: x
+        return "adapted"
+
+    monkeypatch.setattr(DeterministicNms, "apply", replace_forward)
+    assert main(["validate", "--deep", str(path)]) == 0
+
+    def patch_the_class(self, model, spec, exp):
+        monkeypatch.setattr(type(model.bn), "forward", lambda self, x: x)
+        return "adapted"
+
+    monkeypatch.setattr(DeterministicNms, "apply", patch_the_class)
+    assert main(["validate", "--deep", str(path)]) == 0

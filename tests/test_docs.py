@@ -3,12 +3,13 @@ shows exists and answers --help."""
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 
 import pytest
 
-from parity.cli import main
+from parity.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -77,3 +78,19 @@ def test_every_key_of_the_schema_and_of_every_plugin_spec_is_in_the_reference():
     text = (ROOT / "docs" / "experiment-reference.md").read_text()
     missing = sorted({f"{m.__name__}.{k}" for m in models for k in m.model_fields if f"| `{k}` |" not in text})
     assert not missing, f"keys the reference lacks: {missing}"
+
+
+def _arguments_without_help(parser: argparse.ArgumentParser, path: str):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helped = {choice.dest for choice in action._choices_actions if choice.help}
+            for name, sub in action.choices.items():
+                if name not in helped:
+                    yield f"{path} {name}"
+                yield from _arguments_without_help(sub, f"{path} {name}")
+        elif not action.help and not isinstance(action, argparse._HelpAction):
+            yield f"{path} {'/'.join(action.option_strings) or action.dest}"
+
+
+def test_every_argument_of_every_subcommand_has_help_text():
+    assert list(_arguments_without_help(build_parser(), "parity")) == []

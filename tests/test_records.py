@@ -130,6 +130,11 @@ def records_of_a_run() -> list[dict]:
             {"kind": "warning", "model": "m", "inputs": "y", "message": "constant"}]
 
 
+def test_the_arithmetic_says_one_pair_and_one_target_in_the_singular():
+    one = [r for r in records_of_a_run() if r.get("inputs") != "y" and r.get("target") != "b"]
+    assert summarize(one)["arithmetic"]["formula"] == "1 (model, input set) pair x 1 target = 1 check; x 1 tolerance = 1 verdict"
+
+
 def test_the_view_selects_names_and_orders_once():
     view = RunView(records_of_a_run())
     assert [(c["target"], c["inputs"]) for c in view.checks(1)] == [("a", "x"), ("b", "x"), ("a", "y"), ("b", "y")]

@@ -21,6 +21,7 @@ from parity.cli import main
 from parity.records import read_records
 from parity.records.summary import summarize
 from parity.report.html import SECTIONS, render_html
+from parity.report.markdown import render_markdown
 from tests import browser
 from tests.conftest import EVERY_OUTCOME as TARGETS
 from tests.conftest import tiny_experiment
@@ -155,6 +156,11 @@ def test_sections_without_data_say_so(tmp_path):
     only_run = [records[0]]  # a run that stopped before anything executed
     html = render_html(only_run, summarize(only_run))
     assert "No tier-1 checks in these records" in html and "No execution records in this run" in html
+    markdown = render_markdown(only_run, summarize(only_run))
+    assert "| model |" not in markdown and "| target |" not in markdown and "|---|" not in markdown
+    for line in ("No tier-1 checks in these records.", "No tier-1 check ran, so there is no sweep.",
+                 "No execution records in this run."):
+        assert line in markdown
 
 
 def _tiny_run(tmp_path: Path, targets: list[dict], **overrides) -> str:
@@ -274,3 +280,75 @@ def test_the_browser_check_sees_errors_and_fetches(tmp_path):
     loaded = browser.load(bad, [])
     assert any("broken" in e for e in loaded.console_errors) and any("nope" in e for e in loaded.console_errors)
     assert any(url.endswith("missing.png") for url in loaded.requests) and loaded.failed_loads
+
+
+def quickstart_records(models=("resnet18", "mobilenet_v3_small")) -> list[dict]:
+    """Records shaped as examples/quickstart.yaml's: two models, four targets, the bfloat16 one at its own
+    tolerance (so the title is the longest the table prints)."""
+    env = {"python": "3.12", "cpu": {"machine": "x86_64"}, "threads": 2, "cuda": None, "libraries": ["torch"], "torch": "2"}
+    run = {"kind": "run", "experiment": "quickstart", "digest": "d", "base_dir": ".", "environment": env,
+           "config": {"tolerances": {"atol": [1e-6, 1e-5, 1e-4, 1e-3], "rtol": 1e-5}}}
+    targets = {"compile-cpu": (1e-4, 1e-5, "experiment"), "onnxruntime-cpu": (1e-4, 1e-5, "experiment"),
+               "torchscript-cpu": (1e-4, 1e-5, "experiment"),
+               "eager-cpu-bfloat16": (1e-5, 1.6e-2, "default-for-bfloat16")}
+    return [run] + [{"kind": "check", "model": m, "inputs": "photos", "target": t, "tier": 1, "status": "ok",
+                     "passed": True, "failure_class": None, "detail": None, "gate": gate, "rtol": rtol,
+                     "tolerance_source": source, "required_atol": 1e-6, "max_abs": 1e-6, "leaves": [],
+                     "verdicts": {"1e-06": True}}
+                    for m in models for t, (gate, rtol, source) in targets.items()]
+
+
+def _console_text(records: list[dict], width: int) -> str:
+    import io
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from parity.report.console import render
+
+    console = Console(file=io.StringIO(), width=width, highlight=False, color_system=None)
+    render(records, summarize(records), Path("out"), console)
+    return console.file.getvalue()
+
+
+def test_the_table_title_fits_one_line_of_an_80_column_terminal():
+    lines = _console_text(quickstart_records(), 80).splitlines()
+    [title] = [i for i, line in enumerate(lines) if "quickstart: tier 1" in line]
+    assert lines[title + 1].lstrip().startswith("┏")  # the table starts on the next line: the title did not wrap
+    assert any("cells: verdict, max abs difference" in line for line in lines)
+    one_target = [r for r in quickstart_records(models=("resnet18",)) if r.get("target") in (None, "compile-cpu")]
+    lines = _console_text(one_target, 80).splitlines()  # a table narrower than its title
+    [title] = [i for i, line in enumerate(lines) if "quickstart: tier 1 at atol=0.0001, rtol=1e-05" in line]
+    assert lines[title + 1].lstrip().startswith("┏")
+
+
+def test_a_run_without_checks_prints_no_empty_table():
+    text = _console_text(quickstart_records(models=()), 80)
+    assert "no checks: no (model, input set) was judged" in text and "┏" not in text
+
+
+def test_a_share_of_mismatched_elements_reads_as_a_percentage_and_stays_a_fraction_in_the_records():
+    records = quickstart_records(models=("resnet18",))
+    leaf = {"name": "out", "failure_class": "numeric_drift", "max_abs": 0.02, "max_rel": 0.5, "cosine": 0.99,
+            "mismatch_fraction": 0.138}
+    records[-1].update(passed=False, failure_class="numeric_drift", detail="drift", max_abs=0.02, leaves=[leaf])
+    assert "mismatched 13.8%" in render_markdown(records, summarize(records))
+    assert '<td class="num">13.8%</td>' in render_html(records, summarize(records))
+    assert records[-1]["leaves"][0]["mismatch_fraction"] == 0.138
+
+
+def test_matplotlib_warnings_stay_off_the_console_and_verbose_shows_them(caplog):
+    """A glyph missing from matplotlib's font (a model named in Chinese) warns while the chart is drawn:
+    that is about the report's drawing, not the model, so it is a DEBUG message, not a console warning."""
+    import logging
+    import warnings
+
+    from parity.report import plots
+
+    name = "model \u4e2d"
+    with warnings.catch_warnings(record=True) as escaped, caplog.at_level(logging.DEBUG, logger="parity"):
+        warnings.simplefilter("always")
+        plots.pass_rate_heatmap([name], ["t"], {(name, "t"): 1.0})
+    assert escaped == []
+    assert any("Glyph" in r.getMessage() and r.levelno == logging.DEBUG for r in caplog.records)
+    assert logging.getLogger("matplotlib.font_manager").getEffectiveLevel() == logging.ERROR

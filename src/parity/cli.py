@@ -1,5 +1,6 @@
 """The command line: `parity run`, `parity check`, `parity report`, `parity validate`, `parity localize`,
-`parity fallback`, `parity reduce`, `parity backends`, `parity cache info|clear`. One function per verb.
+`parity fallback`, `parity reduce`, `parity backends`, `parity cache info|clear`, `parity completion
+bash|zsh`. One function per verb.
 
 Exit codes: 0 every check passed at the gate; 1 some check failed or has no verdict (a target could not
 run here, the reference crashed); 2 user error (bad file, unknown name, missing file, a model that raises on
@@ -166,17 +167,69 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from parity.config import load_experiment
 
     problems: list[str] = []
+    deep_would_check = False
     for f in args.files:
         try:
             exp = load_experiment(f)
         except ParityError as exc:
             problems += exc.problems
             continue
-        n_targets = len(exp.targets)
-        print(f"{f}: valid ({len(exp.models)} model(s), {len(exp.inputs)} input set(s), {n_targets} target(s))")
+        found = [f"{f}: {problem}" for spec in exp.models for problem in _built_model_problems(spec, exp)] if args.deep else []
+        problems += found
+        deep_would_check |= not args.deep and _checked_on_built_models(exp)
+        if not found:
+            print(f"{f}: valid ({len(exp.models)} model(s), {len(exp.inputs)} input set(s), {len(exp.targets)} target(s))")
+    if deep_would_check:
+        print("note: fallback module names and adapters are checked on the built models: add --deep")
     if problems:
         raise ParityError(*problems)
     return EXIT_OK
+
+
+def _checked_on_built_models(exp) -> bool:
+    """Whether the experiment names something only a built model can check: fallback modules, adapters."""
+    return any(t.fallback for t in exp.targets) or any(exp.adapters_for(m) for m in exp.models)
+
+
+def _built_model_problems(spec, exp) -> list[str]:
+    """What `parity run` would refuse once it has built the model (runner/prepared.py's prepared_model, taken
+    step by step so that every problem is said, not the first): a builder that raises, an adapter that
+    raises or changes nothing, a fallback that names a module the model does not have. Nothing runs."""
+    from parity.adapters import apply_adapters
+    from parity.adapters.fallback import fallback_for
+    from parity.errors import did_you_mean
+    from parity.runner.prepared import build_model_or_explain
+
+    try:
+        model = build_model_or_explain(spec, exp)
+    except ParityError as exc:
+        return exc.problems
+    out = []
+    for adapter in exp.adapters_for(spec):
+        before = _structure(model)
+        try:
+            apply_adapters(model, [adapter], exp)
+        except ParityError as exc:
+            out += exc.problems
+        except Exception as exc:  # the adapter plugin's own code
+            out.append(f"adapter {adapter.name} on model '{spec.name}' failed: {type(exc).__name__}: {exc}")
+        else:
+            if _structure(model) == before:
+                out.append(f"adapter {adapter.name} changed nothing on model '{spec.name}' (it found nothing to replace)")
+    known = sorted(n for n, _ in model.named_modules())
+    for target in exp.targets:
+        out += [f"target {target.id}: fallback names '{name}', which model '{spec.name}' does not have"
+                f"{did_you_mean(name, known)}" for name in fallback_for(target, spec.name) if name not in known]
+    return out
+
+
+def _structure(model) -> list:
+    """What an adapter can change on a model, by identity: each module, its attributes (a replaced forward,
+    submodule, parameter, hook) and its class's (a patched method). Values are not compared."""
+    def ids(mapping) -> tuple:
+        return tuple((k, id(v), ids(v) if isinstance(v, dict) else ()) for k, v in mapping.items())
+
+    return [(name, id(m), type(m), ids(vars(m)), ids(vars(type(m)))) for name, m in model.named_modules()]
 
 
 def _pick(kind: str, name: str | None, choices: list[str]) -> str:
@@ -333,6 +386,13 @@ def cmd_backends(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    from parity.completion import SCRIPTS
+
+    print(SCRIPTS[args.shell](build_parser()), end="")
+    return EXIT_OK
+
+
 def cmd_cache(args: argparse.Namespace) -> int:
     """Say where the artifact cache is and what it holds (info), or empty it (clear)."""
     from parity.execute import cache
@@ -395,13 +455,15 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(func=cmd_report)
 
     validate = sub.add_parser("validate", help="check experiment files without running anything")
-    validate.add_argument("files", nargs="+", metavar="FILE")
+    validate.add_argument("files", nargs="+", metavar="FILE", help="experiment YAML files")
+    validate.add_argument("--deep", action="store_true",
+                          help="also build each model (nothing runs) and check its fallback module names and adapters")
     validate.set_defaults(func=cmd_validate)
 
     def one_check_parser(name: str, help_text: str, target_help: str, record: str, func) -> argparse.ArgumentParser:
         """A verb about one model x target x input set of an experiment."""
         verb = sub.add_parser(name, help=help_text)
-        verb.add_argument("file", metavar="FILE")
+        verb.add_argument("file", metavar="FILE", help="the experiment YAML file")
         verb.add_argument("--model", help="model name (default: the only one)")
         verb.add_argument("--target", help=f"{target_help} (default: the only one)")
         verb.add_argument("--inputs", help="input set (default: the model's first)")
@@ -413,7 +475,9 @@ def build_parser() -> argparse.ArgumentParser:
     loc = one_check_parser("localize", "find the layer where a target starts to differ (tier 2)",
                            "target id, e.g. compile-cpu", "layers", cmd_localize)
     loc.add_argument("--granularity", help="blocks (default, hierarchical) | leaf | depth:N | name,name,...")
-    loc.add_argument("--mode", choices=["local", "propagated", "both"])
+    loc.add_argument("--mode", choices=["local", "propagated", "both"],
+                     help="local: each layer's own error; propagated: the error that reaches each layer; both "
+                          "(default: the experiment's tiers.activations.mode)")
     fall = one_check_parser("fallback", "find modules to run eager or in float32 so that a target passes",
                             "a compile, bfloat16 or float16 target id", "fallback", cmd_fallback)
     fall.add_argument("--tier", type=int, choices=[1, 3], default=1,
@@ -440,6 +504,10 @@ def build_parser() -> argparse.ArgumentParser:
         verb.add_argument("--cache-dir", dest="location", metavar="DIR",
                           help="the cache folder (default: $PARITY_CACHE_DIR, else ~/.cache/parity)")
         verb.set_defaults(func=cmd_cache)
+
+    completion = sub.add_parser("completion", help="print a shell completion script (docs/getting-started.md)")
+    completion.add_argument("shell", choices=["bash", "zsh"], help="the shell the script is for")
+    completion.set_defaults(func=cmd_completion)
     return parser
 
 

@@ -10,14 +10,32 @@ import logging
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from parity.backends.eager import EagerBackend, call_lines, placement_lines
+from parity.errors import did_you_mean
 from parity.inputs import Inputs
 
 # Inductor imports torch.utils.cpp_extension, which warns "No CUDA runtime is found" on every CPU-only
 # machine: noise in a report, not a finding.
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+
+# Dynamo backends every torch accepts: checked without importing torch._dynamo (seconds), which the other
+# names need. list_backends() leaves some of these out (its default excludes "debug" tags).
+BUILTIN_DYNAMO_BACKENDS = ("inductor", "eager", "aot_eager", "cudagraphs")
+
+
+def dynamo_backend_problem(name: str) -> str | None:
+    """None when torch.compile accepts `name` as its backend, else what is wrong: found when the experiment
+    is checked, not after the reference has run and the target starts to compile."""
+    if name in BUILTIN_DYNAMO_BACKENDS:
+        return None
+    from torch._dynamo import list_backends
+
+    known = sorted(set(list_backends(exclude_tags=())) | set(BUILTIN_DYNAMO_BACKENDS))
+    if name in known:
+        return None
+    return f"unknown torch.compile backend '{name}'{did_you_mean(name, known)} (see torch._dynamo.list_backends())"
 
 
 class CompileOptions(BaseModel):
@@ -27,6 +45,14 @@ class CompileOptions(BaseModel):
     fullgraph: bool = False
     dynamic: bool | None = False
     tf32: bool | None = None  # as eager's: CUDA TensorFloat-32 (None: PyTorch's settings)
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, name: str) -> str:
+        problem = dynamo_backend_problem(name)
+        if problem:
+            raise ValueError(problem)
+        return name
 
 
 class CompileBackend(EagerBackend):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from parity.backends.base import MAX_THREADS, Backend, OutputSpec, cuda_reason, runtime_threads
 from parity.inputs import Inputs
@@ -29,6 +29,19 @@ class OnnxRuntimeOptions(BaseModel):
     optimization: Literal["disable", "basic", "extended", "all"] = "all"
     opset: int | None = Field(default=None, ge=7)
     threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)
+
+    @field_validator("opset")
+    @classmethod
+    def _known_opset(cls, opset: int | None) -> int | None:
+        """An opset newer than the installed onnx package knows fails only when the target exports: said when
+        the experiment is checked. Without onnx installed, the target is unavailable and says so itself."""
+        try:
+            from onnx.defs import onnx_opset_version
+        except ImportError:
+            return opset
+        if opset is not None and opset > onnx_opset_version():
+            raise ValueError(f"opset {opset} is newer than the installed onnx package knows (at most {onnx_opset_version()})")
+        return opset
 
 
 def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, opset: int | None, optimize: bool = True,

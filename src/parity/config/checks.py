@@ -58,6 +58,8 @@ def backend_problems(spec: BackendSpec, path: tuple) -> list[Problem]:
             if err["type"] == "extra_forbidden":
                 fields = list(cls.Options.model_fields)
                 msg = f"unknown option for backend '{spec.backend}'{did_you_mean(str(loc[-1]), fields)} (known: {', '.join(fields) or 'none'})"
+            elif err["type"] == "value_error":  # an Options validator's own sentence, without pydantic's prefix
+                msg = str(err["ctx"]["error"])
             out.append((path + ("options",) + loc, msg))
     return out
 

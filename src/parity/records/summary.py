@@ -50,6 +50,11 @@ def latency_rows(records: RunView | list[dict]) -> list[dict[str, Any]]:
     return list(rows.values())
 
 
+def _count(n: int, what: str) -> str:
+    """'1 check', '2 checks'."""
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
 def summarize(records: RunView | list[dict]) -> dict[str, Any]:
     view = RunView.of(records)
     run = view.run
@@ -88,8 +93,9 @@ def summarize(records: RunView | list[dict]) -> dict[str, Any]:
             "checks": n_checks,
             "tolerances": len(keys),
             "verdicts": n_checks * len(keys),
-            "formula": f"{len(pairs)} (model, input set) pairs x {len(targets)} targets = {n_checks} checks; "
-                       f"x {len(keys)} tolerances = {n_checks * len(keys)} verdicts",
+            "formula": f"{_count(len(pairs), '(model, input set) pair')} x {_count(len(targets), 'target')} = "
+                       f"{_count(n_checks, 'check')}; x {_count(len(keys), 'tolerance')} = "
+                       f"{_count(n_checks * len(keys), 'verdict')}",
         },
         "totals": {
             "checks": n_checks,

@@ -89,14 +89,17 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
     checks = view.checks(1)
     targets = list(summary["per_target"])
     rows = view.pairs()
-    table = Table(title=f"{summary['experiment']}: {tolerance_title(summary)} (verdict, max abs difference)")
+    # The title short enough for one line of an 80-column terminal, and the table at least as wide (a
+    # narrower table wraps it); what a cell says goes in the caption.
+    title = f"{summary['experiment']}: {tolerance_title(summary)}"
+    table = Table(title=escape(title), caption="cells: verdict, max abs difference", min_width=len(title))
     table.add_column("model / inputs")
     for t in targets:
         table.add_column(t)
     for model, inputs in rows:
         mine = [c for c in checks if (c["model"], c["inputs"]) == (model, inputs)]
         table.add_row(escape(f"{model} / {inputs}"), *[_cell([c for c in mine if c["target"] == t]) for t in targets])
-    console.print(table)
+    console.print(table if rows else "no checks: no (model, input set) was judged")
     for line in tolerance_lines(summary):
         console.print(escape(line), soft_wrap=True)
     for warning in summary.get("warnings", []):  # an input that came out constant: a pass on it proves little
@@ -158,6 +161,11 @@ def headline_figures(check: dict[str, Any]) -> str:
     headline = headline_of(check["task"])
     shown = [h.metric for h in headline] if headline is not None else list(m)
     return ", ".join(f"{k} {m[k]:.4g}" if isinstance(m[k], int | float) else f"{k} {m[k]}" for k in shown if k in m)
+
+
+def percent(share: float | None, none: str = "-") -> str:
+    """A share (a fraction, as records keep it) as a reader reads it: 0.138 -> '13.8%', 1e-06 -> '0.0001%'."""
+    return none if share is None else f"{100 * share:.3g}%"
 
 
 def _num(x: Any, fmt: str = ".2e") -> str:

@@ -16,7 +16,7 @@ from parity.records import tolerance_key
 from parity.records.summary import latency_rows
 from parity.records.view import RunView
 from parity.report import ReportWriter, pictures, plots
-from parity.report.console import describe_note, tolerance_lines, tolerance_title
+from parity.report.console import describe_note, percent, tolerance_lines, tolerance_title
 from parity.report.next_steps import next_steps
 from parity.taxonomy import MEANINGS, SEVERITY
 
@@ -148,7 +148,7 @@ def _failures(view: RunView) -> list[dict[str, Any]]:
                     "next": next_steps(c, view),
                     "leaves": [{"name": leaf["name"], "failure_class": leaf["failure_class"],
                                 "max_abs": _sci(leaf.get("max_abs")), "max_rel": _sci(leaf.get("max_rel")),
-                                "cosine": _cosine(leaf.get("cosine")), "mismatch": _num(leaf.get("mismatch_fraction")),
+                                "cosine": _cosine(leaf.get("cosine")), "mismatch": percent(leaf.get("mismatch_fraction"), none="–"),
                                 "detail": leaf.get("detail") or ""} for leaf in worst]})
     return out
 

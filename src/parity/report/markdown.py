@@ -10,7 +10,7 @@ from parity.records import tolerance_key
 from parity.records.summary import latency_rows
 from parity.records.view import RunView
 from parity.report import ReportWriter
-from parity.report.console import environment_line, tolerance_lines, tolerance_title, warned
+from parity.report.console import environment_line, percent, tolerance_lines, tolerance_title, warned
 from parity.report.next_steps import next_steps
 
 
@@ -43,21 +43,23 @@ def render_markdown(records: RunView | list[dict], summary: dict[str, Any]) -> s
         "",
         "## Checks",
         "",
-        "| model | inputs | target | verdict | class | max abs | required atol | oracle: target worse? |",
-        "|---|---|---|---|---|---|---|---|",
     ]
+    rows = []
     for c in checks:
         verdict = {"skipped": "skipped", "error": "ERROR (reference)"}.get(c["status"]) or ("pass" if c["passed"] else "FAIL")
         oracle = c.get("oracle")
         worse = "" if not oracle else ("yes" if oracle["target_worse"] else "no")
-        lines.append(f"| {c['model']} | {c['inputs']} | {c['target']} | {verdict} | {c['failure_class'] or ''} | "
-                     f"{_fmt(c.get('max_abs')) if c['status'] == 'ok' else ''} | "
-                     f"{_fmt(c['required_atol']) if c['status'] == 'ok' else ''} | {worse} |")
-    lines += ["", "## Tolerance sweep (checks passing at each atol)", "",
-              "| target | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+        rows.append(f"| {c['model']} | {c['inputs']} | {c['target']} | {verdict} | {c['failure_class'] or ''} | "
+                    f"{_fmt(c.get('max_abs')) if c['status'] == 'ok' else ''} | "
+                    f"{_fmt(c['required_atol']) if c['status'] == 'ok' else ''} | {worse} |")
+    lines += _table(["model", "inputs", "target", "verdict", "class", "max abs", "required atol", "oracle: target worse?"],
+                    rows, "No tier-1 checks in these records.")
+    lines += ["", "## Tolerance sweep (checks passing at each atol)", ""]
+    rows = []
     for target, info in summary["per_target"].items():
         ran = info["checks"] - info["skipped"] - info["errors"]
-        lines.append(f"| {target} | " + " | ".join(f"{info['per_tolerance'][k]}/{ran}" for k in keys) + " |")
+        rows.append(f"| {target} | " + " | ".join(f"{info['per_tolerance'][k]}/{ran}" for k in keys) + " |")
+    lines += _table(["target", *keys], rows, "No tier-1 check ran, so there is no sweep.")
     if summary["reference_errors"]:
         lines += ["", "## Reference failures (no verdict about the targets)", ""]
         for e in summary["reference_errors"]:
@@ -74,7 +76,7 @@ def render_markdown(records: RunView | list[dict], summary: dict[str, Any]) -> s
                       else f"  - {line}" for line in next_steps(c, view)]
             for leaf in view.worst_leaves(c, 5):
                 lines.append(f"  - `{leaf['name']}`: max abs {_fmt(leaf.get('max_abs'))}, max rel {_fmt(leaf.get('max_rel'))}, "
-                             f"cosine {_fmt(leaf.get('cosine'))}, mismatched {_fmt(leaf.get('mismatch_fraction'))}"
+                             f"cosine {_fmt(leaf.get('cosine'))}, mismatched {percent(leaf.get('mismatch_fraction'))}"
                              + (f" ({leaf['detail']})" if leaf.get("detail") else ""))
     tier3 = view.checks(3)
     if tier3:
@@ -113,16 +115,25 @@ def render_markdown(records: RunView | list[dict], summary: dict[str, Any]) -> s
     if skipped:
         lines += ["", "## Unavailable targets", ""] + [f"- {t}: {why}" for t, why in skipped.items()]
     lines += ["", "## Latency per model, input set and backend", "",
-              "Timed repeats only (the warm-up runs before them are not timed); prepare (export, compile, load) apart.",
-              "", "| model | inputs | backend | repeats | median run s | min | max | prepare s |", "|---|---|---|---|---|---|---|---|"]
+              "Timed repeats only (the warm-up runs before them are not timed); prepare (export, compile, load) apart.", ""]
+    rows = []
     for row in latency_rows(view):
         if row["median_s"] is None:
-            lines.append(f"| {row['model']} | {row['inputs']} | {row['backend']} | {row['status']} | | | | |")
+            rows.append(f"| {row['model']} | {row['inputs']} | {row['backend']} | {row['status']} | | | | |")
             continue
         prepare = "" if row["prepare_s"] is None else f"{row['prepare_s']:.2f}"
-        lines.append(f"| {row['model']} | {row['inputs']} | {row['backend']} | {len(row['run_s'])} | {row['median_s']:.4f} | "
-                     f"{row['min_s']:.4f} | {row['max_s']:.4f} | {prepare} |")
+        rows.append(f"| {row['model']} | {row['inputs']} | {row['backend']} | {len(row['run_s'])} | {row['median_s']:.4f} | "
+                    f"{row['min_s']:.4f} | {row['max_s']:.4f} | {prepare} |")
+    lines += _table(["model", "inputs", "backend", "repeats", "median run s", "min", "max", "prepare s"], rows,
+                    "No execution records in this run.")
     return "\n".join(lines) + "\n"
+
+
+def _table(columns: list[str], rows: list[str], empty: str) -> list[str]:
+    """A Markdown table, or the one line `empty` when it has no rows: never a header over nothing."""
+    if not rows:
+        return [empty]
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns), *rows]
 
 
 def write_markdown(records: RunView | list[dict], summary: dict[str, Any], path: Path) -> None:

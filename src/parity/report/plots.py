@@ -8,10 +8,17 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
 import math
+import warnings
 from typing import Any
 
 PASS, FAIL, NEUTRAL = "#1a7f37", "#cf222e", "#8c959f"
+
+log = logging.getLogger(__name__)
+# matplotlib's font messages (a font cache being built, a family not found) are about drawing the report,
+# not about the model: kept off the console, whose stderr logging would otherwise reach.
+logging.getLogger("matplotlib").setLevel(logging.ERROR)
 
 
 def _figure(width: float, height: float):
@@ -27,8 +34,12 @@ def data_uri(fig, fmt: str = "svg", dpi: int = 100, tight: bool = False) -> str:
 
     buf = io.BytesIO()
     extra = {"bbox_inches": "tight", "pad_inches": 0.04} if tight else {}
-    with matplotlib.rc_context({"svg.hashsalt": "parity", "svg.fonttype": "path"}):  # stable, font-independent output
+    with matplotlib.rc_context({"svg.hashsalt": "parity", "svg.fonttype": "path"}), \
+            warnings.catch_warnings(record=True) as caught:  # stable, font-independent output
+        warnings.simplefilter("always")
         fig.savefig(buf, format=fmt, dpi=dpi, metadata={"Date": None} if fmt == "svg" else None, **extra)
+    for warning in caught:  # a glyph missing from the font, a layout that did not fit: --verbose shows them
+        log.debug("while drawing the report: %s", warning.message)
     mime = "image/svg+xml" if fmt == "svg" else f"image/{fmt}"
     return f"data:{mime};base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 

@@ -43,6 +43,13 @@ def rank_distance(ref: torch.Tensor, tgt: torch.Tensor, k: int) -> float:
     return float(moved.mean() / max(classes - 1, 1))
 
 
+def kl_divergence(ref: torch.Tensor, tgt: torch.Tensor) -> float:
+    """Mean KL(ref || tgt) of the softmax distributions. KL is never negative; two almost equal
+    distributions can sum to -1e-18 in float64, which a report would show as a negative divergence."""
+    p, log_p, log_q = ref.softmax(1), ref.log_softmax(1), tgt.log_softmax(1)
+    return max(float((p * (log_p - log_q)).sum(1).mean()), 0.0)
+
+
 class ClassificationThresholds(Strict):
     top1_agreement: float = Field(default=0.99, ge=0, le=1)
     top5_overlap: float | None = Field(default=None, ge=0, le=1)
@@ -57,8 +64,7 @@ def evaluate(reference: Any, target: Any, thresholds: ClassificationThresholds, 
     top1 = float((ref.argmax(1) == tgt.argmax(1)).double().mean())
     top_r, top_t = ref.topk(k, dim=1).indices, tgt.topk(k, dim=1).indices
     overlap = float(torch.tensor([len(set(a.tolist()) & set(b.tolist())) / k for a, b in zip(top_r, top_t, strict=True)]).mean())
-    p, log_p, log_q = ref.softmax(1), ref.log_softmax(1), tgt.log_softmax(1)
-    kl = float((p * (log_p - log_q)).sum(1).mean())
+    kl = kl_divergence(ref, tgt)
     flips = int((ref.argmax(1) != tgt.argmax(1)).sum())
     result = TaskResult("classification", {
         "samples": ref.shape[0], "top1_agreement": top1, "top5_overlap": overlap, "top1_flips": flips,
