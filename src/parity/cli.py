@@ -196,9 +196,7 @@ def _built_model_problems(spec, exp) -> list[str]:
     step by step so that every problem is said, not the first): a builder that raises, an adapter that
     raises or changes nothing, a fallback that names a module the model does not have. Nothing runs."""
     from parity.adapters import apply_adapters
-    from parity.adapters.fallback import fallback_for
-    from parity.errors import did_you_mean
-    from parity.runner.prepared import build_model_or_explain
+    from parity.runner.prepared import build_model_or_explain, fallback_problems
 
     try:
         model = build_model_or_explain(spec, exp)
@@ -216,11 +214,7 @@ def _built_model_problems(spec, exp) -> list[str]:
         else:
             if _structure(model) == before:
                 out.append(f"adapter {adapter.name} changed nothing on model '{spec.name}' (it found nothing to replace)")
-    known = sorted(n for n, _ in model.named_modules())
-    for target in exp.targets:
-        out += [f"target {target.id}: fallback names '{name}', which model '{spec.name}' does not have"
-                f"{did_you_mean(name, known)}" for name in fallback_for(target, spec.name) if name not in known]
-    return out
+    return out + fallback_problems(model, spec, exp)
 
 
 def _structure(model) -> list:

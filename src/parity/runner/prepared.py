@@ -27,13 +27,18 @@ def prepared_model(spec, exp) -> tuple:
     against its modules before anything executes. Returns (model, what the adapters changed)."""
     model = build_model_or_explain(spec, exp)
     notes = apply_adapters(model, exp.adapters_for(spec), exp)
-    known = {n for n, _ in model.named_modules()}
-    for target in exp.targets:
-        for name in fallback_for(target, spec.name):
-            if name not in known:
-                raise ParityError(f"target {target.id}: fallback names '{name}', which model '{spec.name}' does not "
-                                  f"have{did_you_mean(name, sorted(known))}")
+    problems = fallback_problems(model, spec, exp)
+    if problems:
+        raise ParityError(problems[0])
     return model, notes
+
+
+def fallback_problems(model, spec, exp) -> list[str]:
+    """Every target's fallback module that the built `model` does not have, one line each (did-you-mean)."""
+    known = {n for n, _ in model.named_modules()}
+    return [f"target {target.id}: fallback names '{name}', which model '{spec.name}' does not have"
+            f"{did_you_mean(name, sorted(known))}" for target in exp.targets for name in fallback_for(target, spec.name)
+            if name not in known]
 
 
 def model_identity(spec, exp) -> tuple[Any, ...]:
