@@ -14,12 +14,13 @@ ORDERING = "ordering"
 DECISION_FLIP = "decision_flip"
 UNSUPPORTED_OP = "unsupported_op"
 BACKEND_ERROR = "backend_error"
+SHAPE_SPECIALIZED = "shape_specialized"  # prepared from an example of other shapes, it cannot run these
 CRASH = "crash"
 TIMEOUT = "timeout"
 REFERENCE_ERROR = "reference_error"  # the reference could not run: no verdict about the target
 
 SEVERITY = [
-    REFERENCE_ERROR, CRASH, TIMEOUT, UNSUPPORTED_OP, BACKEND_ERROR, STRUCTURE_MISMATCH, SHAPE_MISMATCH, DTYPE_MISMATCH,
+    REFERENCE_ERROR, CRASH, TIMEOUT, UNSUPPORTED_OP, SHAPE_SPECIALIZED, BACKEND_ERROR, STRUCTURE_MISMATCH, SHAPE_MISMATCH, DTYPE_MISMATCH,
     UNCOMPARABLE, NONFINITE, NONDETERMINISTIC, DECISION_FLIP, ORDERING, NUMERIC_DRIFT,
 ]
 
@@ -59,6 +60,7 @@ MEANINGS = {  # one line per class, for reports (docs/tiers.md's table says the 
     DECISION_FLIP: "a task metric fell below its threshold: the target decides differently",
     NONDETERMINISTIC: "a backend's repeats disagree with its first run beyond the gate",
     UNSUPPORTED_OP: "the backend cannot express the model (export or tracing failed, a kernel is missing)",
+    SHAPE_SPECIALIZED: "prepared (exported, traced) from inputs of other shapes, the artifact cannot run these",
     BACKEND_ERROR: "the backend raised while running",
     CRASH: "the backend's process died",
     TIMEOUT: "the backend ran past its time limit",

@@ -37,6 +37,10 @@ class Backend(ABC):
     # ray executor starts the costliest executions first, so that no long one is left to run at the end
     # while the other workers wait.
     preparation_cost: ClassVar[int] = 0
+    # Whether `prepare` makes something for inputs like its example (an export, a trace, a compiled graph)
+    # that inputs of other shapes may not run: a raise while running such inputs is then `shape_specialized`
+    # (execute/execution.py). False for a backend that runs the model's own forward on every call.
+    specializes_on_example: ClassVar[bool] = True
     # The distributions (as pip names them) whose versions decide this backend's artifacts: the artifact
     # cache keys on them (execute/cache.py). A plugin's own package and the libraries its model code reaches
     # are found by the cache's walk; a backend that exports with another library names it here.

@@ -57,6 +57,7 @@ class CompileOptions(BaseModel):
 
 class CompileBackend(EagerBackend):
     name = "compile"
+    specializes_on_example = True  # a graph made for the example's shapes
     preparation_cost = 3  # a compilation
     fallback_kind = "eager"  # modules taken out of the compiled graph run eagerly
     legacy_devices = ("cpu", "cuda")

@@ -29,6 +29,7 @@ class EagerBackend(Backend):
     dtypes = DTYPES
     Options = EagerOptions
     runs_module_hooks = True
+    specializes_on_example = False  # the model's own forward, whatever the inputs' shapes
 
     @classmethod
     def spec_problem(cls, spec) -> str | None:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import io
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from parity.backends.base import MAX_THREADS, Backend, OutputSpec, cuda_reason, runtime_threads
 from parity.inputs import Inputs
@@ -29,6 +30,15 @@ class OnnxRuntimeOptions(BaseModel):
     optimization: Literal["disable", "basic", "extended", "all"] = "all"
     opset: int | None = Field(default=None, ge=7)
     threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)
+    # Without either, the graph keeps the shapes of the example it is exported from.
+    dynamic: bool = False  # dynamic batch (dim 0) and spatial dims (2+): one graph for every input set
+    dynamic_shapes: dict[str, Any] | list[Any] | None = None  # torch.export's, as given: {x: {0: batch}}
+
+    @model_validator(mode="after")
+    def _one_way(self) -> OnnxRuntimeOptions:
+        if self.dynamic and self.dynamic_shapes is not None:
+            raise ValueError("give 'dynamic: true' or 'dynamic_shapes', not both")
+        return self
 
     @field_validator("opset")
     @classmethod
@@ -44,14 +54,32 @@ class OnnxRuntimeOptions(BaseModel):
         return opset
 
 
+def dynamic_dims(model: torch.nn.Module, example: Inputs) -> dict[str, Any]:
+    """`dynamic_shapes` for torch.export that make the batch dim (0) and the spatial dims (2 and after, in a
+    tensor of rank 3 or more) of every tensor input dynamic, by the forward's parameter names. Dim.AUTO:
+    a dim the model itself fixes (`x.view(2, -1)`) stays static rather than failing the export, and a
+    run with another size then fails as `shape_specialized`."""
+    from torch.export import Dim
+    from torch.utils._pytree import tree_map
+
+    def dims(value: Any) -> dict[int, Any] | None:
+        if not isinstance(value, torch.Tensor):
+            return None
+        return {d: Dim.AUTO for d in range(value.dim()) if d == 0 or d >= 2} or None
+
+    bound = inspect.signature(model.forward).bind(*example.args, **example.kwargs)
+    return {name: tree_map(dims, value) for name, value in bound.arguments.items()}
+
+
 def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, opset: int | None, optimize: bool = True,
-                external_data: bool = False) -> None:
+                external_data: bool = False, dynamic_shapes: Any = None) -> None:
     """Export with the dynamo exporter. Its progress messages, and the whole traced graph that torch.export
     prints when it gives up on a model (thousands of lines for a detector), are kept off the console: the
     exception says why, and the check records it."""
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
         torch.onnx.export(model, example.args, str(path), kwargs=example.kwargs or None, dynamo=True,
-                          opset_version=opset, external_data=external_data, verbose=False, optimize=optimize)
+                          opset_version=opset, external_data=external_data, verbose=False, optimize=optimize,
+                          dynamic_shapes=dynamic_shapes)
 
 
 class OnnxRuntimeBackend(Backend):
@@ -104,9 +132,15 @@ class OnnxRuntimeBackend(Backend):
     def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
         model, example = model.to(self.dtype), example.to("cpu", self.dtype)
         self.outputs = OutputSpec(model, example)
-        folder = self.artifact("onnx", model, example,
-                               lambda folder: export_onnx(model, example, folder / "model.onnx", self.options.opset))
+        folder = self.artifact("onnx", model, example, lambda folder: export_onnx(
+            model, example, folder / "model.onnx", self.options.opset, dynamic_shapes=self._dynamic_shapes(model, example)))
         self._open_session(folder / "model.onnx")
+
+    def _dynamic_shapes(self, model: torch.nn.Module, example: Inputs) -> Any:
+        """What the exporter gets as `dynamic_shapes`: the user's, or the batch and spatial dims (`dynamic`)."""
+        if self.options.dynamic_shapes is not None:
+            return self.options.dynamic_shapes
+        return dynamic_dims(model, example) if self.options.dynamic else None
 
     def _open_session(self, path: Path) -> None:
         import onnxruntime as ort

@@ -19,6 +19,7 @@ class TorchScriptOptions(BaseModel):
 
 class TorchScriptBackend(EagerBackend):
     name = "torchscript"
+    specializes_on_example = True  # a graph made for the example's shapes
     preparation_cost = 1  # a trace
     Options = TorchScriptOptions
     runs_module_hooks = False  # a traced graph no longer calls the modules' Python hooks

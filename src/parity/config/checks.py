@@ -81,6 +81,11 @@ def _model(exp: Experiment, i: int) -> list[Problem]:
     for j, name in enumerate(model.inputs or []):
         if name not in known:
             out.append((path + ("inputs", j), f"no input set named '{name}'{did_you_mean(name, known)} (defined: {', '.join(known)})"))
+    own = model.inputs or known
+    if model.export_inputs is not None and model.export_inputs not in own:
+        out.append((path + ("export_inputs",), f"no input set named '{model.export_inputs}' among this model's "
+                    f"input sets{did_you_mean(model.export_inputs, own)} ({', '.join(own)}); every backend is "
+                    "prepared from the one it names"))
     return out
 
 

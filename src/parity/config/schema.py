@@ -162,6 +162,7 @@ class ModelSpecBase(Strict):
     params: dict[str, Any] = Field(default_factory=dict)
     task: str = "other"  # a registered task (tier 3 evaluates it) or `other`
     inputs: list[str] | None = Field(default=None, min_length=1)
+    export_inputs: str | None = None  # the input set every backend is prepared from; None: the model's first
     batch: Literal["stack", "list"] | None = None
     adapters: list[Adapter] | None = None  # this model's own; None: the experiment's
 

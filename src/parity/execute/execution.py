@@ -80,21 +80,30 @@ def ends_the_program(exc: BaseException) -> str:
 
 
 def execute(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, repeats: int, on_run=None,
-            warmup: int = 0) -> Execution:
+            warmup: int = 0, example: Inputs | None = None) -> Execution:
     """`model` and `inputs` are never touched: the backend gets a deep copy of the model and its own copy
-    of the inputs for every run, so no two backends or repeats share a module or a tensor. `warmup` runs
-    after preparing are not timed (first-call costs: allocations, lazy initialization, autotuning).
-    `on_run(execution, repeat)` is called after each repeat, so records are written as results come; the
-    backend's warnings (notes.py) are collected from the start and are complete when this returns."""
+    of the inputs for every run, so no two backends or repeats share a module or a tensor. The backend is
+    prepared (exported, traced, compiled) from `example` (None: from `inputs`), as a deployment exports
+    once and then serves other inputs; a backend that then raises on inputs of other shapes than the
+    example's fails as `shape_specialized`. `warmup` runs after preparing are not timed (first-call
+    costs: allocations, lazy initialization, autotuning). `on_run(execution, repeat)` is called after each
+    repeat, so records are written as results come; the backend's warnings (notes.py) are collected from
+    the start and are complete when this returns."""
     result = Execution(spec, "ok", warmup=warmup)
     with notes.collecting() as collector:
-        _execute(result, spec, model, inputs, repeats, on_run, warmup, collector)
+        _execute(result, spec, model, inputs, example if example is not None else inputs, repeats, on_run, warmup,
+                 collector)
         result.notes = collector.notes()
     return result
 
 
-def _execute(result: Execution, spec, model, inputs, repeats, on_run, warmup, collector) -> None:
-    backend = None
+def shapes(inputs: Inputs) -> str:
+    """The shapes of the input tensors, for a detail: `2x8` or `2x3x32x32, 2x1x32x32`."""
+    return ", ".join("x".join(map(str, t.shape)) or "scalar" for t in inputs.tensors())
+
+
+def _execute(result: Execution, spec, model, inputs, example, repeats, on_run, warmup, collector) -> None:
+    backend, prepared = None, False
     try:
         reason = backend_class(spec.backend).available(spec)
         if reason:
@@ -103,9 +112,9 @@ def _execute(result: Execution, spec, model, inputs, repeats, on_run, warmup, co
         backend = backend_class(spec.backend)(spec)
         backend.artifacts = cache.active()  # the running model's artifacts (ArtifactCache.for_model), if any
         start = time.perf_counter()
-        backend.prepare(copy.deepcopy(model), inputs.clone())
+        backend.prepare(copy.deepcopy(model), example.clone())
         result.prepare_s = time.perf_counter() - start
-        result.cached = backend.cache_hit
+        result.cached, prepared = backend.cache_hit, True
         for _ in range(warmup):  # not timed, but judged: what a first call returns is what a user gets
             result.warmup_outputs.append(backend.run(inputs.clone()))
         for repeat in range(repeats):
@@ -122,6 +131,10 @@ def _execute(result: Execution, spec, model, inputs, repeats, on_run, warmup, co
         result.error = describe(exc)
         result.failure_class = classify_exception(exc)
         result.traceback = format_traceback(exc)
+        if prepared and backend.specializes_on_example and shapes(example) != shapes(inputs):
+            result.failure_class = tx.SHAPE_SPECIALIZED
+            result.error = (f"prepared from inputs of shape {shapes(example)}, it cannot run inputs of shape "
+                            f"{shapes(inputs)}: {result.error}")
     except KeyboardInterrupt:  # the user's Ctrl-C stops the run
         raise
     except BaseException as exc:  # model code that ends the program (sys.exit) ends this execution, as a crash

@@ -103,6 +103,8 @@ class Execution(Record):
     error: str | None = Field(None, description="Why it failed or could not run.")
     failure_class: str | None = Field(None, description="The failure's class (taxonomy.py), when it failed.")
     cached: bool | None = Field(None, description="Whether its prepared artifact came from the cache.")
+    prepared_from: str | None = Field(None, description="The input set it was prepared (exported, traced, compiled) "
+                                                        "from: the model's `export_inputs`, else its first.")
     warmup: Any = Field(None, description="Its warm-up runs (before repeat 0): their count and seconds.")
     warnings: list[dict[str, Any]] | None = Field(None, description="What the backend said while preparing and "
                                                                     "running (trace specializations, graph breaks); "

@@ -35,10 +35,11 @@ class Executor(ABC):
 
     @abstractmethod
     def execute(self, job: Job, spec: BackendSpec, model: torch.nn.Module, inputs: Inputs,
-                on_run: OnRun = None) -> Execution:
+                on_run: OnRun = None, example: Inputs | None = None) -> Execution:
         """`spec` on `model` (as built for the experiment: adapters applied, the target's fallback not yet)
-        and `inputs`, `job.repeats` times. Executors that run elsewhere use `model` only to check that
-        their worker built the same."""
+        and `inputs`, `job.repeats` times, prepared from `example` (the inputs of `job.prepared_from`;
+        None: from `inputs`). Executors that run elsewhere use `model` only to check that their worker
+        built the same."""
 
     def close(self) -> None:
         pass

@@ -27,9 +27,9 @@ from parity.runner.prepared import configured_model
 class LocalExecutor(Executor):
     """Every execution in this process, one after the other."""
 
-    def execute(self, job, spec, model, inputs, on_run=None):
+    def execute(self, job, spec, model, inputs, on_run=None, example=None):
         return execute(spec, configured_model(model, spec, job.model.name), inputs, job.repeats, on_run=on_run,
-                       warmup=self.exp.warmup)
+                       warmup=self.exp.warmup, example=example)
 
 
 def make_executor(settings: ExecutorSpec) -> Executor:

@@ -12,7 +12,9 @@ ORACLE = BackendSpec(backend="eager", device="cpu", dtype="float64", name="oracl
 @dataclass(frozen=True)
 class Job:
     """One model on one input set: the reference, the oracle when asked, then every target, each
-    executed `repeats` times and judged against the reference."""
+    executed `repeats` times and judged against the reference. Every backend is prepared (exported,
+    traced, compiled) from `example`, the model's one example input set, as a deployment exports once and
+    serves other inputs; None: from `inputs` themselves."""
 
     model: ModelSpec
     inputs: InputSetSpec
@@ -20,6 +22,12 @@ class Job:
     oracle: BackendSpec | None
     targets: tuple[BackendSpec, ...]
     repeats: int
+    example: InputSetSpec | None = None
+
+    @property
+    def prepared_from(self) -> InputSetSpec:
+        """The input set every backend of this job is prepared from."""
+        return self.example or self.inputs
 
     @property
     def baselines(self) -> list[BackendSpec]:
@@ -35,10 +43,16 @@ class Job:
         return len(self.backends) * self.repeats
 
 
+def example_for(exp: Experiment, model: ModelSpec) -> InputSetSpec:
+    """The input set `model` is prepared from: the one its `export_inputs` names, else its first."""
+    sets = exp.inputs_for(model)
+    return next((s for s in sets if s.name == model.export_inputs), sets[0])
+
+
 def plan(exp: Experiment) -> list[Job]:
     oracle = ORACLE if exp.oracle.enabled else None
     return [
-        Job(model, inputs, exp.reference, oracle, tuple(exp.targets), exp.repeats)
+        Job(model, inputs, exp.reference, oracle, tuple(exp.targets), exp.repeats, example_for(exp, model))
         for model in exp.models
         for inputs in exp.inputs_for(model)
     ]

@@ -147,24 +147,25 @@ class ProcessExecutor(Executor):
         worker.ready = True
         return None
 
-    def execute(self, job, spec, model, inputs, on_run=None) -> Execution:
+    def execute(self, job, spec, model, inputs, on_run=None, example=None) -> Execution:
         """One execution in the worker; what it printed is copied to this process's streams afterwards."""
         if self._worker is None:
             self._spawn()
         worker = self._worker
         try:
-            return self._execute(job, spec, model, inputs, on_run)
+            return self._execute(job, spec, model, inputs, on_run, example)
         finally:
             worker.copy_output()
 
-    def _execute(self, job, spec, model, inputs, on_run) -> Execution:
+    def _execute(self, job, spec, model, inputs, on_run, example) -> Execution:
         remote = RemoteExecution(job, spec, self._digest(model), on_run)
         problem = self._ready()
         if problem is not None:
             return remote.fail(tx.CRASH, problem)
         worker = self._worker
         try:
-            send(worker.conn, (job.model.name, inputs, spec, job.repeats))
+            # one pickle: an example that is the inputs themselves travels once
+            send(worker.conn, (job.model.name, inputs, example, spec, job.repeats))
         except OSError:
             return remote.crashed(*self._reap())
         worker.busy = True

@@ -3,7 +3,8 @@
 At `start`, every execution of the plan becomes a task: references and oracles first, then targets the
 costliest to prepare first (compilations, then exports, then traces: Backend.preparation_cost), else in
 plan order (submission_order). Each (model, input set)'s inputs are put in the object store once and
-shared by the tasks of its reference, oracle and targets, and the experiment once for all. A task asks for `threads` CPUs (and keeps to them: that many torch threads and
+shared by the tasks of its reference, oracle and targets (and, as the example they are prepared from, by
+every job of the model), and the experiment once for all. A task asks for `threads` CPUs (and keeps to them: that many torch threads and
 compile processes), and a CUDA backend's task also for one GPU, so Ray runs as many at a time as the
 cluster has room for; a worker process rebuilds each model from the experiment and keeps it for the next
 task (runner/worker.py).
@@ -41,14 +42,14 @@ from parity.runner.remote import Digests, RemoteExecution, crash_report, describ
 from parity.runner.worker import package_file
 
 
-def _execution_task(settings: dict[str, Any], exp, model_name: str, inputs, spec, repeats: int):
+def _execution_task(settings: dict[str, Any], exp, model_name: str, inputs, example, spec, repeats: int):
     """A Ray task (a generator): says it started, then hands over every message of the execution at once."""
     from parity.runner.worker import MODELS, prepare_worker, run_execution
 
     yield ("started", os.getpid(), socket.gethostname())
     prepare_worker(settings)
     messages: list[tuple] = []
-    run_execution(exp, MODELS, model_name, inputs, spec, repeats, messages.append)
+    run_execution(exp, MODELS, model_name, inputs, example, spec, repeats, messages.append)
     yield messages
 
 
@@ -106,14 +107,22 @@ class RayExecutor(Executor):
         from parity.inputs import build_inputs
 
         ray = self._ready()
+        refs: dict[tuple, Any] = {}  # by (model, input set): an input set is put once, examples included
+
+        def put(job, input_set):
+            key = job.model.name, input_set.name
+            if key not in refs:
+                refs[key] = ray.put(build_inputs(input_set, exp, job.model.batch_mode))
+            return refs[key]
+
         inputs = {}
         for job in jobs:
             try:
-                inputs[id(job)] = ray.put(build_inputs(job.inputs, exp, job.model.batch_mode))
+                inputs[id(job)] = put(job, job.inputs), put(job, job.prepared_from)
             except Exception:  # the runner builds them again and says why they cannot be built, in its turn
                 continue
         for job, spec in submission_order([job for job in jobs if id(job) in inputs]):
-            self._tasks[self._key(job, spec)] = self._submit(job, spec, inputs[id(job)])
+            self._tasks[self._key(job, spec)] = self._submit(job, spec, *inputs[id(job)])
 
     def _ready(self):
         """Ray, started or joined, with the task and what every task shares; once."""
@@ -166,7 +175,7 @@ class RayExecutor(Executor):
     def _key(job, spec) -> tuple:
         return job.model.name, job.inputs.name, id(spec)
 
-    def _submit(self, job, spec, inputs_ref) -> _Task:
+    def _submit(self, job, spec, inputs_ref, example_ref) -> _Task:
         task = _Task(job, spec)
         cuda = spec.device.startswith("cuda")
         if cuda and not self._gpus:
@@ -174,15 +183,16 @@ class RayExecutor(Executor):
             return task
         options = {"num_cpus": self.threads, "num_gpus": 1 if cuda else 0}
         task.generator = self._remote.options(**options).remote(self._settings, self._exp_ref, job.model.name,
-                                                                   inputs_ref, spec, job.repeats)
+                                                                   inputs_ref, example_ref, spec, job.repeats)
         self._running[id(task.generator)] = task
         self._submitted += 1
         return task
 
-    def execute(self, job, spec, model, inputs, on_run=None) -> Execution:
+    def execute(self, job, spec, model, inputs, on_run=None, example=None) -> Execution:
         task = self._tasks.pop(self._key(job, spec), None)
         if task is None:  # not in the plan given to start()
-            task = self._submit(job, spec, self._ready().put(inputs))
+            ray = self._ready()
+            task = self._submit(job, spec, ray.put(inputs), None if example is None else ray.put(example))
         self._pump(until=task)
         if task.unavailable:
             return Execution(spec, "unavailable", error=task.unavailable)

@@ -3,7 +3,7 @@ own copy through an executor, judges, localizes, records (`run`); and, for one f
 layer by layer (`localize`) or finds modules to fall back (`find_fallback`). Every execution keeps its
 exports in the Runner's artifact cache. The command line and the Python API only parse, call it and render.
 
-Memory stays bounded by one model and input set at a time: the reference's (and oracle's) outputs are
+Memory stays bounded by one model and input set (and its example) at a time: the reference's (and oracle's) outputs are
 kept while that job's targets run, and each target's outputs are dropped once its check is written.
 
 Resuming. A run into a folder that already holds records of the same experiment continues it. The unit
@@ -85,7 +85,8 @@ class _Progress:
 
 def _record_execution(writer: RecordWriter, job: Job, ex: Execution, repeat: int | None) -> None:
     fields: dict[str, Any] = {"model": job.model.name, "inputs": job.inputs.name, "backend": ex.backend.id,
-                              "device": ex.backend.device, "dtype": ex.backend.dtype}
+                              "device": ex.backend.device, "dtype": ex.backend.dtype,
+                              "prepared_from": job.prepared_from.name}
     if repeat is None:  # a failure or an unavailable backend: one record, at the repeat that failed
         writer.write("execution", **fields, repeat=len(ex.run_s), status=ex.status, prepare_s=ex.prepare_s,
                      run_s=None, error=ex.error, failure_class=ex.failure_class, cached=ex.cached,
@@ -102,24 +103,44 @@ def judged(writer: RecordWriter, job: Job, target) -> bool:
     return writer.has("check", job.model.name, job.inputs.name, target.id, 1)
 
 
+def _build(input_set: InputSetSpec, exp: Experiment, model_spec: ModelSpec):
+    try:
+        return build_inputs(input_set, exp, model_spec.batch_mode)
+    except ParityError:
+        raise
+    except Exception as exc:  # e.g. a tensor too large for this machine's memory
+        raise ParityError(f"input set '{input_set.name}': cannot build it: {type(exc).__name__}: {exc}") from exc
+
+
+class _Examples:
+    """Each model's example inputs (its `export_inputs`, else its first input set), built once when a job
+    needs them: every backend of every job of the model is prepared from them."""
+
+    def __init__(self, exp: Experiment):
+        self.exp, self._built = exp, {}
+
+    def __call__(self, job: Job):
+        key = job.model.name, job.prepared_from.name
+        if key not in self._built:
+            self._built = {key: _build(job.prepared_from, self.exp, job.model)}  # one model's at a time
+        return self._built[key]
+
+
 def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _Progress,
-             executor: Executor) -> None:
+             executor: Executor, examples: _Examples) -> None:
     pending = [spec for spec in job.targets if not judged(writer, job, spec)]
     if not pending:
         progress.advance(job.executions)
         return
-    try:
-        inputs = build_inputs(job.inputs, exp, job.model.batch_mode)
-    except ParityError:
-        raise
-    except Exception as exc:  # e.g. a tensor too large for this machine's memory
-        raise ParityError(f"input set '{job.inputs.name}': cannot build it: {type(exc).__name__}: {exc}") from exc
+    example = examples(job)
+    inputs = example if job.inputs.name == job.prepared_from.name else _build(job.inputs, exp, job.model)
     for note in inputs.notes:  # a constant input: every backend agrees on it, so its checks prove little
         writer.write("warning", model=job.model.name, inputs=job.inputs.name, message=note)
 
     def run(spec) -> Execution:
         progress.describe(f"{job.model.name} / {job.inputs.name} / {spec.id}")
-        ex = executor.execute(job, spec, model, inputs, on_run=lambda e, r: _record_execution(writer, job, e, r))
+        ex = executor.execute(job, spec, model, inputs, on_run=lambda e, r: _record_execution(writer, job, e, r),
+                              example=example)
         if not ex.ok:
             _record_execution(writer, job, ex, None)
         progress.advance(job.repeats)
@@ -229,6 +250,7 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool, fresh: boo
         # only what is left to judge: the reference, the oracle and the targets without a judgement
         executor.start(exp, [dataclasses.replace(j, targets=tuple(t for t in j.targets if not judged(writer, j, t)))
                              for j in todo], cache)
+        examples = _Examples(exp)
         with bar.running():
             for model_spec in exp.models:
                 model_jobs = [j for j in jobs if j.model is model_spec]
@@ -241,7 +263,7 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool, fresh: boo
                              build_s=time.perf_counter() - start, adapters=notes)
                 with cache.for_model(*model_identity(model_spec, exp)):
                     for job in model_jobs:
-                        _run_job(job, model, exp, writer, bar, executor)
+                        _run_job(job, model, exp, writer, bar, executor, examples)
                 del model
         records = writer.records
     write_summary(summarize(records), out_dir / "summary.json")

@@ -1,8 +1,8 @@
 """The worker side of the process and ray executors: rebuild the model from the experiment, run one
 execution, report it as messages.
 
-A worker gets the experiment, the model's name, the inputs (tensors), the backend and the number of
-repeats, never a model: a model from someone's repository is imported from a path and may not unpickle
+A worker gets the experiment, the model's name, the inputs (tensors), the example inputs the backend is
+prepared from, the backend and the number of repeats, never a model: a model from someone's repository is imported from a path and may not unpickle
 anywhere else, and rebuilding it from its spec (the seed, the weights file, the adapters) gives the same
 weights, which the parent checks against its own build (the `built` message carries the digest).
 
@@ -77,10 +77,10 @@ def package_file() -> str:
     return str(Path(__file__).resolve().parent.parent / "__init__.py")
 
 
-def run_execution(exp: Experiment, models: ModelCache, model_name: str, inputs: Inputs, spec: BackendSpec,
-                  repeats: int, send: Callable[[tuple], None]) -> None:
-    """One execution, as `execute.execution.execute` runs it locally, reported through `send`; its artifacts
-    go to the cache `prepare_worker` opened."""
+def run_execution(exp: Experiment, models: ModelCache, model_name: str, inputs: Inputs, example: Inputs | None,
+                  spec: BackendSpec, repeats: int, send: Callable[[tuple], None]) -> None:
+    """One execution, as `execute.execution.execute` runs it locally (prepared from `example`, None: from
+    `inputs`), reported through `send`; its artifacts go to the cache `prepare_worker` opened."""
     model_spec = next(m for m in exp.models if m.name == model_name)
     try:
         model, digest = models.get(model_spec, exp)
@@ -101,7 +101,7 @@ def run_execution(exp: Experiment, models: ModelCache, model_name: str, inputs: 
 
     with ARTIFACTS.for_model(*model_identity(model_spec, exp)):
         ex = execute(spec, configured_model(model, spec, model_name), inputs, repeats, on_run=on_run,
-                     warmup=exp.warmup)
+                     warmup=exp.warmup, example=example)
     send(("done", ex.status, ex.error, ex.failure_class, ex.prepare_s, ex.cached, ex.notes, ex.warmup, ex.traceback,
           ex.warmup_outputs))
 
@@ -182,7 +182,7 @@ def serve() -> None:
         models = ModelCache()
         send(conn, ("ready", os.getpid(), package_file()))
         while True:
-            model_name, inputs, spec, repeats = receive(conn)
-            run_execution(exp, models, model_name, inputs, spec, repeats, lambda message: send(conn, message))
+            model_name, inputs, example, spec, repeats = receive(conn)
+            run_execution(exp, models, model_name, inputs, example, spec, repeats, lambda message: send(conn, message))
     except (EOFError, BrokenPipeError, ConnectionResetError):  # the parent is done, or stopped listening
         return
