@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from parity import ParityError, assert_backends_agree, run_experiment
+from parity.records import read_records
 from tests.conftest import tiny_experiment
 from tests.fixtures.tiny import Structured, TinyCNN
 
@@ -186,3 +187,20 @@ def test_without_tolerances_each_target_is_judged_at_its_dtypes_default():
     assert "nudge-bf16" not in str(info.value)
     given = assert_backends_agree(model, x, targets=targets, rtol=2e-3)
     assert given.passed and {t.rtol for t in given.targets.values()} == {2e-3}
+
+
+def test_localize_and_fallback_from_python_name_the_culprit_and_its_fix(tmp_path):
+    """The API's localize and fallback are `parity localize` / `parity fallback`: the chain's Offset adds its
+    fault only when compiled (tests/fixtures/culprit.py), and nothing else differs."""
+    import parity
+    from tests.test_reduce import CHAIN
+
+    exp = copy.deepcopy(CHAIN)
+    exp["targets"][0]["fallback"] = []  # a compile target: its fallback kind is eager
+    layers = parity.localize(exp)
+    assert layers["culprit"] == "odd" and layers["tier1"]["passed"] is False
+    found = parity.fallback(exp, target="compile-cpu", out=tmp_path / "out")
+    assert found["passed"] and found["modules"] == ["odd"] and found["required_atol_after"] <= 1e-2
+    assert [r["kind"] for r in read_records(tmp_path / "out")] == ["run", "fallback"]
+    with pytest.raises(ParityError, match="no target 'compiel-cpu'; did you mean 'compile-cpu'"):
+        parity.localize(exp, target="compiel-cpu")

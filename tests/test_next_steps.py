@@ -54,3 +54,22 @@ def test_a_reference_that_fails_says_what_to_fix(write_yaml, tmp_path, capsys):
     [error] = [c.find("error") for c in ET.parse(out / "junit.xml").getroot().iter("testcase")]
     assert "fix the model or the input set" in error.text
     assert "fix the model or the input set" in (out / "report.md").read_text()
+
+
+def test_the_oracles_finding_is_said_beside_a_failed_check_everywhere(write_yaml, tmp_path, capsys):
+    """PerturbedEager nudges a weight: the float64 oracle finds the target, not the reference, off."""
+    code, _, out, printed = _run(write_yaml, tmp_path, capsys, tiny_experiment([PERTURBED], oracle=True))
+    finding = "oracle: the target is worse than the reference at out"
+    assert code == 1 and finding in printed.replace("\n  ", " ")
+    assert finding in (out / "report.md").read_text() and finding in (out / "report.html").read_text()
+    [failure] = [c.find("failure") for c in ET.parse(out / "junit.xml").getroot().iter("testcase")]
+    assert finding in failure.text
+
+
+def test_an_oracle_that_finds_the_target_as_close_says_the_reference_is_the_imprecise_one():
+    from parity.report.next_steps import oracle_finding
+
+    check = {"oracle": {"target_worse": False, "target_rmse": 2e-7, "reference_rmse": 3e-7, "leaves_target_worse": []}}
+    assert oracle_finding(check) == ["oracle: the reference is the imprecise one: the target is as close to float64 "
+                                     "(rmse from float64: target 2e-07, reference 3e-07)"]
+    assert oracle_finding({"oracle": None}) == []

@@ -11,8 +11,8 @@ contain()  # before any backend can load: no telemetry, nothing sent (parity/off
 from parity.errors import ParityError  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["ParityError", "assert_backends_agree", "run_experiment", "__version__"]
-_API = ("assert_backends_agree", "run_experiment")
+__all__ = ["ParityError", "assert_backends_agree", "fallback", "localize", "run_experiment", "__version__"]
+_API = ("assert_backends_agree", "fallback", "localize", "run_experiment")
 
 
 def __getattr__(name: str):

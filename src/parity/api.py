@@ -51,6 +51,30 @@ def run_experiment(source: str | Path | dict | Experiment, out: str | Path | Non
     return records
 
 
+def localize(source: str | Path | dict | Experiment, model: str | None = None, target: str | None = None,
+             inputs: str | None = None, out: str | Path | None = None) -> dict[str, Any]:
+    """Tier 2 for one check of an experiment, as `parity localize` runs it: the `layers` record (the
+    culprit, the suspects, every layer's numbers, and `tier1`: whether the check fails at the gate at all).
+    `model`, `target` (its id) and `inputs` choose the check (None: the only one; inputs: the model's first);
+    `out` also writes the record to OUT/records.jsonl."""
+    from parity.runner.runner import Runner
+
+    runner = Runner(_experiment(source), Path(out) if out is not None else None)
+    return runner.localize(*runner.one_check(model, target, inputs, option="{}="))
+
+
+def fallback(source: str | Path | dict | Experiment, model: str | None = None, target: str | None = None,
+             inputs: str | None = None, tier: int = 1, out: str | Path | None = None) -> dict[str, Any]:
+    """The smallest set of modules to run eager (compile) or in float32 (bfloat16, float16) so that one
+    check passes at its gate (`tier=3`: and its task metrics hold), as `parity fallback` finds it: the
+    `fallback` record (`modules`, `passed`, required atol and latency before and after, `next_step`).
+    Choosing the check and `out` as in `localize`."""
+    from parity.runner.runner import Runner
+
+    runner = Runner(_experiment(source), Path(out) if out is not None else None)
+    return runner.find_fallback(*runner.one_check(model, target, inputs, option="{}="), tier)[1]
+
+
 def _as_inputs(inputs: Any) -> Inputs:
     if isinstance(inputs, Inputs):
         return inputs

@@ -226,36 +226,18 @@ def _structure(model) -> list:
     return [(name, id(m), type(m), ids(vars(m)), ids(vars(type(m)))) for name, m in model.named_modules()]
 
 
-def _pick(kind: str, name: str | None, choices: list[str]) -> str:
-    from parity.errors import did_you_mean
-
-    if name is None:
-        if len(choices) == 1:
-            return choices[0]
-        raise ParityError(f"the experiment has several {kind}s; choose one with --{kind} ({', '.join(choices)})")
-    if name not in choices:
-        raise ParityError(f"no {kind} '{name}'{did_you_mean(name, choices)} (the experiment has: {', '.join(choices)})")
-    return name
-
-
 def _one_check(args: argparse.Namespace):
     """The experiment, and the model, target and input set that --model, --target, --inputs choose
     (with tier-2 settings overridden by --granularity and --mode where given)."""
     from pydantic import ValidationError
 
-    from parity.backends import backend_class
     from parity.config import load_experiment
     from parity.config.schema import Activations
+    from parity.runner.runner import Runner
 
     _refuse_existing_records(args.out)
     exp = load_experiment(args.file)
-    model_spec = next(m for m in exp.models if m.name == _pick("model", args.model, [m.name for m in exp.models]))
-    target = next(t for t in exp.targets if t.id == _pick("target", args.target, [t.id for t in exp.targets]))
-    input_sets = exp.inputs_for(model_spec)
-    input_spec = next(s for s in input_sets if s.name == _pick("inputs", args.inputs or input_sets[0].name, [s.name for s in input_sets]))
-    reason = backend_class(target.backend).available(target)
-    if reason:
-        raise ParityError(f"target {target.id} cannot run here: {reason}")
+    model_spec, target, input_spec = Runner(exp).one_check(args.model, args.target, args.inputs)
     settings = (exp.tiers.activations or Activations()).model_dump()
     if getattr(args, "granularity", None):
         named = args.granularity not in ("blocks", "leaf") and not args.granularity.startswith("depth:")

@@ -27,6 +27,19 @@ def _targets(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def oracle_finding(check: dict[str, Any]) -> list[str]:
+    """What the float64 oracle says of a failed check: which side is the imprecise one."""
+    oracle = check.get("oracle")
+    if not oracle:
+        return []
+    rmse = (f" (rmse from float64: target {oracle['target_rmse']:.3g}, reference {oracle['reference_rmse']:.3g})"
+            if oracle.get("target_rmse") is not None and oracle.get("reference_rmse") is not None else "")
+    if oracle["target_worse"]:
+        leaves = ", ".join(oracle.get("leaves_target_worse") or [])
+        return [f"oracle: the target is worse than the reference{f' at {leaves}' if leaves else ''}{rmse}"]
+    return [f"oracle: the reference is the imprecise one: the target is as close to float64{rmse}"]
+
+
 def next_steps(check: dict[str, Any], view: RunView) -> list[str]:
     """Lines for a failed (or errored) check: the culprit tier 2 named, then the commands that help."""
     if check["status"] == "skipped" or check.get("passed"):
@@ -39,7 +52,7 @@ def next_steps(check: dict[str, Any], view: RunView) -> list[str]:
     task = next((m.get("task") for m in config.get("models") or [] if m.get("name") == check["model"]), None)
     file = shlex.quote(run["file"]) if run.get("file") else "EXPERIMENT.yaml"
     which = f"--model {shlex.quote(check['model'])} --target {shlex.quote(check['target'])} --inputs {shlex.quote(check['inputs'])}"
-    lines = []
+    lines = oracle_finding(check)
     if found and not found.get("error") and found.get("culprit"):
         where = f" ({found['culprit_code']})" if found.get("culprit_code") else ""
         lines.append(f"diverges at {found['culprit']}{where}")

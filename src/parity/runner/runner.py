@@ -286,6 +286,18 @@ def libraries(exp: Experiment) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+def _pick(kind: str, name: str | None, choices: list[str], option: str) -> str:
+    from parity.errors import did_you_mean
+
+    if name is None:
+        if len(choices) == 1:
+            return choices[0]
+        raise ParityError(f"the experiment has several {kind}s; choose one with {option.format(kind)} ({', '.join(choices)})")
+    if name not in choices:
+        raise ParityError(f"no {kind} '{name}'{did_you_mean(name, choices)} (the experiment has: {', '.join(choices)})")
+    return name
+
+
 class Runner:
     """One experiment into one output folder (`out_dir`: where `run` writes records.jsonl and summary.json, and
     where `localize` and `find_fallback` write their record when given). Every execution keeps its exports in
@@ -303,6 +315,24 @@ class Runner:
         `fresh` discards them instead."""
         executor = self.executor if self.executor is not None else make_executor(self.exp.executor)
         return run_experiment_to(self.exp, self._out(), progress, fresh, self.cache, executor)
+
+    def one_check(self, model: str | None = None, target: str | None = None, inputs: str | None = None,
+                  option: str = "--{}") -> tuple[ModelSpec, BackendSpec, InputSetSpec]:
+        """The model, target and input set that the names choose (None: the only one; inputs: the model's
+        first), for `localize` and `find_fallback`. A name the experiment lacks is a ParityError with
+        did-you-mean; `option` says how the caller chooses (`--model`, `model=`); a target that cannot run
+        here says why."""
+        from parity.backends import backend_class
+
+        exp = self.exp
+        model_spec = next(m for m in exp.models if m.name == _pick("model", model, [m.name for m in exp.models], option))
+        spec = next(t for t in exp.targets if t.id == _pick("target", target, [t.id for t in exp.targets], option))
+        sets = exp.inputs_for(model_spec)
+        input_spec = next(s for s in sets if s.name == _pick("inputs", inputs or sets[0].name, [s.name for s in sets], option))
+        reason = backend_class(spec.backend).available(spec)
+        if reason:
+            raise ParityError(f"target {spec.id} cannot run here: {reason}")
+        return model_spec, spec, input_spec
 
     def localize(self, model_spec: ModelSpec, target: BackendSpec, input_spec: InputSetSpec) -> dict[str, Any]:
         """The `layers` record of one model x target x input set, without running the whole experiment, with
