@@ -98,7 +98,8 @@ def test_a_torchvision_classifier_defaults_to_a_bundled_photo_with_imagenet_prep
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["timm:resnet50", "--target", "compile"], "MODEL 'timm:resnet50': timm: sources come with a later release"),
+    (["timm:resnt50", "--target", "compile"], "MODEL 'timm:resnt50': unknown timm architecture 'resnt50'; did you mean 'resnet50'?"),
+    (["timm:resnet50.a1_in1k", "--target", "compile"], "names pretrained weights ('.a1_in1k'); give the architecture 'resnet50'"),
     (["hf:bert-base-uncased", "--target", "compile"], "MODEL 'hf:bert-base-uncased': hf: sources come with a later"),
     (["model.onnx", "--target", "onnxruntime"], "MODEL 'model.onnx': .onnx sources come with a later release"),
     (["torchvision:resnt18", "--target", "compile"], "unknown torchvision builder 'resnt18'; did you mean 'resnet18'?"),
@@ -123,11 +124,11 @@ def test_command_line_mistakes_are_one_message_and_exit_2(argv, message, capsys)
 
 
 def test_python_dash_m_parity_is_the_command(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "parity", "check", "timm:resnet50", "--target", "compile"],
+    done = subprocess.run([sys.executable, "-m", "parity", "check", "hf:bert-base-uncased", "--target", "compile"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=300,
                           env={"PYTHONPATH": f"{ROOT / 'src'}", "PATH": "/usr/bin:/bin"})
     assert done.returncode == 2, done.stderr
-    assert done.stderr.startswith("error: MODEL 'timm:resnet50': timm: sources come with a later release")
+    assert done.stderr.startswith("error: MODEL 'hf:bert-base-uncased': hf: sources come with a later release")
 
 
 def test_gate_and_rtol_on_the_command_line_apply_to_every_target(tmp_path):

@@ -23,7 +23,7 @@ PREPROCESS = {"imagenet": IMAGENET, "none": {}}
 DEFAULT_PHOTO = "sample:chelsea"
 # the default inputs of a torchvision model by task: a bundled photo, preprocessed as its weights expect
 DEFAULT_PREPROCESS = {"classification": "imagenet", "segmentation": "imagenet", "detection": "none"}
-LATER_SOURCES = re.compile(r"^(timm|hf|huggingface|transformers):|\.onnx$", re.IGNORECASE)
+LATER_SOURCES = re.compile(r"^(hf|huggingface|transformers):|\.onnx$", re.IGNORECASE)
 _SHAPE = re.compile(r"^[1-9][0-9]*(x[1-9][0-9]*)*$")
 
 
@@ -45,7 +45,7 @@ def model_entry(ref: str, entry: str | None = None, hubconf: str | None = None,
 
     if LATER_SOURCES.search(ref):
         kind = ".onnx" if ref.lower().endswith(".onnx") else ref.split(":")[0] + ":"
-        raise ParityError(f"MODEL '{ref}': {kind} sources come with a later release (timm:, hf: or transformers:, "
+        raise ParityError(f"MODEL '{ref}': {kind} sources come with a later release (hf: or transformers:, "
                           "and .onnx files); until then, wrap the model in a function of your own and pass it "
                           "as module:callable")
     folder = Path(ref).expanduser()
@@ -65,6 +65,15 @@ def model_entry(ref: str, entry: str | None = None, hubconf: str | None = None,
                               f"{did_you_mean(builder, torchvision_builders())}")
         spec = {"name": plain_name(builder, "model"), "source": "torchvision", "builder": builder,
                 "task": _torchvision_task(builder)}
+    elif ref.startswith("timm:"):
+        from parity.models.sources.timm import architecture_problem
+
+        architecture = ref.removeprefix("timm:")
+        problem = architecture_problem(architecture)
+        if problem:
+            raise ParityError(f"MODEL '{ref}': {problem}")
+        spec = {"name": plain_name(architecture, "model"), "source": "timm", "architecture": architecture,
+                "task": "classification"}  # timm's models are image classifiers (their heads can be removed)
     elif ":" in ref:
         from parity.registry import import_object
 
