@@ -18,6 +18,7 @@ from pydantic_core import PydanticUndefined
 
 from parity.config import schema
 from parity.plugins import ADAPTERS, BACKENDS, EXECUTORS, SOURCES, TASKS
+from parity.typewords import type_in_words
 
 _COMMENT = re.compile(r"^\s+(\w+)\s*:[^#]*#\s*(.+)$")
 
@@ -54,24 +55,7 @@ def _is_list(annotation: Any) -> bool:
 
 
 def _type(annotation: Any) -> str:
-    """A short, readable type: `float | null`, `list of mapping`, `"stack" | "list"`."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is typing.Annotated:
-        return _type(args[0])
-    if origin is typing.Literal:
-        return " \\| ".join(f'`{a}`' if not isinstance(a, str) else f'`"{a}"`' for a in args)
-    if origin in (typing.Union, types.UnionType):
-        return " \\| ".join(dict.fromkeys(_type(a) for a in args))
-    if origin is list:
-        return f"list of {_type(args[0])}" if args else "list"
-    if origin is dict:
-        return f"mapping of {_type(args[1])}" if args else "mapping"
-    if annotation is type(None):
-        return "null"
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return "mapping"
-    names = {bool: "true/false", int: "integer", float: "number", str: "string", Any: "any value"}
-    return names.get(annotation, getattr(annotation, "__name__", str(annotation)))
+    return type_in_words(annotation, lambda model: "mapping")
 
 
 def _default(field) -> str:

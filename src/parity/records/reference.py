@@ -4,38 +4,23 @@ fails when the file and the models differ."""
 
 from __future__ import annotations
 
-import types
-import typing
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel
 
 from parity.records.models import RECORDS, SCHEMA_VERSION, Record
+from parity.typewords import type_in_words
 
 COMMAND = "python -m parity.records.reference > docs/records.md"
 
-_NAMES = {str: "string", int: "integer", float: "number", bool: "true/false", dict: "mapping", list: "list",
-          type(None): "null"}
-
-
 def _type(annotation: Any, parts: list[type[BaseModel]]) -> str:
     """A field's type in words; the record parts it names are collected into `parts`, to be listed after."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if annotation is Any:
-        return "any"
-    if origin is Literal:
-        return " or ".join(f"`{a!r}`".replace("'", '"') for a in args)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type(a, parts) for a in args)
-    if origin is list:
-        return f"list of {_type(args[0], parts)}" if args else "list"
-    if origin is dict:
-        return f"mapping of {_type(args[0], parts)} to {_type(args[1], parts)}" if args else "mapping"
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        if annotation not in parts:
-            parts.append(annotation)
-        return f"[{annotation.__name__}](#{annotation.__name__.lower()})"
-    return _NAMES.get(annotation, getattr(annotation, "__name__", str(annotation)))
+    def link(model: type[BaseModel]) -> str:
+        if model not in parts:
+            parts.append(model)
+        return f"[{model.__name__}](#{model.__name__.lower()})"
+
+    return type_in_words(annotation, link)
 
 
 def _table(fields: dict[str, Any], parts: list[type[BaseModel]]) -> list[str]:
