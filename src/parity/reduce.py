@@ -58,17 +58,18 @@ def parse_check(text: str) -> tuple[str, str, str]:
     return parts[0], parts[1], parts[2]
 
 
-def find_check(records: list[dict[str, Any]], run_dir: Path, which: str) -> Found:
+def find_check(records, run_dir: Path, which: str) -> Found:
     """The failing, localized check `which` of the run in `run_dir`; a ParityError saying what is missing
     (and, for a check that was never localized, the command that localizes it)."""
+    from parity.records.view import RunView
+
     model, inputs, target = parse_check(which)
-    run = next(r for r in records if r["kind"] == "run")
-    key = (model, inputs, target)
-    checks = {(r["model"], r["inputs"], r["target"]): r for r in records if r["kind"] == "check" and r.get("tier") == 1}
-    layers = {(r["model"], r["inputs"], r["target"]): r for r in records if r["kind"] == "layers"}
-    check = checks.get(key) or (layers[key].get("tier1") if key in layers else None)  # a `parity localize --out`
+    view = RunView.of(records)
+    run, wanted = view.run, {"model": model, "inputs": inputs, "target": target}
+    found = view.layers_for(wanted)
+    check = next(iter(view.checks(1, **wanted)), None) or (found.get("tier1") if found else None)  # localize --out
     if check is None:
-        known = sorted({"/".join(k) for k in [*checks, *layers]})
+        known = sorted({"/".join(view.identity(r)) for r in [*view.checks(1), *view.layers]})
         raise ParityError(f"{run_dir}: no check {which} in its records (it has: {', '.join(known) or 'none'})")
     if check.get("passed"):
         raise ParityError(f"{run_dir}: check {which} passed (required atol {check.get('required_atol')}, gate "
@@ -76,7 +77,6 @@ def find_check(records: list[dict[str, Any]], run_dir: Path, which: str) -> Foun
     if check.get("status", "ok") != "ok":
         raise ParityError(f"{run_dir}: check {which} has no verdict ({check.get('status')}: "
                           f"{check.get('detail')}); there is no divergence to reduce")
-    found = layers.get(key)
     if found is None:
         file = shlex.quote(run["file"]) if run.get("file") else "EXPERIMENT.yaml"
         raise ParityError(f"{run_dir}: check {which} was not localized (no layers record): run `parity localize "
