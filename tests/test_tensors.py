@@ -32,6 +32,7 @@ def test_statistics():
     assert s["mean_abs"] == pytest.approx(0.5 / 3) and s["rmse"] == pytest.approx(math.sqrt(0.25 / 3))
     assert s["mismatch_fraction"] == pytest.approx(1 / 3)
     assert 0.99 < s["cosine"] < 1.0
+    assert s["reference_rms"] == pytest.approx(math.sqrt((1 + 4 + 16) / 3))  # the scale of required_atol
 
 
 def test_identical_outputs_pass_at_zero():
@@ -118,6 +119,7 @@ def test_statistics_of_a_tensor_larger_than_a_chunk_equal_the_whole_tensor_formu
     assert stats["rmse"] == pytest.approx(float(d.square().mean().sqrt()), rel=1e-9)
     assert stats["mean_abs"] == pytest.approx(float(d.mean()), rel=1e-9)
     assert energy == pytest.approx(float(r[keep].square().sum()), rel=1e-9)
+    assert stats["reference_rms"] == pytest.approx(float(r[keep].square().mean().sqrt()), rel=1e-9)
     beyond = int((d - 1e-2 * r[keep].abs() > 1e-3).sum())
     assert stats["mismatch_fraction"] == pytest.approx((beyond + 1) / r.numel())
     clean, _ = error_stats(ref.float(), torch.where(keep, tgt, ref).float(), rtol=1e-2, gate=1e-3)

@@ -138,6 +138,8 @@ class Leaf(Part):
     mean_abs: float | None = Field(None, description="Mean absolute difference.")
     rmse: float | None = Field(None, description="Root mean square difference.")
     cosine: float | None = Field(None, description="Cosine similarity of the two.")
+    reference_rms: float | None = Field(None, description="Root mean square of the reference's compared values: "
+                                        "the scale that makes required_atol comparable across models.")
     nonfinite: int | None = Field(None, description="Elements NaN/Inf in one output only.")
     mismatch_fraction: float | None = Field(None, description="Share of elements beyond the gate.")
     value: str | None = Field(None, description="A non-tensor leaf's target value (repr).")

@@ -118,7 +118,8 @@ def error_stats(ref: torch.Tensor, tgt: torch.Tensor, rtol: float, gate: float,
     }
     if full:
         stats.update(max_rel=max_rel, mean_abs=abs_sum / compared if compared else 0.0,
-                     mismatch_fraction=(mismatches + n_bad) / n if n else 0.0)
+                     mismatch_fraction=(mismatches + n_bad) / n if n else 0.0,
+                     reference_rms=math.sqrt(ref_energy / compared) if compared else 0.0)
     return stats, ref_energy
 
 
