@@ -187,3 +187,41 @@ def test_the_cuda_study_runs_the_same_models_on_the_same_inputs():
         assert cpu[key] == cuda[key], key
     assert all(t["device"] == "cuda" for t in cuda["targets"])
     assert len({m["builder"] for m in cpu["models"]}) >= 19  # the issue asks for at least 19 models
+
+
+def test_the_cluster_bootstrap_keeps_a_model_s_checks_together():
+    """Two clusters, one all passing and one all failing: every draw is one of 0, 1/2 or 1 of the checks,
+    so the interval is wider than Wilson's over the same 20 'independent' checks; one cluster cannot vary."""
+    both = {"a": [True] * 10, "b": [False] * 10}
+    low, high = st.cluster_bootstrap(both, resamples=2000)
+    w_low, w_high = st.wilson(10, 20)
+    assert low == 0.0 and high == 1.0 and w_low > 0.0 and w_high < 1.0
+    assert st.cluster_bootstrap({"a": [True, False]}, resamples=100) == (0.5, 0.5)
+    assert st.cluster_bootstrap({}) == (0.0, 1.0)
+    assert st.cluster_bootstrap(both, resamples=500) == st.cluster_bootstrap(both, resamples=500)  # seeded
+
+
+def test_like_for_like_drops_reduced_precision_targets_and_adapter_entries(records):
+    """The restricted rows count exactly the float32 targets' checks of entries without adapters."""
+    twin = []
+    for r in records:
+        if r["kind"] == "run":
+            r = copy.deepcopy(r)
+            det = next(m for m in r["config"]["models"] if m["name"] == "det")
+            r["config"]["models"].append({**det, "name": "det+nms", "adapters": [{"name": "deterministic_nms"}]})
+        twin.append(r)
+        if r.get("model") == "det":
+            twin.append({**r, "model": "det+nms"})
+    study = st.Study(twin)
+    every, float32, once, published = rows_of(st.block_like_for_like(study))
+    assert every[1] == "{}/{}".format(*study.rate(study.ran, study.gate_key))
+    reduced = {t for t in study.targets if t.endswith(("bfloat16", "float16", "float64"))}
+    assert reduced  # the fixture has a bfloat16 target to drop
+    kept = [c for c in study.ran if c["target"] not in reduced]
+    assert float32[1] == "{}/{}".format(*study.rate(kept, study.gate_key))
+    once_checks = [c for c in kept if c["model"] != "det+nms"]
+    assert once[1] == "{}/{}".format(*study.rate(once_checks, study.gate_key))
+    assert len(once_checks) < len(kept) < len(study.ran)
+    assert published[4] == "672" and published[5] == "72.0%"
+    intervals = rows_of(st.block_intervals(study).split("\n\n", 1)[1])
+    assert intervals[0][5] == "2"  # tiny and det (det+nms is det's architecture)
