@@ -144,3 +144,28 @@ def test_box_keys_are_packed_without_losing_order():
     order = deterministic_order(scores, 1e-2, boxes, 1.0)
     keys = [tuple(boxes[i].long().tolist()) + (int(i),) for i in order]
     assert keys == sorted(keys)
+
+
+def test_the_adapter_fidelity_benchmark_counts_kept_boxes_f1_and_map():
+    """benchmarks/adapter_fidelity.py's arithmetic on hand-made detections: of three boxes, one is kept, one
+    moved away (IoU < 0.5) and one dropped; F1 = 2 * kept / (boxes before + boxes after)."""
+    import importlib.util
+
+    from tests.conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("adapter_fidelity", ROOT / "benchmarks" / "adapter_fidelity.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def detections(boxes, labels, scores):
+        return {"boxes": torch.tensor(boxes, dtype=torch.float32), "labels": torch.tensor(labels),
+                "scores": torch.tensor(scores)}
+
+    before = [detections([[0, 0, 10, 10], [20, 20, 30, 30], [40, 40, 50, 50]], [1, 1, 2], [0.9, 0.8, 0.7])]
+    after = [detections([[0, 0, 10, 10], [26, 26, 36, 36]], [1, 1], [0.9, 0.8])]
+    result = bench.fidelity(before, after)
+    assert (result["boxes_before"], result["boxes_after"], result["kept"]) == (3, 2, 1)
+    assert result["f1"] == pytest.approx(2 / 5)
+    assert bench.fidelity(before, before)["f1"] == 1.0 and bench.fidelity(before, before)["map"] == 1.0
+    empty = [detections(torch.zeros(0, 4).tolist(), [], [])]
+    assert bench.fidelity(empty, empty)["f1"] == 1.0
