@@ -30,6 +30,21 @@ def test_seeded_init_is_identical_on_every_build_and_differs_by_seed():
     assert not torch.equal(a.conv.weight, c.conv.weight)
 
 
+def test_a_model_s_own_seed_wins_over_the_experiment_s_for_its_weights_only(tmp_path):
+    """One architecture under several seeds (the study's seed variance): `seed: 1` on the model draws what
+    the experiment's seed 1 draws; the same model without it keeps the experiment's; with weights it is refused."""
+    own = experiment({"source": "python", "entry": "tests.fixtures.tiny:tiny_cnn", "seed": 1, "init": "fan_in"})
+    plain = experiment({"source": "python", "entry": "tests.fixtures.tiny:tiny_cnn", "init": "fan_in"})
+    assert own.seed == plain.seed == 0
+    seeded_one, default = build_model(own.models[0], own), build_model(plain.models[0], plain)
+    plain.seed = 1
+    experiment_one = build_model(plain.models[0], plain)
+    assert torch.equal(seeded_one.conv.weight, experiment_one.conv.weight)
+    assert not torch.equal(seeded_one.conv.weight, default.conv.weight)
+    with pytest.raises(ParityError, match="'seed' applies only to a seeded init"):
+        experiment({"source": "python", "entry": "tests.fixtures.tiny:tiny_cnn", "seed": 1, "weights": "w.pt"}, tmp_path)
+
+
 def test_repo_import_leaves_sys_path_and_modules_as_they_were():
     """Two repositories each have a `model.py`: each must get its own, and neither may leak."""
     path_before, modules_before = list(sys.path), set(sys.modules)

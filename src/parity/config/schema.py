@@ -159,6 +159,7 @@ class ModelSpecBase(Strict):
     source: str
     weights: LocalPath | None = None
     init: Literal["default", "fan_in"] = "default"
+    seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)  # this model's init seed; None: the experiment's
     params: dict[str, Any] = Field(default_factory=dict)
     task: str = "other"  # a registered task (tier 3 evaluates it) or `other`
     inputs: list[str] | None = Field(default=None, min_length=1)
@@ -196,7 +197,13 @@ class ModelSpecBase(Strict):
             raise ValueError("'inputs' names an input set twice")
         if self.init != "default" and self.weights is not None:
             raise ValueError("'init' applies only to a seeded init (weights: null)")
+        if self.seed is not None and self.weights is not None:
+            raise ValueError("'seed' applies only to a seeded init (weights: null)")
         return self
+
+    def init_seed(self, experiment_seed: int) -> int:
+        """The seed this model's weights are drawn with: its own, else the experiment's."""
+        return experiment_seed if self.seed is None else self.seed
 
     @property
     def batch_mode(self) -> str:

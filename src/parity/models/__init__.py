@@ -13,12 +13,13 @@ from parity.plugins import SOURCES
 
 
 def build_model(spec, experiment) -> torch.nn.Module:
-    """The model of `spec` in eval mode; `weights: null` is a seeded init from the experiment's seed
-    (the builder's own, or `init: fan_in`)."""
-    with seeded(experiment.seed):
+    """The model of `spec` in eval mode; `weights: null` is a seeded init (the builder's own, or `init:
+    fan_in`) from the model's `seed`, else the experiment's."""
+    seed = spec.init_seed(experiment.seed)
+    with seeded(seed):
         model = SOURCES.get(spec.source).build(spec, experiment)
     if spec.init == "fan_in":
-        redraw_fan_in(model, experiment.seed)
+        redraw_fan_in(model, seed)
     if spec.weights not in (None, "DEFAULT"):
         apply_weights(model, experiment.resolve(spec.weights))
     return model.eval()
