@@ -26,6 +26,19 @@ class NoOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# What a model source builds (`models.sources.Source.kind`), in words for messages: a Python module whose
+# forward calls its submodules, or a module that wraps a file of another kind. A backend says which it takes
+# (`Backend.model_kinds`, `Backend.model_problem`).
+MODEL_KINDS = {"module": "a PyTorch module", "exported": "a torch.export program (.pt2)",
+               "torchscript": "a TorchScript module (.pt)", "onnx": "an ONNX graph file"}
+
+
+def onnx_file(model: torch.nn.Module) -> Path | None:
+    """The ONNX file a model built by `source: onnx` runs (its `onnx_file` attribute), or None for any other
+    model: backends that read ONNX graphs (ONNX Runtime, OpenVINO, onnx2torch) take it from the file itself."""
+    return getattr(model, "onnx_file", None)
+
+
 class Backend(ABC):
     name: ClassVar[str]
     devices: ClassVar[tuple[str, ...]] = ("cpu",)
@@ -55,6 +68,9 @@ class Backend(ABC):
     # The devices on which an experiment in the published tool's format (config/legacy.py), which names no
     # targets, checks this backend when it is available here.
     legacy_devices: ClassVar[tuple[str, ...]] = ()
+    # The kinds of model (MODEL_KINDS) this backend runs. An exported program's module is a torch module
+    # whose forward runs an FX graph: whatever takes a module takes it.
+    model_kinds: ClassVar[tuple[str, ...]] = ("module", "exported")
 
     def __init__(self, spec):
         self.spec = spec
@@ -70,6 +86,14 @@ class Backend(ABC):
     @classmethod
     def spec_problem(cls, spec) -> str | None:
         """A problem with this combination of options, device and dtype, found before anything runs."""
+        return None
+
+    @classmethod
+    def model_problem(cls, spec, kind: str) -> str | None:
+        """Why this backend, as `spec` sets it, cannot run a model of `kind` (MODEL_KINDS), or None. Found when
+        the experiment is checked; config/checks.py adds the backends that can."""
+        if kind not in cls.model_kinds:
+            return f"backend '{cls.name}' cannot run {MODEL_KINDS.get(kind, kind)}"
         return None
 
     @classmethod

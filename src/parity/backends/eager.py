@@ -30,6 +30,19 @@ class EagerBackend(Backend):
     Options = EagerOptions
     runs_module_hooks = True
     specializes_on_example = False  # the model's own forward, whatever the inputs' shapes
+    # Whatever the model's forward is: an ONNX file's runs ONNX Runtime CPU float32 (models/onnx_graph.py).
+    model_kinds = ("module", "exported", "torchscript", "onnx")
+
+    @classmethod
+    def model_problem(cls, spec, kind: str) -> str | None:
+        """An ONNX file's forward is ONNX Runtime on the CPU in float32: nothing else is eager about it, so
+        another device, dtype or option would claim what does not happen (the float64 oracle included)."""
+        problem = super().model_problem(spec, kind)  # compile and torchscript take fewer kinds
+        if problem is None and kind == "onnx" and (spec.device != "cpu" or spec.dtype != "float32" or spec.options):
+            return (f"backend '{cls.name}' runs an ONNX graph file as ONNX Runtime CPU float32, without options; "
+                    f"not {spec.device} {spec.dtype}{' with options' if spec.options else ''} (for other "
+                    "settings use the onnxruntime or openvino backend)")
+        return problem
 
     @classmethod
     def spec_problem(cls, spec) -> str | None:
