@@ -78,9 +78,13 @@ class TorchScriptSource(FileSource):
     what = "TorchScript"
 
     def load(self, path):
+        import warnings
+
         import torch
 
-        return torch.jit.load(str(path), map_location="cpu")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch.jit.load's deprecation notice
+            return torch.jit.load(str(path), map_location="cpu")
 
 
 class ExportedSpec(FileSpecBase):
@@ -95,9 +99,13 @@ class ExportedSource(FileSource):
     what = "torch.export"
 
     def load(self, path):
+        """The program's module, with the train()/eval() it refuses given back: its graph computes as it was
+        exported (in whichever mode), and parity's eval() then only sets the flags it would have set."""
         import torch
 
-        return torch.export.load(str(path)).module()
+        module = torch.export.load(str(path)).module()
+        del module.train, module.eval  # ExportedProgram.module() sets both to raise NotImplementedError
+        return module
 
 
 TORCHSCRIPT = TorchScriptSource()
