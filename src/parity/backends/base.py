@@ -19,18 +19,12 @@ from pydantic import BaseModel, ConfigDict
 
 from parity.config.schema import MAX_THREADS  # noqa: F401 - the bound of every backend's `threads` option
 from parity.inputs import Inputs
+from parity.models.sources import MODEL_KINDS
 from parity.outputs import map_tensors
 
 
 class NoOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-# What a model source builds (`models.sources.Source.kind`), in words for messages: a Python module whose
-# forward calls its submodules, or a module that wraps a file of another kind. A backend says which it takes
-# (`Backend.model_kinds`, `Backend.model_problem`).
-MODEL_KINDS = {"module": "a PyTorch module", "exported": "a torch.export program (.pt2)",
-               "torchscript": "a TorchScript module (.pt)", "onnx": "an ONNX graph file"}
 
 
 def onnx_file(model: torch.nn.Module) -> Path | None:
@@ -68,7 +62,7 @@ class Backend(ABC):
     # The devices on which an experiment in the published tool's format (config/legacy.py), which names no
     # targets, checks this backend when it is available here.
     legacy_devices: ClassVar[tuple[str, ...]] = ()
-    # The kinds of model (MODEL_KINDS) this backend runs. An exported program's module is a torch module
+    # The kinds of model (models/sources' MODEL_KINDS) this backend runs. An exported program's module is a torch module
     # whose forward runs an FX graph: whatever takes a module takes it.
     model_kinds: ClassVar[tuple[str, ...]] = ("module", "exported")
 

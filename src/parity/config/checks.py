@@ -68,7 +68,7 @@ def _kind_problems(exp: Experiment, kind: str, model: str) -> list[Problem]:
     """The reference, oracle and targets that cannot run a model of `kind` (a file that is not a Python
     module: backends/base.py's MODEL_KINDS), each with the backends that can; and tier 2, which hooks modules."""
     from parity.backends import backend_class
-    from parity.backends.base import MODEL_KINDS
+    from parity.models.sources import MODEL_KINDS
     from parity.plugins import BACKENDS
 
     if kind == "module":

@@ -73,7 +73,7 @@ class OnnxFileModel(torch.nn.Module):
         names = [i.name for i in self.graph_inputs]
         if len(args) > len(names):
             raise RuntimeError(f"the ONNX graph takes {len(names)} inputs ({', '.join(names)}), got {len(args)} positional")
-        given = dict(zip(names, args))
+        given = dict(zip(names, args, strict=False))  # the first len(args) names
         wrong = sorted(n for n in kwargs if n not in names or n in given)  # unknown, or given positionally too
         given.update(kwargs)
         missing = [n for n in names if n not in given]
@@ -85,14 +85,14 @@ class OnnxFileModel(torch.nn.Module):
     def feed(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         """The inputs as ONNX Runtime and OpenVINO take them: numpy arrays by input name."""
         names = [i.name for i in self.graph_inputs]
-        return {n: t.detach().to("cpu").contiguous().numpy() for n, t in zip(names, self.ordered(args, kwargs))}
+        return {n: t.detach().to("cpu").contiguous().numpy() for n, t in zip(names, self.ordered(args, kwargs), strict=True)}
 
     def outputs_from(self, values: list) -> dict[str, torch.Tensor]:
         """The graph's outputs (arrays or tensors, in its order) by name."""
         if len(values) != len(self.output_names):
             raise RuntimeError(f"the ONNX graph has {len(self.output_names)} outputs, got {len(values)}")
         return {n: v if isinstance(v, torch.Tensor) else torch.from_numpy(v)
-                for n, v in zip(self.output_names, values)}
+                for n, v in zip(self.output_names, values, strict=True)}
 
     def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> dict[str, torch.Tensor]:
         if self._session is None:

@@ -21,7 +21,13 @@ if TYPE_CHECKING:
 
     from parity.config.schema import ModelSpecBase
 
-Problem = tuple[tuple, str]  # (key path under the model, message), as config/checks.py reports them
+Problem = tuple[tuple, str]
+
+# What a source builds (`Source.kind`), in words for messages: a Python module whose forward calls its
+# submodules, or a module that runs a file of another kind. A backend says which it takes
+# (`Backend.model_kinds`, `Backend.model_problem`).
+MODEL_KINDS = {"module": "a PyTorch module", "exported": "a torch.export program (.pt2)",
+               "torchscript": "a TorchScript module (.pt)", "onnx": "an ONNX graph file"}  # (key path under the model, message), as config/checks.py reports them
 
 
 class Source(ABC):
@@ -36,7 +42,7 @@ class Source(ABC):
     libraries: ClassVar[tuple[str, ...]] = ()
     # Whether `weights: DEFAULT` means something: the source's own pretrained weights, found on this machine.
     default_weights: ClassVar[bool] = False
-    # What `build` returns (backends/base.py's MODEL_KINDS): "module", a Python module whose forward calls its
+    # What `build` returns (MODEL_KINDS): "module", a Python module whose forward calls its
     # submodules, is what every backend runs and tier 2 hooks; a module that runs a file ("torchscript",
     # "exported", "onnx") is run only by the backends that take that kind, and runs no module hooks.
     kind: ClassVar[str] = "module"

@@ -101,9 +101,17 @@ class ExportedSource(FileSource):
     def load(self, path):
         """The program's module, with the train()/eval() it refuses given back: its graph computes as it was
         exported (in whichever mode), and parity's eval() then only sets the flags it would have set."""
+        import logging
+
         import torch
 
-        module = torch.export.load(str(path)).module()
+        export_log = logging.getLogger("torch.export")
+        level = export_log.level
+        export_log.setLevel(logging.ERROR)  # it logs a traceback before trying the older format, then raises
+        try:
+            module = torch.export.load(str(path)).module()
+        finally:
+            export_log.setLevel(level)
         del module.train, module.eval  # ExportedProgram.module() sets both to raise NotImplementedError
         return module
 
