@@ -56,17 +56,18 @@ def _checks(records: list[dict]) -> dict[tuple[str, str], dict]:
 @pytest.fixture(scope="module")
 def onnx_run(tmp_path_factory):
     """One run of the ONNX file: reference ONNX Runtime CPU float32; ONNX Runtime without graph optimizations,
-    onnx2torch, and the shifted target judged at a tight and at a loose gate."""
+    onnx2torch, OpenVINO, and the shifted target judged at a tight and at a loose gate."""
     shifted = f"{__name__}:Shifted"
     targets = [{"backend": "onnxruntime", "name": "ort-disable", "options": {"graph_optimization_level": "disable"}},
                {"backend": "onnx2torch"},
+               {"backend": "openvino"},
                {"backend": shifted, "name": "shift-tight", "options": {"shift": SHIFT}, "tolerances": {"gate": 1e-4}},
                {"backend": shifted, "name": "shift-loose", "options": {"shift": SHIFT}, "tolerances": {"gate": 1e-2}}]
     return _checks(run_experiment(_data([_onnx()], targets), tmp_path_factory.mktemp("onnx"), reports=()))
 
 
 def test_an_onnx_file_runs_on_the_backends_that_read_it_and_gets_a_verdict(onnx_run):
-    for target in ("ort-disable", "onnx2torch-cpu"):
+    for target in ("ort-disable", "onnx2torch-cpu", "openvino-cpu"):
         check = onnx_run[("graph", target)]
         assert check["status"] == "ok" and check["passed"] is True, check
     assert [leaf["name"] for leaf in onnx_run[("graph", "ort-disable")]["leaves"]] == ["out['logits']"]  # by output name
@@ -245,3 +246,23 @@ def test_the_torchscript_exporter_refuses_dynamic_shapes():
         experiment_from_dict(_data([{"name": "tiny", "source": "python", "entry": "tests.fixtures.tiny:tiny_cnn"}],
                                    [{"backend": "onnxruntime", "options": {"exporter": "torchscript", "dynamic": True}}],
                                    inputs=[{"name": "noise", "synthetic": {"shape": [2, 3, 16, 16]}}]))
+
+
+def test_the_onnxruntime_session_of_an_onnx_file_has_the_targets_optimization_level():
+    import onnxruntime as ort
+
+    exp = experiment_from_dict(_data([_onnx()], [{"backend": "onnxruntime"}]))
+    graph = build_model(exp.models[0], exp)
+    for level, expected in (("disable", "ORT_DISABLE_ALL"), ("basic", "ORT_ENABLE_BASIC")):
+        backend = OnnxRuntimeBackend(BackendSpec(backend="onnxruntime", options={"graph_optimization_level": level}))
+        backend.prepare(copy.deepcopy(graph), None)
+        assert backend.session.get_session_options().graph_optimization_level == getattr(ort.GraphOptimizationLevel, expected)
+        assert backend.session._model_path == str(ONNX)  # the file itself, not an export of the wrapper
+        backend.close()
+
+
+def test_the_torchscript_exporter_says_why_tier_2_cannot_see_its_layers():
+    backend = OnnxRuntimeBackend(BackendSpec(backend="onnxruntime", options={"exporter": "torchscript"}))
+    found = backend.capture_layers(torch.nn.Linear(2, 2), None, ["a", "b"])
+    assert found == dict.fromkeys(["a", "b"], "the TorchScript exporter keeps no module scopes in the graph "
+                                              "(exporter: dynamo does)")
