@@ -266,3 +266,20 @@ def test_the_torchscript_exporter_says_why_tier_2_cannot_see_its_layers():
     found = backend.capture_layers(torch.nn.Linear(2, 2), None, ["a", "b"])
     assert found == dict.fromkeys(["a", "b"], "the TorchScript exporter keeps no module scopes in the graph "
                                               "(exporter: dynamo does)")
+
+
+def test_a_two_input_graph_takes_its_inputs_by_name_in_any_order(tmp_path):
+    """d = a - b, made with onnx.helper: keyword inputs go by the graph's names, positional ones by its order."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    value = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [2])  # noqa: E731
+    graph = helper.make_graph([helper.make_node("Sub", ["a", "b"], ["d"])], "sub", [value("a"), value("b")], [value("d")])
+    path = tmp_path / "sub.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    data = _data([{"name": "sub", "source": "onnx", "path": str(path)}], [{"backend": "onnxruntime"}],
+                 inputs=[{"name": "pair", "synthetic": {"b": {"shape": [2]}, "a": {"shape": [2]}}}])
+    exp = experiment_from_dict(data)
+    model = build_model(exp.models[0], exp)
+    a, b = torch.tensor([5.0, 7.0]), torch.tensor([1.0, 2.0])
+    assert torch.equal(model(b=b, a=a)["d"], a - b) and torch.equal(model(a, b)["d"], a - b)
