@@ -283,3 +283,18 @@ def test_a_two_input_graph_takes_its_inputs_by_name_in_any_order(tmp_path):
     model = build_model(exp.models[0], exp)
     a, b = torch.tensor([5.0, 7.0]), torch.tensor([1.0, 2.0])
     assert torch.equal(model(b=b, a=a)["d"], a - b) and torch.equal(model(a, b)["d"], a - b)
+
+
+def test_onnxruntime_targets_that_differ_only_in_session_options_share_one_export(tmp_path):
+    from parity.execute.cache import ArtifactCache
+    from parity.inputs import Inputs
+    from tests.fixtures.tiny import tiny_cnn
+
+    cache, model, example = ArtifactCache(tmp_path), tiny_cnn(), Inputs((torch.randn(1, 3, 8, 8),))
+
+    def key(**options):
+        return cache.key("onnx", model, OnnxRuntimeBackend(BackendSpec(backend="onnxruntime", options=options)),
+                         example, "identity")
+
+    assert key() == key(graph_optimization_level="disable", threads=1)
+    assert key() != key(exporter="torchscript") and key() != key(opset=17)

@@ -65,6 +65,9 @@ class Backend(ABC):
     # The kinds of model (models/sources' MODEL_KINDS) this backend runs. An exported program's module is a torch module
     # whose forward runs an FX graph: whatever takes a module takes it.
     model_kinds: ClassVar[tuple[str, ...]] = ("module", "exported")
+    # Options that change only how an artifact is run (a session's settings), not the artifact: left out of its
+    # cache key, so that targets that differ only in them share one export.
+    session_options: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, spec):
         self.spec = spec

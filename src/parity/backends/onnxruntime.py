@@ -108,6 +108,7 @@ class OnnxRuntimeBackend(Backend):
     dtypes = ("float32", "float16")
     Options = OnnxRuntimeOptions
     model_kinds = ("module", "exported", "torchscript", "onnx")
+    session_options = ("graph_optimization_level", "threads")  # the session's, not the exported graph's
     # What exporting means, which an ONNX file (run as it is) does not need.
     EXPORT_OPTIONS = ("exporter", "opset", "dynamic", "dynamic_shapes")
 
