@@ -66,7 +66,7 @@ def backend_problems(spec: BackendSpec, path: tuple) -> list[Problem]:
 
 def _kind_problems(exp: Experiment, kind: str, model: str) -> list[Problem]:
     """The reference, oracle and targets that cannot run a model of `kind` (a file that is not a Python
-    module: backends/base.py's MODEL_KINDS), each with the backends that can; and tier 2, which hooks modules."""
+    module: models.sources.MODEL_KINDS), each with the backends that can; and tier 2, which hooks modules."""
     from parity.backends import backend_class
     from parity.models.sources import MODEL_KINDS
     from parity.plugins import BACKENDS
