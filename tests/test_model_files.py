@@ -298,3 +298,25 @@ def test_onnxruntime_targets_that_differ_only_in_session_options_share_one_expor
 
     assert key() == key(graph_optimization_level="disable", threads=1)
     assert key() != key(exporter="torchscript") and key() != key(opset=17)
+
+
+def test_the_reference_feeds_an_onnx_graph_its_own_input_dtypes(tmp_path):
+    """A float64 input reaches the graph as float64 from eager, as from every backend that reads the file:
+    eager's float32 cast would hand the reference another input than the targets get."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from parity.backends.eager import EagerBackend
+    from parity.inputs import Inputs
+
+    value = lambda name: helper.make_tensor_value_info(name, TensorProto.DOUBLE, [3])  # noqa: E731
+    graph = helper.make_graph([helper.make_node("Identity", ["a"], ["b"])], "same", [value("a")], [value("b")])
+    path = tmp_path / "same.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    data = _data([{"name": "same", "source": "onnx", "path": str(path)}], [{"backend": "onnxruntime"}],
+                 inputs=[{"name": "wide", "synthetic": {"a": {"shape": [3], "dtype": "float64"}}}])
+    exp = experiment_from_dict(data)
+    a = torch.tensor([1 / 3, 2 / 3, 1e-300], dtype=torch.float64)  # none is a float32 value
+    backend = EagerBackend(exp.reference)
+    backend.prepare(build_model(exp.models[0], exp), Inputs(kwargs={"a": a}))
+    assert torch.equal(backend.run(Inputs(kwargs={"a": a}))["b"], a)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from parity.backends.base import MAX_THREADS, Backend, num_threads, synchronize, tf32, to_cpu
+from parity.backends.base import MAX_THREADS, Backend, num_threads, onnx_file, synchronize, tf32, to_cpu
 from parity.config.schema import DTYPES
 from parity.inputs import Inputs
 
@@ -62,7 +62,12 @@ class EagerBackend(Backend):
         """Eager-only options; subclasses (compile) that lack them get the plain behaviour."""
         return getattr(self.options, name, default)
 
+    # Whether inputs keep their dtypes: an ONNX file's graph declares its own, as every backend that reads the
+    # file feeds them (a float64 input cast to float32 here would be another input than the targets get).
+    _graph_dtypes = False
+
     def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
+        self._graph_dtypes = onnx_file(model) is not None
         model = model.to(self.device)
         if not self.options.autocast:
             model = model.to(self.dtype)
@@ -71,8 +76,10 @@ class EagerBackend(Backend):
         self.model = model
 
     def convert(self, inputs: Inputs) -> Inputs:
-        """Inputs on this backend's device, in its dtype (unless autocast does the casting)."""
-        inputs = inputs.to(self.device, None if self._option("autocast", False) else self.dtype)
+        """Inputs on this backend's device, in its dtype (unless autocast does the casting, or an ONNX graph
+        declares its inputs' dtypes)."""
+        keep = self._option("autocast", False) or self._graph_dtypes
+        inputs = inputs.to(self.device, None if keep else self.dtype)
         if self._option("channels_last", False):
             inputs = inputs.map(lambda t: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t)
         return inputs
