@@ -69,7 +69,7 @@ def test_every_problem_is_reported_at_once(write_yaml):
     [
         ({"targets": [{"backend": "eager", "dtype": "float8"}]}, "targets[0].dtype"),
         ({"targets": [{"backend": "eager", "device": "tpu"}]}, "device must be 'cpu', 'cuda' or 'cuda:N'"),
-        ({"targets": [{"backend": "onnxruntime", "options": {"optimisation": "all"}}]}, "did you mean 'optimization'"),
+        ({"targets": [{"backend": "onnxruntime", "options": {"graph_optimisation_level": "all"}}]}, "did you mean 'graph_optimization_level'"),
         ({"targets": [{"backend": "onnxruntime", "dtype": "bfloat16"}]}, "supports dtypes float32, float16"),
         ({"targets": [{"backend": "eager", "options": {"autocast": True}}]}, "autocast needs dtype bfloat16 or float16"),
         ({"targets": [{"backend": "eager", "options": {"tf32": False}}]}, "option tf32 applies to CUDA devices only"),

@@ -19,11 +19,18 @@ from pydantic import BaseModel, ConfigDict
 
 from parity.config.schema import MAX_THREADS  # noqa: F401 - the bound of every backend's `threads` option
 from parity.inputs import Inputs
+from parity.models.sources import MODEL_KINDS
 from parity.outputs import map_tensors
 
 
 class NoOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def onnx_file(model: torch.nn.Module) -> Path | None:
+    """The ONNX file a model built by `source: onnx` runs (its `onnx_file` attribute), or None for any other
+    model: backends that read ONNX graphs (ONNX Runtime, OpenVINO, onnx2torch) take it from the file itself."""
+    return getattr(model, "onnx_file", None)
 
 
 class Backend(ABC):
@@ -55,6 +62,12 @@ class Backend(ABC):
     # The devices on which an experiment in the published tool's format (config/legacy.py), which names no
     # targets, checks this backend when it is available here.
     legacy_devices: ClassVar[tuple[str, ...]] = ()
+    # The kinds of model (models/sources' MODEL_KINDS) this backend runs. An exported program's module is a torch module
+    # whose forward runs an FX graph: whatever takes a module takes it.
+    model_kinds: ClassVar[tuple[str, ...]] = ("module", "exported")
+    # Options that change only how an artifact is run (a session's settings), not the artifact: left out of its
+    # cache key, so that targets that differ only in them share one export.
+    session_options: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, spec):
         self.spec = spec
@@ -70,6 +83,14 @@ class Backend(ABC):
     @classmethod
     def spec_problem(cls, spec) -> str | None:
         """A problem with this combination of options, device and dtype, found before anything runs."""
+        return None
+
+    @classmethod
+    def model_problem(cls, spec, kind: str) -> str | None:
+        """Why this backend, as `spec` sets it, cannot run a model of `kind` (MODEL_KINDS), or None. Found when
+        the experiment is checked; config/checks.py adds the backends that can."""
+        if kind not in cls.model_kinds:
+            return f"backend '{cls.name}' cannot run {MODEL_KINDS.get(kind, kind)}"
         return None
 
     @classmethod

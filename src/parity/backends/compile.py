@@ -62,6 +62,7 @@ class CompileBackend(EagerBackend):
     fallback_kind = "eager"  # modules taken out of the compiled graph run eagerly
     legacy_devices = ("cpu", "cuda")
     Options = CompileOptions
+    model_kinds = ("module", "exported")  # torch.compile refuses a ScriptModule; an ONNX graph has no Python
 
     @classmethod
     def repro_snippet(cls, spec) -> str | None:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from parity.backends.base import MAX_THREADS, Backend, num_threads, synchronize, tf32, to_cpu
+from parity.backends.base import MAX_THREADS, Backend, num_threads, onnx_file, synchronize, tf32, to_cpu
 from parity.config.schema import DTYPES
 from parity.inputs import Inputs
 
@@ -30,6 +30,19 @@ class EagerBackend(Backend):
     Options = EagerOptions
     runs_module_hooks = True
     specializes_on_example = False  # the model's own forward, whatever the inputs' shapes
+    # Whatever the model's forward is: an ONNX file's runs ONNX Runtime CPU float32 (models/onnx_graph.py).
+    model_kinds = ("module", "exported", "torchscript", "onnx")
+
+    @classmethod
+    def model_problem(cls, spec, kind: str) -> str | None:
+        """An ONNX file's forward is ONNX Runtime on the CPU in float32: nothing else is eager about it, so
+        another device, dtype or option would claim what does not happen (the float64 oracle included)."""
+        problem = super().model_problem(spec, kind)  # compile and torchscript take fewer kinds
+        if problem is None and kind == "onnx" and (spec.device != "cpu" or spec.dtype != "float32" or spec.options):
+            return (f"backend '{cls.name}' runs an ONNX graph file as ONNX Runtime CPU float32, without options; "
+                    f"not {spec.device} {spec.dtype}{' with options' if spec.options else ''} (for other "
+                    "settings use the onnxruntime or openvino backend)")
+        return problem
 
     @classmethod
     def spec_problem(cls, spec) -> str | None:
@@ -49,7 +62,12 @@ class EagerBackend(Backend):
         """Eager-only options; subclasses (compile) that lack them get the plain behaviour."""
         return getattr(self.options, name, default)
 
+    # Whether inputs keep their dtypes: an ONNX file's graph declares its own, as every backend that reads the
+    # file feeds them (a float64 input cast to float32 here would be another input than the targets get).
+    _graph_dtypes = False
+
     def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
+        self._graph_dtypes = onnx_file(model) is not None
         model = model.to(self.device)
         if not self.options.autocast:
             model = model.to(self.dtype)
@@ -58,8 +76,10 @@ class EagerBackend(Backend):
         self.model = model
 
     def convert(self, inputs: Inputs) -> Inputs:
-        """Inputs on this backend's device, in its dtype (unless autocast does the casting)."""
-        inputs = inputs.to(self.device, None if self._option("autocast", False) else self.dtype)
+        """Inputs on this backend's device, in its dtype (unless autocast does the casting, or an ONNX graph
+        declares its inputs' dtypes)."""
+        keep = self._option("autocast", False) or self._graph_dtypes
+        inputs = inputs.to(self.device, None if keep else self.dtype)
         if self._option("channels_last", False):
             inputs = inputs.map(lambda t: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t)
         return inputs

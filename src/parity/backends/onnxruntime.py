@@ -1,4 +1,6 @@
-"""ONNX Runtime on a model exported with torch.onnx (the dynamo exporter).
+"""ONNX Runtime on a model exported with torch.onnx (the dynamo exporter, or the TorchScript exporter when
+`exporter: torchscript`), or on an ONNX graph file itself (`source: onnx`: no export; the session is made from
+the file with this target's providers and options).
 
 The exported graph takes the flattened input tensors and returns the flattened output tensors; the
 model's output structure (tuples, dicts, lists of dicts, from one eager run of this backend's own copy)
@@ -13,13 +15,14 @@ import copy
 import inspect
 import io
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from parity.backends.base import MAX_THREADS, Backend, OutputSpec, cuda_reason, runtime_threads
+from parity.backends.base import MAX_THREADS, Backend, OutputSpec, cuda_reason, onnx_file, runtime_threads
 from parity.inputs import Inputs
 
 LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
@@ -27,7 +30,11 @@ LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended":
 
 class OnnxRuntimeOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    optimization: Literal["disable", "basic", "extended", "all"] = "all"
+    # ONNX Runtime's GraphOptimizationLevel of the session (ORT_DISABLE_ALL ... ORT_ENABLE_ALL).
+    graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
+    # torch.onnx.export(dynamo=True), or the TorchScript exporter (dynamo=False): the older one exports
+    # ScriptModules (source: torchscript) and models torch.export cannot trace.
+    exporter: Literal["dynamo", "torchscript"] = "dynamo"
     opset: int | None = Field(default=None, ge=7)
     threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)
     # Without either, the graph keeps the shapes of the example it is exported from.
@@ -38,6 +45,9 @@ class OnnxRuntimeOptions(BaseModel):
     def _one_way(self) -> OnnxRuntimeOptions:
         if self.dynamic and self.dynamic_shapes is not None:
             raise ValueError("give 'dynamic: true' or 'dynamic_shapes', not both")
+        if self.exporter == "torchscript" and (self.dynamic or self.dynamic_shapes is not None):
+            raise ValueError("'dynamic' and 'dynamic_shapes' are the dynamo exporter's; the TorchScript exporter "
+                             "exports the example's shapes")
         return self
 
     @field_validator("opset")
@@ -72,11 +82,17 @@ def dynamic_dims(model: torch.nn.Module, example: Inputs) -> dict[str, Any]:
 
 
 def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, opset: int | None, optimize: bool = True,
-                external_data: bool = False, dynamic_shapes: Any = None) -> None:
-    """Export with the dynamo exporter. Its progress messages, and the whole traced graph that torch.export
-    prints when it gives up on a model (thousands of lines for a detector), are kept off the console: the
-    exception says why, and the check records it."""
+                external_data: bool = False, dynamic_shapes: Any = None, exporter: str = "dynamo") -> None:
+    """Export with the dynamo exporter (or the TorchScript one). Its progress messages, and the whole traced
+    graph that torch.export prints when it gives up on a model (thousands of lines for a detector), are kept
+    off the console: the exception says why, and the check records it."""
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
+        if exporter == "torchscript":
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # its deprecation notice, not something about this model
+                torch.onnx.export(model, example.args, str(path), kwargs=example.kwargs or None, dynamo=False,
+                                  opset_version=opset, verbose=False)
+            return
         torch.onnx.export(model, example.args, str(path), kwargs=example.kwargs or None, dynamo=True,
                           opset_version=opset, external_data=external_data, verbose=False, optimize=optimize,
                           dynamic_shapes=dynamic_shapes)
@@ -91,6 +107,24 @@ class OnnxRuntimeBackend(Backend):
     legacy_devices = ("cpu", "cuda")
     dtypes = ("float32", "float16")
     Options = OnnxRuntimeOptions
+    model_kinds = ("module", "exported", "torchscript", "onnx")
+    session_options = ("graph_optimization_level", "threads")  # the session's, not the exported graph's
+    # What exporting means, which an ONNX file (run as it is) does not need.
+    EXPORT_OPTIONS = ("exporter", "opset", "dynamic", "dynamic_shapes")
+
+    @classmethod
+    def model_problem(cls, spec, kind: str) -> str | None:
+        problem = super().model_problem(spec, kind)
+        if problem or kind not in ("torchscript", "onnx"):
+            return problem
+        if kind == "torchscript" and spec.options.get("exporter", "dynamo") != "torchscript":
+            return ("a TorchScript module exports to ONNX with the TorchScript exporter only (torch.export cannot "
+                    "trace it): set options.exporter: torchscript")
+        export_options = sorted(set(spec.options) & set(cls.EXPORT_OPTIONS))
+        if kind == "onnx" and (spec.dtype != "float32" or export_options):
+            return (f"backend '{cls.name}' runs an ONNX graph file as it is, in its own float32: "
+                    + (f"options {', '.join(export_options)} do not apply" if export_options else f"not {spec.dtype}"))
+        return None
 
     @classmethod
     def available(cls, spec) -> str | None:
@@ -118,10 +152,10 @@ class OnnxRuntimeBackend(Backend):
             f'module, args, kwargs = module.to(torch.{spec.dtype}), cast(args, "cpu", torch.{spec.dtype}), '
             f'cast(kwargs, "cpu", torch.{spec.dtype})',
             "with contextlib.redirect_stdout(io.StringIO()), torch.no_grad():  # the exporter's progress lines",
-            '    torch.onnx.export(module, tuple(args), str(HERE / "module.onnx"), kwargs=kwargs or None, dynamo=True, '
-            f"opset_version={o.opset}, verbose=False)",
+            '    torch.onnx.export(module, tuple(args), str(HERE / "module.onnx"), kwargs=kwargs or None, '
+            f"dynamo={o.exporter == 'dynamo'}, opset_version={o.opset}, verbose=False)",
             "options = ort.SessionOptions()",
-            f"options.graph_optimization_level = ort.GraphOptimizationLevel.{LEVELS[o.optimization]}",
+            f"options.graph_optimization_level = ort.GraphOptimizationLevel.{LEVELS[o.graph_optimization_level]}",
             f"options.intra_op_num_threads = {o.threads or 'torch.get_num_threads()'}",
             f'session = ort.InferenceSession(str(HERE / "module.onnx"), options, providers=[{provider}])',
             "feed = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]",
@@ -130,10 +164,15 @@ class OnnxRuntimeBackend(Backend):
         ])
 
     def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
+        self.graph = model if onnx_file(model) is not None else None
+        if self.graph is not None:  # an ONNX file: run as it is, inputs and outputs by the graph's names
+            self._open_session(onnx_file(model))
+            return
         model, example = model.to(self.dtype), example.to("cpu", self.dtype)
         self.outputs = OutputSpec(model, example)
         folder = self.artifact("onnx", model, example, lambda folder: export_onnx(
-            model, example, folder / "model.onnx", self.options.opset, dynamic_shapes=self._dynamic_shapes(model, example)))
+            model, example, folder / "model.onnx", self.options.opset, dynamic_shapes=self._dynamic_shapes(model, example),
+            exporter=self.options.exporter))
         self._open_session(folder / "model.onnx")
 
     def _dynamic_shapes(self, model: torch.nn.Module, example: Inputs) -> Any:
@@ -146,7 +185,7 @@ class OnnxRuntimeBackend(Backend):
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
-        opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[self.options.optimization])
+        opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[self.options.graph_optimization_level])
         opts.intra_op_num_threads = runtime_threads(self.options.threads)
         if self.device.type == "cuda":
             providers = [("CUDAExecutionProvider", {"device_id": self.device.index or 0})]
@@ -163,6 +202,8 @@ class OnnxRuntimeBackend(Backend):
         return {name: t.contiguous().numpy() for name, t in zip(self.input_names, tensors, strict=True)}
 
     def run(self, inputs: Inputs):
+        if self.graph is not None:
+            return self.graph.outputs_from(self.session.run(None, self.graph.feed(inputs.args, inputs.kwargs)))
         outputs = self.session.run(None, self._feed(inputs))
         return self.outputs.rebuild([torch.from_numpy(a) for a in outputs], "the ONNX graph")
 
@@ -181,6 +222,9 @@ class OnnxRuntimeBackend(Backend):
 
         import onnx
 
+        if self.options.exporter == "torchscript":
+            why = "the TorchScript exporter keeps no module scopes in the graph (exporter: dynamo does)"
+            return dict.fromkeys(names, why)
         example = example.to("cpu", self.dtype)
 
         def export(folder: Path) -> None:  # a copy is cast and exported: `model` is the caller's

@@ -2,7 +2,8 @@
 
 OpenVINO's CPU plugin may run float32 models in bfloat16 on processors that support it; parity pins the
 inference precision to the backend's dtype (float32 unless asked otherwise) so that a drift is never
-an unannounced precision change.
+an unannounced precision change. An ONNX graph file (`source: onnx`) is read as it is (`read_model`), not
+converted from a module.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import warnings
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from parity.backends.base import MAX_THREADS, Backend, OutputSpec, runtime_threads
+from parity.backends.base import MAX_THREADS, Backend, OutputSpec, onnx_file, runtime_threads
 from parity.inputs import Inputs
 
 PRECISION = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
@@ -30,6 +31,7 @@ class OpenVinoBackend(Backend):
     libraries = ("torch", "openvino", "numpy")
     dtypes = ("float32", "bfloat16", "float16")
     Options = OpenVinoOptions
+    model_kinds = ("module", "exported", "torchscript", "onnx")  # convert_model takes a ScriptModule too
 
     @classmethod
     def available(cls, spec) -> str | None:
@@ -57,12 +59,16 @@ class OpenVinoBackend(Backend):
     def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
         import openvino as ov
 
-        self.outputs = OutputSpec(model, example)
-        self.keywords = list(example.kwargs)
-        # save_model would store the weights in float16 unless told not to: a precision change of its own.
-        folder = self.artifact("openvino", model, example, lambda folder: ov.save_model(
-            self._convert(model, example), str(folder / "model.xml"), compress_to_fp16=False))
-        ov_model = ov.Core().read_model(str(folder / "model.xml"))
+        self.graph = model if onnx_file(model) is not None else None
+        if self.graph is not None:  # an ONNX file: read as it is; inputs and outputs by the graph's names
+            ov_model = ov.Core().read_model(str(onnx_file(model)))
+        else:
+            self.outputs = OutputSpec(model, example)
+            self.keywords = list(example.kwargs)
+            # save_model would store the weights in float16 unless told not to: a precision change of its own.
+            folder = self.artifact("openvino", model, example, lambda folder: ov.save_model(
+                self._convert(model, example), str(folder / "model.xml"), compress_to_fp16=False))
+            ov_model = ov.Core().read_model(str(folder / "model.xml"))
         config = {"INFERENCE_PRECISION_HINT": PRECISION[self.spec.dtype]}
         config["INFERENCE_NUM_THREADS"] = runtime_threads(self.options.threads)
         self.compiled = ov.Core().compile_model(ov_model, "CPU", config)
@@ -76,6 +82,9 @@ class OpenVinoBackend(Backend):
             return ov.convert_model(model, example_input=example.kwargs or example.tensors())
 
     def run(self, inputs: Inputs):
+        if self.graph is not None:
+            result = self.compiled(self.graph.feed(inputs.args, inputs.kwargs))
+            return self.graph.outputs_from([result[self.compiled.output(name)].copy() for name in self.graph.output_names])
         if self.keywords:  # keyword inputs go by name: their order in the file need not be the signature's
             feed = {name: inputs.kwargs[name].numpy() for name in self.keywords}
         else:

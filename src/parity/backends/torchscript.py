@@ -24,6 +24,7 @@ class TorchScriptBackend(EagerBackend):
     Options = TorchScriptOptions
     runs_module_hooks = False  # a traced graph no longer calls the modules' Python hooks
     legacy_devices = ("cpu",)
+    model_kinds = ("module", "exported", "torchscript")  # a ScriptModule is traced as it runs
 
     @classmethod
     def repro_snippet(cls, spec) -> str | None:

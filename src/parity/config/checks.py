@@ -64,6 +64,46 @@ def backend_problems(spec: BackendSpec, path: tuple) -> list[Problem]:
     return out
 
 
+def _kind_problems(exp: Experiment, kind: str, model: str) -> list[Problem]:
+    """The reference, oracle and targets that cannot run a model of `kind` (a file that is not a Python
+    module: models.sources.MODEL_KINDS), each with the backends that can; and tier 2, which hooks modules."""
+    from parity.backends import backend_class
+    from parity.models.sources import MODEL_KINDS
+    from parity.plugins import BACKENDS
+
+    if kind == "module":
+        return []
+    oracle = BackendSpec(backend="eager", dtype="float64", name="oracle")  # runner/plan.py's ORACLE
+    runners = [(("reference",), exp.reference), *([(("oracle",), oracle)] if exp.oracle.enabled else []),
+               *((("targets", i), t) for i, t in enumerate(exp.targets))]
+    out = []
+    for where, spec in runners:
+        try:
+            problem = backend_class(spec.backend).model_problem(spec, kind)
+        except ParityError:  # an unknown backend: said by backend_problems
+            continue
+        if problem:
+            out.append((where, f"{problem} (model '{model}'; backends that run {MODEL_KINDS[kind]}: "
+                               f"{', '.join(_backends_for(kind, BACKENDS.names()))})"))
+    if exp.tiers.localize:
+        out.append((("tiers", "activations"), f"tier 2 reads layers through module hooks, and model '{model}' is "
+                    f"{MODEL_KINDS[kind]}, whose layers run none: set tiers.activations: false"))
+    return out
+
+
+def _backends_for(kind: str, names: list[str]) -> list[str]:
+    from parity.backends import backend_class
+
+    out = []
+    for name in names:
+        try:
+            if kind in backend_class(name).model_kinds:
+                out.append(name)
+        except ParityError:  # a registered backend that cannot be loaded here
+            continue
+    return out
+
+
 def _model(exp: Experiment, i: int) -> list[Problem]:
     from parity.plugins import SOURCES
 
@@ -71,6 +111,7 @@ def _model(exp: Experiment, i: int) -> list[Problem]:
     path = ("models", i)
     source = SOURCES.get(model.source)
     out: list[Problem] = [(path + key, msg) for key, msg in source.problems(model, exp)]
+    out += _kind_problems(exp, source.kind, model.name)
     if model.weights not in (None, "DEFAULT"):
         problem = _weights_problem(exp.resolve(model.weights))
         if problem:

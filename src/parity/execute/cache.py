@@ -124,8 +124,9 @@ class ArtifactCache:
             return None
         code_digest, reached = code
         spec = backend.spec
+        options = {k: v for k, v in spec.options.items() if k not in getattr(backend, "session_options", ())}
         parts = {"kind": kind, "identity": identity, "model": model_digest(model), "code": code_digest,
-                 "inputs": inputs_digest(example), "backend": [spec.backend, spec.device, spec.dtype, spec.options],
+                 "inputs": inputs_digest(example), "backend": [spec.backend, spec.device, spec.dtype, options],
                  "libraries": fingerprint.versions({"torch", *backend.libraries, *reached}),
                  "python": sys.version, "parity": fingerprint.parity_digest(), "kernels": kernel_tag()}
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]

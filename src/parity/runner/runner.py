@@ -323,9 +323,15 @@ class Runner:
         did-you-mean; `option` says how the caller chooses (`--model`, `model=`); a target that cannot run
         here says why."""
         from parity.backends import backend_class
+        from parity.models.sources import MODEL_KINDS
+        from parity.plugins import SOURCES
 
         exp = self.exp
         model_spec = next(m for m in exp.models if m.name == _pick("model", model, [m.name for m in exp.models], option))
+        kind = SOURCES.get(model_spec.source).kind
+        if kind != "module":
+            raise ParityError(f"model '{model_spec.name}' is {MODEL_KINDS[kind]}, whose layers run no module hooks: "
+                              "localize and fallback look inside a model through them")
         spec = next(t for t in exp.targets if t.id == _pick("target", target, [t.id for t in exp.targets], option))
         sets = exp.inputs_for(model_spec)
         input_spec = next(s for s in sets if s.name == _pick("inputs", inputs or sets[0].name, [s.name for s in sets], option))

@@ -14,13 +14,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from parity.errors import ParityError
+from parity.files import file_problem
 
 if TYPE_CHECKING:
     import torch
 
     from parity.config.schema import ModelSpecBase
 
-Problem = tuple[tuple, str]  # (key path under the model, message), as config/checks.py reports them
+Problem = tuple[tuple, str]
+
+# What a source builds (`Source.kind`), in words for messages: a Python module whose forward calls its
+# submodules, or a module that runs a file of another kind. A backend says which it takes
+# (`Backend.model_kinds`, `Backend.model_problem`).
+MODEL_KINDS = {"module": "a PyTorch module", "exported": "a torch.export program (.pt2)",
+               "torchscript": "a TorchScript module (.pt)", "onnx": "an ONNX graph file"}  # (key path under the model, message), as config/checks.py reports them
 
 
 class Source(ABC):
@@ -35,6 +42,10 @@ class Source(ABC):
     libraries: ClassVar[tuple[str, ...]] = ()
     # Whether `weights: DEFAULT` means something: the source's own pretrained weights, found on this machine.
     default_weights: ClassVar[bool] = False
+    # What `build` returns (MODEL_KINDS): "module", a Python module whose forward calls its
+    # submodules, is what every backend runs and tier 2 hooks; a module that runs a file ("torchscript",
+    # "exported", "onnx") is run only by the backends that take that kind, and runs no module hooks.
+    kind: ClassVar[str] = "module"
 
     @abstractmethod
     def build(self, spec: Any, experiment: Any) -> torch.nn.Module:
@@ -88,3 +99,26 @@ def call_factory(factory, params: dict, what: str) -> torch.nn.Module:
     if not isinstance(model, torch.nn.Module):
         raise ParityError(f"{what} returned {type(model).__name__}, not a torch.nn.Module")
     return model
+
+
+def model_file_problem(path: Path, suffixes: tuple[str, ...], what: str) -> str | None:
+    """Why `path` cannot be the model file of a source that reads `what` from `suffixes` files, or None: not
+    there, not a regular file (a FIFO would block), or another suffix (a `.onnx` given to `source:
+    torchscript` is a mix-up better said now than as a loader's traceback)."""
+    problem = file_problem(path, f"{what} file")
+    if problem:
+        return problem
+    if path.suffix.lower() not in suffixes:
+        return f"{what} file {path}: expected a {' or '.join(suffixes)} file, not '{path.suffix or path.name}'"
+    return None
+
+
+def file_digest(path: Path) -> str:
+    """The sha256 of a model file's bytes: what the artifact cache keys that model's exports on."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
