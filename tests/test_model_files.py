@@ -190,7 +190,7 @@ def test_a_corrupt_saved_file_is_one_line_exit_2_when_the_run_loads_it(tmp_path,
 
 
 def test_a_file_source_takes_no_weights_init_or_params():
-    for extra, key in (({"weights": "w.safetensors"}, "weights"), ({"init": "fan_in"}, "init"), ({"params": {"a": 1}}, "params")):
+    for extra, key in (({"weights": "w.safetensors"}, "weights"), ({"init": "fan_in"}, "init"), ({"params": {"a": 1}}, "params"), ({"seed": 3}, "seed")):
         with pytest.raises(ParityError, match=f"'{key}'"):
             experiment_from_dict(_data([_onnx(**extra)], [{"backend": "onnxruntime"}]))
 

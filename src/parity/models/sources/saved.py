@@ -28,8 +28,9 @@ class FileSpecBase(ModelSpecBase):
     def _whole_file(self) -> FileSpecBase:
         if self.weights is not None:
             raise ValueError(f"source '{self.source}' reads the weights from 'path'; leave 'weights' out")
-        if self.init != "default":
-            raise ValueError(f"source '{self.source}' keeps the file's weights; 'init' does not apply")
+        if self.init != "default" or self.seed is not None:
+            raise ValueError(f"source '{self.source}' keeps the file's weights; "
+                             f"'{'init' if self.init != 'default' else 'seed'}' does not apply")
         if self.params:
             raise ValueError(f"source '{self.source}' builds nothing; 'params' does not apply")
         return self
