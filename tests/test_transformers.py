@@ -4,6 +4,7 @@ validate."""
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
@@ -127,6 +128,7 @@ def test_the_files_digest_follows_every_file_of_the_folder(saved, tmp_path):
 @pytest.mark.parametrize("model, key, message", [
     ({"path": "nowhere"}, "models[0].path", "transformers model folder not found: "),
     ({"path": "."}, "models[0].path", "no config.json in "),
+    ({"path": "config-only"}, "models[0].path", "no weights in "),
     ({"config": {**BERT, "model_type": "bret"}}, "models[0].config", "unknown transformers model_type 'bret'; "
                                                                      "did you mean 'bert'?"),
     ({"config": {"num_hidden_layers": 2}}, "models[0].config", "'config' needs 'model_type'"),
@@ -136,6 +138,8 @@ def test_the_files_digest_follows_every_file_of_the_folder(saved, tmp_path):
     ({}, "models[0]", "exactly one of 'path'"),
 ])
 def test_a_model_transformers_cannot_build_here_is_one_line_at_validate(tmp_path, capsys, model, key, message):
+    (tmp_path / "config-only").mkdir()
+    (tmp_path / "config-only" / "config.json").write_text(json.dumps(BERT))
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(_data(model)))
     assert main(["validate", str(path)]) == 2

@@ -1,12 +1,10 @@
 """Text input sets: sentences tokenized by a local tokenizer folder (transformers' AutoTokenizer, read with
 `local_files_only`: nothing is downloaded), padded to the longest, handed to the model as the keyword
-tensors the tokenizer gives (`input_ids`, `attention_mask`, and `token_type_ids` when it has them)."""
+tensors the tokenizer gives (int64 `input_ids`, `attention_mask`, and `token_type_ids` when it has them)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-
-import torch
 
 from parity.errors import ParityError
 from parity.inputs import Inputs
@@ -36,6 +34,6 @@ def tokenizer_problem(folder: Path) -> str | None:
 
 
 def make_text(texts: list[str], folder: Path) -> Inputs:
-    """The keyword tensors of `texts`, padded to the longest; integer tensors as int64 (what exporters trace)."""
+    """The keyword tensors of `texts`, padded to the longest, in the tokenizer's order."""
     encoded = load_tokenizer(folder)(list(texts), padding="longest", return_tensors="pt")
-    return Inputs((), {name: t.to(torch.int64) for name, t in encoded.items()})
+    return Inputs((), dict(encoded))

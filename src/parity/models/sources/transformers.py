@@ -22,6 +22,8 @@ from parity.errors import ParityError, did_you_mean
 from parity.models.sources import Source
 
 ATTENTION = "eager"
+# What from_pretrained reads weights from: one file, or the index of a sharded checkpoint.
+WEIGHTS_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 class TransformersSpec(ModelSpecBase):
@@ -85,6 +87,8 @@ def folder_problem(folder: Path) -> str | None:
         return f"transformers model folder not found: {folder} (a local save_pretrained folder; nothing is downloaded)"
     if not (folder / "config.json").is_file():
         return f"no config.json in {folder}: not a save_pretrained folder"
+    if not any((folder / name).is_file() for name in WEIGHTS_FILES):
+        return f"no weights in {folder} ({' or '.join(WEIGHTS_FILES[::2])}, as save_pretrained writes them)"
     return None
 
 
