@@ -55,8 +55,7 @@ def test_repo_import_forgets_the_repositorys_modules_but_keeps_the_libraries_the
     library = next((name for name in RARE_STDLIB if name not in sys.modules), None)
     if library is None:
         pytest.skip("every candidate library is imported already")
-    (tmp_path / "lib").mkdir()
-    (tmp_path / "lib" / "__init__.py").write_text("")
+    (tmp_path / "lib").mkdir()  # a namespace package: no file of its own, only its folder
     (tmp_path / "lib" / "layers.py").write_text("import torch\n\n\ndef head():\n    return torch.nn.Linear(2, 2)\n")
     (tmp_path / "model.py").write_text(f"import {library}  # noqa: F401\nfrom lib.layers import head\n\n\n"
                                        "def make():\n    return head()\n")
