@@ -137,7 +137,9 @@ def test_the_files_digest_follows_every_file_of_the_folder(saved, tmp_path):
     ({"config": BERT, "path": "."}, "models[0]", "exactly one of 'path'"),
     ({}, "models[0]", "exactly one of 'path'"),
 ])
-def test_a_model_transformers_cannot_build_here_is_one_line_at_validate(tmp_path, capsys, model, key, message):
+def test_a_model_transformers_cannot_build_here_is_one_line_at_validate(tmp_path, capsys, monkeypatch, model, key,
+                                                                       message):
+    attempts = _refuse_network(monkeypatch)
     (tmp_path / "config-only").mkdir()
     (tmp_path / "config-only" / "config.json").write_text(json.dumps(BERT))
     path = tmp_path / "exp.yaml"
@@ -145,6 +147,7 @@ def test_a_model_transformers_cannot_build_here_is_one_line_at_validate(tmp_path
     assert main(["validate", str(path)]) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert key in line and message in line, line
+    assert attempts == []
 
 
 @pytest.mark.parametrize("inputs, key, message", [
@@ -153,8 +156,10 @@ def test_a_model_transformers_cannot_build_here_is_one_line_at_validate(tmp_path
     ({"text": ["a cat"]}, "inputs[0]", "'text' needs 'tokenizer'"),
     ({"text": ["a cat"], "tokenizer": ".", "synthetic": TOKENS}, "inputs[0]", "exactly one of 'images', 'synthetic' or 'text'"),
 ])
-def test_a_text_input_set_parity_cannot_tokenize_is_one_line_at_validate(tmp_path, inputs, key, message):
+def test_a_text_input_set_parity_cannot_tokenize_is_one_line_at_validate(tmp_path, monkeypatch, inputs, key, message):
+    attempts = _refuse_network(monkeypatch)
     with pytest.raises(ParityError) as exc:
         experiment_from_dict(_data({"config": BERT}, {"name": "sentences", **inputs}), "<dict>", tmp_path)
     [problem] = exc.value.problems
     assert key in problem and message in problem, problem
+    assert attempts == []
