@@ -136,6 +136,7 @@ def test_the_files_digest_follows_every_file_of_the_folder(saved, tmp_path):
      "unknown transformers model class 'BertForSequenceClasification'; did you mean 'BertForSequenceClassification'?"),
     ({"config": BERT, "path": "."}, "models[0]", "exactly one of 'path'"),
     ({}, "models[0]", "exactly one of 'path'"),
+    ({"path": ".", "init": "fan_in"}, "models[0]", "'init' applies only to a seeded init ('config:')"),
 ])
 def test_a_model_transformers_cannot_build_here_is_one_line_at_validate(tmp_path, capsys, monkeypatch, model, key,
                                                                        message):
