@@ -164,3 +164,21 @@ def test_a_text_input_set_parity_cannot_tokenize_is_one_line_at_validate(tmp_pat
     [problem] = exc.value.problems
     assert key in problem and message in problem, problem
     assert attempts == []
+
+
+def test_a_class_whose_own_dependencies_are_missing_is_one_line(monkeypatch):
+    """transformers imports a model's module when the class is first looked up: a missing dependency of that
+    module (LayoutLMv2 needs detectron2) is one line, not a traceback."""
+    from parity.models.sources import transformers as source
+
+    class Lazy:
+        PreTrainedModel = torch.nn.Module
+
+        def __getattr__(self, name):
+            raise ImportError(f"{name} requires the detectron2 library but it was not found\nmore lines")
+
+    monkeypatch.setattr(source, "_transformers", Lazy)
+    with pytest.raises(ParityError) as exc:
+        source.model_class("LayoutLMv2Model")
+    assert exc.value.problems == ["transformers class 'LayoutLMv2Model' cannot be imported here: LayoutLMv2Model "
+                                  "requires the detectron2 library but it was not found"]
