@@ -37,6 +37,8 @@ class TransformersSpec(ModelSpecBase):
         if (self.path is None) == (self.config is None):
             raise ValueError("source 'transformers' needs exactly one of 'path' (a save_pretrained folder) or "
                              "'config' (a mapping with model_type)")
+        if self.path is not None and self.init != "default":
+            raise ValueError("'init' applies only to a seeded init ('config:'); a 'path:' folder has its own weights")
         return self
 
 
@@ -57,7 +59,10 @@ def _model_classes(transformers) -> list[str]:
 def model_class(name: str):
     """The transformers class `name` names: an Auto class or a PreTrainedModel subclass."""
     transformers = _transformers()
-    cls = getattr(transformers, name, None) if name.isidentifier() else None
+    try:
+        cls = getattr(transformers, name, None) if name.isidentifier() else None
+    except (ImportError, RuntimeError) as exc:  # a class whose own dependencies are not installed here
+        raise ParityError(f"transformers class '{name}' cannot be imported here: {str(exc).splitlines()[0]}") from exc
     if not isinstance(cls, type) or not (hasattr(cls, "from_config") or issubclass(cls, transformers.PreTrainedModel)):
         raise ParityError(f"unknown transformers model class '{name}'{did_you_mean(name, _model_classes(transformers))}")
     return cls
