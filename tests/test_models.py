@@ -11,6 +11,7 @@ from safetensors.torch import save_file
 from parity.config import experiment_from_dict
 from parity.errors import ParityError
 from parity.models import build_model
+from parity.models.sources import loaded_from
 from tests.conftest import FIXTURES, tiny_experiment
 
 
@@ -47,15 +48,36 @@ def test_a_model_s_own_seed_wins_over_the_experiment_s_for_its_weights_only(tmp_
 
 def test_repo_import_leaves_sys_path_and_modules_as_they_were():
     """Two repositories each have a `model.py`: each must get its own, and neither may leak."""
-    path_before, modules_before = list(sys.path), set(sys.modules)
+    path_before = list(sys.path)
     exp_a = experiment({"source": "repo", "path": "repo_a", "entry": "model:RepoNet", "params": {"classes": 3}})
     exp_b = experiment({"source": "repo", "path": "repo_b", "entry": "model:make", "params": {"width": 5}})
     a = build_model(exp_a.models[0], exp_a)
     b = build_model(exp_b.models[0], exp_b)
     assert type(a).__name__ == "RepoNet" and a.head.out_features == 3
     assert b[-1].out_features == 5
-    assert sys.path == path_before and "model" not in sys.modules
-    assert set(sys.modules) - modules_before == set()
+    assert sys.path == path_before and "model" not in sys.modules and "hubconf" not in sys.modules
+    repos = [(FIXTURES / name).resolve() for name in ("repo_a", "repo_b")]
+    assert not [name for name, module in list(sys.modules.items()) if any(loaded_from(module, r) for r in repos)]
+
+
+# Standard-library modules a test process is unlikely to have imported: the repository below imports one.
+RARE_STDLIB = ("colorsys", "wave", "netrc", "tabnanny", "xdrlib", "sunau", "mailcap", "nntplib")
+
+
+def test_repo_import_forgets_the_repositorys_modules_but_keeps_the_libraries_they_imported(tmp_path):
+    """Unloading a library imported while building (torch's, transformers' internals) breaks every export after
+    it; the folder's own modules (`model`, its package `lib`) must still go."""
+    library = next((name for name in RARE_STDLIB if name not in sys.modules), None)
+    if library is None:
+        pytest.skip("every candidate library is imported already")
+    (tmp_path / "lib").mkdir()  # a namespace package: no file of its own, only its folder
+    (tmp_path / "lib" / "layers.py").write_text("import torch\n\n\ndef head():\n    return torch.nn.Linear(2, 2)\n")
+    (tmp_path / "model.py").write_text(f"import {library}  # noqa: F401\nfrom lib.layers import head\n\n\n"
+                                       "def make():\n    return head()\n")
+    exp = experiment({"source": "repo", "path": ".", "entry": "model:make"}, tmp_path)
+    assert build_model(exp.models[0], exp).out_features == 2
+    assert library in sys.modules
+    assert not {"model", "lib", "lib.layers"} & set(sys.modules)
 
 
 def test_repo_hubconf_entry():

@@ -111,7 +111,8 @@ def test_keys_of_another_source_and_unknown_sources_are_named(write_yaml):
     problems = "\n".join(info.value.problems)
     assert "models[0].entry: unknown key (allowed here: name, source, weights, init, seed, params, task, inputs, export_inputs, batch, adapters, builder)" in problems
     assert ("models[1].source: unknown model source 'torchvisoin'; did you mean 'torchvision'? "
-            "(known: exported, onnx, python, repo, timm, torchscript, torchvision)") in problems
+            f"(known: {', '.join(plugins.SOURCES.names())})") in problems
+    assert {"exported", "onnx", "python", "repo", "timm", "torchscript", "torchvision", "transformers"} <= set(plugins.SOURCES.names())
     assert "exp.yaml:9: models[1].source" in problems
 
 

@@ -154,6 +154,17 @@ def _images(exp: Experiment) -> list[Problem]:
     return out
 
 
+def _tokenizers(exp: Experiment) -> list[Problem]:
+    from parity.inputs.text import tokenizer_problem
+
+    out = []
+    for i, spec in enumerate(exp.inputs):
+        problem = tokenizer_problem(exp.resolve(spec.tokenizer)) if spec.tokenizer is not None else None
+        if problem:
+            out.append((("inputs", i, "tokenizer"), problem))
+    return out
+
+
 def check(exp: Experiment) -> list[Problem]:
     problems = _unique([m.name for m in exp.models], "models", "model name")
     problems += _unique([s.name for s in exp.inputs], "inputs", "input set name")
@@ -174,4 +185,5 @@ def check(exp: Experiment) -> list[Problem]:
             problems.append((("tiers", "activations"), f"tier 2 reads layers through module hooks; the reference "
                              f"backend '{exp.reference.backend}' does not run them (use eager)"))
     problems += _images(exp)
+    problems += _tokenizers(exp)
     return problems

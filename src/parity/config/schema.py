@@ -341,13 +341,17 @@ class InputSetSpec(Strict):
     images: list[LocalPath] | None = Field(default=None, max_length=10_000)
     preprocess: Preprocess = Field(default_factory=Preprocess)
     synthetic: SyntheticSpec | None = None
+    text: list[Annotated[str, Field(max_length=100_000)]] | None = Field(default=None, min_length=1, max_length=10_000)
+    tokenizer: LocalPath | None = None  # the folder a transformers tokenizer was saved to (text only)
 
     @model_validator(mode="after")
     def _one_kind(self) -> InputSetSpec:
-        if (self.images is None) == (self.synthetic is None):
-            raise ValueError("an input set needs exactly one of 'images' or 'synthetic'")
+        if sum(kind is not None for kind in (self.images, self.synthetic, self.text)) != 1:
+            raise ValueError("an input set needs exactly one of 'images', 'synthetic' or 'text'")
         if self.images is not None and not self.images:
             raise ValueError("'images' is empty")
+        if (self.text is None) != (self.tokenizer is None):
+            raise ValueError("'text' needs 'tokenizer' (a local tokenizer folder), and 'tokenizer' is for 'text' only")
         if self.synthetic is not None:
             specs = self.synthetic.values() if isinstance(self.synthetic, dict) else (
                 self.synthetic if isinstance(self.synthetic, list) else [self.synthetic])

@@ -59,6 +59,10 @@ def _build(spec, experiment, batch: str) -> Inputs:
     from parity.inputs.images import load_images
     from parity.inputs.synthetic import make_synthetic
 
+    if spec.text is not None:
+        from parity.inputs.text import make_text
+
+        return make_text(spec.text, experiment.resolve(spec.tokenizer))
     if spec.images is not None:
         images, notes = load_images(spec.images, spec.preprocess, experiment.base_dir)
         if batch == "list":

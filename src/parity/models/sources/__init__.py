@@ -74,17 +74,36 @@ def folder_first(folder: Path):
         sys.path[:] = saved_path
 
 
+def loaded_from(module: Any, folder: Path) -> bool:
+    """Whether `module` was imported from a file (or is a package) below `folder`."""
+    own = getattr(module, "__dict__", {})  # not getattr: some modules (torch.classes) answer every name
+    places = [own.get("__file__")]
+    try:
+        places += list(own.get("__path__") or [])  # a package's folders (a namespace package has no file)
+    except TypeError:
+        pass
+    for place in places:
+        if isinstance(place, str) and Path(place).resolve().is_relative_to(folder):
+            return True
+    return False
+
+
 @contextlib.contextmanager
 def isolated_import_path(folder: Path):
-    """Import from `folder`, then leave sys.path and sys.modules as they were: the next model may have
-    a module of the same name (`model.py`, `utils`) that must not resolve to this one."""
+    """Import from `folder`, then leave sys.path as it was and forget the modules imported from the folder:
+    the next model may have a module of the same name (`model.py`, `utils`) that must not resolve to this
+    one. Libraries the folder's code imported for the first time (torch's and transformers' internals) stay
+    imported: unloading them half-way breaks what registered itself once per process (torch libraries,
+    pytree nodes), and every export after it."""
     saved_modules = set(sys.modules)
     try:
         with folder_first(folder):
             yield
     finally:
+        root = folder.resolve()
         for name in set(sys.modules) - saved_modules:
-            del sys.modules[name]
+            if loaded_from(sys.modules[name], root):
+                del sys.modules[name]
         importlib.invalidate_caches()
 
 

@@ -1,0 +1,39 @@
+"""Text input sets: sentences tokenized by a local tokenizer folder (transformers' AutoTokenizer, read with
+`local_files_only`: nothing is downloaded), padded to the longest, handed to the model as the keyword
+tensors the tokenizer gives (int64 `input_ids`, `attention_mask`, and `token_type_ids` when it has them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from parity.errors import ParityError
+from parity.inputs import Inputs
+
+
+def load_tokenizer(folder: Path):
+    """The tokenizer saved in `folder` (`save_pretrained`); a folder it cannot read is one line."""
+    if not folder.is_dir():
+        raise ParityError(f"tokenizer folder not found: {folder} (a local save_pretrained folder; nothing is downloaded)")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:
+        raise ParityError("text inputs need the transformers package: pip install 'parity[transformers]'") from exc
+    try:
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError) as exc:  # no tokenizer files, a class it does not know
+        raise ParityError(f"no tokenizer transformers can read in {folder}: {str(exc).splitlines()[0]}") from exc
+
+
+def tokenizer_problem(folder: Path) -> str | None:
+    """What `parity validate` says of a `tokenizer:` folder: it loads, or why not."""
+    try:
+        load_tokenizer(folder)
+    except ParityError as exc:
+        return exc.problems[0]
+    return None
+
+
+def make_text(texts: list[str], folder: Path) -> Inputs:
+    """The keyword tensors of `texts`, padded to the longest, in the tokenizer's order."""
+    encoded = load_tokenizer(folder)(list(texts), padding="longest", return_tensors="pt")
+    return Inputs((), dict(encoded))

@@ -1,0 +1,185 @@
+"""`source: transformers` and text inputs: a tiny BERT from a config (seeded init) or from a save_pretrained
+folder, token ids from a tokenizer folder or synthetic specs; nothing downloaded, every mistake one line at
+validate."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+import torch
+import yaml
+
+from parity.api import run_experiment
+from parity.cli import main
+from parity.config import experiment_from_dict
+from parity.errors import ParityError
+from parity.inputs import build_inputs
+from parity.models import build_model, source_fingerprint
+
+transformers = pytest.importorskip("transformers")
+
+BERT = {"model_type": "bert", "num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 2,
+        "intermediate_size": 64, "vocab_size": 100, "max_position_embeddings": 16}
+TOKENS = {"input_ids": {"shape": [2, 8], "dtype": "int64", "distribution": "randint", "high": 100},
+          "attention_mask": {"shape": [2, 8], "dtype": "int64", "distribution": "ones"}}
+WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran"]
+LEAVES = ["out['last_hidden_state']", "out['pooler_output']"]
+
+
+def _data(model: dict, inputs: dict | None = None, targets: list[dict] | None = None) -> dict:
+    return {"name": "bert", "seed": 0, "repeats": 1,
+            "models": [{"name": "bert", "source": "transformers", **model}],
+            "inputs": [inputs or {"name": "tokens", "synthetic": TOKENS}],
+            "targets": targets or [{"backend": "onnxruntime"}]}
+
+
+def _passed(records) -> dict[str, list[str]]:
+    """Each check's target -> its leaves' names, asserting every check passed."""
+    checks = [r for r in records if r["kind"] == "check" and r["tier"] == 1]
+    assert checks and all(c["passed"] for c in checks), [(c["target"], c["detail"]) for c in checks]
+    return {c["target"]: [leaf["name"] for leaf in c["leaves"]] for c in checks}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A save_pretrained BertForSequenceClassification (weights of seed 7) and a BERT tokenizer made offline from
+    a vocabulary file."""
+    root = tmp_path_factory.mktemp("hf")
+    torch.manual_seed(7)
+    model = transformers.BertForSequenceClassification(transformers.BertConfig(**BERT, num_labels=3))
+    model.save_pretrained(root / "model")
+    vocab = root / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
+    transformers.BertTokenizerFast(vocab_file=str(vocab)).save_pretrained(root / "tokenizer")
+    return root, model.eval()
+
+
+@pytest.mark.numerics
+def test_a_bert_from_a_config_gets_a_verdict_on_compile_onnxruntime_and_openvino(tmp_path):
+    """Every backend rebuilds the ModelOutput into the same leaves, named by field. compile runs dynamo's capture
+    without inductor's code generation (aot_eager): inductor takes minutes on 2 cores; examples/bert.yaml runs it."""
+    targets = [{"backend": "compile", "options": {"backend": "aot_eager"}}, {"backend": "onnxruntime"},
+               {"backend": "openvino"}]
+    leaves = _passed(run_experiment(_data({"config": BERT}, targets=targets), out=tmp_path / "out"))
+    assert leaves == {"compile-cpu": LEAVES, "onnxruntime-cpu": LEAVES, "openvino-cpu": LEAVES}
+
+
+def test_a_config_model_is_a_seeded_init_with_eager_attention():
+    exp = experiment_from_dict(_data({"config": BERT}))
+    a, b = build_model(exp.models[0], exp), build_model(exp.models[0], exp)
+    assert type(a).__name__ == "BertModel" and a.config._attn_implementation == "eager"
+    assert a.config.num_hidden_layers == 2 and a.config.hidden_size == 32
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    exp.seed = 1
+    c = build_model(exp.models[0], exp)
+    assert not torch.equal(a.embeddings.word_embeddings.weight, c.embeddings.word_embeddings.weight)
+    assert source_fingerprint(exp.models[0], exp)["files"] == ""
+
+
+def _refuse_network(monkeypatch) -> list[str]:
+    attempts: list[str] = []
+
+    def refuse(*args, **kwargs):
+        attempts.append(str(args[1:2]))
+        raise OSError("network disabled in this test")
+
+    for name in ("connect", "connect_ex", "sendto"):
+        monkeypatch.setattr(socket.socket, name, refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    return attempts
+
+
+def test_a_save_pretrained_folder_and_text_run_offline(saved, tmp_path, monkeypatch):
+    """The folder's own weights (not the seed's), the class `architecture` names, the tokenizer's keyword
+    tensors padded to the longest sentence; no socket is even tried."""
+    root, original = saved
+    attempts = _refuse_network(monkeypatch)
+    text = {"name": "sentences", "text": ["the cat sat on the mat", "a dog ran"], "tokenizer": str(root / "tokenizer")}
+    data = _data({"path": str(root / "model"), "architecture": "BertForSequenceClassification"}, text)
+    exp = experiment_from_dict(data)
+    model = build_model(exp.models[0], exp)
+    assert all(torch.equal(x, y) for x, y in
+               zip(model.state_dict().values(), original.state_dict().values(), strict=True))
+    inputs = build_inputs(exp.inputs[0], exp)
+    assert list(inputs.kwargs) == ["input_ids", "token_type_ids", "attention_mask"]
+    assert inputs.kwargs["input_ids"].shape == (2, 8) and inputs.kwargs["input_ids"].dtype == torch.int64
+    assert inputs.kwargs["attention_mask"].tolist()[1] == [1] * 5 + [0] * 3  # [CLS] a dog ran [SEP], padded
+    assert _passed(run_experiment(data, out=tmp_path / "out")) == {"onnxruntime-cpu": ["out['logits']"]}
+    assert attempts == []
+
+
+def test_the_files_digest_follows_every_file_of_the_folder(saved, tmp_path):
+    root, _ = saved
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for f in (root / "model").iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    exp = experiment_from_dict(_data({"path": str(folder)}))
+    before = source_fingerprint(exp.models[0], exp)["files"]
+    assert before and before == source_fingerprint(exp.models[0], exp)["files"]
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\1")
+    assert source_fingerprint(exp.models[0], exp)["files"] != before
+
+
+@pytest.mark.parametrize("model, key, message", [
+    ({"path": "nowhere"}, "models[0].path", "transformers model folder not found: "),
+    ({"path": "."}, "models[0].path", "no config.json in "),
+    ({"path": "config-only"}, "models[0].path", "no weights in "),
+    ({"config": {**BERT, "model_type": "bret"}}, "models[0].config", "unknown transformers model_type 'bret'; "
+                                                                     "did you mean 'bert'?"),
+    ({"config": {"num_hidden_layers": 2}}, "models[0].config", "'config' needs 'model_type'"),
+    ({"config": BERT, "architecture": "BertForSequenceClasification"}, "models[0].architecture",
+     "unknown transformers model class 'BertForSequenceClasification'; did you mean 'BertForSequenceClassification'?"),
+    ({"config": BERT, "path": "."}, "models[0]", "exactly one of 'path'"),
+    ({}, "models[0]", "exactly one of 'path'"),
+    ({"path": ".", "init": "fan_in"}, "models[0]", "'init' applies only to a seeded init ('config:')"),
+    ({"path": ".", "seed": 3}, "models[0]", "'seed' applies only to a seeded init ('config:')"),
+])
+def test_a_model_transformers_cannot_build_here_is_one_line_at_validate(tmp_path, capsys, monkeypatch, model, key,
+                                                                       message):
+    attempts = _refuse_network(monkeypatch)
+    (tmp_path / "config-only").mkdir()
+    (tmp_path / "config-only" / "config.json").write_text(json.dumps(BERT))
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(_data(model)))
+    assert main(["validate", str(path)]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert key in line and message in line, line
+    assert attempts == []
+
+
+@pytest.mark.parametrize("inputs, key, message", [
+    ({"text": ["a cat"], "tokenizer": "nowhere"}, "inputs[0].tokenizer", "tokenizer folder not found: "),
+    ({"text": ["a cat"], "tokenizer": "."}, "inputs[0].tokenizer", "no tokenizer transformers can read in "),
+    ({"text": ["a cat"]}, "inputs[0]", "'text' needs 'tokenizer'"),
+    ({"text": ["a cat"], "tokenizer": ".", "synthetic": TOKENS}, "inputs[0]", "exactly one of 'images', 'synthetic' or 'text'"),
+])
+def test_a_text_input_set_parity_cannot_tokenize_is_one_line_at_validate(tmp_path, monkeypatch, inputs, key, message):
+    attempts = _refuse_network(monkeypatch)
+    with pytest.raises(ParityError) as exc:
+        experiment_from_dict(_data({"config": BERT}, {"name": "sentences", **inputs}), "<dict>", tmp_path)
+    [problem] = exc.value.problems
+    assert key in problem and message in problem, problem
+    assert attempts == []
+
+
+def test_a_class_whose_own_dependencies_are_missing_is_one_line(monkeypatch):
+    """transformers imports a model's module when the class is first looked up: a missing dependency of that
+    module (LayoutLMv2 needs detectron2) is one line, not a traceback."""
+    from parity.models.sources import transformers as source
+
+    class Lazy:
+        PreTrainedModel = torch.nn.Module
+
+        def __getattr__(self, name):
+            raise ImportError(f"{name} requires the detectron2 library but it was not found\nmore lines")
+
+    monkeypatch.setattr(source, "_transformers", Lazy)
+    with pytest.raises(ParityError) as exc:
+        source.model_class("LayoutLMv2Model")
+    assert exc.value.problems == ["transformers class 'LayoutLMv2Model' cannot be imported here: LayoutLMv2Model "
+                                  "requires the detectron2 library but it was not found"]
