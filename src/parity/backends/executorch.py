@@ -4,13 +4,16 @@ kernels only), saved as a `.pte` file in the artifact cache and run through Exec
 
 The program takes the flattened input tensors and returns the flattened output tensors; the model's structure
 is rebuilt around them (base.OutputSpec). The runtime's C++ logging (cpuinfo's "Failed to open midr file" when
-it first loads a method, a shape it refuses) goes to the process's stderr, around Python: it is caught while
-the runtime loads and runs, kept off the console, and the lines of a failed run are added to its error.
+it first loads a method, a shape it refuses) would reach the console: it is caught while the runtime loads and
+runs, and the lines of a failed run are added to its error.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import io
+import logging
 import os
 import re
 import sys
@@ -33,16 +36,27 @@ class ExecuTorchOptions(BaseModel):
     delegate: Literal["xnnpack", "none"] = "xnnpack"  # none: ExecuTorch's portable kernels only
 
 
+@contextlib.contextmanager
+def quiet_imports():
+    """Import ExecuTorch inside this: it imports torchao, which registers an Enum as a pytree constant, and torch
+    logs a deprecation warning about that once per process: about torchao's code, not about the model."""
+    logger = logging.getLogger("torch.utils._pytree")
+    before = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
+
+
 def lower(exported: torch.export.ExportedProgram, delegate: str):
     """An ExecuTorch program (its `.buffer` is the `.pte` file) from an exported program: what a quantized
     program (PT2E, exported after conversion) is lowered with too."""
-    from executorch.exir import to_edge_transform_and_lower
-
-    partitioners = []
-    if delegate == "xnnpack":
+    with quiet_imports():
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+        from executorch.exir import to_edge_transform_and_lower
 
-        partitioners = [XnnpackPartitioner()]
+    partitioners = [XnnpackPartitioner()] if delegate == "xnnpack" else []
     return to_edge_transform_and_lower(exported, partitioner=partitioners).to_executorch()
 
 
@@ -57,9 +71,7 @@ class ExecuTorchBackend(Backend):
 
     @classmethod
     def available(cls, spec) -> str | None:
-        try:
-            import executorch.runtime  # noqa: F401
-        except ImportError:
+        if importlib.util.find_spec("executorch") is None:  # not imported: it takes seconds, and torchao with it
             return "executorch is not installed (pip install 'parity[executorch]')"
         return None
 
@@ -82,7 +94,8 @@ class ExecuTorchBackend(Backend):
         ])
 
     def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
-        from executorch.runtime import Runtime
+        with quiet_imports():
+            from executorch.runtime import Runtime
 
         model, example = model.to(self.dtype), example.to("cpu", self.dtype)
         self.outputs = OutputSpec(model, example)
@@ -101,30 +114,33 @@ class ExecuTorchBackend(Backend):
 
     @contextlib.contextmanager
     def _runtime_log(self):
-        """The process's stderr (file descriptor 2) sent to this backend's log file while the runtime works.
-        Lines that are not the runtime's (another thread's) go back to stderr; the runtime's are added to the
-        error when the runtime raises, and otherwise dropped."""
+        """What the runtime logs while it works, caught: its pybindings write C++ log lines to Python's
+        `sys.stderr`, and C++ code may write to the process's file descriptor 2; both are sent to this backend's
+        log. The runtime's lines are added to the error when it raises, and otherwise dropped; other lines
+        (another thread's) go back to stderr."""
         sys.stderr.flush()
-        saved = os.dup(2)
+        saved, said = os.dup(2), io.StringIO()
         self._log.seek(0)
         self._log.truncate()
         os.dup2(self._log.fileno(), 2)
         try:
-            yield
+            with contextlib.redirect_stderr(said):
+                yield
         except Exception as exc:
-            said = self._logged()[0]
-            if not said:
+            lines = self._logged(said)[0]
+            if not lines:
                 raise
-            raise RuntimeError(f"{'; '.join(said)} ({exc})") from None
+            raise RuntimeError(f"{'; '.join(lines)} ({exc})") from None
         finally:
             os.dup2(saved, 2)
             os.close(saved)
-            sys.stderr.write("".join(f"{line}\n" for line in self._logged()[1]))
+            sys.stderr.write("".join(f"{line}\n" for line in self._logged(said)[1]))
 
-    def _logged(self) -> tuple[list[str], list[str]]:
-        """The runtime's lines and the others, from the log file."""
+    def _logged(self, said: io.StringIO) -> tuple[list[str], list[str]]:
+        """The runtime's lines and the others, from the log file and from what Python's stderr was given."""
         self._log.seek(0)
-        lines = [line for line in self._log.read().decode(errors="replace").splitlines() if line]
+        text = self._log.read().decode(errors="replace") + said.getvalue()
+        lines = [line for line in text.splitlines() if line]
         return [x for x in lines if RUNTIME_LINE.match(x)], [x for x in lines if not RUNTIME_LINE.match(x)]
 
     def close(self) -> None:
