@@ -138,6 +138,13 @@ def test_an_export_in_bfloat16_runs_as_eager_bfloat16_does():
 
 
 def test_portable_kernels_only_are_an_option():
+    """`delegate: none` lowers without the XNNPACK partitioner: no delegate in the program, and still eager's
+    numbers."""
+    from parity.backends.executorch import lower
+
+    exported = torch.export.export(nn.Linear(4, 2), (torch.randn(2, 4),))
+    delegates = {d: len(lower(exported, d).executorch_program.execution_plan[0].delegates) for d in ("none", "xnnpack")}
+    assert delegates["none"] == 0 and delegates["xnnpack"] > 0, delegates
     model = seeded(TinyCNN)
     result = execute(BackendSpec(backend="executorch", options={"delegate": "none"}), model, IMAGE, 1)
     assert result.ok, result.error
