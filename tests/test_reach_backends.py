@@ -103,8 +103,9 @@ def test_executorch_says_why_it_refused_an_input_and_keeps_its_log_off_the_conso
 
 
 def test_executorch_reads_its_program_back_from_the_cache_and_its_outputs_outlive_the_next_run(runs, cache):
-    """The runtime returns tensors over memory it plans once per program and writes again on the next run:
-    the outputs of a run must not change when the same backend runs other inputs."""
+    """The runtime plans its outputs' memory once per program and writes it again on every run; its Python
+    bindings return copies (executorch 1.5), which the backend relies on: a run's outputs must not change when
+    the same backend runs other inputs."""
     first = runs("executorch")[0]
     backend = backend_class("executorch")(BackendSpec(backend="executorch"))
     with cache.for_model("nudged") as artifacts:
