@@ -33,6 +33,9 @@ class AotInductorBackend(EagerBackend):
     preparation_cost = 3  # a compilation
     runs_module_hooks = False  # compiled code: the modules' Python forward never runs
     legacy_devices = ()  # not eager's: an experiment in the published format names no AOTInductor
+    # Not eager's (main's Backend.model_kinds, #15 model files): torch.export refuses a ScriptModule, and an
+    # ONNX file's model has no Python forward to export.
+    model_kinds = ("module", "exported")
     Options = ExportOptions
 
     @classmethod

@@ -52,6 +52,9 @@ class ExportBackend(EagerBackend):
     preparation_cost = 2  # an export
     runs_module_hooks = False  # the program's graph no longer calls the modules' Python forward or hooks
     legacy_devices = ()  # not eager's: an experiment in the published format names no export
+    # Not eager's (main's Backend.model_kinds, #15 model files): torch.export refuses a ScriptModule, and an
+    # ONNX file's model has no Python forward to export.
+    model_kinds = ("module", "exported")
     Options = ExportOptions
 
     @classmethod
