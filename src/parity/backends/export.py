@@ -1,0 +1,69 @@
+"""torch.export, then the exported program's module run eagerly (`ExportedProgram.module()`).
+
+The graph that torch.export captures is what AOTInductor compiles and ExecuTorch lowers; running it as it is,
+with eager kernels, separates what the export changes (a branch taken for the example, a constant baked in,
+a decomposition) from what a compiler or a runtime changes after it. The exported program is kept in the
+artifact cache (`torch.export.save`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from parity.backends.eager import EagerBackend, call_lines, placement_lines
+from parity.backends.onnxruntime import dynamic_dims
+from parity.inputs import Inputs
+
+
+class ExportOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    # Without either, the program keeps the shapes of the example it is exported from (as onnxruntime's).
+    dynamic: bool = False  # dynamic batch (dim 0) and spatial dims (2+): one program for every input set
+    dynamic_shapes: dict[str, Any] | list[Any] | None = None  # torch.export's, as given: {x: {0: batch}}
+
+    @model_validator(mode="after")
+    def _one_way(self) -> ExportOptions:
+        if self.dynamic and self.dynamic_shapes is not None:
+            raise ValueError("give 'dynamic: true' or 'dynamic_shapes', not both")
+        return self
+
+
+def export_program(model: torch.nn.Module, example: Inputs, options: ExportOptions) -> torch.export.ExportedProgram:
+    """`model` exported for inputs like `example`, with the dynamic dims `options` ask for."""
+    if options.dynamic_shapes is not None:
+        dynamic_shapes = options.dynamic_shapes
+    else:
+        dynamic_shapes = dynamic_dims(model, example) if options.dynamic else None
+    return torch.export.export(model, tuple(example.args), example.kwargs or None, dynamic_shapes=dynamic_shapes)
+
+
+def export_lines() -> list[str]:
+    """Repro lines that export `module` for the captured inputs' shapes. A reduced module is a submodule of the
+    model, whose inputs the model's `dynamic_shapes` do not name: its numbers are those of a static export."""
+    return ["exported = torch.export.export(module, tuple(args), kwargs or None)"]
+
+
+class ExportBackend(EagerBackend):
+    name = "export"
+    specializes_on_example = True  # a program made for the example's shapes, unless dynamic
+    preparation_cost = 2  # an export
+    runs_module_hooks = False  # the program's graph no longer calls the modules' Python forward or hooks
+    legacy_devices = ()  # not eager's: an experiment in the published format names no export
+    # Not eager's (main's Backend.model_kinds, #15 model files): torch.export refuses a ScriptModule, and an
+    # ONNX file's model has no Python forward to export.
+    model_kinds = ("module", "exported")
+    Options = ExportOptions
+
+    @classmethod
+    def repro_snippet(cls, spec) -> str | None:
+        return "\n".join([*placement_lines(cls, spec), *export_lines(), *call_lines("exported.module()")])
+
+    def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
+        model = model.to(self.device, self.dtype)
+        example = self.convert(example)
+        folder = self.artifact("export", model, example, lambda folder: torch.export.save(
+            export_program(model, example, self.options), str(folder / "model.pt2")))
+        self.model = torch.export.load(str(folder / "model.pt2")).module()
