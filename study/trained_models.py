@@ -216,11 +216,14 @@ class Resemblyzer(nn.Module):
         self.lstm = nn.LSTM(MEL_CHANNELS, 256, 3, batch_first=True)
         self.linear = nn.Linear(256, 256)
 
-    def forward(self, audio: torch.Tensor) -> torch.Tensor:
-        mels = self.mel_frames(audio)[:, :PARTIAL_FRAMES]
+    def embed(self, mels: torch.Tensor) -> torch.Tensor:
+        """VoiceEncoder.forward: mel frames (B, T, 40) -> the L2-normed embedding of the LSTM's last state."""
         _, (hidden, _) = self.lstm(mels)
         embedding = self.linear(hidden[-1]).relu()
         return embedding / torch.norm(embedding, dim=1, keepdim=True)
+
+    def forward(self, audio: torch.Tensor) -> torch.Tensor:
+        return self.embed(self.mel_frames(audio)[:, :PARTIAL_FRAMES])
 
 
 def resemblyzer() -> nn.Module:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -172,6 +173,34 @@ def test_resemblyzer_embeds_one_partial_utterance():
     embedding = assert_deterministic(tm.resemblyzer, audio(25600))[0]
     assert embedding.shape == (2, 256) and (embedding >= 0).all()
     torch.testing.assert_close(embedding.norm(dim=1), torch.ones(2))
+
+
+def package_voice_encoder(monkeypatch):
+    """Resemblyzer's own VoiceEncoder class. Its package imports librosa, webrtcvad and a scipy module newer
+    scipy dropped, for audio loading only: those are stubbed for the import, and the package's modules are
+    dropped from sys.modules afterwards."""
+    morphology = types.ModuleType("scipy.ndimage.morphology")
+    morphology.binary_dilation = None
+    for name, module in (("librosa", types.ModuleType("librosa")), ("webrtcvad", types.ModuleType("webrtcvad")),
+                         ("scipy.ndimage.morphology", morphology)):
+        monkeypatch.setitem(sys.modules, name, module)
+    try:
+        from resemblyzer.voice_encoder import VoiceEncoder
+    finally:
+        for name in [m for m in sys.modules if m == "resemblyzer" or m.startswith("resemblyzer.")]:
+            del sys.modules[name]
+    return VoiceEncoder
+
+
+@needs("resemblyzer")
+@pytest.mark.numerics
+def test_resemblyzer_encoder_is_the_packages(monkeypatch):
+    """The encoder behind the mel front end gives what the package's own VoiceEncoder gives on the same frames."""
+    encoder = package_voice_encoder(monkeypatch)(device="cpu", verbose=False).eval()
+    model = tm.resemblyzer()
+    mels = tm.MelFrames()(audio(25600))[:, :tm.PARTIAL_FRAMES]
+    with torch.no_grad():
+        torch.testing.assert_close(model.embed(mels), encoder(mels), rtol=0, atol=1e-6)
 
 
 @needs("nudenet")
