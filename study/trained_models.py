@@ -15,7 +15,8 @@ them all).
   256-d embedding. The package itself is not imported: its `__init__` needs librosa and webrtcvad, which
   the encoder does not.
 - nudenet: a trained YOLOv8n detector that ships only as ONNX (`320n.onnx`); converted to torch with
-  onnx2torch until parity has an `onnx` model source.
+  onnx2torch until parity has an `onnx` model source. The converted graph computes shapes from tensors, which
+  torch.compile and torch.export refuse: those two targets fail on it.
 """
 
 from __future__ import annotations

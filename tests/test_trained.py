@@ -155,6 +155,18 @@ def test_mtcnn_stages_find_the_faces_in_their_crops():
     assert landmarks.shape == (1, 10) and onet_prob[0, 1] > 0.9
 
 
+@needs("facenet_pytorch")
+def test_facenet_installed_without_what_it_imports_says_so(monkeypatch):
+    """Installed with --no-deps, facenet-pytorch's __init__ still imports requests: a clear message, not the
+    bare ModuleNotFoundError."""
+    for name in [m for m in sys.modules if m == "facenet_pytorch" or m.startswith("facenet_pytorch.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "requests", None)
+    with pytest.raises(ImportError, match="facenet_pytorch is installed but importing it failed: .*pip install "
+                                          "requests"):
+        tm.mtcnn_rnet()
+
+
 @needs("silero_vad")
 @pytest.mark.numerics
 def test_silero_port_gives_the_packages_torchscript_outputs():
@@ -172,13 +184,6 @@ def test_silero_port_gives_the_packages_torchscript_outputs():
 def test_silero_refuses_a_clip_of_partial_chunks():
     with pytest.raises(ValueError, match="not a multiple of 512"):
         tm.SileroVAD()(torch.zeros(1, 700))
-
-
-@needs("resemblyzer")
-def test_resemblyzer_embeds_one_partial_utterance():
-    embedding = assert_deterministic(tm.resemblyzer, audio(25600))[0]
-    assert embedding.shape == (2, 256) and (embedding >= 0).all()
-    torch.testing.assert_close(embedding.norm(dim=1), torch.ones(2))
 
 
 def package_voice_encoder(monkeypatch):
@@ -200,13 +205,16 @@ def package_voice_encoder(monkeypatch):
 
 @needs("resemblyzer")
 @pytest.mark.numerics
-def test_resemblyzer_encoder_is_the_packages(monkeypatch):
-    """The encoder behind the mel front end gives what the package's own VoiceEncoder gives on the same frames."""
+def test_resemblyzer_embeds_one_partial_utterance_as_the_package_does(monkeypatch):
+    """Audio in, a unit-norm non-negative embedding out; the encoder behind the mel front end gives what the
+    package's own VoiceEncoder gives on the same frames."""
+    clip = audio(25600)
+    embedding = assert_deterministic(tm.resemblyzer, clip)[0]
+    assert embedding.shape == (2, 256) and (embedding >= 0).all()
+    torch.testing.assert_close(embedding.norm(dim=1), torch.ones(2))
     encoder = package_voice_encoder(monkeypatch)(device="cpu", verbose=False).eval()
-    model = tm.resemblyzer()
-    mels = tm.MelFrames()(audio(25600))[:, :tm.PARTIAL_FRAMES]
     with torch.no_grad():
-        torch.testing.assert_close(model.embed(mels), encoder(mels), rtol=0, atol=1e-6)
+        torch.testing.assert_close(encoder(tm.MelFrames()(clip)[:, :tm.PARTIAL_FRAMES]), embedding, rtol=0, atol=1e-6)
 
 
 @needs("nudenet")
