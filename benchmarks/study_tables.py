@@ -36,6 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "study.md"
 ARCHIVE = ROOT / "docs" / "study-records.jsonl.gz"
 TIME_ARCHIVE = ROOT / "docs" / "study-time.txt"
+# The trained models' run (study/trained.yaml): its own records and time, its own blocks (`trained-*`).
+TRAINED_ARCHIVE = ROOT / "docs" / "study-trained-records.jsonl.gz"
+TRAINED_TIME_ARCHIVE = ROOT / "docs" / "study-trained-time.txt"
 
 # The published study's figures, as issue #6 quotes them: 672 checks pooled over its tolerance sweep,
 # 72.0% passing, each tolerance between 71.4% and 73.8%. They are the comparison, not a result of ours.
@@ -220,7 +223,7 @@ def block_design(s: Study) -> str:
         pre = {k: v for k, v in (spec.get("preprocess") or {}).items() if v is not None and k in ("resize", "center_crop", "resize_multiple")}
         geometry = ", ".join(f"{k} {v[0] if isinstance(v, list) and len(v) == 1 else v}" for k, v in pre.items()) or "at their own size"
         lines.append(f"- **Input set `{spec['name']}`**: {', '.join(spec.get('images') or ['synthetic'])} ({geometry}); "
-                     f"used by {len(users)} entries.")
+                     f"used by {len(users)} {'entry' if len(users) == 1 else 'entries'}.")
 
     def backend(b: dict) -> str:
         return f"{b['backend']} {b['device']} {b['dtype']}" + (f" {b['options']}" if b.get("options") else "")
@@ -587,6 +590,39 @@ def block_run(s: Study) -> str:
     return "\n".join(lines)
 
 
+def scale_free(check: dict) -> float | None:
+    """The check's largest difference relative to its output's scale: max over the leaves of max_abs divided
+    by the reference leaf's root mean square. None when no leaf records both (records written before
+    `reference_rms` existed, or a check without a comparison)."""
+    ratios = [leaf["max_abs"] / leaf["reference_rms"] for leaf in check.get("leaves") or []
+              if leaf.get("max_abs") is not None and leaf.get("reference_rms")]
+    return max(ratios) if ratios else None
+
+
+def _scaled_cell(s: Study, c: dict | None) -> str:
+    text = _cell(s, c)
+    ratio = scale_free(c) if c is not None else None
+    return text if ratio is None else f"{text} ({sci(ratio)} of RMS)"
+
+
+def block_trained(s: Study) -> str:
+    """Per trained model: each target's verdict at the gate, its largest absolute difference and that
+    difference over the reference output's RMS (scale-free: comparable across models)."""
+    rows = [[row["model"], row["inputs"], *(_scaled_cell(s, row["cells"].get(t)) for t in s.targets),
+             f"{row['passed']}/{row['judged']}"] for row in model_rows(s)]
+    passing = [(ratio, c) for c in s.ran if c["verdicts"].get(s.gate_key) and (ratio := scale_free(c)) is not None]
+    passed, judged_n = s.rate(s.ran, s.gate_key)
+    lines = [f"- **At the gate** (atol {s.summary['gate']:g}, rtol {s.config['tolerances']['rtol']:g}): "
+             f"{passed} of {judged_n} checks pass ({pct(passed, judged_n)}, 95% CI {ci(passed, judged_n)})."]
+    if passing:
+        worst, c = max(passing, key=lambda pair: pair[0])
+        lines.append(f"- The largest difference of a passing check, over its output's RMS: {sci(worst)} "
+                     f"({c['model']} on {c['target']}).")
+    note = ("Each cell: the verdict at the gate, the largest absolute difference over every output, the failure "
+            "class of a failed check, and in brackets that difference over the reference output's RMS.")
+    return "\n".join(lines) + "\n\n" + note + "\n\n" + table(["model", "inputs", *s.targets, "passed"], rows)
+
+
 BLOCKS = {
     "design": block_design,
     "headline": block_headline,
@@ -604,17 +640,32 @@ BLOCKS = {
     "intervals": block_intervals,
     "run": block_run,
 }
+# Blocks rendered from the trained models' run.
+TRAINED_BLOCKS = {
+    "trained-design": block_design,
+    "trained-results": block_trained,
+    "trained-run": block_run,
+}
 MARKER = re.compile(r"<!-- study:([\w-]+) -->\n.*?<!-- /study:\1 -->", re.S)
 
 
-def render(doc: str, study: Study) -> str:
-    """`doc` with every generated block rewritten; a block the document lacks, or one this script does
-    not know, is an error (a table would go stale or missing without anyone noticing)."""
+def render(doc: str, study: Study, trained: Study | None = None) -> str:
+    """`doc` with every generated block rewritten (the `trained-*` blocks from `trained`, when given); a
+    block the document lacks, or one this script does not know, is an error (a table would go stale or
+    missing without anyone noticing)."""
+    blocks = {name: (fn, study) for name, fn in BLOCKS.items()}
+    if trained is not None:
+        blocks.update({name: (fn, trained) for name, fn in TRAINED_BLOCKS.items()})
     found = MARKER.findall(doc)
-    missing, unknown = sorted(set(BLOCKS) - set(found)), sorted(set(found) - set(BLOCKS))
+    missing, unknown = sorted(set(blocks) - set(found)), sorted(set(found) - set(blocks))
     if missing or unknown:
         raise SystemExit(f"study document blocks out of step: missing {missing}, unknown {unknown}")
-    return MARKER.sub(lambda m: f"<!-- study:{m.group(1)} -->\n{BLOCKS[m.group(1)](study)}\n<!-- /study:{m.group(1)} -->", doc)
+
+    def rewrite(m: re.Match) -> str:
+        fn, source = blocks[m.group(1)]
+        return f"<!-- study:{m.group(1)} -->\n{fn(source)}\n<!-- /study:{m.group(1)} -->"
+
+    return MARKER.sub(rewrite, doc)
 
 
 def archive(run_dir: Path, records_out: Path = ARCHIVE, time_out: Path = TIME_ARCHIVE) -> None:
@@ -629,37 +680,53 @@ def archive(run_dir: Path, records_out: Path = ARCHIVE, time_out: Path = TIME_AR
         time_out.write_text(timing.read_text(encoding="utf-8"), encoding="utf-8")
 
 
+def _timing(source: Path, archived: Path, archived_time: Path, told: str | None = None) -> dict[str, float] | None:
+    """GNU time's figures for a run: the file told, the archived one with the archive, else time.txt beside it."""
+    if told:
+        time_file = Path(told)
+    elif source == archived:
+        time_file = archived_time
+    else:
+        time_file = (source if source.is_dir() else source.parent) / "time.txt"
+    return wall_time(time_file.read_text(encoding="utf-8")) if time_file.is_file() else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("records", nargs="?", default=str(ARCHIVE),
                         help="a run folder, records.jsonl or records.jsonl.gz (default: the archived study)")
     parser.add_argument("--time", help="GNU time -v output of the run (default: time.txt next to the records, "
                                        "or docs/study-time.txt with the archive)")
+    parser.add_argument("--trained", help="the trained models' run (study/trained.yaml): a folder or records "
+                                          "(default: docs/study-trained-records.jsonl.gz)")
     parser.add_argument("--doc", default=str(DOC), help="the document to rewrite (default: docs/study.md; "
                                                         "-: print the tables instead)")
-    parser.add_argument("--archive", action="store_true", help="first copy the run into docs/ (see above)")
+    parser.add_argument("--archive", action="store_true",
+                        help="first copy the runs given as folders into docs/ (see above)")
     args = parser.parse_args(argv)
     source = Path(args.records)
+    trained_source = Path(args.trained) if args.trained else TRAINED_ARCHIVE
     if args.archive:
-        if not source.is_dir():
-            parser.error("--archive takes a run folder")
-        archive(source)
-        source = ARCHIVE
-    if args.time:
-        time_file = Path(args.time)
-    elif source == ARCHIVE:
-        time_file = TIME_ARCHIVE
-    else:
-        time_file = (source if source.is_dir() else source.parent) / "time.txt"
-    timing = wall_time(time_file.read_text(encoding="utf-8")) if time_file.is_file() else None
-    study = Study(load_records(source), timing)
+        if not (source.is_dir() or trained_source.is_dir()):
+            parser.error("--archive takes a run folder (the study's, --trained's or both)")
+        if source.is_dir():
+            archive(source)
+            source = ARCHIVE
+        if trained_source.is_dir():
+            archive(trained_source, TRAINED_ARCHIVE, TRAINED_TIME_ARCHIVE)
+            trained_source = TRAINED_ARCHIVE
+    study = Study(load_records(source), _timing(source, ARCHIVE, TIME_ARCHIVE, args.time))
+    trained = (Study(load_records(trained_source), _timing(trained_source, TRAINED_ARCHIVE, TRAINED_TIME_ARCHIVE))
+               if trained_source.exists() else None)
     if args.doc == "-":
-        for name, block in BLOCKS.items():
-            print(f"## {name}\n\n{block(study)}\n")
+        blocks = [(name, block, study) for name, block in BLOCKS.items()]
+        blocks += [(name, block, trained) for name, block in TRAINED_BLOCKS.items()] if trained else []
+        for name, block, source_study in blocks:
+            print(f"## {name}\n\n{block(source_study)}\n")
         return 0
     doc = Path(args.doc)
-    doc.write_text(render(doc.read_text(encoding="utf-8"), study), encoding="utf-8")
-    print(f"{doc}: {len(BLOCKS)} blocks from {source}" + (f" and {time_file}" if timing else ""), file=sys.stderr)
+    doc.write_text(render(doc.read_text(encoding="utf-8"), study, trained), encoding="utf-8")
+    print(f"{doc}: blocks from {source}" + (f" and {trained_source}" if trained else ""), file=sys.stderr)
     return 0
 
 

@@ -225,3 +225,21 @@ def test_like_for_like_drops_reduced_precision_targets_and_adapter_entries(recor
     assert published[4] == "672" and published[5] == "72.0%"
     intervals = rows_of(st.block_intervals(study).split("\n\n", 1)[1])
     assert intervals[0][5] == "2"  # tiny and det (det+nms is det's architecture)
+
+
+def test_scale_free_difference_is_the_worst_leaf_over_its_reference_rms():
+    check = {"leaves": [{"max_abs": 2e-6, "reference_rms": 0.5}, {"max_abs": 1e-4, "reference_rms": 100.0},
+                        {"max_abs": 1.0, "reference_rms": None}, {"max_abs": None, "reference_rms": 1.0}]}
+    assert st.scale_free(check) == pytest.approx(4e-6)  # not the leaf of the largest max_abs (1e-6 of its scale)
+    assert st.scale_free({"leaves": []}) is None and st.scale_free({}) is None
+
+
+def test_trained_blocks_render_from_their_own_run_and_are_required_only_with_it(records):
+    study = st.Study(records)
+    doc = "\n\n".join(f"<!-- study:{name} -->\nold\n<!-- /study:{name} -->" for name in [*st.BLOCKS, *st.TRAINED_BLOCKS])
+    rendered = st.render(doc, study, trained=study)
+    assert "\nold\n" not in rendered and "of RMS)" in rendered  # the fixture's checks record reference_rms
+    with pytest.raises(SystemExit, match="unknown"):
+        st.render(doc, study)  # trained blocks without a trained run would go stale
+    table = rows_of(st.block_trained(study).split("\n\n", 2)[2])
+    assert sum(int(r[-1].split("/")[0]) for r in table) == study.rate(study.ran, study.gate_key)[0]
