@@ -1,0 +1,136 @@
+"""Decision-flip attribution (verify/tasks/flips.py): each class from a hand-made case whose mechanism is
+known by construction, through torchvision's own NMS; two mechanisms at once; nothing flipped; and what
+cannot be attributed."""
+
+from __future__ import annotations
+
+import torch
+
+from parity.verify.tasks.detection import match
+from parity.verify.tasks.flips import Candidates, attribute
+
+
+def side(boxes, scores, labels=None, threshold=0.5, nms_iou=0.5, top_k=10, origins=None):
+    """One side's candidates and its detections, its post-processing done as torchvision's R-CNN head does
+    it: scores above the threshold, NMS per label, the first top_k."""
+    from torchvision.ops import batched_nms
+
+    boxes = torch.tensor(boxes, dtype=torch.float32)
+    scores = torch.tensor(scores, dtype=torch.float32)
+    labels = torch.tensor(labels if labels is not None else [1] * len(scores))
+    above = torch.nonzero(scores > threshold).flatten()
+    kept = above[batched_nms(boxes[above], scores[above], labels[above], nms_iou)][:top_k]
+    cands = Candidates(boxes, scores, labels, kept, threshold, nms_iou, top_k,
+                       origins=torch.tensor(origins, dtype=torch.float32) if origins is not None else None)
+    return {"boxes": boxes[kept], "scores": scores[kept], "labels": labels[kept]}, cands
+
+
+def flips(ref, tgt, match_iou=0.5, captured=True):
+    """attribute() on one image, (detections, candidates) per side."""
+    (r, rc), (t, tc) = ref, tgt
+    result = attribute([r], [t], [match(r, t, match_iou)], match_iou, [rc] if captured else None,
+                       [tc] if captured else None)
+    unmatched = len(r["labels"]) + len(t["labels"]) - 2 * len(match(r, t, match_iou))
+    assert sum(result["counts"].values()) == unmatched  # every unmatched box is classed, once
+    return result
+
+
+FAR = [100.0, 100, 110, 110]  # a box that overlaps nothing else here
+
+
+def test_score_threshold_a_reference_box_whose_score_falls_below_the_threshold_in_the_target():
+    result = flips(side([[0, 0, 10, 10], FAR], [0.6, 0.9]), side([[0, 0, 10, 10], FAR], [0.4, 0.9]))
+    assert result["counts"] == {"score_threshold": 1}
+    example = result["examples"][0]
+    assert (example["side"], example["mechanism"]) == ("reference", "score_threshold")
+    assert "threshold 0.5" in example["detail"]
+
+
+def test_score_threshold_the_other_way_a_target_box_the_reference_scored_below_it():
+    result = flips(side([[0, 0, 10, 10]], [0.45]), side([[0, 0, 10, 10]], [0.55]))
+    assert result["counts"] == {"score_threshold": 1} and result["examples"][0]["side"] == "target"
+
+
+def test_nms_iou_the_overlap_with_a_kept_box_crosses_the_nms_threshold():
+    """The kept box K and C overlap at IoU 0.449 in the reference (both kept) and 0.550 in the target (C
+    suppressed), scores unchanged."""
+    k = [0.0, 0, 10, 10]
+    result = flips(side([k, [3.8, 0, 13.8, 10]], [0.9, 0.8]), side([k, [2.9, 0, 12.9, 10]], [0.9, 0.8]))
+    assert result["counts"] == {"nms_iou": 1}
+    assert "threshold 0.5" in result["examples"][0]["detail"]
+
+
+def test_tie_order_nms_kept_the_other_of_a_tied_pair():
+    """Two boxes at IoU 0.6 (suppress at 0.5, match only from 0.7) whose scores differ by 1e-6: each side
+    keeps the other one, so both sides have one unmatched box."""
+    boxes = [[0.0, 0, 10, 10], [2.5, 0, 12.5, 10]]
+    result = flips(side(boxes, [0.7, 0.700001]), side(boxes, [0.700001, 0.7]), match_iou=0.7)
+    assert result["counts"] == {"tie_order": 2}
+
+
+def test_tie_order_at_the_top_k_cut():
+    result = flips(side([[0, 0, 10, 10], FAR], [0.7, 0.700001], top_k=1),
+                   side([[0, 0, 10, 10], FAR], [0.700001, 0.7], top_k=1))
+    assert result["counts"] == {"tie_order": 2}
+    assert "top-1 cut" in result["examples"][0]["detail"]
+
+
+def test_top_k_a_box_beyond_the_detections_per_image_cut_on_one_side_only():
+    result = flips(side([[0, 0, 10, 10], FAR], [0.9, 0.8], top_k=1), side([[0, 0, 10, 10], FAR], [0.7, 0.8], top_k=1))
+    assert result["counts"] == {"top_k": 2}
+
+
+def test_score_order_overlapping_boxes_that_swap_by_more_than_a_tie():
+    boxes = [[0.0, 0, 10, 10], [2.5, 0, 12.5, 10]]
+    result = flips(side(boxes, [0.6, 0.8]), side(boxes, [0.8, 0.6]), match_iou=0.7)
+    assert result["counts"] == {"score_order": 2}
+
+
+def test_label_change_with_candidates_and_from_the_outputs_alone():
+    """The same place scored for two labels: the reference keeps label 1, the target label 2."""
+    boxes, labels = [[0.0, 0, 10, 10], [0.0, 0, 10, 10]], [1, 2]
+    ref, tgt = side(boxes, [0.8, 0.6], labels, threshold=0.7), side(boxes, [0.6, 0.8], labels, threshold=0.7)
+    for captured in (True, False):
+        result = flips(ref, tgt, captured=captured)
+        assert result["counts"] == {"label_change": 2}
+        assert result["examples"][0]["detail"] == "label 1 in the reference, 2 in the target"
+
+
+def test_geometry_the_same_box_moved_beyond_the_match_iou():
+    ref, tgt = side([[0.0, 0, 10, 10]], [0.8]), side([[5.0, 0, 15, 10]], [0.8])
+    with_candidates = flips(ref, tgt)
+    assert with_candidates["counts"] == {"geometry": 2} and with_candidates["candidates"] == "both"
+    from_outputs = flips(ref, tgt, captured=False)
+    assert from_outputs["counts"] == {"geometry": 2} and from_outputs["candidates"] == "none"
+
+
+def test_two_mechanisms_in_one_image():
+    """A box crosses the score threshold while two far-away tied boxes swap: both classes counted."""
+    tied = [[50.0, 0, 60, 10], [52.5, 0, 62.5, 10]]
+    ref = side([[0.0, 0, 10, 10], *tied], [0.6, 0.7, 0.700001])
+    tgt = side([[0.0, 0, 10, 10], *tied], [0.4, 0.700001, 0.7])
+    result = flips(ref, tgt, match_iou=0.7)
+    assert result["counts"] == {"tie_order": 2, "score_threshold": 1}
+
+
+def test_nothing_flipped_nothing_counted():
+    ref = side([[0.0, 0, 10, 10], FAR], [0.9, 0.8])
+    result = flips(ref, side([[0.0, 0, 10, 10], FAR], [0.9, 0.8]))
+    assert result == {"counts": {}, "candidates": "both", "examples": []}
+
+
+def test_what_cannot_be_shown_is_unattributed_never_guessed():
+    # from the outputs alone, a box crossing the threshold leaves no trace on the other side
+    result = flips(side([[0, 0, 10, 10], FAR], [0.6, 0.9]), side([[0, 0, 10, 10], FAR], [0.4, 0.9]), captured=False)
+    assert result["counts"] == {"unattributed": 1}
+    # the target's candidate came from another proposal: its flip is upstream of this post-processing
+    ref = side([[0, 0, 10, 10]], [0.6], origins=[[0, 0, 10, 10]])
+    tgt = side([[0, 0, 10, 10]], [0.4], origins=[[40, 40, 50, 50]])
+    result = flips(ref, tgt)
+    assert result["counts"] == {"unattributed": 1} and "upstream" in result["examples"][0]["detail"]
+    # a box the target's post-processing would have kept: the target does not post-process as the reference
+    ref = side([[0, 0, 10, 10], FAR], [0.6, 0.9])
+    tgt = side([[0, 0, 10, 10], FAR], [0.6, 0.9])
+    tgt[1].kept, tgt = tgt[1].kept[1:], ({k: v[1:] for k, v in tgt[0].items()}, tgt[1])
+    result = flips(ref, tgt)
+    assert result["counts"] == {"unattributed": 1} and "would keep it" in result["examples"][0]["detail"]
