@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from parity.backends.eager import EagerBackend
 from parity.verify.tasks.detection import match
 from parity.verify.tasks.flips import Candidates, attribute
 
@@ -134,3 +135,92 @@ def test_what_cannot_be_shown_is_unattributed_never_guessed():
     tgt[1].kept, tgt = tgt[1].kept[1:], ({k: v[1:] for k, v in tgt[0].items()}, tgt[1])
     result = flips(ref, tgt)
     assert result["counts"] == {"unattributed": 1} and "would keep it" in result["examples"][0]["detail"]
+
+
+# -- end to end: a torchvision detector whose post-processing inputs are captured on both sides ----------------
+
+def threshold_detector() -> torch.nn.Module:
+    """tests.fixtures.tiny.tied_detector with a score threshold of 0.3: every candidate of its 2 classes
+    scores 1/3, so the reference keeps boxes that a nudge of the class logits can take below the threshold."""
+    from tests.fixtures.tiny import tied_detector
+
+    model = tied_detector()
+    model.roi_heads.score_thresh = 0.3
+    return model
+
+
+class BelowThreshold(EagerBackend):
+    """A target that raises the background logit by 0.5: every class's score becomes 0.274, below the
+    threshold, so every reference box is gone, and by no other mechanism (the proposals are untouched)."""
+
+    name = "below_threshold"
+
+    def prepare(self, model, example):
+        def box_predictor(module, args, output):
+            logits, deltas = output
+            return logits + torch.tensor([0.5, 0.0, 0.0]), deltas
+
+        model.roi_heads.box_predictor.register_forward_hook(box_predictor)
+        super().prepare(model, example)
+
+
+def test_the_capture_leaves_the_outputs_bit_identical_and_explains_them():
+    import copy
+
+    from parity.execute import capture
+    from parity.verify.tasks.detection_capture import candidates_of, install
+
+    torch.manual_seed(0)
+    model = threshold_detector().eval()
+    images = [torch.rand(3, 128, 128), torch.rand(3, 96, 128)]
+    with torch.no_grad():
+        plain = model(images)
+        assert install(model)
+        with capture.watching() as captured:
+            watched = copy.deepcopy(model)(images)
+        unwatched = model(images)
+    for out in (watched, unwatched):
+        assert all(torch.equal(a[k], b[k]) for a, b in zip(plain, out, strict=True) for k in a)
+    images_candidates = candidates_of(captured)
+    assert len(images_candidates) == 2 and len(plain[0]["scores"]) > 0
+    for out, cands in zip(plain, images_candidates, strict=True):
+        assert torch.equal(cands.scores[cands.kept], out["scores"]) and torch.equal(cands.labels[cands.kept], out["labels"])
+    assert candidates_of([]) is None and candidates_of(captured * 2) is None  # not exactly one call: none
+
+
+def test_a_run_classes_a_score_threshold_crossing_and_records_it(tmp_path):
+    import io
+    import xml.etree.ElementTree as ET
+
+    from rich.console import Console
+
+    from parity.api import run_experiment
+    from parity.records.summary import summarize
+    from parity.records.view import RunView
+    from parity.report.console import render
+
+    exp = {"name": "flips", "seed": 0,
+           "models": [{"name": "frcnn", "source": "python", "entry": "tests.test_flips:threshold_detector",
+                       "task": "detection"}],
+           "inputs": [{"name": "photo", "images": ["sample:astronaut"], "preprocess": {"resize": 64}}],
+           "targets": [{"backend": "tests.test_flips:BelowThreshold", "name": "below"}],
+           "tolerances": {"atol": [1e-3], "rtol": 1e-5}, "tiers": {"tasks": True}}
+    out = tmp_path / "out"
+    records = run_experiment(exp, out, reports=("report.md", "report.html", "junit.xml"))
+    tier3 = RunView(records).checks(3)[0]
+    assert tier3["passed"] is False and tier3["failure_class"] == "decision_flip"
+    n = tier3["metrics"]["reference_boxes"]
+    assert tier3["metrics"]["target_boxes"] == 0 and n > 0
+    assert tier3["flips"]["candidates"] == "both"
+    assert tier3["flips"]["counts"] == {"score_threshold": n}
+    example = tier3["flips"]["examples"][0]
+    assert example["detail"] == "score 0.333333 in the reference, 0.274069 in the target: threshold 0.3"
+    # every report shows it beside the tier-3 verdict
+    line = f"flips: {n} score_threshold (from the post-processing inputs of both sides)"
+    console = Console(file=io.StringIO(), width=300, highlight=False, color_system=None)
+    render(records, summarize(records), out, console)
+    assert line in console.file.getvalue()
+    assert line in (out / "report.md").read_text() and line in (out / "report.html").read_text()
+    junit = ET.parse(out / "junit.xml").getroot()
+    failure = [c for c in junit.iter("testcase") if c.get("name") == "below tier 3"][0].find("failure")
+    assert line in failure.get("message") and "score_threshold: score 0.333333" in failure.text

@@ -61,6 +61,16 @@ class Task(ABC):
         """Fields this task adds to its tier-3 record (what a report needs beyond the metrics)."""
         return {}
 
+    def instrument(self, model: Any, thresholds: Any) -> None:
+        """Prepare a built model to record what `explain` needs while it runs (execute/capture.py), without
+        changing what it returns. Called on every model of this task, before any backend copies it."""
+
+    def explain(self, reference: Any, target: Any, thresholds: Any, reference_captured: list[Any],
+                target_captured: list[Any]) -> dict[str, Any]:
+        """Fields a failed verdict (decision_flip) adds to its tier-3 record: why the decisions differ, from
+        the outputs and what each side's run recorded (`Execution.captured`; empty when nothing was)."""
+        return {}
+
 
 def evaluated() -> list[str]:
     """The tasks tier 3 evaluates (the registered ones)."""
@@ -111,4 +121,14 @@ def task_check(job, target_exec, reference_exec, experiment, inputs=None) -> dic
     if result.failure_class != tx.STRUCTURE_MISMATCH:
         record.update(TASKS.get(task).record_fields(job.inputs, reference_exec.outputs[0], target_exec.outputs[0],
                                                     experiment, inputs))
+    if result.failure_class == tx.DECISION_FLIP:
+        record.update(TASKS.get(task).explain(reference_exec.outputs[0], target_exec.outputs[0],
+                                              tasks_spec.thresholds_for(task), reference_exec.captured,
+                                              target_exec.captured))
     return record
+
+
+def instrument(model: Any, task: str | None, tasks_spec) -> None:
+    """Let `task` instrument a built model (`Task.instrument`) when tier 3 evaluates it."""
+    if task in evaluated():
+        TASKS.get(task).instrument(model, tasks_spec.thresholds_for(task))

@@ -23,6 +23,7 @@ runs no Python post-processing) leaves only the output-level classes, label_chan
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -151,7 +152,7 @@ def classify_image(ref: dict, tgt: dict, matched: list[tuple[int, int, float]], 
                                         ("target", tgt_left, tgt_cands, ref_cands)):
             for i in left:
                 if (side, i) not in classed:
-                    classed[(side, i)] = _from_candidates(i, this, other)
+                    classed[(side, i)] = _named(_from_candidates(i, this, other), side)
     else:  # from the outputs alone: same-label boxes that are each other's best overlap, below the match IoU
         ref_open = [i for i in ref_left if ("reference", i) not in classed]
         tgt_open = [j for j in tgt_left if ("target", j) not in classed]
@@ -166,6 +167,13 @@ def classify_image(ref: dict, tgt: dict, matched: list[tuple[int, int, float]], 
             rows.append({"side": side, "index": i, "label": int(dets["labels"][i]), "score": float(dets["scores"][i]),
                          "mechanism": flip_class, "detail": detail})
     return rows
+
+
+def _named(classed: tuple[str, str], side: str) -> tuple[str, str]:
+    """A detail's 'here' and 'there' (the box's side and the other) named."""
+    other = "target" if side == "reference" else "reference"
+    detail = re.sub(r"\bthere\b", f"in the {other}", re.sub(r"\bhere\b", f"in the {side}", classed[1]))
+    return classed[0], detail
 
 
 def _mutual_best(iou: torch.Tensor, i: int, j: int, rows: list[int], cols: list[int]) -> bool:
