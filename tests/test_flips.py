@@ -81,6 +81,36 @@ def test_top_k_a_box_beyond_the_detections_per_image_cut_on_one_side_only():
     assert result["counts"] == {"top_k": 2}
 
 
+def test_top_k_before_nms_a_per_label_cut_as_a_region_proposal_network_makes_per_level():
+    boxes, labels = torch.tensor([[0.0, 0, 10, 10], FAR]), torch.tensor([0, 0])
+
+    def cut(scores, kept):
+        cands = Candidates(boxes, torch.tensor(scores), labels, torch.tensor(kept), 0.0, 0.7, 10, group_top_k=1)
+        return {"boxes": boxes[kept], "scores": cands.scores[kept], "labels": labels[kept]}, cands
+
+    result = flips(cut([0.9, 0.8], [0]), cut([0.7, 0.8], [1]))
+    assert result["counts"] == {"top_k": 2} and "pre-NMS top 1" in result["examples"][0]["detail"]
+    result = flips(cut([0.9, 0.8], [0]), cut([0.8, 0.800001], [1]))
+    assert result["counts"] == {"tie_order": 1, "top_k": 1}  # the target's cut fell between equals
+
+
+def test_a_flip_upstream_is_classed_in_the_stage_that_chose_the_proposals():
+    """The reference's and the target's heads each kept a box from a proposal the other side's proposal
+    network did not keep: the post-NMS top-1 of two far-apart anchors, scored the other way round."""
+    anchors, level = torch.tensor([[0.0, 0, 10, 10], FAR]), torch.tensor([0, 0])
+
+    def two_stages(objectness, kept_proposal):
+        rpn = Candidates(anchors, torch.tensor(objectness), level, torch.tensor([kept_proposal]), 0.0, 0.7, 1)
+        proposal = anchors[kept_proposal:kept_proposal + 1]
+        head = Candidates(proposal.clone(), torch.tensor([0.9]), torch.tensor([1]), torch.tensor([0]), 0.5, 0.5, 10,
+                          origins=proposal, proposals=rpn)
+        return {"boxes": proposal, "scores": torch.tensor([0.9]), "labels": torch.tensor([1])}, head
+
+    result = flips(two_stages([0.9, 0.5], 0), two_stages([0.5, 0.9], 1))
+    assert result["counts"] == {"top_k": 2}
+    assert result["examples"][0]["detail"].startswith("its proposal, missing in the target: score 0.5")
+
+
 def test_score_order_overlapping_boxes_that_swap_by_more_than_a_tie():
     boxes = [[0.0, 0, 10, 10], [2.5, 0, 12.5, 10]]
     result = flips(side(boxes, [0.6, 0.8]), side(boxes, [0.8, 0.6]), match_iou=0.7)

@@ -53,6 +53,9 @@ class Candidates:
     top_k: int
     min_size: float = 0.0
     origins: torch.Tensor | None = None
+    group_top_k: int | None = None  # a top-k per label before the threshold and NMS (an RPN's per level)
+    proposals: Candidates | None = None  # the stage that chose the proposals these candidates come from
+    per_proposal: int = 1  # candidates per proposal, consecutive (one per class)
 
 
 def _iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -82,9 +85,16 @@ def counterpart(c: int, this: Candidates, other: Candidates) -> int | None:
 def why_not_kept(c: int, this: Candidates, other: Candidates) -> tuple[str, str]:
     """Why `other` did not keep candidate `c`, which `this` kept: (class, detail)."""
     d = counterpart(c, this, other)
+    if d is None and this.proposals is not None and other.proposals is not None:
+        upstream = int(this.proposals.kept[c // this.per_proposal])
+        flip, detail = why_not_kept(upstream, this.proposals, other.proposals)
+        return flip, f"its proposal, missing there: {detail}"
     if d is None:
         return "unattributed", "its proposal is not among the other side's candidates (the flip is upstream)"
     s_this, s_other = float(this.scores[c]), float(other.scores[d])
+    cut = _group_cut(d, other)
+    if cut is not None and s_other < cut and not tied(s_other, cut):
+        return "top_k", f"score {s_other:.6g} there, below the last of the pre-NMS top {other.group_top_k} ({cut:.6g})"
     if s_other <= other.score_threshold < s_this:
         return "score_threshold", f"score {s_this:.6g} here, {s_other:.6g} there: threshold {other.score_threshold:g}"
     if s_this <= this.score_threshold < s_other:  # kept here below the threshold: not the reference's processing
@@ -105,7 +115,17 @@ def why_not_kept(c: int, this: Candidates, other: Candidates) -> tuple[str, str]
         if tied(s_other, last):
             return "tie_order", f"score {s_other:.6g} tied with the last kept ({last:.6g}) at the top-{other.top_k} cut"
         return "top_k", f"score {s_other:.6g} below the last kept ({last:.6g}) of the top {other.top_k}"
+    if cut is not None and tied(s_other, cut):
+        return "tie_order", f"score {s_other:.6g} tied with the last of the pre-NMS top {other.group_top_k} ({cut:.6g})"
     return "unattributed", "the other side's post-processing would keep it"
+
+
+def _group_cut(d: int, side: Candidates) -> float | None:
+    """The lowest score within the top `group_top_k` of d's label, when the cut leaves some out."""
+    if side.group_top_k is None:
+        return None
+    group = side.scores[side.labels == side.labels[d]]
+    return float(group.topk(side.group_top_k).values[-1]) if len(group) > side.group_top_k else None
 
 
 def _suppressed(c: int, d: int, k: int, this: Candidates, other: Candidates) -> tuple[str, str]:
