@@ -135,6 +135,16 @@ def test_geometry_the_same_box_moved_beyond_the_match_iou():
     assert from_outputs["counts"] == {"geometry": 2} and from_outputs["candidates"] == "none"
 
 
+def test_a_box_kept_on_both_sides_that_the_matching_paired_otherwise_is_not_called_geometry():
+    """The target's copy of candidate 0 moved onto candidate 1's place (IoU 0.667 with where it was) and
+    candidate 1 fell below the threshold: the one target box is matched to reference box 1, so reference box
+    0 is unmatched although its candidate is kept on both sides, above the match IoU."""
+    ref = side([[0.0, 0, 10, 10], [2.0, 0, 12, 10]], [0.9, 0.8], nms_iou=0.7)
+    tgt = side([[2.0, 0, 12, 10], [2.0, 0, 12, 10]], [0.9, 0.3], nms_iou=0.7)
+    result = flips(ref, tgt)
+    assert result["counts"] == {"unattributed": 1} and "paired it with another box" in result["examples"][0]["detail"]
+
+
 def test_two_mechanisms_in_one_image():
     """A box crosses the score threshold while two far-away tied boxes swap: both classes counted."""
     tied = [[50.0, 0, 60, 10], [52.5, 0, 62.5, 10]]
@@ -202,6 +212,7 @@ def test_the_capture_leaves_the_outputs_bit_identical_and_explains_them():
 
     torch.manual_seed(0)
     model = threshold_detector().eval()
+    torch.nn.init.normal_(model.roi_heads.box_predictor.cls_score.weight, std=0.5)  # scores that differ
     images = [torch.rand(3, 128, 128), torch.rand(3, 96, 128)]
     with torch.no_grad():
         plain = model(images)
@@ -212,13 +223,17 @@ def test_the_capture_leaves_the_outputs_bit_identical_and_explains_them():
     for out in (watched, unwatched):
         assert all(torch.equal(a[k], b[k]) for a, b in zip(plain, out, strict=True) for k in a)
     images_candidates = candidates_of(captured)
-    assert len(images_candidates) == 2 and len(plain[0]["scores"]) > 0
+    assert len(images_candidates) == 2 and len(plain[0]["scores"]) > 0 and len(plain[0]["scores"].unique()) > 1
     for out, cands in zip(plain, images_candidates, strict=True):
         assert torch.equal(cands.scores[cands.kept], out["scores"]) and torch.equal(cands.labels[cands.kept], out["labels"])
+        assert cands.proposals is not None and len(cands.proposals.kept) == len(cands.scores) // cands.per_proposal
     assert candidates_of([]) is None and candidates_of(captured * 2) is None  # not exactly one call: none
 
 
 def test_a_run_classes_a_score_threshold_crossing_and_records_it(tmp_path):
+    """The reference's and the target's post-processing inputs are captured in their executions (in a
+    worker process: they come back with the execution) and every reference box is classed score_threshold;
+    every report says so beside the tier-3 verdict."""
     import io
     import xml.etree.ElementTree as ET
 
@@ -234,7 +249,8 @@ def test_a_run_classes_a_score_threshold_crossing_and_records_it(tmp_path):
                        "task": "detection"}],
            "inputs": [{"name": "photo", "images": ["sample:astronaut"], "preprocess": {"resize": 64}}],
            "targets": [{"backend": "tests.test_flips:BelowThreshold", "name": "below"}],
-           "tolerances": {"atol": [1e-3], "rtol": 1e-5}, "tiers": {"tasks": True}}
+           "tolerances": {"atol": [1e-3], "rtol": 1e-5}, "tiers": {"tasks": True},
+           "executor": "process"}  # captured in the worker, sent back (the adapter's test runs locally)
     out = tmp_path / "out"
     records = run_experiment(exp, out, reports=("report.md", "report.html", "junit.xml"))
     tier3 = RunView(records).checks(3)[0]
@@ -254,3 +270,30 @@ def test_a_run_classes_a_score_threshold_crossing_and_records_it(tmp_path):
     junit = ET.parse(out / "junit.xml").getroot()
     failure = [c for c in junit.iter("testcase") if c.get("name") == "below tier 3"][0].find("failure")
     assert line in failure.get("message") and "score_threshold: score 0.333333" in failure.text
+
+
+
+def test_a_workers_execution_brings_what_it_captured_back():
+    """The process and Ray executors rebuild an execution from its worker's messages (runner/worker.py,
+    runner/remote.py): what the worker's run captured travels in its `done` message."""
+    from types import SimpleNamespace
+
+    from parity.runner.remote import RemoteExecution
+
+    captured = [{"kind": "torchvision_roi_heads", "class_logits": torch.ones(2, 3)}]
+    remote = RemoteExecution(SimpleNamespace(), None, "digest", None)
+    remote.receive(("repeat", 0, 0.1, [{"boxes": torch.zeros(0, 4)}], 0.2, None, [], 0))
+    remote.receive(("done", "ok", None, None, 0.2, None, [], 0, None, [], captured))
+    assert remote.execution.captured is captured and remote.finished
+
+
+def test_candidates_are_used_only_when_they_are_behind_the_outputs():
+    """Code after the detector's head that drops or reorders boxes breaks the link between an output box
+    and its candidate: the candidates are then not used (outputs alone), rather than misread."""
+    from parity.verify.tasks.detection import behind
+
+    dets, cands = side([[0.0, 0, 10, 10], FAR], [0.6, 0.9])
+    assert behind([dets], [cands]) == [cands]
+    assert behind([{k: v[:1] for k, v in dets.items()}], [cands]) is None  # one box dropped
+    assert behind([{k: v.flip(0) for k, v in dets.items()}], [cands]) is None  # reordered
+    assert behind([dets], None) is None

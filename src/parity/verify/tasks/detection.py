@@ -136,8 +136,20 @@ def flips(reference: Any, target: Any, thresholds: DetectionThresholds, referenc
 
     refs, tgts = detections_of(reference), detections_of(target)
     matches = [match(r, t, thresholds.iou) for r, t in zip(refs, tgts, strict=True)]
-    return attribute(refs, tgts, matches, thresholds.iou, candidates_of(reference_captured),
-                     candidates_of(target_captured))
+    return attribute(refs, tgts, matches, thresholds.iou, behind(refs, candidates_of(reference_captured)),
+                     behind(tgts, candidates_of(target_captured)))
+
+
+def behind(detections: list[dict], captured: list | None) -> list | None:
+    """The captured candidates when they are behind these outputs: per image, the kept candidates' scores
+    and labels are the output's, in its order (not so when code after the detector's head dropped or
+    reordered boxes: then nothing is attributed through them)."""
+    if captured is None or len(captured) != len(detections):
+        return None
+    for d, c in zip(detections, captured, strict=True):
+        if not (torch.equal(c.scores[c.kept], d["scores"]) and torch.equal(c.labels[c.kept], d["labels"])):
+            return None
+    return captured
 
 
 PICTURE_BOXES = 50  # boxes per image kept in a record for the report's pictures: the highest scores

@@ -86,11 +86,12 @@ def install(model: torch.nn.Module) -> bool:
     return bool(heads)
 
 
-def _kept(same: torch.Tensor) -> torch.Tensor | None:
-    """The first candidate equal to each output (rows), not taken by an earlier one; None when one has none."""
+def _kept(candidates: torch.Tensor, outputs: torch.Tensor) -> torch.Tensor | None:
+    """For each output row, the first candidate row equal to it that an earlier output did not take; None
+    when an output has none. Row by row: a proposal network has some 10^5 candidates per image."""
     kept: list[int] = []
-    for row in same:
-        free = [int(i) for i in torch.nonzero(row).flatten() if int(i) not in kept]
+    for row in outputs:
+        free = [int(i) for i in torch.nonzero((candidates == row).all(1)).flatten() if int(i) not in kept]
         if not free:
             return None  # an output the candidates do not explain: no attribution from this capture
         kept.append(free[0])
@@ -109,7 +110,7 @@ def _proposal_candidates(rec: dict[str, Any]) -> list[Candidates] | None:
     images = []
     for boxes, scores, shape, out in zip(rec["proposals"], objectness, rec["image_shapes"], rec["outputs"], strict=True):
         boxes = box_ops.clip_boxes_to_image(boxes.detach(), shape)
-        kept = _kept((boxes[None] == out[:, None]).all(-1))
+        kept = _kept(boxes, out)
         if kept is None:
             return None
         images.append(Candidates(boxes, scores, levels, kept, rec["score_threshold"], rec["nms_iou"], rec["top_k"],
@@ -126,10 +127,9 @@ def _image_candidates(boxes, scores, proposals, image_shape, outputs, rec) -> Ca
     origins = proposals[:, None, :].expand(-1, num_classes, -1)
     boxes, scores, labels = boxes[:, 1:].reshape(-1, 4), scores[:, 1:].reshape(-1), labels[:, 1:].reshape(-1)
     origins = origins[:, 1:].reshape(-1, 4)
+    rows = torch.cat([boxes.double(), scores.double()[:, None], labels.double()[:, None]], 1)
     out_boxes, out_scores, out_labels = outputs
-    same = ((boxes[None] == out_boxes[:, None]).all(-1) & (scores[None] == out_scores[:, None])
-            & (labels[None] == out_labels[:, None]))
-    kept = _kept(same)
+    kept = _kept(rows, torch.cat([out_boxes.double(), out_scores.double()[:, None], out_labels.double()[:, None]], 1))
     if kept is None:
         return None
     return Candidates(boxes.detach(), scores.detach(), labels, kept, rec["score_threshold"], rec["nms_iou"],

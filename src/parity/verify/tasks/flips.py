@@ -172,7 +172,7 @@ def classify_image(ref: dict, tgt: dict, matched: list[tuple[int, int, float]], 
                                         ("target", tgt_left, tgt_cands, ref_cands)):
             for i in left:
                 if (side, i) not in classed:
-                    classed[(side, i)] = _named(_from_candidates(i, this, other), side)
+                    classed[(side, i)] = _named(_from_candidates(i, this, other, match_iou), side)
     else:  # from the outputs alone: same-label boxes that are each other's best overlap, below the match IoU
         ref_open = [i for i in ref_left if ("reference", i) not in classed]
         tgt_open = [j for j in tgt_left if ("target", j) not in classed]
@@ -200,12 +200,14 @@ def _mutual_best(iou: torch.Tensor, i: int, j: int, rows: list[int], cols: list[
     return max(float(iou[i, c]) for c in cols) == float(iou[i, j]) == max(float(iou[r, j]) for r in rows)
 
 
-def _from_candidates(i: int, this: Candidates, other: Candidates) -> tuple[str, str]:
+def _from_candidates(i: int, this: Candidates, other: Candidates, match_iou: float) -> tuple[str, str]:
     """An unmatched output box (the i-th of this side) classed through the candidates behind it."""
     c = int(this.kept[i])
     d = counterpart(c, this, other)
     if d is not None and bool((other.kept == d).any()):
         iou = float(_iou(this.boxes[c][None], other.boxes[d][None])[0, 0])
+        if iou >= match_iou:
+            return "unattributed", f"kept on both sides at IoU {iou:.4g}: the matching paired it with another box"
         return "geometry", f"the same candidate kept on both sides, its boxes at IoU {iou:.4g}"
     return why_not_kept(c, this, other)
 
