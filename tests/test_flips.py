@@ -266,7 +266,8 @@ def test_a_run_classes_a_score_threshold_crossing_and_records_it(tmp_path):
     console = Console(file=io.StringIO(), width=300, highlight=False, color_system=None)
     render(records, summarize(records), out, console)
     assert line in console.file.getvalue()
-    assert line in (out / "report.md").read_text() and line in (out / "report.html").read_text()
+    assert line in (out / "report.md").read_text()
+    assert (out / "report.html").read_text().count(line) == 2  # the task's table and the detection boxes
     junit = ET.parse(out / "junit.xml").getroot()
     failure = [c for c in junit.iter("testcase") if c.get("name") == "below tier 3"][0].find("failure")
     assert line in failure.get("message") and "score_threshold: score 0.333333" in failure.text
@@ -297,3 +298,54 @@ def test_candidates_are_used_only_when_they_are_behind_the_outputs():
     assert behind([{k: v[:1] for k, v in dets.items()}], [cands]) is None  # one box dropped
     assert behind([{k: v.flip(0) for k, v in dets.items()}], [cands]) is None  # reordered
     assert behind([dets], None) is None
+
+
+def test_tier3_settings_travel_to_a_worker_pickled():
+    """An experiment goes to process and Ray workers pickled; its `tiers.tasks` is a model made at run
+    time, which pickles as its values."""
+    import pickle
+
+    from parity.config.schema import tasks_spec
+
+    spec = tasks_spec({"detection": {"f1": 0.5, "attribution": False}})
+    back = pickle.loads(pickle.dumps(spec))
+    assert back == spec and type(back) is type(spec) and back.detection.attribution is False
+
+
+def test_attribution_off_neither_instruments_nor_classes():
+    from parity.verify.tasks.detection import TASK, DetectionThresholds
+
+    model = threshold_detector()
+    TASK.instrument(model, DetectionThresholds(attribution=False))
+    assert "postprocess_detections" not in vars(model.roi_heads)
+    TASK.instrument(model, DetectionThresholds())
+    assert "postprocess_detections" in vars(model.roi_heads) and "filter_proposals" in vars(model.rpn)
+    dets = side([[0.0, 0, 10, 10]], [0.9])[0]
+    none = {"boxes": torch.zeros(0, 4), "scores": torch.zeros(0), "labels": torch.zeros(0, dtype=torch.int64)}
+    assert TASK.explain([dets], [none], DetectionThresholds(attribution=False), [], []) == {}
+    assert TASK.explain([dets], [none], DetectionThresholds(), [], [])["flips"]["counts"] == {"unattributed": 1}
+
+
+def test_an_explanation_that_raises_leaves_the_verdict(monkeypatch, caplog):
+    """Attribution is extra: if it fails on outputs nobody foresaw, the check keeps its verdict and the
+    run says why it has no flips."""
+    from types import SimpleNamespace
+
+    from parity.config.schema import tasks_spec
+    from parity.verify.tasks import detection, task_check
+
+    def broken(*args):
+        raise RuntimeError("unforeseen")
+
+    monkeypatch.setattr(detection, "flips", broken)
+    dets = side([[0.0, 0, 10, 10]], [0.9])[0]
+    none = {"boxes": torch.zeros(0, 4), "scores": torch.zeros(0), "labels": torch.zeros(0, dtype=torch.int64)}
+    ran = lambda out: SimpleNamespace(ok=True, outputs=[out], captured=[], backend=SimpleNamespace(id="t"))  # noqa: E731
+    job = SimpleNamespace(model=SimpleNamespace(task="detection", name="m"), inputs=SimpleNamespace(name="i"),
+                          reference=SimpleNamespace(id="r"))
+    experiment = SimpleNamespace(tiers=SimpleNamespace(tasks=tasks_spec({})),
+                                 tolerance_for=lambda backend: SimpleNamespace(gate=1e-3))
+    monkeypatch.setattr(detection.TASK, "record_fields", lambda *args: {})
+    record = task_check(job, ran([none]), ran([dets]), experiment)
+    assert record["passed"] is False and record["failure_class"] == "decision_flip" and "flips" not in record
+    assert "could not explain its failure: RuntimeError: unforeseen" in caplog.text

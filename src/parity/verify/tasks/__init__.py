@@ -8,6 +8,7 @@ outputs are the same set in another order (which turns a failed tier-1 check int
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -17,6 +18,8 @@ from pydantic import BaseModel
 from parity import taxonomy as tx
 from parity.errors import ParityError
 from parity.plugins import TASKS
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -122,9 +125,13 @@ def task_check(job, target_exec, reference_exec, experiment, inputs=None) -> dic
         record.update(TASKS.get(task).record_fields(job.inputs, reference_exec.outputs[0], target_exec.outputs[0],
                                                     experiment, inputs))
     if result.failure_class == tx.DECISION_FLIP:
-        record.update(TASKS.get(task).explain(reference_exec.outputs[0], target_exec.outputs[0],
-                                              tasks_spec.thresholds_for(task), reference_exec.captured,
-                                              target_exec.captured))
+        try:
+            record.update(TASKS.get(task).explain(reference_exec.outputs[0], target_exec.outputs[0],
+                                                  tasks_spec.thresholds_for(task), reference_exec.captured,
+                                                  target_exec.captured))
+        except Exception as exc:  # an explanation is extra: it never costs the check its verdict
+            log.warning("%s / %s / %s: tier 3 could not explain its failure: %s: %s", job.model.name,
+                        job.inputs.name, target_exec.backend.id, type(exc).__name__, exc)
     return record
 
 
