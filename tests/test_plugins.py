@@ -132,7 +132,7 @@ def test_task_thresholds_live_under_their_task_and_the_flat_spelling_still_count
 @pytest.mark.parametrize("tiers, expected", [
     ({"tasks": {"classification": {"top1_agreement": 2}}}, "tiers.tasks.classification.top1_agreement: Input should be"),
     ({"tasks": {"classifcation": {}}}, "tiers.tasks.classifcation: unknown key; did you mean 'classification'?"),
-    ({"tasks": {"detection": {"detection_f1": 0.5}}}, "tiers.tasks.detection.detection_f1: unknown key (allowed here: iou, f1)"),
+    ({"tasks": {"detection": {"detection_f1": 0.5}}}, "tiers.tasks.detection.detection_f1: unknown key (allowed here: iou, f1, attribution)"),
 ])
 def test_task_thresholds_are_validated_by_their_task(write_yaml, tiers, expected):
     with pytest.raises(ParityError) as info:

@@ -498,6 +498,12 @@ class Tasks(Strict):
         """The thresholds of `task`: as the file gives them, else its defaults."""
         return getattr(self, task)
 
+    def __reduce__(self):
+        """Pickled as its values, validated again where it is unpickled: the model is made at run time
+        (`tasks_model`), so pickle cannot find its class by name (an experiment goes to process and Ray
+        workers pickled)."""
+        return tasks_spec, (self.model_dump(),)
+
 
 _TASKS_MODELS: dict[tuple, type[Tasks]] = {}
 

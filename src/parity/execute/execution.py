@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 import time
@@ -14,7 +15,7 @@ import torch
 from parity import taxonomy as tx
 from parity.backends import backend_class
 from parity.config.schema import BackendSpec
-from parity.execute import cache, notes
+from parity.execute import cache, capture, notes
 from parity.inputs import Inputs
 from parity.taxonomy import classify_exception
 
@@ -35,6 +36,7 @@ class Execution:
     traceback: str | None = None  # the whole traceback of a failure (`error` is its first line)
     warmup: int = 0  # untimed runs before the timed repeats
     warmup_outputs: list[Any] = field(default_factory=list)  # judged with the repeats: a first call is a call
+    captured: list[Any] = field(default_factory=list)  # what instrumented code recorded in the first repeat (capture.py)
 
     @property
     def ok(self) -> bool:
@@ -119,9 +121,11 @@ def _execute(result: Execution, spec, model, inputs, example, repeats, on_run, w
             result.warmup_outputs.append(backend.run(inputs.clone()))
         for repeat in range(repeats):
             fresh = inputs.clone()  # a model that writes into its input must not change the next run's
-            start = time.perf_counter()
-            result.outputs.append(backend.run(fresh))
-            result.run_s.append(time.perf_counter() - start)
+            with capture.watching() if repeat == 0 else contextlib.nullcontext(result.captured) as captured:
+                start = time.perf_counter()
+                result.outputs.append(backend.run(fresh))
+                result.run_s.append(time.perf_counter() - start)
+            result.captured = captured
             if on_run:
                 if repeat == repeats - 1:
                     result.notes = collector.notes()  # complete for the last repeat's record

@@ -209,6 +209,30 @@ class Tier1Check(Check):
                                                       "reference failed): the user's to fix, exit 2.")
 
 
+class FlipExample(Part):
+    """One unmatched box of a failing detection check, classed."""
+
+    image: int = Field(description="Which input image.")
+    side: str = Field(description="reference (a box the target lacks) or target (a box the reference lacks).")
+    index: int = Field(description="The box's index in that side's detections.")
+    label: int = Field(description="Its label.")
+    score: float = Field(description="Its score.")
+    mechanism: str = Field(description="Its class, as in `counts`.")
+    detail: str = Field(description="The numbers behind the class (scores, IoUs, the threshold).")
+
+
+class Flips(Part):
+    """Decision-flip attribution (verify/tasks/flips.py): every unmatched box of a failing detection check
+    classed by the mechanism that made the sides differ."""
+
+    counts: dict[str, int] = Field(description="Unmatched boxes per class: tie_order, score_threshold, nms_iou, "
+                                               "top_k, score_order, label_change, geometry, unattributed (only "
+                                               "those with some); they add up to every unmatched box of both sides.")
+    candidates: str = Field(description="both: classed through both sides' captured post-processing inputs; "
+                                        "none: a side had none, from the outputs alone.")
+    examples: list[FlipExample] = Field(description="The first few unmatched boxes, classed, with their numbers.")
+
+
 class Tier3Check(Check):
     """Tier 3: the task-level verdict (same top-k, same boxes, ...) from the task's evaluator."""
 
@@ -219,6 +243,8 @@ class Tier3Check(Check):
     same_set: bool | None = Field(None, description="Whether both sides gave the same items in another order.")
     pictures: dict[str, Any] | None = Field(None, description="Detection: the images and each side's boxes, for "
                                                               "reports to draw.")
+    flips: Flips | None = Field(None, description="Detection, when it failed: its unmatched boxes classed by "
+                                                  "mechanism (`tiers.tasks.detection.attribution`).")
 
 
 # -- localization and fallback ---------------------------------------------------------------------------

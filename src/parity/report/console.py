@@ -126,8 +126,9 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
         verdict = "[green]agrees[/green]" if c["passed"] else f"[red]{c['failure_class']}[/red]"
         console.print(f"tier 3 {verdict} " + escape(f"{view.key(c)}: {figures}"
                                                     + (f" ({c['detail']})" if c["detail"] else "")), soft_wrap=True)
-        for line in next_steps(c, view) if not c["passed"] else ():
-            console.print("  " + escape(line), soft_wrap=True)
+        for line in [flips_line(c), *next_steps(c, view)] if not c["passed"] else ():
+            if line:
+                console.print("  " + escape(line), soft_wrap=True)
     for key, loc in summary.get("localized", {}).items():
         if loc["error"]:
             where = f"not localized ({loc['error']})"
@@ -161,6 +162,18 @@ def headline_figures(check: dict[str, Any]) -> str:
     headline = headline_of(check["task"])
     shown = [h.metric for h in headline] if headline is not None else list(m)
     return ", ".join(f"{k} {m[k]:.4g}" if isinstance(m[k], int | float) else f"{k} {m[k]}" for k in shown if k in m)
+
+
+def flips_line(check: dict[str, Any]) -> str | None:
+    """A failing detection check's unmatched boxes by mechanism, in words ('flips: 2 tie_order, 1
+    score_threshold (from the post-processing inputs of both sides)'), or None when the record has none."""
+    flips = check.get("flips")
+    if not flips:
+        return None
+    counts = ", ".join(f"{n} {mechanism}" for mechanism, n in flips["counts"].items()) or "none"
+    source = ("the post-processing inputs of both sides" if flips["candidates"] == "both"
+              else "the outputs alone: a side has no captured post-processing inputs")
+    return f"flips: {counts} (from {source})"
 
 
 def percent(share: float | None, none: str = "-") -> str:

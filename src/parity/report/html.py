@@ -16,7 +16,7 @@ from parity.records import tolerance_key
 from parity.records.summary import latency_rows
 from parity.records.view import RunView
 from parity.report import ReportWriter, pictures, plots
-from parity.report.console import describe_note, percent, tolerance_lines, tolerance_title
+from parity.report.console import describe_note, flips_line, percent, tolerance_lines, tolerance_title
 from parity.report.next_steps import next_steps
 from parity.taxonomy import MEANINGS, SEVERITY
 
@@ -197,7 +197,8 @@ def _tier3_tables(tier3: list[dict]) -> list[dict[str, Any]]:
                     value < col["threshold"] if col["higher_is_better"] else value > col["threshold"])
                 cells.append({"text": _num(value), "low": low})
             rows.append({"key": _key(c), "passed": c["passed"], "failure_class": c.get("failure_class"),
-                         "detail": c.get("detail") or "", "same_set": c.get("same_set"), "cells": cells})
+                         "detail": c.get("detail") or "", "same_set": c.get("same_set"), "cells": cells,
+                         "flips": None if c["passed"] else flips_line(c)})
         tables.append({"task": task, "columns": columns, "rows": rows})
     return tables
 
@@ -232,7 +233,7 @@ def _detections(tier3: list[dict]) -> list[dict[str, Any]]:
             uri, note = pictures.side_by_side(pics, i, c["target"])
             drawn.append({"label": pictures.image_label(image), "uri": uri, "note": note})
         out.append({"key": _key(c), "passed": c["passed"], "failure_class": c.get("failure_class"),
-                    "metrics": c["metrics"], "images": drawn, "more": max(0, len(pics["images"]) - PICTURED_IMAGES)})
+                    "flips": None if c["passed"] else flips_line(c), "metrics": c["metrics"], "images": drawn, "more": max(0, len(pics["images"]) - PICTURED_IMAGES)})
     return out
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from parity.records.view import RunView
 from parity.report import ReportWriter
-from parity.report.console import describe_note
+from parity.report.console import describe_note, flips_line
 from parity.report.next_steps import next_steps
 
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")  # characters XML 1.0 cannot hold
@@ -45,6 +45,8 @@ def _body(check: dict[str, Any], steps: list[str]) -> str:
                          + (f" ({leaf['detail']})" if leaf.get("detail") else ""))
     else:
         lines += [f"  {k}: {v:.4g}" if isinstance(v, float) else f"  {k}: {v}" for k, v in check["metrics"].items()]
+        lines += [f"  {e['side']} box {e['index']} (image {e['image']}, label {e['label']}, score {e['score']:.4g}): "
+                  f"{e['mechanism']}: {e['detail']}" for e in (check.get("flips") or {}).get("examples", [])]
     return "\n".join(lines)
 
 
@@ -78,8 +80,10 @@ def render_junit(records: RunView | list[dict], summary: dict[str, Any]) -> str:
             error.text = _clean("\n".join([check["detail"], *next_steps(check, view)]))
         elif not check["passed"]:
             failures += 1
+            flips = flips_line(check)
             failure = ET.SubElement(case, "failure", type=_clean(check["failure_class"]),
-                                    message=_clean(f"{check['failure_class']}: {check['detail']}"))
+                                    message=_clean(f"{check['failure_class']}: {check['detail']}"
+                                                   + (f"; {flips}" if flips else "")))
             failure.text = _clean(_body(check, next_steps(check, view)))
         if check.get("warnings"):  # what the target warned of, whatever the verdict
             ET.SubElement(case, "system-out").text = _clean("\n".join(describe_note(n) for n in check["warnings"]))

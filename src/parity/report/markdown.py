@@ -10,7 +10,14 @@ from parity.records import tolerance_key
 from parity.records.summary import latency_rows
 from parity.records.view import RunView
 from parity.report import ReportWriter
-from parity.report.console import environment_line, percent, tolerance_lines, tolerance_title, warned
+from parity.report.console import (
+    environment_line,
+    flips_line,
+    percent,
+    tolerance_lines,
+    tolerance_title,
+    warned,
+)
 from parity.report.next_steps import next_steps
 
 
@@ -84,7 +91,9 @@ def render_markdown(records: RunView | list[dict], summary: dict[str, Any]) -> s
                   "|---|---|---|---|---|---|"]
         for c in tier3:
             metrics = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in c["metrics"].items())
-            verdict = "agrees" if c["passed"] else f"{c['failure_class']}: {c['detail']}".replace("|", "\\|")
+            flips = flips_line(c)
+            verdict = "agrees" if c["passed"] else (f"{c['failure_class']}: {c['detail']}"
+                                                    + (f"; {flips}" if flips else "")).replace("|", "\\|")
             lines.append(f"| {c['model']} | {c['inputs']} | {c['target']} | {c['task']} | {verdict} | {metrics} |")
     layers = view.layers
     if layers:

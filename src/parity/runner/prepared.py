@@ -14,6 +14,7 @@ from parity.config.schema import BackendSpec
 from parity.errors import ParityError, did_you_mean
 from parity.execute.execution import ends_the_program
 from parity.models import build_model, source_fingerprint
+from parity.verify.tasks import instrument
 
 
 def configured_model(model: torch.nn.Module, spec: BackendSpec, model_name: str) -> torch.nn.Module:
@@ -27,6 +28,8 @@ def prepared_model(spec, exp) -> tuple:
     against its modules before anything executes. Returns (model, what the adapters changed)."""
     model = build_model_or_explain(spec, exp)
     notes = apply_adapters(model, exp.adapters_for(spec), exp)
+    if exp.tiers.evaluate_tasks:  # what tier 3 explains a failure with; the outputs are unchanged
+        instrument(model, spec.task, exp.tiers.tasks)
     problems = fallback_problems(model, spec, exp)
     if problems:
         raise ParityError(problems[0])

@@ -8,7 +8,7 @@ weights, which the parent checks against its own build (the `built` message carr
 
 Messages, in order: `("built", digest)`, then `("repeat", index, run_s, outputs, prepare_s, cached, notes,
 warmup)` after each repeat, then `("done", status, error, failure_class, prepare_s, cached, notes, warmup,
-traceback, warmup_outputs)`.
+traceback, warmup_outputs, captured)` (captured: what instrumented model code recorded, execute/capture.py).
 Outputs are CPU tensors in the model's own structure (backends return them so), judged by the parent as the
 local executor would.
 
@@ -86,13 +86,13 @@ def run_execution(exp: Experiment, models: ModelCache, model_name: str, inputs: 
         model, digest = models.get(model_spec, exp)
     except Exception as exc:  # the parent built it; a worker that cannot is this execution's failure
         send(("done", "error", f"rebuilding the model in the worker failed: {describe(exc)}", classify_exception(exc),
-              None, None, [], 0, format_traceback(exc), []))
+              None, None, [], 0, format_traceback(exc), [], []))
         return
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # its builder ends the program here only (the parent's build returned)
         send(("done", "error", f"rebuilding the model in the worker failed: {ends_the_program(exc)}", tx.CRASH,
-              None, None, [], 0, format_traceback(exc), []))
+              None, None, [], 0, format_traceback(exc), [], []))
         return
     send(("built", digest))
 
@@ -103,7 +103,7 @@ def run_execution(exp: Experiment, models: ModelCache, model_name: str, inputs: 
         ex = execute(spec, configured_model(model, spec, model_name), inputs, repeats, on_run=on_run,
                      warmup=exp.warmup, example=example)
     send(("done", ex.status, ex.error, ex.failure_class, ex.prepare_s, ex.cached, ex.notes, ex.warmup, ex.traceback,
-          ex.warmup_outputs))
+          ex.warmup_outputs, ex.captured))
 
 
 def send(conn, message: Any) -> None:

@@ -8,6 +8,7 @@ outputs are the same set in another order (which turns a failed tier-1 check int
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -17,6 +18,8 @@ from pydantic import BaseModel
 from parity import taxonomy as tx
 from parity.errors import ParityError
 from parity.plugins import TASKS
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -59,6 +62,16 @@ class Task(ABC):
 
     def record_fields(self, input_spec, reference: Any, target: Any, experiment, inputs) -> dict[str, Any]:
         """Fields this task adds to its tier-3 record (what a report needs beyond the metrics)."""
+        return {}
+
+    def instrument(self, model: Any, thresholds: Any) -> None:
+        """Prepare a built model to record what `explain` needs while it runs (execute/capture.py), without
+        changing what it returns. Called on every model of this task, before any backend copies it."""
+
+    def explain(self, reference: Any, target: Any, thresholds: Any, reference_captured: list[Any],
+                target_captured: list[Any]) -> dict[str, Any]:
+        """Fields a failed verdict (decision_flip) adds to its tier-3 record: why the decisions differ, from
+        the outputs and what each side's run recorded (`Execution.captured`; empty when nothing was)."""
         return {}
 
 
@@ -111,4 +124,18 @@ def task_check(job, target_exec, reference_exec, experiment, inputs=None) -> dic
     if result.failure_class != tx.STRUCTURE_MISMATCH:
         record.update(TASKS.get(task).record_fields(job.inputs, reference_exec.outputs[0], target_exec.outputs[0],
                                                     experiment, inputs))
+    if result.failure_class == tx.DECISION_FLIP:
+        try:
+            record.update(TASKS.get(task).explain(reference_exec.outputs[0], target_exec.outputs[0],
+                                                  tasks_spec.thresholds_for(task), reference_exec.captured,
+                                                  target_exec.captured))
+        except Exception as exc:  # an explanation is extra: it never costs the check its verdict
+            log.warning("%s / %s / %s: tier 3 could not explain its failure: %s: %s", job.model.name,
+                        job.inputs.name, target_exec.backend.id, type(exc).__name__, exc)
     return record
+
+
+def instrument(model: Any, task: str | None, tasks_spec) -> None:
+    """Let `task` instrument a built model (`Task.instrument`) when tier 3 evaluates it."""
+    if task in evaluated():
+        TASKS.get(task).instrument(model, tasks_spec.thresholds_for(task))

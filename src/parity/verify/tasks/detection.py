@@ -93,6 +93,7 @@ def average_precision(refs: list[dict], tgts: list[dict], iou_threshold: float) 
 class DetectionThresholds(Strict):
     iou: float = Field(default=0.5, gt=0, le=1)  # a target box matches a reference box of its label from this IoU
     f1: float = Field(default=0.95, ge=0, le=1)
+    attribution: bool = True  # class a failing check's unmatched boxes by mechanism (R-CNN heads: captured)
 
 
 def evaluate(reference: Any, target: Any, thresholds: DetectionThresholds, gate: float,
@@ -124,6 +125,31 @@ def evaluate(reference: Any, target: Any, thresholds: DetectionThresholds, gate:
         failures.append(f"detection F1 {f1:.3f} < {thresholds.f1} ({matched} of {n_ref} reference boxes "
                         f"matched, {n_tgt} target boxes)")
     return verdict(result, failures)
+
+
+def flips(reference: Any, target: Any, thresholds: DetectionThresholds, reference_captured: list[Any],
+          target_captured: list[Any]) -> dict[str, Any]:
+    """Every unmatched box classed by the mechanism that made it differ (flips.py), through both sides'
+    post-processing inputs when both were captured, else from the outputs alone."""
+    from parity.verify.tasks.detection_capture import candidates_of
+    from parity.verify.tasks.flips import attribute
+
+    refs, tgts = detections_of(reference), detections_of(target)
+    matches = [match(r, t, thresholds.iou) for r, t in zip(refs, tgts, strict=True)]
+    return attribute(refs, tgts, matches, thresholds.iou, behind(refs, candidates_of(reference_captured)),
+                     behind(tgts, candidates_of(target_captured)))
+
+
+def behind(detections: list[dict], captured: list | None) -> list | None:
+    """The captured candidates when they are behind these outputs: per image, the kept candidates' scores
+    and labels are the output's, in its order (not so when code after the detector's head dropped or
+    reordered boxes: then nothing is attributed through them)."""
+    if captured is None or len(captured) != len(detections):
+        return None
+    for d, c in zip(detections, captured, strict=True):
+        if not (torch.equal(c.scores[c.kept], d["scores"]) and torch.equal(c.labels[c.kept], d["labels"])):
+            return None
+    return captured
 
 
 PICTURE_BOXES = 50  # boxes per image kept in a record for the report's pictures: the highest scores
@@ -187,6 +213,16 @@ class Detection(Task):
 
     def record_fields(self, input_spec, reference, target, experiment, inputs):
         return {"pictures": detection_pictures(input_spec, reference, target, experiment, inputs)}
+
+    def instrument(self, model, thresholds):
+        if thresholds.attribution:
+            from parity.verify.tasks.detection_capture import install
+
+            install(model)
+
+    def explain(self, reference, target, thresholds, reference_captured, target_captured):
+        return {"flips": flips(reference, target, thresholds, reference_captured, target_captured)} \
+            if thresholds.attribution else {}
 
 
 TASK = Detection()

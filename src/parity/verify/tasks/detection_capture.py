@@ -1,0 +1,164 @@
+"""The post-processing inputs of a torchvision two-stage detector (Faster, Mask and Keypoint R-CNN), captured
+for flip attribution (flips.py) without changing what the model returns.
+
+`install` wraps the instance's `roi_heads.postprocess_detections` and its region proposal network's
+`filter_proposals`: the original runs on the same arguments and its result is returned untouched; when an
+execution watches the run (execute/capture.py) and the arguments are plain eager tensors, the wrapper also
+records references to them, the settings and the result. Under torch.compile, torch.export, tracing or
+scripting nothing is recorded (those backends run no Python post-processing of their own). The candidates
+are rebuilt from the records later (`candidates_of`), outside the timed run, as torchvision builds them, and
+each output box is found among them. One-stage detectors (RetinaNet, SSD, FCOS) decode per level inside their
+post-processing; they are not captured, and their flips are attributed from the outputs alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from typing import Any
+
+import torch
+
+from parity.execute import capture
+from parity.verify.tasks.flips import Candidates
+
+KIND = "torchvision_roi_heads"
+RPN = "torchvision_rpn"
+
+
+def _plain(*tensors) -> bool:
+    """Eager tensors only: not fake, functional or proxy tensors of a tracer or compiler."""
+    return all(type(t) is torch.Tensor for t in tensors)
+
+
+def _tracing() -> bool:
+    compiler = torch.compiler
+    return (compiler.is_compiling() or compiler.is_exporting() or torch.jit.is_tracing()
+            or torch.jit.is_scripting() or torch.onnx.is_in_onnx_export())
+
+
+def _recording(original):
+    """The class's own method, called on whichever instance runs (a deep copy's settings are its own)."""
+
+    @functools.wraps(original)
+    def postprocess_detections(self, class_logits, box_regression, proposals, image_shapes):
+        result = original(self, class_logits, box_regression, proposals, image_shapes)
+        if capture.watched() and not _tracing() and _plain(class_logits, box_regression, *proposals):
+            capture.record({"kind": KIND, "class_logits": class_logits, "box_regression": box_regression,
+                            "proposals": list(proposals), "image_shapes": [tuple(s) for s in image_shapes],
+                            "weights": tuple(self.box_coder.weights), "clip": self.box_coder.bbox_xform_clip,
+                            "score_threshold": float(self.score_thresh), "nms_iou": float(self.nms_thresh),
+                            "top_k": int(self.detections_per_img), "outputs": tuple(list(r) for r in result)})
+        return result
+
+    return postprocess_detections
+
+
+def _recording_proposals(original):
+    """The region proposal network's choice of proposals, recorded as the heads' post-processing is."""
+
+    @functools.wraps(original)
+    def filter_proposals(self, proposals, objectness, image_shapes, num_anchors_per_level):
+        result = original(self, proposals, objectness, image_shapes, num_anchors_per_level)
+        if capture.watched() and not _tracing() and _plain(proposals, objectness):
+            capture.record({"kind": RPN, "proposals": proposals, "objectness": objectness,
+                            "image_shapes": [tuple(s) for s in image_shapes],
+                            "levels": list(num_anchors_per_level), "pre_top_k": int(self.pre_nms_top_n()),
+                            "top_k": int(self.post_nms_top_n()), "nms_iou": float(self.nms_thresh),
+                            "score_threshold": float(self.score_thresh), "min_size": float(self.min_size),
+                            "outputs": list(result[0])})
+        return result
+
+    return filter_proposals
+
+
+def install(model: torch.nn.Module) -> bool:
+    """Wrap every torchvision RoIHeads of `model`, and its region proposal network (on the instance: deep
+    copies keep them). False when the model has no RoIHeads."""
+    from torchvision.models.detection.roi_heads import RoIHeads
+    from torchvision.models.detection.rpn import RegionProposalNetwork
+
+    heads = [m for m in model.modules() if isinstance(m, RoIHeads)]
+    for head in heads:
+        head.postprocess_detections = types.MethodType(_recording(type(head).postprocess_detections), head)
+    for rpn in [m for m in model.modules() if isinstance(m, RegionProposalNetwork)] if heads else []:
+        rpn.filter_proposals = types.MethodType(_recording_proposals(type(rpn).filter_proposals), rpn)
+    return bool(heads)
+
+
+def _kept(candidates: torch.Tensor, outputs: torch.Tensor) -> torch.Tensor | None:
+    """For each output row, the first candidate row equal to it that an earlier output did not take; None
+    when an output has none. Row by row: a proposal network has some 10^5 candidates per image."""
+    kept: list[int] = []
+    for row in outputs:
+        free = [int(i) for i in torch.nonzero((candidates == row).all(1)).flatten() if int(i) not in kept]
+        if not free:
+            return None  # an output the candidates do not explain: no attribution from this capture
+        kept.append(free[0])
+    return torch.tensor(kept, dtype=torch.int64)
+
+
+def _proposal_candidates(rec: dict[str, Any]) -> list[Candidates] | None:
+    """Per image, every anchor's proposal with its objectness (labels: the feature level), as the region
+    proposal network chose among them: a top-k per level, the threshold, NMS per level, the post-NMS top-k.
+    Its outputs are found among them by box and level (objectness through sigmoid at another shape may
+    differ in the last bit)."""
+    from torchvision.ops import boxes as box_ops
+
+    objectness = torch.sigmoid(rec["objectness"].detach().reshape(len(rec["proposals"]), -1))
+    levels = torch.cat([torch.full((n,), i, dtype=torch.int64) for i, n in enumerate(rec["levels"])])
+    images = []
+    for boxes, scores, shape, out in zip(rec["proposals"], objectness, rec["image_shapes"], rec["outputs"], strict=True):
+        boxes = box_ops.clip_boxes_to_image(boxes.detach(), shape)
+        kept = _kept(boxes, out)
+        if kept is None:
+            return None
+        images.append(Candidates(boxes, scores, levels, kept, rec["score_threshold"], rec["nms_iou"], rec["top_k"],
+                                 min_size=rec["min_size"], group_top_k=rec["pre_top_k"]))
+    return images
+
+
+def _image_candidates(boxes, scores, proposals, image_shape, outputs, rec) -> Candidates | None:
+    from torchvision.ops import boxes as box_ops
+
+    num_classes = scores.shape[-1]
+    boxes = box_ops.clip_boxes_to_image(boxes, image_shape)
+    labels = torch.arange(num_classes).view(1, -1).expand_as(scores)
+    origins = proposals[:, None, :].expand(-1, num_classes, -1)
+    boxes, scores, labels = boxes[:, 1:].reshape(-1, 4), scores[:, 1:].reshape(-1), labels[:, 1:].reshape(-1)
+    origins = origins[:, 1:].reshape(-1, 4)
+    rows = torch.cat([boxes.double(), scores.double()[:, None], labels.double()[:, None]], 1)
+    out_boxes, out_scores, out_labels = outputs
+    kept = _kept(rows, torch.cat([out_boxes.double(), out_scores.double()[:, None], out_labels.double()[:, None]], 1))
+    if kept is None:
+        return None
+    return Candidates(boxes.detach(), scores.detach(), labels, kept, rec["score_threshold"], rec["nms_iou"],
+                      rec["top_k"], min_size=1e-2, origins=origins.detach(), per_proposal=num_classes - 1)
+
+
+def candidates_of(captured: list[Any]) -> list[Candidates] | None:
+    """Per image, the candidates of the one post-processing call recorded; None when there is not exactly
+    one (a model that ran its head twice, or not at all) or its outputs are not found among its candidates."""
+    from torchvision.models.detection._utils import BoxCoder
+
+    records = [r for r in captured if isinstance(r, dict) and r.get("kind") == KIND]
+    if len(records) != 1:
+        return None
+    rec = records[0]
+    rpn = [r for r in captured if isinstance(r, dict) and r.get("kind") == RPN]
+    with torch.no_grad():
+        coder = BoxCoder(rec["weights"], rec["clip"])
+        per_image = [len(p) for p in rec["proposals"]]
+        boxes = coder.decode(rec["box_regression"], rec["proposals"]).split(per_image, 0)
+        scores = torch.nn.functional.softmax(rec["class_logits"], -1).split(per_image, 0)
+        images = []
+        for n, (b, s, p, shape) in enumerate(zip(boxes, scores, rec["proposals"], rec["image_shapes"], strict=True)):
+            outputs = tuple(side[n] for side in rec["outputs"])
+            image = _image_candidates(b, s, p, shape, outputs, rec)
+            if image is None:
+                return None
+            images.append(image)
+        upstream = _proposal_candidates(rpn[0]) if len(rpn) == 1 else None
+    for image, proposals in zip(images, upstream or [], strict=False):
+        image.proposals = proposals  # each image's proposals are its RPN's outputs, in order
+    return images
