@@ -55,6 +55,9 @@ class Backend(ABC):
     # The devices on which an experiment in the published tool's format (config/legacy.py), which names no
     # targets, checks this backend when it is available here.
     legacy_devices: ClassVar[tuple[str, ...]] = ()
+    # The `quantize:` schemes this backend runs (backends/quantize.py); an int8 target of another is refused
+    # when the experiment is checked.
+    quantize_schemes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, spec):
         self.spec = spec
@@ -108,6 +111,9 @@ class Backend(ABC):
     # Where `artifact` keeps what it makes: set by the execution layer before `prepare` (execute/execution.py
     # hands over the running model's artifacts in the cache); None: nothing is cached.
     artifacts: ArtifactStore | None = None
+    # A quantized target's calibration inputs (its `quantize.calibration` input set, or for a layer alone in tier
+    # 2 that layer's inputs in the model's calibration runs): set by the execution layer before `prepare`.
+    calibration: list[Inputs] | None = None
 
     def artifact(self, kind: str, model: torch.nn.Module, example: Inputs, build) -> Path:
         """A folder holding the artifact `kind` (an exported graph, a traced module) of `model` for inputs
