@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from parity.adapters.fallback import apply_fallback, candidates_from, find_fallback
-from parity.api import run_experiment
 from parity.backends.eager import EagerBackend
+from parity.cli import main
 from parity.config import load_experiment
 from parity.config.schema import BackendSpec
 from parity.errors import ParityError
@@ -18,34 +18,16 @@ from parity.execute import calibration
 from parity.execute.cache import ArtifactCache
 from parity.execute.execution import execute
 from parity.inputs import Inputs
+from parity.records.view import RunView
 from parity.verify.localize import localize
 from tests.conftest import tiny_experiment
-from tests.fixtures.tiny import TinyCNN
+from tests.fixtures.tiny import Sensitive
 
 EAGER = BackendSpec(backend="eager")
 PT2E = BackendSpec(backend="eager", quantize={"scheme": "pt2e-x86", "calibration": "calib"})
 DYNAMIC = BackendSpec(backend="eager", quantize={"scheme": "torchao-int8-dynamic"})
 IMAGE = Inputs((torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0)),))
 CALIB = Inputs((1.5 * torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1)),))  # IMAGE's range
-
-
-class Sensitive(nn.Module):
-    """conv, conv, linear; `b` made sensitive to int8: one channel of its input is a thousand times the others
-    (and `b` ignores it), so the int8 range of its input leaves the other channels a few steps at most."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.a = nn.Conv2d(3, 8, 3, padding=1)
-        self.b = nn.Conv2d(8, 8, 3, padding=1)
-        self.head = nn.Linear(8, 4)
-        with torch.no_grad():
-            self.a.bias[0] = 1000.0
-            self.b.weight[:, 0] = 0.0
-
-    def forward(self, x):
-        x = torch.relu(self.b(torch.relu(self.a(x))))
-        return self.head(x.mean(dim=(2, 3)))
 
 
 class Mlp(nn.Module):
@@ -121,24 +103,26 @@ def test_a_calibrated_target_without_its_input_set_fails_rather_than_running_flo
 
 
 def test_calibration_decides_the_activation_ranges():
-    torch.manual_seed(0)
-    model = TinyCNN().eval()
-    on_data = run_on(PT2E, model, IMAGE, [CALIB])
-    on_zeros = run_on(PT2E, model, IMAGE, [Inputs((torch.zeros(2, 3, 8, 8),))])
-    assert not torch.allclose(on_data, on_zeros, atol=1e-3)
+    model, x = Mlp().eval(), Inputs((torch.randn(4, 16, generator=torch.Generator().manual_seed(0)),))
+    on_data = run_on(PT2E, model, x, [Inputs((torch.randn(4, 16, generator=torch.Generator().manual_seed(1)),))])
+    on_zeros = run_on(PT2E, model, x, [Inputs((torch.zeros(4, 16),))])
     with torch.no_grad():
-        assert 0 < (on_data - model(*IMAGE.args)).abs().max() < 0.5 * (on_zeros - model(*IMAGE.args)).abs().max()
+        float_out = model(*x.args)
+    assert 0 < (on_data - float_out).abs().max() < 0.5 * (on_zeros - float_out).abs().max()
 
 
-def test_an_int8_target_has_a_verdict_and_fails_a_tight_gate(tmp_path):
+def test_an_int8_target_has_a_verdict_fails_a_tight_gate_and_is_offered_a_fallback(write_yaml, tmp_path, capsys):
     data = tiny_experiment([PT2E.model_dump(exclude_defaults=True)], tolerances={"atol": [1e-6], "gate": 1e-6},
                            inputs=[{"name": "noise", "synthetic": {"shape": [2, 3, 16, 16]}},
-                                   {"name": "calib", "synthetic": {"shape": [2, 3, 16, 16]}}])
-    data["models"][0]["inputs"] = ["noise"]
-    checks = [r for r in run_experiment(data, out=tmp_path / "run") if r["kind"] == "check"]
-    assert [(c["target"], c["passed"], c["failure_class"]) for c in checks] == \
-        [("eager-cpu-int8-pt2e-x86", False, "numeric_drift")]
-    assert checks[0]["required_atol"] > 1e-4
+                                   {"name": "calib", "synthetic": {"shape": [2, 3, 16, 16]}}], tiers={"activations": True})
+    data["models"][0].update(entry="tests.fixtures.tiny:Sensitive", inputs=["noise"])
+    assert main(["run", str(write_yaml(data)), "--out", str(tmp_path / "run"), "--quiet", "--no-report"]) == 1
+    printed = capsys.readouterr().out.replace("\n  ", " ")
+    [check] = RunView.read(tmp_path / "run").checks(1)
+    assert (check["target"], check["passed"], check["failure_class"]) == ("eager-cpu-int8-pt2e-x86", False, "numeric_drift")
+    assert check["required_atol"] > 1e-4
+    assert "diverges at b (Conv2d (" in printed and "parity reduce" not in printed  # an int8 culprit alone has no repro
+    assert "next: parity fallback " in printed and "--target eager-cpu-int8-pt2e-x86" in printed
 
 
 def test_a_module_kept_in_float_computes_as_the_float_module():

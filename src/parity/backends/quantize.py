@@ -38,11 +38,13 @@ def float_modules(model: torch.nn.Module) -> list[str]:
 
 
 def scheme_problem(scheme: str) -> str | None:
-    """None when the libraries `scheme` needs import here, else why it cannot run."""
-    try:
-        _quantizer(scheme) if scheme in PT2E else __import__("torchao.quantization")
-    except ImportError as exc:
-        return f"quantize scheme {scheme} needs {' and '.join(LIBRARIES[scheme])} ({exc})"
+    """None when the libraries `scheme` needs are installed here, else why it cannot run (found without importing
+    them: torchao takes seconds to import)."""
+    import importlib.util
+
+    missing = [name for name in LIBRARIES[scheme] if importlib.util.find_spec(name) is None]
+    if missing:
+        return f"quantize scheme {scheme} needs {' and '.join(missing)}, which is not installed here"
     return None
 
 
@@ -54,8 +56,11 @@ def quantize(model: torch.nn.Module, scheme: str, example: Inputs, calibration: 
         if not calibration:
             raise ValueError(f"quantize scheme {scheme} needs calibration inputs")
         same = all(_shapes(c) == _shapes(example) for c in calibration)  # a static export is twice as quick
+        # strict (dynamo) export: it records which module call each op came from (`source_fn_stack`), which the
+        # quantizers group ops by; non-strict export leaves that out, and a module called twice (torchvision's
+        # shared ReLU) then makes one partition with two outputs, which the X86 quantizer refuses.
         program = torch.export.export(model, tuple(example.args), dict(example.kwargs),
-                                      dynamic_shapes=None if same else _any_shape(model, example))
+                                      dynamic_shapes=None if same else _any_shape(model, example), strict=True)
         return quantize_pt2e(program, scheme, calibration, keep)
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
 
