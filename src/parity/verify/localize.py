@@ -156,8 +156,8 @@ class Localization:
                      f"{'it' if len(self.skipped) == 1 else 'them'} alone")
         if self.evenly_spread():
             text += ("; but every layer of the first level makes an error of the same order (within "
-                     f"{SPREAD_RATIO:g}x of the median): the drift comes from the target as a whole (its dtype or "
-                     "kernels), not from one layer")
+                     f"{SPREAD_RATIO:g}x of the median): the drift comes from the target as a whole (its dtype, "
+                     "kernels or quantization), not from one layer")
         return text
 
     def _nothing_exceeds(self) -> str:
