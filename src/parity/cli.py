@@ -293,8 +293,8 @@ def cmd_localize(args: argparse.Namespace) -> int:
 
 
 def cmd_fallback(args: argparse.Namespace) -> int:
-    """Find a small set of modules to run eager (compile) or in float32 (bfloat16/float16) so that the
-    check passes at the gate; print it with its latency cost."""
+    """Find a small set of modules to run eager (compile), in float32 (bfloat16/float16) or in float (int8) so
+    that the check passes at the gate; print it with its latency cost."""
     from rich.markup import escape
 
     from parity.adapters.fallback import whole_model_note
@@ -454,8 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
     loc.add_argument("--mode", choices=["local", "propagated", "both"],
                      help="local: each layer's own error; propagated: the error that reaches each layer; both "
                           "(default: the experiment's tiers.activations.mode)")
-    fall = one_check_parser("fallback", "find modules to run eager or in float32 so that a target passes",
-                            "a compile, bfloat16 or float16 target id", "fallback", cmd_fallback)
+    fall = one_check_parser("fallback", "find modules to run eager, in float32 or in float so that a target passes",
+                            "a compile, bfloat16, float16 or int8 target id", "fallback", cmd_fallback)
     fall.add_argument("--tier", type=int, choices=[1, 3], default=1,
                       help="what must pass: 1, every output within the gate (default); 3, the task-level verdict")
 

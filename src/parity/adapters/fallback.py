@@ -4,6 +4,8 @@
   included), so inductor neither fuses nor reorders their arithmetic.
 - reduced-precision targets (eager, compile or torchscript in bfloat16 or float16): the modules compute
   in float32 (inputs cast up, outputs cast back), the rest stays in the reduced dtype.
+- quantized targets (`quantize:`): the modules are left out of quantization and compute in float
+  (backends/quantize.py's `keep_float`), the rest in int8.
 
 The set of modules is found by `find_fallback`: candidates in the order of their own (tier-2, local)
 error, added until the check passes (tier 1 at the gate, or the tier-3 task verdict), then shrunk to a
@@ -22,6 +24,7 @@ from typing import Any
 
 import torch
 
+from parity.backends.quantize import keep_float
 from parity.config.schema import BackendSpec
 from parity.errors import ParityError
 from parity.inputs import Inputs
@@ -85,13 +88,15 @@ def fallback_kind(spec: BackendSpec) -> str:
     `fallback_kind` (compile: eager)."""
     from parity.backends import BACKENDS, backend_class
 
+    if spec.quantize is not None:
+        return "float"
     if spec.dtype in REDUCED:
         return "float32"
     kind = backend_class(spec.backend).fallback_kind
     if kind is None:
         able = [n for n in BACKENDS.names() if backend_class(n).fallback_kind is not None]
-        raise ParityError(f"target {spec.id}: fallback applies to {', '.join(able)} targets and to bfloat16/float16 "
-                          "targets")
+        raise ParityError(f"target {spec.id}: fallback applies to {', '.join(able)} targets, to bfloat16/float16 "
+                          "targets and to quantized targets")
     return kind
 
 
@@ -105,6 +110,9 @@ def apply_fallback(model: torch.nn.Module, names: list[str], spec: BackendSpec) 
             from parity.errors import did_you_mean
 
             raise ParityError(f"fallback: the model has no module '{name}'{did_you_mean(name, known)}")
+        if kind == "float":  # left out of quantization (backends/quantize.py)
+            keep_float(model.get_submodule(name))
+            continue
         owner, _, attr = name.rpartition(".")
         parent = model.get_submodule(owner) if owner else model
         island = EagerIsland if kind == "eager" else Float32Island
@@ -115,7 +123,7 @@ def apply_fallback(model: torch.nn.Module, names: list[str], spec: BackendSpec) 
 @dataclass
 class FallbackResult:
     target: str
-    runs_in: str  # eager (out of torch.compile) or float32
+    runs_in: str  # eager (out of torch.compile), float32 (out of a reduced dtype) or float (out of int8)
     aim: str = "tier 1"  # what must pass: tier 1 at the gate, or tier 3 (the task-level verdict)
     modules: list[str] = field(default_factory=list)
     passed: bool = False
@@ -148,14 +156,12 @@ def _latencies(spec, models: list[torch.nn.Module], inputs, runs: int) -> list[f
     """The median run time of each model on the backend `spec`, runs interleaved (one of each in turn),
     so that a slow spell of the machine falls on all of them alike. Their exports come from the running
     model's artifacts, as the search's executions' do."""
-    from parity.backends import backend_class
-    from parity.execute import cache
+    from parity.execute.execution import new_backend
 
     backends = []
     try:
         for model in models:
-            backend = backend_class(spec.backend)(spec)
-            backend.artifacts = cache.active()
+            backend = new_backend(spec)
             backends.append(backend)
             backend.prepare(copy.deepcopy(model), inputs.clone())
         times: list[list[float]] = [[] for _ in models]
@@ -258,7 +264,8 @@ def is_whole_model(model: torch.nn.Module, modules: list[str]) -> bool:
 
 
 def whole_model_note(result: FallbackResult) -> str:
-    where = "run entirely eager" if result.runs_in == "eager" else "at the reference's precision (float32)"
+    where = {"eager": "run entirely eager", "float": "left in float (no quantization)"}.get(
+        result.runs_in, "at the reference's precision (float32)")
     return f"no partial fallback exists; this is the whole model {where}"
 
 

@@ -68,6 +68,15 @@ class Backend(ABC):
     # Options that change only how an artifact is run (a session's settings), not the artifact: left out of its
     # cache key, so that targets that differ only in them share one export.
     session_options: ClassVar[tuple[str, ...]] = ()
+    # The `quantize:` schemes this backend runs (backends/quantize.py); an int8 target of another is refused
+    # when the experiment is checked. Read from the class's own body only (`schemes_run`): a subclass (torchscript,
+    # export of eager) whose `prepare` does not quantize would otherwise inherit them and run float under an int8 id.
+    quantize_schemes: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def schemes_run(cls) -> tuple[str, ...]:
+        """The quantize schemes this very class declares it runs (not inherited)."""
+        return vars(cls).get("quantize_schemes", ())
 
     def __init__(self, spec):
         self.spec = spec
@@ -129,6 +138,9 @@ class Backend(ABC):
     # Where `artifact` keeps what it makes: set by the execution layer before `prepare` (execute/execution.py
     # hands over the running model's artifacts in the cache); None: nothing is cached.
     artifacts: ArtifactStore | None = None
+    # A quantized target's calibration inputs (its `quantize.calibration` input set, or for a layer alone in tier
+    # 2 that layer's inputs in the model's calibration runs): set by the execution layer before `prepare`.
+    calibration: list[Inputs] | None = None
 
     def artifact(self, kind: str, model: torch.nn.Module, example: Inputs, build) -> Path:
         """A folder holding the artifact `kind` (an exported graph, a traced module) of `model` for inputs

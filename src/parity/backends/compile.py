@@ -63,9 +63,12 @@ class CompileBackend(EagerBackend):
     legacy_devices = ("cpu", "cuda")
     Options = CompileOptions
     model_kinds = ("module", "exported")  # torch.compile refuses a ScriptModule; an ONNX graph has no Python
+    quantize_schemes = ("pt2e-x86", "torchao-int8-dynamic", "torchao-int8-weight")
 
     @classmethod
     def repro_snippet(cls, spec) -> str | None:
+        if spec.quantize:  # the module alone would need its own calibration: no script rather than a float one
+            return None
         o = cls.Options.model_validate(spec.options)
         compiled = (f"compiled = torch.compile(module, mode={o.mode!r}, backend={o.backend!r}, fullgraph={o.fullgraph}, "
                     f"dynamic={o.dynamic})")
@@ -75,13 +78,26 @@ class CompileBackend(EagerBackend):
         import torch._dynamo
 
         torch._dynamo.reset()
-        self.model = model.to(self.device, self.dtype)
+        self.model = self.quantized(model, example).to(self.device, self.dtype)
         o = self.options
         self.compiled = torch.compile(self.model, mode=o.mode, backend=o.backend, fullgraph=o.fullgraph, dynamic=o.dynamic)
-        self.call(self.compiled, example)  # compile now, not in the first timed run
+        with self.freezing():
+            self.call(self.compiled, example)  # compile now, not in the first timed run
+
+    def freezing(self):
+        """Inductor lowers a PT2E int8 graph's quantize/dequantize patterns to int8 kernels when it freezes the
+        weights (the x86 int8 deployment path); other targets compile with inductor's settings as they are."""
+        import contextlib
+
+        if self.spec.quantize is None or self.spec.quantize.scheme != "pt2e-x86" or self.options.backend != "inductor":
+            return contextlib.nullcontext()
+        import torch._inductor.config
+
+        return torch._inductor.config.patch(freezing=True)
 
     def run(self, inputs: Inputs):
-        return self.call(self.compiled, inputs)
+        with self.freezing():  # a recompilation for other shapes lowers as the first compilation did
+            return self.call(self.compiled, inputs)
 
     def close(self) -> None:
         import torch._dynamo

@@ -32,6 +32,7 @@ class EagerBackend(Backend):
     specializes_on_example = False  # the model's own forward, whatever the inputs' shapes
     # Whatever the model's forward is: an ONNX file's runs ONNX Runtime CPU float32 (models/onnx_graph.py).
     model_kinds = ("module", "exported", "torchscript", "onnx")
+    quantize_schemes = ("pt2e-x86", "pt2e-xnnpack", "torchao-int8-dynamic", "torchao-int8-weight")
 
     @classmethod
     def model_problem(cls, spec, kind: str) -> str | None:
@@ -42,7 +43,16 @@ class EagerBackend(Backend):
             return (f"backend '{cls.name}' runs an ONNX graph file as ONNX Runtime CPU float32, without options; "
                     f"not {spec.device} {spec.dtype}{' with options' if spec.options else ''} (for other "
                     "settings use the onnxruntime or openvino backend)")
+        if problem is None and spec.quantize is not None and kind not in ("module", "exported"):
+            return (f"backend '{cls.name}' quantizes a model through torch.export: an int8 target cannot take a "
+                    f"{kind} file model")
         return problem
+
+    @classmethod
+    def available(cls, spec) -> str | None:
+        from parity.backends.quantize import scheme_problem
+
+        return super().available(spec) or (scheme_problem(spec.quantize.scheme) if spec.quantize else None)
 
     @classmethod
     def spec_problem(cls, spec) -> str | None:
@@ -50,10 +60,14 @@ class EagerBackend(Backend):
             return "option autocast needs dtype bfloat16 or float16"
         if spec.options.get("tf32") is not None and not spec.device.startswith("cuda"):
             return "option tf32 applies to CUDA devices only"
+        if spec.quantize and (spec.dtype != "float32" or spec.device != "cpu"):
+            return "quantize: an int8 target starts from the float32 model on the CPU (dtype float32, device cpu)"
         return None
 
     @classmethod
     def repro_snippet(cls, spec) -> str | None:
+        if spec.quantize:  # the module alone would need its own calibration: no script rather than a float one
+            return None
         autocast = cls.Options.model_validate(spec.options).autocast
         context = f'torch.autocast("{torch.device(spec.device).type}", dtype=torch.{spec.dtype})' if autocast else None
         return "\n".join([*placement_lines(cls, spec), *call_lines("module", context)])
@@ -66,8 +80,19 @@ class EagerBackend(Backend):
     # file feeds them (a float64 input cast to float32 here would be another input than the targets get).
     _graph_dtypes = False
 
+    def quantized(self, model: torch.nn.Module, example: Inputs) -> torch.nn.Module:
+        """`model` quantized as the target's `quantize:` says (on the CPU, in float32), else as it is."""
+        if self.spec.quantize is None:
+            return model
+        from parity.backends.quantize import quantize
+
+        calibration = [self.convert(c) for c in self.calibration or []]
+        with torch.no_grad():
+            return quantize(model.eval(), self.spec.quantize.scheme, self.convert(example), calibration)
+
     def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
         self._graph_dtypes = onnx_file(model) is not None
+        model = self.quantized(model, example)
         model = model.to(self.device)
         if not self.options.autocast:
             model = model.to(self.dtype)

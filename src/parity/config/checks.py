@@ -42,6 +42,10 @@ def backend_problems(spec: BackendSpec, path: tuple) -> list[Problem]:
     problem = cls.spec_problem(spec)
     if problem:
         out.append((path, problem))
+    if spec.quantize and spec.quantize.scheme not in cls.schemes_run():
+        able = f"it runs {', '.join(cls.schemes_run())}" if cls.schemes_run() else "it quantizes nothing"
+        out.append((path + ("quantize", "scheme"), f"backend '{spec.backend}' cannot run quantize scheme "
+                    f"{spec.quantize.scheme} ({able})"))
     if spec.fallback:
         from parity.adapters.fallback import fallback_kind
 
@@ -130,6 +134,16 @@ def _model(exp: Experiment, i: int) -> list[Problem]:
     return out
 
 
+def _calibration(exp: Experiment, spec: BackendSpec, path: tuple) -> list[Problem]:
+    """A quantized target's calibration names an input set of the experiment."""
+    name = spec.quantize.calibration if spec.quantize else None
+    known = [s.name for s in exp.inputs]
+    if name is None or name in known:
+        return []
+    return [(path + ("quantize", "calibration"), f"no input set named '{name}'{did_you_mean(name, known)} "
+             f"(defined: {', '.join(known)})")]
+
+
 def _weights_problem(file) -> str | None:
     """A weights file is opened as `parity run` opens it (without building the model): a missing path, a
     folder, a FIFO, a device, an empty file, a zip bomb, a pickle that would run code are refused here."""
@@ -174,8 +188,11 @@ def check(exp: Experiment) -> list[Problem]:
         problems += [(("targets", i), "'oracle' is the id of the float64 oracle (oracle: true); name this target otherwise")
                      for i, t in enumerate(exp.targets) if t.id == "oracle"]
     problems += backend_problems(exp.reference, ("reference",))
+    if exp.reference.quantize:
+        problems.append((("reference", "quantize"), "the reference is the float model: quantize a target instead"))
     for i, target in enumerate(exp.targets):
         problems += backend_problems(target, ("targets", i))
+        problems += _calibration(exp, target, ("targets", i))
     for i in range(len(exp.models)):
         problems += _model(exp, i)
     if exp.tiers.localize and not problems:

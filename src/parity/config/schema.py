@@ -433,6 +433,28 @@ class TargetTolerances(GateAndRules):
     rtol: float | None = Field(default=None, ge=0)
 
 
+# Quantization schemes (backends/quantize.py) and the word each adds to a target's id.
+QUANTIZE_SCHEMES = {"pt2e-x86": "int8-pt2e-x86", "pt2e-xnnpack": "int8-pt2e-xnnpack",
+                    "torchao-int8-dynamic": "int8-dynamic", "torchao-int8-weight": "int8-weight"}
+
+
+class QuantizeSpec(Strict):
+    """`quantize:` of a target: int8 by a scheme, calibrated (static schemes) on an input set of the experiment."""
+
+    scheme: Literal["pt2e-x86", "pt2e-xnnpack", "torchao-int8-dynamic", "torchao-int8-weight"]
+    calibration: Name | None = None  # an input set's name; the PT2E schemes need one
+
+    @model_validator(mode="after")
+    def _calibrated(self) -> QuantizeSpec:
+        if self.scheme.startswith("pt2e") and self.calibration is None:
+            raise ValueError(f"scheme {self.scheme} quantizes activations with ranges observed on data: give "
+                             "`calibration: INPUT_SET`")
+        if not self.scheme.startswith("pt2e") and self.calibration is not None:
+            raise ValueError(f"scheme {self.scheme} observes no data (weights only, or activations quantized as they "
+                             "come): remove `calibration`")
+        return self
+
+
 class BackendSpec(Strict):
     backend: str = Field(min_length=1)
     device: str = "cpu"
@@ -441,6 +463,7 @@ class BackendSpec(Strict):
     options: dict[str, Any] = Field(default_factory=dict)
     fallback: list[str] = Field(default_factory=list)  # modules run outside the fast path (parity fallback)
     tolerances: TargetTolerances | None = None  # this target's own (see config/tolerances.py)
+    quantize: QuantizeSpec | None = None  # an int8 target (backends/quantize.py)
 
     @field_validator("device")
     @classmethod
@@ -456,6 +479,8 @@ class BackendSpec(Strict):
             return self.name
         backend = self.backend.rpartition(":")[2] if ":" in self.backend else self.backend
         suffix = "" if self.dtype == "float32" else f"-{self.dtype}"
+        if self.quantize is not None:
+            suffix += f"-{QUANTIZE_SCHEMES[self.quantize.scheme]}"
         return f"{backend}-{self.device.replace(':', '')}{suffix}"
 
 

@@ -127,6 +127,7 @@ class ArtifactCache:
         options = {k: v for k, v in spec.options.items() if k not in getattr(backend, "session_options", ())}
         parts = {"kind": kind, "identity": identity, "model": model_digest(model), "code": code_digest,
                  "inputs": inputs_digest(example), "backend": [spec.backend, spec.device, spec.dtype, options],
+                 "quantize": quantize_part(backend, model),
                  "libraries": fingerprint.versions({"torch", *backend.libraries, *reached}),
                  "python": sys.version, "parity": fingerprint.parity_digest(), "kernels": kernel_tag()}
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
@@ -166,6 +167,17 @@ class ModelArtifacts:
         be cached (the backend then builds it in a scratch folder of its own)."""
         key = self.cache.key(kind, model, backend, example, self.identity)
         return None if key is None else self.cache.fetch_or_build(key, build)
+
+
+def quantize_part(backend: Any, model: torch.nn.Module) -> list[Any] | None:
+    """What a quantized artifact also depends on: the scheme, the calibration inputs it observed, and the modules
+    kept in float (None for a float target)."""
+    spec = backend.spec
+    if getattr(spec, "quantize", None) is None:
+        return None
+    from parity.backends.quantize import float_modules
+
+    return [spec.quantize.scheme, [inputs_digest(c) for c in backend.calibration or []], float_modules(model)]
 
 
 def active() -> ModelArtifacts | None:

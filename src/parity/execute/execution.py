@@ -15,7 +15,7 @@ import torch
 from parity import taxonomy as tx
 from parity.backends import backend_class
 from parity.config.schema import BackendSpec
-from parity.execute import cache, capture, notes
+from parity.execute import cache, calibration, capture, notes
 from parity.inputs import Inputs
 from parity.taxonomy import classify_exception
 
@@ -104,6 +104,15 @@ def shapes(inputs: Inputs) -> str:
     return ", ".join("x".join(map(str, t.shape)) or "scalar" for t in inputs.tensors())
 
 
+def new_backend(spec: BackendSpec):
+    """The backend `spec` names, handed what it needs before `prepare`: the running model's artifacts
+    (ArtifactCache.for_model), if any, and a quantized target's calibration inputs."""
+    backend = backend_class(spec.backend)(spec)
+    backend.artifacts = cache.active()
+    backend.calibration = calibration.for_spec(spec)
+    return backend
+
+
 def _execute(result: Execution, spec, model, inputs, example, repeats, on_run, warmup, collector) -> None:
     backend, prepared = None, False
     try:
@@ -111,8 +120,7 @@ def _execute(result: Execution, spec, model, inputs, example, repeats, on_run, w
         if reason:
             result.status, result.error = "unavailable", reason
             return
-        backend = backend_class(spec.backend)(spec)
-        backend.artifacts = cache.active()  # the running model's artifacts (ArtifactCache.for_model), if any
+        backend = new_backend(spec)
         start = time.perf_counter()
         backend.prepare(copy.deepcopy(model), example.clone())
         result.prepare_s = time.perf_counter() - start

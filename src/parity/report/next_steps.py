@@ -53,15 +53,16 @@ def next_steps(check: dict[str, Any], view: RunView) -> list[str]:
     file = shlex.quote(run["file"]) if run.get("file") else "EXPERIMENT.yaml"
     which = f"--model {shlex.quote(check['model'])} --target {shlex.quote(check['target'])} --inputs {shlex.quote(check['inputs'])}"
     lines = oracle_finding(check)
+    target = _targets(run).get(check["target"], {})
     if found and not found.get("error") and found.get("culprit"):
         where = f" ({found['culprit_code']})" if found.get("culprit_code") else ""
         lines.append(f"diverges at {found['culprit']}{where}")
+    if found and not found.get("error") and found.get("culprit") and not target.get("quantize"):  # no int8 repro
         lines.append(f"next: parity reduce RUN_DIR --check {shlex.quote('/'.join((check['model'], check['inputs'], check['target'])))} (a standalone repro script)")
     failure = check.get("failure_class")
     if failure in LOCALIZABLE and not found:
         lines.append(f"next: parity localize {file} {which}")
-    target = _targets(run).get(check["target"], {})
-    reduced = target.get("dtype") in ("bfloat16", "float16")
+    reduced = target.get("dtype") in ("bfloat16", "float16") or target.get("quantize")
     if failure in (*LOCALIZABLE, tx.DECISION_FLIP) and (reduced or target.get("backend") == "compile"):
         tier = " --tier 3" if task and headline_of(task) is not None else ""
         lines.append(f"next: parity fallback {file} {which}{tier}")

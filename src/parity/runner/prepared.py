@@ -4,6 +4,8 @@ each target's copy with its fallback modules."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -12,7 +14,9 @@ from parity.adapters import apply_adapters
 from parity.adapters.fallback import apply_fallback, fallback_for
 from parity.config.schema import BackendSpec
 from parity.errors import ParityError, did_you_mean
+from parity.execute import calibration
 from parity.execute.execution import ends_the_program
+from parity.inputs import build_inputs
 from parity.models import build_model, source_fingerprint
 from parity.verify.tasks import instrument
 
@@ -49,6 +53,21 @@ def model_identity(spec, exp) -> tuple[Any, ...]:
     the experiment says it is, and what its source reads it from (None when the source cannot say)."""
     return (spec.model_dump(mode="json"), [a.model_dump(mode="json") for a in exp.adapters_for(spec)],
             source_fingerprint(spec, exp))
+
+
+@contextlib.contextmanager
+def model_scope(cache, spec, exp) -> Iterator[None]:
+    """Every execution of model `spec` inside this block: its exports kept in `cache` (an ArtifactCache) under
+    the model's identity, and a quantized target's calibration input set built (once) from the experiment."""
+    built: dict[str, list] = {}
+
+    def calibration_set(name: str) -> list:
+        if name not in built:
+            built[name] = [build_inputs(next(s for s in exp.inputs if s.name == name), exp, spec.batch_mode)]
+        return built[name]
+
+    with cache.for_model(*model_identity(spec, exp)), calibration.providing(calibration_set):
+        yield
 
 
 def build_model_or_explain(spec, exp):

@@ -45,7 +45,7 @@ from parity.records.summary import summarize, write_summary
 from parity.runner.base import Executor
 from parity.runner.executors import make_executor
 from parity.runner.plan import Job, plan
-from parity.runner.prepared import configured_model, model_identity, prepared_model
+from parity.runner.prepared import configured_model, model_scope, prepared_model
 from parity.verify.checks import gate_on_task, reference_error_check, tier1_check
 from parity.verify.localize import LOCALIZABLE, gate_check, localize_check
 from parity.verify.tasks import evaluated, task_check
@@ -261,7 +261,7 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool, fresh: boo
                 model, notes = prepared_model(model_spec, exp)
                 writer.write("model", model=model_spec.name, parameters=sum(p.numel() for p in model.parameters()),
                              build_s=time.perf_counter() - start, adapters=notes)
-                with cache.for_model(*model_identity(model_spec, exp)):
+                with model_scope(cache, model_spec, exp):
                     for job in model_jobs:
                         _run_job(job, model, exp, writer, bar, executor, examples)
                 del model
@@ -347,7 +347,7 @@ class Runner:
         model, _ = prepared_model(model_spec, exp)
         job = Job(model_spec, input_spec, exp.reference, None, (target,), 1)
         inputs = build_inputs(input_spec, exp, model_spec.batch_mode)
-        with self.cache.for_model(*model_identity(model_spec, exp)):
+        with model_scope(self.cache, model_spec, exp):
             tier1 = gate_check(job, target, lambda spec: configured_model(model, spec, model_spec.name), inputs, exp)
             configured = configured_model(model, target, model_spec.name)  # localize the target as it runs
             record = {**localize_check(job, target, configured, inputs, exp), "tier1": tier1}
@@ -371,7 +371,7 @@ class Runner:
         inputs = build_inputs(input_spec, exp, model_spec.batch_mode)
         job = Job(model_spec, input_spec, exp.reference, None, (target,), 1)
         tol = exp.tolerance_for(target)
-        with self.cache.for_model(*model_identity(model_spec, exp)):  # the trials' exports are cached as a run's
+        with model_scope(self.cache, model_spec, exp):  # the trials' exports are cached as a run's
             layers = localize_check(job, target, model, inputs, exp)
             if layers.get("error"):
                 raise ParityError(f"localizing {target.id} failed, so there are no candidates: {layers['error']}")

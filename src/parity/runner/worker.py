@@ -36,7 +36,7 @@ from parity.config.schema import BackendSpec, Experiment, ModelSpec
 from parity.execute.cache import ArtifactCache, model_digest
 from parity.execute.execution import describe, ends_the_program, execute, format_traceback
 from parity.inputs import Inputs
-from parity.runner.prepared import configured_model, model_identity, prepared_model
+from parity.runner.prepared import configured_model, model_scope, prepared_model
 from parity.taxonomy import classify_exception
 
 
@@ -99,7 +99,7 @@ def run_execution(exp: Experiment, models: ModelCache, model_name: str, inputs: 
     def on_run(ex, repeat: int) -> None:
         send(("repeat", repeat, ex.run_s[repeat], ex.outputs[repeat], ex.prepare_s, ex.cached, ex.notes, ex.warmup))
 
-    with ARTIFACTS.for_model(*model_identity(model_spec, exp)):
+    with model_scope(ARTIFACTS, model_spec, exp):
         ex = execute(spec, configured_model(model, spec, model_name), inputs, repeats, on_run=on_run,
                      warmup=exp.warmup, example=example)
     send(("done", ex.status, ex.error, ex.failure_class, ex.prepare_s, ex.cached, ex.notes, ex.warmup, ex.traceback,

@@ -160,9 +160,29 @@ def capture(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, names: li
 
 
 def observes_layers(spec: BackendSpec) -> bool:
-    """Can the target show layer outputs from inside its own end-to-end run?"""
+    """Can the target show layer outputs from inside its own end-to-end run? A quantized target cannot: PT2E
+    exports the model into one graph that module hooks do not see, and its layers' own errors are what tier 2
+    ranks for it (`calibration_inputs`)."""
     cls = backend_class(spec.backend)
-    return cls.runs_module_hooks or cls.captures_layers
+    return (cls.runs_module_hooks or cls.captures_layers) and spec.quantize is None
+
+
+def calibration_inputs(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module,
+                       names: list[str]) -> dict[str, list[Inputs]] | None:
+    """For a target calibrated on data: each named layer's inputs in the float model's calibration runs, which
+    are what the layer's observers see when the whole model is calibrated (observers do not change what flows).
+    Quantized alone on these and fed the reference's inputs, a layer shows its own quantization error, as
+    torch.ao.ns's shadow loggers measure it. None for a target that observes no data."""
+    from parity.execute import calibration
+
+    runs = calibration.for_spec(target)
+    if runs is None:
+        return None
+    seen: dict[str, list[Inputs]] = {name: [] for name in names}
+    for run in runs:
+        for name, calls in capture(reference, model, run, names).items():
+            seen[name] += [c.inputs for c in calls]
+    return seen
 
 
 def _observed(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, names: list[str]) -> dict[str, list | str]:
@@ -236,7 +256,10 @@ def own_code_error(reference: BackendSpec, target: BackendSpec, model: torch.nn.
                    parent: str, members: list[str], rtol: float) -> LayerError | None:
     """The error of `parent`'s own code (the operations between its submodules): the parent runs on the
     target with every submodule replaced by a replay of the reference's outputs, fed the reference's
-    input. None when the parent is called more than once (replays would not line up)."""
+    input. None when the parent is called more than once (replays would not line up), and for a quantized
+    target."""
+    if target.quantize is not None:  # a parent of replays would be quantized without its layers' ranges
+        return None
     calls = capture(reference, model, inputs, [parent, *members])
     if len(calls.get(parent, [])) != 1:
         return None

@@ -11,6 +11,11 @@ exceeds it alone, the difference comes from how the target transforms the whole 
 quantization), not from one layer: the localization says so (`whole_graph`) and names instead the first
 layer whose *propagated* error exceeds the threshold. When no part of a block exceeds it alone while the
 block does, the block is the culprit as a whole (`as_a_whole`).
+
+A quantized target (`quantize:`) is ranked by each layer's own quantization error, as torch.ao.ns's shadow
+loggers measure it: the layer alone quantized (calibrated on its inputs in the float model's calibration
+runs) and fed the reference's inputs, against the float layer. Its own code is not measured (a parent of
+replays has no ranges of its own) nor its propagated errors (the exported int8 graph has no module hooks).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,10 +32,12 @@ import torch
 from parity import taxonomy as tx
 from parity.config.schema import BackendSpec
 from parity.errors import ParityError, did_you_mean
+from parity.execute import calibration
 from parity.inputs import Inputs
 from parity.verify.activations import (
     LayerError,
     LevelResult,
+    calibration_inputs,
     capture,
     local_error,
     observes_layers,
@@ -81,8 +89,11 @@ def evaluate(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module
     calls = capture(reference, model, inputs, names, with_inputs=mode != "propagated")  # only local mode needs them
     result = LevelResult(names=list(calls), shared=[n for n, c in calls.items() if len(c) > 1])
     if mode in ("local", "both"):
+        observed = calibration_inputs(reference, target, model, list(calls))  # a quantized target's, per layer
         for name, layer_calls in calls.items():
-            result.local[name] = local_error(target, model.get_submodule(name), layer_calls, rtol)
+            own = observed[name] if observed is not None else None
+            with calibration.providing(lambda _set, own=own: own) if own is not None else nullcontext():
+                result.local[name] = local_error(target, model.get_submodule(name), layer_calls, rtol)
     if mode in ("propagated", "both") and observes_layers(target):
         result.propagated = propagated_errors(target, model, inputs, calls, rtol)
     del calls
@@ -145,8 +156,8 @@ class Localization:
                      f"{'it' if len(self.skipped) == 1 else 'them'} alone")
         if self.evenly_spread():
             text += ("; but every layer of the first level makes an error of the same order (within "
-                     f"{SPREAD_RATIO:g}x of the median): the drift comes from the target as a whole (its dtype or "
-                     "kernels), not from one layer")
+                     f"{SPREAD_RATIO:g}x of the median): the drift comes from the target as a whole (its dtype, "
+                     "kernels or quantization), not from one layer")
         return text
 
     def _nothing_exceeds(self) -> str:

@@ -1,0 +1,125 @@
+"""Int8 quantization of a float model, for a target's `quantize:` (config/schema.py `QuantizeSpec`).
+
+- `pt2e-x86`, `pt2e-xnnpack`: `torch.export`, then torchao's PT2E flow (`prepare_pt2e`, one run per calibration
+  input, `convert_pt2e`) with the X86 Inductor quantizer or ExecuTorch's XNNPACK quantizer: weights and
+  activations in int8, activation ranges observed on the calibration inputs. The result is a GraphModule of
+  quantize/dequantize and float ops (eager runs it as it is; inductor lowers the patterns to int8 kernels).
+  Module names survive only as `nn_module_stack` metadata on the graph's nodes.
+- `torchao-int8-dynamic`, `torchao-int8-weight`: torchao's `quantize_` on the module tree, in place (linear
+  layers: int8 weights; dynamic: activations too, their scale computed per call). Modules are kept.
+
+A module marked with `keep_float` (what `parity fallback` keeps in float) is left out of quantization: PT2E
+annotates none of its ops, `quantize_` skips it. `quantize_pt2e` takes an ExportedProgram or a GraphModule, so a
+backend that exports for itself (ExecuTorch) can quantize its own program.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from parity.inputs import Inputs
+
+KEEP_FLOAT = "_parity_keep_float"
+PT2E = ("pt2e-x86", "pt2e-xnnpack")
+LIBRARIES = {"pt2e-x86": ("torchao",), "pt2e-xnnpack": ("torchao", "executorch"),
+             "torchao-int8-dynamic": ("torchao",), "torchao-int8-weight": ("torchao",)}
+
+
+def keep_float(module: torch.nn.Module) -> None:
+    """Mark `module` (and so everything inside it) to stay in float when the model is quantized."""
+    object.__setattr__(module, KEEP_FLOAT, True)
+
+
+def float_modules(model: torch.nn.Module) -> list[str]:
+    """The names of the modules of `model` marked `keep_float`."""
+    return [name for name, m in model.named_modules() if getattr(m, KEEP_FLOAT, False)]
+
+
+def scheme_problem(scheme: str) -> str | None:
+    """None when the libraries `scheme` needs are installed here, else why it cannot run (found without importing
+    them: torchao takes seconds to import)."""
+    import importlib.util
+
+    missing = [name for name in LIBRARIES[scheme] if importlib.util.find_spec(name) is None]
+    if missing:
+        return f"quantize scheme {scheme} needs {' and '.join(missing)}, which is not installed here"
+    return None
+
+
+def quantize(model: torch.nn.Module, scheme: str, example: Inputs, calibration: list[Inputs] | None) -> torch.nn.Module:
+    """`model` (float32, eval mode) quantized by `scheme`; the PT2E schemes export it for inputs like `example`
+    and observe `calibration` (each an Inputs the model is called with)."""
+    keep = float_modules(model)
+    if scheme in PT2E:
+        if not calibration:
+            raise ValueError(f"quantize scheme {scheme} needs calibration inputs")
+        same = all(_shapes(c) == _shapes(example) for c in calibration)  # a static export is twice as quick
+        # strict (dynamo) export: it records which module call each op came from (`source_fn_stack`), which the
+        # quantizers group ops by; non-strict export leaves that out, and a module called twice (torchvision's
+        # shared ReLU) then makes one partition with two outputs, which the X86 quantizer refuses.
+        program = torch.export.export(model, tuple(example.args), dict(example.kwargs),
+                                      dynamic_shapes=None if same else _any_shape(model, example), strict=True)
+        return quantize_pt2e(program, scheme, calibration, keep)
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
+
+    config = Int8DynamicActivationInt8WeightConfig() if scheme == "torchao-int8-dynamic" else Int8WeightOnlyConfig()
+    quantize_(model, config, filter_fn=lambda module, fqn: isinstance(module, torch.nn.Linear) and not _inside(fqn, keep))
+    return model
+
+
+def quantize_pt2e(program: Any, scheme: str, calibration: list[Inputs], keep: list[str] = ()) -> torch.fx.GraphModule:
+    """An ExportedProgram (or the GraphModule of one) quantized by a PT2E `scheme`, its activation ranges observed
+    on `calibration`; the modules named in `keep` are not quantized."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    graph = program.module() if isinstance(program, torch.export.ExportedProgram) else program
+    quantizer = _quantizer(scheme)
+    for name in keep:
+        if scheme == "pt2e-x86":
+            quantizer.set_module_name_qconfig(name, None)
+        else:
+            quantizer.set_module_name(name, None)
+    prepared = prepare_pt2e(graph, quantizer)
+    with torch.no_grad():
+        for inputs in calibration:
+            prepared(*inputs.args, **inputs.kwargs)
+    return convert_pt2e(prepared)
+
+
+def _quantizer(scheme: str):
+    if scheme == "pt2e-x86":
+        import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
+
+        return x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config())
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+
+    return XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+
+
+def _shapes(inputs: Inputs) -> list[tuple[int, ...]]:
+    return [tuple(t.shape) for t in inputs.tensors()]
+
+
+def _any_shape(model: torch.nn.Module, example: Inputs) -> dict[str, Any]:
+    """Every dimension of every input tensor free to change where the model allows it (export specializes the
+    others), for a calibration set of other shapes (another batch size) than the example's."""
+    import inspect
+
+    from torch.export import Dim
+    from torch.utils._pytree import tree_map
+
+    def dims(value: Any) -> Any:
+        return {i: Dim.AUTO for i in range(value.dim())} if isinstance(value, torch.Tensor) else None
+
+    bound = inspect.signature(model.forward).bind(*example.args, **example.kwargs)
+    return {name: tree_map(dims, value, is_leaf=lambda v: isinstance(v, torch.Tensor))
+            for name, value in bound.arguments.items()}
+
+
+def _inside(fqn: str, names: list[str]) -> bool:
+    return any(fqn == n or fqn.startswith(n + ".") for n in names)
