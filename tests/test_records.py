@@ -43,6 +43,11 @@ def test_the_archived_study_records_are_valid_records(tmp_path):
     (tmp_path / "records.jsonl").write_bytes(gzip.decompress((ROOT / "docs" / "study-records.jsonl.gz").read_bytes()))
     view = RunView.read(tmp_path)
     assert len(view) == 432 and view.run["experiment"] and view.checks(1) and view.checks(3)
+    (tmp_path / "records.jsonl").write_bytes(
+        gzip.decompress((ROOT / "docs" / "study-trained-records.jsonl.gz").read_bytes()))
+    trained = RunView.read(tmp_path)
+    assert len(trained.checks(1)) == 28 and all("reference_rms" in leaf for c in trained.checks(1)
+                                                  for leaf in c.get("leaves") or [] if leaf.get("max_abs") is not None)
 
 
 @pytest.mark.parametrize(("fields", "problem"), [

@@ -243,3 +243,12 @@ def test_trained_blocks_render_from_their_own_run_and_are_required_only_with_it(
         st.render(doc, study)  # trained blocks without a trained run would go stale
     table = rows_of(st.block_trained(study).split("\n\n", 2)[2])
     assert sum(int(r[-1].split("/")[0]) for r in table) == study.rate(study.ran, study.gate_key)[0]
+
+
+def test_docs_study_md_is_what_its_archived_records_render():
+    """Every generated block of docs/study.md, the trained models' included, is what the archives give: a
+    table edited by hand, or records archived without re-rendering, fails here."""
+    study = st.Study(st.load_records(st.ARCHIVE), st.wall_time(st.TIME_ARCHIVE.read_text()))
+    trained = st.Study(st.load_records(st.TRAINED_ARCHIVE), st.wall_time(st.TRAINED_TIME_ARCHIVE.read_text()))
+    doc = st.DOC.read_text(encoding="utf-8")
+    assert st.render(doc, study, trained) == doc
