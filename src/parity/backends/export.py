@@ -8,36 +8,21 @@ artifact cache (`torch.export.save`).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
-from pydantic import BaseModel, ConfigDict, model_validator
 
 from parity.backends.eager import EagerBackend, call_lines, placement_lines
-from parity.backends.onnxruntime import dynamic_dims
+from parity.backends.shapes import DynamicShapeOptions
 from parity.inputs import Inputs
 
 
-class ExportOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    # Without either, the program keeps the shapes of the example it is exported from (as onnxruntime's).
-    dynamic: bool = False  # dynamic batch (dim 0) and spatial dims (2+): one program for every input set
-    dynamic_shapes: dict[str, Any] | list[Any] | None = None  # torch.export's, as given: {x: {0: batch}}
-
-    @model_validator(mode="after")
-    def _one_way(self) -> ExportOptions:
-        if self.dynamic and self.dynamic_shapes is not None:
-            raise ValueError("give 'dynamic: true' or 'dynamic_shapes', not both")
-        return self
+class ExportOptions(DynamicShapeOptions):
+    """export's, aotinductor's: only the dynamic dims (as onnxruntime's)."""
 
 
 def export_program(model: torch.nn.Module, example: Inputs, options: ExportOptions) -> torch.export.ExportedProgram:
     """`model` exported for inputs like `example`, with the dynamic dims `options` ask for."""
-    if options.dynamic_shapes is not None:
-        dynamic_shapes = options.dynamic_shapes
-    else:
-        dynamic_shapes = dynamic_dims(model, example) if options.dynamic else None
-    return torch.export.export(model, tuple(example.args), example.kwargs or None, dynamic_shapes=dynamic_shapes)
+    return torch.export.export(model, tuple(example.args), example.kwargs or None,
+                               dynamic_shapes=options.shapes_for(model, example))
 
 
 def export_lines() -> list[str]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import inspect
 import io
 import os
 import warnings
@@ -20,16 +19,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from parity.backends.base import MAX_THREADS, Backend, OutputSpec, cuda_reason, onnx_file, runtime_threads
+from parity.backends.shapes import DynamicShapeOptions
 from parity.inputs import Inputs
 
 LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 
 
-class OnnxRuntimeOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class OnnxRuntimeOptions(DynamicShapeOptions):
     # ONNX Runtime's GraphOptimizationLevel of the session (ORT_DISABLE_ALL ... ORT_ENABLE_ALL).
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
     # torch.onnx.export(dynamo=True), or the TorchScript exporter (dynamo=False): the older one exports
@@ -37,14 +36,9 @@ class OnnxRuntimeOptions(BaseModel):
     exporter: Literal["dynamo", "torchscript"] = "dynamo"
     opset: int | None = Field(default=None, ge=7)
     threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)
-    # Without either, the graph keeps the shapes of the example it is exported from.
-    dynamic: bool = False  # dynamic batch (dim 0) and spatial dims (2+): one graph for every input set
-    dynamic_shapes: dict[str, Any] | list[Any] | None = None  # torch.export's, as given: {x: {0: batch}}
 
     @model_validator(mode="after")
-    def _one_way(self) -> OnnxRuntimeOptions:
-        if self.dynamic and self.dynamic_shapes is not None:
-            raise ValueError("give 'dynamic: true' or 'dynamic_shapes', not both")
+    def _exporter_shapes(self) -> OnnxRuntimeOptions:
         if self.exporter == "torchscript" and (self.dynamic or self.dynamic_shapes is not None):
             raise ValueError("'dynamic' and 'dynamic_shapes' are the dynamo exporter's; the TorchScript exporter "
                              "exports the example's shapes")
@@ -62,23 +56,6 @@ class OnnxRuntimeOptions(BaseModel):
         if opset is not None and opset > onnx_opset_version():
             raise ValueError(f"opset {opset} is newer than the installed onnx package knows (at most {onnx_opset_version()})")
         return opset
-
-
-def dynamic_dims(model: torch.nn.Module, example: Inputs) -> dict[str, Any]:
-    """`dynamic_shapes` for torch.export that make the batch dim (0) and the spatial dims (2 and after, in a
-    tensor of rank 3 or more) of every tensor input dynamic, by the forward's parameter names. Dim.AUTO:
-    a dim the model itself fixes (`x.view(2, -1)`) stays static rather than failing the export, and a
-    run with another size then fails as `shape_specialized`."""
-    from torch.export import Dim
-    from torch.utils._pytree import tree_map
-
-    def dims(value: Any) -> dict[int, Any] | None:
-        if not isinstance(value, torch.Tensor):
-            return None
-        return {d: Dim.AUTO for d in range(value.dim()) if d == 0 or d >= 2} or None
-
-    bound = inspect.signature(model.forward).bind(*example.args, **example.kwargs)
-    return {name: tree_map(dims, value) for name, value in bound.arguments.items()}
 
 
 def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, opset: int | None, optimize: bool = True,
@@ -171,15 +148,9 @@ class OnnxRuntimeBackend(Backend):
         model, example = model.to(self.dtype), example.to("cpu", self.dtype)
         self.outputs = OutputSpec(model, example)
         folder = self.artifact("onnx", model, example, lambda folder: export_onnx(
-            model, example, folder / "model.onnx", self.options.opset, dynamic_shapes=self._dynamic_shapes(model, example),
+            model, example, folder / "model.onnx", self.options.opset, dynamic_shapes=self.options.shapes_for(model, example),
             exporter=self.options.exporter))
         self._open_session(folder / "model.onnx")
-
-    def _dynamic_shapes(self, model: torch.nn.Module, example: Inputs) -> Any:
-        """What the exporter gets as `dynamic_shapes`: the user's, or the batch and spatial dims (`dynamic`)."""
-        if self.options.dynamic_shapes is not None:
-            return self.options.dynamic_shapes
-        return dynamic_dims(model, example) if self.options.dynamic else None
 
     def _open_session(self, path: Path) -> None:
         import onnxruntime as ort
