@@ -23,6 +23,8 @@ command knows where its cache is. Worker processes import parity too and inherit
 from __future__ import annotations
 
 import atexit
+import contextlib
+import logging
 import os
 import shutil
 import sys
@@ -52,3 +54,17 @@ def keep_state_in(cache_root: Path | None) -> None:
         folder = Path(tempfile.mkdtemp(prefix="parity-state-"))
         atexit.register(shutil.rmtree, folder, True)
     os.environ["MPLCONFIGDIR"] = str(folder)
+
+
+@contextlib.contextmanager
+def quiet_library_imports():
+    """Import torchao (directly, or through ExecuTorch or transformers, which import it when it is installed)
+    inside this: it registers Enums as pytree constants, and torch logs a deprecation warning about that once
+    per process, about torchao's code and not about the model, on the user's console."""
+    logger = logging.getLogger("torch.utils._pytree")
+    before = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
-import logging
 import os
 import re
 import sys
@@ -26,6 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from parity.backends.base import Backend, OutputSpec
 from parity.backends.export import ExportOptions, export_lines, export_program
 from parity.inputs import Inputs
+from parity.offline import quiet_library_imports
 
 # An ExecuTorch log line: "[method.cpp:1243] Error resizing tensor at input 0".
 RUNTIME_LINE = re.compile(r"^\[[\w.]+\.(cpp|h):\d+\] ")
@@ -36,23 +36,10 @@ class ExecuTorchOptions(BaseModel):
     delegate: Literal["xnnpack", "none"] = "xnnpack"  # none: ExecuTorch's portable kernels only
 
 
-@contextlib.contextmanager
-def quiet_imports():
-    """Import ExecuTorch inside this: it imports torchao, which registers an Enum as a pytree constant, and torch
-    logs a deprecation warning about that once per process: about torchao's code, not about the model."""
-    logger = logging.getLogger("torch.utils._pytree")
-    before = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(before)
-
-
 def lower(exported: torch.export.ExportedProgram, delegate: str):
     """An ExecuTorch program (its `.buffer` is the `.pte` file) from an exported program: what a quantized
     program (PT2E, exported after conversion) is lowered with too."""
-    with quiet_imports():
+    with quiet_library_imports():
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
         from executorch.exir import to_edge_transform_and_lower
 
@@ -94,7 +81,7 @@ class ExecuTorchBackend(Backend):
         ])
 
     def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
-        with quiet_imports():
+        with quiet_library_imports():
             from executorch.runtime import Runtime
 
         model, example = model.to(self.dtype), example.to("cpu", self.dtype)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from parity.inputs import Inputs
+from parity.offline import quiet_library_imports
 
 KEEP_FLOAT = "_parity_keep_float"
 PT2E = ("pt2e-x86", "pt2e-xnnpack")
@@ -62,7 +63,12 @@ def quantize(model: torch.nn.Module, scheme: str, example: Inputs, calibration: 
         program = torch.export.export(model, tuple(example.args), dict(example.kwargs),
                                       dynamic_shapes=None if same else _any_shape(model, example), strict=True)
         return quantize_pt2e(program, scheme, calibration, keep)
-    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
+    with quiet_library_imports():
+        from torchao.quantization import (
+            Int8DynamicActivationInt8WeightConfig,
+            Int8WeightOnlyConfig,
+            quantize_,
+        )
 
     config = Int8DynamicActivationInt8WeightConfig() if scheme == "torchao-int8-dynamic" else Int8WeightOnlyConfig()
     quantize_(model, config, filter_fn=lambda module, fqn: isinstance(module, torch.nn.Linear) and not _inside(fqn, keep))
@@ -72,7 +78,8 @@ def quantize(model: torch.nn.Module, scheme: str, example: Inputs, calibration: 
 def quantize_pt2e(program: Any, scheme: str, calibration: list[Inputs], keep: list[str] = ()) -> torch.fx.GraphModule:
     """An ExportedProgram (or the GraphModule of one) quantized by a PT2E `scheme`, its activation ranges observed
     on `calibration`; the modules named in `keep` are not quantized."""
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    with quiet_library_imports():
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     graph = program.module() if isinstance(program, torch.export.ExportedProgram) else program
     quantizer = _quantizer(scheme)

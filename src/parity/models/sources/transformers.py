@@ -20,6 +20,7 @@ from pydantic import Field, model_validator
 from parity.config.schema import LocalPath, ModelSpecBase
 from parity.errors import ParityError, did_you_mean
 from parity.models.sources import Source
+from parity.offline import quiet_library_imports
 
 ATTENTION = "eager"
 # What from_pretrained reads weights from: one file, or the index of a sharded checkpoint.
@@ -139,7 +140,8 @@ class TransformersSource(Source):
     libraries = ("transformers",)
 
     def build(self, spec, experiment):
-        return build_transformers(spec, None if spec.path is None else experiment.resolve(spec.path))
+        with quiet_library_imports():  # transformers imports torchao, when installed, as it builds a model
+            return build_transformers(spec, None if spec.path is None else experiment.resolve(spec.path))
 
     def files_digest(self, spec, experiment):
         """The folder's files when `path:`; a `config:` model is the library's code and the seed alone."""
