@@ -16,7 +16,7 @@ from parity.inputs import Inputs
 
 
 class ExportOptions(DynamicShapeOptions):
-    """export's, aotinductor's: only the dynamic dims (as onnxruntime's)."""
+    """Dynamic dims, as onnxruntime takes them: without either option the program keeps the example's shapes."""
 
 
 def export_program(model: torch.nn.Module, example: Inputs, options: ExportOptions) -> torch.export.ExportedProgram:
