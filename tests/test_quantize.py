@@ -4,6 +4,8 @@ one channel a thousand times the others', so its int8 input range loses what the
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -176,3 +178,32 @@ def test_fallback_keeps_the_sensitive_layer_in_float(ranked):
     assert result.runs_in == "float" and result.required_atol_before > 0.05
     assert result.passed and result.modules == ["b"] and result.required_atol_after <= 0.05
     assert result.latency_before_s > 0 and result.latency_after_s > 0
+
+
+def test_executorch_runs_the_int8_program_not_the_float_one():
+    """An ExecuTorch pt2e-xnnpack target (the quantized graph exported again and lowered to XNNPACK's int8 kernels)
+    is far from the float model and close to eager's pt2e-xnnpack graph, the reference numerics of that program."""
+    pytest.importorskip("executorch")
+    from parity.backends.executorch import ExecuTorchBackend
+
+    model, x, calib = Mlp().eval(), Inputs((torch.randn(8, 16),)), [Inputs((torch.randn(8, 16),))]
+    spec = BackendSpec(backend="executorch", quantize={"scheme": "pt2e-xnnpack", "calibration": "calib"})
+    backend = ExecuTorchBackend(spec)
+    backend.calibration = calib
+    backend.prepare(copy.deepcopy(model), x)
+    try:
+        deployed = backend.run(x)
+    finally:
+        backend.close()
+    reference_int8 = run_on(BackendSpec(backend="eager", quantize=spec.quantize), copy.deepcopy(model), x, calib)
+    with torch.no_grad():
+        float_out = model(*x.args)
+    quantization_error = float((deployed - float_out).abs().max())
+    assert quantization_error > 1e-3
+    assert float((deployed - reference_int8).abs().max()) < 0.5 * quantization_error
+
+
+def test_executorch_int8_needs_its_xnnpack_delegate(write_yaml):
+    problems = problems_of(write_yaml, [{"backend": "executorch", "options": {"delegate": "none"},
+                                         "quantize": {"scheme": "pt2e-xnnpack", "calibration": "calib"}}])
+    assert len(problems) == 1 and "ExecuTorch runs int8 through its XNNPACK delegate" in problems[0]

@@ -55,6 +55,15 @@ class ExecuTorchBackend(Backend):
     preparation_cost = 3  # an export and a lowering
     libraries = ("torch", "executorch")
     Options = ExecuTorchOptions
+    # int8 as ExecuTorch deploys it: PT2E with the XNNPACK quantizer, the converted graph exported again and
+    # lowered to the XNNPACK delegate, which runs the quantized patterns as int8 kernels.
+    quantize_schemes = ("pt2e-xnnpack",)
+
+    @classmethod
+    def spec_problem(cls, spec) -> str | None:
+        if spec.quantize and cls.Options.model_validate(spec.options).delegate != "xnnpack":
+            return "quantize: ExecuTorch runs int8 through its XNNPACK delegate (leave 'delegate' at xnnpack)"
+        return None
 
     @classmethod
     def available(cls, spec) -> str | None:
@@ -65,6 +74,8 @@ class ExecuTorchBackend(Backend):
     @classmethod
     def repro_snippet(cls, spec) -> str | None:
         """Exported, lowered and run as parity does, with ExecuTorch's Python runtime."""
+        if spec.quantize:  # the module alone would need its own calibration: no script rather than a float one
+            return None
         delegate = cls.Options.model_validate(spec.options).delegate
         partitioners = "[XnnpackPartitioner()]" if delegate == "xnnpack" else "[]"
         return "\n".join([
@@ -87,11 +98,22 @@ class ExecuTorchBackend(Backend):
         model, example = model.to(self.dtype), example.to("cpu", self.dtype)
         self.outputs = OutputSpec(model, example)
         folder = self.artifact("executorch", model, example, lambda folder: (folder / "model.pte").write_bytes(
-            lower(export_program(model, example, ExportOptions()), self.options.delegate).buffer))
+            lower(self._program(model, example), self.options.delegate).buffer))
         self._log = tempfile.TemporaryFile()
         with self._runtime_log():
             self.program = Runtime.get().load_program(folder / "model.pte")
             self.method = self.program.load_method("forward")
+
+    def _program(self, model: torch.nn.Module, example: Inputs) -> torch.export.ExportedProgram:
+        """The exported program to lower: the model's, or for an int8 target its PT2E-quantized graph exported
+        again (what ExecuTorch's XNNPACK flow lowers)."""
+        if self.spec.quantize is None:
+            return export_program(model, example, ExportOptions())
+        from parity.backends.quantize import quantize
+
+        with torch.no_grad():
+            quantized = quantize(model.eval(), self.spec.quantize.scheme, example, self.calibration or [])
+        return torch.export.export(quantized, tuple(example.args), example.kwargs or None)
 
     def run(self, inputs: Inputs):
         """The runtime's Python bindings return copies of the outputs, not views of the memory it plans for them
