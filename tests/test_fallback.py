@@ -75,6 +75,23 @@ def test_a_found_set_is_applied_from_the_experiment_file_and_on_the_command_line
     assert checks["islands"]["max_abs"] < checks["eager-cpu-bfloat16"]["max_abs"]
 
 
+def test_a_check_that_already_passes_is_not_localized():
+    """Finding the candidates (tier 2, minutes on a large model) is skipped when no fallback is needed; a failing
+    check still gets them."""
+    model, asked = faulty("bfloat16", 0.3), []
+
+    def candidates() -> list[str]:
+        asked.append(True)
+        return ["head"]
+
+    loose = find_fallback(EAGER, BackendSpec(backend="eager", dtype="bfloat16"), model, IMAGE, candidates,
+                          rtol=0.0, gate=10.0, latency_runs=1)
+    assert loose.passed and loose.modules == [] and asked == []
+    tight = find_fallback(EAGER, BackendSpec(backend="eager", dtype="bfloat16"), model, IMAGE, candidates,
+                          rtol=0.0, gate=0.0, latency_runs=1)
+    assert asked == [True] and tight.tried >= 1
+
+
 def test_fallback_command_writes_its_record(tmp_path, capsys):
     from parity.records.view import RunView
 

@@ -371,11 +371,15 @@ class Runner:
         inputs = build_inputs(input_spec, exp, model_spec.batch_mode)
         job = Job(model_spec, input_spec, exp.reference, None, (target,), 1)
         tol = exp.tolerance_for(target)
-        with model_scope(self.cache, model_spec, exp):  # the trials' exports are cached as a run's
+
+        def candidates() -> list[str]:  # tier 2, only when the check fails without fallback
             layers = localize_check(job, target, model, inputs, exp)
             if layers.get("error"):
                 raise ParityError(f"localizing {target.id} failed, so there are no candidates: {layers['error']}")
-            result = find_fallback(exp.reference, target, model, inputs, candidates_from(layers), tol.rtol, tol.gate,
+            return candidates_from(layers)
+
+        with model_scope(self.cache, model_spec, exp):  # the trials' exports are cached as a run's
+            result = find_fallback(exp.reference, target, model, inputs, candidates, tol.rtol, tol.gate,
                                    task=task, leaf_tolerance=tol.for_leaf)
         if command is not None:
             result.next_step = next_step(result, command, model_spec.task if model_spec.task in evaluated() else None)
