@@ -63,7 +63,7 @@ def test_compile_only_fault_is_found_through_compiled_layers():
     assert top.propagated["right"].rel_rmse > 1e-3 and top.propagated["left"].rel_rmse < 1e-5
 
 
-@pytest.mark.parametrize("fault", ["block2.0.1", "block1.1.0"])
+@pytest.mark.parametrize("fault", ["block2.0.1"])  # one depth: each costs a whole layerwise ONNX localization
 def test_export_only_fault_is_found_in_the_onnx_graph(fault):
     target = BackendSpec(backend="onnxruntime")
     loc = localize(EAGER, target, build(DeepCNN, fault, 1e-2, "exporting"), IMAGE, 1e-5, 1e-4)
