@@ -160,8 +160,9 @@ def test_the_archive_keeps_every_record_but_the_pictures(records, tmp_path):
     assert (tmp_path / "time.txt").read_text() == GNU_TIME
 
 
-def test_detectors_listed_with_and_without_an_adapter_are_paired(records):
-    """The adapter table pairs entries of one model that differ only in their adapters."""
+def with_adapter_twin(records: list[dict]) -> list[dict]:
+    """The run's records with the detector listed a second time, as `det+nms` with the adapter (its records
+    copied): how the study lists each detector."""
     twin = []
     for r in records:
         if r["kind"] == "run":
@@ -171,7 +172,12 @@ def test_detectors_listed_with_and_without_an_adapter_are_paired(records):
         twin.append(r)
         if r.get("model") == "det":
             twin.append({**r, "model": "det+nms"})
-    study = st.Study(twin)
+    return twin
+
+
+def test_detectors_listed_with_and_without_an_adapter_are_paired(records):
+    """The adapter table pairs entries of one model that differ only in their adapters."""
+    study = st.Study(with_adapter_twin(records))
     table = rows_of(st.block_adapter(study))
     assert [r[1] for r in table] == study.targets
     assert all(r[0] == "tests.fixtures.tiny:tiny_detector" for r in table)
@@ -203,16 +209,7 @@ def test_the_cluster_bootstrap_keeps_a_model_s_checks_together():
 
 def test_like_for_like_drops_reduced_precision_targets_and_adapter_entries(records):
     """The restricted rows count exactly the float32 targets' checks of entries without adapters."""
-    twin = []
-    for r in records:
-        if r["kind"] == "run":
-            r = copy.deepcopy(r)
-            det = next(m for m in r["config"]["models"] if m["name"] == "det")
-            r["config"]["models"].append({**det, "name": "det+nms", "adapters": [{"name": "deterministic_nms"}]})
-        twin.append(r)
-        if r.get("model") == "det":
-            twin.append({**r, "model": "det+nms"})
-    study = st.Study(twin)
+    study = st.Study(with_adapter_twin(records))
     every, float32, once, published = rows_of(st.block_like_for_like(study))
     assert every[1] == "{}/{}".format(*study.rate(study.ran, study.gate_key))
     reduced = {t for t in study.targets if t.endswith(("bfloat16", "float16", "float64"))}
