@@ -57,6 +57,17 @@ def test_nan_introduced_is_nonfinite_at_every_tolerance():
     assert c.failure_class == tx.NONFINITE
 
 
+def test_nan_throughout_both_outputs_is_no_pass():
+    """Both sides agree, but on no number: nothing was compared, so no tolerance can pass it."""
+    nan = torch.full((2, 3), float("nan"))
+    c = compare({"logits": nan, "loss": float("nan")}, {"logits": nan.clone(), "loss": float("nan")}, 0.0, 1e-4)
+    assert [leaf["failure_class"] for leaf in c.leaves] == [tx.NONFINITE, tx.NONFINITE] and not c.passes(1e9)
+    assert "no number to compare" in c.leaves[0]["detail"]
+    partly = torch.tensor([1.0, float("nan")])
+    assert compare(partly, partly.clone(), 0.0, 0.0).failure_class is None  # numbers compared, NaN in place
+    assert compare(torch.zeros(0), torch.zeros(0), 0.0, 0.0).failure_class is None  # empty: no detection is an answer
+
+
 def test_shape_and_structure_mismatch():
     assert compare(torch.zeros(2, 3), torch.zeros(3, 2), 0, 1).failure_class == tx.SHAPE_MISMATCH
     c = compare({"a": torch.zeros(1), "b": torch.zeros(1)}, {"a": torch.zeros(1)}, 0, 1)

@@ -7,7 +7,7 @@ STRUCTURE_MISMATCH = "structure_mismatch"  # different leaves (names, containers
 SHAPE_MISMATCH = "shape_mismatch"
 DTYPE_MISMATCH = "dtype_mismatch"  # different non-floating dtypes (float precisions may differ by design)
 UNCOMPARABLE = "uncomparable"  # an output of a type parity cannot compare
-NONFINITE = "nonfinite"  # NaN/Inf where the reference has none, or the other way round
+NONFINITE = "nonfinite"  # NaN/Inf where the reference has none, or the other way round; or NaN throughout both
 NUMERIC_DRIFT = "numeric_drift"
 NONDETERMINISTIC = "nondeterministic"  # a backend's repeats disagree beyond the gate
 ORDERING = "ordering"
@@ -51,7 +51,7 @@ def classify_exception(exc: BaseException) -> str:
 
 MEANINGS = {  # one line per class, for reports (docs/tiers.md's table says the same)
     NUMERIC_DRIFT: "same structure, values farther apart than the gate allows",
-    NONFINITE: "NaN or Inf in one output where the other has a finite value",
+    NONFINITE: "NaN or Inf in one output where the other has a finite value, or NaN throughout both (nothing compared)",
     SHAPE_MISMATCH: "a leaf's shape differs",
     DTYPE_MISMATCH: "a leaf's dtype differs beyond float precision",
     STRUCTURE_MISMATCH: "different leaves (missing, extra, tensor vs non-tensor, another non-tensor value)",

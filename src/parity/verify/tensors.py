@@ -155,6 +155,8 @@ def uncomparable_tensor(t: torch.Tensor) -> str | None:
 
 
 NO_TENSOR = "the model returned no tensor to compare"
+# Both sides NaN throughout agree, but on no number: a pass would be a verdict on nothing.
+ALL_NAN = "NaN in every element of both outputs: no number to compare (the reference itself computes none)"
 
 
 def _compare_leaf(name: str, ref: Any, tgt: Any, rtol: float, gate: float) -> dict[str, Any]:
@@ -175,10 +177,11 @@ def _compare_leaf(name: str, ref: Any, tgt: Any, rtol: float, gate: float) -> di
         return leaf
     if not ref_t:
         equal = type(ref) is type(tgt) and ref == tgt
-        if isinstance(ref, float) and isinstance(tgt, float) and math.isnan(ref) and math.isnan(tgt):
-            equal = True
+        both_nan = isinstance(ref, float) and isinstance(tgt, float) and math.isnan(ref) and math.isnan(tgt)
         leaf.update(value=repr(tgt)[:200], reference_value=repr(ref)[:200], required_atol=0.0 if equal else None)
-        if not equal:
+        if both_nan:
+            leaf.update(failure_class=tx.NONFINITE, detail=ALL_NAN)
+        elif not equal:
             numbers = isinstance(ref, Number) and isinstance(tgt, Number) and not isinstance(ref, bool)
             leaf.update(failure_class=tx.NUMERIC_DRIFT if numbers else tx.STRUCTURE_MISMATCH,
                         detail=f"non-tensor output differs: reference {ref!r}, target {tgt!r}"[:300])
@@ -206,6 +209,8 @@ def _compare_leaf(name: str, ref: Any, tgt: Any, rtol: float, gate: float) -> di
         leaf.update(failure_class=tx.DTYPE_MISMATCH, detail=f"dtype {leaf['dtype']} vs reference {leaf['reference_dtype']}")
     elif leaf["nonfinite"]:
         leaf.update(failure_class=tx.NONFINITE, detail=f"{leaf['nonfinite']} element(s) are NaN/Inf in one output only")
+    elif leaf["max_abs"] == 0.0 and ref.numel() and bool(torch.isnan(ref).all()):  # nothing compared: no verdict
+        leaf.update(failure_class=tx.NONFINITE, required_atol=None, detail=ALL_NAN)
     elif leaf["required_atol"] > gate:
         leaf.update(failure_class=tx.NUMERIC_DRIFT,
                     detail=f"max abs {leaf['max_abs']:.3g}, {leaf['mismatch_fraction']:.1%} of elements beyond "
