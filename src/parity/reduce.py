@@ -114,6 +114,11 @@ def reduce_check(run_dir: Path, which: str, out: Path | None) -> Path:
     model_spec = next(m for m in exp.models if m.name == found.model)
     input_spec = next(s for s in exp.inputs_for(model_spec) if s.name == found.inputs)
     target = next(t for t in exp.targets if t.id == found.target)
+    if target.quantize is not None:
+        raise ParityError(f"the target {target.id} is int8 (quantize: {target.quantize.scheme}): its culprit module "
+                          "alone would be quantized with another calibration than the whole model's, so a script "
+                          "could not reproduce the run; reduce cuts float targets down (parity fallback finds the "
+                          "layers to keep in float)")
     snippets = {}
     for role, spec in (("reference", exp.reference), ("target", target)):
         snippets[role] = snippet(backend_class(spec.backend), spec)

@@ -67,8 +67,6 @@ class CompileBackend(EagerBackend):
 
     @classmethod
     def repro_snippet(cls, spec) -> str | None:
-        if spec.quantize:  # the module alone would need its own calibration: no script rather than a float one
-            return None
         o = cls.Options.model_validate(spec.options)
         compiled = (f"compiled = torch.compile(module, mode={o.mode!r}, backend={o.backend!r}, fullgraph={o.fullgraph}, "
                     f"dynamic={o.dynamic})")

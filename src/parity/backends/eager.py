@@ -66,8 +66,6 @@ class EagerBackend(Backend):
 
     @classmethod
     def repro_snippet(cls, spec) -> str | None:
-        if spec.quantize:  # the module alone would need its own calibration: no script rather than a float one
-            return None
         autocast = cls.Options.model_validate(spec.options).autocast
         context = f'torch.autocast("{torch.device(spec.device).type}", dtype=torch.{spec.dtype})' if autocast else None
         return "\n".join([*placement_lines(cls, spec), *call_lines("module", context)])

@@ -74,8 +74,6 @@ class ExecuTorchBackend(Backend):
     @classmethod
     def repro_snippet(cls, spec) -> str | None:
         """Exported, lowered and run as parity does, with ExecuTorch's Python runtime."""
-        if spec.quantize:  # the module alone would need its own calibration: no script rather than a float one
-            return None
         delegate = cls.Options.model_validate(spec.options).delegate
         partitioners = "[XnnpackPartitioner()]" if delegate == "xnnpack" else "[]"
         return "\n".join([
