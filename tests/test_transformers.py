@@ -57,13 +57,16 @@ def saved(tmp_path_factory):
 
 
 @pytest.mark.numerics
-def test_a_bert_from_a_config_gets_a_verdict_on_compile_onnxruntime_and_openvino(tmp_path):
+def test_a_bert_from_a_config_gets_a_verdict_on_compile_onnxruntime_and_openvino(tmp_path, caplog):
     """Every backend rebuilds the ModelOutput into the same leaves, named by field. compile runs dynamo's capture
-    without inductor's code generation (aot_eager): inductor takes minutes on 2 cores; examples/bert.yaml runs it."""
+    without inductor's code generation (aot_eager): inductor takes minutes on 2 cores; examples/bert.yaml runs it.
+    OpenVINO's trace lists the model's attributes, and transformers' notice about a training loss stays off the
+    console."""
     targets = [{"backend": "compile", "options": {"backend": "aot_eager"}}, {"backend": "onnxruntime"},
                {"backend": "openvino"}]
     leaves = _passed(run_experiment(_data({"config": BERT}, targets=targets), out=tmp_path / "out"))
     assert leaves == {"compile-cpu": LEAVES, "onnxruntime-cpu": LEAVES, "openvino-cpu": LEAVES}
+    assert not [r for r in caplog.records if "loss_type" in r.getMessage()]
 
 
 def test_a_config_model_is_a_seeded_init_with_eager_attention():
@@ -92,7 +95,7 @@ def _refuse_network(monkeypatch) -> list[str]:
     return attempts
 
 
-def test_a_save_pretrained_folder_and_text_run_offline(saved, tmp_path, monkeypatch):
+def test_a_save_pretrained_folder_and_text_run_offline(saved, tmp_path, monkeypatch, capfd):
     """The folder's own weights (not the seed's), the class `architecture` names, the tokenizer's keyword
     tensors padded to the longest sentence; no socket is even tried."""
     root, original = saved
@@ -109,6 +112,7 @@ def test_a_save_pretrained_folder_and_text_run_offline(saved, tmp_path, monkeypa
     assert inputs.kwargs["attention_mask"].tolist()[1] == [1] * 5 + [0] * 3  # [CLS] a dog ran [SEP], padded
     assert _passed(run_experiment(data, out=tmp_path / "out")) == {"onnxruntime-cpu": ["out['logits']"]}
     assert attempts == []
+    assert "Loading weights" not in capfd.readouterr().err  # transformers' bar, among parity's own
 
 
 def test_the_files_digest_follows_every_file_of_the_folder(saved, tmp_path):

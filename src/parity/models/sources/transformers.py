@@ -11,6 +11,7 @@ one exporter to the next. The model returns its `ModelOutput`, whose leaves are 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -134,6 +135,20 @@ def files_digest(folder: Path) -> str:
     return h.hexdigest()
 
 
+class _NoLossNotice(logging.Filter):
+    """transformers says a model without a training loss has "`loss_type=None` ... unrecognized" whenever its
+    attributes are listed (torch.jit.trace does, for TorchScript and OpenVINO): parity computes no loss."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("`loss_type=")
+
+
+def _drop_loss_notice() -> None:
+    logger = logging.getLogger("transformers.modeling_utils")
+    if not any(isinstance(f, _NoLossNotice) for f in logger.filters):
+        logger.addFilter(_NoLossNotice())
+
+
 class TransformersSource(Source):
     name = "transformers"
     Spec = TransformersSpec
@@ -141,7 +156,15 @@ class TransformersSource(Source):
 
     def build(self, spec, experiment):
         with quiet_library_imports():  # transformers imports torchao, when installed, as it builds a model
-            return build_transformers(spec, None if spec.path is None else experiment.resolve(spec.path))
+            transformers = _transformers()
+            _drop_loss_notice()
+            bar = transformers.utils.logging.is_progress_bar_enabled()
+            transformers.utils.logging.disable_progress_bar()  # its "Loading weights" bar, among parity's own
+            try:
+                return build_transformers(spec, None if spec.path is None else experiment.resolve(spec.path))
+            finally:
+                if bar:
+                    transformers.utils.logging.enable_progress_bar()
 
     def files_digest(self, spec, experiment):
         """The folder's files when `path:`; a `config:` model is the library's code and the seed alone."""
