@@ -18,8 +18,9 @@ $(BIN)/parity: pyproject.toml
 demo: $(BIN)/parity
 	$(BIN)/parity run examples/quickstart.yaml --out parity-out/quickstart || [ $$? -eq 1 ]
 
+# The slowest tests are listed at the end: the suite must stay under 15 minutes on 2 cores.
 test: $(BIN)/parity
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 # The tests whose outcome rests on real kernels' floating-point results (marker `numerics`) again, on CPU code
 # paths other than this machine's best: ATen's scalar kernels, oneDNN at most AVX2 and one thread; then ATen's
