@@ -76,3 +76,52 @@ def test_graph_breaks_counted_before_a_dynamo_reset_are_not_lost():
     [note] = notes._graph_breaks(before, after)
     assert note["count"] == 1 and note["message"] == "Failed to trace builtin operator: print"
     assert notes._graph_breaks(after, {**after}) == []  # nothing new, no reset
+
+
+# What torch 2.14.1's ONNX exporter prints (verbose=None) for ThroughNumpy, as export_onnx captures it.
+FELL_BACK = """[torch.onnx] Obtain model graph for `ThroughNumpy()` with `torch.export.export(..., strict=False)`...
+[torch.onnx] Obtain model graph for `ThroughNumpy()` with `torch.export.export(..., strict=False)`... ❌
+[torch.onnx] Obtain model graph for `ThroughNumpy()` with `torch.export.export(..., strict=True)`...
+[torch.onnx] Obtain model graph for `ThroughNumpy()` with `torch.export.export(..., strict=True)`... ✅
+[torch.onnx] Run decompositions...
+[torch.onnx] Run decompositions... ✅
+[torch.onnx] Translate the graph into ONNX...
+[torch.onnx] Translate the graph into ONNX... ✅
+"""
+
+
+def test_the_exporters_progress_lines_say_when_it_fell_back_to_another_capture():
+    from parity.backends.onnxruntime import capture_fallback
+
+    assert capture_fallback(FELL_BACK) == ("torch.export.export(..., strict=False)", "torch.export.export(..., strict=True)")
+    first_worked = "\n".join(line for line in FELL_BACK.splitlines() if "strict=True" not in line).replace("❌", "✅")
+    assert capture_fallback(first_worked) is None
+    assert capture_fallback(FELL_BACK.replace("✅", "❌")) is None  # every capture failed: the export raised
+    assert capture_fallback("") is None
+
+
+def test_an_onnx_export_that_fell_back_to_the_strict_capture_is_noted(write_yaml, tmp_path, capsys):
+    """The check passes (dynamo traces numpy's sin into torch's), and the execution record, the check and the
+    console say that the graph came from the strict capture, and why the default one failed."""
+    exp = tiny_experiment([{"backend": "onnxruntime"}],
+                          models=[{"name": "np", "source": "python", "entry": f"{FIX}:through_numpy"}],
+                          inputs=[{"name": "x", "synthetic": {"shape": [2, 3]}}])
+    out = tmp_path / "out"
+    assert main(["run", str(write_yaml(exp)), "--out", str(out), "--no-report"]) == 0
+    [check] = [r for r in read_records(out) if r["kind"] == "check"]
+    [note] = [n for n in check["warnings"] if n["kind"] == "exporter" and "fell back" in n["message"]]
+    assert note["message"] == ("the ONNX exporter fell back: torch.export.export(..., strict=False) failed (RuntimeError: "
+                               ".numpy() is not supported for tensor subclasses.); the graph comes from "
+                               "torch.export.export(..., strict=True), not from the exporter's default capture")
+    assert "exporter: the ONNX exporter fell back" in " ".join(capsys.readouterr().out.split())
+
+
+def test_openvinos_trace_of_a_data_dependent_branch_is_flagged(write_yaml, tmp_path):
+    """convert_model traces the module with torch.jit.trace: the branch it saw is kept, and the tracer says so."""
+    exp = tiny_experiment([{"backend": "openvino"}],
+                          models=[{"name": "branchy", "source": "python", "entry": f"{FIX}:data_dependent"}],
+                          inputs=[{"name": "pos", "synthetic": {"shape": [2, 8], "distribution": "ones"}}])
+    out = tmp_path / "out"
+    assert main(["run", str(write_yaml(exp)), "--out", str(out), "--quiet", "--no-report"]) == 0
+    [check] = [r for r in read_records(out) if r["kind"] == "check"]
+    assert any(n["kind"] == "trace_specialized" and n["code"] == "if x.mean() > 0:" for n in check["warnings"]), check["warnings"]

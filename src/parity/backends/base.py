@@ -133,6 +133,15 @@ class Backend(ABC):
             scratch.cleanup()
             self._scratch = None
 
+    # What `prepare` found out that the execution record should say, as notes (execute/notes.py shows them
+    # beside the warnings): `{"kind": "exporter", "message": ...}`. Set through `note`.
+    notes: tuple[dict[str, str], ...] = ()
+
+    def note(self, kind: str, message: str) -> None:
+        """Keep something about how this backend prepared the model that no warning says (the ONNX exporter
+        fell back to another capture): recorded with the execution and shown beside its check."""
+        self.notes = (*self.notes, {"kind": kind, "message": message})
+
     # Whether `prepare` found its artifact in the cache (None: this backend caches nothing).
     cache_hit: bool | None = None
     # Where `artifact` keeps what it makes: set by the execution layer before `prepare` (execute/execution.py

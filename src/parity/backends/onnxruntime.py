@@ -14,6 +14,7 @@ import contextlib
 import copy
 import io
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Literal
@@ -59,20 +60,61 @@ class OnnxRuntimeOptions(DynamicShapeOptions):
 
 
 def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, opset: int | None, optimize: bool = True,
-                external_data: bool = False, dynamic_shapes: Any = None, exporter: str = "dynamo") -> None:
+                external_data: bool = False, dynamic_shapes: Any = None, exporter: str = "dynamo") -> str | None:
     """Export with the dynamo exporter (or the TorchScript one). Its progress messages, and the whole traced
     graph that torch.export prints when it gives up on a model (thousands of lines for a detector), are kept
-    off the console: the exception says why, and the check records it."""
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
+    off the console: the exception says why, and the check records it. Returns what the progress messages
+    tell of the graph's capture (`capture_fallback`): None unless the exporter fell back to another."""
+    progress = io.StringIO()
+    with contextlib.redirect_stdout(progress), contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
         if exporter == "torchscript":
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # its deprecation notice, not something about this model
                 torch.onnx.export(model, example.args, str(path), kwargs=example.kwargs or None, dynamo=False,
                                   opset_version=opset, verbose=False)
-            return
+            return None
+        # verbose=None (the exporter's default) prints one line per capture it tries, into `progress`
         torch.onnx.export(model, example.args, str(path), kwargs=example.kwargs or None, dynamo=True,
-                          opset_version=opset, external_data=external_data, verbose=False, optimize=optimize,
+                          opset_version=opset, external_data=external_data, verbose=None, optimize=optimize,
                           dynamic_shapes=dynamic_shapes)
+        fallback = capture_fallback(progress.getvalue())
+        if fallback is None:
+            return None
+        failed, used = fallback
+        why = _capture_error(model, example, dynamic_shapes, failed)
+    return (f"the ONNX exporter fell back: {failed} failed ({why}); the graph comes from {used}, not from "
+            "the exporter's default capture")
+
+
+# The exporter's progress line for each way it tries to capture the model (torch/onnx/_internal/exporter/
+# _capture_strategies.py): "[torch.onnx] Obtain model graph for `Net()` with `torch.export.export(...,
+# strict=False)`... ❌", then the next one it tries, until one is ✅.
+_ATTEMPT = re.compile(r"^\[torch\.onnx\] Obtain model graph for `.*` with `(?P<how>.+)`\.\.\. (?P<mark>✅|❌)\s*$",
+                      re.MULTILINE)
+
+
+def capture_fallback(progress: str) -> tuple[str, str] | None:
+    """(the capture the exporter tried first, the one its graph comes from) when the first failed and a later
+    one succeeded, from its progress lines (it tries the next only when one fails, and stops at the first that
+    succeeds); None when the first succeeded, or none did."""
+    attempts = [(m["how"], m["mark"] == "✅") for m in _ATTEMPT.finditer(progress)]
+    if len(attempts) < 2 or not attempts[-1][1]:
+        return None
+    return attempts[0][0], attempts[-1][0]
+
+
+def _capture_error(model: torch.nn.Module, example: Inputs, dynamic_shapes: Any, how: str) -> str:
+    """Why the exporter's first capture failed, on one line: the exporter keeps only the error of a capture
+    that nothing replaced, so torch.export is asked again, as that capture asked it (strict or not)."""
+    strict = {"torch.export.export(..., strict=False)": False, "torch.export.export(..., strict=True)": True}.get(how)
+    if strict is None:
+        return "the exporter does not say why"
+    try:
+        torch.export.export(model, example.args, kwargs=example.kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
+    except Exception as exc:  # the failure is the answer
+        text = " ".join(str(exc).split())
+        return f"{type(exc).__name__}: {text[:200] + '...' if len(text) > 200 else text}"
+    return "it succeeds when asked again alone"
 
 
 class OnnxRuntimeBackend(Backend):
@@ -147,9 +189,12 @@ class OnnxRuntimeBackend(Backend):
             return
         model, example = model.to(self.dtype), example.to("cpu", self.dtype)
         self.outputs = OutputSpec(model, example)
-        folder = self.artifact("onnx", model, example, lambda folder: export_onnx(
+        folder = self.artifact("onnx", model, example, lambda folder: _keep_fallback(folder, export_onnx(
             model, example, folder / "model.onnx", self.options.opset, dynamic_shapes=self.options.shapes_for(model, example),
-            exporter=self.options.exporter))
+            exporter=self.options.exporter)))
+        fallback = folder / FALLBACK_NOTE
+        if fallback.exists():  # said on every run of this artifact, a cached one's too
+            self.note("exporter", fallback.read_text())
         self._open_session(folder / "model.onnx")
 
     def _open_session(self, path: Path) -> None:
@@ -222,6 +267,14 @@ class OnnxRuntimeBackend(Backend):
     def close(self) -> None:
         self.session = None
         super().close()
+
+
+FALLBACK_NOTE = "capture-fallback.txt"  # beside model.onnx: how the exporter fell back, when it did
+
+
+def _keep_fallback(folder: Path, fallback: str | None) -> None:
+    if fallback is not None:
+        (folder / FALLBACK_NOTE).write_text(fallback)
 
 
 def _run_without_copies(session, names: list[str], feed: dict) -> list[torch.Tensor]:

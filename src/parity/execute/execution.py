@@ -125,6 +125,7 @@ def _execute(result: Execution, spec, model, inputs, example, repeats, on_run, w
         backend.prepare(copy.deepcopy(model), example.clone())
         result.prepare_s = time.perf_counter() - start
         result.cached, prepared = backend.cache_hit, True
+        collector.add(backend.notes)
         for _ in range(warmup):  # not timed, but judged: what a first call returns is what a user gets
             result.warmup_outputs.append(backend.run(inputs.clone()))
         for repeat in range(repeats):

@@ -65,11 +65,17 @@ class Collector:
 
     def __init__(self, caught: list[warnings.WarningMessage]):
         self.caught, self.before = caught, _dynamo_counts()
+        self.told: list[dict[str, Any]] = []
+
+    def add(self, notes) -> None:
+        """Notes a backend made itself (Backend.note): what no warning says, such as an exporter's fallback."""
+        self.told.extend(notes)
 
     def notes(self) -> list[dict[str, Any]]:
         """The notes so far: deduplicated, at most MAX_NOTES."""
         found, seen = [], set()
-        for note in [c for m in self.caught if (c := classify(m))] + _graph_breaks(self.before, _dynamo_counts()):
+        caught = [c for m in self.caught if (c := classify(m))]
+        for note in self.told + caught + _graph_breaks(self.before, _dynamo_counts()):
             key = (note["kind"], note.get("where"), note["message"])
             if key not in seen and len(found) < MAX_NOTES:
                 seen.add(key)
