@@ -120,9 +120,11 @@ class Backend(ABC):
     def run(self, inputs: Inputs) -> Any:
         """Outputs for `inputs`, on the CPU."""
 
-    def capture_layers(self, model: torch.nn.Module, example: Inputs, names: list[str]) -> dict[str, list | str]:
-        """Each named module's outputs (one per call) inside one run of this backend, or a string saying why
-        that module's cannot be seen. Optional: a backend that implements it sets `captures_layers`."""
+    def capture_layers(self, model: torch.nn.Module, example: Inputs, names: list[str],
+                       inputs: Inputs | None = None) -> dict[str, list | str]:
+        """Each named module's outputs (one per call) inside one run of this backend on `inputs` (None:
+        `example`), prepared from `example` as `prepare` is, or a string saying why that module's cannot be
+        seen. Optional: a backend that implements it sets `captures_layers`."""
         raise NotImplementedError(f"backend '{self.name}' cannot show layer outputs from inside its own run")
 
     def close(self) -> None:

@@ -223,8 +223,11 @@ class OnnxRuntimeBackend(Backend):
         outputs = self.session.run(None, self._feed(inputs))
         return self.outputs.rebuild([torch.from_numpy(a) for a in outputs], "the ONNX graph")
 
-    def capture_layers(self, model: torch.nn.Module, example: Inputs, names: list[str]) -> dict[str, list | str]:
-        """Each named module's output inside one run of the exported graph, or why it cannot be seen.
+    def capture_layers(self, model: torch.nn.Module, example: Inputs, names: list[str],
+                       inputs: Inputs | None = None) -> dict[str, list | str]:
+        """Each named module's output inside one run of the exported graph on `inputs` (None: `example`), or
+        why it cannot be seen. The graph is exported from `example` with the target's dynamic dims, as
+        `prepare` exports it: the layers seen are those of the artifact that ran `inputs`.
 
         The dynamo exporter tags every ONNX node with the module scopes it came from. A module's outputs
         are the values its nodes produce and nodes outside it (or the graph's outputs) consume; they are
@@ -242,11 +245,13 @@ class OnnxRuntimeBackend(Backend):
             why = "the TorchScript exporter keeps no module scopes in the graph (exporter: dynamo does)"
             return dict.fromkeys(names, why)
         example = example.to("cpu", self.dtype)
+        inputs = example if inputs is None else inputs.to("cpu", self.dtype)
 
         def export(folder: Path) -> None:  # a copy is cast and exported: `model` is the caller's
             # Weights go to a side file and stay there: the graph is edited (and shape-inferred) without them.
-            export_onnx(copy.deepcopy(model).to(self.dtype), example, folder / "model.onnx", self.options.opset,
-                        optimize=False, external_data=True)
+            cast = copy.deepcopy(model).to(self.dtype)
+            export_onnx(cast, example, folder / "model.onnx", self.options.opset, optimize=False, external_data=True,
+                        dynamic_shapes=self.options.shapes_for(cast, example))
 
         folder = self.artifact("onnx-layers", model, example, export)
         graph_model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
@@ -261,7 +266,7 @@ class OnnxRuntimeBackend(Backend):
             os.replace(partial, path)
         del graph_model
         self._open_session(path)
-        values = dict(zip(wanted, _run_without_copies(self.session, wanted, self._feed(example)), strict=True)) if wanted else {}
+        values = dict(zip(wanted, _run_without_copies(self.session, wanted, self._feed(inputs)), strict=True)) if wanted else {}
         return {name: ([values[v] for v in found] if isinstance(found, list) else found) for name, found in boundary.items()}
 
     def close(self) -> None:

@@ -38,13 +38,13 @@ from parity.config.schema import BackendSpec, Experiment, InputSetSpec, ModelSpe
 from parity.errors import ParityError
 from parity.execute.cache import ArtifactCache
 from parity.execute.execution import Execution
-from parity.inputs import build_inputs
+from parity.inputs import Inputs, build_inputs
 from parity.outdir import prepare
 from parity.records import NOT_DIGESTED, RecordWriter, environment, experiment_digest
 from parity.records.summary import summarize, write_summary
 from parity.runner.base import Executor
 from parity.runner.executors import make_executor
-from parity.runner.plan import Job, plan
+from parity.runner.plan import Job, example_for, plan
 from parity.runner.prepared import configured_model, model_scope, prepared_model
 from parity.verify.checks import gate_on_task, reference_error_check, tier1_check
 from parity.verify.localize import LOCALIZABLE, gate_check, localize_check
@@ -172,7 +172,8 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
         localize = exp.tiers.localize and check["failure_class"] in LOCALIZABLE
         if localize and not writer.has("layers", job.model.name, job.inputs.name, spec.id):
             progress.describe(f"localizing {job.model.name} / {job.inputs.name} / {spec.id}")
-            writer.write("layers", **localize_check(job, spec, configured_model(model, spec, job.model.name), inputs, exp))
+            writer.write("layers", **localize_check(job, spec, configured_model(model, spec, job.model.name), inputs, exp,
+                                                    example))
         writer.write("check", **check)  # last: once it is in the file, this judgement is complete
 
 
@@ -345,12 +346,12 @@ class Runner:
         the tier-1 verdict it explains (`tier1`: does the check pass at the gate at all?)."""
         exp = self.exp
         model, _ = prepared_model(model_spec, exp)
-        job = Job(model_spec, input_spec, exp.reference, None, (target,), 1)
-        inputs = build_inputs(input_spec, exp, model_spec.batch_mode)
+        job, inputs, example = self._one_job(model_spec, target, input_spec)
         with model_scope(self.cache, model_spec, exp):
-            tier1 = gate_check(job, target, lambda spec: configured_model(model, spec, model_spec.name), inputs, exp)
+            tier1 = gate_check(job, target, lambda spec: configured_model(model, spec, model_spec.name), inputs, exp,
+                               example)
             configured = configured_model(model, target, model_spec.name)  # localize the target as it runs
-            record = {**localize_check(job, target, configured, inputs, exp), "tier1": tier1}
+            record = {**localize_check(job, target, configured, inputs, exp, example), "tier1": tier1}
         self._write_record("layers", record)
         return record
 
@@ -368,24 +369,33 @@ class Runner:
                                   f"{', '.join(evaluated())} (set the model's task:)")
             task = (model_spec.task, exp.tiers.tasks or tasks_spec())
         model, _ = prepared_model(model_spec, exp)  # adapters included, as parity run executes it
-        inputs = build_inputs(input_spec, exp, model_spec.batch_mode)
-        job = Job(model_spec, input_spec, exp.reference, None, (target,), 1)
+        job, inputs, example = self._one_job(model_spec, target, input_spec)
         tol = exp.tolerance_for(target)
 
         def candidates() -> list[str]:  # tier 2, only when the check fails without fallback
-            layers = localize_check(job, target, model, inputs, exp)
+            layers = localize_check(job, target, model, inputs, exp, example)
             if layers.get("error"):
                 raise ParityError(f"localizing {target.id} failed, so there are no candidates: {layers['error']}")
             return candidates_from(layers)
 
         with model_scope(self.cache, model_spec, exp):  # the trials' exports are cached as a run's
             result = find_fallback(exp.reference, target, model, inputs, candidates, tol.rtol, tol.gate,
-                                   task=task, leaf_tolerance=tol.for_leaf)
+                                   task=task, leaf_tolerance=tol.for_leaf, example=example)
         if command is not None:
             result.next_step = next_step(result, command, model_spec.task if model_spec.task in evaluated() else None)
         record = {"model": model_spec.name, "inputs": input_spec.name, "reference": exp.reference.id, **result.record()}
         self._write_record("fallback", record)
         return result, record
+
+    def _one_job(self, model_spec: ModelSpec, target: BackendSpec, input_spec: InputSetSpec) -> tuple[Job, Inputs, Inputs]:
+        """The job of one check, its inputs and its example inputs (the model's `export_inputs`, else its first
+        input set), from which `parity run` prepared every backend: localized or searched, the target is the
+        artifact that failed, prepared from them and run on the inputs."""
+        exp = self.exp
+        job = Job(model_spec, input_spec, exp.reference, None, (target,), 1, example_for(exp, model_spec))
+        inputs = _build(input_spec, exp, model_spec)
+        example = inputs if job.prepared_from.name == input_spec.name else _build(job.prepared_from, exp, model_spec)
+        return job, inputs, example
 
     def _out(self) -> Path:
         if self.out_dir is None:
