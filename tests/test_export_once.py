@@ -64,8 +64,11 @@ def test_dynamic_shapes_are_passed_to_the_exporter_as_given(write_yaml, tmp_path
 
 
 def test_a_trace_that_unrolls_a_loop_over_the_batch_fails_on_another_batch_size(write_yaml, tmp_path):
-    """In a worker process too: the worker gets the example with the inputs, and traces the example."""
-    checks = _checks(_run(write_yaml, tmp_path, {"backend": "torchscript"}, entry="per_row", executor="process"))
+    """In a worker process too: the worker gets the example with the inputs, and traces the example. Each worker's
+    execution is timed alone, and its records say so."""
+    records = _run(write_yaml, tmp_path, {"backend": "torchscript"}, entry="per_row", executor="process")
+    assert {r["latency_interleaved"] for r in records if r["kind"] == "execution"} == {False}
+    checks = _checks(records)
     assert checks["b2"]["passed"] is True
     assert checks["b3"]["passed"] is False and checks["b3"]["failure_class"] == tx.SHAPE_MISMATCH
 
@@ -160,7 +163,7 @@ def test_onnx_layers_are_read_from_a_graph_exported_from_the_example_with_the_ta
     from parity.backends.onnxruntime import OnnxRuntimeBackend
 
     backend = OnnxRuntimeBackend(BackendSpec(backend="onnxruntime", options={"dynamic": True}))
-    model, inputs = traces.dense(), Inputs((torch.randn(3, 8),), {})
+    model, inputs = traces.dense().eval(), Inputs((torch.randn(3, 8),), {})
     try:
         [out] = backend.capture_layers(model, Inputs((torch.randn(2, 8),), {}), ["linear"], inputs=inputs)["linear"]
     finally:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
+import torch
+
 from parity.cli import main
 from parity.records import read_records
 from tests.conftest import tiny_experiment
@@ -125,3 +127,48 @@ def test_openvinos_trace_of_a_data_dependent_branch_is_flagged(write_yaml, tmp_p
     assert main(["run", str(write_yaml(exp)), "--out", str(out), "--quiet", "--no-report"]) == 0
     [check] = [r for r in read_records(out) if r["kind"] == "check"]
     assert any(n["kind"] == "trace_specialized" and n["code"] == "if x.mean() > 0:" for n in check["warnings"]), check["warnings"]
+
+
+def test_the_timed_repeats_of_a_job_take_turns_across_the_reference_and_the_targets(write_yaml, tmp_path):
+    """Prepared together, warmed up each (untimed), then timed round robin: ref, c1, c2, ref, c1, c2, ...; every
+    repeat's outputs still recorded and judged, and each execution says its latency was interleaved."""
+    traces.RUNS.clear()
+    exp = tiny_experiment([{"backend": f"{FIX}:CountingEager", "name": n} for n in ("c1", "c2")], repeats=3, warmup=1,
+                          reference={"backend": f"{FIX}:CountingEager", "name": "ref"})
+    out = tmp_path / "out"
+    assert main(["run", str(write_yaml(exp)), "--out", str(out), "--quiet", "--no-report"]) == 0
+    assert traces.RUNS == ["ref", "c1", "c2"] * 4  # the warm-up turn, then three timed turns
+    runs = [r for r in read_records(out) if r["kind"] == "execution"]
+    assert sorted((r["backend"], r["repeat"]) for r in runs) == [(b, i) for b in ("c1", "c2", "ref") for i in range(3)]
+    assert all(r["latency_interleaved"] is True for r in runs)
+    assert [c["passed"] for c in read_records(out) if c["kind"] == "check"] == [True, True]
+
+
+def _together(*names: str, repeats: int = 2):
+    from parity.config.schema import BackendSpec
+    from parity.execute.execution import execute_together
+    from parity.inputs import Inputs
+
+    classes = {"ref": "CountingEager", "c": "CountingEager", "r1": "ResettingEager", "r2": "ResettingEager",
+               "bad": "FailingCounter"}
+    traces.RUNS.clear()
+    model = traces.dense()
+    specs = [(BackendSpec(backend=f"{FIX}:{classes[n]}", name=n), model) for n in names]
+    return execute_together(specs, Inputs((torch.ones(2, 8),), {}), repeats, warmup=1)
+
+
+def test_backends_that_reset_the_same_process_state_are_never_prepared_together():
+    """r2 would reset r1's state (compile resets dynamo's caches): it gets a turn of its own, timed alone."""
+    done = _together("ref", "r1", "c", "r2")
+    assert traces.RUNS == ["ref", "r1", "c"] * 3 + ["r2"] * 3
+    assert [ex.interleaved for ex in done] == [True, True, True, False]
+    assert all(ex.ok and len(ex.outputs) == 2 and len(ex.warmup_outputs) == 1 for ex in done)
+
+
+def test_a_target_that_fails_in_its_turn_leaves_the_others_running_and_a_failed_reference_stops_them():
+    done = _together("ref", "bad", "c", repeats=3)
+    assert traces.RUNS == ["ref", "bad", "c", "ref", "bad", "c", "ref", "bad", "c", "ref", "c"]
+    assert [ex.status for ex in done] == ["ok", "error", "ok"] and done[1].error == "RuntimeError: fails at repeat 1"
+    done = _together("bad", "c", repeats=3)
+    assert traces.RUNS == ["bad", "c", "bad", "c", "bad", "c"]  # the first failed at repeat 1: no more turns
+    assert done[0].status == "error" and len(done[1].outputs) == 2

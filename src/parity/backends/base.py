@@ -56,6 +56,10 @@ class Backend(ABC):
     # "eager" (outside a compiled graph), or None when it cannot take modules out of its fast path. A
     # bfloat16/float16 target of any backend can run modules in float32.
     fallback_kind: ClassVar[str | None] = None
+    # Process-wide state that `prepare` or `close` resets (compile: "dynamo", whose caches torch._dynamo.reset()
+    # clears for every compiled model): two backends that name the same state are never prepared at once, so
+    # the timed runs of a job interleave across the others only (execute/execution.py's execute_together).
+    resets_state: ClassVar[str | None] = None
     # Whether `capture_layers` is implemented: tier 2's propagated mode then reads layer outputs from inside
     # this backend's own run (a backend that `runs_module_hooks` is read through hooks instead).
     captures_layers: ClassVar[bool] = False

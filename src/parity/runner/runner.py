@@ -3,8 +3,9 @@ own copy through an executor, judges, localizes, records (`run`); and, for one f
 layer by layer (`localize`) or finds modules to fall back (`find_fallback`). Every execution keeps its
 exports in the Runner's artifact cache. The command line and the Python API only parse, call it and render.
 
-Memory stays bounded by one model and input set (and its example) at a time: the reference's (and oracle's) outputs are
-kept while that job's targets run, and each target's outputs are dropped once its check is written.
+Memory stays bounded by one model and input set (and its example) at a time: the backends of a job are
+prepared together (their timed repeats interleave, under the local executor), every output of the job is
+kept until its targets are judged, and each target's outputs are dropped once its check is written.
 
 Resuming. A run into a folder that already holds records of the same experiment continues it. The unit
 of resumption is a *judgement*: one target on one (model, input set), that is its tier-1 check together
@@ -86,7 +87,7 @@ class _Progress:
 def _record_execution(writer: RecordWriter, job: Job, ex: Execution, repeat: int | None) -> None:
     fields: dict[str, Any] = {"model": job.model.name, "inputs": job.inputs.name, "backend": ex.backend.id,
                               "device": ex.backend.device, "dtype": ex.backend.dtype,
-                              "prepared_from": job.prepared_from.name}
+                              "prepared_from": job.prepared_from.name, "latency_interleaved": ex.interleaved}
     if repeat is None:  # a failure or an unavailable backend: one record, at the repeat that failed
         writer.write("execution", **fields, repeat=len(ex.run_s), status=ex.status, prepare_s=ex.prepare_s,
                      run_s=None, error=ex.error, failure_class=ex.failure_class, cached=ex.cached,
@@ -137,29 +138,27 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
     for note in inputs.notes:  # a constant input: every backend agrees on it, so its checks prove little
         writer.write("warning", model=job.model.name, inputs=job.inputs.name, message=note)
 
-    def run(spec) -> Execution:
-        progress.describe(f"{job.model.name} / {job.inputs.name} / {spec.id}")
-        ex = executor.execute(job, spec, model, inputs, on_run=lambda e, r: _record_execution(writer, job, e, r),
-                              example=example)
+    # The reference, the oracle and the targets together: their timed repeats interleave where they run here.
+    progress.describe(f"{job.model.name} / {job.inputs.name}")
+    specs = [*job.baselines, *pending]
+    done = executor.execute_together(job, specs, model, inputs, example=example,
+                                     on_run=lambda e, r: _record_execution(writer, job, e, r))
+    reference = done[0]
+    for ex in done if reference.ok else done[:1]:
         if not ex.ok:
             _record_execution(writer, job, ex, None)
-        progress.advance(job.repeats)
-        return ex
-
-    reference = run(job.reference)
+    progress.advance(job.executions)
     if reference.status == "unavailable":
         raise ParityError(f"the reference backend {job.reference.id} cannot run here: {reference.error}")
     if not reference.ok:  # nothing to judge the targets against: their checks say so, and they are not run
-        progress.advance(job.executions - job.repeats)
         for spec in pending:
             writer.write("check", **reference_error_check(job, spec, reference, exp))
         return
-    oracle = run(job.oracle) if job.oracle else None
-    for spec in job.targets:
-        if spec not in pending:
-            progress.advance(job.repeats)
-            continue
-        target = run(spec)
+    oracle = done[1] if job.oracle else None
+    targets = done[len(job.baselines):]
+    del done
+    for spec in pending:
+        target = targets.pop(0)  # its outputs are dropped once its check is written
         check = tier1_check(job, target, reference, oracle, exp)
         task = task_check(job, target, reference, exp, inputs) if exp.tiers.evaluate_tasks else None
         if task and task["same_set"] and check["failure_class"] == tx.NUMERIC_DRIFT:
