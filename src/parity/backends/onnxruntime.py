@@ -109,6 +109,10 @@ def _capture_error(model: torch.nn.Module, example: Inputs, dynamic_shapes: Any,
     strict = {"torch.export.export(..., strict=False)": False, "torch.export.export(..., strict=True)": True}.get(how)
     if strict is None:
         return "the exporter does not say why"
+    with contextlib.suppress(ImportError):  # names in dynamic_shapes ("batch") become Dims, as the exporter makes them
+        from torch.onnx._internal.exporter._dynamic_shapes import convert_str_to_export_dim
+
+        dynamic_shapes = convert_str_to_export_dim(dynamic_shapes)[0]
     try:
         torch.export.export(model, example.args, kwargs=example.kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
     except Exception as exc:  # the failure is the answer
