@@ -163,20 +163,23 @@ class OnnxRuntimeBackend(Backend):
 
     @classmethod
     def repro_snippet(cls, spec) -> str | None:
-        """Exported as parity exports it, to module.onnx beside the script (the graph an ONNX Runtime report
-        needs), and run in a session with the target's options."""
+        """Exported as parity exports it (the exporter, the opset, the dynamic dims), to module.onnx beside the
+        script (the graph an ONNX Runtime report needs), and run in a session with the target's options."""
         o = cls.Options.model_validate(spec.options)
         device = torch.device(spec.device)
         provider = (f'("CUDAExecutionProvider", {{"device_id": {device.index or 0}}})' if device.type == "cuda"
                     else '"CPUExecutionProvider"')
+        dynamic = o.dynamic or o.dynamic_shapes is not None
         return "\n".join([
             "import contextlib, io",
             "import onnxruntime as ort",
             f'module, args, kwargs = module.to(torch.{spec.dtype}), cast(args, "cpu", torch.{spec.dtype}), '
             f'cast(kwargs, "cpu", torch.{spec.dtype})',
+            *(_dynamic_lines(o.dynamic_shapes) if dynamic else []),
             "with contextlib.redirect_stdout(io.StringIO()), torch.no_grad():  # the exporter's progress lines",
             '    torch.onnx.export(module, tuple(args), str(HERE / "module.onnx"), kwargs=kwargs or None, '
-            f"dynamo={o.exporter == 'dynamo'}, opset_version={o.opset}, verbose=False)",
+            f"dynamo={o.exporter == 'dynamo'}, opset_version={o.opset}, verbose=False"
+            + (", dynamic_shapes=dynamic_shapes)" if dynamic else ")"),
             "options = ort.SessionOptions()",
             f"options.graph_optimization_level = ort.GraphOptimizationLevel.{LEVELS[o.graph_optimization_level]}",
             f"options.intra_op_num_threads = {o.threads or 'torch.get_num_threads()'}",
@@ -276,6 +279,33 @@ class OnnxRuntimeBackend(Backend):
     def close(self) -> None:
         self.session = None
         super().close()
+
+
+def _dynamic_lines(given: dict | list | None) -> list[str]:
+    """Script lines that set `dynamic_shapes` as the target exported with them: `dynamic: true`'s dims (batch and
+    spatial dims of every tensor input, backends/shapes.py's dynamic_dims) of the module's own inputs; or the
+    target's `dynamic_shapes` as given, when they name this module's inputs (the target's name the whole
+    model's: a culprit inside it takes other inputs, and gets `dynamic: true`'s dims, which the script says)."""
+    lines = [
+        "import inspect",
+        "from torch.export import Dim",
+        "from torch.utils._pytree import tree_map",
+        "def dims(value):  # dynamic: true: the batch dim (0) and the spatial dims (2+) of every tensor input",
+        "    return ({d: Dim.AUTO for d in range(value.dim()) if d == 0 or d >= 2} or None) "
+        "if isinstance(value, torch.Tensor) else None",
+        "bound = inspect.signature(module.forward).bind(*args, **kwargs).arguments",
+        "dynamic_shapes = {name: tree_map(dims, value) for name, value in bound.items()}",
+    ]
+    if given is None:
+        return lines
+    return lines + [
+        f"given = {given!r}  # the target's dynamic_shapes",
+        "if (set(given) <= set(bound)) if isinstance(given, dict) else len(given) == len(bound):",
+        "    dynamic_shapes = given",
+        "else:",
+        '    print(f"the target\'s dynamic_shapes do not name this module\'s inputs ({\', \'.join(bound)}): its batch '
+        'and spatial dims are exported dynamic instead", file=sys.stderr)',
+    ]
 
 
 FALLBACK_NOTE = "capture-fallback.txt"  # beside model.onnx: how the exporter fell back, when it did
