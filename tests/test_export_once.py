@@ -13,6 +13,8 @@ from parity.config.schema import BackendSpec
 from parity.execute.execution import execute
 from parity.inputs import Inputs
 from parity.records import read_records
+from parity.records.summary import summarize
+from parity.report.markdown import render_markdown
 from tests.conftest import tiny_experiment
 from tests.fixtures import traces
 
@@ -68,6 +70,7 @@ def test_a_trace_that_unrolls_a_loop_over_the_batch_fails_on_another_batch_size(
     execution is timed alone, and its records say so."""
     records = _run(write_yaml, tmp_path, {"backend": "torchscript"}, entry="per_row", executor="process")
     assert {r["latency_interleaved"] for r in records if r["kind"] == "execution"} == {False}
+    assert "Each backend was timed alone" in render_markdown(records, summarize(records))
     checks = _checks(records)
     assert checks["b2"]["passed"] is True
     assert checks["b3"]["passed"] is False and checks["b3"]["failure_class"] == tx.SHAPE_MISMATCH

@@ -3,12 +3,14 @@ not timed."""
 
 from __future__ import annotations
 
+import json
 import xml.etree.ElementTree as ET
 
 import torch
 
 from parity.cli import main
 from parity.records import read_records
+from parity.report.markdown import render_markdown
 from tests.conftest import tiny_experiment
 from tests.fixtures import traces
 
@@ -137,6 +139,8 @@ def test_the_timed_repeats_of_a_job_take_turns_across_the_reference_and_the_targ
                           reference={"backend": f"{FIX}:CountingEager", "name": "ref"})
     out = tmp_path / "out"
     assert main(["run", str(write_yaml(exp)), "--out", str(out), "--quiet", "--no-report"]) == 0
+    report = render_markdown(read_records(out), json.loads((out / "summary.json").read_text()))
+    assert "The backends of each model and input set took turns (interleaved)." in report
     assert traces.RUNS == ["ref", "c1", "c2"] * 4  # the warm-up turn, then three timed turns
     runs = [r for r in read_records(out) if r["kind"] == "execution"]
     assert sorted((r["backend"], r["repeat"]) for r in runs) == [(b, i) for b in ("c1", "c2", "ref") for i in range(3)]
