@@ -134,11 +134,18 @@ def _groups(runs: list[_Run]) -> list[list[_Run]]:
     """The runs in order, cut wherever a backend would reset process-wide state another of the group holds."""
     groups: list[list[_Run]] = [[]]
     for run in runs:
-        state = backend_class(run.result.backend.backend).resets_state
-        if state is not None and any(backend_class(r.result.backend.backend).resets_state == state for r in groups[-1]):
+        state = _resets(run.result.backend)
+        if state is not None and any(_resets(r.result.backend) == state for r in groups[-1]):
             groups.append([])
         groups[-1].append(run)
     return groups
+
+
+def _resets(spec: BackendSpec) -> str | None:
+    try:
+        return backend_class(spec.backend).resets_state
+    except Exception:  # a backend that cannot even be looked up fails in its own `prepare` step, as before
+        return None
 
 
 def shapes(inputs: Inputs) -> str:
