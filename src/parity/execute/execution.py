@@ -103,8 +103,8 @@ def execute_together(backends: list[tuple[BackendSpec, torch.nn.Module]], inputs
     all are prepared, then warmed up, then timed in turns (the first, the second, ..., the first again), so
     that a slow spell of the machine falls on all of them alike. The first is what the others are judged
     against: when it fails, the others are not run further. Backends that reset the same process-wide state
-    (`Backend.resets_state`: compile, dynamo's caches) are never prepared at once: each starts another turn
-    of preparing and timing, after the previous one is closed. Each execution says whether its timed runs
+    (`Backend.resets_state`: compile, dynamo's caches) are never prepared at once: the second waits for a later
+    group, prepared and timed after the first group is closed. Each execution says whether its timed runs
     took turns with another's (`interleaved`)."""
     runs = [_Run(spec, model, inputs, example if example is not None else inputs, on_run, warmup)
             for spec, model in backends]
@@ -131,13 +131,18 @@ def execute_together(backends: list[tuple[BackendSpec, torch.nn.Module]], inputs
 
 
 def _groups(runs: list[_Run]) -> list[list[_Run]]:
-    """The runs in order, cut wherever a backend would reset process-wide state another of the group holds."""
-    groups: list[list[_Run]] = [[]]
+    """The turns: each run, in order, joins the first group where no other resets the same process-wide state,
+    so every backend takes turns with the reference but one that would reset a state another of the first
+    group holds (a second compile target), which waits for a later group."""
+    groups: list[list[_Run]] = []
     for run in runs:
         state = _resets(run.result.backend)
-        if state is not None and any(_resets(r.result.backend) == state for r in groups[-1]):
-            groups.append([])
-        groups[-1].append(run)
+        free = (g for g in groups if state is None or all(_resets(r.result.backend) != state for r in g))
+        group = next(free, None)
+        if group is None:
+            group = []
+            groups.append(group)
+        group.append(run)
     return groups
 
 
