@@ -177,3 +177,17 @@ def test_a_target_that_fails_in_its_turn_leaves_the_others_running_and_a_failed_
     done = _together("bad", "c", repeats=3)
     assert traces.RUNS == ["bad", "c", "bad", "c", "bad", "c"]  # the first failed at repeat 1: no more turns
     assert done[0].status == "error" and len(done[1].outputs) == 2
+
+
+def test_a_trace_from_the_artifact_cache_is_flagged_as_the_fresh_trace_was(write_yaml, tmp_path):
+    """The second run traces nothing (its trace comes from the cache), and still says what the tracer said."""
+    exp = tiny_experiment([{"backend": "torchscript"}],
+                          models=[{"name": "branchy", "source": "python", "entry": f"{FIX}:data_dependent"}],
+                          inputs=[{"name": "pos", "synthetic": {"shape": [2, 8], "distribution": "ones"}}])
+    path = str(write_yaml(exp))
+    for run in ("cold", "warm"):
+        main(["run", path, "--out", str(tmp_path / run), "--quiet", "--no-report", "--cache-dir", str(tmp_path / "c")])
+    [cold], [warm] = ([r for r in read_records(tmp_path / run) if r["kind"] == "execution" and r["backend"] == "torchscript-cpu"]
+                      for run in ("cold", "warm"))
+    assert (cold["cached"], warm["cached"]) == (False, True)
+    assert [n["kind"] for n in warm["warnings"]] == ["trace_specialized"] and warm["warnings"] == cold["warnings"]

@@ -8,7 +8,9 @@ own structure, so that the verifier flattens every backend's outputs the same wa
 from __future__ import annotations
 
 import contextlib
+import json
 import tempfile
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
@@ -160,18 +162,52 @@ class Backend(ABC):
     def artifact(self, kind: str, model: torch.nn.Module, example: Inputs, build) -> Path:
         """A folder holding the artifact `kind` (an exported graph, a traced module) of `model` for inputs
         like `example`: from the artifact cache when it has it, else made by `build(folder)` (and cached
-        when the model has an identity; see execute/cache.py)."""
-        found = self.artifacts.fetch(kind, model, self, example, build) if self.artifacts is not None else None
+        when the model has an identity; see execute/cache.py). What building it warned of (a tracer's
+        "might cause the trace to be incorrect", an exporter's warnings) is kept beside it and warned again
+        each time it is used, so that an artifact from the cache says what a fresh one says."""
+        found = self.artifacts.fetch(kind, model, self, example, _keeping_warnings(build)) if self.artifacts is not None else None
         if found is not None:
             folder, hit = found
             self.cache_hit = hit if self.cache_hit is None else self.cache_hit and hit
-            return folder
-        if getattr(self, "_scratch", None) is None:
-            self._scratch = tempfile.TemporaryDirectory(prefix=f"parity-{self.name}-")
-        folder = Path(self._scratch.name) / kind
-        folder.mkdir()
-        build(folder)
+        else:
+            if getattr(self, "_scratch", None) is None:
+                self._scratch = tempfile.TemporaryDirectory(prefix=f"parity-{self.name}-")
+            folder = Path(self._scratch.name) / kind
+            folder.mkdir()
+            _keeping_warnings(build)(folder)
+        _warn_again(folder)
         return folder
+
+
+BUILD_WARNINGS = "build-warnings.json"  # beside an artifact: what building it warned of
+MAX_BUILD_WARNINGS = 100
+
+
+def _keeping_warnings(build: Callable[[Path], None]) -> Callable[[Path], None]:
+    """`build`, its warnings written to the artifact's folder instead of raised (`_warn_again` raises them)."""
+
+    def build_keeping(folder: Path) -> None:
+        with warnings.catch_warnings(record=True) as caught:
+            build(folder)
+        kept = [{"message": str(w.message), "category": f"{w.category.__module__}:{w.category.__qualname__}",
+                 "filename": w.filename, "lineno": w.lineno} for w in caught[:MAX_BUILD_WARNINGS]]
+        (folder / BUILD_WARNINGS).write_text(json.dumps(kept))
+
+    return build_keeping
+
+
+def _warn_again(folder: Path) -> None:
+    """The warnings building the artifact in `folder` raised, raised again where they were raised first."""
+    import importlib
+
+    path = folder / BUILD_WARNINGS
+    for w in json.loads(path.read_text()) if path.exists() else []:
+        module, _, name = w["category"].partition(":")
+        try:
+            category = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            category = UserWarning
+        warnings.warn_explicit(w["message"], category, w["filename"], w["lineno"])
 
 
 class ArtifactStore(Protocol):
