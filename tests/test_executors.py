@@ -190,3 +190,25 @@ def test_ray_executor_gives_the_local_verdicts_and_fails_a_segfault_and_a_hang(t
     assert_same_verdicts(well_behaved, checks(local))
     assert checks(local)[("tiny", "noise", "eager-cpu-bfloat16", 1)]["passed"] is False  # one verdict of each kind
     assert checks(local)[("tiny", "noise", "torchscript-cpu", 1)]["passed"] is True
+
+
+def test_an_executor_that_runs_elsewhere_runs_a_jobs_backends_one_after_the_other_until_the_reference_fails():
+    """The default `execute_together` (process, ray): each execution alone, none interleaved, and nothing after a
+    failed reference (its targets have nothing to be judged against)."""
+    from parity.config.schema import BackendSpec
+    from parity.execute.execution import Execution
+    from parity.runner.base import Executor
+
+    class Told(Executor):  # each backend's status as its name says
+        def execute(self, job, spec, model, inputs, on_run=None, example=None):
+            asked.append(spec.name)
+            return Execution(spec, "error" if spec.name.startswith("bad") else "ok")
+
+    asked: list[str] = []
+    specs = [BackendSpec(backend="eager", name=n) for n in ("ref", "bad-t1", "t2")]
+    done = Told().execute_together(None, specs, None, None)
+    assert asked == ["ref", "bad-t1", "t2"] and [ex.status for ex in done] == ["ok", "error", "ok"]
+    assert not any(ex.interleaved for ex in done)
+    asked.clear()
+    assert [ex.status for ex in Told().execute_together(None, [specs[1], specs[2]], None, None)] == ["error"]
+    assert asked == ["bad-t1"]

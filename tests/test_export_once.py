@@ -13,6 +13,8 @@ from parity.config.schema import BackendSpec
 from parity.execute.execution import execute
 from parity.inputs import Inputs
 from parity.records import read_records
+from parity.records.summary import summarize
+from parity.report.markdown import render_markdown
 from tests.conftest import tiny_experiment
 from tests.fixtures import traces
 
@@ -64,8 +66,12 @@ def test_dynamic_shapes_are_passed_to_the_exporter_as_given(write_yaml, tmp_path
 
 
 def test_a_trace_that_unrolls_a_loop_over_the_batch_fails_on_another_batch_size(write_yaml, tmp_path):
-    """In a worker process too: the worker gets the example with the inputs, and traces the example."""
-    checks = _checks(_run(write_yaml, tmp_path, {"backend": "torchscript"}, entry="per_row", executor="process"))
+    """In a worker process too: the worker gets the example with the inputs, and traces the example. Each worker's
+    execution is timed alone, and its records say so."""
+    records = _run(write_yaml, tmp_path, {"backend": "torchscript"}, entry="per_row", executor="process")
+    assert {r["latency_interleaved"] for r in records if r["kind"] == "execution"} == {False}
+    assert "Each backend was timed alone" in render_markdown(records, summarize(records))
+    checks = _checks(records)
     assert checks["b2"]["passed"] is True
     assert checks["b3"]["passed"] is False and checks["b3"]["failure_class"] == tx.SHAPE_MISMATCH
 
@@ -112,3 +118,57 @@ def test_both_dynamic_options_at_once_are_refused(write_yaml, tmp_path, capsys):
     exp = tiny_experiment([{"backend": "onnxruntime", "options": {"dynamic": True, "dynamic_shapes": {"x": {0: "b"}}}}])
     assert main(["run", str(write_yaml(exp)), "--out", str(tmp_path / "out"), "--quiet"]) == 2
     assert "give 'dynamic: true' or 'dynamic_shapes', not both" in capsys.readouterr().err
+
+
+BAKED = {"backend": f"{FIX}:ShapeBaked", "dtype": "bfloat16", "name": "baked"}
+
+
+def _whole_model_prepares() -> set[tuple[int, ...]]:
+    """The example shapes the target was prepared from as a whole model (tier 2's layers alone are not)."""
+    return {shape for backend, model, shape in traces.PREPARED if backend == "baked" and model == "Dense"}
+
+
+def test_tier_2_in_a_run_sees_the_target_prepared_from_the_runs_example(write_yaml, tmp_path):
+    """b3 fails only because the target was prepared from b2 (its example): the end-to-end runs tier 2
+    localizes it with are prepared from b2 too, not from b3 (which would be a target that passes)."""
+    traces.PREPARED.clear()
+    exp = tiny_experiment([BAKED], models=[{"name": "m", "source": "python", "entry": f"{FIX}:dense"}], inputs=BATCHES,
+                          tiers={"activations": {"mode": "propagated"}})
+    out = tmp_path / "out"
+    main(["run", str(write_yaml(exp)), "--out", str(out), "--quiet", "--no-report"])
+    checks = _checks(read_records(out))
+    assert checks["b2"]["passed"] is True and checks["b3"]["failure_class"] == tx.NUMERIC_DRIFT
+    assert [r["inputs"] for r in read_records(out) if r["kind"] == "layers"] == ["b3"]
+    assert len(traces.PREPARED) > 2 and _whole_model_prepares() == {(2, 8)}  # the run's two, and tier 2's
+
+
+def test_localize_and_fallback_judge_the_artifact_the_run_prepared_from_its_example(write_yaml, tmp_path, capsys):
+    """`parity localize` and `parity fallback` on b3 prepare the target from b2, as the run did: the check
+    they explain fails as it failed in the run (prepared from b3, the target would pass)."""
+    exp = tiny_experiment([BAKED], models=[{"name": "m", "source": "python", "entry": f"{FIX}:dense"}], inputs=BATCHES,
+                          tiers={"activations": {"mode": "propagated"}})
+    path = str(write_yaml(exp))
+    traces.PREPARED.clear()
+    assert main(["localize", path, "--model", "m", "--target", "baked", "--inputs", "b3", "--out", str(tmp_path / "l")]) == 0
+    [layers] = [r for r in read_records(tmp_path / "l") if r["kind"] == "layers"]
+    assert layers["tier1"]["passed"] is False and layers["tier1"]["failure_class"] == tx.NUMERIC_DRIFT
+    assert _whole_model_prepares() == {(2, 8)}
+    traces.PREPARED.clear()
+    main(["fallback", path, "--model", "m", "--target", "baked", "--inputs", "b3", "--out", str(tmp_path / "f")])
+    [fallback] = [r for r in read_records(tmp_path / "f") if r["kind"] == "fallback"]
+    assert fallback["required_atol_before"] > 0.1, fallback  # the run's drift (b3 x 1.5), not a check that passes
+    assert _whole_model_prepares() == {(2, 8)}
+
+
+def test_onnx_layers_are_read_from_a_graph_exported_from_the_example_with_the_targets_dynamic_dims():
+    """Tier 2's propagated mode on ONNX Runtime: the graph is exported from the example (batch 2) as the
+    target exports it (dynamic batch) and runs the localized inputs (batch 3)."""
+    from parity.backends.onnxruntime import OnnxRuntimeBackend
+
+    backend = OnnxRuntimeBackend(BackendSpec(backend="onnxruntime", options={"dynamic": True}))
+    model, inputs = traces.dense().eval(), Inputs((torch.randn(3, 8),), {})
+    try:
+        [out] = backend.capture_layers(model, Inputs((torch.randn(2, 8),), {}), ["linear"], inputs=inputs)["linear"]
+    finally:
+        backend.close()
+    torch.testing.assert_close(out, model.linear(inputs.args[0]), rtol=1e-5, atol=1e-5)

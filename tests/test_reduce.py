@@ -183,3 +183,43 @@ def test_the_script_adds_the_folder_a_class_imports_from():
 
     assert Path(import_root(Offset)) / "tests" / "fixtures" / "culprit.py" == Path(sys.modules[Offset.__module__].__file__)
     assert (Path(import_root(OrderedDict)) / "collections" / "__init__.py").is_file()  # a package's own class
+
+
+
+def _onnx_snippet(options: dict) -> str:
+    from parity.backends import backend_class
+    from parity.config.schema import BackendSpec
+
+    return snippet(backend_class("onnxruntime"), BackendSpec(backend="onnxruntime", options=options))
+
+
+def _onnx_snippet_exports(options: dict, tmp_path, capsys) -> tuple[str, str]:
+    """The onnxruntime snippet run as repro.py runs it (with the script's own `cast`, `HERE`, `tree_leaves`), on
+    a Linear captured on a batch of 2: (the exported graph's batch dim, what the script said on stderr)."""
+    import sys
+
+    import onnx
+    from torch.utils._pytree import tree_leaves
+
+    def cast(value, device, dtype):
+        return [v.to(device, dtype) for v in value] if isinstance(value, list) else value
+
+    space = {"torch": torch, "sys": sys, "tree_leaves": tree_leaves, "cast": cast, "HERE": tmp_path,
+             "module": torch.nn.Linear(8, 4).eval(), "args": [torch.randn(2, 8)], "kwargs": {}}
+    exec(compile(_onnx_snippet(options), "repro.py", "exec"), space)
+    graph = onnx.load(str(tmp_path / "module.onnx"))
+    return graph.graph.input[0].type.tensor_type.shape.dim[0].dim_param, capsys.readouterr().err
+
+
+def test_the_onnx_repro_exports_with_the_targets_exporter_and_dynamic_dims(tmp_path, capsys):
+    """`dynamic: true`, and `dynamic_shapes` that name the module's inputs, give a graph whose batch dim is
+    symbolic, as the target's export; `dynamic_shapes` that name the whole model's inputs (a culprit inside it
+    takes others) fall back to `dynamic: true`'s dims, and the script says so. Without either, the batch is
+    the captured one's; the TorchScript exporter is kept with its opset."""
+    assert _onnx_snippet_exports({"dynamic_shapes": {"input": {0: "batch"}}}, tmp_path, capsys) == ("batch", "")
+    dim, err = _onnx_snippet_exports({"dynamic_shapes": {"image": {0: "batch"}}}, tmp_path, capsys)
+    assert dim and "do not name this module's inputs (input)" in err  # dynamic: true's dims, as below
+    assert _onnx_snippet({"dynamic": True}).startswith(_onnx_snippet({"dynamic_shapes": {"image": {}}}).split("given =")[0])
+    assert "dynamic_shapes" not in _onnx_snippet({})
+    torchscript = _onnx_snippet({"exporter": "torchscript", "opset": 17})
+    assert "dynamo=False, opset_version=17" in torchscript and "dynamic_shapes" not in torchscript

@@ -153,10 +153,10 @@ class Trial:
     task: dict[str, Any] | None = None
 
 
-def _latencies(spec, models: list[torch.nn.Module], inputs, runs: int) -> list[float]:
-    """The median run time of each model on the backend `spec`, runs interleaved (one of each in turn),
-    so that a slow spell of the machine falls on all of them alike. Their exports come from the running
-    model's artifacts, as the search's executions' do."""
+def _latencies(spec, models: list[torch.nn.Module], inputs, runs: int, example=None) -> list[float]:
+    """The median run time of each model on the backend `spec`, prepared from `example` (None: `inputs`),
+    runs interleaved (one of each in turn), so that a slow spell of the machine falls on all of them alike.
+    Their exports come from the running model's artifacts, as the search's executions' do."""
     from parity.execute.execution import new_backend
 
     backends = []
@@ -164,7 +164,7 @@ def _latencies(spec, models: list[torch.nn.Module], inputs, runs: int) -> list[f
         for model in models:
             backend = new_backend(spec)
             backends.append(backend)
-            backend.prepare(copy.deepcopy(model), inputs.clone())
+            backend.prepare(copy.deepcopy(model), (example if example is not None else inputs).clone())
         times: list[list[float]] = [[] for _ in models]
         for _ in range(runs):
             for backend, spent in zip(backends, times, strict=True):
@@ -182,24 +182,26 @@ def _latencies(spec, models: list[torch.nn.Module], inputs, runs: int) -> list[f
 
 def find_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module, inputs: Inputs,
                   candidates: list[str] | Callable[[], list[str]], rtol: float, gate: float, latency_runs: int = 7,
-                  task: tuple[str, Any] | None = None, leaf_tolerance=None) -> FallbackResult:
+                  task: tuple[str, Any] | None = None, leaf_tolerance=None,
+                  example: Inputs | None = None) -> FallbackResult:
     """The smallest set of `candidates` (tried in the order given) whose fallback makes the check pass:
     tier 1 at `gate`, or with `task` = (task name, tier-3 thresholds) the task-level verdict, which a
     reduced-precision target can often regain where no set brings every output within a tight gate.
     `candidates` may be a function that finds them (tier 2, minutes on a large model): it is called only
-    when the check fails without fallback."""
+    when the check fails without fallback. Every trial is prepared from `example` (the run's example inputs;
+    None: `inputs`) and judged on `inputs`, as the run prepared and judged the check."""
     from parity.execute.execution import execute
     from parity.verify.tasks import evaluate
     from parity.verify.tensors import compare
 
     kind = fallback_kind(target)
-    ref = execute(reference, model, inputs, 1)
+    ref = execute(reference, model, inputs, 1, example=example)
     if not ref.ok:
         raise ParityError(f"the reference {reference.id} failed: {ref.error}")
     reference_out = ref.outputs[0]
 
     def judge(modules: list[str]) -> Trial:
-        ran = execute(target, apply_fallback(model, modules, target) if modules else model, inputs, 1)
+        ran = execute(target, apply_fallback(model, modules, target) if modules else model, inputs, 1, example=example)
         if not ran.ok:
             return Trial(False, float("inf"))
         required = compare(reference_out, ran.outputs[0], rtol, gate, leaf_tolerance=leaf_tolerance).required_atol
@@ -234,7 +236,7 @@ def find_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn.M
     result.whole_model = is_whole_model(model, chosen)
     result.required_atol_after, result.task_after = trial.required_atol, trial.task
     result.latency_before_s, result.latency_after_s = _latencies(
-        target, [model, apply_fallback(model, chosen, target)], inputs, latency_runs)
+        target, [model, apply_fallback(model, chosen, target)], inputs, latency_runs, example)
     return result
 
 

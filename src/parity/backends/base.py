@@ -8,7 +8,9 @@ own structure, so that the verifier flattens every backend's outputs the same wa
 from __future__ import annotations
 
 import contextlib
+import json
 import tempfile
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
@@ -56,6 +58,10 @@ class Backend(ABC):
     # "eager" (outside a compiled graph), or None when it cannot take modules out of its fast path. A
     # bfloat16/float16 target of any backend can run modules in float32.
     fallback_kind: ClassVar[str | None] = None
+    # Process-wide state that `prepare` or `close` resets (compile: "dynamo", whose caches torch._dynamo.reset()
+    # clears for every compiled model): two backends that name the same state are never prepared at once, so
+    # the timed runs of a job interleave across the others only (execute/execution.py's execute_together).
+    resets_state: ClassVar[str | None] = None
     # Whether `capture_layers` is implemented: tier 2's propagated mode then reads layer outputs from inside
     # this backend's own run (a backend that `runs_module_hooks` is read through hooks instead).
     captures_layers: ClassVar[bool] = False
@@ -120,9 +126,11 @@ class Backend(ABC):
     def run(self, inputs: Inputs) -> Any:
         """Outputs for `inputs`, on the CPU."""
 
-    def capture_layers(self, model: torch.nn.Module, example: Inputs, names: list[str]) -> dict[str, list | str]:
-        """Each named module's outputs (one per call) inside one run of this backend, or a string saying why
-        that module's cannot be seen. Optional: a backend that implements it sets `captures_layers`."""
+    def capture_layers(self, model: torch.nn.Module, example: Inputs, names: list[str],
+                       inputs: Inputs | None = None) -> dict[str, list | str]:
+        """Each named module's outputs (one per call) inside one run of this backend on `inputs` (None:
+        `example`), prepared from `example` as `prepare` is, or a string saying why that module's cannot be
+        seen. Optional: a backend that implements it sets `captures_layers`."""
         raise NotImplementedError(f"backend '{self.name}' cannot show layer outputs from inside its own run")
 
     def close(self) -> None:
@@ -132,6 +140,15 @@ class Backend(ABC):
         if scratch is not None:
             scratch.cleanup()
             self._scratch = None
+
+    # What `prepare` found out that the execution record should say, as notes (execute/notes.py shows them
+    # beside the warnings): `{"kind": "exporter", "message": ...}`. Set through `note`.
+    notes: tuple[dict[str, str], ...] = ()
+
+    def note(self, kind: str, message: str) -> None:
+        """Keep something about how this backend prepared the model that no warning says (the ONNX exporter
+        fell back to another capture): recorded with the execution and shown beside its check."""
+        self.notes = (*self.notes, {"kind": kind, "message": message})
 
     # Whether `prepare` found its artifact in the cache (None: this backend caches nothing).
     cache_hit: bool | None = None
@@ -145,18 +162,52 @@ class Backend(ABC):
     def artifact(self, kind: str, model: torch.nn.Module, example: Inputs, build) -> Path:
         """A folder holding the artifact `kind` (an exported graph, a traced module) of `model` for inputs
         like `example`: from the artifact cache when it has it, else made by `build(folder)` (and cached
-        when the model has an identity; see execute/cache.py)."""
-        found = self.artifacts.fetch(kind, model, self, example, build) if self.artifacts is not None else None
+        when the model has an identity; see execute/cache.py). What building it warned of (a tracer's
+        "might cause the trace to be incorrect", an exporter's warnings) is kept beside it and warned again
+        each time it is used, so that an artifact from the cache says what a fresh one says."""
+        found = self.artifacts.fetch(kind, model, self, example, _keeping_warnings(build)) if self.artifacts is not None else None
         if found is not None:
             folder, hit = found
             self.cache_hit = hit if self.cache_hit is None else self.cache_hit and hit
-            return folder
-        if getattr(self, "_scratch", None) is None:
-            self._scratch = tempfile.TemporaryDirectory(prefix=f"parity-{self.name}-")
-        folder = Path(self._scratch.name) / kind
-        folder.mkdir()
-        build(folder)
+        else:
+            if getattr(self, "_scratch", None) is None:
+                self._scratch = tempfile.TemporaryDirectory(prefix=f"parity-{self.name}-")
+            folder = Path(self._scratch.name) / kind
+            folder.mkdir()
+            _keeping_warnings(build)(folder)
+        _warn_again(folder)
         return folder
+
+
+BUILD_WARNINGS = "build-warnings.json"  # beside an artifact: what building it warned of
+MAX_BUILD_WARNINGS = 100
+
+
+def _keeping_warnings(build: Callable[[Path], None]) -> Callable[[Path], None]:
+    """`build`, its warnings written to the artifact's folder instead of raised (`_warn_again` raises them)."""
+
+    def build_keeping(folder: Path) -> None:
+        with warnings.catch_warnings(record=True) as caught:
+            build(folder)
+        kept = [{"message": str(w.message), "category": f"{w.category.__module__}:{w.category.__qualname__}",
+                 "filename": w.filename, "lineno": w.lineno} for w in caught[:MAX_BUILD_WARNINGS]]
+        (folder / BUILD_WARNINGS).write_text(json.dumps(kept))
+
+    return build_keeping
+
+
+def _warn_again(folder: Path) -> None:
+    """The warnings building the artifact in `folder` raised, raised again where they were raised first."""
+    import importlib
+
+    path = folder / BUILD_WARNINGS
+    for w in json.loads(path.read_text()) if path.exists() else []:
+        module, _, name = w["category"].partition(":")
+        try:
+            category = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            category = UserWarning
+        warnings.warn_explicit(w["message"], category, w["filename"], w["lineno"])
 
 
 class ArtifactStore(Protocol):

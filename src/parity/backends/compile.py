@@ -60,6 +60,7 @@ class CompileBackend(EagerBackend):
     specializes_on_example = True  # a graph made for the example's shapes
     preparation_cost = 3  # a compilation
     fallback_kind = "eager"  # modules taken out of the compiled graph run eagerly
+    resets_state = "dynamo"  # prepare and close call torch._dynamo.reset(), which drops every compiled graph
     legacy_devices = ("cpu", "cuda")
     Options = CompileOptions
     model_kinds = ("module", "exported")  # torch.compile refuses a ScriptModule; an ONNX graph has no Python

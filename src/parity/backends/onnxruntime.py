@@ -14,6 +14,7 @@ import contextlib
 import copy
 import io
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Literal
@@ -59,20 +60,65 @@ class OnnxRuntimeOptions(DynamicShapeOptions):
 
 
 def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, opset: int | None, optimize: bool = True,
-                external_data: bool = False, dynamic_shapes: Any = None, exporter: str = "dynamo") -> None:
+                external_data: bool = False, dynamic_shapes: Any = None, exporter: str = "dynamo") -> str | None:
     """Export with the dynamo exporter (or the TorchScript one). Its progress messages, and the whole traced
     graph that torch.export prints when it gives up on a model (thousands of lines for a detector), are kept
-    off the console: the exception says why, and the check records it."""
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
+    off the console: the exception says why, and the check records it. Returns what the progress messages
+    tell of the graph's capture (`capture_fallback`): None unless the exporter fell back to another."""
+    progress = io.StringIO()
+    with contextlib.redirect_stdout(progress), contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
         if exporter == "torchscript":
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # its deprecation notice, not something about this model
                 torch.onnx.export(model, example.args, str(path), kwargs=example.kwargs or None, dynamo=False,
                                   opset_version=opset, verbose=False)
-            return
+            return None
+        # verbose=None (the exporter's default) prints one line per capture it tries, into `progress`
         torch.onnx.export(model, example.args, str(path), kwargs=example.kwargs or None, dynamo=True,
-                          opset_version=opset, external_data=external_data, verbose=False, optimize=optimize,
+                          opset_version=opset, external_data=external_data, verbose=None, optimize=optimize,
                           dynamic_shapes=dynamic_shapes)
+        fallback = capture_fallback(progress.getvalue())
+        if fallback is None:
+            return None
+        failed, used = fallback
+        why = _capture_error(model, example, dynamic_shapes, failed)
+    return (f"the ONNX exporter fell back: {failed} failed ({why}); the graph comes from {used}, not from "
+            "the exporter's default capture")
+
+
+# The exporter's progress line for each way it tries to capture the model (torch/onnx/_internal/exporter/
+# _capture_strategies.py): "[torch.onnx] Obtain model graph for `Net()` with `torch.export.export(...,
+# strict=False)`... ❌", then the next one it tries, until one is ✅.
+_ATTEMPT = re.compile(r"^\[torch\.onnx\] Obtain model graph for `.*` with `(?P<how>.+)`\.\.\. (?P<mark>✅|❌)\s*$",
+                      re.MULTILINE)
+
+
+def capture_fallback(progress: str) -> tuple[str, str] | None:
+    """(the capture the exporter tried first, the one its graph comes from) when the first failed and a later
+    one succeeded, from its progress lines (it tries the next only when one fails, and stops at the first that
+    succeeds); None when the first succeeded, or none did."""
+    attempts = [(m["how"], m["mark"] == "✅") for m in _ATTEMPT.finditer(progress)]
+    if len(attempts) < 2 or not attempts[-1][1]:
+        return None
+    return attempts[0][0], attempts[-1][0]
+
+
+def _capture_error(model: torch.nn.Module, example: Inputs, dynamic_shapes: Any, how: str) -> str:
+    """Why the exporter's first capture failed, on one line: the exporter keeps only the error of a capture
+    that nothing replaced, so torch.export is asked again, as that capture asked it (strict or not)."""
+    strict = {"torch.export.export(..., strict=False)": False, "torch.export.export(..., strict=True)": True}.get(how)
+    if strict is None:
+        return "the exporter does not say why"
+    with contextlib.suppress(ImportError):  # names in dynamic_shapes ("batch") become Dims, as the exporter makes them
+        from torch.onnx._internal.exporter._dynamic_shapes import convert_str_to_export_dim
+
+        dynamic_shapes = convert_str_to_export_dim(dynamic_shapes)[0]
+    try:
+        torch.export.export(model, example.args, kwargs=example.kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
+    except Exception as exc:  # the failure is the answer
+        text = " ".join(str(exc).split())
+        return f"{type(exc).__name__}: {text[:200] + '...' if len(text) > 200 else text}"
+    return "it succeeds when asked again alone"
 
 
 class OnnxRuntimeBackend(Backend):
@@ -117,20 +163,23 @@ class OnnxRuntimeBackend(Backend):
 
     @classmethod
     def repro_snippet(cls, spec) -> str | None:
-        """Exported as parity exports it, to module.onnx beside the script (the graph an ONNX Runtime report
-        needs), and run in a session with the target's options."""
+        """Exported as parity exports it (the exporter, the opset, the dynamic dims), to module.onnx beside the
+        script (the graph an ONNX Runtime report needs), and run in a session with the target's options."""
         o = cls.Options.model_validate(spec.options)
         device = torch.device(spec.device)
         provider = (f'("CUDAExecutionProvider", {{"device_id": {device.index or 0}}})' if device.type == "cuda"
                     else '"CPUExecutionProvider"')
+        dynamic = o.dynamic or o.dynamic_shapes is not None
         return "\n".join([
             "import contextlib, io",
             "import onnxruntime as ort",
             f'module, args, kwargs = module.to(torch.{spec.dtype}), cast(args, "cpu", torch.{spec.dtype}), '
             f'cast(kwargs, "cpu", torch.{spec.dtype})',
+            *(_dynamic_lines(o.dynamic_shapes) if dynamic else []),
             "with contextlib.redirect_stdout(io.StringIO()), torch.no_grad():  # the exporter's progress lines",
             '    torch.onnx.export(module, tuple(args), str(HERE / "module.onnx"), kwargs=kwargs or None, '
-            f"dynamo={o.exporter == 'dynamo'}, opset_version={o.opset}, verbose=False)",
+            f"dynamo={o.exporter == 'dynamo'}, opset_version={o.opset}, verbose=False"
+            + (", dynamic_shapes=dynamic_shapes)" if dynamic else ")"),
             "options = ort.SessionOptions()",
             f"options.graph_optimization_level = ort.GraphOptimizationLevel.{LEVELS[o.graph_optimization_level]}",
             f"options.intra_op_num_threads = {o.threads or 'torch.get_num_threads()'}",
@@ -147,9 +196,12 @@ class OnnxRuntimeBackend(Backend):
             return
         model, example = model.to(self.dtype), example.to("cpu", self.dtype)
         self.outputs = OutputSpec(model, example)
-        folder = self.artifact("onnx", model, example, lambda folder: export_onnx(
+        folder = self.artifact("onnx", model, example, lambda folder: _keep_fallback(folder, export_onnx(
             model, example, folder / "model.onnx", self.options.opset, dynamic_shapes=self.options.shapes_for(model, example),
-            exporter=self.options.exporter))
+            exporter=self.options.exporter)))
+        fallback = folder / FALLBACK_NOTE
+        if fallback.exists():  # said on every run of this artifact, a cached one's too
+            self.note("exporter", fallback.read_text())
         self._open_session(folder / "model.onnx")
 
     def _open_session(self, path: Path) -> None:
@@ -178,8 +230,11 @@ class OnnxRuntimeBackend(Backend):
         outputs = self.session.run(None, self._feed(inputs))
         return self.outputs.rebuild([torch.from_numpy(a) for a in outputs], "the ONNX graph")
 
-    def capture_layers(self, model: torch.nn.Module, example: Inputs, names: list[str]) -> dict[str, list | str]:
-        """Each named module's output inside one run of the exported graph, or why it cannot be seen.
+    def capture_layers(self, model: torch.nn.Module, example: Inputs, names: list[str],
+                       inputs: Inputs | None = None) -> dict[str, list | str]:
+        """Each named module's output inside one run of the exported graph on `inputs` (None: `example`), or
+        why it cannot be seen. The graph is exported from `example` with the target's dynamic dims, as
+        `prepare` exports it: the layers seen are those of the artifact that ran `inputs`.
 
         The dynamo exporter tags every ONNX node with the module scopes it came from. A module's outputs
         are the values its nodes produce and nodes outside it (or the graph's outputs) consume; they are
@@ -197,11 +252,13 @@ class OnnxRuntimeBackend(Backend):
             why = "the TorchScript exporter keeps no module scopes in the graph (exporter: dynamo does)"
             return dict.fromkeys(names, why)
         example = example.to("cpu", self.dtype)
+        inputs = example if inputs is None else inputs.to("cpu", self.dtype)
 
         def export(folder: Path) -> None:  # a copy is cast and exported: `model` is the caller's
             # Weights go to a side file and stay there: the graph is edited (and shape-inferred) without them.
-            export_onnx(copy.deepcopy(model).to(self.dtype), example, folder / "model.onnx", self.options.opset,
-                        optimize=False, external_data=True)
+            cast = copy.deepcopy(model).to(self.dtype)
+            export_onnx(cast, example, folder / "model.onnx", self.options.opset, optimize=False, external_data=True,
+                        dynamic_shapes=self.options.shapes_for(cast, example))
 
         folder = self.artifact("onnx-layers", model, example, export)
         graph_model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
@@ -216,12 +273,47 @@ class OnnxRuntimeBackend(Backend):
             os.replace(partial, path)
         del graph_model
         self._open_session(path)
-        values = dict(zip(wanted, _run_without_copies(self.session, wanted, self._feed(example)), strict=True)) if wanted else {}
+        values = dict(zip(wanted, _run_without_copies(self.session, wanted, self._feed(inputs)), strict=True)) if wanted else {}
         return {name: ([values[v] for v in found] if isinstance(found, list) else found) for name, found in boundary.items()}
 
     def close(self) -> None:
         self.session = None
         super().close()
+
+
+def _dynamic_lines(given: dict | list | None) -> list[str]:
+    """Script lines that set `dynamic_shapes` as the target exported with them: `dynamic: true`'s dims (batch and
+    spatial dims of every tensor input, backends/shapes.py's dynamic_dims) of the module's own inputs; or the
+    target's `dynamic_shapes` as given, when they name this module's inputs (the target's name the whole
+    model's: a culprit inside it takes other inputs, and gets `dynamic: true`'s dims, which the script says)."""
+    lines = [
+        "import inspect",
+        "from torch.export import Dim",
+        "from torch.utils._pytree import tree_map",
+        "def dims(value):  # dynamic: true: the batch dim (0) and the spatial dims (2+) of every tensor input",
+        "    return ({d: Dim.AUTO for d in range(value.dim()) if d == 0 or d >= 2} or None) "
+        "if isinstance(value, torch.Tensor) else None",
+        "bound = inspect.signature(module.forward).bind(*args, **kwargs).arguments",
+        "dynamic_shapes = {name: tree_map(dims, value) for name, value in bound.items()}",
+    ]
+    if given is None:
+        return lines
+    return lines + [
+        f"given = {given!r}  # the target's dynamic_shapes",
+        "if (set(given) <= set(bound)) if isinstance(given, dict) else len(given) == len(bound):",
+        "    dynamic_shapes = given",
+        "else:",
+        '    print(f"the target\'s dynamic_shapes do not name this module\'s inputs ({\', \'.join(bound)}): its batch '
+        'and spatial dims are exported dynamic instead", file=sys.stderr)',
+    ]
+
+
+FALLBACK_NOTE = "capture-fallback.txt"  # beside model.onnx: how the exporter fell back, when it did
+
+
+def _keep_fallback(folder: Path, fallback: str | None) -> None:
+    if fallback is not None:
+        (folder / FALLBACK_NOTE).write_text(fallback)
 
 
 def _run_without_copies(session, names: list[str], feed: dict) -> list[torch.Tensor]:

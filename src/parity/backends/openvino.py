@@ -79,6 +79,8 @@ class OpenVinoBackend(Backend):
 
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # convert_model traces with torch.jit, which warns of its deprecation
+            # and what the trace says of this model is kept with the execution (execute/notes.py), as torchscript's
+            warnings.simplefilter("always", torch.jit.TracerWarning)
             return ov.convert_model(model, example_input=example.kwargs or example.tensors())
 
     def run(self, inputs: Inputs):

@@ -7,6 +7,7 @@ import copy
 import re
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,7 @@ class Execution:
     warmup: int = 0  # untimed runs before the timed repeats
     warmup_outputs: list[Any] = field(default_factory=list)  # judged with the repeats: a first call is a call
     captured: list[Any] = field(default_factory=list)  # what instrumented code recorded in the first repeat (capture.py)
+    interleaved: bool = False  # its timed runs took turns with other backends' (execute_together)
 
     @property
     def ok(self) -> bool:
@@ -91,12 +93,64 @@ def execute(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, repeats: 
     costs: allocations, lazy initialization, autotuning). `on_run(execution, repeat)` is called after each
     repeat, so records are written as results come; the backend's warnings (notes.py) are collected from
     the start and are complete when this returns."""
-    result = Execution(spec, "ok", warmup=warmup)
-    with notes.collecting() as collector:
-        _execute(result, spec, model, inputs, example if example is not None else inputs, repeats, on_run, warmup,
-                 collector)
-        result.notes = collector.notes()
+    [result] = execute_together([(spec, model)], inputs, repeats, on_run, warmup, example)
     return result
+
+
+def execute_together(backends: list[tuple[BackendSpec, torch.nn.Module]], inputs: Inputs, repeats: int, on_run=None,
+                     warmup: int = 0, example: Inputs | None = None) -> list[Execution]:
+    """`execute` for several backends (each with its model) on one input set, their timed repeats interleaved:
+    all are prepared, then warmed up, then timed in turns (the first, the second, ..., the first again), so
+    that a slow spell of the machine falls on all of them alike. The first is what the others are judged
+    against: when it fails, the others are not run further. Backends that reset the same process-wide state
+    (`Backend.resets_state`: compile, dynamo's caches) are never prepared at once: the second waits for a later
+    group, prepared and timed after the first group is closed. Each execution says whether its timed runs
+    took turns with another's (`interleaved`)."""
+    runs = [_Run(spec, model, inputs, example if example is not None else inputs, on_run, warmup)
+            for spec, model in backends]
+    first = runs[0].result
+    for group in _groups(runs):
+        try:
+            for step in ("prepare", "warm_up"):
+                for run in group:
+                    getattr(run, step)()
+                    if not first.ok:
+                        return [run.result for run in runs]
+            timed = [run for run in group if run.result.ok]
+            for run in timed:
+                run.result.interleaved = len(timed) > 1
+            for repeat in range(repeats):
+                for run in timed:
+                    run.repeat(repeat, last=repeat == repeats - 1)
+                if not first.ok:
+                    break
+        finally:
+            for run in group:
+                run.close()
+    return [run.result for run in runs]
+
+
+def _groups(runs: list[_Run]) -> list[list[_Run]]:
+    """The turns: each run, in order, joins the first group where no other resets the same process-wide state,
+    so every backend takes turns with the reference but one that would reset a state another of the first
+    group holds (a second compile target), which waits for a later group."""
+    groups: list[list[_Run]] = []
+    for run in runs:
+        state = _resets(run.result.backend)
+        free = (g for g in groups if state is None or all(_resets(r.result.backend) != state for r in g))
+        group = next(free, None)
+        if group is None:
+            group = []
+            groups.append(group)
+        group.append(run)
+    return groups
+
+
+def _resets(spec: BackendSpec) -> str | None:
+    try:
+        return backend_class(spec.backend).resets_state
+    except Exception:  # a backend that cannot even be looked up fails in its own `prepare` step, as before
+        return None
 
 
 def shapes(inputs: Inputs) -> str:
@@ -113,54 +167,90 @@ def new_backend(spec: BackendSpec):
     return backend
 
 
-def _execute(result: Execution, spec, model, inputs, example, repeats, on_run, warmup, collector) -> None:
-    backend, prepared = None, False
-    try:
-        reason = backend_class(spec.backend).available(spec)
-        if reason:
-            result.status, result.error = "unavailable", reason
+class _Run:
+    """One backend's execution, step by step (prepare, warm up, each timed repeat), so that the timed repeats of
+    several backends can take turns. A step after a failure does nothing; each step's warnings are collected."""
+
+    def __init__(self, spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, example: Inputs, on_run, warmup: int):
+        self.result = Execution(spec, "ok", warmup=warmup)
+        self.model, self.inputs, self.example, self.on_run = model, inputs, example, on_run
+        self.collector = notes.Collector()
+        self.backend, self.prepared = None, False
+
+    def prepare(self) -> None:
+        spec = self.result.backend
+        with self._step():
+            reason = backend_class(spec.backend).available(spec)
+            if reason:
+                self.result.status, self.result.error = "unavailable", reason
+                return
+            self.backend = new_backend(spec)
+            start = time.perf_counter()
+            self.backend.prepare(copy.deepcopy(self.model), self.example.clone())
+            self.result.prepare_s = time.perf_counter() - start
+            self.result.cached, self.prepared = self.backend.cache_hit, True
+            self.collector.add(self.backend.notes)
+            self.model = None  # the backend has its own copy
+
+    def warm_up(self) -> None:
+        if not self.result.ok:
             return
-        backend = new_backend(spec)
-        start = time.perf_counter()
-        backend.prepare(copy.deepcopy(model), example.clone())
-        result.prepare_s = time.perf_counter() - start
-        result.cached, prepared = backend.cache_hit, True
-        for _ in range(warmup):  # not timed, but judged: what a first call returns is what a user gets
-            result.warmup_outputs.append(backend.run(inputs.clone()))
-        for repeat in range(repeats):
-            fresh = inputs.clone()  # a model that writes into its input must not change the next run's
+        with self._step():
+            for _ in range(self.result.warmup):  # not timed, but judged: what a first call returns is what a user gets
+                self.result.warmup_outputs.append(self.backend.run(self.inputs.clone()))
+
+    def repeat(self, repeat: int, last: bool) -> None:
+        result = self.result
+        if not result.ok:  # it failed in an earlier turn
+            return
+        with self._step():
+            fresh = self.inputs.clone()  # a model that writes into its input must not change the next run's
             with capture.watching() if repeat == 0 else contextlib.nullcontext(result.captured) as captured:
                 start = time.perf_counter()
-                result.outputs.append(backend.run(fresh))
+                result.outputs.append(self.backend.run(fresh))
                 result.run_s.append(time.perf_counter() - start)
             result.captured = captured
-            if on_run:
-                if repeat == repeats - 1:
-                    result.notes = collector.notes()  # complete for the last repeat's record
-                on_run(result, repeat)
-    except Exception as exc:  # a backend that raises fails its own checks; the run goes on
-        result.status = "error"
-        result.error = describe(exc)
-        result.failure_class = classify_exception(exc)
-        result.traceback = format_traceback(exc)
-        if prepared and backend.specializes_on_example and shapes(example) != shapes(inputs):
-            result.failure_class = tx.SHAPE_SPECIALIZED
-            result.error = (f"prepared from inputs of shape {shapes(example)}, it cannot run inputs of shape "
-                            f"{shapes(inputs)}: {result.error}")
-    except KeyboardInterrupt:  # the user's Ctrl-C stops the run
-        raise
-    except BaseException as exc:  # model code that ends the program (sys.exit) ends this execution, as a crash
-        result.status = "error"
-        result.error = ends_the_program(exc)
-        result.failure_class = tx.CRASH
-        result.traceback = format_traceback(exc)
-    finally:
+        if self.on_run and result.ok:
+            if last:
+                result.notes = self.collector.notes()  # complete for the last repeat's record
+            self.on_run(result, repeat)
+
+    @contextlib.contextmanager
+    def _step(self) -> Iterator[None]:
+        """Runs a step: what it raises fails the execution, as a backend that raises fails its own checks and
+        the run goes on; its warnings are collected."""
+        result = self.result
+        try:
+            with self.collector.step():
+                yield
+        except Exception as exc:
+            result.status = "error"
+            result.error = describe(exc)
+            result.failure_class = classify_exception(exc)
+            result.traceback = format_traceback(exc)
+            if self.prepared and self.backend.specializes_on_example and shapes(self.example) != shapes(self.inputs):
+                result.failure_class = tx.SHAPE_SPECIALIZED
+                result.error = (f"prepared from inputs of shape {shapes(self.example)}, it cannot run inputs of shape "
+                                f"{shapes(self.inputs)}: {result.error}")
+        except KeyboardInterrupt:  # the user's Ctrl-C stops the run
+            raise
+        except BaseException as exc:  # model code that ends the program (sys.exit) ends this execution, as a crash
+            result.status = "error"
+            result.error = ends_the_program(exc)
+            result.failure_class = tx.CRASH
+            result.traceback = format_traceback(exc)
+
+    def close(self) -> None:
+        """Release the backend (what its close raises must not hide the result); the notes are then complete."""
+        backend, self.backend, self.model = self.backend, None, None
         try:
             if backend is not None:
-                backend.close()
-        except Exception:  # closing must not hide the result
+                with self.collector.step():
+                    backend.close()
+        except Exception:
             pass
         except KeyboardInterrupt:
             raise
         except BaseException:  # nor can model code that ends the program while it is closed
             pass
+        self.result.notes = self.collector.notes()

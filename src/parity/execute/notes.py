@@ -61,26 +61,42 @@ def _graph_breaks(before: dict, after: dict) -> list[dict[str, Any]]:
 
 
 class Collector:
-    """The warnings caught so far, and torch.compile's counters when the block began."""
+    """What a backend warned of, step by step (`step`: its preparation, its runs), so that the steps of several
+    backends can take turns and each keeps its own."""
 
-    def __init__(self, caught: list[warnings.WarningMessage]):
-        self.caught, self.before = caught, _dynamo_counts()
+    def __init__(self):
+        self.caught: list[warnings.WarningMessage] = []
+        self.told: list[dict[str, Any]] = []
+        self.breaks: list[dict[str, Any]] = []
+
+    def add(self, notes) -> None:
+        """Notes a backend made itself (Backend.note): what no warning says, such as an exporter's fallback."""
+        self.told.extend(notes)
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """Record the warnings raised inside the block (none reaches the console), and torch.compile's graph
+        breaks counted inside it. The user's filters stand: a warning they turned into an error (`-W error`)
+        still raises."""
+        before = _dynamo_counts()
+        with warnings.catch_warnings(record=True) as caught:
+            try:
+                yield
+            finally:
+                self.caught += caught
+                self.breaks += _graph_breaks(before, _dynamo_counts())
 
     def notes(self) -> list[dict[str, Any]]:
-        """The notes so far: deduplicated, at most MAX_NOTES."""
-        found, seen = [], set()
-        for note in [c for m in self.caught if (c := classify(m))] + _graph_breaks(self.before, _dynamo_counts()):
+        """The notes so far: deduplicated (a graph break seen in several steps counted once per step), at most
+        MAX_NOTES."""
+        found, seen = [], {}
+        caught = [c for m in self.caught if (c := classify(m))]
+        for note in self.told + caught + self.breaks:
             key = (note["kind"], note.get("where"), note["message"])
-            if key not in seen and len(found) < MAX_NOTES:
-                seen.add(key)
-                found.append(note)
+            if key in seen:
+                if "count" in note:
+                    seen[key]["count"] += note["count"]
+            elif len(found) < MAX_NOTES:
+                seen[key] = dict(note)
+                found.append(seen[key])
         return found
-
-
-@contextlib.contextmanager
-def collecting() -> Iterator[Collector]:
-    """Record the warnings raised inside the block (none reaches the console) for `Collector.notes`. The
-    user's filters stand: a warning they turned into an error (`-W error`) still raises."""
-    with warnings.catch_warnings(record=True) as caught:
-        yield Collector(caught)
-

@@ -106,6 +106,10 @@ class Execution(Record):
     prepared_from: str | None = Field(None, description="The input set it was prepared (exported, traced, compiled) "
                                                         "from: the model's `export_inputs`, else its first.")
     warmup: Any = Field(None, description="Its warm-up runs (before repeat 0): their count and seconds.")
+    latency_interleaved: bool | None = Field(None, description="Whether its timed runs took turns with the other "
+                                                               "backends' of its model and input set (the local "
+                                                               "executor); false: timed alone (process and ray "
+                                                               "executors, or a backend alone in its turn).")
     warnings: list[dict[str, Any]] | None = Field(None, description="What the backend said while preparing and "
                                                                     "running (trace specializations, graph breaks); "
                                                                     "complete on the last repeat.")

@@ -29,20 +29,23 @@ def _latency(view: RunView) -> dict[str, dict[str, Any]]:
 
 def latency_rows(records: RunView | list[dict]) -> list[dict[str, Any]]:
     """Per model, input set and backend, in the order they ran: every repeat's run time, their median and
-    spread, and the one-time prepare cost (export, compile, load: repeat 0 carries it) apart. A backend
-    that failed or could not run has its status and error instead of times."""
+    spread, the one-time prepare cost (export, compile, load: repeat 0 carries it) apart, and whether its timed
+    runs took turns with the other backends' (`interleaved`). A backend that failed or could not run has its
+    status and error instead of times."""
     rows: dict[tuple[str, str, str], dict[str, Any]] = {}
     for r in RunView.of(records).executions():
         key = (r["model"], r["inputs"], r["backend"])
         row = rows.setdefault(key, {"model": r["model"], "inputs": r["inputs"], "backend": r["backend"],
                                     "device": r["device"], "dtype": r["dtype"], "status": "ok", "error": None,
-                                    "run_s": [], "prepare_s": None})
+                                    "run_s": [], "prepare_s": None, "interleaved": None})
         if r["status"] != "ok":
             row["status"], row["error"] = r["status"], r.get("error")
         elif r["run_s"] is not None:
             row["run_s"].append(r["run_s"])
         if r["repeat"] == 0 and r.get("prepare_s") is not None:
             row["prepare_s"] = r["prepare_s"]
+        if r["repeat"] == 0 and r["status"] == "ok":  # None: records from before it was recorded
+            row["interleaved"] = r.get("latency_interleaved")
     for row in rows.values():
         runs = row["run_s"]
         row["median_s"] = statistics.median(runs) if runs else None

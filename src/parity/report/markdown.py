@@ -123,10 +123,12 @@ def render_markdown(records: RunView | list[dict], summary: dict[str, Any]) -> s
     skipped = {c["target"]: c["detail"] for c in checks if c["status"] == "skipped"}
     if skipped:
         lines += ["", "## Unavailable targets", ""] + [f"- {t}: {why}" for t, why in skipped.items()]
+    latency = latency_rows(view)
     lines += ["", "## Latency per model, input set and backend", "",
-              "Timed repeats only (the warm-up runs before them are not timed); prepare (export, compile, load) apart.", ""]
+              "Timed repeats only (the warm-up runs before them are not timed); prepare (export, compile, load) apart."
+              + _interleaving(latency), ""]
     rows = []
-    for row in latency_rows(view):
+    for row in latency:
         if row["median_s"] is None:
             rows.append(f"| {row['model']} | {row['inputs']} | {row['backend']} | {row['status']} | | | | |")
             continue
@@ -152,3 +154,13 @@ def write_markdown(records: RunView | list[dict], summary: dict[str, Any], path:
 
 
 WRITER = ReportWriter("markdown", "report.md", write_markdown)
+
+
+def _interleaving(latency: list[dict]) -> str:
+    """How the backends were timed: in turns (the local executor), or each alone (the process and ray executors,
+    or a backend alone in its turn), as the execution records say."""
+    alone = [f"{r['model']}/{r['inputs']}/{r['backend']}" for r in latency if r["interleaved"] is False]
+    if any(r["interleaved"] for r in latency):
+        return (" The backends of each model and input set took turns (interleaved)"
+                + (f", except {', '.join(alone)}, timed alone." if alone else "."))
+    return " Each backend was timed alone, one after the other: compare them only from a quiet machine." if alone else ""

@@ -41,6 +41,18 @@ class Executor(ABC):
         None: from `inputs`). Executors that run elsewhere use `model` only to check that their worker
         built the same."""
 
+    def execute_together(self, job: Job, specs: list[BackendSpec], model: torch.nn.Module, inputs: Inputs,
+                         on_run: OnRun = None, example: Inputs | None = None) -> list[Execution]:
+        """`execute` for each of `specs` (the first is what the others are judged against: when it fails, the
+        others are not run). Here one after the other, each timed alone; an executor that runs them in this
+        process interleaves their timed repeats instead (LocalExecutor)."""
+        done: list[Execution] = []
+        for spec in specs:
+            done.append(self.execute(job, spec, model, inputs, on_run, example))
+            if not done[0].ok:
+                break
+        return done
+
     def close(self) -> None:
         pass
 

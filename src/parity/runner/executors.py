@@ -1,9 +1,11 @@
 """Executors: where executions run. The Runner (runner/runner.py) asks an executor for one execution at a
 time and judges it; the executor decides where the backend runs:
 
-- `local`: in this process (the default). A backend that segfaults or hangs takes the run with it.
+- `local`: in this process (the default). A backend that segfaults or hangs takes the run with it. The
+  backends of one job are prepared together and their timed repeats interleaved.
 - `process`: in a worker process with a time limit (runner/process.py). A crash or a hang fails that
-  execution's checks as `crash` or `timeout`, and the next execution gets a fresh worker.
+  execution's checks as `crash` or `timeout`, and the next execution gets a fresh worker. Each execution is
+  timed alone (`latency_interleaved: false`).
 - `ray`: as Ray tasks, several at a time (runner/ray_executor.py), with the same crash and time-limit rules.
 
 Whatever the executor, the records are the same: the same execution records, with outputs judged in
@@ -19,17 +21,22 @@ from typing import ClassVar, Literal
 from pydantic import model_validator
 
 from parity.config.schema import ExecutorSpec
-from parity.execute.execution import execute
+from parity.execute.execution import execute, execute_together
 from parity.runner.base import Executor
 from parity.runner.prepared import configured_model
 
 
 class LocalExecutor(Executor):
-    """Every execution in this process, one after the other."""
+    """Every execution in this process; the backends of one job prepared together and their timed repeats
+    interleaved (execute.execution.execute_together)."""
 
     def execute(self, job, spec, model, inputs, on_run=None, example=None):
         return execute(spec, configured_model(model, spec, job.model.name), inputs, job.repeats, on_run=on_run,
                        warmup=self.exp.warmup, example=example)
+
+    def execute_together(self, job, specs, model, inputs, on_run=None, example=None):
+        return execute_together([(spec, configured_model(model, spec, job.model.name)) for spec in specs], inputs,
+                                job.repeats, on_run=on_run, warmup=self.exp.warmup, example=example)
 
 
 def make_executor(settings: ExecutorSpec) -> Executor:

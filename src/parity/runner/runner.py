@@ -3,8 +3,9 @@ own copy through an executor, judges, localizes, records (`run`); and, for one f
 layer by layer (`localize`) or finds modules to fall back (`find_fallback`). Every execution keeps its
 exports in the Runner's artifact cache. The command line and the Python API only parse, call it and render.
 
-Memory stays bounded by one model and input set (and its example) at a time: the reference's (and oracle's) outputs are
-kept while that job's targets run, and each target's outputs are dropped once its check is written.
+Memory stays bounded by one model and input set (and its example) at a time: the backends of a job are
+prepared together (their timed repeats interleave, under the local executor), every output of the job is
+kept until its targets are judged, and each target's outputs are dropped once its check is written.
 
 Resuming. A run into a folder that already holds records of the same experiment continues it. The unit
 of resumption is a *judgement*: one target on one (model, input set), that is its tier-1 check together
@@ -38,13 +39,13 @@ from parity.config.schema import BackendSpec, Experiment, InputSetSpec, ModelSpe
 from parity.errors import ParityError
 from parity.execute.cache import ArtifactCache
 from parity.execute.execution import Execution
-from parity.inputs import build_inputs
+from parity.inputs import Inputs, build_inputs
 from parity.outdir import prepare
 from parity.records import NOT_DIGESTED, RecordWriter, environment, experiment_digest
 from parity.records.summary import summarize, write_summary
 from parity.runner.base import Executor
 from parity.runner.executors import make_executor
-from parity.runner.plan import Job, plan
+from parity.runner.plan import Job, example_for, plan
 from parity.runner.prepared import configured_model, model_scope, prepared_model
 from parity.verify.checks import gate_on_task, reference_error_check, tier1_check
 from parity.verify.localize import LOCALIZABLE, gate_check, localize_check
@@ -86,7 +87,7 @@ class _Progress:
 def _record_execution(writer: RecordWriter, job: Job, ex: Execution, repeat: int | None) -> None:
     fields: dict[str, Any] = {"model": job.model.name, "inputs": job.inputs.name, "backend": ex.backend.id,
                               "device": ex.backend.device, "dtype": ex.backend.dtype,
-                              "prepared_from": job.prepared_from.name}
+                              "prepared_from": job.prepared_from.name, "latency_interleaved": ex.interleaved}
     if repeat is None:  # a failure or an unavailable backend: one record, at the repeat that failed
         writer.write("execution", **fields, repeat=len(ex.run_s), status=ex.status, prepare_s=ex.prepare_s,
                      run_s=None, error=ex.error, failure_class=ex.failure_class, cached=ex.cached,
@@ -137,29 +138,27 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
     for note in inputs.notes:  # a constant input: every backend agrees on it, so its checks prove little
         writer.write("warning", model=job.model.name, inputs=job.inputs.name, message=note)
 
-    def run(spec) -> Execution:
-        progress.describe(f"{job.model.name} / {job.inputs.name} / {spec.id}")
-        ex = executor.execute(job, spec, model, inputs, on_run=lambda e, r: _record_execution(writer, job, e, r),
-                              example=example)
+    # The reference, the oracle and the targets together: their timed repeats interleave where they run here.
+    progress.describe(f"{job.model.name} / {job.inputs.name}")
+    specs = [*job.baselines, *pending]
+    done = executor.execute_together(job, specs, model, inputs, example=example,
+                                     on_run=lambda e, r: _record_execution(writer, job, e, r))
+    reference = done[0]
+    for ex in done if reference.ok else done[:1]:
         if not ex.ok:
             _record_execution(writer, job, ex, None)
-        progress.advance(job.repeats)
-        return ex
-
-    reference = run(job.reference)
+    progress.advance(job.executions)
     if reference.status == "unavailable":
         raise ParityError(f"the reference backend {job.reference.id} cannot run here: {reference.error}")
     if not reference.ok:  # nothing to judge the targets against: their checks say so, and they are not run
-        progress.advance(job.executions - job.repeats)
         for spec in pending:
             writer.write("check", **reference_error_check(job, spec, reference, exp))
         return
-    oracle = run(job.oracle) if job.oracle else None
-    for spec in job.targets:
-        if spec not in pending:
-            progress.advance(job.repeats)
-            continue
-        target = run(spec)
+    oracle = done[1] if job.oracle else None
+    targets = done[len(job.baselines):]
+    del done
+    for spec in pending:
+        target = targets.pop(0)  # its outputs are dropped once its check is written
         check = tier1_check(job, target, reference, oracle, exp)
         task = task_check(job, target, reference, exp, inputs) if exp.tiers.evaluate_tasks else None
         if task and task["same_set"] and check["failure_class"] == tx.NUMERIC_DRIFT:
@@ -172,7 +171,8 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
         localize = exp.tiers.localize and check["failure_class"] in LOCALIZABLE
         if localize and not writer.has("layers", job.model.name, job.inputs.name, spec.id):
             progress.describe(f"localizing {job.model.name} / {job.inputs.name} / {spec.id}")
-            writer.write("layers", **localize_check(job, spec, configured_model(model, spec, job.model.name), inputs, exp))
+            writer.write("layers", **localize_check(job, spec, configured_model(model, spec, job.model.name), inputs, exp,
+                                                    example))
         writer.write("check", **check)  # last: once it is in the file, this judgement is complete
 
 
@@ -345,12 +345,12 @@ class Runner:
         the tier-1 verdict it explains (`tier1`: does the check pass at the gate at all?)."""
         exp = self.exp
         model, _ = prepared_model(model_spec, exp)
-        job = Job(model_spec, input_spec, exp.reference, None, (target,), 1)
-        inputs = build_inputs(input_spec, exp, model_spec.batch_mode)
+        job, inputs, example = self._one_job(model_spec, target, input_spec)
         with model_scope(self.cache, model_spec, exp):
-            tier1 = gate_check(job, target, lambda spec: configured_model(model, spec, model_spec.name), inputs, exp)
+            tier1 = gate_check(job, target, lambda spec: configured_model(model, spec, model_spec.name), inputs, exp,
+                               example)
             configured = configured_model(model, target, model_spec.name)  # localize the target as it runs
-            record = {**localize_check(job, target, configured, inputs, exp), "tier1": tier1}
+            record = {**localize_check(job, target, configured, inputs, exp, example), "tier1": tier1}
         self._write_record("layers", record)
         return record
 
@@ -368,24 +368,33 @@ class Runner:
                                   f"{', '.join(evaluated())} (set the model's task:)")
             task = (model_spec.task, exp.tiers.tasks or tasks_spec())
         model, _ = prepared_model(model_spec, exp)  # adapters included, as parity run executes it
-        inputs = build_inputs(input_spec, exp, model_spec.batch_mode)
-        job = Job(model_spec, input_spec, exp.reference, None, (target,), 1)
+        job, inputs, example = self._one_job(model_spec, target, input_spec)
         tol = exp.tolerance_for(target)
 
         def candidates() -> list[str]:  # tier 2, only when the check fails without fallback
-            layers = localize_check(job, target, model, inputs, exp)
+            layers = localize_check(job, target, model, inputs, exp, example)
             if layers.get("error"):
                 raise ParityError(f"localizing {target.id} failed, so there are no candidates: {layers['error']}")
             return candidates_from(layers)
 
         with model_scope(self.cache, model_spec, exp):  # the trials' exports are cached as a run's
             result = find_fallback(exp.reference, target, model, inputs, candidates, tol.rtol, tol.gate,
-                                   task=task, leaf_tolerance=tol.for_leaf)
+                                   task=task, leaf_tolerance=tol.for_leaf, example=example)
         if command is not None:
             result.next_step = next_step(result, command, model_spec.task if model_spec.task in evaluated() else None)
         record = {"model": model_spec.name, "inputs": input_spec.name, "reference": exp.reference.id, **result.record()}
         self._write_record("fallback", record)
         return result, record
+
+    def _one_job(self, model_spec: ModelSpec, target: BackendSpec, input_spec: InputSetSpec) -> tuple[Job, Inputs, Inputs]:
+        """The job of one check, its inputs and its example inputs (the model's `export_inputs`, else its first
+        input set), from which `parity run` prepared every backend: localized or searched, the target is the
+        artifact that failed, prepared from them and run on the inputs."""
+        exp = self.exp
+        job = Job(model_spec, input_spec, exp.reference, None, (target,), 1, example_for(exp, model_spec))
+        inputs = _build(input_spec, exp, model_spec)
+        example = inputs if job.prepared_from.name == input_spec.name else _build(job.prepared_from, exp, model_spec)
+        return job, inputs, example
 
     def _out(self) -> Path:
         if self.out_dir is None:

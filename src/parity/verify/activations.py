@@ -133,9 +133,10 @@ def _install_hooks(model: torch.nn.Module, names: list[str], sink: list, with_in
 
 
 def capture(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, names: list[str],
-            with_inputs: bool = True) -> dict[str, list[Call]]:
-    """Run `model` (a private copy) end to end on the backend `spec` and record every call of the named
-    modules. The backend must run the module's Python forward (eager, compile)."""
+            with_inputs: bool = True, example: Inputs | None = None) -> dict[str, list[Call]]:
+    """Run `model` (a private copy) end to end on the backend `spec`, prepared from `example` (None: from
+    `inputs`), on `inputs`, and record every call of the named modules. The backend must run the module's
+    Python forward (eager, compile)."""
     cls = backend_class(spec.backend)
     if not cls.runs_module_hooks:
         raise ValueError(f"backend {spec.id} does not run module hooks")
@@ -144,7 +145,7 @@ def capture(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, names: li
     _install_hooks(hooked, names, sink, with_inputs)
     backend = cls(spec)
     try:
-        backend.prepare(hooked, inputs)
+        backend.prepare(hooked, (example if example is not None else inputs).clone())
         sink.clear()  # preparation may run the model (compile warms up); keep the timed run only
         backend.run(inputs)
     finally:
@@ -185,24 +186,28 @@ def calibration_inputs(reference: BackendSpec, target: BackendSpec, model: torch
     return seen
 
 
-def _observed(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, names: list[str]) -> dict[str, list | str]:
-    """Outputs per call of each named layer in one target run: through module hooks, or the backend's own
-    `capture_layers` (ONNX Runtime: intermediate values made graph outputs). A string says why not."""
+def _observed(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, names: list[str],
+              example: Inputs | None) -> dict[str, list | str]:
+    """Outputs per call of each named layer in one target run on `inputs`, prepared from `example` (None:
+    `inputs`): through module hooks, or the backend's own `capture_layers` (ONNX Runtime: intermediate values
+    made graph outputs). A string says why not."""
     cls = backend_class(spec.backend)
     if cls.runs_module_hooks:
-        return {name: [c.output for c in calls] for name, calls in capture(spec, model, inputs, names, with_inputs=False).items()}
+        return {name: [c.output for c in calls]
+                for name, calls in capture(spec, model, inputs, names, with_inputs=False, example=example).items()}
     backend = cls(spec)
-    try:
-        return backend.capture_layers(model, inputs.clone(), names)  # it copies what it changes
+    try:  # it copies what it changes
+        return backend.capture_layers(model, (example if example is not None else inputs).clone(), names,
+                                      inputs=inputs.clone())
     finally:
         backend.close()
 
 
 def propagated_errors(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs,
-                      reference: dict[str, list[Call]], rtol: float) -> dict[str, LayerError]:
-    """Each layer's output inside the target's own end-to-end run, against the reference's."""
+                      reference: dict[str, list[Call]], rtol: float, example: Inputs | None = None) -> dict[str, LayerError]:
+    """Each layer's output inside the target's own end-to-end run (prepared from `example`), against the reference's."""
     try:
-        target = _observed(spec, model, inputs, list(reference))
+        target = _observed(spec, model, inputs, list(reference), example)
     except Exception as exc:  # the end-to-end run failed: every layer says so, local results stand
         why = f"the target's end-to-end run failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
         return {name: LayerError(name, required_atol=None, error=why) for name in reference}

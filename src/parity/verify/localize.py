@@ -83,10 +83,14 @@ def layer_names(model: torch.nn.Module, granularity: str | list[str]) -> list[st
 
 
 def evaluate(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module, inputs: Inputs,
-             names: list[str], rtol: float, mode: str, parent: str = "") -> LevelResult:
+             names: list[str], rtol: float, mode: str, parent: str = "", example: Inputs | None = None) -> LevelResult:
     """Local and/or propagated errors of `names`, in call order. Holds the reference's inputs and
-    outputs of these layers only, and each target output only while it is compared."""
-    calls = capture(reference, model, inputs, names, with_inputs=mode != "propagated")  # only local mode needs them
+    outputs of these layers only, and each target output only while it is compared. End to end, both sides
+    are prepared from `example` (the run's example inputs; None: `inputs`) and run `inputs`, as the run
+    did: the target's layers are seen inside the artifact that failed. A layer alone (local mode) is
+    prepared from its own inputs: no run made an artifact of it."""
+    calls = capture(reference, model, inputs, names, with_inputs=mode != "propagated",  # only local mode needs them
+                    example=example)
     result = LevelResult(names=list(calls), shared=[n for n, c in calls.items() if len(c) > 1])
     if mode in ("local", "both"):
         observed = calibration_inputs(reference, target, model, list(calls))  # a quantized target's, per layer
@@ -95,7 +99,7 @@ def evaluate(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module
             with calibration.providing(lambda _set, own=own: own) if own is not None else nullcontext():
                 result.local[name] = local_error(target, model.get_submodule(name), layer_calls, rtol)
     if mode in ("propagated", "both") and observes_layers(target):
-        result.propagated = propagated_errors(target, model, inputs, calls, rtol)
+        result.propagated = propagated_errors(target, model, inputs, calls, rtol, example)
     del calls
     return result
 
@@ -275,14 +279,15 @@ def _ranked(level: LevelResult, threshold: float) -> list[LayerError]:
 
 
 def localize(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, rtol: float,
-             threshold: float, granularity: str | list[str] = "blocks", mode: str = "both") -> Localization:
+             threshold: float, granularity: str | list[str] = "blocks", mode: str = "both",
+             example: Inputs | None = None) -> Localization:
     start = time.perf_counter()
     if granularity != "blocks":
         level = LevelResult(names=[])
         names = layer_names(model, granularity)
         chunk = FLAT_CHUNK if mode != "propagated" else 4 * FLAT_CHUNK  # outputs only: four times the layers
         for i in range(0, len(names), chunk):  # a chunk at a time: memory bounded however many layers
-            part = evaluate(reference, target, model, inputs, names[i:i + chunk], rtol, mode)
+            part = evaluate(reference, target, model, inputs, names[i:i + chunk], rtol, mode, example=example)
             level.names += part.names
             level.shared += part.shared
             level.local.update(part.local)
@@ -297,13 +302,13 @@ def localize(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module
         loc.first_divergent = _first_divergent(level, threshold, basis)
         loc.first_divergent_by = basis if loc.first_divergent else None
     else:
-        loc = _descend(reference, target, model, inputs, rtol, threshold, mode)
+        loc = _descend(reference, target, model, inputs, rtol, threshold, mode, example)
         loc.mode_used = mode
     loc.elapsed_s = time.perf_counter() - start
     return loc
 
 
-def _descend(reference, target, model, inputs, rtol, threshold, mode) -> Localization:
+def _descend(reference, target, model, inputs, rtol, threshold, mode, example) -> Localization:
     """Top-level modules first, then inside the one with the largest own error, down to a leaf. At each
     level the parent's own code (its operations between submodules, measured with the submodules
     replayed from the reference) competes with its submodules: when it is the worst, the search stops
@@ -315,7 +320,7 @@ def _descend(reference, target, model, inputs, rtol, threshold, mode) -> Localiz
         names = children(model, parent)
         if not names:
             break
-        level = evaluate(reference, target, model, inputs, names, rtol, mode, parent)
+        level = evaluate(reference, target, model, inputs, names, rtol, mode, parent, example)
         loc.levels.append((parent, level))
         ranked = _ranked(level, threshold)
         skipped = [e.name for e in level.local.values() if e.error]
@@ -330,7 +335,7 @@ def _descend(reference, target, model, inputs, rtol, threshold, mode) -> Localiz
         if not ranked:
             if loc.culprit is None:  # the top level: no layer exceeds the threshold alone
                 loc.whole_graph = bool(level.local) and not skipped
-                _follow_propagated(loc, reference, target, model, inputs, rtol, threshold)
+                _follow_propagated(loc, reference, target, model, inputs, rtol, threshold, example)
             else:
                 loc.as_a_whole = bool(level.local) and not skipped
             break
@@ -344,7 +349,7 @@ def _descend(reference, target, model, inputs, rtol, threshold, mode) -> Localiz
     return loc
 
 
-def _follow_propagated(loc: Localization, reference, target, model, inputs, rtol, threshold) -> None:
+def _follow_propagated(loc: Localization, reference, target, model, inputs, rtol, threshold, example) -> None:
     """No own error names a layer: from the top level down, the first layer in call order whose
     propagated error (its output inside the target's own end-to-end run) exceeds the threshold."""
     level = loc.levels[0][1]
@@ -353,19 +358,21 @@ def _follow_propagated(loc: Localization, reference, target, model, inputs, rtol
         names = children(model, first)
         if not names:
             break
-        level = evaluate(reference, target, model, inputs, names, rtol, "propagated", first)
+        level = evaluate(reference, target, model, inputs, names, rtol, "propagated", first, example)
         loc.levels.append((first, level))
 
 
-def localize_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, experiment) -> dict[str, Any]:
-    """The fields of a `layers` record for one failing check."""
+def localize_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, experiment,
+                   example: Inputs | None = None) -> dict[str, Any]:
+    """The fields of a `layers` record for one failing check; end to end, each side is prepared from `example`
+    (the job's example inputs; None: `inputs`), as the run prepared it."""
     settings = experiment.tiers.activations
     tol = experiment.tolerance_for(target)
     threshold = settings.threshold if settings.threshold is not None else tol.gate
     base = {"tier": 2, "model": job.model.name, "inputs": job.inputs.name, "reference": job.reference.id}
     try:
         loc = localize(job.reference, target, model, inputs, tol.rtol, threshold,
-                       settings.granularity, settings.mode)
+                       settings.granularity, settings.mode, example)
     except ParityError:
         raise
     except Exception as exc:  # localization is evidence; a failure to gather it must not end the run
@@ -388,17 +395,18 @@ def module_code(model: torch.nn.Module, name: str | None) -> str | None:
 
 
 def gate_check(job, target: BackendSpec, model_for: Callable[[BackendSpec], torch.nn.Module], inputs: Inputs,
-               experiment) -> dict[str, Any]:
+               experiment, example: Inputs | None = None) -> dict[str, Any]:
     """The tier-1 verdict of `target` at the gate (one run of each side, as `parity run` judges it with one
     repeat, no oracle), so that `parity localize` says first whether the check it explains passes.
-    `model_for(spec)`: the model as `spec` runs it (the runner's, with that target's fallback modules)."""
+    `model_for(spec)`: the model as `spec` runs it (the runner's, with that target's fallback modules); each
+    side prepared from `example` (None: `inputs`), as the run prepared it."""
     from parity.execute.execution import execute
     from parity.verify.checks import tier1_check
 
-    reference = execute(job.reference, model_for(job.reference), inputs, 1)
+    reference = execute(job.reference, model_for(job.reference), inputs, 1, example=example)
     if not reference.ok:  # nothing to localize against, as find_fallback says too
         raise ParityError(f"the reference {job.reference.id} failed: {reference.error}")
-    ran = execute(target, model_for(target), inputs, 1)
+    ran = execute(target, model_for(target), inputs, 1, example=example)
     check = tier1_check(job, ran, reference, None, experiment)
     return {k: check[k] for k in ("passed", "failure_class", "detail", "required_atol", "gate", "rtol")}
 
