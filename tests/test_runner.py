@@ -236,3 +236,19 @@ def test_a_failure_keeps_its_whole_traceback_and_verbose_prints_it(tmp_path, wri
     err = capsys.readouterr().err
     assert "--- tiny / noise / failing (repeat 0)" in err and "Traceback (most recent call last)" in err
     assert "RuntimeError: boom" in err
+
+
+def test_the_progress_line_says_which_backend_is_prepared_and_the_bar_counts_each_timed_run(tmp_path, monkeypatch):
+    """A compilation can take minutes: the line names the backend being prepared, not only the job; the bar moves
+    with each timed run and ends at the total, the failed execution's repeats included."""
+    from parity.runner.runner import _Progress
+
+    said, moved = [], []
+    monkeypatch.setattr(_Progress, "describe", lambda self, text: said.append(text))
+    monkeypatch.setattr(_Progress, "advance", lambda self, n=1: moved.append(n))
+    failing = {"backend": "tests.fixtures.tiny:FailingEager", "name": "failing"}
+    run_experiment(tiny_experiment([{"backend": "eager", "name": "same"}, failing], repeats=2), out=tmp_path / "out")
+    assert said[:3] == ["tiny / noise / eager-cpu: preparing", "tiny / noise / same: preparing",
+                        "tiny / noise / failing: preparing"]
+    assert "tiny / noise / timed runs of eager-cpu, same" in said
+    assert moved[:4] == [1, 1, 1, 1] and sum(moved) == 6  # 3 backends x 2 repeats

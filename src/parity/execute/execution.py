@@ -98,27 +98,31 @@ def execute(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, repeats: 
 
 
 def execute_together(backends: list[tuple[BackendSpec, torch.nn.Module]], inputs: Inputs, repeats: int, on_run=None,
-                     warmup: int = 0, example: Inputs | None = None) -> list[Execution]:
+                     warmup: int = 0, example: Inputs | None = None, on_step=None) -> list[Execution]:
     """`execute` for several backends (each with its model) on one input set, their timed repeats interleaved:
     all are prepared, then warmed up, then timed in turns (the first, the second, ..., the first again), so
     that a slow spell of the machine falls on all of them alike. The first is what the others are judged
     against: when it fails, the others are not run further. Backends that reset the same process-wide state
     (`Backend.resets_state`: compile, dynamo's caches) are never prepared at once: the second waits for a later
     group, prepared and timed after the first group is closed. Each execution says whether its timed runs
-    took turns with another's (`interleaved`)."""
+    took turns with another's (`interleaved`). `on_step(text)` hears what is being done (for a progress line:
+    a compilation can take minutes)."""
+    say = on_step or (lambda text: None)
     runs = [_Run(spec, model, inputs, example if example is not None else inputs, on_run, warmup)
             for spec, model in backends]
     first = runs[0].result
     for group in _groups(runs):
         try:
-            for step in ("prepare", "warm_up"):
+            for step, doing in (("prepare", "preparing"), ("warm_up", "warming up")):
                 for run in group:
+                    say(f"{run.result.backend.id}: {doing}")
                     getattr(run, step)()
                     if not first.ok:
                         return [run.result for run in runs]
             timed = [run for run in group if run.result.ok]
             for run in timed:
                 run.result.interleaved = len(timed) > 1
+            say(f"timed runs of {', '.join(run.result.backend.id for run in timed)}")
             for repeat in range(repeats):
                 for run in timed:
                     run.repeat(repeat, last=repeat == repeats - 1)

@@ -42,12 +42,14 @@ class Executor(ABC):
         built the same."""
 
     def execute_together(self, job: Job, specs: list[BackendSpec], model: torch.nn.Module, inputs: Inputs,
-                         on_run: OnRun = None, example: Inputs | None = None) -> list[Execution]:
+                         on_run: OnRun = None, example: Inputs | None = None, on_step=None) -> list[Execution]:
         """`execute` for each of `specs` (the first is what the others are judged against: when it fails, the
         others are not run). Here one after the other, each timed alone; an executor that runs them in this
-        process interleaves their timed repeats instead (LocalExecutor)."""
+        process interleaves their timed repeats instead (LocalExecutor). `on_step(text)` hears which backend runs."""
         done: list[Execution] = []
         for spec in specs:
+            if on_step is not None:
+                on_step(spec.id)
             done.append(self.execute(job, spec, model, inputs, on_run, example))
             if not done[0].ok:
                 break

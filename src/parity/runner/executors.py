@@ -34,9 +34,9 @@ class LocalExecutor(Executor):
         return execute(spec, configured_model(model, spec, job.model.name), inputs, job.repeats, on_run=on_run,
                        warmup=self.exp.warmup, example=example)
 
-    def execute_together(self, job, specs, model, inputs, on_run=None, example=None):
+    def execute_together(self, job, specs, model, inputs, on_run=None, example=None, on_step=None):
         return execute_together([(spec, configured_model(model, spec, job.model.name)) for spec in specs], inputs,
-                                job.repeats, on_run=on_run, warmup=self.exp.warmup, example=example)
+                                job.repeats, on_run=on_run, warmup=self.exp.warmup, example=example, on_step=on_step)
 
 
 def make_executor(settings: ExecutorSpec) -> Executor:

@@ -139,15 +139,22 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
         writer.write("warning", model=job.model.name, inputs=job.inputs.name, message=note)
 
     # The reference, the oracle and the targets together: their timed repeats interleave where they run here.
-    progress.describe(f"{job.model.name} / {job.inputs.name}")
     specs = [*job.baselines, *pending]
-    done = executor.execute_together(job, specs, model, inputs, example=example,
-                                     on_run=lambda e, r: _record_execution(writer, job, e, r))
+    advanced = 0
+
+    def on_run(ex: Execution, repeat: int) -> None:
+        nonlocal advanced
+        _record_execution(writer, job, ex, repeat)
+        advanced += 1
+        progress.advance(1)
+
+    done = executor.execute_together(job, specs, model, inputs, example=example, on_run=on_run,
+                                     on_step=lambda text: progress.describe(f"{job.model.name} / {job.inputs.name} / {text}"))
     reference = done[0]
     for ex in done if reference.ok else done[:1]:
         if not ex.ok:
             _record_execution(writer, job, ex, None)
-    progress.advance(job.executions)
+    progress.advance(job.executions - advanced)  # the repeats of failed and skipped executions
     if reference.status == "unavailable":
         raise ParityError(f"the reference backend {job.reference.id} cannot run here: {reference.error}")
     if not reference.ok:  # nothing to judge the targets against: their checks say so, and they are not run
