@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             done = len(checks)
             if finished:
                 return 0
-            time.sleep(10)
+            time.sleep(30)
 
 
 def running(pid: int) -> bool:

@@ -78,6 +78,9 @@ def wall_time(text: str) -> dict[str, float] | None:
     peak = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
     if peak:
         result["peak_mib"] = int(peak.group(1)) / 1024
+    signal = re.search(r"Command terminated by signal (\d+)", text)
+    if signal:
+        result["signal"] = int(signal.group(1))
     for key, pattern in (("user_s", r"User time \(seconds\): ([\d.]+)"), ("system_s", r"System time \(seconds\): ([\d.]+)")):
         found = re.search(pattern, text)
         if found:
@@ -149,7 +152,10 @@ class Study:
         self.tier1 = [c for c in checks if c["tier"] == 1]
         self.ran = [c for c in self.tier1 if judged(c)]
         self.tier3 = {(c["model"], c["inputs"], c["target"]): c for c in checks if c["tier"] == 3}
-        self.models = {m["name"]: m for m in self.config["models"] if m["name"] not in self.replicas}
+        # Entries the run reached (a run stopped at its time limit leaves the rest unrun, and says so).
+        reached = {c["model"] for c in self.all_records if c["kind"] == "check"}
+        self.unrun = [m["name"] for m in self.config["models"] if m["name"] not in reached]
+        self.models = {m["name"]: m for m in self.config["models"] if m["name"] not in self.replicas | set(self.unrun)}
         self.every_model = {m["name"]: m for m in self.config["models"]}
         self.targets = list(dict.fromkeys(c["target"] for c in self.tier1))
         self.reference = self.tier1[0]["reference"] if self.tier1 else None
@@ -258,8 +264,11 @@ def block_design(s: Study) -> str:
                 + (f" {b['options']}" if b.get("options") else "") + (f" tolerances {own}" if own else ""))
 
     replicas = defaultdict(list)
-    for name in s.replicas:
+    for name in sorted(s.replicas - set(s.unrun)):
         replicas[s.architecture(name)].append(s.seed(name))
+    if s.unrun:
+        lines.append(f"- **Not run**: {len(s.unrun)} {'entry' if len(s.unrun) == 1 else 'entries'} of the experiment that the run did not reach before it "
+                     f"was stopped: {', '.join(s.unrun)}. Every table here is over the entries above.")
     if replicas:
         lines.append("- **Seed replicas** (the seed table only): " + "; ".join(
             f"{arch} seeds {', '.join(str(x) for x in sorted(seeds))}" for arch, seeds in sorted(replicas.items()))
@@ -598,7 +607,7 @@ def block_intervals(s: Study) -> str:
     architecture, and a detector's entries with and without the adapter share its weights)."""
     rows = [_interval_row(s, "all targets", s.ran)]
     rows += [_interval_row(s, t, [c for c in s.ran if c["target"] == t]) for t in s.targets]
-    note = (f"At the gate (atol {s.summary['gate']:g}). Wilson: checks as independent trials. Clustered: a "
+    note = (f"At each target's gate (atol {s.summary['gate']:g}{gates_note(s)}). Wilson: checks as independent trials. Clustered: a "
             f"percentile bootstrap that draws whole architectures with replacement ({BOOTSTRAP_RESAMPLES} draws, "
             f"seed {BOOTSTRAP_SEED}), so a model's checks stay together.")
     return note + "\n\n" + table(["checks", "passed", "rate", "Wilson 95%", "clustered 95%", "architectures"], rows)
@@ -641,8 +650,9 @@ def block_run(s: Study) -> str:
     if s.timing:
         extra = f", peak resident memory {s.timing['peak_mib'] / 1024:.1f} GiB" if "peak_mib" in s.timing else ""
         cpu_s = s.timing.get("user_s", 0.0) + s.timing.get("system_s", 0.0)
+        ended = (f"; it was stopped (signal {s.timing['signal']}) before it finished" if "signal" in s.timing else "")
         lines.append(f"- The whole `parity run`, start to exit: **{duration(s.timing['wall_s'])}** wall clock, "
-                     f"{duration(cpu_s)} of CPU time{extra} (GNU time).")
+                     f"{duration(cpu_s)} of CPU time{extra} (GNU time){ended}.")
     else:
         lines.append("- No wall-clock measurement came with these records (run it under `/usr/bin/time -v`, see above).")
     return "\n".join(lines)

@@ -306,19 +306,24 @@ def test_seed_replicas_are_kept_out_of_the_design_tables_and_spread_in_their_own
 
 
 def test_flip_counts_are_tabled_per_detector_and_target_and_summed_per_mechanism(records):
-    study = st.Study(records)
-    det = [k for k in study.tier3 if k[0] == "det"]
-    assert len(det) >= 2  # the fixture's detector has tier-3 checks on two targets at least
-    counts = [{"tie_order": 3, "nms_iou": 1}, {"tie_order": 2, "score_threshold": 4}]
-    for key, own in zip(det, counts, strict=False):
-        study.tier3[key] = {**study.tier3[key], "passed": False, "failure_class": "decision_flip",
-                            "flips": {"counts": own, "candidates": "both", "examples": []}}
+    """Two detector entries failing on one target: the matrix shows each entry's own counts, the totals add
+    both entries' boxes per mechanism, in the classes' own order."""
+    study = st.Study(with_adapter_twin(records))
+    target = next(k[2] for k in study.tier3 if k[0] == "det")
+    counts = {"det": {"tie_order": 3, "nms_iou": 1}, "det+nms": {"tie_order": 2, "score_threshold": 4}}
+    for key, c in study.tier3.items():
+        if key[2] == target and key[0] in counts:
+            study.tier3[key] = {**c, "passed": False, "failure_class": "decision_flip",
+                                "flips": {"counts": counts[key[0]], "candidates": "both", "examples": []}}
     matrix, totals = [rows_of(part) for part in st.block_flips(study).split("\n\n")[1::2]]
-    assert matrix[0][0] == "det" and "tie_order 3, nms_iou 1" in matrix[0][1 + study.targets.index(det[0][2])]
+    column = 1 + study.targets.index(target)
+    assert [r[0] for r in matrix] == ["det", "det+nms"]
+    assert matrix[0][column].endswith(": tie_order 3, nms_iou 1")
+    assert matrix[1][column].endswith(": tie_order 2, score_threshold 4")
     by_mechanism = {r[0]: r[1:] for r in totals}
-    assert by_mechanism["tie_order"][-1] == "5" and by_mechanism["score_threshold"][-1] == "4"
-    assert by_mechanism["**all**"][-1] == "10"
     assert list(by_mechanism) == ["tie_order", "score_threshold", "nms_iou", "**all**"]  # the classes' own order
+    assert by_mechanism["tie_order"][column - 1] == "5" and by_mechanism["tie_order"][-1] == "5"
+    assert by_mechanism["**all**"][-1] == "10"
 
 
 SURVEY = [
@@ -361,9 +366,9 @@ def test_the_archive_keeps_the_survey_s_fields_and_drops_a_stale_one(records, tm
 
 def test_scale_free_of_the_required_atol():
     check = {"leaves": [{"max_abs": 2e-3, "required_atol": 1e-3, "reference_rms": 10.0},
-                        {"max_abs": 1e-5, "required_atol": 1e-5, "reference_rms": 1e-3}]}
-    assert st.scale_free(check, "required_atol") == pytest.approx(1e-2)
-    assert st.scale_free(check) == pytest.approx(1e-2)
+                        {"max_abs": 2e-5, "required_atol": 1e-5, "reference_rms": 1e-3}]}
+    assert st.scale_free(check, "required_atol") == pytest.approx(1e-2)  # the second leaf's, of the smaller atol
+    assert st.scale_free(check) == pytest.approx(2e-2)
     assert st.scale_free({"leaves": [{"max_abs": 1.0, "required_atol": None, "reference_rms": 1.0}]}, "required_atol") is None
 
 
@@ -391,3 +396,17 @@ def test_the_survey_localizes_float32_numeric_failures_in_the_run_s_order(tmp_pa
     path.write_text(json.dumps(run) + "\n" + json.dumps(records[1]) + "\n" + '{"kind": "che')
     assert survey.read_jsonl(path) == [run, records[1]]
     assert survey.survey_checks([]) == []
+
+
+def test_a_run_stopped_before_the_end_says_which_entries_it_did_not_reach(records):
+    """A run stopped at its time limit: the entries without a check are named as not run and left out of every
+    table, and GNU time's report of the signal shows in the run block."""
+    stopped = copy.deepcopy(records)
+    run = next(r for r in stopped if r["kind"] == "run")
+    run["config"]["models"].append({**run["config"]["models"][0], "name": "later"})
+    study = st.Study(stopped, st.wall_time("\tCommand terminated by signal 15\n" + GNU_TIME))
+    assert study.unrun == ["later"] and "later" not in study.models
+    assert "- **Not run**: 1 entry of the experiment that the run did not reach before it was stopped: later." \
+        in st.block_design(study)
+    assert "it was stopped (signal 15) before it finished" in st.block_run(study)
+    assert "stopped" not in st.block_run(st.Study(records, st.wall_time(GNU_TIME)))
