@@ -36,8 +36,11 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "study.md"
 ARCHIVE = ROOT / "docs" / "study-records.jsonl.gz"
 TIME_ARCHIVE = ROOT / "docs" / "study-time.txt"
-# The per-layer survey (benchmarks/study_localize.py): one line per float32 failure, its layers record's verdict.
-SURVEY_ARCHIVE = ROOT / "docs" / "study-localize.jsonl.gz"
+# Study v2's run (issue #17), its own blocks (`v2-*`): its records, time and per-layer survey
+# (benchmarks/study_localize.py: one line per float32 failure, its layers record's verdict).
+V2_ARCHIVE = ROOT / "docs" / "study-v2-records.jsonl.gz"
+V2_TIME_ARCHIVE = ROOT / "docs" / "study-v2-time.txt"
+SURVEY_ARCHIVE = ROOT / "docs" / "study-v2-localize.jsonl.gz"
 # What the survey's tables read of a layers record; its per-layer tables (levels, suspects) stay in the run folder.
 SURVEY_FIELDS = ("model", "inputs", "target", "error", "threshold", "verdict", "culprit", "culprit_code", "whole_graph",
                  "as_a_whole", "evenly_spread", "first_divergent", "first_divergent_by", "elapsed_s", "tier1",
@@ -246,7 +249,7 @@ def block_design(s: Study) -> str:
     tasks: dict[str, list[dict]] = defaultdict(list)
     for spec in s.models.values():
         tasks[spec["task"]].append(spec)
-    builders = {spec.get("builder") or spec.get("entry") for spec in cfg["models"]}
+    builders = {spec.get("builder") or spec.get("entry") for spec in s.models.values()}
     lines = [f"- **Models**: {len(builders)} distinct models in {len(s.models)} entries."]
     for task, specs in sorted(tasks.items()):
         names = ", ".join(dict.fromkeys(spec.get("builder") or spec.get("entry") for spec in specs))
@@ -805,7 +808,7 @@ def block_localize(s: Study) -> str:
             continue
         first, culprit, tier1 = r.get("first_divergent"), r.get("culprit"), r.get("tier1") or {}
         shape = ("whole graph" if r.get("whole_graph") else "only as a whole" if r.get("as_a_whole")
-                 else "evenly spread" if r.get("evenly_spread") else "")
+                 else "evenly spread" if r.get("evenly_spread") else "" if first else (r.get("verdict") or "")[:160])
         per_check.append([r["model"], r["target"],
                           f"{first} (`{_survey_type(r, first)}`, {r.get('first_divergent_by')})" if first else "none",
                           f"{culprit} (`{_survey_type(r, culprit)}`)" if culprit else "none",
@@ -837,9 +840,20 @@ BLOCKS = {
     "like-for-like": block_like_for_like,
     "intervals": block_intervals,
     "run": block_run,
-    "seeds": block_seeds,
-    "flips": block_flips,
-    "localize": block_localize,
+}
+# Blocks rendered from study v2's run: what it adds (the seed table, flip attribution, the per-layer survey)
+# and the tables that show its other targets and scale-free numbers.
+V2_BLOCKS = {
+    "v2-design": block_design,
+    "v2-headline": block_headline,
+    "v2-per-target": block_per_target,
+    "v2-per-model": block_per_model,
+    "v2-seeds": block_seeds,
+    "v2-tier3": block_tier3,
+    "v2-flips": block_flips,
+    "v2-taxonomy": block_taxonomy,
+    "v2-localize": block_localize,
+    "v2-run": block_run,
 }
 # Blocks rendered from the trained models' run.
 TRAINED_BLOCKS = {
@@ -850,13 +864,15 @@ TRAINED_BLOCKS = {
 MARKER = re.compile(r"<!-- study:([\w-]+) -->\n.*?<!-- /study:\1 -->", re.S)
 
 
-def render(doc: str, study: Study, trained: Study | None = None) -> str:
-    """`doc` with every generated block rewritten (the `trained-*` blocks from `trained`, when given); a
-    block the document lacks, or one this script does not know, is an error (a table would go stale or
-    missing without anyone noticing)."""
+def render(doc: str, study: Study, trained: Study | None = None, v2: Study | None = None) -> str:
+    """`doc` with every generated block rewritten (the `trained-*` blocks from `trained`, the `v2-*` ones from
+    `v2`, when given); a block the document lacks, or one this script does not know, is an error (a table
+    would go stale or missing without anyone noticing)."""
     blocks = {name: (fn, study) for name, fn in BLOCKS.items()}
     if trained is not None:
         blocks.update({name: (fn, trained) for name, fn in TRAINED_BLOCKS.items()})
+    if v2 is not None:
+        blocks.update({name: (fn, v2) for name, fn in V2_BLOCKS.items()})
     found = MARKER.findall(doc)
     missing, unknown = sorted(set(blocks) - set(found)), sorted(set(found) - set(blocks))
     if missing or unknown:
@@ -870,7 +886,7 @@ def render(doc: str, study: Study, trained: Study | None = None) -> str:
 
 
 def archive(run_dir: Path, records_out: Path = ARCHIVE, time_out: Path = TIME_ARCHIVE,
-            survey_out: Path | None = SURVEY_ARCHIVE) -> None:
+            survey_out: Path | None = None) -> None:
     """A compact copy of a run's records (detection pictures' box lists dropped), its time report and, when
     the run folder has one, its per-layer survey (each line cut to SURVEY_FIELDS)."""
     records_out.parent.mkdir(parents=True, exist_ok=True)
@@ -891,8 +907,8 @@ def archive(run_dir: Path, records_out: Path = ARCHIVE, time_out: Path = TIME_AR
 
 
 def _survey(source: Path) -> list[dict[str, Any]] | None:
-    """The per-layer survey of a run: the archived one with the archive, else the run folder's own."""
-    path = SURVEY_ARCHIVE if source == ARCHIVE else (source if source.is_dir() else source.parent) / "localize" / "survey.jsonl"
+    """The per-layer survey of study v2's run: the archived one with the archive, else the run folder's own."""
+    path = SURVEY_ARCHIVE if source == V2_ARCHIVE else (source if source.is_dir() else source.parent) / "localize" / "survey.jsonl"
     return load_records(path) if path.is_file() else None
 
 
@@ -915,6 +931,8 @@ def main(argv: list[str] | None = None) -> int:
                                        "or docs/study-time.txt with the archive)")
     parser.add_argument("--trained", help="the trained models' run (study/trained.yaml): a folder or records "
                                           "(default: docs/study-trained-records.jsonl.gz)")
+    parser.add_argument("--v2", help="study v2's run (examples/study.yaml since issue #17): a folder or records "
+                                     "(default: docs/study-v2-records.jsonl.gz)")
     parser.add_argument("--doc", default=str(DOC), help="the document to rewrite (default: docs/study.md; "
                                                         "-: print the tables instead)")
     parser.add_argument("--archive", action="store_true",
@@ -922,27 +940,35 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     source = Path(args.records)
     trained_source = Path(args.trained) if args.trained else TRAINED_ARCHIVE
+    v2_source = Path(args.v2) if args.v2 else V2_ARCHIVE
     if args.archive:
-        if not (source.is_dir() or trained_source.is_dir()):
-            parser.error("--archive takes a run folder (the study's, --trained's or both)")
+        if not (source.is_dir() or trained_source.is_dir() or v2_source.is_dir()):
+            parser.error("--archive takes a run folder (the study's, --trained's, --v2's or several)")
         if source.is_dir():
             archive(source)
             source = ARCHIVE
         if trained_source.is_dir():
-            archive(trained_source, TRAINED_ARCHIVE, TRAINED_TIME_ARCHIVE, survey_out=None)
+            archive(trained_source, TRAINED_ARCHIVE, TRAINED_TIME_ARCHIVE)
             trained_source = TRAINED_ARCHIVE
-    study = Study(load_records(source), _timing(source, ARCHIVE, TIME_ARCHIVE, args.time), _survey(source))
+        if v2_source.is_dir():
+            archive(v2_source, V2_ARCHIVE, V2_TIME_ARCHIVE, SURVEY_ARCHIVE)
+            v2_source = V2_ARCHIVE
+    study = Study(load_records(source), _timing(source, ARCHIVE, TIME_ARCHIVE, args.time))
     trained = (Study(load_records(trained_source), _timing(trained_source, TRAINED_ARCHIVE, TRAINED_TIME_ARCHIVE))
                if trained_source.exists() else None)
+    v2 = (Study(load_records(v2_source), _timing(v2_source, V2_ARCHIVE, V2_TIME_ARCHIVE), _survey(v2_source))
+          if v2_source.exists() else None)
     if args.doc == "-":
         blocks = [(name, block, study) for name, block in BLOCKS.items()]
         blocks += [(name, block, trained) for name, block in TRAINED_BLOCKS.items()] if trained else []
+        blocks += [(name, block, v2) for name, block in V2_BLOCKS.items()] if v2 else []
         for name, block, source_study in blocks:
             print(f"## {name}\n\n{block(source_study)}\n")
         return 0
     doc = Path(args.doc)
-    doc.write_text(render(doc.read_text(encoding="utf-8"), study, trained), encoding="utf-8")
-    print(f"{doc}: blocks from {source}" + (f" and {trained_source}" if trained else ""), file=sys.stderr)
+    doc.write_text(render(doc.read_text(encoding="utf-8"), study, trained, v2), encoding="utf-8")
+    print(f"{doc}: blocks from {source}" + (f", {trained_source}" if trained else "") + (f", {v2_source}" if v2 else ""),
+          file=sys.stderr)
     return 0
 
 

@@ -246,12 +246,25 @@ def test_trained_blocks_render_from_their_own_run_and_are_required_only_with_it(
 
 
 def test_docs_study_md_is_what_its_archived_records_render():
-    """Every generated block of docs/study.md, the trained models' included, is what the archives give: a
-    table edited by hand, or records archived without re-rendering, fails here."""
+    """Every generated block of docs/study.md, the trained models' and study v2's included, is what the
+    archives give: a table edited by hand, or records archived without re-rendering, fails here."""
     study = st.Study(st.load_records(st.ARCHIVE), st.wall_time(st.TIME_ARCHIVE.read_text()))
     trained = st.Study(st.load_records(st.TRAINED_ARCHIVE), st.wall_time(st.TRAINED_TIME_ARCHIVE.read_text()))
+    v2 = (st.Study(st.load_records(st.V2_ARCHIVE), st.wall_time(st.V2_TIME_ARCHIVE.read_text()),
+                   st.load_records(st.SURVEY_ARCHIVE) if st.SURVEY_ARCHIVE.exists() else None)
+          if st.V2_ARCHIVE.exists() else None)  # without it, a v2 block in the document is an unknown one
     doc = st.DOC.read_text(encoding="utf-8")
-    assert st.render(doc, study, trained) == doc
+    assert st.render(doc, study, trained, v2) == doc
+
+
+def test_v2_blocks_render_from_their_own_run_and_are_required_only_with_it(records):
+    study = st.Study(records, survey=SURVEY)
+    names = [*st.BLOCKS, *st.TRAINED_BLOCKS, *st.V2_BLOCKS]
+    doc = "\n\n".join(f"<!-- study:{name} -->\nold\n<!-- /study:{name} -->" for name in names)
+    rendered = st.render(doc, study, trained=study, v2=study)
+    assert "\nold\n" not in rendered and "Conv2d" in rendered  # the survey's table is a v2 block
+    with pytest.raises(SystemExit, match="unknown"):
+        st.render(doc, study, trained=study)  # v2 blocks without a v2 run would go stale
 
 
 def test_each_check_is_counted_at_its_own_gate(records):
@@ -334,6 +347,8 @@ SURVEY = [
     {"model": "b", "inputs": "x", "target": "compile-cpu", "first_divergent": "head.se", "first_divergent_by": "own",
      "culprit": "head.se", "module_types": {"head.se": "SqueezeExcitation"}, "wall_s": 8.0},
     {"model": "c", "inputs": "x", "target": "compile-cpu", "error": "localize wrote no layers record: boom", "wall_s": 3.0},
+    {"model": "e", "inputs": "x", "target": "onnxruntime-ts-cpu", "first_divergent": None, "culprit": None,
+     "verdict": "inconclusive: the target could not run them alone", "wall_s": 60.0},
     {"model": "d", "inputs": "x", "target": "compile-cpu", "kind": "layers",
      "error": "not reached: the survey's time budget was spent"},
 ]
@@ -342,12 +357,14 @@ SURVEY = [
 def test_the_localize_survey_counts_first_divergent_module_types(records):
     study = st.Study(records, survey=SURVEY)
     text = st.block_localize(study)
-    assert text.startswith("5 float32 tier-1 failures (numeric_drift or nonfinite) to localize: 3 localized, "
+    assert text.startswith("6 float32 tier-1 failures (numeric_drift or nonfinite) to localize: 4 localized, "
                            "1 where localize gave no layers, 1 not reached")
     by_type, per_check = [rows_of(part) for part in text.split("\n\n")[2::2]]
     assert by_type[0][:3] == ["`Conv2d`", "2", "compile-cpu 1, onnxruntime-cpu 1"]
     assert by_type[1][:2] == ["`SqueezeExcitation`", "1"]
-    assert [r[0] for r in per_check] == ["a", "b", "b", "c", "d"] and per_check[0][4] == "2.0e-04"
+    assert by_type[2][:3] == ["(no layer over the threshold)", "1", "onnxruntime-ts-cpu 1"]
+    assert [r[0] for r in per_check] == ["a", "b", "b", "c", "e", "d"] and per_check[0][4] == "2.0e-04"
+    assert per_check[4][2] == "none" and per_check[4][6] == "inconclusive: the target could not run them alone"
     assert st.block_localize(st.Study(records)).startswith("No per-layer survey")
 
 
