@@ -2,7 +2,7 @@
 cold (empty artifact cache) against warm.
 
 1. Ray: 4 torchvision models (resnet18, mobilenet_v3_small, squeezenet1_1, shufflenet_v2_x0_5, seeded
-   init) x the 4 CPU targets of examples/study.yaml (torch.compile, onnxruntime, torchscript, eager
+   init) x the 4 CPU targets of the study's first run (torch.compile, onnxruntime, torchscript, eager
    bfloat16) on two photos, 3 repeats, run by `run_experiment` with the ray executor, which starts a
    local Ray and stops it at the end (its start is counted). A worker is one CPU, as a Ray task asks for
    by default: one torch thread and one torch.compile process (runner/worker.py's use_cpus); the two

@@ -36,6 +36,15 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "study.md"
 ARCHIVE = ROOT / "docs" / "study-records.jsonl.gz"
 TIME_ARCHIVE = ROOT / "docs" / "study-time.txt"
+# Study v2's run (issue #17), its own blocks (`v2-*`): its records, time and per-layer survey
+# (benchmarks/study_localize.py: one line per float32 failure, its layers record's verdict).
+V2_ARCHIVE = ROOT / "docs" / "study-v2-records.jsonl.gz"
+V2_TIME_ARCHIVE = ROOT / "docs" / "study-v2-time.txt"
+SURVEY_ARCHIVE = ROOT / "docs" / "study-v2-localize.jsonl.gz"
+# What the survey's tables read of a layers record; its per-layer tables (levels, suspects) stay in the run folder.
+SURVEY_FIELDS = ("model", "inputs", "target", "error", "threshold", "verdict", "culprit", "culprit_code", "whole_graph",
+                 "as_a_whole", "evenly_spread", "first_divergent", "first_divergent_by", "elapsed_s", "tier1",
+                 "wall_s", "module_types")
 # The trained models' run (study/trained.yaml): its own records and time, its own blocks (`trained-*`).
 TRAINED_ARCHIVE = ROOT / "docs" / "study-trained-records.jsonl.gz"
 TRAINED_TIME_ARCHIVE = ROOT / "docs" / "study-trained-time.txt"
@@ -72,6 +81,9 @@ def wall_time(text: str) -> dict[str, float] | None:
     peak = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
     if peak:
         result["peak_mib"] = int(peak.group(1)) / 1024
+    signal = re.search(r"Command terminated by signal (\d+)", text)
+    if signal:
+        result["signal"] = int(signal.group(1))
     for key, pattern in (("user_s", r"User time \(seconds\): ([\d.]+)"), ("system_s", r"System time \(seconds\): ([\d.]+)")):
         found = re.search(pattern, text)
         if found:
@@ -114,13 +126,27 @@ def cluster_bootstrap(outcomes: dict[str, list[bool]], resamples: int = BOOTSTRA
     return rates[int(0.025 * resamples)], rates[min(resamples - 1, int(0.975 * resamples))]
 
 
-class Study:
-    """The facts the tables are made of, from the records of one run."""
+def at_gate(check: dict) -> bool:
+    """The check's verdict at its own gate: the experiment's, its target's own (`tolerances:`) or its dtype's
+    default (a bfloat16 target's 1e-5 at rtol 1.6e-2), as the check records it."""
+    return bool(check["verdicts"].get(tolerance_key(check["gate"])))
 
-    def __init__(self, records: list[dict[str, Any]], timing: dict[str, float] | None = None):
-        self.records = records
+
+class Study:
+    """The facts the tables are made of, from the records of one run.
+
+    Entries drawn with another seed than the experiment's (`models[i].seed`, the seed-variance replicas) are
+    kept apart: every table but the seed table is over the design's own entries, each model once, so that
+    the models that were given extra seeds do not weigh more in the rates than the others."""
+
+    def __init__(self, records: list[dict[str, Any]], timing: dict[str, float] | None = None,
+                 survey: list[dict[str, Any]] | None = None):
+        self.all_records = records
         self.run = next(r for r in records if r["kind"] == "run")
         self.config = self.run["config"]
+        self.replicas = {m["name"] for m in self.config["models"] if m.get("seed") not in (None, self.config["seed"])}
+        self.records = records = [r for r in records if r.get("model") not in self.replicas]
+        self.survey = survey
         self.summary = summarize(records)
         self.timing = timing
         self.keys = [tolerance_key(a) for a in self.config["tolerances"]["atol"]]
@@ -129,17 +155,26 @@ class Study:
         self.tier1 = [c for c in checks if c["tier"] == 1]
         self.ran = [c for c in self.tier1 if judged(c)]
         self.tier3 = {(c["model"], c["inputs"], c["target"]): c for c in checks if c["tier"] == 3}
-        self.models = {m["name"]: m for m in self.config["models"]}
+        # Entries the run reached (a run stopped at its time limit leaves the rest unrun, and says so).
+        reached = {c["model"] for c in self.all_records if c["kind"] == "check"}
+        self.unrun = [m["name"] for m in self.config["models"] if m["name"] not in reached]
+        self.models = {m["name"]: m for m in self.config["models"] if m["name"] not in self.replicas | set(self.unrun)}
+        self.every_model = {m["name"]: m for m in self.config["models"]}
         self.targets = list(dict.fromkeys(c["target"] for c in self.tier1))
         self.reference = self.tier1[0]["reference"] if self.tier1 else None
 
     def task(self, model: str) -> str:
-        return self.models[model]["task"]
+        return self.every_model[model]["task"]
+
+    def seed(self, model: str) -> int:
+        """The seed a model entry's weights were drawn with."""
+        own = self.every_model[model].get("seed")
+        return self.config["seed"] if own is None else own
 
     def architecture(self, model: str) -> str:
         """What a model entry is built from: entries of one architecture (a detector with and without an
         adapter) are one cluster of correlated checks."""
-        spec = self.models[model]
+        spec = self.every_model[model]
         return spec.get("builder") or spec.get("architecture") or spec.get("entry") or model
 
     def float32_targets(self) -> set[str]:
@@ -150,19 +185,20 @@ class Study:
                                                                                  else f"-{t['dtype']}")] = t["dtype"]
         return {target for target, dtype in ids.items() if dtype == "float32"}
 
-    def by_architecture(self, checks: list[dict], key: str) -> dict[str, list[bool]]:
-        """Each architecture's judged checks' verdicts at atol `key`: the clusters of the bootstrap."""
+    def by_architecture(self, checks: list[dict], key: str | None = None) -> dict[str, list[bool]]:
+        """Each architecture's judged checks' verdicts at atol `key` (None: each at its own gate): the
+        clusters of the bootstrap."""
         out: dict[str, list[bool]] = defaultdict(list)
         for c in checks:
             if judged(c):
-                out[self.architecture(c["model"])].append(bool(c["verdicts"].get(key)))
+                out[self.architecture(c["model"])].append(at_gate(c) if key is None else bool(c["verdicts"].get(key)))
         return out
 
-    def rate(self, checks: list[dict], key: str) -> tuple[int, int]:
-        """(checks passing at atol `key`, checks judged) among `checks`; a check that could not run here
-        (skipped), or whose reference failed, is not judged."""
+    def rate(self, checks: list[dict], key: str | None = None) -> tuple[int, int]:
+        """(checks passing at atol `key`, checks judged) among `checks`; key None: each check at its own gate.
+        A check that could not run here (skipped), or whose reference failed, is not judged."""
         done = [c for c in checks if judged(c)]
-        return sum(bool(c["verdicts"].get(key)) for c in done), len(done)
+        return sum(at_gate(c) if key is None else bool(c["verdicts"].get(key)) for c in done), len(done)
 
     def pooled(self) -> tuple[int, int]:
         """Passing verdicts over every tolerance of the sweep: the published study's unit."""
@@ -211,23 +247,35 @@ def block_design(s: Study) -> str:
     """What was run, from the run record's resolved experiment."""
     cfg = s.config
     tasks: dict[str, list[dict]] = defaultdict(list)
-    for spec in cfg["models"]:
+    for spec in s.models.values():
         tasks[spec["task"]].append(spec)
-    builders = {spec.get("builder") or spec.get("entry") for spec in cfg["models"]}
-    lines = [f"- **Models**: {len(builders)} distinct models in {len(cfg['models'])} entries."]
+    builders = {spec.get("builder") or spec.get("entry") for spec in s.models.values()}
+    lines = [f"- **Models**: {len(builders)} distinct models in {len(s.models)} entries."]
     for task, specs in sorted(tasks.items()):
         names = ", ".join(dict.fromkeys(spec.get("builder") or spec.get("entry") for spec in specs))
         lines.append(f"  - {task} ({len(specs)} {'entry' if len(specs) == 1 else 'entries'}): {names}")
     for spec in cfg["inputs"]:
-        users = [m["name"] for m in cfg["models"] if m.get("inputs") is None or spec["name"] in m["inputs"]]
+        users = [m["name"] for m in s.models.values() if m.get("inputs") is None or spec["name"] in m["inputs"]]
         pre = {k: v for k, v in (spec.get("preprocess") or {}).items() if v is not None and k in ("resize", "center_crop", "resize_multiple")}
         geometry = ", ".join(f"{k} {v[0] if isinstance(v, list) and len(v) == 1 else v}" for k, v in pre.items()) or "at their own size"
         lines.append(f"- **Input set `{spec['name']}`**: {', '.join(spec.get('images') or ['synthetic'])} ({geometry}); "
                      f"used by {len(users)} {'entry' if len(users) == 1 else 'entries'}.")
 
     def backend(b: dict) -> str:
-        return f"{b['backend']} {b['device']} {b['dtype']}" + (f" {b['options']}" if b.get("options") else "")
+        own = {k: v for k, v in (b.get("tolerances") or {}).items() if v not in (None, {})}
+        return ((f"{b['name']}: " if b.get("name") else "") + f"{b['backend']} {b['device']} {b['dtype']}"
+                + (f" {b['options']}" if b.get("options") else "") + (f" tolerances {own}" if own else ""))
 
+    replicas = defaultdict(list)
+    for name in sorted(s.replicas - set(s.unrun)):
+        replicas[s.architecture(name)].append(s.seed(name))
+    if s.unrun:
+        lines.append(f"- **Not run**: {len(s.unrun)} {'entry' if len(s.unrun) == 1 else 'entries'} of the experiment that the run did not reach before it "
+                     f"was stopped: {', '.join(s.unrun)}. Every table here is over the entries above.")
+    if replicas:
+        lines.append("- **Seed replicas** (the seed table only): " + "; ".join(
+            f"{arch} seeds {', '.join(str(x) for x in sorted(seeds))}" for arch, seeds in sorted(replicas.items()))
+            + f" (every other entry: the experiment's seed {cfg['seed']}).")
     tol = cfg["tolerances"]
     tasks_cfg = cfg["tiers"].get("tasks") or {}
     # each task's own thresholds (`tiers.tasks.<task>`), or the flat ones of records written before tasks were plugins
@@ -243,9 +291,22 @@ def block_design(s: Study) -> str:
     return "\n".join(lines)
 
 
+def judged_at(checks: list[dict]) -> str:
+    """The tolerances a target's checks were judged at, and where they came from (the records say it)."""
+    seen = dict.fromkeys((c["rtol"], c["gate"], c.get("tolerance_source") or "experiment") for c in checks)
+    return "; ".join(f"rtol {rtol:g}, gate {gate:g} ({source})" for rtol, gate, source in seen)
+
+
+def gates_note(s: Study) -> str:
+    """The targets judged at other tolerances than the experiment's, for the sentences that say 'the gate'."""
+    other = [t for t in s.targets if any((c.get("tolerance_source") or "experiment") != "experiment"
+                                         for c in s.ran if c["target"] == t)]
+    return "".join(f"; {t} at {judged_at([c for c in s.ran if c['target'] == t])}" for t in other)
+
+
 def block_headline(s: Study) -> str:
     a, t = s.summary["arithmetic"], s.summary["totals"]
-    passed, total = s.rate(s.ran, s.gate_key)
+    passed, total = s.rate(s.ran)
     pooled_passed, pooled_total = s.pooled()
     tasks = Counter(s.task(m) for m in s.models)
     t3 = s.summary["tier3"]
@@ -254,7 +315,7 @@ def block_headline(s: Study) -> str:
     return "\n".join([
         f"- **Checks counted:** {a['formula']}. Model entries: {len(s.models)} ({parts}; {adapted} of the "
         f"detection entries run with an adapter).",
-        f"- **At the gate** (atol {s.summary['gate']:g}, rtol {s.summary['rtol']:g}): **{t['passed']} of {total} checks "
+        f"- **At the gate** (atol {s.summary['gate']:g}, rtol {s.summary['rtol']:g}{gates_note(s)}): **{t['passed']} of {total} checks "
         f"pass ({pct(passed, total)}, 95% CI {ci(passed, total)})**, {t['failed']} fail, {t['skipped']} could not run here.",
         f"- **Pooled over the {len(s.keys)} tolerances** (the published study's unit): {pooled_passed} of "
         f"{pooled_total} verdicts pass ({pct(pooled_passed, pooled_total)}).",
@@ -311,14 +372,15 @@ def block_per_task(s: Study) -> str:
             passed, total = s.rate(mine, k)
             cells.append(f"{passed}/{total} ({pct(passed, total)})")
         t3 = [c for key, c in s.tier3.items() if s.task(key[0]) == task]
-        gate_passed, gate_total = s.rate(mine, s.gate_key)
+        gate_passed, gate_total = s.rate(mine)
         rows.append([task, entries, len(mine), *cells, ci(gate_passed, gate_total),
                      f"{sum(bool(c['passed']) for c in t3)}/{len(t3)}"])
     return table(header, rows)
 
 
 def block_per_target(s: Study) -> str:
-    header = ["target", "checks"] + [f"pass at {k}" for k in s.keys] + ["95% CI at the gate", "largest max abs"]
+    header = (["target", "judged at", "checks"] + [f"pass at {k}" for k in s.keys]
+              + ["pass at its gate", "95% CI at its gate", "largest max abs", "median required atol / RMS"])
     rows = []
     for target in s.targets:
         mine = [c for c in s.ran if c["target"] == target]
@@ -326,10 +388,15 @@ def block_per_target(s: Study) -> str:
         for k in s.keys:
             passed, total = s.rate(mine, k)
             cells.append(f"{passed}/{total} ({pct(passed, total)})")
-        gate_passed, gate_total = s.rate(mine, s.gate_key)
+        gate_passed, gate_total = s.rate(mine)
         largest = max((c["max_abs"] for c in mine if c.get("max_abs") is not None), default=None)
-        rows.append([target, len(mine), *cells, ci(gate_passed, gate_total), sci(largest)])
-    return table(header, rows)
+        scaled = [x for c in mine if (x := scale_free(c, "required_atol")) is not None]
+        rows.append([target, judged_at(mine), len(mine), *cells, f"{gate_passed}/{gate_total} ({pct(gate_passed, gate_total)})",
+                     ci(gate_passed, gate_total), sci(largest), sci(statistics.median(scaled)) if scaled else "-"])
+    note = ("The sweep's columns judge each target at its own rtol; `pass at its gate` is the verdict at the gate "
+            "it was judged at. Required atol / RMS: each check's required atol over its reference output's root "
+            "mean square (the worst leaf), the median over the checks that have one: a scale-free size of the drift.")
+    return note + "\n\n" + table(header, rows)
 
 
 def model_rows(s: Study) -> list[dict[str, Any]]:
@@ -341,7 +408,7 @@ def model_rows(s: Study) -> list[dict[str, Any]]:
         row["cells"][c["target"]] = c
         if judged(c):
             row["judged"] += 1
-            row["passed"] += bool(c["verdicts"].get(s.gate_key))
+            row["passed"] += at_gate(c)
     return list(rows.values())
 
 
@@ -352,7 +419,7 @@ def _cell(s: Study, c: dict | None) -> str:
         return "not run here"
     if c["status"] == "error":
         return "reference failed"
-    if c["verdicts"].get(s.gate_key):
+    if at_gate(c):
         return f"pass {sci(c['max_abs'])}"
     if c.get("max_abs") is None or not c.get("leaves"):
         return f"FAIL {c['failure_class']}"
@@ -366,17 +433,19 @@ def block_per_model(s: Study) -> str:
         spec = s.models[row["model"]]
         adapters = ", ".join(a["name"] if isinstance(a, dict) else str(a) for a in spec.get("adapters") or []) or "-"
         rows.append([row["model"], spec["task"], spec.get("init", "default"), adapters,
-                     *(_cell(s, row["cells"].get(t)) for t in s.targets), f"{row['passed']}/{row['judged']}"])
+                     *(_scaled_cell(s, row["cells"].get(t), "required_atol") for t in s.targets),
+                     f"{row['passed']}/{row['judged']}"])
     passed = sum(r["passed"] for r in model_rows(s))
     judged = sum(r["judged"] for r in model_rows(s))
     per_target = []
     for t in s.targets:
-        p, n = s.rate([c for c in s.ran if c["target"] == t], s.gate_key)
+        p, n = s.rate([c for c in s.ran if c["target"] == t])
         per_target.append(f"{p}/{n} pass")
     rows.append(["**all**", "", "", "", *per_target, f"**{passed}/{judged}**"])
-    note = (f"Each cell: the verdict at the gate (atol {s.summary['gate']:g}), the largest absolute difference "
-            "over every output, and the failure class of a failed check (a check whose target did not run has "
-            "no difference to show).")
+    note = (f"Each cell: the verdict at the target's gate (atol {s.summary['gate']:g}{gates_note(s)}), the largest "
+            "absolute difference over every output, the failure class of a failed check (a check whose target did "
+            "not run has no difference to show), and in brackets the required atol over the reference output's "
+            "RMS (scale-free; the worst leaf).")
     return note + "\n\n" + table(header, rows)
 
 
@@ -529,8 +598,8 @@ def block_comparison(s: Study) -> str:
 
 
 def _interval_row(s: Study, label: str, checks: list[dict]) -> list[Any]:
-    passed, total = s.rate(checks, s.gate_key)
-    clusters = s.by_architecture(checks, s.gate_key)
+    passed, total = s.rate(checks)
+    clusters = s.by_architecture(checks)
     low, high = cluster_bootstrap(clusters)
     return [label, f"{passed}/{total}", pct(passed, total), ci(passed, total),
             f"{100 * low:.1f}% to {100 * high:.1f}%", len(clusters)]
@@ -541,7 +610,7 @@ def block_intervals(s: Study) -> str:
     architecture, and a detector's entries with and without the adapter share its weights)."""
     rows = [_interval_row(s, "all targets", s.ran)]
     rows += [_interval_row(s, t, [c for c in s.ran if c["target"] == t]) for t in s.targets]
-    note = (f"At the gate (atol {s.summary['gate']:g}). Wilson: checks as independent trials. Clustered: a "
+    note = (f"At each target's gate (atol {s.summary['gate']:g}{gates_note(s)}). Wilson: checks as independent trials. Clustered: a "
             f"percentile bootstrap that draws whole architectures with replacement ({BOOTSTRAP_RESAMPLES} draws, "
             f"seed {BOOTSTRAP_SEED}), so a model's checks stay together.")
     return note + "\n\n" + table(["checks", "passed", "rate", "Wilson 95%", "clustered 95%", "architectures"], rows)
@@ -556,9 +625,9 @@ def block_like_for_like(s: Study) -> str:
                ("float32 targets, each model once (no adapter entries)", [c for c in unadapted if c["target"] in float32])]
     rows = []
     for label, checks in subsets:
-        passed, total = s.rate(checks, s.gate_key)
+        passed, total = s.rate(checks)
         pooled = sum(s.rate(checks, k)[0] for k in s.keys)
-        low, high = cluster_bootstrap(s.by_architecture(checks, s.gate_key))
+        low, high = cluster_bootstrap(s.by_architecture(checks))
         rows.append([label, f"{passed}/{total}", pct(passed, total), f"{100 * low:.1f}% to {100 * high:.1f}%",
                      f"{pooled}/{total * len(s.keys)}", pct(pooled, total * len(s.keys))])
     rows.append(["published study (pooled over its sweep)", "", "", "", str(PUBLISHED["checks"]),
@@ -576,32 +645,35 @@ def block_run(s: Study) -> str:
         f"- torch {env['torch']}, torchvision {env.get('torchvision')}, onnx {env.get('onnx')}, onnxruntime {env.get('onnxruntime')}, "
         f"python {env['python']}; {cpu.get('model', cpu.get('machine'))}, {cpu.get('count')} cores, "
         f"{env['threads']} torch threads; CUDA: {', '.join(env['cuda']['devices']) if env.get('cuda') else 'none'}; "
-        f"parity at commit {(env.get('git_commit') or 'unknown')[:10]}.",
+        f"parity at commit {(env.get('git_commit') or 'unknown')[:10]}"
+        + (f" (`git checkout {env['git_commit']}` runs this code again)." if env.get("git_commit") else "."),
         f"- {s.config['repeats']} repeats per backend; {len(executions)} execution records; building models, "
         f"preparing backends and running them took {duration(spent)} of the run (the records' own times).",
     ]
     if s.timing:
         extra = f", peak resident memory {s.timing['peak_mib'] / 1024:.1f} GiB" if "peak_mib" in s.timing else ""
         cpu_s = s.timing.get("user_s", 0.0) + s.timing.get("system_s", 0.0)
+        ended = (f"; it was stopped (signal {s.timing['signal']}) before it finished" if "signal" in s.timing else "")
         lines.append(f"- The whole `parity run`, start to exit: **{duration(s.timing['wall_s'])}** wall clock, "
-                     f"{duration(cpu_s)} of CPU time{extra} (GNU time).")
+                     f"{duration(cpu_s)} of CPU time{extra} (GNU time){ended}.")
     else:
         lines.append("- No wall-clock measurement came with these records (run it under `/usr/bin/time -v`, see above).")
     return "\n".join(lines)
 
 
-def scale_free(check: dict) -> float | None:
-    """The check's largest difference relative to its output's scale: max over the leaves of max_abs divided
-    by the reference leaf's root mean square. None when no leaf records both (records written before
-    `reference_rms` existed, or a check without a comparison)."""
-    ratios = [leaf["max_abs"] / leaf["reference_rms"] for leaf in check.get("leaves") or []
-              if leaf.get("max_abs") is not None and leaf.get("reference_rms")]
+def scale_free(check: dict, measure: str = "max_abs") -> float | None:
+    """The check's largest difference relative to its output's scale: max over the leaves of `measure`
+    (max_abs, or required_atol: the smallest atol that passes) divided by the reference leaf's root mean
+    square. None when no leaf records both (records written before `reference_rms` existed, or a check
+    without a comparison)."""
+    ratios = [leaf[measure] / leaf["reference_rms"] for leaf in check.get("leaves") or []
+              if leaf.get(measure) is not None and leaf.get("reference_rms")]
     return max(ratios) if ratios else None
 
 
-def _scaled_cell(s: Study, c: dict | None) -> str:
+def _scaled_cell(s: Study, c: dict | None, measure: str = "max_abs") -> str:
     text = _cell(s, c)
-    ratio = scale_free(c) if c is not None else None
+    ratio = scale_free(c, measure) if c is not None else None
     return text if ratio is None else f"{text} ({sci(ratio)} of RMS)"
 
 
@@ -610,8 +682,8 @@ def block_trained(s: Study) -> str:
     difference over the reference output's RMS (scale-free: comparable across models)."""
     rows = [[row["model"], row["inputs"], *(_scaled_cell(s, row["cells"].get(t)) for t in s.targets),
              f"{row['passed']}/{row['judged']}"] for row in model_rows(s)]
-    passing = [(ratio, c) for c in s.ran if c["verdicts"].get(s.gate_key) and (ratio := scale_free(c)) is not None]
-    passed, judged_n = s.rate(s.ran, s.gate_key)
+    passing = [(ratio, c) for c in s.ran if at_gate(c) and (ratio := scale_free(c)) is not None]
+    passed, judged_n = s.rate(s.ran)
     lines = [f"- **At the gate** (atol {s.summary['gate']:g}, rtol {s.config['tolerances']['rtol']:g}): "
              f"{passed} of {judged_n} checks pass ({pct(passed, judged_n)}, 95% CI {ci(passed, judged_n)})."]
     if passing:
@@ -621,6 +693,135 @@ def block_trained(s: Study) -> str:
     note = ("Each cell: the verdict at the gate, the largest absolute difference over every output, the failure "
             "class of a failed check, and in brackets that difference over the reference output's RMS.")
     return "\n".join(lines) + "\n\n" + note + "\n\n" + table(["model", "inputs", *s.targets, "passed"], rows)
+
+
+def seed_groups(s: Study) -> dict[str, list[str]]:
+    """Entries that differ only in their seed (name and seed apart, the same spec), in seed order: the seed
+    table's models, named by their first entry. Only groups with more than one seed."""
+    groups: dict[str, list[str]] = defaultdict(list)
+    for name, spec in s.every_model.items():
+        key = json.dumps({k: v for k, v in spec.items() if k not in ("name", "seed")}, sort_keys=True)
+        groups[key].append(name)
+    return {names[0]: sorted(names, key=s.seed) for names in groups.values() if len(names) > 1}
+
+
+def block_seeds(s: Study) -> str:
+    """Per model drawn with several seeds and per target: the verdicts at the gate over the seeds, and how far
+    the required atol (absolute and over the output's RMS) moves between draws."""
+    checks = [c for c in s.all_records if c["kind"] == "check" and c["tier"] == 1]
+    tier3 = {(c["model"], c["target"]): c for c in s.all_records if c["kind"] == "check" and c["tier"] == 3}
+    groups = seed_groups(s)
+    if not groups:
+        return "No model is listed with more than one seed."
+    rows = []
+    for first, names in groups.items():
+        for target in s.targets:
+            mine = [c for name in names for c in checks if c["model"] == name and c["target"] == target and judged(c)]
+            if not mine:
+                continue
+            required = [c["required_atol"] for c in mine if c.get("required_atol") is not None]
+            scaled = [x for c in mine if (x := scale_free(c, "required_atol")) is not None]
+            positive = [x for x in required if x > 0]
+            spread = f"{max(positive) / min(positive):.1f}x" if positive and len(positive) == len(mine) else "-"
+            agree = [tier3[(c["model"], target)] for c in mine if (c["model"], target) in tier3]
+            rows.append([first, target, ", ".join(str(s.seed(c["model"])) for c in mine),
+                         f"{sum(at_gate(c) for c in mine)}/{len(mine)}", " ".join("pass" if at_gate(c) else "FAIL" for c in mine),
+                         f"{sci(min(required))} to {sci(max(required))}" if required else "-", spread,
+                         f"{sci(min(scaled))} to {sci(max(scaled))}" if scaled else "-",
+                         f"{sum(bool(c['passed']) for c in agree)}/{len(agree)}" if agree else "-"])
+    note = ("Per model drawn with several seeds (the same entry, its weights drawn again) and per target: the "
+            "verdict at the target's gate for each seed in seed order, the required atol's range over the seeds "
+            "and its spread (largest over smallest; `-` where one is 0 or missing), the same over the reference "
+            "output's RMS, and the tier-3 checks that agree.")
+    return note + "\n\n" + table(["model", "target", "seeds", "pass at the gate", "per seed", "required atol",
+                                  "spread", "required atol / RMS", "tier 3 agree"], rows)
+
+
+FLIP_CLASSES = ("tie_order", "score_threshold", "nms_iou", "top_k", "score_order", "label_change", "geometry",
+                "unattributed")
+
+
+def _flip_cell(c: dict | None, check: dict | None) -> str:
+    if c is None:
+        return "no outputs" if check is not None and check["status"] != "skipped" else "-"
+    f1 = f"F1 {(c.get('metrics') or {}).get('f1', float('nan')):.3f}"
+    if c["passed"]:
+        return f"agree ({f1})"
+    flips = c.get("flips")
+    if not flips:
+        return f"{c['failure_class']} ({f1}); not attributed"
+    counts = ", ".join(f"{k} {n}" for k, n in flips["counts"].items() if n)
+    return f"{f1}: {counts}" + ("" if flips.get("candidates") == "both" else " (outputs only)")
+
+
+def block_flips(s: Study) -> str:
+    """Decision-flip attribution (Tier3Check.flips) per detector entry and target: each failing detection
+    check's unmatched boxes by mechanism, and the totals per mechanism and target."""
+    detectors = [m for m in s.models if s.task(m) == "detection"]
+    if not detectors:
+        return "No detection entry in this run."
+    rows, totals = [], {t: Counter() for t in s.targets}
+    for model in detectors:
+        cells = []
+        for t in s.targets:
+            check = next((c for c in s.tier1 if c["model"] == model and c["target"] == t), None)
+            c = s.tier3.get((model, check["inputs"], t)) if check else None
+            cells.append(_flip_cell(c, check))
+            if c is not None and not c["passed"] and c.get("flips"):
+                totals[t].update(c["flips"]["counts"])
+        rows.append([model, *cells])
+    used = [k for k in FLIP_CLASSES if any(totals[t][k] for t in s.targets)]
+    used += sorted({k for t in s.targets for k in totals[t]} - set(FLIP_CLASSES))
+    total_rows = [[k, *(totals[t][k] for t in s.targets), sum(totals[t][k] for t in s.targets)] for k in used]
+    total_rows.append(["**all**", *(sum(totals[t].values()) for t in s.targets),
+                       sum(sum(x.values()) for x in totals.values())])
+    note = ("Each cell: `agree` where tier 3 passes (its unmatched boxes are not attributed), else F1 and the "
+            "unmatched boxes of both sides by mechanism; `(outputs only)` where a side had no captured "
+            "post-processing inputs; `no outputs` where a side failed.")
+    return (note + "\n\n" + table(["detector entry", *s.targets], rows)
+            + "\n\nUnmatched boxes per mechanism, summed over the failing detection checks:\n\n"
+            + table(["mechanism", *s.targets, "all"], total_rows))
+
+
+def _survey_type(r: dict, name: str | None) -> str:
+    return (r.get("module_types") or {}).get(name, "?") if name else "-"
+
+
+def block_localize(s: Study) -> str:
+    """The RQ3 survey: where the float32 failures start (benchmarks/study_localize.py's lines)."""
+    if not s.survey:
+        return "No per-layer survey came with these records (benchmarks/study_localize.py writes it)."
+    unreached = [r for r in s.survey if (r.get("error") or "").startswith("not reached")]
+    failed = [r for r in s.survey if r.get("error") and r not in unreached]
+    done = [r for r in s.survey if not r.get("error")]
+    by_type = []
+    first_types = Counter(_survey_type(r, r.get("first_divergent")) if r.get("first_divergent") else None for r in done)
+    for kind, n in first_types.most_common():
+        mine = [r for r in done if (_survey_type(r, r.get("first_divergent")) if r.get("first_divergent") else None) == kind]
+        per_target = ", ".join(f"{t} {k}" for t, k in Counter(r["target"] for r in mine).items())
+        by_type.append([f"`{kind}`" if kind else "(no layer over the threshold)", n, per_target,
+                        ", ".join(dict.fromkeys(r["model"] for r in mine))])
+    per_check = []
+    for r in s.survey:
+        if r.get("error"):
+            per_check.append([r["model"], r["target"], "-", "-", "-", seconds(r.get("wall_s")), r["error"][:120]])
+            continue
+        first, culprit, tier1 = r.get("first_divergent"), r.get("culprit"), r.get("tier1") or {}
+        shape = ("whole graph" if r.get("whole_graph") else "only as a whole" if r.get("as_a_whole")
+                 else "evenly spread" if r.get("evenly_spread") else "" if first else (r.get("verdict") or "")[:160])
+        per_check.append([r["model"], r["target"],
+                          f"{first} (`{_survey_type(r, first)}`, {r.get('first_divergent_by')})" if first else "none",
+                          f"{culprit} (`{_survey_type(r, culprit)}`)" if culprit else "none",
+                          sci(tier1["required_atol"]) if tier1.get("required_atol") is not None else "-",
+                          seconds(r.get("wall_s")), shape])
+    head = (f"{len(s.survey)} float32 tier-1 failures (numeric_drift or nonfinite) to localize: {len(done)} localized, "
+            f"{len(failed)} where localize gave no layers, {len(unreached)} not reached in the survey's time.")
+    return (head + "\n\nThe first divergent module, by its type:\n\n"
+            + table(["module type", "checks", "per target", "models"], by_type)
+            + "\n\nPer check: the first layer over the threshold (its type; by its own or its propagated error), the "
+              "culprit localize names, the check's required atol when localize ran it again, and the seconds "
+              "localize took.\n\n"
+            + table(["model", "target", "first divergent", "culprit", "required atol", "seconds", "note"], per_check))
 
 
 BLOCKS = {
@@ -640,6 +841,20 @@ BLOCKS = {
     "intervals": block_intervals,
     "run": block_run,
 }
+# Blocks rendered from study v2's run: what it adds (the seed table, flip attribution, the per-layer survey)
+# and the tables that show its other targets and scale-free numbers.
+V2_BLOCKS = {
+    "v2-design": block_design,
+    "v2-headline": block_headline,
+    "v2-per-target": block_per_target,
+    "v2-per-model": block_per_model,
+    "v2-seeds": block_seeds,
+    "v2-tier3": block_tier3,
+    "v2-flips": block_flips,
+    "v2-taxonomy": block_taxonomy,
+    "v2-localize": block_localize,
+    "v2-run": block_run,
+}
 # Blocks rendered from the trained models' run.
 TRAINED_BLOCKS = {
     "trained-design": block_design,
@@ -649,13 +864,15 @@ TRAINED_BLOCKS = {
 MARKER = re.compile(r"<!-- study:([\w-]+) -->\n.*?<!-- /study:\1 -->", re.S)
 
 
-def render(doc: str, study: Study, trained: Study | None = None) -> str:
-    """`doc` with every generated block rewritten (the `trained-*` blocks from `trained`, when given); a
-    block the document lacks, or one this script does not know, is an error (a table would go stale or
-    missing without anyone noticing)."""
+def render(doc: str, study: Study, trained: Study | None = None, v2: Study | None = None) -> str:
+    """`doc` with every generated block rewritten (the `trained-*` blocks from `trained`, the `v2-*` ones from
+    `v2`, when given); a block the document lacks, or one this script does not know, is an error (a table
+    would go stale or missing without anyone noticing)."""
     blocks = {name: (fn, study) for name, fn in BLOCKS.items()}
     if trained is not None:
         blocks.update({name: (fn, trained) for name, fn in TRAINED_BLOCKS.items()})
+    if v2 is not None:
+        blocks.update({name: (fn, v2) for name, fn in V2_BLOCKS.items()})
     found = MARKER.findall(doc)
     missing, unknown = sorted(set(blocks) - set(found)), sorted(set(found) - set(blocks))
     if missing or unknown:
@@ -668,8 +885,10 @@ def render(doc: str, study: Study, trained: Study | None = None) -> str:
     return MARKER.sub(rewrite, doc)
 
 
-def archive(run_dir: Path, records_out: Path = ARCHIVE, time_out: Path = TIME_ARCHIVE) -> None:
-    """A compact copy of a run's records (detection pictures' box lists dropped) and its time report."""
+def archive(run_dir: Path, records_out: Path = ARCHIVE, time_out: Path = TIME_ARCHIVE,
+            survey_out: Path | None = None) -> None:
+    """A compact copy of a run's records (detection pictures' box lists dropped), its time report and, when
+    the run folder has one, its per-layer survey (each line cut to SURVEY_FIELDS)."""
     records_out.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(records_out, "wt", encoding="utf-8", compresslevel=9) as f:
         for record in load_records(run_dir):
@@ -678,6 +897,19 @@ def archive(run_dir: Path, records_out: Path = ARCHIVE, time_out: Path = TIME_AR
     timing = run_dir / "time.txt"
     if timing.is_file():
         time_out.write_text(timing.read_text(encoding="utf-8"), encoding="utf-8")
+    survey = run_dir / "localize" / "survey.jsonl"
+    if survey_out is not None and not survey.is_file():
+        survey_out.unlink(missing_ok=True)  # an older run's survey would describe other records
+    elif survey_out is not None:
+        with gzip.open(survey_out, "wt", encoding="utf-8", compresslevel=9) as f:
+            for line in load_records(survey):
+                f.write(json.dumps({k: line[k] for k in SURVEY_FIELDS if k in line}) + "\n")
+
+
+def _survey(source: Path) -> list[dict[str, Any]] | None:
+    """The per-layer survey of study v2's run: the archived one with the archive, else the run folder's own."""
+    path = SURVEY_ARCHIVE if source == V2_ARCHIVE else (source if source.is_dir() else source.parent) / "localize" / "survey.jsonl"
+    return load_records(path) if path.is_file() else None
 
 
 def _timing(source: Path, archived: Path, archived_time: Path, told: str | None = None) -> dict[str, float] | None:
@@ -699,6 +931,8 @@ def main(argv: list[str] | None = None) -> int:
                                        "or docs/study-time.txt with the archive)")
     parser.add_argument("--trained", help="the trained models' run (study/trained.yaml): a folder or records "
                                           "(default: docs/study-trained-records.jsonl.gz)")
+    parser.add_argument("--v2", help="study v2's run (examples/study.yaml since issue #17): a folder or records "
+                                     "(default: docs/study-v2-records.jsonl.gz)")
     parser.add_argument("--doc", default=str(DOC), help="the document to rewrite (default: docs/study.md; "
                                                         "-: print the tables instead)")
     parser.add_argument("--archive", action="store_true",
@@ -706,27 +940,35 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     source = Path(args.records)
     trained_source = Path(args.trained) if args.trained else TRAINED_ARCHIVE
+    v2_source = Path(args.v2) if args.v2 else V2_ARCHIVE
     if args.archive:
-        if not (source.is_dir() or trained_source.is_dir()):
-            parser.error("--archive takes a run folder (the study's, --trained's or both)")
+        if not (source.is_dir() or trained_source.is_dir() or v2_source.is_dir()):
+            parser.error("--archive takes a run folder (the study's, --trained's, --v2's or several)")
         if source.is_dir():
             archive(source)
             source = ARCHIVE
         if trained_source.is_dir():
             archive(trained_source, TRAINED_ARCHIVE, TRAINED_TIME_ARCHIVE)
             trained_source = TRAINED_ARCHIVE
+        if v2_source.is_dir():
+            archive(v2_source, V2_ARCHIVE, V2_TIME_ARCHIVE, SURVEY_ARCHIVE)
+            v2_source = V2_ARCHIVE
     study = Study(load_records(source), _timing(source, ARCHIVE, TIME_ARCHIVE, args.time))
     trained = (Study(load_records(trained_source), _timing(trained_source, TRAINED_ARCHIVE, TRAINED_TIME_ARCHIVE))
                if trained_source.exists() else None)
+    v2 = (Study(load_records(v2_source), _timing(v2_source, V2_ARCHIVE, V2_TIME_ARCHIVE), _survey(v2_source))
+          if v2_source.exists() else None)
     if args.doc == "-":
         blocks = [(name, block, study) for name, block in BLOCKS.items()]
         blocks += [(name, block, trained) for name, block in TRAINED_BLOCKS.items()] if trained else []
+        blocks += [(name, block, v2) for name, block in V2_BLOCKS.items()] if v2 else []
         for name, block, source_study in blocks:
             print(f"## {name}\n\n{block(source_study)}\n")
         return 0
     doc = Path(args.doc)
-    doc.write_text(render(doc.read_text(encoding="utf-8"), study, trained), encoding="utf-8")
-    print(f"{doc}: blocks from {source}" + (f" and {trained_source}" if trained else ""), file=sys.stderr)
+    doc.write_text(render(doc.read_text(encoding="utf-8"), study, trained, v2), encoding="utf-8")
+    print(f"{doc}: blocks from {source}" + (f", {trained_source}" if trained else "") + (f", {v2_source}" if v2 else ""),
+          file=sys.stderr)
     return 0
 
 

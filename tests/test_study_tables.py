@@ -112,9 +112,12 @@ def test_per_task_and_per_target_rows_partition_the_checks(records):
     assert sum(int(r[2]) for r in by_task) == len(study.ran)
     by_target = rows_of(st.block_per_target(study))
     assert [r[0] for r in by_target] == [t["name"] if "name" in t else "eager-cpu-bfloat16" for t in TARGETS]
-    assert sum(int(r[1]) for r in by_target) == len(study.ran)
+    assert sum(int(r[2]) for r in by_target) == len(study.ran)
     never = next(r for r in by_target if r[0] == "never")
-    assert never[1] == "0"  # could not run here: not judged, not a failure
+    assert never[2] == "0"  # could not run here: not judged, not a failure
+    for row, target in zip(by_target, study.targets, strict=True):  # each target's verdicts at its own gate
+        mine = [c for c in study.ran if c["target"] == target]
+        assert row[-4].startswith("{}/{} ".format(*study.rate(mine))) and row[1] == st.judged_at(mine)
 
 
 def test_taxonomy_gives_every_failed_check_one_class(records):
@@ -243,9 +246,184 @@ def test_trained_blocks_render_from_their_own_run_and_are_required_only_with_it(
 
 
 def test_docs_study_md_is_what_its_archived_records_render():
-    """Every generated block of docs/study.md, the trained models' included, is what the archives give: a
-    table edited by hand, or records archived without re-rendering, fails here."""
+    """Every generated block of docs/study.md, the trained models' and study v2's included, is what the
+    archives give: a table edited by hand, or records archived without re-rendering, fails here."""
     study = st.Study(st.load_records(st.ARCHIVE), st.wall_time(st.TIME_ARCHIVE.read_text()))
     trained = st.Study(st.load_records(st.TRAINED_ARCHIVE), st.wall_time(st.TRAINED_TIME_ARCHIVE.read_text()))
+    v2 = (st.Study(st.load_records(st.V2_ARCHIVE), st.wall_time(st.V2_TIME_ARCHIVE.read_text()),
+                   st.load_records(st.SURVEY_ARCHIVE) if st.SURVEY_ARCHIVE.exists() else None)
+          if st.V2_ARCHIVE.exists() else None)  # without it, a v2 block in the document is an unknown one
     doc = st.DOC.read_text(encoding="utf-8")
-    assert st.render(doc, study, trained) == doc
+    assert st.render(doc, study, trained, v2) == doc
+
+
+def test_v2_blocks_render_from_their_own_run_and_are_required_only_with_it(records):
+    study = st.Study(records, survey=SURVEY)
+    names = [*st.BLOCKS, *st.TRAINED_BLOCKS, *st.V2_BLOCKS]
+    doc = "\n\n".join(f"<!-- study:{name} -->\nold\n<!-- /study:{name} -->" for name in names)
+    rendered = st.render(doc, study, trained=study, v2=study)
+    assert "\nold\n" not in rendered and "Conv2d" in rendered  # the survey's table is a v2 block
+    with pytest.raises(SystemExit, match="unknown"):
+        st.render(doc, study, trained=study)  # v2 blocks without a v2 run would go stale
+
+
+def test_each_check_is_counted_at_its_own_gate(records):
+    """A target judged at its dtype's default gate (bfloat16: atol 1e-5 at rtol 1.6e-2) passes or fails there,
+    not at the experiment's gate: the tables count the verdict the check itself records."""
+    study = st.Study(records)
+    check = copy.deepcopy(next(c for c in study.ran if c["target"] == "same"))
+    key_own, key_experiment = st.tolerance_key(1e-5), study.gate_key
+    check.update(gate=1e-5, rtol=1.6e-2, tolerance_source="default-for-bfloat16",
+                 verdicts={**check["verdicts"], key_own: False, key_experiment: True})
+    assert st.at_gate(check) is False
+    assert study.rate([check]) == (0, 1) and study.rate([check], key_experiment) == (1, 1)
+    assert st.judged_at([check]) == "rtol 0.016, gate 1e-05 (default-for-bfloat16)"
+
+
+def with_seed_replicas(records: list[dict], required: list[float]) -> list[dict]:
+    """The run's records with the tiny model listed again under seeds 1, 2, ... (`tiny-s1`, ...), each
+    replica's checks copied from tiny's with the given required atol (and verdicts to match)."""
+    out = []
+    for r in records:
+        if r["kind"] == "run":
+            r = copy.deepcopy(r)
+            tiny = next(m for m in r["config"]["models"] if m["name"] == "tiny")
+            r["config"]["models"] += [{**tiny, "name": f"tiny-s{i}", "seed": i} for i in range(1, len(required))]
+        out.append(r)
+    for i, atol in enumerate(required[1:], start=1):
+        for r in records:
+            if r.get("model") == "tiny" and r["kind"] == "check" and r["tier"] == 1 and r["status"] == "ok":
+                replica = copy.deepcopy({**r, "model": f"tiny-s{i}", "required_atol": atol})
+                replica["verdicts"] = {k: atol <= float(k) for k in replica["verdicts"]}
+                replica["passed"] = atol <= replica["gate"]
+                for leaf in replica["leaves"]:
+                    leaf["required_atol"] = atol
+                out.append(replica)
+    return out
+
+
+def test_seed_replicas_are_kept_out_of_the_design_tables_and_spread_in_their_own(records):
+    study = st.Study(records)
+    tiny = next(c for c in study.ran if c["model"] == "tiny" and c["target"] == "perturbed")
+    seeded = st.Study(with_seed_replicas(records, [tiny["required_atol"], 1e-7, 1e-3]))
+    assert seeded.replicas == {"tiny-s1", "tiny-s2"}
+    assert len(seeded.ran) == len(study.ran) and seeded.summary["totals"] == study.summary["totals"]
+    assert st.seed_groups(seeded) == {"tiny": ["tiny", "tiny-s1", "tiny-s2"]}
+    row = next(r for r in rows_of(st.block_seeds(seeded).split("\n\n", 1)[1]) if r[1] == "perturbed")
+    assert row[2] == "0, 1, 2"
+    verdicts = [st.at_gate(tiny), True, False]  # 1e-7 passes the gate, 1e-3 does not
+    assert row[3] == f"{sum(verdicts)}/3" and row[4] == " ".join("pass" if v else "FAIL" for v in verdicts)
+    low, high = min(tiny["required_atol"], 1e-7), max(tiny["required_atol"], 1e-3)
+    assert row[5] == f"{st.sci(low)} to {st.sci(high)}" and row[6] == f"{high / low:.1f}x"
+    assert st.block_seeds(study) == "No model is listed with more than one seed."
+
+
+def test_flip_counts_are_tabled_per_detector_and_target_and_summed_per_mechanism(records):
+    """Two detector entries failing on one target: the matrix shows each entry's own counts, the totals add
+    both entries' boxes per mechanism, in the classes' own order."""
+    study = st.Study(with_adapter_twin(records))
+    target = next(k[2] for k in study.tier3 if k[0] == "det")
+    counts = {"det": {"tie_order": 3, "nms_iou": 1}, "det+nms": {"tie_order": 2, "score_threshold": 4}}
+    for key, c in study.tier3.items():
+        if key[2] == target and key[0] in counts:
+            study.tier3[key] = {**c, "passed": False, "failure_class": "decision_flip",
+                                "flips": {"counts": counts[key[0]], "candidates": "both", "examples": []}}
+    matrix, totals = [rows_of(part) for part in st.block_flips(study).split("\n\n")[1::2]]
+    column = 1 + study.targets.index(target)
+    assert [r[0] for r in matrix] == ["det", "det+nms"]
+    assert matrix[0][column].endswith(": tie_order 3, nms_iou 1")
+    assert matrix[1][column].endswith(": tie_order 2, score_threshold 4")
+    by_mechanism = {r[0]: r[1:] for r in totals}
+    assert list(by_mechanism) == ["tie_order", "score_threshold", "nms_iou", "**all**"]  # the classes' own order
+    assert by_mechanism["tie_order"][column - 1] == "5" and by_mechanism["tie_order"][-1] == "5"
+    assert by_mechanism["**all**"][-1] == "10"
+
+
+SURVEY = [
+    {"model": "a", "inputs": "x", "target": "compile-cpu", "first_divergent": "layer1.conv", "first_divergent_by": "own",
+     "culprit": "layer1.conv", "module_types": {"layer1.conv": "Conv2d"}, "tier1": {"required_atol": 2e-4}, "wall_s": 12.0},
+    {"model": "b", "inputs": "x", "target": "onnxruntime-cpu", "first_divergent": "features.3", "first_divergent_by": "propagated",
+     "culprit": None, "module_types": {"features.3": "Conv2d"}, "wall_s": 30.0},
+    {"model": "b", "inputs": "x", "target": "compile-cpu", "first_divergent": "head.se", "first_divergent_by": "own",
+     "culprit": "head.se", "module_types": {"head.se": "SqueezeExcitation"}, "wall_s": 8.0},
+    {"model": "c", "inputs": "x", "target": "compile-cpu", "error": "localize wrote no layers record: boom", "wall_s": 3.0},
+    {"model": "e", "inputs": "x", "target": "onnxruntime-ts-cpu", "first_divergent": None, "culprit": None,
+     "verdict": "inconclusive: the target could not run them alone", "wall_s": 60.0},
+    {"model": "d", "inputs": "x", "target": "compile-cpu", "kind": "layers",
+     "error": "not reached: the survey's time budget was spent"},
+]
+
+
+def test_the_localize_survey_counts_first_divergent_module_types(records):
+    study = st.Study(records, survey=SURVEY)
+    text = st.block_localize(study)
+    assert text.startswith("6 float32 tier-1 failures (numeric_drift or nonfinite) to localize: 4 localized, "
+                           "1 where localize gave no layers, 1 not reached")
+    by_type, per_check = [rows_of(part) for part in text.split("\n\n")[2::2]]
+    assert by_type[0][:3] == ["`Conv2d`", "2", "compile-cpu 1, onnxruntime-cpu 1"]
+    assert by_type[1][:2] == ["`SqueezeExcitation`", "1"]
+    assert by_type[2][:3] == ["(no layer over the threshold)", "1", "onnxruntime-ts-cpu 1"]
+    assert [r[0] for r in per_check] == ["a", "b", "b", "c", "e", "d"] and per_check[0][4] == "2.0e-04"
+    assert per_check[4][2] == "none" and per_check[4][6] == "inconclusive: the target could not run them alone"
+    assert st.block_localize(st.Study(records)).startswith("No per-layer survey")
+
+
+def test_the_archive_keeps_the_survey_s_fields_and_drops_a_stale_one(records, tmp_path):
+    run = tmp_path / "run"
+    (run / "localize").mkdir(parents=True)
+    (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run / "localize" / "survey.jsonl").write_text(json.dumps({**SURVEY[0], "levels": [{"parent": None}]}) + "\n")
+    survey_out = tmp_path / "survey.jsonl.gz"
+    st.archive(run, tmp_path / "records.jsonl.gz", tmp_path / "time.txt", survey_out)
+    assert st.load_records(survey_out) == [SURVEY[0]]  # the per-layer tables (levels) left in the run folder
+    (run / "localize" / "survey.jsonl").unlink()
+    st.archive(run, tmp_path / "records.jsonl.gz", tmp_path / "time.txt", survey_out)
+    assert not survey_out.exists()
+
+
+def test_scale_free_of_the_required_atol():
+    check = {"leaves": [{"max_abs": 2e-3, "required_atol": 1e-3, "reference_rms": 10.0},
+                        {"max_abs": 2e-5, "required_atol": 1e-5, "reference_rms": 1e-3}]}
+    assert st.scale_free(check, "required_atol") == pytest.approx(1e-2)  # the second leaf's, of the smaller atol
+    assert st.scale_free(check) == pytest.approx(2e-2)
+    assert st.scale_free({"leaves": [{"max_abs": 1.0, "required_atol": None, "reference_rms": 1.0}]}, "required_atol") is None
+
+
+def test_the_survey_localizes_float32_numeric_failures_in_the_run_s_order(tmp_path):
+    """benchmarks/study_localize.py picks the float32 targets' failed tier-1 checks that both sides produced
+    outputs for (numeric_drift, nonfinite), in the order the run recorded them; and reads a records file that
+    is still being written up to its last complete line."""
+    spec = importlib.util.spec_from_file_location("study_localize", ROOT / "benchmarks" / "study_localize.py")
+    survey = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(survey)
+    run = {"kind": "run", "config": {"targets": [{"backend": "compile"}, {"backend": "eager", "dtype": "bfloat16"},
+                                                 {"backend": "onnxruntime", "name": "ort-ts", "options": {"exporter": "torchscript"}}]}}
+
+    def check(model, target, passed=False, failure_class="numeric_drift", status="ok", tier=1):
+        return {"kind": "check", "tier": tier, "model": model, "target": target, "inputs": "x", "status": status,
+                "passed": passed, "failure_class": failure_class}
+
+    records = [run, check("m2", "compile-cpu"), check("m1", "eager-cpu-bfloat16"), check("m1", "compile-cpu", passed=True),
+               check("m1", "ort-ts", failure_class="unsupported_op"), check("m1", "ort-ts", failure_class="nonfinite"),
+               check("m1", "compile-cpu", tier=3, failure_class="decision_flip"), check("m3", "compile-cpu", status="skipped")]
+    picked = survey.survey_checks(records)
+    assert [(c["model"], c["target"], c["failure_class"]) for c in picked] == [
+        ("m2", "compile-cpu", "numeric_drift"), ("m1", "ort-ts", "nonfinite")]
+    path = tmp_path / "records.jsonl"
+    path.write_text(json.dumps(run) + "\n" + json.dumps(records[1]) + "\n" + '{"kind": "che')
+    assert survey.read_jsonl(path) == [run, records[1]]
+    assert survey.survey_checks([]) == []
+
+
+def test_a_run_stopped_before_the_end_says_which_entries_it_did_not_reach(records):
+    """A run stopped at its time limit: the entries without a check are named as not run and left out of every
+    table, and GNU time's report of the signal shows in the run block."""
+    stopped = copy.deepcopy(records)
+    run = next(r for r in stopped if r["kind"] == "run")
+    run["config"]["models"].append({**run["config"]["models"][0], "name": "later"})
+    study = st.Study(stopped, st.wall_time("\tCommand terminated by signal 15\n" + GNU_TIME))
+    assert study.unrun == ["later"] and "later" not in study.models
+    assert "- **Not run**: 1 entry of the experiment that the run did not reach before it was stopped: later." \
+        in st.block_design(study)
+    assert "it was stopped (signal 15) before it finished" in st.block_run(study)
+    assert "stopped" not in st.block_run(st.Study(records, st.wall_time(GNU_TIME)))
