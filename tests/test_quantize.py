@@ -207,3 +207,44 @@ def test_executorch_int8_needs_its_xnnpack_delegate(write_yaml):
     problems = problems_of(write_yaml, [{"backend": "executorch", "options": {"delegate": "none"},
                                          "quantize": {"scheme": "pt2e-xnnpack", "calibration": "calib"}}])
     assert len(problems) == 1 and "ExecuTorch runs int8 through its XNNPACK delegate" in problems[0]
+
+
+def count_experiment(write_yaml, entry: str):
+    """CountClassifier (tests/fixtures/tiny.py) on 8 binary 4x4 images, calibrated on 8 uniform in [0, 1] (the
+    same range; an observer's range search on two values is slow): int8 flips every decision of class 0 (5 of
+    8), and only its layer `b` is to blame; tier 3 asks for every decision."""
+    shape = [8, 3, 4, 4]
+    data = tiny_experiment([PT2E.model_dump(exclude_defaults=True)], tolerances={"atol": [1e-3], "gate": 1e-3},
+                           inputs=[{"name": "images", "synthetic": {"shape": shape, "distribution": "randint",
+                                                                    "low": 0.0, "high": 2.0, "seed": 0}},
+                                   {"name": "calib", "synthetic": {"shape": shape, "distribution": "uniform", "seed": 1}}],
+                           tiers={"tasks": {"classification": {"top1_agreement": 1.0}}})
+    data["models"][0].update(entry=entry, inputs=["images"], task="classification")
+    return write_yaml(data)
+
+
+def test_a_tier3_fallback_keeps_the_flipping_layer_in_float_and_times_int8_against_float(write_yaml, tmp_path, capsys):
+    path = count_experiment(write_yaml, "tests.fixtures.tiny:CountClassifier")
+    assert main(["fallback", str(path), "--tier", "3", "--out", str(tmp_path / "out")]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    [record] = RunView.read(tmp_path / "out").fallbacks
+    assert record["aim"] == "tier 3" and record["runs_in"] == "float"
+    assert record["task_before"]["top1_flips"] == 5 and record["task_after"]["top1_flips"] == 0
+    assert record["passed"] and record["modules"] == ["b"] and not record["whole_model"]
+    assert record["tried"] == 1  # [b] alone: no shrink trial of the empty set, which ran first and failed
+    assert all(record[k] > 0 for k in ("latency_before_s", "latency_after_s", "latency_float_s"))
+    assert "fallback: [b]; median latency" in printed and "the float model on the same backend: " in printed
+    assert "apply it: in the target's entry, fallback: [tiny:b]" in printed
+
+
+def test_a_tier3_fallback_that_no_module_set_restores_fails(write_yaml, tmp_path, capsys):
+    """The flipping conv is the model's own `F.conv2d`, inside no module: every module in float still flips
+    the same decisions, and the command says no set passes, exits 1 and offers no set to apply."""
+    path = count_experiment(write_yaml, "tests.fixtures.tiny:count_classifier_functional")
+    assert main(["fallback", str(path), "--tier", "3", "--out", str(tmp_path / "out")]) == 1
+    printed = " ".join(capsys.readouterr().out.split())
+    [record] = RunView.read(tmp_path / "out").fallbacks
+    assert not record["passed"] and record["task_after"]["top1_flips"] == 5 and set(record["modules"]) == {"a", "head"}
+    assert record["latency_float_s"] is None
+    assert "no fallback among the localized layers makes the check pass" in printed and "apply it" not in printed
+    assert "next: lower the thresholds in tiers.tasks" in printed
