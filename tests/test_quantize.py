@@ -248,3 +248,32 @@ def test_a_tier3_fallback_that_no_module_set_restores_fails(write_yaml, tmp_path
     assert record["latency_float_s"] is None
     assert "no fallback among the localized layers makes the check pass" in printed and "apply it" not in printed
     assert "next: lower the thresholds in tiers.tasks" in printed
+
+
+def test_executorch_int8_keeps_a_fallback_module_in_float():
+    """ExecuTorch's pt2e-xnnpack with `a` and `b` kept in float (XNNPACKQuantizer refuses `set_module_name(name,
+    None)`; a filter function declines their nodes): the deployed program agrees with the float model on every
+    decision that int8 flips (CountClassifier). Both: XNNPACK quantizes `a`'s output too, where the copies of
+    channel 0 lose their pixels before `b` sees them."""
+    pytest.importorskip("executorch")
+    from parity.backends.executorch import ExecuTorchBackend
+    from tests.fixtures.tiny import CountClassifier
+
+    spec = BackendSpec(backend="executorch", quantize={"scheme": "pt2e-xnnpack", "calibration": "calib"})
+    model = CountClassifier().eval()
+    x = Inputs((torch.randint(0, 2, (8, 3, 4, 4), generator=torch.Generator().manual_seed(0)).float(),))
+    calib = [Inputs((torch.rand(8, 3, 4, 4, generator=torch.Generator().manual_seed(1)),))]
+
+    def decisions(kept: list[str]) -> list[int]:
+        backend = ExecuTorchBackend(spec)
+        backend.calibration = calib
+        backend.prepare(apply_fallback(model, kept, spec), x)
+        try:
+            return backend.run(x).argmax(1).tolist()
+        finally:
+            backend.close()
+
+    with torch.no_grad():
+        expected = model(*x.args).argmax(1).tolist()
+    assert expected.count(0) == 5 and decisions([]) == [1] * 8  # int8 b: no pixel on, class 1 for every image
+    assert decisions(["a", "b"]) == expected
