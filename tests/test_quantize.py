@@ -277,3 +277,22 @@ def test_executorch_int8_keeps_a_fallback_module_in_float():
         expected = model(*x.args).argmax(1).tolist()
     assert expected.count(0) == 5 and decisions([]) == [1] * 8  # int8 b: no pixel on, class 1 for every image
     assert decisions(["a", "b"]) == expected
+
+
+def test_the_trained_int8_example_is_valid(tmp_path, capsys):
+    """examples/int8_trained.yaml reads what `make int8-demo`'s training writes under parity-out/ (not in a
+    clone): valid with stand-ins for those files, beside a copy of the example."""
+    from PIL import Image
+
+    from tests.conftest import ROOT
+
+    (tmp_path / "examples").mkdir()
+    example = tmp_path / "examples" / "int8_trained.yaml"
+    example.write_text((ROOT / "examples" / "int8_trained.yaml").read_text())
+    digits = tmp_path / "parity-out" / "digits"
+    for folder in ("heldout", "calibration"):
+        (digits / folder).mkdir(parents=True)
+        Image.new("L", (32, 32)).save(digits / folder / "0000.png")
+    torch.save({}, digits / "resnet18_digits.pt")
+    assert main(["validate", str(example)]) == 0
+    assert "valid" in capsys.readouterr().out
