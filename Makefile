@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # torch and torchvision are pinned to the builds this project is tested with.
 TORCH  := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: demo test test-portable lint study-deps clean
+.PHONY: demo int8-demo test test-portable lint study-deps clean
 
 $(BIN)/parity: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,20 @@ $(BIN)/parity: pyproject.toml
 # Exit code 1 means "some check failed": the demo shows drift on purpose (bfloat16), so it is not an error here.
 demo: $(BIN)/parity
 	$(BIN)/parity run examples/quickstart.yaml --out parity-out/quickstart || [ $$? -eq 1 ]
+
+# int8 on a trained ResNet-18 (examples/int8_trained.yaml): trains it on scikit-learn's bundled digits when its
+# weights are missing (a few minutes on 2 cores; nothing downloaded), then runs the experiment, localizes the int8
+# compile target's error and finds the layers to keep in float for its top-1 decisions. Exit 1 from `run` is the
+# int8 drift the demo shows on purpose.
+DIGITS := parity-out/digits
+$(DIGITS)/resnet18_digits.pt:
+	$(BIN)/python examples/models/train_digits_resnet18.py --out $(DIGITS)
+
+int8-demo: $(BIN)/parity $(DIGITS)/resnet18_digits.pt
+	rm -rf parity-out/int8-trained parity-out/int8-localize parity-out/int8-fallback
+	$(BIN)/parity run examples/int8_trained.yaml --out parity-out/int8-trained || [ $$? -eq 1 ]
+	$(BIN)/parity localize examples/int8_trained.yaml --target compile-cpu-int8-pt2e-x86 --out parity-out/int8-localize
+	$(BIN)/parity fallback examples/int8_trained.yaml --target compile-cpu-int8-pt2e-x86 --tier 3 --out parity-out/int8-fallback
 
 # The slowest tests are listed at the end: the suite must stay under 15 minutes on 2 cores.
 test: $(BIN)/parity

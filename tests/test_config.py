@@ -31,7 +31,12 @@ def problems_of(path) -> list[str]:
     return info.value.problems
 
 
-@pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+# examples that read files a make target writes (validated with stand-ins by their own test)
+GENERATED = {"int8_trained.yaml": "tests/test_quantize.py::test_the_trained_int8_example_is_valid"}
+
+
+@pytest.mark.parametrize("example", sorted(p for p in (ROOT / "examples").glob("*.yaml") if p.name not in GENERATED),
+                         ids=lambda p: p.name)
 def test_examples_are_valid(example, capsys):
     assert main(["validate", str(example)]) == 0
     assert "valid" in capsys.readouterr().out

@@ -210,3 +210,94 @@ def test_executorch_int8_needs_its_xnnpack_delegate(write_yaml):
     problems = problems_of(write_yaml, [{"backend": "executorch", "options": {"delegate": "none"},
                                          "quantize": {"scheme": "pt2e-xnnpack", "calibration": "calib"}}])
     assert len(problems) == 1 and "ExecuTorch runs int8 through its XNNPACK delegate" in problems[0]
+
+
+def count_experiment(write_yaml, entry: str):
+    """CountClassifier (tests/fixtures/tiny.py) on 8 binary 4x4 images, calibrated on 8 uniform in [0, 1] (the
+    same range; an observer's range search on two values is slow): int8 flips every decision of class 0 (5 of
+    8), and only its layer `b` is to blame; tier 3 asks for every decision."""
+    shape = [8, 3, 4, 4]
+    data = tiny_experiment([PT2E.model_dump(exclude_defaults=True)], tolerances={"atol": [1e-3], "gate": 1e-3},
+                           inputs=[{"name": "images", "synthetic": {"shape": shape, "distribution": "randint",
+                                                                    "low": 0.0, "high": 2.0, "seed": 0}},
+                                   {"name": "calib", "synthetic": {"shape": shape, "distribution": "uniform", "seed": 1}}],
+                           tiers={"tasks": {"classification": {"top1_agreement": 1.0}}})
+    data["models"][0].update(entry=entry, inputs=["images"], task="classification")
+    return write_yaml(data)
+
+
+def test_a_tier3_fallback_keeps_the_flipping_layer_in_float_and_times_int8_against_float(write_yaml, tmp_path, capsys):
+    path = count_experiment(write_yaml, "tests.fixtures.tiny:CountClassifier")
+    assert main(["fallback", str(path), "--tier", "3", "--out", str(tmp_path / "out")]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    [record] = RunView.read(tmp_path / "out").fallbacks
+    assert record["aim"] == "tier 3" and record["runs_in"] == "float"
+    assert record["task_before"]["top1_flips"] == 5 and record["task_after"]["top1_flips"] == 0
+    assert record["passed"] and record["modules"] == ["b"] and not record["whole_model"]
+    assert record["tried"] == 1  # [b] alone: no shrink trial of the empty set, which ran first and failed
+    assert all(record[k] > 0 for k in ("latency_before_s", "latency_after_s", "latency_float_s"))
+    assert "fallback: [b]; median latency" in printed and "the float model on the same backend: " in printed
+    assert "apply it: in the target's entry, fallback: [tiny:b]" in printed
+
+
+def test_a_tier3_fallback_that_no_module_set_restores_fails(write_yaml, tmp_path, capsys):
+    """The flipping conv is the model's own `F.conv2d`, inside no module: every module in float still flips
+    the same decisions, and the command says no set passes, exits 1 and offers no set to apply."""
+    path = count_experiment(write_yaml, "tests.fixtures.tiny:count_classifier_functional")
+    assert main(["fallback", str(path), "--tier", "3", "--out", str(tmp_path / "out")]) == 1
+    printed = " ".join(capsys.readouterr().out.split())
+    [record] = RunView.read(tmp_path / "out").fallbacks
+    assert not record["passed"] and record["task_after"]["top1_flips"] == 5 and set(record["modules"]) == {"a", "head"}
+    assert record["latency_float_s"] is None
+    assert "no fallback among the localized layers makes the check pass" in printed and "apply it" not in printed
+    assert "next: lower the thresholds in tiers.tasks" in printed
+
+
+def test_executorch_int8_keeps_a_fallback_module_in_float():
+    """ExecuTorch's pt2e-xnnpack with `a` and `b` kept in float (XNNPACKQuantizer refuses `set_module_name(name,
+    None)`; a filter function declines their nodes): the deployed program agrees with the float model on every
+    decision that int8 flips (CountClassifier). Both: XNNPACK quantizes `a`'s output too, where the copies of
+    channel 0 lose their pixels before `b` sees them."""
+    pytest.importorskip("executorch")
+    from parity.backends.executorch import ExecuTorchBackend
+    from tests.fixtures.tiny import CountClassifier
+
+    spec = BackendSpec(backend="executorch", quantize={"scheme": "pt2e-xnnpack", "calibration": "calib"})
+    model = CountClassifier().eval()
+    x = Inputs((torch.randint(0, 2, (8, 3, 4, 4), generator=torch.Generator().manual_seed(0)).float(),))
+    calib = [Inputs((torch.rand(8, 3, 4, 4, generator=torch.Generator().manual_seed(1)),))]
+
+    def decisions(kept: list[str]) -> list[int]:
+        backend = ExecuTorchBackend(spec)
+        backend.calibration = calib
+        backend.prepare(apply_fallback(model, kept, spec), x)
+        try:
+            return backend.run(x).argmax(1).tolist()
+        finally:
+            backend.close()
+
+    with torch.no_grad():
+        expected = model(*x.args).argmax(1).tolist()
+    # int8 (eager's pt2e-xnnpack graph, the reference numerics of the deployed one; no lowering): no pixel on, class 1
+    int8 = run_on(BackendSpec(backend="eager", quantize=spec.quantize), copy.deepcopy(model), x, calib)
+    assert expected.count(0) == 5 and int8.argmax(1).tolist() == [1] * 8
+    assert decisions(["a", "b"]) == expected
+
+
+def test_the_trained_int8_example_is_valid(tmp_path, capsys):
+    """examples/int8_trained.yaml reads what `make int8-demo`'s training writes under parity-out/ (not in a
+    clone): valid with stand-ins for those files, beside a copy of the example."""
+    from PIL import Image
+
+    from tests.conftest import ROOT
+
+    (tmp_path / "examples").mkdir()
+    example = tmp_path / "examples" / "int8_trained.yaml"
+    example.write_text((ROOT / "examples" / "int8_trained.yaml").read_text())
+    digits = tmp_path / "parity-out" / "digits"
+    for folder in ("heldout", "calibration"):
+        (digits / folder).mkdir(parents=True)
+        Image.new("L", (32, 32)).save(digits / folder / "0000.png")
+    torch.save({}, digits / "resnet18_digits.pt")
+    assert main(["validate", str(example)]) == 0
+    assert "valid" in capsys.readouterr().out

@@ -318,6 +318,10 @@ def cmd_fallback(args: argparse.Namespace) -> int:
         ratio = record["latency_ratio"]
         console.print(escape(f"fallback: [{', '.join(result.modules)}]; median latency {result.latency_before_s * 1e3:.2f} ms "
                              f"-> {result.latency_after_s * 1e3:.2f} ms ({ratio:.2f}x)"))
+        if result.latency_float_s is not None:
+            console.print(escape(f"the float model on the same backend: {result.latency_float_s * 1e3:.2f} ms (int8 "
+                                 f"{result.latency_before_s / result.latency_float_s:.2f}x, with the fallback "
+                                 f"{result.latency_after_s / result.latency_float_s:.2f}x of it)"))
         qualified = ", ".join(f"{model_spec.name}:{m}" for m in result.modules)
         console.print(escape(f"apply it: in the target's entry, fallback: [{qualified}]"))
     else:

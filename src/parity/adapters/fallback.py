@@ -134,6 +134,7 @@ class FallbackResult:
     task_after: dict[str, Any] | None = None
     latency_before_s: float | None = None
     latency_after_s: float | None = None
+    latency_float_s: float | None = None  # int8 targets: the float model on the same backend, timed alongside
     tried: int = 0
     whole_model: bool = False  # the passing set is the whole model: no partial fallback exists
     next_step: str | None = None  # what to try when no partial fallback exists (set by the caller)
@@ -153,19 +154,19 @@ class Trial:
     task: dict[str, Any] | None = None
 
 
-def _latencies(spec, models: list[torch.nn.Module], inputs, runs: int, example=None) -> list[float]:
-    """The median run time of each model on the backend `spec`, prepared from `example` (None: `inputs`),
-    runs interleaved (one of each in turn), so that a slow spell of the machine falls on all of them alike.
-    Their exports come from the running model's artifacts, as the search's executions' do."""
+def _latencies(runs_on: list[tuple[BackendSpec, torch.nn.Module]], inputs, runs: int, example=None) -> list[float]:
+    """The median run time of each (backend spec, model), prepared from `example` (None: `inputs`), runs
+    interleaved (one of each in turn), so that a slow spell of the machine falls on all of them alike. Their
+    exports come from the running model's artifacts, as the search's executions' do."""
     from parity.execute.execution import new_backend
 
     backends = []
     try:
-        for model in models:
+        for spec, model in runs_on:
             backend = new_backend(spec)
             backends.append(backend)
             backend.prepare(copy.deepcopy(model), (example if example is not None else inputs).clone())
-        times: list[list[float]] = [[] for _ in models]
+        times: list[list[float]] = [[] for _ in runs_on]
         for _ in range(runs):
             for backend, spent in zip(backends, times, strict=True):
                 fresh = inputs.clone()
@@ -173,8 +174,8 @@ def _latencies(spec, models: list[torch.nn.Module], inputs, runs: int, example=N
                 backend.run(fresh)
                 spent.append(time.perf_counter() - start)
         return [statistics.median(t) for t in times]
-    except Exception:  # the search already ran both; a failure here only loses the timing
-        return [float("nan")] * len(models)
+    except Exception:  # the search already ran them; a failure here only loses the timing
+        return [float("nan")] * len(runs_on)
     finally:
         for backend in backends:
             backend.close()
@@ -228,6 +229,8 @@ def find_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn.M
         result.modules, result.required_atol_after, result.task_after = chosen, trial.required_atol, trial.task
         return result
     for name in list(chosen):  # shrink: drop each module the check passes without
+        if len(chosen) == 1:  # without it, no module: the check ran so first, and failed
+            break
         smaller = judge([c for c in chosen if c != name])
         result.tried += 1
         if smaller.passed:
@@ -235,8 +238,11 @@ def find_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn.M
     result.modules, result.passed = chosen, True
     result.whole_model = is_whole_model(model, chosen)
     result.required_atol_after, result.task_after = trial.required_atol, trial.task
-    result.latency_before_s, result.latency_after_s = _latencies(
-        target, [model, apply_fallback(model, chosen, target)], inputs, latency_runs, example)
+    timed = [(target, model), (target, apply_fallback(model, chosen, target))]
+    if target.quantize is not None:  # what int8 saves at all: the float model on the same backend
+        timed.append((target.model_copy(update={"quantize": None}), model))
+    result.latency_before_s, result.latency_after_s, *float_s = _latencies(timed, inputs, latency_runs, example)
+    result.latency_float_s = float_s[0] if float_s else None
     return result
 
 

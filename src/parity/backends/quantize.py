@@ -9,7 +9,8 @@
   layers: int8 weights; dynamic: activations too, their scale computed per call). Modules are kept.
 
 A module marked with `keep_float` (what `parity fallback` keeps in float) is left out of quantization: PT2E
-annotates none of its ops, `quantize_` skips it. `quantize_pt2e` takes an ExportedProgram or a GraphModule, so a
+annotates none of its ops (X86: `set_module_name_qconfig(name, None)`; XNNPACK, whose `set_module_name` refuses
+None: a filter function that declines the module's nodes), `quantize_` skips it. `quantize_pt2e` takes an ExportedProgram or a GraphModule, so a
 backend that exports for itself (ExecuTorch) can quantize its own program.
 """
 
@@ -83,11 +84,14 @@ def quantize_pt2e(program: Any, scheme: str, calibration: list[Inputs], keep: li
 
     graph = program.module() if isinstance(program, torch.export.ExportedProgram) else program
     quantizer = _quantizer(scheme)
-    for name in keep:
-        if scheme == "pt2e-x86":
+    if scheme == "pt2e-x86":
+        for name in keep:
             quantizer.set_module_name_qconfig(name, None)
-        else:
-            quantizer.set_module_name(name, None)
+    elif keep:  # XNNPACKQuantizer.set_module_name refuses None ("not supported yet"): filter the nodes out instead
+        from torchao.quantization.pt2e.quantizer import get_module_name_filter
+
+        inside = [get_module_name_filter(name) for name in keep]
+        quantizer.set_filter_function(lambda node: not any(f(node) for f in inside))
     prepared = prepare_pt2e(graph, quantizer)
     with torch.no_grad():
         for inputs in calibration:

@@ -341,6 +341,8 @@ class Fallback(Record):
     latency_before_s: float | None = Field(description="Median run time without fallback.")
     latency_after_s: float | None = Field(description="... and with it.")
     latency_ratio: float | None = Field(description="after / before.")
+    latency_float_s: float | None = Field(
+        description="int8 targets: the float model's median run time on the same backend, timed alongside.")
     tried: int = Field(description="How many sets were tried.")
     whole_model: bool = Field(description="Whether the set is the whole model: no partial fallback exists.")
     next_step: str | None = Field(description="What to try when no partial fallback exists.")
