@@ -8,6 +8,7 @@ from pathlib import Path
 
 from parity.errors import ParityError
 from parity.inputs import Inputs
+from parity.offline import quiet_library_imports
 
 
 def load_tokenizer(folder: Path):
@@ -15,7 +16,8 @@ def load_tokenizer(folder: Path):
     if not folder.is_dir():
         raise ParityError(f"tokenizer folder not found: {folder} (a local save_pretrained folder; nothing is downloaded)")
     try:
-        from transformers import AutoTokenizer
+        with quiet_library_imports():  # transformers imports torchao, when installed
+            from transformers import AutoTokenizer
     except ImportError as exc:
         raise ParityError("text inputs need the transformers package: pip install 'parity[transformers]'") from exc
     try:

@@ -47,7 +47,8 @@ class TransformersSpec(ModelSpecBase):
 
 def _transformers():
     try:
-        import transformers
+        with quiet_library_imports():  # transformers imports torchao, when installed
+            import transformers
     except ImportError as exc:
         raise ParityError("source 'transformers' needs the transformers package: "
                           "pip install 'parity[transformers]'") from exc
@@ -63,7 +64,8 @@ def model_class(name: str):
     """The transformers class `name` names: an Auto class or a PreTrainedModel subclass."""
     transformers = _transformers()
     try:
-        cls = getattr(transformers, name, None) if name.isidentifier() else None
+        with quiet_library_imports():  # a model class's module imports transformers' quantizers, torchao among them
+            cls = getattr(transformers, name, None) if name.isidentifier() else None
     except (ImportError, RuntimeError) as exc:  # a class whose own dependencies are not installed here
         raise ParityError(f"transformers class '{name}' cannot be imported here: {str(exc).splitlines()[0]}") from exc
     if not isinstance(cls, type) or not (hasattr(cls, "from_config") or issubclass(cls, transformers.PreTrainedModel)):
