@@ -37,8 +37,8 @@ class OnnxRuntimeOptions(DynamicShapeOptions):
     exporter: Literal["dynamo", "torchscript"] = "dynamo"
     opset: int | None = Field(default=None, ge=7)
     threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)
-    # CUDA: the CUDA execution provider's `use_tf32` (None: ONNX Runtime's default, which allows TensorFloat-32).
-    tf32: bool | None = None
+    tf32: bool | None = Field(default=None, description="CUDA: the CUDA execution provider's use_tf32 (None: ONNX "
+                                                        "Runtime's default, which allows TensorFloat-32)")
 
     @model_validator(mode="after")
     def _exporter_shapes(self) -> OnnxRuntimeOptions:
@@ -305,8 +305,8 @@ def _provider_name(provider: str | tuple[str, dict]) -> str:
 
 
 class OnnxRuntimeTensorRTOptions(OnnxRuntimeOptions):
-    # The TensorRT execution provider's `trt_fp16_enable`: float16 kernels allowed while the graph stays float32.
-    fp16: bool = False
+    fp16: bool = Field(default=False, description="the TensorRT provider's trt_fp16_enable: float16 kernels allowed "
+                                                  "while the graph stays float32")
 
 
 class OnnxRuntimeTensorRTBackend(OnnxRuntimeBackend):
