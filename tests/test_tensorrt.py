@@ -165,6 +165,28 @@ def test_repro_snippet_compiles_as_the_backend_does():
     assert "'TensorrtExecutionProvider', {'device_id': 0, 'trt_fp16_enable': '1'}" in ort_snippet
 
 
+def test_outputs_are_rebuilt_into_the_model_s_structure():
+    """A compiled module returns its tensors flat (or structured): each goes back to its own leaf, and the
+    constant leaves come from the eager run. Checked on the CPU with a stand-in for the compiled module."""
+    from torch.utils._pytree import tree_leaves
+
+    from parity.backends.base import OutputSpec
+    from parity.inputs import Inputs
+    from tests.fixtures.tiny import Structured
+
+    model, inputs = Structured().eval(), Inputs(args=(torch.randn(2, 4),))
+    backend = TensorRTBackend(BackendSpec(backend="tensorrt", device="cpu"))  # cpu: the rebuild alone, no engine
+    backend.outputs = OutputSpec(model, inputs)
+    flat = lambda x: [t for t in tree_leaves(model(x)) if isinstance(t, torch.Tensor)]  # noqa: E731
+    out = backend.call(flat, inputs)
+    with torch.no_grad():
+        expected = model(*inputs.args)
+    assert out["count"] == 2
+    torch.testing.assert_close(out["dets"][0]["boxes"], expected["dets"][0]["boxes"])
+    torch.testing.assert_close(out["pair"], expected["pair"])
+    assert torch.equal(out["dets"][0]["labels"], expected["dets"][0]["labels"])
+
+
 CUDA_OK = torch.cuda.is_available()
 
 
