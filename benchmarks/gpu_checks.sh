@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA GPU, in one go (a few minutes on one GPU): the gpu-marked tests, the CUDA
 # examples (classifiers and a segmentation model in float32, bfloat16 and torch.compile on the GPU; a
-# detector with and without the deterministic NMS adapter), and tier 2 and fallback on a CUDA target.
+# detector with and without the deterministic NMS adapter), TensorRT (examples/tensorrt.yaml, when
+# torch-tensorrt and ONNX Runtime's TensorRT provider are installed), and tier 2 and fallback on a CUDA target.
 # Everything is judged against eager float32 on the CPU. Writes its log and records under $OUT (default
 # gpu-out). Run from the repository root with parity importable (pip install -e . or PYTHONPATH=src).
 # QUICK=1 (about a minute): the tests, ResNet-18 alone from cuda.yaml, and the detector in worker processes.
@@ -29,6 +30,14 @@ step() { echo; echo "=== $1"; }
   time timeout 300 python3 -m parity.cli run examples/cuda.yaml --out "$OUT/cuda" --quiet --no-report --no-cache
   step "examples/detection_cuda.yaml"
   time timeout 150 python3 -m parity.cli run examples/detection_cuda.yaml --out "$OUT/detection" --quiet --no-report --no-cache
+  step "examples/tensorrt.yaml (torch-tensorrt and ONNX Runtime's TensorRT provider)"
+  if ! python3 -c "import torch_tensorrt" 2>/dev/null; then
+    echo "skipped: torch_tensorrt is not importable (pip install torch-tensorrt)"
+  elif ! python3 -c "import onnxruntime as o, sys; sys.exit('TensorrtExecutionProvider' not in o.get_available_providers())"; then
+    echo "skipped: onnxruntime has no TensorrtExecutionProvider (pip install onnxruntime-gpu, with TensorRT's libraries)"
+  else
+    time timeout 600 python3 -m parity.cli run examples/tensorrt.yaml --out "$OUT/tensorrt" --quiet --no-report --no-cache
+  fi
   step "localize resnet18 on eager-cuda-bfloat16"
   timeout 90 python3 -m parity.cli localize examples/cuda.yaml --model resnet18 --target eager-cuda-bfloat16 --out "$OUT/localize" --no-cache
   step "fallback resnet18 on eager-cuda-bfloat16"

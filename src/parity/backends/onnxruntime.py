@@ -37,6 +37,8 @@ class OnnxRuntimeOptions(DynamicShapeOptions):
     exporter: Literal["dynamo", "torchscript"] = "dynamo"
     opset: int | None = Field(default=None, ge=7)
     threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)
+    tf32: bool | None = Field(default=None, description="CUDA: the CUDA execution provider's use_tf32 (None: ONNX "
+                                                        "Runtime's default, which allows TensorFloat-32)")
 
     @model_validator(mode="after")
     def _exporter_shapes(self) -> OnnxRuntimeOptions:
@@ -131,7 +133,7 @@ class OnnxRuntimeBackend(Backend):
     dtypes = ("float32", "float16")
     Options = OnnxRuntimeOptions
     model_kinds = ("module", "exported", "torchscript", "onnx")
-    session_options = ("graph_optimization_level", "threads")  # the session's, not the exported graph's
+    session_options = ("graph_optimization_level", "threads", "tf32")  # the session's, not the exported graph's
     # What exporting means, which an ONNX file (run as it is) does not need.
     EXPORT_OPTIONS = ("exporter", "opset", "dynamic", "dynamic_shapes")
 
@@ -150,14 +152,32 @@ class OnnxRuntimeBackend(Backend):
         return None
 
     @classmethod
+    def spec_problem(cls, spec) -> str | None:
+        if spec.options.get("tf32") is not None and not spec.device.startswith("cuda"):
+            return "option tf32 applies to CUDA devices only"
+        return None
+
+    @classmethod
+    def providers(cls, spec, options: OnnxRuntimeOptions) -> list:
+        """The session's execution providers, first the one this target is named for."""
+        device = torch.device(spec.device)
+        if device.type != "cuda":
+            return ["CPUExecutionProvider"]
+        cuda = {"device_id": device.index or 0}
+        if options.tf32 is not None:
+            cuda["use_tf32"] = "1" if options.tf32 else "0"
+        return [("CUDAExecutionProvider", cuda)]
+
+    @classmethod
     def available(cls, spec) -> str | None:
         try:
             import onnxruntime as ort
         except ImportError:
             return "onnxruntime is not installed (pip install onnxruntime)"
         if spec.device.startswith("cuda"):
-            if "CUDAExecutionProvider" not in ort.get_available_providers():
-                return "onnxruntime has no CUDAExecutionProvider here (pip install onnxruntime-gpu)"
+            provider = _provider_name(cls.providers(spec, cls.Options())[0])
+            if provider not in ort.get_available_providers():
+                return f"onnxruntime has no {provider} here (pip install onnxruntime-gpu)"
             return cuda_reason(spec.device)
         return None
 
@@ -166,9 +186,6 @@ class OnnxRuntimeBackend(Backend):
         """Exported as parity exports it (the exporter, the opset, the dynamic dims), to module.onnx beside the
         script (the graph an ONNX Runtime report needs), and run in a session with the target's options."""
         o = cls.Options.model_validate(spec.options)
-        device = torch.device(spec.device)
-        provider = (f'("CUDAExecutionProvider", {{"device_id": {device.index or 0}}})' if device.type == "cuda"
-                    else '"CPUExecutionProvider"')
         dynamic = o.dynamic or o.dynamic_shapes is not None
         return "\n".join([
             "import contextlib, io",
@@ -183,7 +200,7 @@ class OnnxRuntimeBackend(Backend):
             "options = ort.SessionOptions()",
             f"options.graph_optimization_level = ort.GraphOptimizationLevel.{LEVELS[o.graph_optimization_level]}",
             f"options.intra_op_num_threads = {o.threads or 'torch.get_num_threads()'}",
-            f'session = ort.InferenceSession(str(HERE / "module.onnx"), options, providers=[{provider}])',
+            f'session = ort.InferenceSession(str(HERE / "module.onnx"), options, providers={cls.providers(spec, o)!r})',
             "feed = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]",
             "out = [torch.from_numpy(a) for a in session.run(None, {i.name: t.contiguous().numpy() "
             "for i, t in zip(session.get_inputs(), feed)})]",
@@ -210,11 +227,13 @@ class OnnxRuntimeBackend(Backend):
         opts = ort.SessionOptions()
         opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[self.options.graph_optimization_level])
         opts.intra_op_num_threads = runtime_threads(self.options.threads)
-        if self.device.type == "cuda":
-            providers = [("CUDAExecutionProvider", {"device_id": self.device.index or 0})]
-        else:
-            providers = ["CPUExecutionProvider"]
+        providers = self.providers(self.spec, self.options)
         self.session = ort.InferenceSession(str(path), opts, providers=providers)
+        wanted, used = _provider_name(providers[0]), self.session.get_providers()
+        if not used or used[0] != wanted:
+            # ONNX Runtime's Python API retries on other providers when one fails to start (a CUDA or TensorRT
+            # library missing): outputs computed there would be judged under this target's name.
+            raise RuntimeError(f"ONNX Runtime could not start {wanted} (the session runs on {', '.join(used)} instead)")
         self.input_names = [i.name for i in self.session.get_inputs()]
 
     def _feed(self, inputs: Inputs) -> dict:
@@ -279,6 +298,33 @@ class OnnxRuntimeBackend(Backend):
     def close(self) -> None:
         self.session = None
         super().close()
+
+
+def _provider_name(provider: str | tuple[str, dict]) -> str:
+    return provider if isinstance(provider, str) else provider[0]
+
+
+class OnnxRuntimeTensorRTOptions(OnnxRuntimeOptions):
+    fp16: bool = Field(default=False, description="the TensorRT provider's trt_fp16_enable: float16 kernels allowed "
+                                                  "while the graph stays float32")
+
+
+class OnnxRuntimeTensorRTBackend(OnnxRuntimeBackend):
+    """ONNX Runtime with its TensorRT execution provider first (the CUDA provider runs what TensorRT does not
+    take). A backend of its own rather than an option of `onnxruntime`: a target's id is backend-device-dtype,
+    so two CUDA targets that differ only in their provider would share one id. Engines are not cached
+    (`trt_engine_cache_enable` stays off): nothing is written outside the output folder and parity's cache."""
+
+    name = "onnxruntime-tensorrt"
+    devices = ("cuda",)
+    legacy_devices = ()
+    Options = OnnxRuntimeTensorRTOptions
+    session_options = (*OnnxRuntimeBackend.session_options, "fp16")
+
+    @classmethod
+    def providers(cls, spec, options: OnnxRuntimeTensorRTOptions) -> list:
+        tensorrt = {"device_id": torch.device(spec.device).index or 0, "trt_fp16_enable": "1" if options.fp16 else "0"}
+        return [("TensorrtExecutionProvider", tensorrt), *super().providers(spec, options)]
 
 
 def _dynamic_lines(given: dict | list | None) -> list[str]:
