@@ -104,7 +104,7 @@ def test_each_file_source_builds_the_same_function():
 
 @pytest.mark.parametrize("target, message", [
     ({"backend": "compile"}, "backend 'compile' cannot run an ONNX graph file (model 'graph'; backends that run an "
-                             "ONNX graph file: eager, onnx2torch, onnxruntime, openvino)"),
+                             "ONNX graph file: eager, onnx2torch, onnxruntime, onnxruntime-tensorrt, openvino)"),
     ({"backend": "torchscript"}, "backend 'torchscript' cannot run an ONNX graph file"),
     ({"backend": "eager", "dtype": "bfloat16"}, "runs an ONNX graph file as ONNX Runtime CPU float32, without options"),
     ({"backend": "onnxruntime", "options": {"exporter": "torchscript"}}, "options exporter do not apply"),
