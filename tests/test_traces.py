@@ -106,18 +106,22 @@ def test_the_exporters_progress_lines_say_when_it_fell_back_to_another_capture()
 
 def test_an_onnx_export_that_fell_back_to_the_strict_capture_is_noted(write_yaml, tmp_path, capsys):
     """The check passes (dynamo traces numpy's sin into torch's), and the execution record, the check and the
-    console say that the graph came from the strict capture, and why the default one failed."""
+    console say that the graph came from the strict capture, and why the default one failed; a second run that
+    takes the export from the cache says it too."""
     exp = tiny_experiment([{"backend": "onnxruntime"}],
                           models=[{"name": "np", "source": "python", "entry": f"{FIX}:through_numpy"}],
                           inputs=[{"name": "x", "synthetic": {"shape": [2, 3]}}])
-    out = tmp_path / "out"
-    assert main(["run", str(write_yaml(exp)), "--out", str(out), "--no-report"]) == 0
-    [check] = [r for r in read_records(out) if r["kind"] == "check"]
-    [note] = [n for n in check["warnings"] if n["kind"] == "exporter" and "fell back" in n["message"]]
-    assert note["message"] == ("the ONNX exporter fell back: torch.export.export(..., strict=False) failed (RuntimeError: "
-                               ".numpy() is not supported for tensor subclasses.); the graph comes from "
-                               "torch.export.export(..., strict=True), not from the exporter's default capture")
-    assert "exporter: the ONNX exporter fell back" in " ".join(capsys.readouterr().out.split())
+    path, cache = write_yaml(exp), ["--cache-dir", str(tmp_path / "cache")]
+    for run in ("cold", "warm"):
+        out = tmp_path / run
+        assert main(["run", str(path), "--out", str(out), "--no-report", *cache]) == 0
+        [check] = [r for r in read_records(out) if r["kind"] == "check"]
+        [note] = [n for n in check["warnings"] if n["kind"] == "exporter" and "fell back" in n["message"]]
+        assert note["message"] == ("the ONNX exporter fell back: torch.export.export(..., strict=False) failed "
+                                   "(RuntimeError: .numpy() is not supported for tensor subclasses.); the graph comes "
+                                   "from torch.export.export(..., strict=True), not from the exporter's default capture")
+        assert "exporter: the ONNX exporter fell back" in " ".join(capsys.readouterr().out.split())
+    assert [r["cached"] for r in read_records(out) if r["kind"] == "execution" and r["backend"] == "onnxruntime-cpu"][0]
 
 
 def test_openvinos_trace_of_a_data_dependent_branch_is_flagged(write_yaml, tmp_path):

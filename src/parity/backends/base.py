@@ -163,9 +163,10 @@ class Backend(ABC):
         """A folder holding the artifact `kind` (an exported graph, a traced module) of `model` for inputs
         like `example`: from the artifact cache when it has it, else made by `build(folder)` (and cached
         when the model has an identity; see execute/cache.py). What building it warned of (a tracer's
-        "might cause the trace to be incorrect", an exporter's warnings) is kept beside it and warned again
-        each time it is used, so that an artifact from the cache says what a fresh one says."""
-        found = self.artifacts.fetch(kind, model, self, example, _keeping_warnings(build)) if self.artifacts is not None else None
+        "might cause the trace to be incorrect", an exporter's warnings) and noted (`note`) is kept beside it
+        and said again each time it is used, so that an artifact from the cache says what a fresh one says."""
+        build = self._recording(build)
+        found = self.artifacts.fetch(kind, model, self, example, build) if self.artifacts is not None else None
         if found is not None:
             folder, hit = found
             self.cache_hit = hit if self.cache_hit is None else self.cache_hit and hit
@@ -174,40 +175,44 @@ class Backend(ABC):
                 self._scratch = tempfile.TemporaryDirectory(prefix=f"parity-{self.name}-")
             folder = Path(self._scratch.name) / kind
             folder.mkdir()
-            _keeping_warnings(build)(folder)
-        _warn_again(folder)
+            build(folder)
+        self._say_again(folder)
         return folder
 
+    def _recording(self, build: Callable[[Path], None]) -> Callable[[Path], None]:
+        """`build`, what it warns of and notes written to the artifact's folder instead (`_say_again` says them)."""
 
-BUILD_WARNINGS = "build-warnings.json"  # beside an artifact: what building it warned of
+        def build_recording(folder: Path) -> None:
+            before = self.notes
+            with warnings.catch_warnings(record=True) as caught:
+                build(folder)
+            noted, self.notes = self.notes[len(before):], before
+            kept = [{"message": str(w.message), "category": f"{w.category.__module__}:{w.category.__qualname__}",
+                     "filename": w.filename, "lineno": w.lineno} for w in caught[:MAX_BUILD_WARNINGS]]
+            (folder / BUILD_RECORD).write_text(json.dumps({"warnings": kept, "notes": list(noted)}))
+
+        return build_recording
+
+    def _say_again(self, folder: Path) -> None:
+        """What building the artifact in `folder` warned of, warned again where it was warned first, and what
+        it noted, noted again."""
+        import importlib
+
+        path = folder / BUILD_RECORD
+        record = json.loads(path.read_text()) if path.exists() else {}
+        for w in record.get("warnings", []):
+            module, _, name = w["category"].partition(":")
+            try:
+                category = getattr(importlib.import_module(module), name)
+            except (ImportError, AttributeError):
+                category = UserWarning
+            warnings.warn_explicit(w["message"], category, w["filename"], w["lineno"])
+        for note in record.get("notes", []):
+            self.note(note["kind"], note["message"])
+
+
+BUILD_RECORD = "build-record.json"  # beside an artifact: what building it warned of and noted
 MAX_BUILD_WARNINGS = 100
-
-
-def _keeping_warnings(build: Callable[[Path], None]) -> Callable[[Path], None]:
-    """`build`, its warnings written to the artifact's folder instead of raised (`_warn_again` raises them)."""
-
-    def build_keeping(folder: Path) -> None:
-        with warnings.catch_warnings(record=True) as caught:
-            build(folder)
-        kept = [{"message": str(w.message), "category": f"{w.category.__module__}:{w.category.__qualname__}",
-                 "filename": w.filename, "lineno": w.lineno} for w in caught[:MAX_BUILD_WARNINGS]]
-        (folder / BUILD_WARNINGS).write_text(json.dumps(kept))
-
-    return build_keeping
-
-
-def _warn_again(folder: Path) -> None:
-    """The warnings building the artifact in `folder` raised, raised again where they were raised first."""
-    import importlib
-
-    path = folder / BUILD_WARNINGS
-    for w in json.loads(path.read_text()) if path.exists() else []:
-        module, _, name = w["category"].partition(":")
-        try:
-            category = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError):
-            category = UserWarning
-        warnings.warn_explicit(w["message"], category, w["filename"], w["lineno"])
 
 
 class ArtifactStore(Protocol):

@@ -213,12 +213,14 @@ class OnnxRuntimeBackend(Backend):
             return
         model, example = model.to(self.dtype), example.to("cpu", self.dtype)
         self.outputs = OutputSpec(model, example)
-        folder = self.artifact("onnx", model, example, lambda folder: _keep_fallback(folder, export_onnx(
-            model, example, folder / "model.onnx", self.options.opset, dynamic_shapes=self.options.shapes_for(model, example),
-            exporter=self.options.exporter)))
-        fallback = folder / FALLBACK_NOTE
-        if fallback.exists():  # said on every run of this artifact, a cached one's too
-            self.note("exporter", fallback.read_text())
+
+        def export(folder: Path) -> None:
+            fallback = export_onnx(model, example, folder / "model.onnx", self.options.opset,
+                                   dynamic_shapes=self.options.shapes_for(model, example), exporter=self.options.exporter)
+            if fallback is not None:  # kept with the artifact: a cached one says it too (Backend.artifact)
+                self.note("exporter", fallback)
+
+        folder = self.artifact("onnx", model, example, export)
         self._open_session(folder / "model.onnx")
 
     def _open_session(self, path: Path) -> None:
@@ -352,14 +354,6 @@ def _dynamic_lines(given: dict | list | None) -> list[str]:
         '    print(f"the target\'s dynamic_shapes do not name this module\'s inputs ({\', \'.join(bound)}): its batch '
         'and spatial dims are exported dynamic instead", file=sys.stderr)',
     ]
-
-
-FALLBACK_NOTE = "capture-fallback.txt"  # beside model.onnx: how the exporter fell back, when it did
-
-
-def _keep_fallback(folder: Path, fallback: str | None) -> None:
-    if fallback is not None:
-        (folder / FALLBACK_NOTE).write_text(fallback)
 
 
 def _run_without_copies(session, names: list[str], feed: dict) -> list[torch.Tensor]:
