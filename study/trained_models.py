@@ -253,3 +253,42 @@ def nudenet_yolov8n() -> nn.Module:
         raise ImportError(f"nudenet's detector is converted with onnx2torch, which is not installed: "
                           f"pip install onnx onnx2torch ({exc})") from exc
     return convert(onnx.load(str(path))).eval()
+
+
+class NudenetDetector(nn.Module):
+    """nudenet's trained YOLOv8n with its own post-processing, written in torch as a torchvision detector's
+    is: per image, each anchor's best class (score and label), boxes from centre and size to corners, the
+    score threshold, then class-agnostic NMS through `torchvision.ops.boxes.batched_nms`, looked up when it
+    runs (so the `deterministic_nms` adapter swaps it, as in torchvision's heads). nudenet's own settings:
+    score threshold 0.25, NMS IoU 0.45 (its `_postprocess`, OpenCV's NMSBoxes). Returns torchvision's
+    detection format, a list of {boxes, scores, labels} per image: tier 3 compares its decisions."""
+
+    def __init__(self, score_thresh: float = 0.25, nms_thresh: float = 0.45, detections_per_img: int = 100):
+        super().__init__()
+        self.net = nudenet_yolov8n()
+        self.score_thresh, self.nms_thresh, self.detections_per_img = score_thresh, nms_thresh, detections_per_img
+
+    def forward(self, images: torch.Tensor | list[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        batch = torch.stack(list(images)) if isinstance(images, (list, tuple)) else images  # a detection task's list
+        return self.postprocess_detections(self.net(batch), batch.shape[-2:])
+
+    def postprocess_detections(self, raw: torch.Tensor, size: tuple[int, int]) -> list[dict[str, torch.Tensor]]:
+        import torchvision.ops.boxes as box_ops
+
+        height, width = size
+        results = []
+        for anchors in raw.transpose(1, 2):  # (anchors, 4 + classes) per image
+            scores, labels = anchors[:, 4:].max(1)
+            boxes = box_ops.box_convert(anchors[:, :4], "cxcywh", "xyxy")
+            boxes = torch.stack([boxes[:, 0].clamp(0, width), boxes[:, 1].clamp(0, height),
+                                 boxes[:, 2].clamp(0, width), boxes[:, 3].clamp(0, height)], 1)
+            keep = scores >= self.score_thresh
+            boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
+            keep = box_ops.batched_nms(boxes, scores, torch.zeros_like(labels), self.nms_thresh)[: self.detections_per_img]
+            results.append({"boxes": boxes[keep], "scores": scores[keep], "labels": labels[keep]})
+        return results
+
+
+def nudenet_detector(score_thresh: float = 0.25, nms_thresh: float = 0.45) -> nn.Module:
+    """NudenetDetector, at nudenet's own thresholds unless told others (`params:`)."""
+    return NudenetDetector(score_thresh, nms_thresh).eval()
