@@ -14,14 +14,19 @@ weights and params), runs both eagerly in float32 on the entry's input sets and 
 Whether the adapter restores agreement between backends is a run's tier-3 result (docs/study.md's adapter
 table); this script answers the other half, its fidelity.
 
-    .venv/bin/python benchmarks/adapter_fidelity.py [examples/study.yaml] [--repeats 5] [--model NAME ...]
+    .venv/bin/python benchmarks/adapter_fidelity.py [examples/study.yaml] [--repeats 5] [--model NAME ...] [--json OUT]
+
+`--json OUT` also appends one JSON line per row to OUT (with the experiment's name and the commit), the form
+docs/study.md's fidelity table is generated from (benchmarks/study_tables.py, docs/study-adapter-fidelity.jsonl).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -65,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config", nargs="?", default=str(REPO / "examples" / "study.yaml"))
     parser.add_argument("--repeats", type=int, default=5, help="timed forwards of each side (default 5)")
     parser.add_argument("--model", action="append", help="only these model entries (default: every adapted one)")
+    parser.add_argument("--json", type=Path, help="also append each row to this JSONL file")
     args = parser.parse_args(argv)
     exp = load_experiment(args.config)
     entries = [m for m in exp.models if any(a.name == ADAPTER for a in exp.adapters_for(m))
@@ -94,7 +100,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {spec.name} | {input_set.name} | {result['boxes_before']} | {result['boxes_after']} | "
                   f"{result['kept']} | {result['f1']:.3f} | {result['map']:.3f} | {before * 1e3:.1f} ms | "
                   f"{after * 1e3:.1f} ms | {after / before:.2f} |", flush=True)
+            if args.json is not None:
+                row = {"experiment": exp.name, "model": spec.name, "inputs": input_set.name, **result,
+                       "latency_unadapted_s": before, "latency_adapted_s": after, "repeats": args.repeats,
+                       "commit": git_commit()}
+                with open(args.json, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(row) + "\n")
     return 0
+
+
+def git_commit() -> str | None:
+    """The commit the measuring code is at, as run records name theirs."""
+    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 if __name__ == "__main__":
