@@ -263,9 +263,10 @@ class NudenetDetector(nn.Module):
     score threshold 0.25, NMS IoU 0.45 (its `_postprocess`, OpenCV's NMSBoxes). Returns torchvision's
     detection format, a list of {boxes, scores, labels} per image: tier 3 compares its decisions."""
 
-    def __init__(self, score_thresh: float = 0.25, nms_thresh: float = 0.45, detections_per_img: int = 100):
+    def __init__(self, net: nn.Module, score_thresh: float = 0.25, nms_thresh: float = 0.45,
+                 detections_per_img: int = 100):
         super().__init__()
-        self.net = nudenet_yolov8n()
+        self.net = net  # images (B, 3, H, W) -> (B, 4 + classes, anchors): centre x, y, width, height, class scores
         self.score_thresh, self.nms_thresh, self.detections_per_img = score_thresh, nms_thresh, detections_per_img
 
     def forward(self, images: torch.Tensor | list[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
@@ -291,4 +292,4 @@ class NudenetDetector(nn.Module):
 
 def nudenet_detector(score_thresh: float = 0.25, nms_thresh: float = 0.45) -> nn.Module:
     """NudenetDetector, at nudenet's own thresholds unless told others (`params:`)."""
-    return NudenetDetector(score_thresh, nms_thresh).eval()
+    return NudenetDetector(nudenet_yolov8n(), score_thresh, nms_thresh).eval()

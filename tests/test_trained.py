@@ -32,7 +32,8 @@ def _load_study_module():
 
 tm = _load_study_module()
 ENTRIES = {"mtcnn_pnet": "facenet_pytorch", "mtcnn_rnet": "facenet_pytorch", "mtcnn_onet": "facenet_pytorch",
-           "silero_vad": "silero_vad", "resemblyzer": "resemblyzer", "nudenet_yolov8n": "nudenet"}
+           "silero_vad": "silero_vad", "resemblyzer": "resemblyzer", "nudenet_yolov8n": "nudenet",
+           "nudenet_detector": "nudenet"}
 
 
 def needs(package: str):
@@ -55,7 +56,7 @@ def audio(samples: int) -> torch.Tensor:
 def test_the_study_file_is_valid_without_the_packages(capsys):
     """`parity validate` imports each entry's module (not the packages) and finds the face crops."""
     assert main(["validate", str(STUDY / "trained.yaml")]) == 0
-    assert "valid (7 model(s), 6 input set(s), 4 target(s))" in capsys.readouterr().out
+    assert "valid (9 model(s), 6 input set(s), 6 target(s))" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("entry", sorted(ENTRIES))
@@ -223,3 +224,49 @@ def test_nudenet_detector_converts_and_runs():
     scores = assert_deterministic(tm.nudenet_yolov8n, torch.rand(1, 3, 320, 320,
                                                                   generator=torch.Generator().manual_seed(0)))
     assert scores[0].shape == (1, 22, 2100)
+
+
+class Anchors(torch.nn.Module):
+    """A stand-in for YOLOv8n: returns the constructed anchors (1, 4 + classes, anchors) whatever the image."""
+
+    def __init__(self, rows: list[list[float]]):
+        super().__init__()
+        self.rows = torch.tensor(rows, dtype=torch.float32).T[None]
+
+    def forward(self, images):
+        return self.rows.expand(images.shape[0], -1, -1)
+
+
+def anchor(cx, cy, w, h, label, score, classes=3):
+    scores = [0.0] * classes
+    scores[label] = score
+    return [cx, cy, w, h, *scores]
+
+
+def test_the_nudenet_detectors_post_processing_is_nudenets():
+    """Per anchor its best class; centre and size to corners, clipped to the image; the score threshold;
+    NMS across classes (nudenet's OpenCV NMSBoxes is class-agnostic) at IoU 0.45; best score first."""
+    rows = [anchor(50, 50, 20, 20, 0, 0.9),   # kept
+            anchor(52, 50, 20, 20, 0, 0.8),   # IoU 0.82 with the first: suppressed
+            anchor(51, 50, 20, 20, 2, 0.85),  # another class over the first: suppressed too (class-agnostic)
+            anchor(10, 10, 30, 30, 1, 0.3),   # reaches past the corner: clipped to 0
+            anchor(200, 200, 10, 10, 1, 0.2)]  # under the threshold 0.25
+    detector = tm.NudenetDetector(Anchors(rows)).eval()
+    [out] = detector([torch.zeros(3, 64, 96)])
+    torch.testing.assert_close(out["boxes"], torch.tensor([[40.0, 40.0, 60.0, 60.0], [0.0, 0.0, 25.0, 25.0]]))
+    torch.testing.assert_close(out["scores"], torch.tensor([0.9, 0.3]))
+    assert out["labels"].tolist() == [0, 1]
+
+
+def test_the_nms_adapter_reaches_the_nudenet_detector():
+    """Two overlapping boxes whose scores differ in the last bits: plain NMS keeps the higher-scoring one,
+    the deterministic_nms adapter (through the batched_nms the detector looks up when it runs) the one first
+    in box order; a box apart is kept by both."""
+    rows = [anchor(60, 50, 20, 20, 0, 0.5 + 1e-7), anchor(58, 50, 20, 20, 0, 0.5), anchor(200, 200, 20, 20, 1, 0.4)]
+    from parity.adapters.nms import apply_deterministic_nms
+
+    plain, adapted = tm.NudenetDetector(Anchors(rows)).eval(), tm.NudenetDetector(Anchors(rows)).eval()
+    apply_deterministic_nms(adapted, score_grid=1e-3, box_grid=1.0)
+    images = [torch.zeros(3, 320, 320)]
+    assert plain(images)[0]["boxes"][:, 0].tolist() == [50.0, 190.0]
+    assert adapted(images)[0]["boxes"][:, 0].tolist() == [48.0, 190.0]
