@@ -12,9 +12,12 @@ order of models, then of targets). With `--follow PID` (the `parity run` process
 run is still going and localizes each failure as the run records it, until that process has exited; on a
 machine of few cores this lets the survey overlap the run. With `--budget`
 (seconds) the survey starts no check once the budget is spent; the checks it did not reach are written as
-such, so the tables say what the survey covered.
+such, so the tables say what the survey covered. With `--workers N`, N checks are localized at once (each in
+its own process) once the followed run has exited; while it runs, one at a time, so the run keeps a core.
+A survey started again on the same run folder keeps the lines it finds and localizes only the checks they
+lack (those not reached in an earlier survey's budget included).
 
-    .venv/bin/python benchmarks/study_localize.py parity-out/study --cache-dir parity-out/cache-study [--follow PID] [--budget 1800]
+    .venv/bin/python benchmarks/study_localize.py parity-out/study --cache-dir parity-out/cache-study [--follow PID] [--budget 1800] [--workers 2]
 
 Writes RUN_DIR/localize/survey.jsonl, one line per check: the layers record (or why there is none) and
 `module_types`; each check's localize output (records, console) stays in RUN_DIR/localize/<check>/.
@@ -28,6 +31,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -101,22 +105,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=None, help="seconds after which no further check is started")
     parser.add_argument("--follow", type=int, metavar="PID", help="localize failures as the run records them, until "
                                                                    "the process PID (the run) has exited")
+    parser.add_argument("--workers", type=int, default=1, help="checks localized at once after the run has exited")
     args = parser.parse_args(argv)
     folder = args.run_dir / "localize"
     folder.mkdir(exist_ok=True)
+    path = folder / "survey.jsonl"
+    kept = [line for line in read_jsonl(path) if not (line.get("error") or "").startswith(NOT_REACHED)]
+    surveyed = {key_of(line) for line in kept}
     start = time.monotonic()
     done = 0
-    with open(folder / "survey.jsonl", "w", encoding="utf-8") as survey:
+    with open(path, "w", encoding="utf-8") as survey:
+        survey.writelines(json.dumps(line) + "\n" for line in kept)
+        survey.flush()
         while True:
             finished = args.follow is None or not running(args.follow)
             checks = survey_checks(read_jsonl(args.run_dir / "records.jsonl"))
-            for i, check in enumerate(checks[done:], start=done):
-                survey.write(json.dumps(survey_line(args, check, i, start)) + "\n")
-                survey.flush()
+            todo = [(i, c) for i, c in enumerate(checks[done:], start=done) if key_of(c) not in surveyed]
+            with ThreadPoolExecutor(args.workers if finished else 1) as pool:
+                for line in pool.map(lambda item: survey_line(args, item[1], item[0], start), todo):
+                    survey.write(json.dumps(line) + "\n")  # in the run's order, whichever finished first
+                    survey.flush()
             done = len(checks)
             if finished:
                 return 0
             time.sleep(30)
+
+
+NOT_REACHED = "not reached"
+
+
+def key_of(line: dict[str, Any]) -> tuple[str, str, str]:
+    """What names one check in the run and in the survey."""
+    return line["model"], line["inputs"], line["target"]
 
 
 def running(pid: int) -> bool:
@@ -135,7 +155,7 @@ def survey_line(args: argparse.Namespace, check: dict[str, Any], i: int, start: 
     key = {k: check[k] for k in ("model", "inputs", "target")}
     left = CHECK_TIMEOUT_S if args.budget is None else args.budget - (time.monotonic() - start)
     if left <= 0:
-        line = {**key, "kind": "layers", "error": "not reached: the survey's time budget was spent"}
+        line = {**key, "kind": "layers", "error": f"{NOT_REACHED}: the survey's time budget was spent"}
     else:
         line = {**key, **localize_one(args.experiment, check, args.run_dir / "localize" / f"{i:02d}-{check['model']}-{check['target']}",
                                       args.cache_dir, min(CHECK_TIMEOUT_S, max(left, 60.0)))}
