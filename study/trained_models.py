@@ -29,6 +29,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from parity import record_candidates
+
 PIP_LINES = {
     "facenet_pytorch": "pip install --no-deps facenet-pytorch==2.6.0  (its metadata pins torch<2.3; MTCNN "
                        "runs on newer torch, so it is installed without its dependencies)",
@@ -261,7 +263,9 @@ class NudenetDetector(nn.Module):
     score threshold, then class-agnostic NMS through `torchvision.ops.boxes.batched_nms`, looked up when it
     runs (so the `deterministic_nms` adapter swaps it, as in torchvision's heads). nudenet's own settings:
     score threshold 0.25, NMS IoU 0.45 (its `_postprocess`, OpenCV's NMSBoxes). Returns torchvision's
-    detection format, a list of {boxes, scores, labels} per image: tier 3 compares its decisions."""
+    detection format, a list of {boxes, scores, labels} per image: tier 3 compares its decisions. Each image's
+    anchors and the ones it kept go to `parity.record_candidates`, so that flip attribution can say why a box
+    differs (it records nothing outside the run tier 3 judges, and nothing under a compiler or a tracer)."""
 
     def __init__(self, net: nn.Module, score_thresh: float = 0.25, nms_thresh: float = 0.45,
                  detections_per_img: int = 100):
@@ -283,9 +287,11 @@ class NudenetDetector(nn.Module):
             boxes = box_ops.box_convert(anchors[:, :4], "cxcywh", "xyxy")
             boxes = torch.stack([boxes[:, 0].clamp(0, width), boxes[:, 1].clamp(0, height),
                                  boxes[:, 2].clamp(0, width), boxes[:, 3].clamp(0, height)], 1)
-            keep = scores >= self.score_thresh
-            boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
-            keep = box_ops.batched_nms(boxes, scores, torch.zeros_like(labels), self.nms_thresh)[: self.detections_per_img]
+            above = torch.nonzero(scores >= self.score_thresh).flatten()
+            keep = above[box_ops.batched_nms(boxes[above], scores[above], torch.zeros_like(labels[above]),
+                                             self.nms_thresh)[: self.detections_per_img]]
+            record_candidates(boxes, scores, labels, keep, score_threshold=self.score_thresh, nms_iou=self.nms_thresh,
+                              top_k=self.detections_per_img, class_agnostic=True)
             results.append({"boxes": boxes[keep], "scores": scores[keep], "labels": labels[keep]})
         return results
 

@@ -349,3 +349,60 @@ def test_an_explanation_that_raises_leaves_the_verdict(monkeypatch, caplog):
     record = task_check(job, ran([none]), ran([dets]), experiment)
     assert record["passed"] is False and record["failure_class"] == "decision_flip" and "flips" not in record
     assert "could not explain its failure: RuntimeError: unforeseen" in caplog.text
+
+
+# -- a detector's own post-processing: record_candidates, and NMS across labels ----------------------------------
+
+def test_class_agnostic_nms_a_box_suppressed_by_one_of_another_label():
+    """NMS across labels (as YOLO post-processing runs it): the target's box of label 2 overlaps the kept
+    box of label 1 beyond the NMS IoU there and not in the reference. Classed through NMS when the
+    candidates say their NMS is class-agnostic; per-label NMS would have no rival to name."""
+    def agnostic(boxes, scores, labels):
+        d, c = side(boxes, scores, labels=[0, 0])  # one NMS group, as class-agnostic NMS has
+        c.labels = torch.tensor(labels)
+        c.class_agnostic = True
+        return {**d, "labels": c.labels[c.kept]}, c
+
+    k = [0.0, 0, 10, 10]
+    ref = agnostic([k, [3.8, 0, 13.8, 10]], [0.9, 0.8], [1, 2])
+    tgt = agnostic([k, [2.9, 0, 12.9, 10]], [0.9, 0.8], [1, 2])
+    result = flips(ref, tgt)
+    assert result["counts"] == {"nms_iou": 1} and result["examples"][0]["label"] == 2
+    ref[1].class_agnostic = tgt[1].class_agnostic = False  # the same candidates read as per-label NMS
+    assert flips(ref, tgt)["counts"] == {"unattributed": 1}
+
+
+def test_class_agnostic_candidates_correspond_by_index_when_an_anchor_changes_its_label():
+    """An anchor whose best class changed is still the same anchor: its score crossing the threshold is
+    classed as such, not left unattributed for want of a counterpart."""
+    ref = side([[0, 0, 10, 10], FAR], [0.6, 0.9], labels=[1, 3])
+    tgt = side([[0, 0, 10, 10], FAR], [0.4, 0.9], labels=[2, 3])
+    assert flips(ref, tgt)["counts"] == {"unattributed": 1}  # per-label candidates: no counterpart
+    ref[1].class_agnostic = tgt[1].class_agnostic = True
+    assert flips(ref, tgt)["counts"] == {"score_threshold": 1}
+
+
+def test_record_candidates_keeps_one_images_post_processing_only_in_a_watched_eager_run(monkeypatch):
+    import parity
+    from parity.execute import capture
+    from parity.verify.tasks.detection_capture import candidates_of
+
+    boxes, scores = torch.tensor([[0.0, 0, 10, 10], FAR]), torch.tensor([0.6, 0.9])
+    labels, kept = torch.tensor([1, 1]), torch.tensor([1, 0])
+
+    def record():
+        parity.record_candidates(boxes, scores, labels, kept, score_threshold=0.5, nms_iou=0.45, top_k=100,
+                                 class_agnostic=True)
+
+    record()  # not watched: nothing anywhere
+    with capture.watching() as captured:
+        record()
+        record()
+    [first, second] = candidates_of(captured)
+    assert torch.equal(first.kept, kept) and first.class_agnostic and first.nms_iou == 0.45 and first.top_k == 100
+    with capture.watching() as traced:
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+        record()  # a compiler tracing the model: its fake tensors are no candidates
+    assert traced == []
+    # with a torchvision head's capture in the same run, which of the two explains the outputs is unknown
+    assert candidates_of([*captured, {"kind": "torchvision_roi_heads"}]) is None

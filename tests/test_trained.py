@@ -270,3 +270,25 @@ def test_the_nms_adapter_reaches_the_nudenet_detector():
     images = [torch.zeros(3, 320, 320)]
     assert plain(images)[0]["boxes"][:, 0].tolist() == [50.0, 190.0]
     assert adapted(images)[0]["boxes"][:, 0].tolist() == [48.0, 190.0]
+
+
+def test_the_nudenet_detectors_flips_are_attributed_through_its_anchors():
+    """NudenetDetector hands its anchors to parity.record_candidates: a target whose anchor changed its best
+    class and fell below the threshold, and whose other box NMS now suppresses across classes, is classed
+    through both sides' candidates (score_threshold, nms_iou), not from the outputs alone."""
+    from parity.execute import capture
+    from parity.verify.tasks.detection import DetectionThresholds, flips
+
+    reference = [anchor(50, 50, 20, 20, 0, 0.9), anchor(63, 50, 20, 20, 0, 0.8), anchor(200, 200, 10, 10, 1, 0.5)]
+    target = [anchor(50, 50, 20, 20, 0, 0.9), anchor(56, 50, 20, 20, 2, 0.8), anchor(200, 200, 10, 10, 2, 0.2)]
+    images = [torch.zeros(3, 320, 320)]
+    sides = []
+    for rows in (reference, target):
+        with capture.watching() as captured:
+            out = tm.NudenetDetector(Anchors(rows)).eval()(images)
+        sides.append((out, captured))
+    (ref_out, ref_captured), (tgt_out, tgt_captured) = sides
+    assert len(ref_out[0]["labels"]) == 3 and len(tgt_out[0]["labels"]) == 1
+    result = flips(ref_out, tgt_out, DetectionThresholds(), ref_captured, tgt_captured)
+    assert result["candidates"] == "both"
+    assert result["counts"] == {"score_threshold": 1, "nms_iou": 1}

@@ -11,13 +11,16 @@ contain()  # before any backend can load: no telemetry, nothing sent (parity/off
 from parity.errors import ParityError  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["ParityError", "assert_backends_agree", "fallback", "localize", "run_experiment", "__version__"]
-_API = ("assert_backends_agree", "fallback", "localize", "run_experiment")
+__all__ = ["ParityError", "assert_backends_agree", "fallback", "localize", "record_candidates", "run_experiment",
+           "__version__"]
+# What each lazily loaded name is, by module: the API, and what a detector's own code calls (flip attribution).
+_LAZY = {"assert_backends_agree": "parity.api", "fallback": "parity.api", "localize": "parity.api",
+         "run_experiment": "parity.api", "record_candidates": "parity.verify.tasks.detection_capture"}
 
 
 def __getattr__(name: str):
-    if name in _API:
-        from parity import api
+    if name in _LAZY:
+        import importlib
 
-        return getattr(api, name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'parity' has no attribute {name!r}")

@@ -1,5 +1,6 @@
-"""The post-processing inputs of a torchvision two-stage detector (Faster, Mask and Keypoint R-CNN), captured
-for flip attribution (flips.py) without changing what the model returns.
+"""The post-processing inputs of a detector, captured for flip attribution (flips.py) without changing what the
+model returns: torchvision's two-stage detectors (Faster, Mask and Keypoint R-CNN) by wrapping their
+post-processing, and any detector whose own post-processing says what it chose from (`record_candidates`).
 
 `install` wraps the instance's `roi_heads.postprocess_detections` and its region proposal network's
 `filter_proposals`: the original runs on the same arguments and its result is returned untouched; when an
@@ -7,8 +8,9 @@ execution watches the run (execute/capture.py) and the arguments are plain eager
 records references to them, the settings and the result. Under torch.compile, torch.export, tracing or
 scripting nothing is recorded (those backends run no Python post-processing of their own). The candidates
 are rebuilt from the records later (`candidates_of`), outside the timed run, as torchvision builds them, and
-each output box is found among them. One-stage detectors (RetinaNet, SSD, FCOS) decode per level inside their
-post-processing; they are not captured, and their flips are attributed from the outputs alone.
+each output box is found among them. torchvision's one-stage detectors (RetinaNet, SSD, FCOS) decode per level
+inside their post-processing; they are not captured, and their flips are attributed from the outputs alone.
+A detector of one's own calls `parity.record_candidates` once per image from its post-processing.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from parity.verify.tasks.flips import Candidates
 
 KIND = "torchvision_roi_heads"
 RPN = "torchvision_rpn"
+OWN = "detector_candidates"  # what record_candidates keeps: one image's Candidates
 
 
 def _plain(*tensors) -> bool:
@@ -70,6 +73,22 @@ def _recording_proposals(original):
         return result
 
     return filter_proposals
+
+
+def record_candidates(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, kept: torch.Tensor, *,
+                      score_threshold: float, nms_iou: float, top_k: int, class_agnostic: bool = False,
+                      min_size: float = 0.0) -> None:
+    """For flip attribution, from a detector's own post-processing, once per image in the order of its outputs:
+    every candidate before the score threshold (`boxes` as xyxy, `scores`, `labels`; the i-th candidate of
+    both sides must be the same anchor or query), `kept` (the candidate behind each output box, in output
+    order) and the settings the post-processing ran with (`class_agnostic`: NMS across labels). It records
+    only in the run tier 3 judges, on a backend that runs the module eagerly; anywhere else (another repeat,
+    a compiler, a tracer, an exporter) it does nothing and costs a check."""
+    if _tracing() or not capture.watched() or not _plain(boxes, scores, labels, kept):
+        return
+    capture.record({"kind": OWN, "candidates": Candidates(
+        boxes.detach(), scores.detach(), labels.detach(), kept.detach().to(torch.int64), float(score_threshold),
+        float(nms_iou), int(top_k), min_size=float(min_size), class_agnostic=class_agnostic)})
 
 
 def install(model: torch.nn.Module) -> bool:
@@ -137,11 +156,15 @@ def _image_candidates(boxes, scores, proposals, image_shape, outputs, rec) -> Ca
 
 
 def candidates_of(captured: list[Any]) -> list[Candidates] | None:
-    """Per image, the candidates of the one post-processing call recorded; None when there is not exactly
-    one (a model that ran its head twice, or not at all) or its outputs are not found among its candidates."""
+    """Per image, the candidates of the one post-processing call recorded (or what the detector's own
+    post-processing recorded, one per image); None when there is not exactly one (a model that ran its head
+    twice, or not at all) or its outputs are not found among its candidates."""
     from torchvision.models.detection._utils import BoxCoder
 
+    own = [r["candidates"] for r in captured if isinstance(r, dict) and r.get("kind") == OWN]
     records = [r for r in captured if isinstance(r, dict) and r.get("kind") == KIND]
+    if own:
+        return None if records else own  # two kinds of capture in one run: which explains the outputs is unknown
     if len(records) != 1:
         return None
     rec = records[0]

@@ -54,6 +54,7 @@ class Candidates:
     min_size: float = 0.0
     origins: torch.Tensor | None = None
     group_top_k: int | None = None  # a top-k per label before the threshold and NMS (an RPN's per level)
+    class_agnostic: bool = False  # NMS across labels (one group), not within each label
     proposals: Candidates | None = None  # the stage that chose the proposals these candidates come from
     per_proposal: int = 1  # candidates per proposal, consecutive (one per class)
 
@@ -72,8 +73,9 @@ def counterpart(c: int, this: Candidates, other: Candidates) -> int | None:
     """The other side's candidate that is `c` of this side: the same index (same label) when neither has
     origins, else the same-label candidate whose origin overlaps c's most, from ORIGIN_IOU."""
     if this.origins is None or other.origins is None:
-        same = len(this.scores) == len(other.scores) and bool((this.labels == other.labels).all())
-        return c if same else None
+        same = len(this.scores) == len(other.scores) and (
+            (this.class_agnostic and other.class_agnostic) or bool((this.labels == other.labels).all()))
+        return c if same else None  # class-agnostic candidates are anchors: the same index whatever its label
     pool = torch.nonzero(other.labels == this.labels[c]).flatten()
     if not len(pool):
         return None
@@ -103,7 +105,8 @@ def why_not_kept(c: int, this: Candidates, other: Candidates) -> tuple[str, str]
     if min(float(width), float(height)) < other.min_size:
         return "geometry", f"its box is smaller than {other.min_size:g} there"
     kept = other.kept
-    rivals = kept[(other.labels[kept] == other.labels[d]) & (kept != d)]
+    same_group = torch.ones_like(kept, dtype=torch.bool) if other.class_agnostic else other.labels[kept] == other.labels[d]
+    rivals = kept[same_group & (kept != d)]
     if len(rivals):
         overlap = _iou(other.boxes[d][None], other.boxes[rivals])[0]
         above = (overlap > other.nms_iou) & (other.scores[rivals] >= other.scores[d] * (1 - TIE_RTOL))
