@@ -54,9 +54,9 @@ def audio(samples: int) -> torch.Tensor:
 
 
 def test_the_study_file_is_valid_without_the_packages(capsys):
-    """`parity validate` imports each entry's module (not the packages) and finds the face crops."""
+    """`parity validate` imports each entry's module (not the packages) and finds the face crops and the speech clips."""
     assert main(["validate", str(STUDY / "trained.yaml")]) == 0
-    assert "valid (9 model(s), 6 input set(s), 6 target(s))" in capsys.readouterr().out
+    assert "valid (9 model(s), 7 input set(s), 6 target(s))" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("entry", sorted(ENTRIES))

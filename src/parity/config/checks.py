@@ -168,6 +168,18 @@ def _images(exp: Experiment) -> list[Problem]:
     return out
 
 
+def _audio(exp: Experiment) -> list[Problem]:
+    from parity.inputs.audio import audio_problem
+
+    out = []
+    for i, spec in enumerate(exp.inputs):
+        for j, file in enumerate(spec.audio or []):
+            problem = audio_problem(exp.resolve(file), spec.sample_rate)
+            if problem:
+                out.append((("inputs", i, "audio", j), problem))
+    return out
+
+
 def _tokenizers(exp: Experiment) -> list[Problem]:
     from parity.inputs.text import tokenizer_problem
 
@@ -202,5 +214,6 @@ def check(exp: Experiment) -> list[Problem]:
             problems.append((("tiers", "activations"), f"tier 2 reads layers through module hooks; the reference "
                              f"backend '{exp.reference.backend}' does not run them (use eager)"))
     problems += _images(exp)
+    problems += _audio(exp)
     problems += _tokenizers(exp)
     return problems

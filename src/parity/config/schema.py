@@ -343,15 +343,26 @@ class InputSetSpec(Strict):
     synthetic: SyntheticSpec | None = None
     text: list[Annotated[str, Field(max_length=100_000)]] | None = Field(default=None, min_length=1, max_length=10_000)
     tokenizer: LocalPath | None = None  # the folder a transformers tokenizer was saved to (text only)
+    audio: list[LocalPath] | None = Field(default=None, min_length=1, max_length=10_000)  # PCM WAV files
+    sample_rate: int | None = Field(default=None, strict=True, gt=0, le=1_000_000)  # what every audio file must have
+    samples: int | None = Field(default=None, strict=True, gt=0, le=MAX_ELEMENTS)  # each clip cut or padded to this
 
     @model_validator(mode="after")
     def _one_kind(self) -> InputSetSpec:
-        if sum(kind is not None for kind in (self.images, self.synthetic, self.text)) != 1:
-            raise ValueError("an input set needs exactly one of 'images', 'synthetic' or 'text'")
+        if sum(kind is not None for kind in (self.images, self.synthetic, self.text, self.audio)) != 1:
+            raise ValueError("an input set needs exactly one of 'images', 'synthetic', 'text' or 'audio'")
         if self.images is not None and not self.images:
             raise ValueError("'images' is empty")
         if (self.text is None) != (self.tokenizer is None):
             raise ValueError("'text' needs 'tokenizer' (a local tokenizer folder), and 'tokenizer' is for 'text' only")
+        if (self.audio is None) != (self.sample_rate is None):
+            raise ValueError("'audio' needs 'sample_rate' (every file must have it: parity does not resample), and "
+                             "'sample_rate' is for 'audio' only")
+        if self.samples is not None and self.audio is None:
+            raise ValueError("'samples' is for 'audio' only")
+        if self.audio is not None and self.samples is not None and len(self.audio) * self.samples > MAX_ELEMENTS:
+            raise ValueError(f"its clips hold {len(self.audio) * self.samples} samples together, more than parity "
+                             f"builds ({MAX_ELEMENTS} per input set)")
         if self.synthetic is not None:
             specs = self.synthetic.values() if isinstance(self.synthetic, dict) else (
                 self.synthetic if isinstance(self.synthetic, list) else [self.synthetic])

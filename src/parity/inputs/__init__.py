@@ -63,6 +63,11 @@ def _build(spec, experiment, batch: str) -> Inputs:
         from parity.inputs.text import make_text
 
         return make_text(spec.text, experiment.resolve(spec.tokenizer))
+    if spec.audio is not None:
+        from parity.inputs.audio import load_audio
+
+        clips, notes = load_audio([experiment.resolve(f) for f in spec.audio], spec.sample_rate, spec.samples)
+        return Inputs((clips,), notes=tuple(notes))
     if spec.images is not None:
         images, notes = load_images(spec.images, spec.preprocess, experiment.base_dir)
         if batch == "list":
