@@ -406,3 +406,57 @@ def test_record_candidates_keeps_one_images_post_processing_only_in_a_watched_ea
     assert traced == []
     # with a torchvision head's capture in the same run, which of the two explains the outputs is unknown
     assert candidates_of([*captured, {"kind": "torchvision_roi_heads"}]) is None
+
+
+class GridDetector(torch.nn.Module):
+    """Twenty boxes apart on a grid, each scored by a parameter, post-processed in torch (threshold 0.5, NMS)
+    with its candidates handed to parity.record_candidates, as a detector of one's own does."""
+
+    def __init__(self):
+        super().__init__()
+        corners = torch.tensor([[20.0 * (i % 5), 20.0 * (i // 5)] for i in range(20)])
+        self.register_buffer("boxes", torch.cat([corners, corners + 10], 1))
+        self.scores = torch.nn.Parameter(torch.linspace(0.6, 0.9, 20))
+
+    def forward(self, images):
+        import parity
+        from torchvision.ops import batched_nms
+
+        results = []
+        for image in images:
+            scores = self.scores * (1 + 0 * image.mean())
+            labels = torch.ones(20, dtype=torch.int64)
+            above = torch.nonzero(scores > 0.5).flatten()
+            keep = above[batched_nms(self.boxes[above], scores[above], labels[above], 0.5)]
+            parity.record_candidates(self.boxes, scores, labels, keep, score_threshold=0.5, nms_iou=0.5, top_k=100)
+            results.append({"boxes": self.boxes[keep], "scores": scores[keep], "labels": labels[keep]})
+        return results
+
+
+class OneBelowThreshold(EagerBackend):
+    """Takes the lowest-scoring box below the threshold: 19 of 20 boxes left, F1 0.974, a pass at 0.95."""
+
+    name = "one_below_threshold"
+
+    def prepare(self, model, example):
+        with torch.no_grad():
+            model.scores[0] = 0.4
+        super().prepare(model, example)
+
+
+def test_a_passing_check_with_an_unmatched_box_classes_it_too(tmp_path):
+    """Tier 3 passes (F1 above its threshold) and still names why the one box differs, beside 'agrees'."""
+    from parity.api import run_experiment
+    from parity.records.view import RunView
+
+    exp = {"name": "pass-flips", "seed": 0,
+           "models": [{"name": "grid", "source": "python", "entry": "tests.test_flips:GridDetector", "task": "detection"}],
+           "inputs": [{"name": "photo", "images": ["sample:astronaut"], "preprocess": {"resize": 32}}],
+           "targets": [{"backend": "tests.test_flips:OneBelowThreshold", "name": "one-below"}],
+           "tolerances": {"atol": [1e-3], "rtol": 1e-5}, "tiers": {"tasks": True}}
+    out = tmp_path / "out"
+    records = run_experiment(exp, out)
+    tier3 = RunView(records).checks(3)[0]
+    assert tier3["passed"] is True and tier3["metrics"]["target_boxes"] == 19
+    assert tier3["flips"]["counts"] == {"score_threshold": 1} and tier3["flips"]["candidates"] == "both"
+    assert "agrees; flips: 1 score_threshold (from the post-processing inputs of both sides)" in (out / "report.md").read_text()

@@ -214,7 +214,7 @@ class Tier1Check(Check):
 
 
 class FlipExample(Part):
-    """One unmatched box of a failing detection check, classed."""
+    """One unmatched box of a detection check, classed."""
 
     image: int = Field(description="Which input image.")
     side: str = Field(description="reference (a box the target lacks) or target (a box the reference lacks).")
@@ -226,8 +226,8 @@ class FlipExample(Part):
 
 
 class Flips(Part):
-    """Decision-flip attribution (verify/tasks/flips.py): every unmatched box of a failing detection check
-    classed by the mechanism that made the sides differ."""
+    """Decision-flip attribution (verify/tasks/flips.py): every unmatched box of a detection check (a failing
+    one, or a pass with some boxes unmatched) classed by the mechanism that made the sides differ."""
 
     counts: dict[str, int] = Field(description="Unmatched boxes per class: tie_order, score_threshold, nms_iou, "
                                                "top_k, score_order, label_change, geometry, unattributed (only "
@@ -247,8 +247,9 @@ class Tier3Check(Check):
     same_set: bool | None = Field(None, description="Whether both sides gave the same items in another order.")
     pictures: dict[str, Any] | None = Field(None, description="Detection: the images and each side's boxes, for "
                                                               "reports to draw.")
-    flips: Flips | None = Field(None, description="Detection, when it failed: its unmatched boxes classed by "
-                                                  "mechanism (`tiers.tasks.detection.attribution`).")
+    flips: Flips | None = Field(None, description="Detection, when a box is unmatched (a failed check, or a pass "
+                                                  "short of every box): its unmatched boxes classed by mechanism "
+                                                  "(`tiers.tasks.detection.attribution`).")
 
 
 # -- localization and fallback ---------------------------------------------------------------------------

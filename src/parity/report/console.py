@@ -126,7 +126,7 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
         verdict = "[green]agrees[/green]" if c["passed"] else f"[red]{c['failure_class']}[/red]"
         console.print(f"tier 3 {verdict} " + escape(f"{view.key(c)}: {figures}"
                                                     + (f" ({c['detail']})" if c["detail"] else "")), soft_wrap=True)
-        for line in [flips_line(c), *next_steps(c, view)] if not c["passed"] else ():
+        for line in [flips_line(c), *(next_steps(c, view) if not c["passed"] else ())]:
             if line:
                 console.print("  " + escape(line), soft_wrap=True)
     for key, loc in summary.get("localized", {}).items():
@@ -165,7 +165,7 @@ def headline_figures(check: dict[str, Any]) -> str:
 
 
 def flips_line(check: dict[str, Any]) -> str | None:
-    """A failing detection check's unmatched boxes by mechanism, in words ('flips: 2 tie_order, 1
+    """A detection check's unmatched boxes by mechanism, in words ('flips: 2 tie_order, 1
     score_threshold (from the post-processing inputs of both sides)'), or None when the record has none."""
     flips = check.get("flips")
     if not flips:

@@ -198,7 +198,7 @@ def _tier3_tables(tier3: list[dict]) -> list[dict[str, Any]]:
                 cells.append({"text": _num(value), "low": low})
             rows.append({"key": _key(c), "passed": c["passed"], "failure_class": c.get("failure_class"),
                          "detail": c.get("detail") or "", "same_set": c.get("same_set"), "cells": cells,
-                         "flips": None if c["passed"] else flips_line(c)})
+                         "flips": flips_line(c)})
         tables.append({"task": task, "columns": columns, "rows": rows})
     return tables
 
@@ -233,7 +233,7 @@ def _detections(tier3: list[dict]) -> list[dict[str, Any]]:
             uri, note = pictures.side_by_side(pics, i, c["target"])
             drawn.append({"label": pictures.image_label(image), "uri": uri, "note": note})
         out.append({"key": _key(c), "passed": c["passed"], "failure_class": c.get("failure_class"),
-                    "flips": None if c["passed"] else flips_line(c), "metrics": c["metrics"], "images": drawn, "more": max(0, len(pics["images"]) - PICTURED_IMAGES)})
+                    "flips": flips_line(c), "metrics": c["metrics"], "images": drawn, "more": max(0, len(pics["images"]) - PICTURED_IMAGES)})
     return out
 
 

@@ -92,8 +92,8 @@ def render_markdown(records: RunView | list[dict], summary: dict[str, Any]) -> s
         for c in tier3:
             metrics = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in c["metrics"].items())
             flips = flips_line(c)
-            verdict = "agrees" if c["passed"] else (f"{c['failure_class']}: {c['detail']}"
-                                                    + (f"; {flips}" if flips else "")).replace("|", "\\|")
+            verdict = ("agrees" if c["passed"] else f"{c['failure_class']}: {c['detail']}")
+            verdict = (verdict + (f"; {flips}" if flips else "")).replace("|", "\\|")
             lines.append(f"| {c['model']} | {c['inputs']} | {c['target']} | {c['task']} | {verdict} | {metrics} |")
     layers = view.layers
     if layers:

@@ -70,8 +70,9 @@ class Task(ABC):
 
     def explain(self, reference: Any, target: Any, thresholds: Any, reference_captured: list[Any],
                 target_captured: list[Any]) -> dict[str, Any]:
-        """Fields a failed verdict (decision_flip) adds to its tier-3 record: why the decisions differ, from
-        the outputs and what each side's run recorded (`Execution.captured`; empty when nothing was)."""
+        """Fields a verdict whose decisions differ adds to its tier-3 record (a failed one, decision_flip, or a
+        pass short of the same set: some decisions differ within the threshold): why they differ, from the
+        outputs and what each side's run recorded (`Execution.captured`; empty when nothing was)."""
         return {}
 
 
@@ -124,7 +125,7 @@ def task_check(job, target_exec, reference_exec, experiment, inputs=None) -> dic
     if result.failure_class != tx.STRUCTURE_MISMATCH:
         record.update(TASKS.get(task).record_fields(job.inputs, reference_exec.outputs[0], target_exec.outputs[0],
                                                     experiment, inputs))
-    if result.failure_class == tx.DECISION_FLIP:
+    if result.failure_class == tx.DECISION_FLIP or (result.passed and result.same_set is False):
         try:
             record.update(TASKS.get(task).explain(reference_exec.outputs[0], target_exec.outputs[0],
                                                   tasks_spec.thresholds_for(task), reference_exec.captured,

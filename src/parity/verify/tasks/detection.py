@@ -221,8 +221,11 @@ class Detection(Task):
             install(model)
 
     def explain(self, reference, target, thresholds, reference_captured, target_captured):
-        return {"flips": flips(reference, target, thresholds, reference_captured, target_captured)} \
-            if thresholds.attribution else {}
+        """`flips` whenever a box is unmatched: a passing check's few flipped boxes are classed too."""
+        if not thresholds.attribution:
+            return {}
+        classed = flips(reference, target, thresholds, reference_captured, target_captured)
+        return {"flips": classed} if classed["counts"] else {}
 
 
 TASK = Detection()

@@ -1,6 +1,6 @@
 """Decision-flip attribution: why a box one side of a detection check kept is missing on the other.
 
-A failing detection check leaves unmatched boxes: kept by the reference and not the target, or the reverse.
+A detection check whose decisions differ leaves unmatched boxes: kept by the reference and not the target, or the reverse.
 Each is classed by the mechanism that made the sides differ:
 
 - `label_change`: the other side kept a box at the same place (IoU at least the match IoU) with another label;
