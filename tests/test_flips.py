@@ -419,8 +419,9 @@ class GridDetector(torch.nn.Module):
         self.scores = torch.nn.Parameter(torch.linspace(0.6, 0.9, 20))
 
     def forward(self, images):
-        import parity
         from torchvision.ops import batched_nms
+
+        import parity
 
         results = []
         for image in images:
