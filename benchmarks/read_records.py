@@ -1,5 +1,5 @@
 """What reading a run's records costs: `parity.records.read_run` (every line parsed and validated) on the
-archived study records (docs/study-records.jsonl.gz, 432 records), as the median and the best of repeated
+archived study records (docs/study-v1-records.jsonl.gz, the first study run: 432 records), as the median and the best of repeated
 reads in one process; CPU time (this process's), which a busy machine disturbs less than the wall clock. The records are decompressed into a temporary folder first, outside the timing.
 
     .venv/bin/python benchmarks/read_records.py [--repeats 50]
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from parity.records import read_run
 
-ARCHIVE = Path(__file__).resolve().parent.parent / "docs" / "study-records.jsonl.gz"
+ARCHIVE = Path(__file__).resolve().parent.parent / "docs" / "study-v1-records.jsonl.gz"
 
 
 def main() -> None:

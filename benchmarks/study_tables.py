@@ -6,12 +6,16 @@ blocks and this script's tables differ. The unit of every pass rate is the tier-
 (model, input set, target) at one atol; the 95% confidence intervals are Wilson score intervals over
 those checks, treating each as an independent trial.
 
-    .venv/bin/python benchmarks/study_tables.py                      # from docs/study-records.jsonl.gz
+    .venv/bin/python benchmarks/study_tables.py                      # from the archives in docs/
     .venv/bin/python benchmarks/study_tables.py parity-out/study --archive   # a new run: archive it, then render
 
-`--archive` copies the run's records into docs/study-records.jsonl.gz (compressed, the detection
-pictures' box lists dropped: the tables do not use them) and its `time.txt` (GNU time's report of the
-run, when present) into docs/study-time.txt, so the document can be regenerated from the repository.
+Four sources, each with its own blocks: the study's run (examples/study.yaml, the v2 design of issue #17;
+blocks without a prefix), its per-layer survey (benchmarks/study_localize.py) and the adapter's fidelity
+rows (benchmarks/adapter_fidelity.py --json), the trained models' run (study/trained.yaml; `trained-*`) and
+the first run of the four-target design (`first-*`, archived, for comparison). `--archive` copies a run
+folder's records into docs/ (compressed, the detection pictures' box lists dropped: the tables do not use
+them) with its `time.txt` (GNU time's report of the run) and its survey, so the document can be regenerated
+from the repository.
 """
 
 from __future__ import annotations
@@ -34,13 +38,17 @@ from parity.taxonomy import MEANINGS, SEVERITY
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "study.md"
+# The study's run (examples/study.yaml): its records, time and per-layer survey (benchmarks/study_localize.py:
+# one line per float32 failure, its layers record's verdict).
 ARCHIVE = ROOT / "docs" / "study-records.jsonl.gz"
 TIME_ARCHIVE = ROOT / "docs" / "study-time.txt"
-# Study v2's run (issue #17), its own blocks (`v2-*`): its records, time and per-layer survey
-# (benchmarks/study_localize.py: one line per float32 failure, its layers record's verdict).
-V2_ARCHIVE = ROOT / "docs" / "study-v2-records.jsonl.gz"
-V2_TIME_ARCHIVE = ROOT / "docs" / "study-v2-time.txt"
-SURVEY_ARCHIVE = ROOT / "docs" / "study-v2-localize.jsonl.gz"
+SURVEY_ARCHIVE = ROOT / "docs" / "study-localize.jsonl.gz"
+# The deterministic NMS adapter's fidelity (benchmarks/adapter_fidelity.py --json), on the study's detectors
+# and the trained one.
+FIDELITY_ARCHIVE = ROOT / "docs" / "study-adapter-fidelity.jsonl"
+# The first run (the four-target design, before issue #17), its own blocks (`first-*`).
+FIRST_ARCHIVE = ROOT / "docs" / "study-v1-records.jsonl.gz"
+FIRST_TIME_ARCHIVE = ROOT / "docs" / "study-v1-time.txt"
 # What the survey's tables read of a layers record; its per-layer tables (levels, suspects) stay in the run folder.
 SURVEY_FIELDS = ("model", "inputs", "target", "error", "threshold", "verdict", "culprit", "culprit_code", "whole_graph",
                  "as_a_whole", "evenly_spread", "first_divergent", "first_divergent_by", "elapsed_s", "tier1",
@@ -52,6 +60,8 @@ TRAINED_TIME_ARCHIVE = ROOT / "docs" / "study-trained-time.txt"
 # The published study's figures, as issue #6 quotes them: 672 checks pooled over its tolerance sweep,
 # 72.0% passing, each tolerance between 71.4% and 73.8%. They are the comparison, not a result of ours.
 PUBLISHED = {"checks": 672, "pass_rate": 0.720, "per_tolerance_low": 0.714, "per_tolerance_high": 0.738}
+# The first run's float32 targets: the like-for-like table restricts a run with more targets to them too.
+FIRST_DESIGN_TARGETS = ("compile-cpu", "onnxruntime-cpu", "torchscript-cpu")
 Z95 = 1.959963984540054  # the standard normal quantile of a two-sided 95% interval
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
@@ -140,8 +150,9 @@ class Study:
     the models that were given extra seeds do not weigh more in the rates than the others."""
 
     def __init__(self, records: list[dict[str, Any]], timing: dict[str, float] | None = None,
-                 survey: list[dict[str, Any]] | None = None):
+                 survey: list[dict[str, Any]] | None = None, fidelity: list[dict[str, Any]] | None = None):
         self.all_records = records
+        self.fidelity = fidelity
         self.run = next(r for r in records if r["kind"] == "run")
         self.config = self.run["config"]
         self.replicas = {m["name"] for m in self.config["models"] if m.get("seed") not in (None, self.config["seed"])}
@@ -243,6 +254,20 @@ def table(header: list[str], rows: list[list[Any]]) -> str:
 # the blocks
 
 
+def _input_set(spec: dict, pre: dict) -> str:
+    """What an input set holds, in words: its images and their geometry, its audio files, or its tensors."""
+    if spec.get("audio"):
+        length = f", {spec['samples']} samples" if spec.get("samples") else ""
+        return f"{', '.join(spec['audio'])} ({spec['sample_rate']} Hz{length})"
+    if spec.get("images"):
+        geometry = ", ".join(f"{k} {v[0] if isinstance(v, list) and len(v) == 1 else v}" for k, v in pre.items())
+        return f"{', '.join(spec['images'])} ({geometry or 'at their own size'})"
+    synthetic = spec.get("synthetic")
+    if isinstance(synthetic, dict) and "shape" in synthetic:
+        return f"synthetic {synthetic.get('distribution', 'normal')} {synthetic['shape']}"
+    return "synthetic tensors" if synthetic else "text"
+
+
 def block_design(s: Study) -> str:
     """What was run, from the run record's resolved experiment."""
     cfg = s.config
@@ -257,8 +282,7 @@ def block_design(s: Study) -> str:
     for spec in cfg["inputs"]:
         users = [m["name"] for m in s.models.values() if m.get("inputs") is None or spec["name"] in m["inputs"]]
         pre = {k: v for k, v in (spec.get("preprocess") or {}).items() if v is not None and k in ("resize", "center_crop", "resize_multiple")}
-        geometry = ", ".join(f"{k} {v[0] if isinstance(v, list) and len(v) == 1 else v}" for k, v in pre.items()) or "at their own size"
-        lines.append(f"- **Input set `{spec['name']}`**: {', '.join(spec.get('images') or ['synthetic'])} ({geometry}); "
+        lines.append(f"- **Input set `{spec['name']}`**: {_input_set(spec, pre)}; "
                      f"used by {len(users)} {'entry' if len(users) == 1 else 'entries'}.")
 
     def backend(b: dict) -> str:
@@ -421,9 +445,16 @@ def _cell(s: Study, c: dict | None) -> str:
         return "reference failed"
     if at_gate(c):
         return f"pass {sci(c['max_abs'])}"
-    if c.get("max_abs") is None or not c.get("leaves"):
+    if not _numeric(c):
         return f"FAIL {c['failure_class']}"
     return f"FAIL {sci(c['max_abs'])} {c['failure_class']}"
+
+
+def _numeric(c: dict) -> bool:
+    """Whether the check's largest difference describes it: a pass, or a failure by the values (not one where
+    the outputs' shapes or structure differ, whose compared leaves' difference says nothing)."""
+    return (c.get("max_abs") is not None and bool(c.get("leaves"))
+            and (at_gate(c) or c["failure_class"] in ("numeric_drift", "nonfinite", "nondeterministic")))
 
 
 def block_per_model(s: Study) -> str:
@@ -449,6 +480,9 @@ def block_per_model(s: Study) -> str:
     return note + "\n\n" + table(header, rows)
 
 
+TASK_METRICS = ("classification", "detection", "segmentation")  # the tasks _metric can show
+
+
 def _metric(c: dict) -> str:
     m = c.get("metrics") or {}
     if c["task"] == "classification":
@@ -464,6 +498,8 @@ def block_tier3(s: Study) -> str:
     header = ["model", "task"] + s.targets
     rows = []
     for row in model_rows(s):
+        if s.task(row["model"]) not in TASK_METRICS:
+            continue  # `task: other`: no decision to compare, tier 1 decides
         cells = []
         for t in s.targets:
             c = s.tier3.get((row["model"], row["inputs"], t))
@@ -502,6 +538,26 @@ def block_adapter(s: Study) -> str:
     if not rows:
         return "No detector is listed both without and with an adapter."
     return table(["detector", "target", "tier 1 without", "tier 3 without", "tier 1 with adapter", "tier 3 with adapter"], rows)
+
+
+def block_adapter_fidelity(s: Study) -> str:
+    """The adapter's fidelity (benchmarks/adapter_fidelity.py's rows): the adapted model against the same model
+    unadapted, both eager float32, and their interleaved latency."""
+    if not s.fidelity:
+        return "No fidelity rows came with these records (benchmarks/adapter_fidelity.py --json writes them)."
+    rows = [[r["experiment"], r["model"], r["inputs"], r["boxes_before"], r["boxes_after"],
+             f"{r['kept']}/{r['boxes_before']}", f"{r['f1']:.3f}", f"{r['map']:.3f}",
+             f"{r['latency_unadapted_s'] * 1e3:.1f} / {r['latency_adapted_s'] * 1e3:.1f}",
+             f"{r['latency_adapted_s'] / r['latency_unadapted_s']:.2f}"] for r in s.fidelity]
+    commits = sorted({(r.get("commit") or "unknown")[:10] for r in s.fidelity})
+    repeats = sorted({r["repeats"] for r in s.fidelity})
+    note = (f"Each adapted entry against the same entry without the adapter, both eager float32 on its own inputs: "
+            f"boxes on each side, the unadapted boxes the adapted run keeps (matched one to one within a label at "
+            f"IoU 0.5), F1 of that matching and mAP@0.5 with the unadapted boxes as ground truth; latency: median "
+            f"ms of {', '.join(str(r) for r in repeats)} forwards each, timed interleaved. "
+            f"benchmarks/adapter_fidelity.py at commit {', '.join(commits)}.")
+    return note + "\n\n" + table(["experiment", "entry", "inputs", "boxes unadapted", "boxes adapted", "kept", "F1",
+                                  "mAP@0.5", "latency ms unadapted / adapted", "ratio"], rows)
 
 
 def block_taxonomy(s: Study) -> str:
@@ -623,6 +679,9 @@ def block_like_for_like(s: Study) -> str:
     subsets = [("every check", s.ran),
                ("float32 targets", [c for c in s.ran if c["target"] in float32]),
                ("float32 targets, each model once (no adapter entries)", [c for c in unadapted if c["target"] in float32])]
+    if float32 != set(FIRST_DESIGN_TARGETS) and float32 >= set(FIRST_DESIGN_TARGETS):
+        subsets.append((f"the first run's float32 targets ({', '.join(FIRST_DESIGN_TARGETS)}), each model once",
+                        [c for c in unadapted if c["target"] in FIRST_DESIGN_TARGETS]))
     rows = []
     for label, checks in subsets:
         passed, total = s.rate(checks)
@@ -673,7 +732,7 @@ def scale_free(check: dict, measure: str = "max_abs") -> float | None:
 
 def _scaled_cell(s: Study, c: dict | None, measure: str = "max_abs") -> str:
     text = _cell(s, c)
-    ratio = scale_free(c, measure) if c is not None else None
+    ratio = scale_free(c, measure) if c is not None and c["status"] == "ok" and _numeric(c) else None
     return text if ratio is None else f"{text} ({sci(ratio)} of RMS)"
 
 
@@ -682,13 +741,18 @@ def block_trained(s: Study) -> str:
     difference over the reference output's RMS (scale-free: comparable across models)."""
     rows = [[row["model"], row["inputs"], *(_scaled_cell(s, row["cells"].get(t)) for t in s.targets),
              f"{row['passed']}/{row['judged']}"] for row in model_rows(s)]
-    passing = [(ratio, c) for c in s.ran if at_gate(c) and (ratio := scale_free(c)) is not None]
+    float32 = s.float32_targets()
+    passing = [(ratio, c) for c in s.ran if at_gate(c) and c["target"] in float32 and (ratio := scale_free(c)) is not None]
     passed, judged_n = s.rate(s.ran)
-    lines = [f"- **At the gate** (atol {s.summary['gate']:g}, rtol {s.config['tolerances']['rtol']:g}): "
+    lines = [f"- **At the gate** (atol {s.summary['gate']:g}, rtol {s.config['tolerances']['rtol']:g}{gates_note(s)}): "
              f"{passed} of {judged_n} checks pass ({pct(passed, judged_n)}, 95% CI {ci(passed, judged_n)})."]
+    for label, targets in (("float32 targets", float32), ("reduced-precision targets", set(s.targets) - float32)):
+        p, n = s.rate([c for c in s.ran if c["target"] in targets])
+        if n and targets != set(s.targets):
+            lines.append(f"  - {label}: {p} of {n} ({pct(p, n)}, 95% CI {ci(p, n)}).")
     if passing:
         worst, c = max(passing, key=lambda pair: pair[0])
-        lines.append(f"- The largest difference of a passing check, over its output's RMS: {sci(worst)} "
+        lines.append(f"- The largest difference of a passing float32 check, over its output's RMS: {sci(worst)} "
                      f"({c['model']} on {c['target']}).")
     note = ("Each cell: the verdict at the gate, the largest absolute difference over every output, the failure "
             "class of a failed check, and in brackets that difference over the reference output's RMS.")
@@ -745,13 +809,14 @@ def _flip_cell(c: dict | None, check: dict | None) -> str:
     if c is None:
         return "no outputs" if check is not None and check["status"] != "skipped" else "-"
     f1 = f"F1 {(c.get('metrics') or {}).get('f1', float('nan')):.3f}"
-    if c["passed"]:
-        return f"agree ({f1})"
     flips = c.get("flips")
+    if c["passed"] and not flips:
+        return f"agree ({f1})"
     if not flips:
         return f"{c['failure_class']} ({f1}); not attributed"
     counts = ", ".join(f"{k} {n}" for k, n in flips["counts"].items() if n)
-    return f"{f1}: {counts}" + ("" if flips.get("candidates") == "both" else " (outputs only)")
+    return (f"{'agree, ' if c['passed'] else ''}{f1}: {counts}"
+            + ("" if flips.get("candidates") == "both" else " (outputs only)"))
 
 
 def block_flips(s: Study) -> str:
@@ -767,7 +832,7 @@ def block_flips(s: Study) -> str:
             check = next((c for c in s.tier1 if c["model"] == model and c["target"] == t), None)
             c = s.tier3.get((model, check["inputs"], t)) if check else None
             cells.append(_flip_cell(c, check))
-            if c is not None and not c["passed"] and c.get("flips"):
+            if c is not None and c.get("flips"):
                 totals[t].update(c["flips"]["counts"])
         rows.append([model, *cells])
     used = [k for k in FLIP_CLASSES if any(totals[t][k] for t in s.targets)]
@@ -775,11 +840,12 @@ def block_flips(s: Study) -> str:
     total_rows = [[k, *(totals[t][k] for t in s.targets), sum(totals[t][k] for t in s.targets)] for k in used]
     total_rows.append(["**all**", *(sum(totals[t].values()) for t in s.targets),
                        sum(sum(x.values()) for x in totals.values())])
-    note = ("Each cell: `agree` where tier 3 passes (its unmatched boxes are not attributed), else F1 and the "
-            "unmatched boxes of both sides by mechanism; `(outputs only)` where a side had no captured "
-            "post-processing inputs; `no outputs` where a side failed.")
+    note = ("Each cell: F1 and the unmatched boxes of both sides by mechanism, `agree` first where tier 3 passes "
+            "(a passing check's unmatched boxes are attributed in records from commit 2ea5107 on; before, `agree` "
+            "alone); `(outputs only)` where a side had no captured post-processing inputs; `no outputs` where a "
+            "side failed.")
     return (note + "\n\n" + table(["detector entry", *s.targets], rows)
-            + "\n\nUnmatched boxes per mechanism, summed over the failing detection checks:\n\n"
+            + "\n\nUnmatched boxes per mechanism, summed over the detection checks that attribute theirs:\n\n"
             + table(["mechanism", *s.targets, "all"], total_rows))
 
 
@@ -832,47 +898,51 @@ BLOCKS = {
     "per-task": block_per_task,
     "per-target": block_per_target,
     "per-model": block_per_model,
+    "intervals": block_intervals,
+    "seeds": block_seeds,
     "tier3": block_tier3,
+    "flips": block_flips,
     "adapter": block_adapter,
+    "adapter-fidelity": block_adapter_fidelity,
     "taxonomy": block_taxonomy,
+    "localize": block_localize,
     "latency": block_latency,
     "comparison": block_comparison,
     "like-for-like": block_like_for_like,
-    "intervals": block_intervals,
     "run": block_run,
 }
-# Blocks rendered from study v2's run: what it adds (the seed table, flip attribution, the per-layer survey)
-# and the tables that show its other targets and scale-free numbers.
-V2_BLOCKS = {
-    "v2-design": block_design,
-    "v2-headline": block_headline,
-    "v2-per-target": block_per_target,
-    "v2-per-model": block_per_model,
-    "v2-seeds": block_seeds,
-    "v2-tier3": block_tier3,
-    "v2-flips": block_flips,
-    "v2-taxonomy": block_taxonomy,
-    "v2-localize": block_localize,
-    "v2-run": block_run,
+# Blocks rendered from the first run (the four-target design), kept for comparison.
+FIRST_BLOCKS = {
+    "first-design": block_design,
+    "first-headline": block_headline,
+    "first-intervals": block_intervals,
+    "first-per-model": block_per_model,
+    "first-tier3": block_tier3,
+    "first-adapter": block_adapter,
+    "first-like-for-like": block_like_for_like,
+    "first-run": block_run,
 }
 # Blocks rendered from the trained models' run.
 TRAINED_BLOCKS = {
     "trained-design": block_design,
     "trained-results": block_trained,
+    "trained-tier3": block_tier3,
+    "trained-flips": block_flips,
+    "trained-adapter": block_adapter,
     "trained-run": block_run,
 }
 MARKER = re.compile(r"<!-- study:([\w-]+) -->\n.*?<!-- /study:\1 -->", re.S)
 
 
-def render(doc: str, study: Study, trained: Study | None = None, v2: Study | None = None) -> str:
-    """`doc` with every generated block rewritten (the `trained-*` blocks from `trained`, the `v2-*` ones from
-    `v2`, when given); a block the document lacks, or one this script does not know, is an error (a table
+def render(doc: str, study: Study, trained: Study | None = None, first: Study | None = None) -> str:
+    """`doc` with every generated block rewritten (the `trained-*` blocks from `trained`, the `first-*` ones from
+    `first`, when given); a block the document lacks, or one this script does not know, is an error (a table
     would go stale or missing without anyone noticing)."""
     blocks = {name: (fn, study) for name, fn in BLOCKS.items()}
     if trained is not None:
         blocks.update({name: (fn, trained) for name, fn in TRAINED_BLOCKS.items()})
-    if v2 is not None:
-        blocks.update({name: (fn, v2) for name, fn in V2_BLOCKS.items()})
+    if first is not None:
+        blocks.update({name: (fn, first) for name, fn in FIRST_BLOCKS.items()})
     found = MARKER.findall(doc)
     missing, unknown = sorted(set(blocks) - set(found)), sorted(set(found) - set(blocks))
     if missing or unknown:
@@ -907,8 +977,8 @@ def archive(run_dir: Path, records_out: Path = ARCHIVE, time_out: Path = TIME_AR
 
 
 def _survey(source: Path) -> list[dict[str, Any]] | None:
-    """The per-layer survey of study v2's run: the archived one with the archive, else the run folder's own."""
-    path = SURVEY_ARCHIVE if source == V2_ARCHIVE else (source if source.is_dir() else source.parent) / "localize" / "survey.jsonl"
+    """The per-layer survey of the study's run: the archived one with the archive, else the run folder's own."""
+    path = SURVEY_ARCHIVE if source == ARCHIVE else (source if source.is_dir() else source.parent) / "localize" / "survey.jsonl"
     return load_records(path) if path.is_file() else None
 
 
@@ -926,48 +996,56 @@ def _timing(source: Path, archived: Path, archived_time: Path, told: str | None 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("records", nargs="?", default=str(ARCHIVE),
-                        help="a run folder, records.jsonl or records.jsonl.gz (default: the archived study)")
+                        help="the study's run (examples/study.yaml): a run folder, records.jsonl or records.jsonl.gz "
+                             "(default: the archived one)")
     parser.add_argument("--time", help="GNU time -v output of the run (default: time.txt next to the records, "
                                        "or docs/study-time.txt with the archive)")
+    parser.add_argument("--fidelity", default=str(FIDELITY_ARCHIVE),
+                        help="benchmarks/adapter_fidelity.py --json's rows (default: the archived ones)")
     parser.add_argument("--trained", help="the trained models' run (study/trained.yaml): a folder or records "
                                           "(default: docs/study-trained-records.jsonl.gz)")
-    parser.add_argument("--v2", help="study v2's run (examples/study.yaml since issue #17): a folder or records "
-                                     "(default: docs/study-v2-records.jsonl.gz)")
+    parser.add_argument("--first", help="the first run, the four-target design: a folder or records "
+                                        "(default: docs/study-v1-records.jsonl.gz)")
     parser.add_argument("--doc", default=str(DOC), help="the document to rewrite (default: docs/study.md; "
                                                         "-: print the tables instead)")
     parser.add_argument("--archive", action="store_true",
-                        help="first copy the runs given as folders into docs/ (see above)")
+                        help="first copy the runs given as folders (and the fidelity rows) into docs/ (see above)")
     args = parser.parse_args(argv)
     source = Path(args.records)
+    fidelity_source = Path(args.fidelity)
     trained_source = Path(args.trained) if args.trained else TRAINED_ARCHIVE
-    v2_source = Path(args.v2) if args.v2 else V2_ARCHIVE
+    first_source = Path(args.first) if args.first else FIRST_ARCHIVE
     if args.archive:
-        if not (source.is_dir() or trained_source.is_dir() or v2_source.is_dir()):
-            parser.error("--archive takes a run folder (the study's, --trained's, --v2's or several)")
+        if not (source.is_dir() or trained_source.is_dir() or first_source.is_dir() or fidelity_source != FIDELITY_ARCHIVE):
+            parser.error("--archive takes a run folder (the study's, --trained's, --first's) or --fidelity rows")
         if source.is_dir():
-            archive(source)
+            archive(source, ARCHIVE, TIME_ARCHIVE, SURVEY_ARCHIVE)
             source = ARCHIVE
         if trained_source.is_dir():
             archive(trained_source, TRAINED_ARCHIVE, TRAINED_TIME_ARCHIVE)
             trained_source = TRAINED_ARCHIVE
-        if v2_source.is_dir():
-            archive(v2_source, V2_ARCHIVE, V2_TIME_ARCHIVE, SURVEY_ARCHIVE)
-            v2_source = V2_ARCHIVE
-    study = Study(load_records(source), _timing(source, ARCHIVE, TIME_ARCHIVE, args.time))
+        if first_source.is_dir():
+            archive(first_source, FIRST_ARCHIVE, FIRST_TIME_ARCHIVE)
+            first_source = FIRST_ARCHIVE
+        if fidelity_source != FIDELITY_ARCHIVE:
+            FIDELITY_ARCHIVE.write_text(fidelity_source.read_text(encoding="utf-8"), encoding="utf-8")
+            fidelity_source = FIDELITY_ARCHIVE
+    fidelity = load_records(fidelity_source) if fidelity_source.is_file() else None
+    study = Study(load_records(source), _timing(source, ARCHIVE, TIME_ARCHIVE, args.time), _survey(source), fidelity)
     trained = (Study(load_records(trained_source), _timing(trained_source, TRAINED_ARCHIVE, TRAINED_TIME_ARCHIVE))
                if trained_source.exists() else None)
-    v2 = (Study(load_records(v2_source), _timing(v2_source, V2_ARCHIVE, V2_TIME_ARCHIVE), _survey(v2_source))
-          if v2_source.exists() else None)
+    first = (Study(load_records(first_source), _timing(first_source, FIRST_ARCHIVE, FIRST_TIME_ARCHIVE))
+             if first_source.exists() else None)
     if args.doc == "-":
         blocks = [(name, block, study) for name, block in BLOCKS.items()]
         blocks += [(name, block, trained) for name, block in TRAINED_BLOCKS.items()] if trained else []
-        blocks += [(name, block, v2) for name, block in V2_BLOCKS.items()] if v2 else []
+        blocks += [(name, block, first) for name, block in FIRST_BLOCKS.items()] if first else []
         for name, block, source_study in blocks:
             print(f"## {name}\n\n{block(source_study)}\n")
         return 0
     doc = Path(args.doc)
-    doc.write_text(render(doc.read_text(encoding="utf-8"), study, trained, v2), encoding="utf-8")
-    print(f"{doc}: blocks from {source}" + (f", {trained_source}" if trained else "") + (f", {v2_source}" if v2 else ""),
+    doc.write_text(render(doc.read_text(encoding="utf-8"), study, trained, first), encoding="utf-8")
+    print(f"{doc}: blocks from {source}" + (f", {trained_source}" if trained else "") + (f", {first_source}" if first else ""),
           file=sys.stderr)
     return 0
 

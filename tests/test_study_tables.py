@@ -9,6 +9,7 @@ import gzip
 import importlib.util
 import json
 import math
+import threading
 
 import pytest
 import yaml
@@ -246,25 +247,66 @@ def test_trained_blocks_render_from_their_own_run_and_are_required_only_with_it(
 
 
 def test_docs_study_md_is_what_its_archived_records_render():
-    """Every generated block of docs/study.md, the trained models' and study v2's included, is what the
+    """Every generated block of docs/study.md, the trained models' and the first run's included, is what the
     archives give: a table edited by hand, or records archived without re-rendering, fails here."""
-    study = st.Study(st.load_records(st.ARCHIVE), st.wall_time(st.TIME_ARCHIVE.read_text()))
+    study = st.Study(st.load_records(st.ARCHIVE), st.wall_time(st.TIME_ARCHIVE.read_text()),
+                     st.load_records(st.SURVEY_ARCHIVE), st.load_records(st.FIDELITY_ARCHIVE))
     trained = st.Study(st.load_records(st.TRAINED_ARCHIVE), st.wall_time(st.TRAINED_TIME_ARCHIVE.read_text()))
-    v2 = (st.Study(st.load_records(st.V2_ARCHIVE), st.wall_time(st.V2_TIME_ARCHIVE.read_text()),
-                   st.load_records(st.SURVEY_ARCHIVE) if st.SURVEY_ARCHIVE.exists() else None)
-          if st.V2_ARCHIVE.exists() else None)  # without it, a v2 block in the document is an unknown one
+    first = st.Study(st.load_records(st.FIRST_ARCHIVE), st.wall_time(st.FIRST_TIME_ARCHIVE.read_text()))
     doc = st.DOC.read_text(encoding="utf-8")
-    assert st.render(doc, study, trained, v2) == doc
+    assert st.render(doc, study, trained, first) == doc
 
 
-def test_v2_blocks_render_from_their_own_run_and_are_required_only_with_it(records):
+def test_first_run_blocks_render_from_their_own_run_and_are_required_only_with_it(records):
     study = st.Study(records, survey=SURVEY)
-    names = [*st.BLOCKS, *st.TRAINED_BLOCKS, *st.V2_BLOCKS]
+    names = [*st.BLOCKS, *st.TRAINED_BLOCKS, *st.FIRST_BLOCKS]
     doc = "\n\n".join(f"<!-- study:{name} -->\nold\n<!-- /study:{name} -->" for name in names)
-    rendered = st.render(doc, study, trained=study, v2=study)
-    assert "\nold\n" not in rendered and "Conv2d" in rendered  # the survey's table is a v2 block
+    rendered = st.render(doc, study, trained=study, first=study)
+    assert "\nold\n" not in rendered and "Conv2d" in rendered  # the survey's table is the study's block
     with pytest.raises(SystemExit, match="unknown"):
-        st.render(doc, study, trained=study)  # v2 blocks without a v2 run would go stale
+        st.render(doc, study, trained=study)  # first-run blocks without the first run would go stale
+
+
+FIDELITY = [{"experiment": "study", "model": "det+nms", "inputs": "photos", "boxes_before": 10, "boxes_after": 9,
+             "kept": 8, "f1": 16 / 19, "map": 0.75, "latency_unadapted_s": 0.2, "latency_adapted_s": 0.25,
+             "repeats": 7, "commit": "0123456789abcdef"}]
+
+
+def test_the_fidelity_table_is_the_benchmark_s_rows():
+    """Each row: boxes on both sides, kept over the unadapted boxes, F1 and mAP, latency in ms and the
+    adapted-over-unadapted ratio; the note names the commit and the repeats."""
+    study = st.Study(st.load_records(st.FIRST_ARCHIVE), fidelity=FIDELITY)
+    note, body = st.block_adapter_fidelity(study).split("\n\n", 1)
+    assert rows_of(body) == [["study", "det+nms", "photos", "10", "9", "8/10", "0.842", "0.750", "200.0 / 250.0", "1.25"]]
+    assert "0123456789" in note and "median ms of 7 forwards" in note
+    assert "No fidelity rows" in st.block_adapter_fidelity(st.Study(st.load_records(st.FIRST_ARCHIVE)))
+
+
+def test_like_for_like_adds_the_first_runs_targets_when_a_run_has_more(records):
+    """A run with float32 targets beyond the first run's gets a row over the first run's three alone."""
+    first = st.Study(st.load_records(st.FIRST_ARCHIVE))
+    assert len(rows_of(st.block_like_for_like(first))) == 4  # its float32 targets are the first run's
+    extra = copy.deepcopy(first.all_records)
+    run = next(r for r in extra if r["kind"] == "run")
+    run["config"]["targets"].append({"backend": "openvino", "device": "cpu", "dtype": "float32", "name": None})
+    for c in [c for c in extra if c["kind"] == "check" and c["target"] == "compile-cpu"]:
+        extra.append({**c, "target": "openvino-cpu"})
+    more = st.Study(extra)
+    rows = rows_of(st.block_like_for_like(more))
+    assert rows[3][0].startswith("the first run's float32 targets (compile-cpu, onnxruntime-cpu, torchscript-cpu)")
+    assert rows[3][1] == rows_of(st.block_like_for_like(first))[2][1]  # the same checks as the first run's row
+
+
+def test_tier_3_leaves_out_entries_whose_task_has_no_decision(records):
+    """A `task: other` entry has no tier-3 check by design: it is not shown as `no outputs`."""
+    other = copy.deepcopy(records)
+    run = next(r for r in other if r["kind"] == "run")
+    for m in run["config"]["models"]:
+        if m["task"] == "classification":
+            m["task"] = "other"
+    other = [r for r in other if not (r["kind"] == "check" and r["tier"] == 3 and r["task"] == "classification")]
+    models = [r[0] for r in rows_of(st.block_tier3(st.Study(other)).split("\n\n", 1)[1])]
+    assert models == ["det"]
 
 
 def test_each_check_is_counted_at_its_own_gate(records):
@@ -337,6 +379,21 @@ def test_flip_counts_are_tabled_per_detector_and_target_and_summed_per_mechanism
     assert list(by_mechanism) == ["tie_order", "score_threshold", "nms_iou", "**all**"]  # the classes' own order
     assert by_mechanism["tie_order"][column - 1] == "5" and by_mechanism["tie_order"][-1] == "5"
     assert by_mechanism["**all**"][-1] == "10"
+
+
+def test_a_passing_check_with_attributed_boxes_shows_agree_and_counts_them(records):
+    """A pass short of every box (records from 2ea5107 on attribute its boxes): `agree`, F1 and its counts in
+    the cell, its boxes in the totals; a pass without flips is `agree` alone."""
+    study = st.Study(records)
+    key = next(k for k in study.tier3 if k[0] == "det")
+    study.tier3[key] = {**study.tier3[key], "passed": True, "failure_class": None, "metrics": {"f1": 0.96},
+                        "flips": {"counts": {"score_threshold": 2}, "candidates": "both", "examples": []}}
+    matrix, totals = [rows_of(part) for part in st.block_flips(study).split("\n\n")[1::2]]
+    column = 1 + study.targets.index(key[2])
+    assert matrix[0][column] == "agree, F1 0.960: score_threshold 2"
+    assert {r[0]: r[-1] for r in totals}["score_threshold"] == "2"
+    del study.tier3[key]["flips"]
+    assert rows_of(st.block_flips(study).split("\n\n")[1])[0][column] == "agree (F1 0.960)"
 
 
 SURVEY = [
@@ -427,3 +484,46 @@ def test_a_run_stopped_before_the_end_says_which_entries_it_did_not_reach(record
         in st.block_design(study)
     assert "it was stopped (signal 15) before it finished" in st.block_run(study)
     assert "stopped" not in st.block_run(st.Study(records, st.wall_time(GNU_TIME)))
+
+
+def test_a_structural_failure_shows_no_difference():
+    """A check whose outputs differ in shape compares no values that describe it: its cell gives the class,
+    not the compared leaves' difference (0.0 would read as 'identical'), and no scale-free ratio."""
+    check = {"status": "ok", "passed": False, "failure_class": "shape_mismatch", "max_abs": 0.0, "gate": 1e-4,
+             "verdicts": {"0.0001": False}, "leaves": [{"max_abs": 0.0, "reference_rms": 2.0}]}
+    study = st.Study(st.load_records(st.FIRST_ARCHIVE))
+    assert st._scaled_cell(study, check, "max_abs") == "FAIL shape_mismatch"
+    drift = {**check, "failure_class": "numeric_drift", "max_abs": 0.5, "leaves": [{"max_abs": 0.5, "reference_rms": 2.0}]}
+    assert st._scaled_cell(study, drift, "max_abs") == "FAIL 5.0e-01 numeric_drift (2.5e-01 of RMS)"
+
+
+def test_a_survey_started_again_keeps_its_lines_and_localizes_the_rest_in_order(tmp_path, monkeypatch):
+    """Lines an earlier survey wrote are kept; checks it did not reach (its budget spent) and those it never saw
+    are localized, two at a time, and written in the run's order whichever finishes first."""
+    spec = importlib.util.spec_from_file_location("study_localize", ROOT / "benchmarks" / "study_localize.py")
+    survey = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(survey)
+    run = {"kind": "run", "config": {"targets": [{"backend": "compile"}]}}
+    checks = [{"kind": "check", "tier": 1, "model": m, "target": "compile-cpu", "inputs": "x", "status": "ok",
+               "passed": False, "failure_class": "numeric_drift"} for m in ("m1", "m2", "m3")]
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [run, *checks]))
+    (tmp_path / "localize").mkdir()
+    earlier = [{"model": "m1", "inputs": "x", "target": "compile-cpu", "verdict": "from before"},
+               {"model": "m2", "inputs": "x", "target": "compile-cpu", "error": "not reached: the survey's time budget was spent"}]
+    (tmp_path / "localize" / "survey.jsonl").write_text("".join(json.dumps(line) + "\n" for line in earlier))
+    localized, m3_started = [], threading.Event()
+
+    def localize_one(experiment, check, out, cache_dir, timeout):
+        localized.append(check["model"])
+        if check["model"] == "m3":
+            m3_started.set()
+            return {"kind": "layers", "verdict": "localized m3", "wall_s": 0.0}
+        together = m3_started.wait(10)  # m2 finishes after m3 started beside it: only two workers can do that
+        return {"kind": "layers", "verdict": f"localized m2{'' if together else ' alone'}", "wall_s": 0.0}
+
+    monkeypatch.setattr(survey, "localize_one", localize_one)
+    assert survey.main([str(tmp_path), "--cache-dir", str(tmp_path / "cache"), "--workers", "2"]) == 0
+    lines = survey.read_jsonl(tmp_path / "localize" / "survey.jsonl")
+    assert [(line["model"], line["verdict"]) for line in lines] == [
+        ("m1", "from before"), ("m2", "localized m2"), ("m3", "localized m3")]
+    assert sorted(localized) == ["m2", "m3"]
