@@ -40,14 +40,17 @@ def test_docs_records_md_is_generated_from_the_models():
 
 
 def test_the_archived_study_records_are_valid_records(tmp_path):
-    (tmp_path / "records.jsonl").write_bytes(gzip.decompress((ROOT / "docs" / "study-records.jsonl.gz").read_bytes()))
+    (tmp_path / "records.jsonl").write_bytes(gzip.decompress((ROOT / "docs" / "study-v1-records.jsonl.gz").read_bytes()))
     view = RunView.read(tmp_path)
     assert len(view) == 432 and view.run["experiment"] and view.checks(1) and view.checks(3)
     (tmp_path / "records.jsonl").write_bytes(
         gzip.decompress((ROOT / "docs" / "study-trained-records.jsonl.gz").read_bytes()))
     trained = RunView.read(tmp_path)
-    assert len(trained.checks(1)) == 28 and all("reference_rms" in leaf for c in trained.checks(1)
+    assert len(trained.checks(1)) == 66 and all("reference_rms" in leaf for c in trained.checks(1)
                                                   for leaf in c.get("leaves") or [] if leaf.get("max_abs") is not None)
+    (tmp_path / "records.jsonl").write_bytes(gzip.decompress((ROOT / "docs" / "study-records.jsonl.gz").read_bytes()))
+    study = RunView.read(tmp_path)  # the v2 run: 32 entries reached x 7 targets
+    assert len(study) == 927 and len(study.checks(1)) == 224 and study.checks(3)
 
 
 @pytest.mark.parametrize(("fields", "problem"), [
