@@ -8,6 +8,7 @@ own structure, so that the verifier flattens every backend's outputs the same wa
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import tempfile
 import warnings
@@ -17,9 +18,9 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from parity.config.schema import MAX_THREADS  # noqa: F401 - the bound of every backend's `threads` option
+from parity.config.schema import MAX_THREADS  # the bound of every backend's `threads` option
 from parity.inputs import Inputs
 from parity.models.sources import MODEL_KINDS
 from parity.outputs import map_tensors
@@ -27,6 +28,21 @@ from parity.outputs import map_tensors
 
 class NoOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class ThreadsOptions(BaseModel):
+    """The options of a backend whose one setting is how many threads its runtime uses."""
+
+    model_config = ConfigDict(extra="forbid")
+    threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)
+
+
+def not_installed(module: str, install: str, name: str | None = None) -> str | None:
+    """A backend's reason not to run when its library is missing (found without importing it: some take
+    seconds to import), else None. `install` is the pip argument that brings it; `name` its pip name."""
+    if importlib.util.find_spec(module) is None:
+        return f"{name or module} is not installed (pip install {install})"
+    return None
 
 
 def onnx_file(model: torch.nn.Module) -> Path | None:

@@ -11,7 +11,6 @@ runs, and the lines of a failed run are added to its error.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import os
 import re
@@ -22,7 +21,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from parity.backends.base import Backend, OutputSpec
+from parity.backends.base import Backend, OutputSpec, not_installed
 from parity.backends.export import ExportOptions, export_lines, export_program
 from parity.inputs import Inputs
 from parity.offline import quiet_library_imports
@@ -67,9 +66,7 @@ class ExecuTorchBackend(Backend):
 
     @classmethod
     def available(cls, spec) -> str | None:
-        if importlib.util.find_spec("executorch") is None:  # not imported: it takes seconds, and torchao with it
-            return "executorch is not installed (pip install 'parity[executorch]')"
-        return None
+        return not_installed("executorch", "'parity[executorch]'")
 
     @classmethod
     def repro_snippet(cls, spec) -> str | None:

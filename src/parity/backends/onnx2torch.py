@@ -6,15 +6,9 @@ in eager PyTorch: whether PyTorch's kernels agree with the runtime the file was 
 from __future__ import annotations
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
-from parity.backends.base import MAX_THREADS, Backend, num_threads, onnx_file, to_cpu
+from parity.backends.base import Backend, ThreadsOptions, not_installed, num_threads, onnx_file, to_cpu
 from parity.inputs import Inputs
-
-
-class Onnx2TorchOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)
 
 
 class Onnx2TorchBackend(Backend):
@@ -22,15 +16,11 @@ class Onnx2TorchBackend(Backend):
     preparation_cost = 1  # a conversion, about as long as a trace
     libraries = ("torch", "onnx", "onnx2torch")
     model_kinds = ("onnx",)
-    Options = Onnx2TorchOptions
+    Options = ThreadsOptions
 
     @classmethod
     def available(cls, spec) -> str | None:
-        try:
-            import onnx2torch  # noqa: F401
-        except ImportError:
-            return "onnx2torch is not installed (pip install 'parity[onnx2torch]')"
-        return None
+        return not_installed("onnx2torch", "'parity[onnx2torch]'")
 
     def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
         import onnx2torch

@@ -22,7 +22,15 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, field_validator, model_validator
 
-from parity.backends.base import MAX_THREADS, Backend, OutputSpec, cuda_reason, onnx_file, runtime_threads
+from parity.backends.base import (
+    MAX_THREADS,
+    Backend,
+    OutputSpec,
+    cuda_reason,
+    not_installed,
+    onnx_file,
+    runtime_threads,
+)
 from parity.backends.shapes import DynamicShapeOptions
 from parity.inputs import Inputs
 
@@ -170,11 +178,12 @@ class OnnxRuntimeBackend(Backend):
 
     @classmethod
     def available(cls, spec) -> str | None:
-        try:
-            import onnxruntime as ort
-        except ImportError:
-            return "onnxruntime is not installed (pip install onnxruntime)"
+        missing = not_installed("onnxruntime", "onnxruntime")
+        if missing:
+            return missing
         if spec.device.startswith("cuda"):
+            import onnxruntime as ort
+
             provider = _provider_name(cls.providers(spec, cls.Options())[0])
             if provider not in ort.get_available_providers():
                 return f"onnxruntime has no {provider} here (pip install onnxruntime-gpu)"

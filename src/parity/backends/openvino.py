@@ -11,17 +11,18 @@ from __future__ import annotations
 import warnings
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
-from parity.backends.base import MAX_THREADS, Backend, OutputSpec, onnx_file, runtime_threads
+from parity.backends.base import (
+    Backend,
+    OutputSpec,
+    ThreadsOptions,
+    not_installed,
+    onnx_file,
+    runtime_threads,
+)
 from parity.inputs import Inputs
 
 PRECISION = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
-
-
-class OpenVinoOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)
 
 
 class OpenVinoBackend(Backend):
@@ -30,16 +31,12 @@ class OpenVinoBackend(Backend):
     preparation_cost = 2  # an export
     libraries = ("torch", "openvino", "numpy")
     dtypes = ("float32", "bfloat16", "float16")
-    Options = OpenVinoOptions
+    Options = ThreadsOptions
     model_kinds = ("module", "exported", "torchscript", "onnx")  # convert_model takes a ScriptModule too
 
     @classmethod
     def available(cls, spec) -> str | None:
-        try:
-            import openvino  # noqa: F401
-        except ImportError:
-            return "openvino is not installed (pip install 'parity[openvino]')"
-        return None
+        return not_installed("openvino", "'parity[openvino]'")
 
     @classmethod
     def repro_snippet(cls, spec) -> str | None:

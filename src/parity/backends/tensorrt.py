@@ -12,14 +12,13 @@ tied to the GPU and TensorRT version that built it, which the cache does not key
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from parity.backends.base import OutputSpec, cuda_reason, synchronize, to_cpu
+from parity.backends.base import OutputSpec, cuda_reason, not_installed, synchronize, to_cpu
 from parity.backends.eager import EagerBackend, call_lines, placement_lines
 from parity.backends.export import export_lines
 from parity.inputs import Inputs
@@ -63,13 +62,8 @@ class TensorRTBackend(EagerBackend):
 
     @classmethod
     def available(cls, spec) -> str | None:
-        missing = []
-        if importlib.util.find_spec("torch_tensorrt") is None:
-            missing.append("torch-tensorrt is not installed (pip install torch-tensorrt)")
-        cuda = cuda_reason(spec.device)
-        if cuda:
-            missing.append(cuda)
-        return "; ".join(missing) or None
+        missing = [not_installed("torch_tensorrt", "torch-tensorrt", "torch-tensorrt"), cuda_reason(spec.device)]
+        return "; ".join(m for m in missing if m) or None
 
     @classmethod
     def spec_problem(cls, spec) -> str | None:
