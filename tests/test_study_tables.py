@@ -589,3 +589,26 @@ def test_a_survey_started_again_keeps_its_lines_and_localizes_the_rest_in_order(
     assert [(line["model"], line["verdict"]) for line in lines] == [
         ("m1", "from before"), ("m2", "localized m2"), ("m3", "localized m3")]
     assert sorted(localized) == ["m2", "m3"]
+
+
+def test_compare_runs_names_the_decisions_that_differ_between_two_runs(records, tmp_path):
+    """study/compare_runs.py: the same run against itself is stable; a check whose verdict flips in the second
+    run, and an image of detector_at_scale.py whose decision changed in one run only, are unstable."""
+    spec = importlib.util.spec_from_file_location("compare_runs", ROOT / "study" / "compare_runs.py")
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    first = tmp_path / "first.jsonl"
+    first.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert compare.unstable(compare.decisions(first), compare.decisions(first)) == []
+    flipped = copy.deepcopy(records)
+    check = next(c for c in flipped if c["kind"] == "check" and c["tier"] == 1 and c["model"] == "tiny")
+    check["passed"] = not check["passed"]
+    (tmp_path / "second").mkdir()
+    (tmp_path / "second" / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in flipped))
+    assert compare.unstable(compare.decisions(first), compare.decisions(tmp_path / "second")) == [
+        (1, "tiny", check["inputs"], check["target"])]
+    rows = [{"target": "onnxruntime", "image": "0000.png", "f1": 1.0}, {"target": "onnxruntime", "image": "0001.png", "f1": 0.9}]
+    one, two = tmp_path / "t1.jsonl", tmp_path / "t2.jsonl"
+    one.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    two.write_text("".join(json.dumps({**r, "f1": 1.0}) + "\n" for r in rows))
+    assert compare.unstable(compare.decisions(one), compare.decisions(two)) == [("onnxruntime", "0001.png")]
