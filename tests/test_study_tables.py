@@ -10,7 +10,9 @@ import importlib.util
 import json
 import math
 import threading
+from statistics import NormalDist
 
+import numpy as np
 import pytest
 import yaml
 
@@ -199,16 +201,74 @@ def test_the_cuda_study_runs_the_same_models_on_the_same_inputs():
     assert len({m["builder"] for m in cpu["models"]}) >= 19  # the issue asks for at least 19 models
 
 
-def test_the_cluster_bootstrap_keeps_a_model_s_checks_together():
-    """Two clusters, one all passing and one all failing: every draw is one of 0, 1/2 or 1 of the checks,
-    so the interval is wider than Wilson's over the same 20 'independent' checks; one cluster cannot vary."""
-    both = {"a": [True] * 10, "b": [False] * 10}
-    low, high = st.cluster_bootstrap(both, resamples=2000)
-    w_low, w_high = st.wilson(10, 20)
-    assert low == 0.0 and high == 1.0 and w_low > 0.0 and w_high < 1.0
-    assert st.cluster_bootstrap({"a": [True, False]}, resamples=100) == (0.5, 0.5)
-    assert st.cluster_bootstrap({}) == (0.0, 1.0)
-    assert st.cluster_bootstrap(both, resamples=500) == st.cluster_bootstrap(both, resamples=500)  # seeded
+def test_the_bca_bootstrap_draws_whole_clusters():
+    """Six clusters all passing and six all failing, ten checks each: a draw is a number of whole clusters, so
+    the rate moves by tenths of the clusters' count (about 0.2 to 0.8), where drawing the 120 checks one by one
+    would move it by a few points (Wilson's interval). Nothing to vary: the point."""
+    clusters = [(10, 10)] * 6 + [(0, 10)] * 6
+    low, high = st.bca_bootstrap(clusters, resamples=4000)
+    w_low, w_high = st.wilson(60, 120)
+    assert low < 0.3 and high > 0.7 and w_low > 0.4 and w_high < 0.6
+    assert st.bca_bootstrap(clusters, resamples=500) == st.bca_bootstrap(clusters, resamples=500)  # seeded
+    assert st.bca_bootstrap([(10, 10), (5, 5)], resamples=100) == (1.0, 1.0)
+    assert st.bca_bootstrap([(1, 2)], resamples=100) == (0.5, 0.5)
+    assert st.bca_bootstrap([]) == (0.0, 1.0)
+
+
+def test_the_bca_parameters_follow_their_definitions():
+    """z0: the normal quantile of the draws below the estimate (ties counted half); a: the jackknife's skewness
+    over clusters, here by hand: leaving out each of (1/2, 2/2, 0/3) gives 2/5, 1/5, 3/4."""
+    passes, counts = np.array([1.0, 2.0, 0.0]), np.array([2.0, 2.0, 3.0])
+    jack = np.array([0.4, 0.2, 0.75])
+    spread = jack.mean() - jack
+    z0, accel = st.bca_parameters(passes, counts, np.array([0.1, 0.2, 3 / 7, 0.5]))
+    assert z0 == pytest.approx(NormalDist().inv_cdf(2.5 / 4))
+    assert accel == pytest.approx(np.sum(spread ** 3) / (6 * np.sum(spread ** 2) ** 1.5)) and accel == pytest.approx(-0.030726, abs=1e-6)
+    skewed = [(1, 1)] * 12 + [(0, 1)] * 2 + [(3, 20)]  # unequal clusters: the correction moves the bounds
+    assert st.bca_bootstrap(skewed, resamples=4000) != _percentile(skewed, resamples=4000)
+
+
+def _percentile(clusters: list[tuple[int, int]], resamples: int) -> tuple[float, float]:
+    """The plain percentile interval from the same draws, for comparison."""
+    passes, counts = np.array([p for p, _ in clusters], float), np.array([n for _, n in clusters], float)
+    draws = np.random.default_rng(st.BOOTSTRAP_SEED).integers(0, len(clusters), size=(resamples, len(clusters)))
+    rates = passes[draws].sum(axis=1) / counts[draws].sum(axis=1)
+    return float(np.quantile(rates, 0.025)), float(np.quantile(rates, 0.975))
+
+
+def _leaf_check(max_abs: float, rms: float, rmse: float, passed: bool, failure_class: str | None = None) -> dict:
+    return {"status": "ok", "passed": passed, "failure_class": failure_class, "max_abs": max_abs, "gate": 1e-4,
+            "verdicts": {"1e-04": passed}, "leaves": [{"max_abs": max_abs, "rmse": rmse, "reference_rms": rms}]}
+
+
+def test_the_scale_free_verdict_divides_by_the_reference_output_s_rms():
+    """A large output that fails the absolute gate passes at 1e-4 of its RMS, a small one that passes it fails;
+    a check that did not compare by value fails, identical outputs pass; relative RMSE is RMSE over the RMS."""
+    large = _leaf_check(1e-3, rms=100.0, rmse=1e-4, passed=False, failure_class="numeric_drift")
+    small = _leaf_check(5e-5, rms=0.01, rmse=1e-5, passed=True)
+    assert st.scale_free_verdict(large) and not st.scale_free_verdict(large, 1e-6)
+    assert not st.scale_free_verdict(small) and st.scale_free_verdict(small, 1e-2)
+    assert st.relative_rmse(large) == pytest.approx(1e-6) and st.relative_rmse(small) == pytest.approx(1e-3)
+    assert not st.scale_free_verdict({**large, "failure_class": "shape_mismatch"})
+    assert not st.scale_free_verdict({**large, "status": "skipped"})
+    assert st.scale_free_verdict(_leaf_check(0.0, rms=0.0, rmse=0.0, passed=True))
+
+
+def test_clusters_are_backbone_families_and_one_execution_counts_once():
+    """The archived study: 21 builders in 14 backbone families (the detectors and segmentation models on
+    MobileNetV3-large's and ResNet-50's trunks join them); bfloat16 judged at two gates is one execution, so the
+    counts that took it twice (168 checks, the flip total 1064) count it once (144, 880 boxes)."""
+    study = st.Study(st.load_records(st.ARCHIVE))
+    assert study.family("fcn_r50") == "resnet50" and study.family("ssdlite320+nms") == "mobilenet_v3_large"
+    assert len(study.clusters(study.ran)) == 14 and len({study.architecture(m) for m in study.models}) == 21
+    assert study.execution_of()["eager-cpu-bfloat16-f32gate"] == "eager-cpu-bfloat16"
+    assert "eager-cpu-bfloat16-f32gate" not in study.distinct_targets() and len(study.distinct_targets()) == 6
+    once = [c for c in study.ran if c["target"] in study.distinct_targets()]
+    assert study.rate(once) == (70, 144)
+    assert len(study.clusters(once, "family-target")) == 14 * 6
+    totals = {r[0]: r[-1] for r in rows_of(st.block_flips(study).split("\n\n")[3])}
+    assert totals["**all**"] == "1064" and totals["**all, each execution once**"] == "880"
+    assert "- **Each execution once** (eager-cpu-bfloat16-f32gate left out" in st.block_headline(study)
 
 
 def test_like_for_like_drops_reduced_precision_targets_and_adapter_entries(records):
@@ -225,7 +285,9 @@ def test_like_for_like_drops_reduced_precision_targets_and_adapter_entries(recor
     assert len(once_checks) < len(kept) < len(study.ran)
     assert published[4] == "672" and published[5] == "72.0%"
     intervals = rows_of(st.block_intervals(study).split("\n\n", 1)[1])
-    assert intervals[0][5] == "2"  # tiny and det (det+nms is det's architecture)
+    assert intervals[0][4].endswith(" (2)")  # tiny and det (det+nms is det's architecture, its own family)
+    ran_on = {c["target"] for c in study.ran if st.judged(c)}  # the targets that ran here (`never` cannot)
+    assert intervals[0][5].endswith(f" ({2 * len(ran_on)})")  # each family on each of them
 
 
 def test_scale_free_difference_is_the_worst_leaf_over_its_reference_rms():
@@ -492,9 +554,9 @@ def test_a_structural_failure_shows_no_difference():
     check = {"status": "ok", "passed": False, "failure_class": "shape_mismatch", "max_abs": 0.0, "gate": 1e-4,
              "verdicts": {"0.0001": False}, "leaves": [{"max_abs": 0.0, "reference_rms": 2.0}]}
     study = st.Study(st.load_records(st.FIRST_ARCHIVE))
-    assert st._scaled_cell(study, check, "max_abs") == "FAIL shape_mismatch"
+    assert st._scaled_cell(study, check) == "FAIL shape_mismatch"
     drift = {**check, "failure_class": "numeric_drift", "max_abs": 0.5, "leaves": [{"max_abs": 0.5, "reference_rms": 2.0}]}
-    assert st._scaled_cell(study, drift, "max_abs") == "FAIL 5.0e-01 numeric_drift (2.5e-01 of RMS)"
+    assert st._scaled_cell(study, drift) == "FAIL 5.0e-01 numeric_drift (2.5e-01 of RMS)"
 
 
 def test_a_survey_started_again_keeps_its_lines_and_localizes_the_rest_in_order(tmp_path, monkeypatch):
@@ -527,3 +589,26 @@ def test_a_survey_started_again_keeps_its_lines_and_localizes_the_rest_in_order(
     assert [(line["model"], line["verdict"]) for line in lines] == [
         ("m1", "from before"), ("m2", "localized m2"), ("m3", "localized m3")]
     assert sorted(localized) == ["m2", "m3"]
+
+
+def test_compare_runs_names_the_decisions_that_differ_between_two_runs(records, tmp_path):
+    """study/compare_runs.py: the same run against itself is stable; a check whose verdict flips in the second
+    run, and an image of detector_at_scale.py whose decision changed in one run only, are unstable."""
+    spec = importlib.util.spec_from_file_location("compare_runs", ROOT / "study" / "compare_runs.py")
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    first = tmp_path / "first.jsonl"
+    first.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert compare.unstable(compare.decisions(first), compare.decisions(first)) == []
+    flipped = copy.deepcopy(records)
+    check = next(c for c in flipped if c["kind"] == "check" and c["tier"] == 1 and c["model"] == "tiny")
+    check["passed"] = not check["passed"]
+    (tmp_path / "second").mkdir()
+    (tmp_path / "second" / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in flipped))
+    assert compare.unstable(compare.decisions(first), compare.decisions(tmp_path / "second")) == [
+        (1, "tiny", check["inputs"], check["target"])]
+    rows = [{"target": "onnxruntime", "image": "0000.png", "f1": 1.0}, {"target": "onnxruntime", "image": "0001.png", "f1": 0.9}]
+    one, two = tmp_path / "t1.jsonl", tmp_path / "t2.jsonl"
+    one.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    two.write_text("".join(json.dumps({**r, "f1": 1.0}) + "\n" for r in rows))
+    assert compare.unstable(compare.decisions(one), compare.decisions(two)) == [("onnxruntime", "0001.png")]
