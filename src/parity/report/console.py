@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from parity.records.view import RunView
-from parity.report.next_steps import next_steps
+from parity.report.next_steps import next_steps, oracle_finding
 from parity.verify.tasks import headline_of
 
 
@@ -116,6 +116,8 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
         console.print("[red]failed[/red] " + escape(f"{view.key(c)}: {c['failure_class']}: {c['detail']}"), soft_wrap=True)
         for line in next_steps(c, view):
             console.print("  " + escape(line), soft_wrap=True)
+    for line, keys in passing_oracle_lines(view).items():
+        console.print("[yellow]oracle[/yellow] " + escape(f"{', '.join(keys)}: {line.removeprefix('oracle: ')}"), soft_wrap=True)
     for c, lines in warned(checks):
         more = f" (and {len(lines) - 3} more in the records)" if len(lines) > 3 else ""
         for i, line in enumerate(lines[:3]):
@@ -153,6 +155,17 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
         console.print(f"report:  {path}")
     if not reports:
         console.print(f"reports: not written (--no-report); parity report {out_dir} renders them")
+
+
+def passing_oracle_lines(view: RunView) -> dict[str, list[str]]:
+    """What the float64 oracle says of passing checks (a target much farther from float64, or why it has no
+    verdict), each line once with the checks it concerns: an oracle that could not run says so once per job."""
+    lines: dict[str, list[str]] = {}
+    for c in view.checks(1):
+        if c["status"] == "ok" and c["passed"]:
+            for line in oracle_finding(c):
+                lines.setdefault(line, []).append(view.key(c))
+    return lines
 
 
 def headline_figures(check: dict[str, Any]) -> str:

@@ -16,7 +16,14 @@ from parity.records import tolerance_key
 from parity.records.summary import latency_rows
 from parity.records.view import RunView
 from parity.report import ReportWriter, pictures, plots
-from parity.report.console import describe_note, flips_line, percent, tolerance_lines, tolerance_title
+from parity.report.console import (
+    describe_note,
+    flips_line,
+    passing_oracle_lines,
+    percent,
+    tolerance_lines,
+    tolerance_title,
+)
 from parity.report.next_steps import next_steps
 from parity.taxonomy import MEANINGS, SEVERITY
 
@@ -298,6 +305,7 @@ def render_html(records: RunView | list[dict], summary: dict[str, Any]) -> str:
         "taxonomy_rows": taxonomy_rows,
         "taxonomy_plot": taxonomy_plot,
         "failures": _failures(view),
+        "oracle_notes": list(passing_oracle_lines(view).items()),
         "latency_rows": latency_table,
         "latency_plot": latency_plot,
         "tier2": _tier2(layers),
