@@ -61,12 +61,11 @@ def oracle_finding(check: dict[str, Any]) -> list[str]:
                  "reference": f"oracle: float64 has the target's NaN/Inf pattern, not the reference's: the "
                               f"reference's values there are the artefact, the target is right ({counts})",
                  "both": f"oracle: float64 has neither side's NaN/Inf pattern ({counts})"}[worse]]
-    rule = f"a side is farther beyond {oracle['multiplier']:g}x the other's rmse + {oracle['floor']:g}"
     if worse == "target":
         leaves = ", ".join(oracle.get("leaves_target_worse") or [])
-        return [f"oracle: the target is worse than the reference{f' at {leaves}' if leaves else ''} ({rmse}; {rule})"]
+        return [f"oracle: the target is worse than the reference{f' at {leaves}' if leaves else ''} ({rmse})"]
     if worse == "reference":
-        return [f"oracle: the reference is the imprecise one: the target is closer to float64 ({rmse}; {rule})"]
+        return [f"oracle: the reference is the imprecise one: the target is closer to float64 ({rmse})"]
     return [f"oracle: both sides are equally far from float64 ({rmse}; neither is beyond "
             f"{oracle['multiplier']:g}x the other's + {oracle['floor']:g})"]
 
