@@ -232,11 +232,18 @@ def render_layers(record: dict[str, Any], console) -> None:
             console.print("propagated n/a: " + escape("; ".join(f"{n}: {why}" for n, why in unseen.items())))
     console.print(f"[bold]verdict:[/bold] {escape(record['verdict'])}")
     if record["suspects"]:
-        console.print("suspects: " + ", ".join(f"{escape(s['name'])} ({s['rel_rmse']:.2e})" for s in record["suspects"]))
+        console.print("suspects: " + escape("; ".join(suspect_words(s, record["threshold"]) for s in record["suspects"])))
     if record.get("first_divergent"):
         which = "propagated error" if record.get("first_divergent_by") == "propagated" else "own error"
         console.print(f"first layer whose {which} exceeds {record['threshold']:g}: {escape(record['first_divergent'])}")
     console.print(f"localized in {record['elapsed_s']:.1f} s")
+
+
+def suspect_words(suspect: dict[str, Any], threshold: float) -> str:
+    """A suspect layer with the number that made it one: `layer1 (required atol 3.10e-04 > threshold 0.0001, ...)`."""
+    from parity.verify.localize import against_threshold
+
+    return f"{suspect['name']} ({against_threshold(suspect.get('required_atol'), threshold, suspect['rel_rmse'], suspect['max_abs'])})"
 
 
 def gate_line(tier1: dict[str, Any]) -> str:

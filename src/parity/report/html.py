@@ -21,6 +21,7 @@ from parity.report.console import (
     flips_line,
     passing_oracle_lines,
     percent,
+    suspect_words,
     tolerance_lines,
     tolerance_title,
 )
@@ -218,8 +219,7 @@ def _tier2(layers: list[dict]) -> list[dict[str, Any]]:
             entry.update(
                 verdict=r["verdict"], mode=r["mode"], threshold=r["threshold"],
                 descent=" › ".join(level["parent"] for level in r["levels"] if level["parent"]),
-                suspects=[{"name": s["name"], "rel_rmse": _sci(s.get("rel_rmse")), "max_abs": _sci(s.get("max_abs"))}
-                          for s in r["suspects"]],
+                suspects=[suspect_words(s, r["threshold"]) for s in r["suspects"]],
                 first_divergent=r.get("first_divergent"), whole_graph=r.get("whole_graph"),
                 first_divergent_by="propagated" if r.get("first_divergent_by") == "propagated" else "own",
                 skipped=r.get("skipped") or [],

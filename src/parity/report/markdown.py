@@ -15,6 +15,7 @@ from parity.report.console import (
     flips_line,
     passing_oracle_lines,
     percent,
+    suspect_words,
     tolerance_lines,
     tolerance_title,
     warned,
@@ -114,7 +115,7 @@ def render_markdown(records: RunView | list[dict], summary: dict[str, Any]) -> s
                 lines.append("  - whole graph: no layer's own error exceeds the threshold "
                              f"{r['threshold']:g}; the drift is not one layer's")
             if r["suspects"]:
-                lines.append("  - suspects: " + ", ".join(f"`{s['name']}` (relative RMSE {s['rel_rmse']:.2e})" for s in r["suspects"]))
+                lines.append("  - suspects: " + "; ".join(suspect_words(s, r['threshold']) for s in r['suspects']))
             if r.get("first_divergent"):
                 which = "propagated" if r.get("first_divergent_by") == "propagated" else "own"
                 lines.append(f"  - first layer whose {which} error exceeds the threshold: `{r['first_divergent']}`")
