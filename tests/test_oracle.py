@@ -74,6 +74,17 @@ def test_nan_in_the_target_where_float64_has_a_number_is_the_targets():
         "(differing from float64 at 1 element(s) in the target, 0 in the reference)"]
 
 
+def test_on_a_leaf_with_nan_or_inf_on_one_side_the_patterns_decide_not_the_rmse():
+    """The reference has +Inf where float64 has a number; the target is 1e-3 off everywhere, far worse by rmse
+    over the finite elements: on the Inf the check fails for, the reference is the one that is off."""
+    oracle = torch.linspace(-1, 1, 50, dtype=torch.float64)
+    reference, target = oracle.float(), (oracle + 1e-3).float()
+    reference[7] = math.inf
+    verdict = _verdict(reference, target, oracle)
+    assert verdict["target_rmse"] > 2 * verdict["reference_rmse"]
+    assert verdict["worse"] == "reference" and (verdict["target_nonfinite_off"], verdict["reference_nonfinite_off"]) == (0, 1)
+
+
 def test_inf_in_the_reference_that_float64_lacks_makes_the_target_the_faithful_side(write_yaml, tmp_path, capsys):
     """exp overflows float32 (the reference: +Inf) but not float64: a target that keeps the number is right."""
     exp = tiny_experiment([{"backend": "tests.fixtures.oracle:Float64Eager", "name": "wide"}], oracle=True,
