@@ -136,3 +136,12 @@ def test_a_passing_check_whose_target_is_far_worse_against_float64_says_so_every
     assert "tiny / noise / near" not in printed
     assert "passes, but the target is" in (out / "report.md").read_text()
     assert "passes, but the target is" in (out / "report.html").read_text()
+
+
+def test_a_target_that_returned_nothing_has_no_oracle_verdict_and_says_why(write_yaml, tmp_path, capsys):
+    exp = tiny_experiment([{"backend": "tests.fixtures.tiny:FailingEager", "name": "failing"}], oracle=True)
+    code, out, printed = _run(write_yaml, tmp_path, capsys, exp, "--no-report")
+    check = _checks(out)["failing"]
+    assert code == 1 and check["oracle"] is None
+    assert check["oracle_error"] == "the target returned no output to hold against float64's"
+    assert "oracle: no verdict: the target returned no output to hold against float64's" in printed
