@@ -285,7 +285,7 @@ def test_an_own_error_below_the_threshold_makes_no_culprit():
     loc = localize(EAGER, FAULTY, model, IMAGE, 0.0, 1e-3)
     assert loc.culprit is None and loc.whole_graph and loc.suspects == []
     verdict = loc.verdict()
-    assert "introduces" not in verdict and "the largest is block1's" in verdict
+    assert "introduces" not in verdict and "the largest relative RMSE is block1's" in verdict
     assert "no layer's output inside the target's end-to-end run exceeds the threshold either" in verdict
 
 

@@ -91,7 +91,7 @@ def test_an_oracle_that_fails_is_said_and_the_target_is_still_judged(write_yaml,
     checks = _tier1(records)
     assert code == 1  # the perturbed target fails on its own merits
     assert checks["same"]["passed"] is True and checks["same"]["oracle"] is None
-    assert "the oracle" in checks["same"]["oracle_error"] and "boom" in checks["same"]["oracle_error"]
+    assert "the float64 oracle could not run" in checks["same"]["oracle_error"] and "boom" in checks["same"]["oracle_error"]
     assert checks["perturbed"]["failure_class"] == "numeric_drift"
 
 

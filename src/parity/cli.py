@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import errno
 import logging
 import os
@@ -58,7 +59,8 @@ def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
         prepare(out_dir)
     code = EXIT_OK
     for exp, out_dir in zip(experiments, out_dirs, strict=True):
-        records = Runner(exp, out_dir, args.artifact_cache).run(progress=not args.quiet, fresh=args.fresh)
+        with library_logs(out_dir / LOG_FILE, args.verbose):
+            records = Runner(exp, out_dir, args.artifact_cache).run(progress=not args.quiet, fresh=args.fresh)
         summary = summarize(records)
         reports = [] if args.no_report else write_reports(out_dir, records, summary)
         render(records, summary, out_dir, _console(), reports)
@@ -644,6 +646,63 @@ def show_logs(verbose: bool = False) -> None:
     handler.parity_cli = True
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+# Libraries whose logging goes to the run's log file (and onto stderr with --verbose), never above the table:
+# torch (dynamo, inductor, export, the ONNX exporter's torch.onnx), onnxscript and onnx_ir (the ONNX exporter's
+# passes), OpenVINO and NNCF, torchao, ExecuTorch, Torch-TensorRT.
+LIBRARY_LOGGERS = ("torch", "onnxscript", "onnx_ir", "onnx", "onnxruntime", "openvino", "nncf", "torchao", "executorch",
+                   "torch_tensorrt")
+LOG_FILE = "run.log"
+
+
+def _to_console(handler: logging.Handler) -> bool:
+    """A handler that writes to the terminal (torch's own `_StderrHandler` follows sys.stderr), not to a file."""
+    consoles = (sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__)
+    return (isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
+            or type(handler).__name__ == "_StderrHandler") and getattr(handler, "stream", None) in consoles
+
+
+@contextlib.contextmanager
+def library_logs(log_file: Path, verbose: bool):
+    """While a command runs backends: what the libraries log (torch's `W1201 ...` lines, graph dumps logged at
+    WARNING) appended to `log_file` with parity's own messages, instead of their console handlers; with
+    `verbose` on stderr too. Every logger is put back as it was afterwards."""
+    import torch  # noqa: F401  torch installs its loggers' console handlers at import: these come after
+
+    to_file = logging.FileHandler(log_file, encoding="utf-8", delay=True)
+    to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    saved = []
+    loggers = [logging.getLogger(name) for name in LIBRARY_LOGGERS]
+    loggers += [lg for name, lg in list(logging.Logger.manager.loggerDict.items())
+                if isinstance(lg, logging.Logger) and name.split(".")[0] in LIBRARY_LOGGERS and lg not in loggers]
+    for logger in loggers:
+        saved.append((logger, list(logger.handlers), logger.propagate))
+        console = [h for h in logger.handlers if _to_console(h)]
+        for handler in console:
+            logger.removeHandler(handler)
+        if logger.name in LIBRARY_LOGGERS:  # a library's root: the file (and --verbose's stderr), no further
+            logger.addHandler(to_file)
+            if verbose:
+                logger.addHandler(_stderr_handler())
+            logger.propagate = False
+        elif console:  # torch's registered loggers (torch._dynamo, ...) stop at their own console handler
+            logger.propagate = True
+    parity_logger = logging.getLogger("parity")
+    parity_logger.addHandler(to_file)
+    try:
+        yield
+    finally:
+        parity_logger.removeHandler(to_file)
+        for logger, handlers, propagate in saved:
+            logger.handlers, logger.propagate = handlers, propagate
+        to_file.close()
+
+
+def _stderr_handler() -> logging.Handler:
+    handler = _Stderr()
+    handler.setFormatter(_Plain("%(name)s: %(message)s"))
+    return handler
 
 
 def main(argv: list[str] | None = None) -> int:

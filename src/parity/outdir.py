@@ -22,7 +22,7 @@ from pathlib import Path
 
 from parity.errors import ParityError
 
-OUTPUT_FILES = ("records.jsonl", "summary.json", "report.md", "report.html", "junit.xml")
+OUTPUT_FILES = ("records.jsonl", "summary.json", "report.md", "report.html", "junit.xml", "run.log")
 MIN_FREE_BYTES = 4 * 2**20  # less than a run's records and reports may need; a full disk fails now, not later
 
 _UMASK = os.umask(0o022)

@@ -88,8 +88,12 @@ class EagerBackend(Backend):
         with torch.no_grad():
             return quantize(model.eval(), self.spec.quantize.scheme, self.convert(example), calibration)
 
+    # Whether float32 casts inside the model's forward run as float64 (the float64 oracle: Float64Casts).
+    _float64_casts = False
+
     def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
         self._graph_dtypes = onnx_file(model) is not None
+        self._float64_casts = self.dtype == torch.float64 and not self.options.autocast and not self._graph_dtypes
         model = self.quantized(model, example)
         model = model.to(self.device)
         if not self.options.autocast:
@@ -114,6 +118,9 @@ class EagerBackend(Backend):
         stack.enter_context(tf32(self._option("tf32")))
         if self._option("autocast", False):
             stack.enter_context(torch.autocast(self.device.type, dtype=self.dtype))
+        if self._float64_casts:
+            stack.enter_context(float64_default())
+            stack.enter_context(Float64Casts())
         return stack
 
     def call(self, fn, inputs: Inputs) -> Any:
@@ -125,6 +132,41 @@ class EagerBackend(Backend):
 
     def run(self, inputs: Inputs) -> Any:
         return self.call(self.model, inputs)
+
+
+@contextlib.contextmanager
+def float64_default():
+    """Tensors the forward creates without a dtype (`torch.zeros(n)`) in float64, as its weights are."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+_WIDER = {torch.float32: torch.float64, torch.FloatTensor: torch.DoubleTensor,
+          "torch.FloatTensor": "torch.DoubleTensor", "torch.float32": "torch.float64"}
+
+
+def _wider(value: Any) -> Any:
+    try:
+        return _WIDER.get(value, value)
+    except TypeError:  # unhashable (a list, a dict): no dtype
+        return value
+
+
+class Float64Casts(torch.overrides.TorchFunctionMode):
+    """A float64 model whose forward casts to float32 (`x.float()`, `.to(torch.float32)`, `.type(torch.FloatTensor)`,
+    `dtype=torch.float32`) would fail on float32 activations against float64 weights, leaving no float64
+    answer: each such cast is made to float64 instead. Casts to other dtypes (float16, integers) are kept."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.float:
+            func = torch.Tensor.double
+        args = tuple(_wider(a) for a in args)
+        kwargs = {k: _wider(v) for k, v in (kwargs or {}).items()}
+        return func(*args, **kwargs)
 
 
 def placement_lines(cls, spec) -> list[str]:

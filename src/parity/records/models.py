@@ -150,18 +150,31 @@ class Leaf(Part):
     reference_value: str | None = Field(None, description="A non-tensor leaf's reference value (repr).")
     oracle_rmse_target: float | None = Field(None, description="rmse of the target from the float64 oracle.")
     oracle_rmse_reference: float | None = Field(None, description="rmse of the reference from the float64 oracle.")
+    oracle_nonfinite_target: int | None = Field(None, description="With NaN/Inf on one side only: elements where "
+                                                "the target's NaN/Inf pattern differs from float64's.")
+    oracle_nonfinite_reference: int | None = Field(None, description="The same for the reference.")
     tolerance: LeafTolerance | None = Field(None, description="The output rule that judged it, if one did.")
 
 
 class Oracle(Part):
-    """Is the target farther from the float64 oracle than the reference is?"""
+    """Which side is farther from the float64 oracle: a side is when its rmse from float64 exceeds
+    `multiplier` times the other's plus `floor` (a leaf with NaN/Inf on one side only: when float64 lacks its
+    non-finite pattern)."""
 
-    multiplier: float = Field(description="The target may be this many times farther ...")
+    multiplier: float = Field(description="A side is farther when its rmse exceeds this many times the other's ...")
     floor: float = Field(description="... plus this.")
     target_rmse: float | None = Field(description="rmse of the worst leaf's target from the oracle.")
     reference_rmse: float | None = Field(description="rmse of that leaf's reference from the oracle.")
-    target_worse: bool = Field(description="Whether some leaf is farther than allowed.")
+    scale: float | None = Field(None, description="rms of that leaf's reference values: the output's scale.")
+    worse: str | None = Field(None, description="target, reference, both (float64 has neither side's NaN/Inf "
+                                                "pattern) or neither (equally far from float64).")
+    target_worse: bool = Field(description="Whether some leaf's target is farther than allowed.")
     leaves_target_worse: list[str] = Field(description="Which leaves are.")
+    notable: bool | None = Field(None, description="Whether the target is farther and its rmse from float64 exceeds "
+                                                   "1e-6 of the output's scale: said even when the check passes.")
+    target_nonfinite_off: int | None = Field(None, description="Elements where the target's NaN/Inf pattern differs "
+                                                               "from float64's (leaves with NaN/Inf on one side only).")
+    reference_nonfinite_off: int | None = Field(None, description="The same for the reference.")
 
 
 class NoiseFloor(Part):
@@ -205,7 +218,8 @@ class Tier1Check(Check):
                                                                              "stray from its first (reference, target).")
     leaves: list[Leaf] = Field(description="Every output leaf's comparison.")
     oracle: Oracle | None = Field(None, description="The float64 oracle's verdict, when the experiment asks for it.")
-    oracle_error: str | None = Field(None, description="Why there is no oracle verdict: the oracle failed.")
+    oracle_error: str | None = Field(None, description="Why there is no oracle verdict: the float64 oracle could not "
+                                                       "run, and its error.")
     noise_floor: NoiseFloor | None = Field(None, description="The reference's own error, where the data show it.")
     tier1_passed: bool | None = Field(None, description="Tier 1's own verdict, when tier 3 decides (gate: tier3).")
     reference_failure_class: str | None = Field(None, description="How the reference failed (status error).")

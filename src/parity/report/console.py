@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from parity.records.view import RunView
-from parity.report.next_steps import next_steps
+from parity.report.next_steps import next_steps, oracle_finding
 from parity.verify.tasks import headline_of
 
 
@@ -116,6 +116,8 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
         console.print("[red]failed[/red] " + escape(f"{view.key(c)}: {c['failure_class']}: {c['detail']}"), soft_wrap=True)
         for line in next_steps(c, view):
             console.print("  " + escape(line), soft_wrap=True)
+    for line, keys in passing_oracle_lines(view).items():
+        console.print("[yellow]oracle[/yellow] " + escape(f"{', '.join(keys)}: {line.removeprefix('oracle: ')}"), soft_wrap=True)
     for c, lines in warned(checks):
         more = f" (and {len(lines) - 3} more in the records)" if len(lines) > 3 else ""
         for i, line in enumerate(lines[:3]):
@@ -153,6 +155,17 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
         console.print(f"report:  {path}")
     if not reports:
         console.print(f"reports: not written (--no-report); parity report {out_dir} renders them")
+
+
+def passing_oracle_lines(view: RunView) -> dict[str, list[str]]:
+    """What the float64 oracle says of passing checks (a target much farther from float64, or why it has no
+    verdict), each line once with the checks it concerns: an oracle that could not run says so once per job."""
+    lines: dict[str, list[str]] = {}
+    for c in view.checks(1):
+        if c["status"] == "ok" and c["passed"]:
+            for line in oracle_finding(c):
+                lines.setdefault(line, []).append(view.key(c))
+    return lines
 
 
 def headline_figures(check: dict[str, Any]) -> str:
@@ -219,11 +232,18 @@ def render_layers(record: dict[str, Any], console) -> None:
             console.print("propagated n/a: " + escape("; ".join(f"{n}: {why}" for n, why in unseen.items())))
     console.print(f"[bold]verdict:[/bold] {escape(record['verdict'])}")
     if record["suspects"]:
-        console.print("suspects: " + ", ".join(f"{escape(s['name'])} ({s['rel_rmse']:.2e})" for s in record["suspects"]))
+        console.print("suspects: " + escape("; ".join(suspect_words(s, record["threshold"]) for s in record["suspects"])))
     if record.get("first_divergent"):
         which = "propagated error" if record.get("first_divergent_by") == "propagated" else "own error"
         console.print(f"first layer whose {which} exceeds {record['threshold']:g}: {escape(record['first_divergent'])}")
     console.print(f"localized in {record['elapsed_s']:.1f} s")
+
+
+def suspect_words(suspect: dict[str, Any], threshold: float) -> str:
+    """A suspect layer with the number that made it one: `layer1 (required atol 3.10e-04 > threshold 0.0001, ...)`."""
+    from parity.verify.localize import against_threshold
+
+    return f"{suspect['name']} ({against_threshold(suspect.get('required_atol'), threshold, suspect['rel_rmse'], suspect['max_abs'])})"
 
 
 def gate_line(tier1: dict[str, Any]) -> str:

@@ -16,7 +16,15 @@ from parity.records import tolerance_key
 from parity.records.summary import latency_rows
 from parity.records.view import RunView
 from parity.report import ReportWriter, pictures, plots
-from parity.report.console import describe_note, flips_line, percent, tolerance_lines, tolerance_title
+from parity.report.console import (
+    describe_note,
+    flips_line,
+    passing_oracle_lines,
+    percent,
+    suspect_words,
+    tolerance_lines,
+    tolerance_title,
+)
 from parity.report.next_steps import next_steps
 from parity.taxonomy import MEANINGS, SEVERITY
 
@@ -211,8 +219,7 @@ def _tier2(layers: list[dict]) -> list[dict[str, Any]]:
             entry.update(
                 verdict=r["verdict"], mode=r["mode"], threshold=r["threshold"],
                 descent=" › ".join(level["parent"] for level in r["levels"] if level["parent"]),
-                suspects=[{"name": s["name"], "rel_rmse": _sci(s.get("rel_rmse")), "max_abs": _sci(s.get("max_abs"))}
-                          for s in r["suspects"]],
+                suspects=[suspect_words(s, r["threshold"]) for s in r["suspects"]],
                 first_divergent=r.get("first_divergent"), whole_graph=r.get("whole_graph"),
                 first_divergent_by="propagated" if r.get("first_divergent_by") == "propagated" else "own",
                 skipped=r.get("skipped") or [],
@@ -298,6 +305,7 @@ def render_html(records: RunView | list[dict], summary: dict[str, Any]) -> str:
         "taxonomy_rows": taxonomy_rows,
         "taxonomy_plot": taxonomy_plot,
         "failures": _failures(view),
+        "oracle_notes": list(passing_oracle_lines(view).items()),
         "latency_rows": latency_table,
         "latency_plot": latency_plot,
         "tier2": _tier2(layers),

@@ -13,12 +13,14 @@ from parity.report import ReportWriter
 from parity.report.console import (
     environment_line,
     flips_line,
+    passing_oracle_lines,
     percent,
+    suspect_words,
     tolerance_lines,
     tolerance_title,
     warned,
 )
-from parity.report.next_steps import next_steps
+from parity.report.next_steps import next_steps, oracle_side
 
 
 def _fmt(x: Any) -> str:
@@ -55,11 +57,11 @@ def render_markdown(records: RunView | list[dict], summary: dict[str, Any]) -> s
     for c in checks:
         verdict = {"skipped": "skipped", "error": "ERROR (reference)"}.get(c["status"]) or ("pass" if c["passed"] else "FAIL")
         oracle = c.get("oracle")
-        worse = "" if not oracle else ("yes" if oracle["target_worse"] else "no")
+        worse = oracle_side(oracle) if oracle else ("no verdict" if c.get("oracle_error") else "")
         rows.append(f"| {c['model']} | {c['inputs']} | {c['target']} | {verdict} | {c['failure_class'] or ''} | "
                     f"{_fmt(c.get('max_abs')) if c['status'] == 'ok' else ''} | "
                     f"{_fmt(c['required_atol']) if c['status'] == 'ok' else ''} | {worse} |")
-    lines += _table(["model", "inputs", "target", "verdict", "class", "max abs", "required atol", "oracle: target worse?"],
+    lines += _table(["model", "inputs", "target", "verdict", "class", "max abs", "required atol", "oracle: farther from float64"],
                     rows, "No tier-1 checks in these records.")
     lines += ["", "## Tolerance sweep (checks passing at each atol)", ""]
     rows = []
@@ -85,6 +87,10 @@ def render_markdown(records: RunView | list[dict], summary: dict[str, Any]) -> s
                 lines.append(f"  - `{leaf['name']}`: max abs {_fmt(leaf.get('max_abs'))}, max rel {_fmt(leaf.get('max_rel'))}, "
                              f"cosine {_fmt(leaf.get('cosine'))}, mismatched {percent(leaf.get('mismatch_fraction'))}"
                              + (f" ({leaf['detail']})" if leaf.get("detail") else ""))
+    notes = passing_oracle_lines(view)
+    if notes:
+        lines += ["", "## The float64 oracle on passing checks", ""]
+        lines += [f"- **{', '.join(keys)}**: {line}" for line, keys in notes.items()]
     tier3 = view.checks(3)
     if tier3:
         lines += ["", "## Task-level agreement (tier 3)", "", "| model | inputs | target | task | verdict | metrics |",
@@ -109,7 +115,7 @@ def render_markdown(records: RunView | list[dict], summary: dict[str, Any]) -> s
                 lines.append("  - whole graph: no layer's own error exceeds the threshold "
                              f"{r['threshold']:g}; the drift is not one layer's")
             if r["suspects"]:
-                lines.append("  - suspects: " + ", ".join(f"`{s['name']}` (relative RMSE {s['rel_rmse']:.2e})" for s in r["suspects"]))
+                lines.append("  - suspects: " + "; ".join(suspect_words(s, r['threshold']) for s in r['suspects']))
             if r.get("first_divergent"):
                 which = "propagated" if r.get("first_divergent_by") == "propagated" else "own"
                 lines.append(f"  - first layer whose {which} error exceeds the threshold: `{r['first_divergent']}`")

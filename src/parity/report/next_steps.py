@@ -27,17 +27,47 @@ def _targets(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def oracle_side(oracle: dict[str, Any]) -> str:
+    """The side farther from float64 (verify.tensors.oracle_verdict); records written before `worse` have the
+    target's side and the worst leaf's numbers, from which the rule gives the rest."""
+    if oracle.get("worse"):
+        return oracle["worse"]
+    t, r = oracle.get("target_rmse"), oracle.get("reference_rmse")
+    if oracle["target_worse"] or t is None or r is None:
+        return "target" if oracle["target_worse"] else "neither"
+    return "reference" if r > oracle["multiplier"] * t + oracle["floor"] else "neither"
+
+
 def oracle_finding(check: dict[str, Any]) -> list[str]:
-    """What the float64 oracle says of a failed check: which side is the imprecise one."""
-    oracle = check.get("oracle")
+    """What the float64 oracle says of a check: for a failed one, which side is off or why it cannot say; for
+    a passing one, a target much farther from float64 than the reference (`notable`), or why it cannot say."""
+    oracle, error = check.get("oracle"), check.get("oracle_error")
     if not oracle:
-        return []
-    rmse = (f" (rmse from float64: target {oracle['target_rmse']:.3g}, reference {oracle['reference_rmse']:.3g})"
-            if oracle.get("target_rmse") is not None and oracle.get("reference_rmse") is not None else "")
-    if oracle["target_worse"]:
+        return [f"oracle: no verdict: {error}"] if error else []
+    t, r = oracle.get("target_rmse"), oracle.get("reference_rmse")
+    rmse = f"rmse from float64: target {t:.3g}, reference {r:.3g}" if t is not None and r is not None else ""
+    if check.get("passed"):
+        if not oracle.get("notable"):
+            return []
+        times = f"{t / r:.3g}x" if r else "much"
+        return [f"oracle: passes, but the target is {times} farther from float64 than the reference ({rmse}; "
+                f"output rms {oracle['scale']:.3g})"]
+    worse = oracle_side(oracle)
+    t_off, r_off = oracle.get("target_nonfinite_off"), oracle.get("reference_nonfinite_off")
+    if t_off is not None and worse != "neither":  # NaN/Inf on one side only: the non-finite patterns decided
+        counts = f"differing from float64 at {t_off} element(s) in the target, {r_off} in the reference"
+        return [{"target": f"oracle: float64 has the reference's NaN/Inf pattern, not the target's: the target's "
+                           f"NaN/Inf are its own ({counts})",
+                 "reference": f"oracle: float64 has the target's NaN/Inf pattern, not the reference's: the "
+                              f"reference's values there are the artefact, the target is right ({counts})",
+                 "both": f"oracle: float64 has neither side's NaN/Inf pattern ({counts})"}[worse]]
+    if worse == "target":
         leaves = ", ".join(oracle.get("leaves_target_worse") or [])
-        return [f"oracle: the target is worse than the reference{f' at {leaves}' if leaves else ''}{rmse}"]
-    return [f"oracle: the reference is the imprecise one: the target is as close to float64{rmse}"]
+        return [f"oracle: the target is worse than the reference{f' at {leaves}' if leaves else ''} ({rmse})"]
+    if worse == "reference":
+        return [f"oracle: the reference is the imprecise one: the target is closer to float64 ({rmse})"]
+    return [f"oracle: both sides are equally far from float64 ({rmse}; neither is beyond "
+            f"{oracle['multiplier']:g}x the other's + {oracle['floor']:g})"]
 
 
 def next_steps(check: dict[str, Any], view: RunView) -> list[str]:

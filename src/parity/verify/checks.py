@@ -41,7 +41,8 @@ def tier1_check(job, target_exec, reference_exec, oracle_exec, experiment) -> di
                 "failure_class": target_exec.failure_class or tx.BACKEND_ERROR,
                 "detail": f"target {target_exec.backend.id} failed: {target_exec.error}",
                 "required_atol": None, "max_abs": None, "verdicts": {tolerance_key(a): False for a in tol.sweep},
-                "nondeterminism": None, "leaves": [], "oracle": None, **_oracle_error(oracle_exec)}
+                "nondeterminism": None, "leaves": [], "oracle": None,
+                **_oracle_error(oracle_exec, "the target returned no output to hold against float64's")}
     oracle_out = oracle_exec.outputs[0] if oracle_exec is not None and oracle_exec.ok else None
     comparison = compare(reference_exec.outputs[0], target_exec.outputs[0], tol.rtol, gate, oracle_out, tol.for_leaf)
     reference_spread = repeat_spread(_runs(reference_exec), tol.rtol, gate, tol.for_leaf)
@@ -70,7 +71,8 @@ def tier1_check(job, target_exec, reference_exec, oracle_exec, experiment) -> di
         "leaves": comparison.leaves,
         "oracle": oracle,
         "noise_floor": _noise_floor(reference_exec.outputs[0], oracle_out, reference_spread, tol),
-        **_oracle_error(oracle_exec),
+        **_oracle_error(oracle_exec, None if oracle else f"no output leaf could be held against float64's "
+                                                         f"({failure or 'the float64 outputs differ in structure or shape'})"),
     }
 
 
@@ -136,8 +138,11 @@ def reference_error_check(job, target, reference_exec, experiment) -> dict[str, 
             "required_atol": None, "max_abs": None, "verdicts": {}, "nondeterminism": None, "leaves": [], "oracle": None}
 
 
-def _oracle_error(oracle_exec) -> dict[str, Any]:
-    """Why a check has no oracle verdict although the oracle was asked for: it did not run."""
-    if oracle_exec is None or oracle_exec.ok:
+def _oracle_error(oracle_exec, missing: str | None) -> dict[str, Any]:
+    """Why a check has no oracle verdict although the oracle was asked for: it did not run, or (`missing`)
+    it ran but nothing of the check could be held against it."""
+    if oracle_exec is None:
         return {}
-    return {"oracle_error": f"the oracle {oracle_exec.backend.id} failed ({oracle_exec.failure_class}): {oracle_exec.error}"}
+    if not oracle_exec.ok:
+        return {"oracle_error": f"the float64 oracle could not run ({oracle_exec.failure_class}): {oracle_exec.error}"}
+    return {"oracle_error": missing} if missing else {}

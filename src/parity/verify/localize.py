@@ -122,6 +122,15 @@ def within(e: LayerError, threshold: float) -> bool:
     return not e.error and e.required_atol is not None and e.required_atol <= threshold
 
 
+def against_threshold(required_atol: float | None, threshold: float, rel_rmse: float, max_abs: float) -> str:
+    """A layer's error against the threshold in the number that decides it (`within`: its required atol, or
+    NaN/Inf that no atol passes), then its relative RMSE and max abs, which do not decide."""
+    if required_atol is None:
+        return f"NaN/Inf where the reference has numbers: no atol passes, above the threshold {threshold:g}"
+    op = ">" if required_atol > threshold else "<="
+    return f"required atol {required_atol:.2e} {op} threshold {threshold:g}, relative RMSE {rel_rmse:.2e}, max abs {max_abs:.2e}"
+
+
 @dataclass
 class Localization:
     target: str
@@ -147,8 +156,8 @@ class Localization:
             return self._nothing_exceeds()
         own = self.suspects[0]
         where = " (in its own code, between its submodules)" if self.in_own_code else ""
-        text = (f"{'the model' if self.culprit == MODEL else self.culprit}{where} introduces the largest error of its own: relative RMSE {own.rel_rmse:.2e}, "
-                f"max abs {own.max_abs:.2e}, which exceeds the threshold {self.threshold:g}")
+        text = (f"{'the model' if self.culprit == MODEL else self.culprit}{where} introduces the largest error of its own: "
+                + against_threshold(own.required_atol, self.threshold, own.rel_rmse, own.max_abs))
         if self.mode_used == "propagated":
             text = text.replace("introduces the largest error of its own", "is where the error grows most (propagated mode)")
         if self.as_a_whole:
@@ -186,8 +195,8 @@ class Localization:
             each = "each that ran alone" if self.skipped else "each alone"
             text += f": {each} on the target, fed the reference's input, gives exactly the reference's output"
         else:
-            text += (f": the largest is {largest.name}'s, relative RMSE {largest.rel_rmse:.2e}, max abs "
-                     f"{largest.max_abs:.2e}")
+            text += (f": the largest relative RMSE is {largest.name}'s: "
+                     + against_threshold(largest.required_atol, self.threshold, largest.rel_rmse, largest.max_abs))
         if self.whole_graph:
             drift = "the drift" if self.first_divergent_by == "propagated" else "any drift"  # seen, or not seen
             grows = "" if largest.rel_rmse == 0 else " or from small errors that grow downstream"
@@ -205,8 +214,8 @@ class Localization:
             e = next(level.propagated[self.first_divergent] for _, level in reversed(self.levels)
                      if self.first_divergent in level.propagated)
             return (f"; named instead: {self.first_divergent}, the first layer whose output inside the target's "
-                    f"end-to-end run (its propagated error) exceeds the threshold: relative RMSE {e.rel_rmse:.2e}, "
-                    f"max abs {e.max_abs:.2e}")
+                    "end-to-end run (its propagated error) exceeds the threshold: "
+                    + against_threshold(e.required_atol, self.threshold, e.rel_rmse, e.max_abs))
         if any(not e.error for _, level in self.levels for e in level.propagated.values()):
             return ("; no layer's output inside the target's end-to-end run exceeds the threshold either (observing "
                     "layer outputs can keep the target from fusing across them)")

@@ -140,6 +140,17 @@ def _rmse(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a[both] - b[both]).square().mean().sqrt()) if bool(both.any()) else 0.0
 
 
+def _special(t: torch.Tensor) -> torch.Tensor:
+    """Each element's kind: 0 a number, 1 NaN, 2 +Inf, 3 -Inf."""
+    t = _as_float(t)
+    return torch.isnan(t) * 1 + (t == math.inf) * 2 + (t == -math.inf) * 3
+
+
+def _nonfinite_off(side: torch.Tensor, oracle: torch.Tensor) -> int:
+    """Elements where `side` is NaN/Inf and float64 is not, or the other way round (or another kind)."""
+    return int((_special(side) != _special(oracle)).sum())
+
+
 def uncomparable_tensor(t: torch.Tensor) -> str | None:
     """Why a tensor's values cannot be read as one dense array (None when they can): a sparse, nested,
     quantized or meta tensor is a failure with its reason, never a traceback or a silent pass."""
@@ -246,10 +257,13 @@ def compare(reference: Any, target: Any, rtol: float, gate: float, oracle: Any =
         else:
             leaf = _compare_leaf(name, ref, tgt_leaves[name], rtol, gate)
         orc = oracle_leaves.get(name)
-        if isinstance(orc, torch.Tensor) and leaf.get("failure_class") in (None, tx.NUMERIC_DRIFT) and "shape" in leaf:
-            if orc.shape == ref.shape:
-                leaf["oracle_rmse_target"] = _rmse(tgt_leaves[name], orc)
-                leaf["oracle_rmse_reference"] = _rmse(ref, orc)
+        judged = leaf.get("failure_class") in (None, tx.NUMERIC_DRIFT, tx.NONFINITE) and "shape" in leaf
+        if isinstance(orc, torch.Tensor) and judged and orc.shape == ref.shape:
+            leaf["oracle_rmse_target"] = _rmse(tgt_leaves[name], orc)
+            leaf["oracle_rmse_reference"] = _rmse(ref, orc)
+            if leaf.get("nonfinite"):  # NaN/Inf on one side only: whose pattern float64 has decides
+                leaf["oracle_nonfinite_target"] = _nonfinite_off(tgt_leaves[name], orc)
+                leaf["oracle_nonfinite_reference"] = _nonfinite_off(ref, orc)
         result.leaves.append(leaf)
     result.failure_class = tx.most_severe(leaf["failure_class"] for leaf in result.leaves)
     no_tensor = not any(isinstance(v, torch.Tensor) for v in ref_leaves.values())  # None, (), {}, constants
@@ -269,20 +283,48 @@ def compare(reference: Any, target: Any, rtol: float, gate: float, oracle: Any =
     return result
 
 
+# A passing check's target is worth a line when its rmse from float64 is above this share of the output's
+# scale (the rms of the reference's values): about ten float32 roundings, so that float32 noise stays quiet.
+NOTABLE = 1e-6
+
+
+def _farther(leaf: dict[str, Any], multiplier: float, floor: float) -> str:
+    """Which side of one leaf is farther from float64: target, reference, both (float64 has neither side's
+    NaN/Inf pattern) or neither (equally far: each within `multiplier` times the other's rmse plus `floor`)."""
+    if "oracle_nonfinite_target" in leaf:
+        t_off, r_off = leaf["oracle_nonfinite_target"], leaf["oracle_nonfinite_reference"]
+        return {(True, False): "target", (False, True): "reference", (True, True): "both"}.get((t_off > 0, r_off > 0), "neither")
+    t, r = leaf["oracle_rmse_target"], leaf["oracle_rmse_reference"]
+    if t > multiplier * r + floor:
+        return "target"
+    if r > multiplier * t + floor:
+        return "reference"
+    return "neither"
+
+
 def oracle_verdict(comparison: Comparison, multiplier: float, floor: float) -> dict[str, Any] | None:
-    """Is the target farther from the float64 oracle than the reference is? As in PyTorch's own compile
-    accuracy checks: the target is fine when rmse(target, oracle) <= multiplier * rmse(reference, oracle) + floor."""
+    """Which side is farther from the float64 oracle, leaf by leaf. As in PyTorch's own compile accuracy
+    checks, a side is farther when its rmse from float64 exceeds `multiplier` times the other side's plus
+    `floor`; when neither is, both are equally far. A leaf with NaN/Inf on one side only is judged by its
+    non-finite pattern instead: the side whose pattern float64 does not have is the one that is off."""
     leaves = [leaf for leaf in comparison.leaves if "oracle_rmse_target" in leaf]
     if not leaves:
         return None
+    sides = {leaf["name"]: _farther(leaf, multiplier, floor) for leaf in leaves}
+    worse = next((side for side in ("target", "both", "reference") if side in sides.values()), "neither")
     worst = max(leaves, key=lambda leaf: leaf["oracle_rmse_target"] - multiplier * leaf["oracle_rmse_reference"])
-    target_worse = [leaf["name"] for leaf in leaves
-                    if leaf["oracle_rmse_target"] > multiplier * leaf["oracle_rmse_reference"] + floor]
+    nonfinite = [leaf for leaf in leaves if "oracle_nonfinite_target" in leaf]
+    scale = worst.get("reference_rms") or 0.0
     return {
         "multiplier": multiplier,
         "floor": floor,
         "target_rmse": worst["oracle_rmse_target"],
         "reference_rmse": worst["oracle_rmse_reference"],
-        "target_worse": bool(target_worse),
-        "leaves_target_worse": target_worse,
+        "scale": scale,
+        "worse": worse,
+        "target_worse": worse == "target",
+        "leaves_target_worse": [name for name, side in sides.items() if side == "target"],
+        "notable": sides[worst["name"]] == "target" and worst["oracle_rmse_target"] > NOTABLE * scale,
+        "target_nonfinite_off": sum(leaf["oracle_nonfinite_target"] for leaf in nonfinite) if nonfinite else None,
+        "reference_nonfinite_off": sum(leaf["oracle_nonfinite_reference"] for leaf in nonfinite) if nonfinite else None,
     }

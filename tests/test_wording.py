@@ -1,0 +1,54 @@
+"""Every message that states a comparison states the one that decided (issue 24, seen-item 5): a layer is a
+suspect when its required atol exceeds the threshold (or NaN/Inf leave no atol), so that is the number
+said, never a max abs of 0 or a relative RMSE below the threshold "which exceeds" it."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from parity.report.console import suspect_words
+from parity.verify.activations import LayerError, LevelResult
+from parity.verify.localize import Localization
+
+THRESHOLD = 1e-4
+
+
+def _culprit(error: LayerError) -> Localization:
+    level = LevelResult(names=[error.name, "quiet"], local={error.name: error, "quiet": LayerError("quiet")})
+    return Localization("t", "flat", THRESHOLD, [("", level)], culprit=error.name, suspects=[error])
+
+
+def _stated(text: str) -> tuple[float, str, float]:
+    """The comparison a message states: (left, operator, right) of 'required atol X > threshold Y'."""
+    m = re.search(r"required atol ([0-9.e+-]+) (>|<=) threshold ([0-9.e+-]+)", text)
+    assert m, text
+    return float(m[1]), m[2], float(m[3])
+
+
+def test_a_culprit_whose_relative_rmse_is_below_the_threshold_is_said_by_its_required_atol():
+    """relative RMSE 8.5e-05 < 1e-4 but required atol 3e-4 > 1e-4: the message says the latter."""
+    error = LayerError("conv", max_abs=3.2e-4, rel_rmse=8.5e-5, required_atol=3e-4)
+    verdict = _culprit(error).verdict()
+    left, op, right = _stated(verdict)
+    assert (left, op, right) == (3e-4, ">", THRESHOLD) and left > right
+    assert "which exceeds" not in verdict
+    assert _stated(suspect_words(error.__dict__, THRESHOLD)) == (left, op, right)
+
+
+def test_a_culprit_with_nan_says_no_atol_passes_not_a_max_abs_of_zero():
+    """NaN where the reference has a number: max abs over the finite rest is 0, and no atol passes."""
+    error = LayerError("head", max_abs=0.0, rel_rmse=math.inf, required_atol=None)
+    for text in (_culprit(error).verdict(), suspect_words(error.__dict__, THRESHOLD)):
+        assert "NaN/Inf where the reference has numbers: no atol passes" in text
+        assert "above the threshold 0.0001" in text and "max abs 0" not in text
+
+
+def test_no_culprit_says_the_largest_error_is_within_the_threshold_by_its_required_atol():
+    """max abs 2e-4 is above the threshold, yet with rtol the required atol is 5e-5 <= 1e-4: no culprit, and
+    the message says the comparison that made it none."""
+    largest = LayerError("fc", max_abs=2e-4, rel_rmse=3e-5, required_atol=5e-5)
+    level = LevelResult(names=["fc"], local={"fc": largest})
+    verdict = Localization("t", "flat", THRESHOLD, [("", level)]).verdict()
+    left, op, right = _stated(verdict)
+    assert op == "<=" and left <= right
