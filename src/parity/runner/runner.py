@@ -10,11 +10,13 @@ kept until its targets are judged, and each target's outputs are dropped once it
 Resuming. A run into a folder that already holds records of the same experiment continues it. The unit
 of resumption is a *judgement*: one target on one (model, input set), that is its tier-1 check together
 with the tier-3 check and the `layers` record that belong to it. The tier-1 check is written last, so a
-recorded tier-1 check means the whole judgement is recorded; such targets are not executed again. A job
+recorded tier-1 check means the whole judgement is recorded; such targets are not executed again while the
+fingerprints the check records still hold (runner/resume.py: each model with recorded judgements is built
+to compare them, and the stale judgements' records are removed, so they are made again). A job
 (model, input set) with a judgement missing re-executes its reference (and oracle), because a verdict
 needs their outputs and outputs are not recorded, and the missing targets. Records whose key is already
 in the file (an execution repeat, a model, a tier-3 check) are not written again, so nothing appears
-twice. A model whose judgements are all recorded is not even built.
+twice. A model whose judgements are all recorded and unchanged is built only to fingerprint it.
 """
 
 from __future__ import annotations
@@ -43,10 +45,12 @@ from parity.inputs import Inputs, build_inputs
 from parity.outdir import prepare
 from parity.records import NOT_DIGESTED, RecordWriter, environment, experiment_digest
 from parity.records.summary import summarize, write_summary
+from parity.records.view import RunView
 from parity.runner.base import Executor
 from parity.runner.executors import make_executor
 from parity.runner.plan import Job, example_for, plan
 from parity.runner.prepared import configured_model, model_scope, prepared_model
+from parity.runner.resume import changes, check_fingerprints, model_fingerprints, re_running, without_stale
 from parity.verify.checks import gate_on_task, reference_error_check, tier1_check
 from parity.verify.localize import LOCALIZABLE, gate_check, localize_check
 from parity.verify.tasks import evaluated, task_check
@@ -127,14 +131,51 @@ class _Examples:
         return self._built[key]
 
 
+def _job_inputs(job: Job, exp: Experiment, examples: _Examples) -> tuple[Inputs, Inputs]:
+    """The job's inputs and its example inputs (the same object when the job runs on its example)."""
+    example = examples(job)
+    return example if job.inputs.name == job.prepared_from.name else _build(job.inputs, exp, job.model), example
+
+
+def _check_libraries(exp: Experiment, target: BackendSpec) -> list[str]:
+    """The libraries a check's verdict rests on: torch, torchvision, numpy, the reference's and the target's."""
+    from parity.backends import backend_class
+
+    return ["torch", "torchvision", "numpy", *backend_class(exp.reference.backend).libraries,
+            *backend_class(target.backend).libraries]
+
+
+def _stale(writer: RecordWriter, exp: Experiment, jobs: list[Job]) -> dict[tuple[str, str, str], tuple[list[str], str]]:
+    """The recorded judgements whose fingerprints no longer hold (runner/resume.py), with why and since when:
+    each model with a recorded judgement is built, and each of its input sets, to fingerprint them now."""
+    recorded = {RunView.identity(c): c for c in RunView(writer.records).checks(1)}
+    stale, examples = {}, _Examples(exp)
+    for model_spec in exp.models:
+        model_jobs = [j for j in jobs if j.model is model_spec and any(judged(writer, j, t) for t in j.targets)]
+        if not model_jobs:
+            continue
+        model, _ = prepared_model(model_spec, exp)
+        part = model_fingerprints(model)
+        del model
+        for job in model_jobs:
+            inputs, example = _job_inputs(job, exp, examples)
+            for spec in job.targets:
+                check = recorded.get((job.model.name, job.inputs.name, spec.id))
+                why = check and changes(check, check_fingerprints(part, inputs, example, _check_libraries(exp, spec)))
+                if why:
+                    stale[RunView.identity(check)] = why, (check.get("fingerprints") or {}).get("recorded_at", "")
+    return stale
+
+
 def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _Progress,
-             executor: Executor, examples: _Examples) -> None:
+             executor: Executor, examples: _Examples, model_part: dict[str, Any]) -> None:
     pending = [spec for spec in job.targets if not judged(writer, job, spec)]
     if not pending:
         progress.advance(job.executions)
         return
-    example = examples(job)
-    inputs = example if job.inputs.name == job.prepared_from.name else _build(job.inputs, exp, job.model)
+    inputs, example = _job_inputs(job, exp, examples)
+    fingerprints = {spec.id: check_fingerprints(model_part, inputs, example, _check_libraries(exp, spec))
+                    for spec in pending}  # before anything runs on the inputs
     for note in inputs.notes:  # a constant input: every backend agrees on it, so its checks prove little
         writer.write("warning", model=job.model.name, inputs=job.inputs.name, message=note)
 
@@ -159,7 +200,7 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
         raise ParityError(f"the reference backend {job.reference.id} cannot run here: {reference.error}")
     if not reference.ok:  # nothing to judge the targets against: their checks say so, and they are not run
         for spec in pending:
-            writer.write("check", **reference_error_check(job, spec, reference, exp))
+            writer.write("check", **reference_error_check(job, spec, reference, exp), fingerprints=fingerprints[spec.id])
         return
     oracle = done[1] if job.oracle else None
     targets = done[len(job.baselines):]
@@ -180,7 +221,7 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
             progress.describe(f"localizing {job.model.name} / {job.inputs.name} / {spec.id}")
             writer.write("layers", **localize_check(job, spec, configured_model(model, spec, job.model.name), inputs, exp,
                                                     example))
-        writer.write("check", **check)  # last: once it is in the file, this judgement is complete
+        writer.write("check", **check, fingerprints=fingerprints[spec.id])  # last: the judgement is complete
 
 
 def _open_records(out_dir: Path, config: dict, base_dir: str, digest: str, fresh: bool) -> RecordWriter:
@@ -243,17 +284,24 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool, fresh: boo
     digest = experiment_digest(config, str(exp.base_dir))
     bar = _Progress(sum(j.executions for j in jobs), progress)
     with _open_records(out_dir, config, str(exp.base_dir), digest, fresh) as writer, executor:
+        checks = sum(len(j.targets) for j in jobs)
+        if writer.records:
+            stale = _stale(writer, exp, jobs)
+            recorded = sum(judged(writer, j, t) for j in jobs for t in j.targets)
+            log.info("resuming %s: %s", out_dir, f"all {checks} checks recorded{'' if stale else ', unchanged'}"
+                     if recorded == checks else f"{recorded} of {checks} checks recorded")
+            if stale:
+                log.info("%s", re_running(stale, checks))
+                writer.keep_only(without_stale(writer.records, set(stale), {
+                    (j.model.name, j.inputs.name): [t.id for t in j.targets] for j in jobs}))
         todo = [j for j in jobs if any(not judged(writer, j, t) for t in j.targets)]
         executor.on_status = bar.describe
         if not writer.records:
             writer.write("run", experiment=exp.name, digest=digest, config=config, file=exp.file,
                          base_dir=str(exp.base_dir), environment=run_environment(exp))
         elif todo:
-            checks = sum(len(j.targets) for j in jobs)
-            left = sum(not judged(writer, j, t) for j in todo for t in j.targets)
-            log.info("resuming %s: %d of %d checks already recorded", out_dir, checks - left, checks)
-            writer.write("resume", records=len(writer.records), checks_recorded=checks - left,
-                         environment=run_environment(exp))
+            writer.write("resume", records=len(writer.records), checks_recorded=checks - sum(
+                not judged(writer, j, t) for j in todo for t in j.targets), environment=run_environment(exp))
         # only what is left to judge: the reference, the oracle and the targets without a judgement
         executor.start(exp, [dataclasses.replace(j, targets=tuple(t for t in j.targets if not judged(writer, j, t)))
                              for j in todo], cache)
@@ -266,11 +314,12 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool, fresh: boo
                     continue
                 start = time.perf_counter()
                 model, notes = prepared_model(model_spec, exp)
+                model_part = model_fingerprints(model)
                 writer.write("model", model=model_spec.name, parameters=sum(p.numel() for p in model.parameters()),
                              build_s=time.perf_counter() - start, adapters=notes)
                 with model_scope(cache, model_spec, exp):
                     for job in model_jobs:
-                        _run_job(job, model, exp, writer, bar, executor, examples)
+                        _run_job(job, model, exp, writer, bar, executor, examples, model_part)
                 del model
         records = writer.records
     write_summary(summarize(records), out_dir / "summary.json")

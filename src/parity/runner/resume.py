@@ -1,0 +1,113 @@
+"""Resume that cannot be stale. Every tier-1 check records the fingerprints its verdict rests on (`Fingerprints`
+in records/models.py): the model's code and weights, its input set (and the example every backend was
+prepared from), parity's own source and the versions of the libraries involved. A run into a folder that
+holds records compares them with what would run now, and the judgements whose fingerprints changed (or that
+an older parity recorded without any) are re-run: their records are removed from records.jsonl and made
+again, and the console says which and why. The experiment's own settings are the `run` record's digest
+(records/io.py); this covers what the settings name (a file's contents, a module's code).
+
+Code and libraries are fingerprinted as the artifact cache keys them (parity/fingerprint.py), weights and
+inputs by value (execute/cache.py): one home for each.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from parity import fingerprint
+from parity.execute.cache import inputs_digest, model_digest
+from parity.inputs import Inputs
+
+Record = dict[str, Any]
+# The parts compared, and how a change of each is said (model, inputs: the check's names).
+SAID = {"model_code": "model code of {model}", "model_weights": "weights of {model}",
+        "inputs": "input set {inputs} of {model}", "parity": "parity's source"}
+UNVERIFIABLE = "model code of {model} is past the fingerprint's bounds (it cannot be told unchanged)"
+UNRECORDED = "recorded by a parity that did not fingerprint its checks"
+
+
+def model_fingerprints(model: torch.nn.Module) -> dict[str, Any]:
+    """The model's part of its checks' fingerprints: its code (None: past the walk's bounds, so it can never
+    be told unchanged), its weights, and the libraries its code reaches."""
+    code = fingerprint.code_fingerprint(model)
+    return {"model_code": code[0] if code else None, "model_weights": model_digest(model),
+            "reached": sorted(code[1]) if code else []}
+
+
+def check_fingerprints(model_part: dict[str, Any], inputs: Inputs, example: Inputs, libraries: list[str]) -> dict[str, Any]:
+    """The `fingerprints` of one check: `model_part` (model_fingerprints), the input set and the example the
+    backends were prepared from, by value; parity's source; the versions (and installed file lists) of
+    `libraries` (the reference's and the target's) and of those the model's code reaches."""
+    found = fingerprint.versions([*libraries, *model_part["reached"]])
+    return {"recorded_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "model_code": model_part["model_code"], "model_weights": model_part["model_weights"],
+            "inputs": hashlib.sha256(f"{inputs_digest(inputs)} {inputs_digest(example)}".encode()).hexdigest(),
+            "parity": fingerprint.parity_digest(),
+            "libraries": {name: None if v is None else f"{v} ({files})" for name, (v, files) in found.items()}}
+
+
+def changes(recorded: Record, now: dict[str, Any]) -> list[str]:
+    """Why the recorded tier-1 check `recorded` no longer holds for what would run now (`now`, its
+    check_fingerprints), in words; [] when it still holds."""
+    old = recorded.get("fingerprints")
+    names = {"model": recorded["model"], "inputs": recorded["inputs"]}
+    if not old:
+        return [UNRECORDED]
+    found = [UNVERIFIABLE.format(**names)] if now["model_code"] is None else []
+    found += [said.format(**names) + " changed" for part, said in SAID.items()
+              if now[part] is not None and old.get(part) != now[part]]
+    libraries = old.get("libraries") or {}
+    moved = [f"{name} {_version(libraries.get(name))} -> {_version(v)}" for name, v in now["libraries"].items()
+             if libraries.get(name) != v]
+    if moved:
+        found.append(f"library versions changed ({', '.join(moved)})")
+    return found
+
+
+def _version(value: str | None) -> str:
+    return "not installed" if value is None else value.split(" (")[0] if " (" in value else value
+
+
+def re_running(stale: dict[tuple[str, str, str], tuple[list[str], str]], total: int) -> str:
+    """The line that says which recorded checks are re-run and why: 're-running 3 of 12 checks: model code of
+    net changed since 2026-12-02 00:48:39 UTC'. `stale`: (model, inputs, target) -> (why, recorded_at)."""
+    by_reason: dict[str, list[str]] = defaultdict(list)
+    for why, since in stale.values():
+        for reason in why:
+            by_reason[reason].append(since)
+    parts = []
+    for reason, since in by_reason.items():
+        when = f" since {min(since)}" if any(since) else ""
+        count = f" ({len(since)} checks)" if len(by_reason) > 1 else ""
+        parts.append(f"{reason}{when}{count}")
+    return f"re-running {len(stale)} of {total} checks: {'; '.join(parts)}"
+
+
+def without_stale(records: list[Record], stale: set[tuple[str, str, str]],
+                  planned: dict[tuple[str, str], list[str]]) -> list[Record]:
+    """`records` less those of the `stale` judgements (model, inputs, target): their checks, layers, fallback
+    records and the target's executions; a (model, input set) whose judgements are all stale also loses its
+    baselines' executions and its warnings, a model whose judgements are all stale its `model` record, and
+    when every judgement is stale nothing is kept (the run starts over, with this process's `run` record).
+    `planned`: (model, inputs) -> the targets of its job."""
+    pairs = {pair for pair, targets in planned.items() if all((*pair, t) in stale for t in targets)}
+    if pairs == set(planned):
+        return []
+    models = {m for m, _ in planned} - {m for m, i in planned if (m, i) not in pairs}
+
+    def stale_record(r: Record) -> bool:
+        kind = r["kind"]
+        if kind in ("check", "layers", "fallback"):
+            return (r["model"], r["inputs"], r["target"]) in stale
+        if kind == "execution":
+            return (r["model"], r["inputs"], r["backend"]) in stale or (r["model"], r["inputs"]) in pairs
+        if kind == "warning":
+            return (r["model"], r["inputs"]) in pairs
+        return kind == "model" and r["model"] in models
+
+    return [r for r in records if not stale_record(r)]

@@ -1,0 +1,175 @@
+"""Resume that cannot be stale: a run into a folder that holds records re-runs every judgement whose model
+code, weights, input files, parity source or library versions changed since it was recorded (each tier-1
+check records its `fingerprints`), says which and why, and serves nothing stale."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+
+from parity.api import run_experiment
+from parity.records import read_records
+from tests.conftest import ROOT
+
+NET = """import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, x):
+        return {activation}(self.scale * x)
+
+
+def build():
+    return Net()
+"""
+# torch.sign is exact in bfloat16 (the check passes at float32's gate); torch.tanh is not (it fails).
+EXACT, DRIFTS = "torch.sign", "torch.tanh"
+
+
+def experiment(module: str, inputs: dict | None = None, **model: object) -> dict:
+    """One model (`module`.py's Net) on one input set, judged on an eager bfloat16 target at float32's gate."""
+    return {"name": "edits", "seed": 0,
+            "models": [{"name": "net", "source": "python", "entry": f"{module}:build", **model}],
+            "inputs": [inputs or {"name": "noise", "synthetic": {"shape": [4, 16]}}],
+            "targets": [{"backend": "eager", "dtype": "bfloat16", "name": "bf16",
+                         "tolerances": {"rtol": 0.0, "gate": 1e-4}}]}
+
+
+def tier1(out: Path) -> list[dict]:
+    return [r for r in read_records(out) if r["kind"] == "check" and r["tier"] == 1]
+
+
+def said(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name.startswith("parity")]
+
+
+def _parity_run(folder: Path, *args: str) -> subprocess.CompletedProcess:
+    """`parity run` in its own process, as a user runs it: model code edited between two runs is imported
+    afresh."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    return subprocess.run([sys.executable, "-m", "parity.cli", "run", *args], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_rerun_after_a_model_code_edit_re_runs_its_checks_and_gives_the_new_verdict(tmp_path):
+    (tmp_path / "net_code.py").write_text(NET.format(activation=EXACT))
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(experiment("net_code")))
+    first = _parity_run(tmp_path, "exp.yaml", "--out", "out", "--no-report")
+    assert first.returncode == 0, first.stderr
+    [before] = tier1(tmp_path / "out")
+    assert before["passed"] is True and before["fingerprints"]["model_code"]
+
+    (tmp_path / "net_code.py").write_text(NET.format(activation=DRIFTS))  # the model's code changes, nothing else
+    second = _parity_run(tmp_path, "exp.yaml", "--out", "out", "--no-report")
+    assert second.returncode == 1, second.stderr  # the new code's verdict, not the recorded one
+    assert "resuming out: all 1 checks recorded\n" in second.stderr
+    assert (f"re-running 1 of 1 checks: model code of net changed since {before['fingerprints']['recorded_at']}"
+            in second.stderr), second.stderr
+    [after] = tier1(tmp_path / "out")  # the stale check is gone from the records, not kept beside the new one
+    assert after["passed"] is False and after["fingerprints"]["model_code"] != before["fingerprints"]["model_code"]
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["totals"]["failed"] == 1
+
+
+def test_a_rerun_after_a_weights_edit_re_runs_its_checks(tmp_path, monkeypatch, caplog):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "net_weights.py").write_text(NET.format(activation=DRIFTS))
+    weights = tmp_path / "net.pt"
+    torch.save({"scale": torch.tensor(0.0)}, weights)  # tanh(0) is exact: it passes
+    data = experiment("net_weights", weights=str(weights))
+    out = tmp_path / "out"
+    run_experiment(data, out=out, reports=())
+    [before] = tier1(out)
+    assert before["passed"] is True
+
+    torch.save({"scale": torch.tensor(1.0)}, weights)
+    with caplog.at_level(logging.INFO, logger="parity"):
+        run_experiment(data, out=out, reports=())
+    assert f"re-running 1 of 1 checks: weights of net changed since {before['fingerprints']['recorded_at']}" \
+        in said(caplog), said(caplog)
+    [after] = tier1(out)
+    assert after["passed"] is False
+
+
+def test_a_rerun_after_an_input_file_edit_re_runs_its_checks(tmp_path, monkeypatch, caplog):
+    from PIL import Image
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "net_inputs.py").write_text(NET.format(activation=EXACT))
+    image = tmp_path / "a.png"
+    Image.new("RGB", (8, 8), (10, 20, 30)).save(image)
+    data = experiment("net_inputs", inputs={"name": "pictures", "images": [str(image)]})
+    out = tmp_path / "out"
+    run_experiment(data, out=out, reports=())
+    [before] = tier1(out)
+
+    Image.new("RGB", (8, 8), (200, 100, 0)).save(image)  # the same path and settings, other pixels
+    with caplog.at_level(logging.INFO, logger="parity"):
+        run_experiment(data, out=out, reports=())
+    assert any(m.startswith("re-running 1 of 1 checks: input set pictures of net changed since") for m in said(caplog))
+    [after] = tier1(out)
+    assert after["fingerprints"]["inputs"] != before["fingerprints"]["inputs"]
+    executions = [r for r in read_records(out) if r["kind"] == "execution"]
+    assert len(executions) == 2  # the reference's and the target's, made again: the old ones are gone
+
+
+def test_an_unchanged_rerun_re_runs_nothing_and_says_so(tmp_path, monkeypatch, caplog):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "net_same.py").write_text(NET.format(activation=DRIFTS))
+    data = experiment("net_same")
+    out = tmp_path / "out"
+    run_experiment(data, out=out, reports=())
+    before = (out / "records.jsonl").read_bytes()
+    with caplog.at_level(logging.INFO, logger="parity"):
+        run_experiment(data, out=out, reports=())
+    assert said(caplog) == [f"resuming {out}: all 1 checks recorded, unchanged"]
+    assert (out / "records.jsonl").read_bytes() == before  # nothing executed, nothing written
+
+
+def test_records_without_fingerprints_are_re_run(tmp_path, monkeypatch, caplog):
+    """Checks an older parity recorded carry no fingerprints: nothing says they still hold, so they run again."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "net_old.py").write_text(NET.format(activation=DRIFTS))
+    data = experiment("net_old")
+    out = tmp_path / "out"
+    run_experiment(data, out=out, reports=())
+    path = out / "records.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "fingerprints"}) + "\n" for r in records))
+    with caplog.at_level(logging.INFO, logger="parity"):
+        run_experiment(data, out=out, reports=())
+    assert "re-running 1 of 1 checks: recorded by a parity that did not fingerprint its checks" in said(caplog)
+    [check] = tier1(out)
+    assert check["fingerprints"]
+
+
+def test_a_target_option_change_is_refused_in_one_line_with_fresh_as_the_way_out(tmp_path, monkeypatch, write_yaml,
+                                                                                 capsys):
+    """A target's options are settings of the experiment: its digest changes and the records are left alone."""
+    from parity.cli import main
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "net_option.py").write_text(NET.format(activation=DRIFTS))
+    data = experiment("net_option")
+    path = write_yaml(data)
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--out", str(out), "--quiet", "--no-report"]) == 1
+    before = (out / "records.jsonl").read_bytes()
+    data["targets"][0]["options"] = {"threads": 1}
+    write_yaml(data)
+    capsys.readouterr()
+    assert main(["run", str(path), "--out", str(out), "--quiet", "--no-report"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert "with other settings (changed: targets)" in line and "--fresh" in line
+    assert (out / "records.jsonl").read_bytes() == before
