@@ -44,7 +44,7 @@ from parity.execute.execution import Execution
 from parity.inputs import Inputs, build_inputs
 from parity.outdir import prepare
 from parity.records import NOT_DIGESTED, RecordWriter, environment, experiment_digest
-from parity.records.summary import summarize, write_summary
+from parity.records.summary import RunResult, summarize, write_summary
 from parity.records.view import RunView
 from parity.runner.base import Executor
 from parity.runner.executors import make_executor
@@ -275,8 +275,9 @@ def _same_experiment(writer: RecordWriter, config: dict, base_dir: str, digest: 
 
 
 def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool, fresh: bool, cache: ArtifactCache,
-                      executor: Executor) -> list[dict[str, Any]]:
-    """`Runner.run`: every job of `exp` through `executor`, each model's exports kept in `cache`."""
+                      executor: Executor) -> RunResult:
+    """`Runner.run`: every job of `exp` through `executor`, each model's exports kept in `cache`; the result
+    checked against the plan, so that no front end can report a run that lost a check as a success."""
 
     prepare(out_dir)  # a folder parity can write in, and no link where it writes: before any work
     jobs = plan(exp)
@@ -322,8 +323,14 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool, fresh: boo
                         _run_job(job, model, exp, writer, bar, executor, examples, model_part)
                 del model
         records = writer.records
-    write_summary(summarize(records), out_dir / "summary.json")
-    return records
+    summary = summarize(records)
+    write_summary(summary, out_dir / "summary.json")
+    result = RunResult(records, summary, [(j.model.name, j.inputs.name, t.id) for j in jobs for t in j.targets],
+                       (out_dir / "summary.json").is_file())
+    if not result.complete:
+        log.error("internal error: the run into %s ended, but %s; no verdict is given (exit 3). This is a bug in "
+                  "parity; please report it", out_dir, result.incomplete)
+    return result
 
 
 def run_environment(exp: Experiment) -> dict[str, Any]:
@@ -365,10 +372,11 @@ class Runner:
         self.cache = cache if cache is not None else ArtifactCache(None)
         self.executor = executor
 
-    def run(self, progress: bool = True, fresh: bool = False) -> list[dict[str, Any]]:
-        """Run the experiment, writing OUT/records.jsonl and OUT/summary.json; returns the records. When OUT
-        already holds records of this experiment, the run continues from them (see the module docstring);
-        `fresh` discards them instead."""
+    def run(self, progress: bool = True, fresh: bool = False) -> RunResult:
+        """Run the experiment, writing OUT/records.jsonl and OUT/summary.json; returns the records with the
+        summary and the verdict (`RunResult`: not `passed`, exit code 3, unless every planned check has a
+        verdict and the summary was written). When OUT already holds records of this experiment, the run
+        continues from them (see the module docstring); `fresh` discards them instead."""
         executor = self.executor if self.executor is not None else make_executor(self.exp.executor)
         return run_experiment_to(self.exp, self._out(), progress, fresh, self.cache, executor)
 
