@@ -11,10 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 
 from parity.api import run_experiment
+from parity.fingerprint import version
 from parity.records import read_records
 from tests.conftest import ROOT
 
@@ -82,24 +84,32 @@ def test_a_rerun_after_a_model_code_edit_re_runs_its_checks_and_gives_the_new_ve
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["totals"]["failed"] == 1
 
 
-def test_a_rerun_after_a_weights_edit_re_runs_its_checks(tmp_path, monkeypatch, caplog):
+def test_a_rerun_after_a_weights_edit_re_runs_that_models_checks_only(tmp_path, monkeypatch, caplog):
+    """Two models; one's weights file is rewritten: its check runs again (its old records removed, not kept
+    beside the new ones), the other's is kept as it was."""
     monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "net_weights.py").write_text(NET.format(activation=DRIFTS))
     weights = tmp_path / "net.pt"
     torch.save({"scale": torch.tensor(0.0)}, weights)  # tanh(0) is exact: it passes
     data = experiment("net_weights", weights=str(weights))
+    data["models"].append({"name": "other", "source": "python", "entry": "net_weights:build"})
     out = tmp_path / "out"
     run_experiment(data, out=out, reports=())
-    [before] = tier1(out)
-    assert before["passed"] is True
+    before = {c["model"]: c for c in tier1(out)}
+    assert before["net"]["passed"] is True and before["other"]["passed"] is False
 
     torch.save({"scale": torch.tensor(1.0)}, weights)
     with caplog.at_level(logging.INFO, logger="parity"):
-        run_experiment(data, out=out, reports=())
-    assert f"re-running 1 of 1 checks: weights of net changed since {before['fingerprints']['recorded_at']}" \
-        in said(caplog), said(caplog)
-    [after] = tier1(out)
-    assert after["passed"] is False
+        result = run_experiment(data, out=out, reports=())
+    assert said(caplog)[:2] == [f"resuming {out}: all 2 checks recorded",
+                                f"re-running 1 of 2 checks: weights of net changed since "
+                                f"{before['net']['fingerprints']['recorded_at']}"]
+    after = {c["model"]: c for c in tier1(out)}
+    assert after["net"]["passed"] is False and after["other"] == before["other"]
+    kinds = [(r["kind"], r.get("model")) for r in read_records(out)]
+    assert kinds.count(("check", "net")) == 1 and kinds.count(("model", "net")) == 1
+    assert kinds.count(("execution", "net")) == kinds.count(("execution", "other")) == 2
+    assert result.exit_code == 1 and result.summary["totals"]["failed"] == 2
 
 
 def test_a_rerun_after_an_input_file_edit_re_runs_its_checks(tmp_path, monkeypatch, caplog):
@@ -173,3 +183,30 @@ def test_a_target_option_change_is_refused_in_one_line_with_fresh_as_the_way_out
     [line] = capsys.readouterr().err.splitlines()
     assert "with other settings (changed: targets)" in line and "--fresh" in line
     assert (out / "records.jsonl").read_bytes() == before
+
+
+@pytest.mark.parametrize(("part", "value", "reason"), [
+    ("parity", "0" * 64, "parity's source changed"),
+    ("libraries", {"torch": "1.0.0 (0000)"}, f"library versions changed (torch 1.0.0 -> {version('torch')})"),
+])
+def test_a_rerun_after_parity_or_a_library_changed_starts_over(tmp_path, monkeypatch, caplog, part, value, reason):
+    """What another parity or torch recorded (edited into the records here) holds for none of the checks: every
+    one is re-run, and the run starts over with this process's `run` record."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "net_libs.py").write_text(NET.format(activation=DRIFTS))
+    data = experiment("net_libs")
+    out = tmp_path / "out"
+    run_experiment(data, out=out, reports=())
+    path = out / "records.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    for r in records:
+        if r["kind"] == "check":
+            r["fingerprints"][part] = {**r["fingerprints"][part], **value} if isinstance(value, dict) else value
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with caplog.at_level(logging.INFO, logger="parity"):
+        run_experiment(data, out=out, reports=())
+    assert any(m.startswith(f"re-running 1 of 1 checks: {reason} since ") for m in said(caplog)), said(caplog)
+    again = read_records(out)
+    assert [r["kind"] for r in again] == [r["kind"] for r in records]  # one run record, nothing kept twice
+    [check] = [r for r in again if r["kind"] == "check"]
+    assert check["fingerprints"][part] != records[-1]["fingerprints"][part]
