@@ -76,9 +76,10 @@ def test_a_rerun_after_a_model_code_edit_re_runs_its_checks_and_gives_the_new_ve
     (tmp_path / "net_code.py").write_text(NET.format(activation=DRIFTS))  # the model's code changes, nothing else
     second = _parity_run(tmp_path, "exp.yaml", "--out", "out", "--no-report")
     assert second.returncode == 1, second.stderr  # the new code's verdict, not the recorded one
-    assert "resuming out: all 1 checks recorded\n" in second.stderr
-    assert (f"re-running 1 of 1 checks: model code of net changed since {before['fingerprints']['recorded_at']}"
+    assert "resuming out: all 1 check recorded\n" in second.stderr
+    assert (f"re-running 1 check of 1: model code of net changed since {before['fingerprints']['recorded_at']}"
             in second.stderr), second.stderr
+    assert "weights" not in second.stderr  # the code changed, not a parameter
     [after] = tier1(tmp_path / "out")  # the stale check is gone from the records, not kept beside the new one
     assert after["passed"] is False and after["fingerprints"]["model_code"] != before["fingerprints"]["model_code"]
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["totals"]["failed"] == 1
@@ -102,7 +103,7 @@ def test_a_rerun_after_a_weights_edit_re_runs_that_models_checks_only(tmp_path, 
     with caplog.at_level(logging.INFO, logger="parity"):
         result = run_experiment(data, out=out, reports=())
     assert said(caplog)[:2] == [f"resuming {out}: all 2 checks recorded",
-                                f"re-running 1 of 2 checks: weights of net changed since "
+                                f"re-running 1 check of 2: weights of net changed since "
                                 f"{before['net']['fingerprints']['recorded_at']}"]
     after = {c["model"]: c for c in tier1(out)}
     assert after["net"]["passed"] is False and after["other"] == before["other"]
@@ -127,7 +128,7 @@ def test_a_rerun_after_an_input_file_edit_re_runs_its_checks(tmp_path, monkeypat
     Image.new("RGB", (8, 8), (200, 100, 0)).save(image)  # the same path and settings, other pixels
     with caplog.at_level(logging.INFO, logger="parity"):
         run_experiment(data, out=out, reports=())
-    assert any(m.startswith("re-running 1 of 1 checks: input set pictures of net changed since") for m in said(caplog))
+    assert any(m.startswith("re-running 1 check of 1: input set pictures of net changed since") for m in said(caplog))
     [after] = tier1(out)
     assert after["fingerprints"]["inputs"] != before["fingerprints"]["inputs"]
     executions = [r for r in read_records(out) if r["kind"] == "execution"]
@@ -143,7 +144,7 @@ def test_an_unchanged_rerun_re_runs_nothing_and_says_so(tmp_path, monkeypatch, c
     before = (out / "records.jsonl").read_bytes()
     with caplog.at_level(logging.INFO, logger="parity"):
         run_experiment(data, out=out, reports=())
-    assert said(caplog) == [f"resuming {out}: all 1 checks recorded, unchanged"]
+    assert said(caplog) == [f"resuming {out}: all 1 check recorded, unchanged"]
     assert (out / "records.jsonl").read_bytes() == before  # nothing executed, nothing written
 
 
@@ -159,7 +160,7 @@ def test_records_without_fingerprints_are_re_run(tmp_path, monkeypatch, caplog):
     path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "fingerprints"}) + "\n" for r in records))
     with caplog.at_level(logging.INFO, logger="parity"):
         run_experiment(data, out=out, reports=())
-    assert "re-running 1 of 1 checks: recorded by a parity that did not fingerprint its checks" in said(caplog)
+    assert "re-running 1 check of 1: recorded by a parity that did not fingerprint its checks" in said(caplog)
     [check] = tier1(out)
     assert check["fingerprints"]
 
@@ -205,7 +206,7 @@ def test_a_rerun_after_parity_or_a_library_changed_starts_over(tmp_path, monkeyp
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     with caplog.at_level(logging.INFO, logger="parity"):
         run_experiment(data, out=out, reports=())
-    assert any(m.startswith(f"re-running 1 of 1 checks: {reason} since ") for m in said(caplog)), said(caplog)
+    assert any(m.startswith(f"re-running 1 check of 1: {reason} since ") for m in said(caplog)), said(caplog)
     again = read_records(out)
     assert [r["kind"] for r in again] == [r["kind"] for r in records]  # one run record, nothing kept twice
     [check] = [r for r in again if r["kind"] == "check"]

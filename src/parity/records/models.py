@@ -178,7 +178,7 @@ class Fingerprints(Part):
     recorded_at: str = Field(description="When the check was judged (UTC).")
     model_code: str | None = Field(description="sha256 of the user code the model runs (parity/fingerprint.py); "
                                                "null: past the fingerprint's bounds, so the check is always re-run.")
-    model_weights: str = Field(description="sha256 of the module tree and every parameter's and buffer's bytes.")
+    model_weights: str = Field(description="sha256 of every parameter's and buffer's name and bytes (the module tree is the code's).")
     inputs: str = Field(description="sha256 of the input set's values and of the example inputs the backends were "
                                     "prepared from.")
     parity: str = Field(description="sha256 of parity's own source.")

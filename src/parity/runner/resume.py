@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from parity import fingerprint
-from parity.execute.cache import inputs_digest, model_digest
+from parity.execute.cache import inputs_digest, weights_digest
 from parity.inputs import Inputs
 
 Record = dict[str, Any]
@@ -35,7 +35,7 @@ def model_fingerprints(model: torch.nn.Module) -> dict[str, Any]:
     """The model's part of its checks' fingerprints: its code (None: past the walk's bounds, so it can never
     be told unchanged), its weights, and the libraries its code reaches."""
     code = fingerprint.code_fingerprint(model)
-    return {"model_code": code[0] if code else None, "model_weights": model_digest(model),
+    return {"model_code": code[0] if code else None, "model_weights": weights_digest(model),
             "reached": sorted(code[1]) if code else []}
 
 
@@ -73,9 +73,22 @@ def _version(value: str | None) -> str:
     return "not installed" if value is None else value.split(" (")[0] if " (" in value else value
 
 
+def _checks(n: int) -> str:
+    return f"{n} check" if n == 1 else f"{n} checks"
+
+
+def resuming(out_dir: object, recorded: int, total: int, stale: bool) -> str:
+    """The line every resumed run prints: 'resuming DIR: 7 of 12 checks recorded', 'resuming DIR: all 12
+    checks recorded, unchanged' (nothing runs) or, when some are stale, 'resuming DIR: all 12 checks recorded'."""
+    if recorded < total:
+        return f"resuming {out_dir}: {recorded} of {_checks(total)} recorded"
+    return f"resuming {out_dir}: all {_checks(total)} recorded{'' if stale else ', unchanged'}"
+
+
 def re_running(stale: dict[tuple[str, str, str], tuple[list[str], str]], total: int) -> str:
-    """The line that says which recorded checks are re-run and why: 're-running 3 of 12 checks: model code of
-    net changed since 2026-12-02 00:48:39 UTC'. `stale`: (model, inputs, target) -> (why, recorded_at)."""
+    """The line that says which recorded checks are re-run and why: 're-running 3 checks of 12: model code of
+    net changed since 2026-12-02 00:48:39 UTC'; a reason that holds for only some of them says for how many.
+    `stale`: (model, inputs, target) -> (why, recorded_at)."""
     by_reason: dict[str, list[str]] = defaultdict(list)
     for why, since in stale.values():
         for reason in why:
@@ -83,9 +96,9 @@ def re_running(stale: dict[tuple[str, str, str], tuple[list[str], str]], total: 
     parts = []
     for reason, since in by_reason.items():
         when = f" since {min(since)}" if any(since) else ""
-        count = f" ({len(since)} checks)" if len(by_reason) > 1 else ""
+        count = f" ({_checks(len(since))})" if len(since) < len(stale) else ""
         parts.append(f"{reason}{when}{count}")
-    return f"re-running {len(stale)} of {total} checks: {'; '.join(parts)}"
+    return f"re-running {_checks(len(stale))} of {total}: {'; '.join(parts)}"
 
 
 def without_stale(records: list[Record], stale: set[tuple[str, str, str]],

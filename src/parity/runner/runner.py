@@ -50,7 +50,14 @@ from parity.runner.base import Executor
 from parity.runner.executors import make_executor
 from parity.runner.plan import Job, example_for, plan
 from parity.runner.prepared import configured_model, model_scope, prepared_model
-from parity.runner.resume import changes, check_fingerprints, model_fingerprints, re_running, without_stale
+from parity.runner.resume import (
+    changes,
+    check_fingerprints,
+    model_fingerprints,
+    re_running,
+    resuming,
+    without_stale,
+)
 from parity.verify.checks import gate_on_task, reference_error_check, tier1_check
 from parity.verify.localize import LOCALIZABLE, gate_check, localize_check
 from parity.verify.tasks import evaluated, task_check
@@ -289,8 +296,7 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool, fresh: boo
         if writer.records:
             stale = _stale(writer, exp, jobs)
             recorded = sum(judged(writer, j, t) for j in jobs for t in j.targets)
-            log.info("resuming %s: %s", out_dir, f"all {checks} checks recorded{'' if stale else ', unchanged'}"
-                     if recorded == checks else f"{recorded} of {checks} checks recorded")
+            log.info("%s", resuming(out_dir, recorded, checks, bool(stale)))
             if stale:
                 log.info("%s", re_running(stale, checks))
                 writer.keep_only(without_stale(writer.records, set(stale), {
