@@ -165,25 +165,37 @@ def test_records_without_fingerprints_are_re_run(tmp_path, monkeypatch, caplog):
     assert check["fingerprints"]
 
 
-def test_a_target_option_change_is_refused_in_one_line_with_fresh_as_the_way_out(tmp_path, monkeypatch, write_yaml,
-                                                                                 capsys):
-    """A target's options are settings of the experiment: its digest changes and the records are left alone."""
-    from parity.cli import main
-
+def test_a_target_settings_change_re_runs_that_targets_checks_only(tmp_path, monkeypatch, caplog):
+    """A target's options change: its checks run again, the other target's are kept, and the run record holds
+    the experiment as it is now; a target taken out of the experiment has its records removed."""
     monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "net_option.py").write_text(NET.format(activation=DRIFTS))
     data = experiment("net_option")
-    path = write_yaml(data)
+    data["targets"].append({"backend": "eager", "name": "same"})
     out = tmp_path / "out"
-    assert main(["run", str(path), "--out", str(out), "--quiet", "--no-report"]) == 1
-    before = (out / "records.jsonl").read_bytes()
+    run_experiment(data, out=out, reports=())
+    before = {c["target"]: c for c in tier1(out)}
+
     data["targets"][0]["options"] = {"threads": 1}
-    write_yaml(data)
-    capsys.readouterr()
-    assert main(["run", str(path), "--out", str(out), "--quiet", "--no-report"]) == 2
-    [line] = capsys.readouterr().err.splitlines()
-    assert "with other settings (changed: targets)" in line and "--fresh" in line
-    assert (out / "records.jsonl").read_bytes() == before
+    with caplog.at_level(logging.INFO, logger="parity"):
+        result = run_experiment(data, out=out, reports=())
+    assert said(caplog)[1] == (f"re-running 1 check of 2: settings of target bf16 changed since "
+                               f"{before['bf16']['fingerprints']['recorded_at']}"), said(caplog)
+    after = {c["target"]: c for c in tier1(out)}
+    assert after["same"] == before["same"] and after["bf16"] != before["bf16"]
+    assert result.complete and read_records(out)[0]["config"]["targets"][0]["options"] == {"threads": 1}
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="parity"):
+        run_experiment(data, out=out, reports=())  # the run record was updated: the same experiment, unchanged
+    assert said(caplog) == [f"resuming {out}: all 2 checks recorded, unchanged"]
+
+    del data["targets"][1]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="parity"):
+        run_experiment(data, out=out, reports=())
+    assert "removing the records of 1 check(s) of target(s) no longer in the experiment: same" in said(caplog)
+    assert [r for r in read_records(out) if r.get("target", r.get("backend")) == "same"] == []
+    assert list(tier1(out)) == [after["bf16"]]
 
 
 @pytest.mark.parametrize(("part", "value", "reason"), [

@@ -181,6 +181,7 @@ class Fingerprints(Part):
     model_weights: str = Field(description="sha256 of every parameter's and buffer's name and bytes (the module tree is the code's).")
     inputs: str = Field(description="sha256 of the input set's values and of the example inputs the backends were "
                                     "prepared from.")
+    target: str = Field(description="sha256 of the target's settings (backend, device, dtype, options, tolerances, ...).")
     parity: str = Field(description="sha256 of parity's own source.")
     libraries: dict[str, str | None] = Field(description="The reference's, the target's and the model code's "
                                                          "libraries: version (digest of its installed files), "

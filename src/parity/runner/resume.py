@@ -1,10 +1,11 @@
 """Resume that cannot be stale. Every tier-1 check records the fingerprints its verdict rests on (`Fingerprints`
 in records/models.py): the model's code and weights, its input set (and the example every backend was
-prepared from), parity's own source and the versions of the libraries involved. A run into a folder that
+prepared from), the target's settings, parity's own source and the versions of the libraries involved. A run into a folder that
 holds records compares them with what would run now, and the judgements whose fingerprints changed (or that
 an older parity recorded without any) are re-run: their records are removed from records.jsonl and made
-again, and the console says which and why. The experiment's own settings are the `run` record's digest
-(records/io.py); this covers what the settings name (a file's contents, a module's code).
+again, and the console says which and why. The experiment's other settings are the `run` record's digest
+(records/io.py: a run refuses another experiment's records); this covers what the settings name (a file's
+contents, a module's code) and the targets, which may change between runs into one folder.
 
 Code and libraries are fingerprinted as the artifact cache keys them (parity/fingerprint.py), weights and
 inputs by value (execute/cache.py): one home for each.
@@ -13,6 +14,7 @@ inputs by value (execute/cache.py): one home for each.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections import defaultdict
 from typing import Any
@@ -26,7 +28,7 @@ from parity.inputs import Inputs
 Record = dict[str, Any]
 # The parts compared, and how a change of each is said (model, inputs: the check's names).
 SAID = {"model_code": "model code of {model}", "model_weights": "weights of {model}",
-        "inputs": "input set {inputs} of {model}", "parity": "parity's source"}
+        "inputs": "input set {inputs} of {model}", "target": "settings of target {target}", "parity": "parity's source"}
 UNVERIFIABLE = "model code of {model} is past the fingerprint's bounds (it cannot be told unchanged)"
 UNRECORDED = "recorded by a parity that did not fingerprint its checks"
 
@@ -39,14 +41,17 @@ def model_fingerprints(model: torch.nn.Module) -> dict[str, Any]:
             "reached": sorted(code[1]) if code else []}
 
 
-def check_fingerprints(model_part: dict[str, Any], inputs: Inputs, example: Inputs, libraries: list[str]) -> dict[str, Any]:
+def check_fingerprints(model_part: dict[str, Any], inputs: Inputs, example: Inputs, target: dict[str, Any],
+                       libraries: list[str]) -> dict[str, Any]:
     """The `fingerprints` of one check: `model_part` (model_fingerprints), the input set and the example the
-    backends were prepared from, by value; parity's source; the versions (and installed file lists) of
-    `libraries` (the reference's and the target's) and of those the model's code reaches."""
+    backends were prepared from, by value; the target's settings (its spec, as JSON); parity's source; the
+    versions (and installed file lists) of `libraries` (the reference's and the target's) and of those the
+    model's code reaches."""
     found = fingerprint.versions([*libraries, *model_part["reached"]])
     return {"recorded_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "model_code": model_part["model_code"], "model_weights": model_part["model_weights"],
             "inputs": hashlib.sha256(f"{inputs_digest(inputs)} {inputs_digest(example)}".encode()).hexdigest(),
+            "target": hashlib.sha256(json.dumps(target, sort_keys=True).encode()).hexdigest(),
             "parity": fingerprint.parity_digest(),
             "libraries": {name: None if v is None else f"{v} ({files})" for name, (v, files) in found.items()}}
 
@@ -55,7 +60,7 @@ def changes(recorded: Record, now: dict[str, Any]) -> list[str]:
     """Why the recorded tier-1 check `recorded` no longer holds for what would run now (`now`, its
     check_fingerprints), in words; [] when it still holds."""
     old = recorded.get("fingerprints")
-    names = {"model": recorded["model"], "inputs": recorded["inputs"]}
+    names = {"model": recorded["model"], "inputs": recorded["inputs"], "target": recorded["target"]}
     if not old:
         return [UNRECORDED]
     found = [UNVERIFIABLE.format(**names)] if now["model_code"] is None else []

@@ -144,12 +144,15 @@ def _job_inputs(job: Job, exp: Experiment, examples: _Examples) -> tuple[Inputs,
     return example if job.inputs.name == job.prepared_from.name else _build(job.inputs, exp, job.model), example
 
 
-def _check_libraries(exp: Experiment, target: BackendSpec) -> list[str]:
-    """The libraries a check's verdict rests on: torch, torchvision, numpy, the reference's and the target's."""
+def _fingerprints(exp: Experiment, model_part: dict[str, Any], inputs: Inputs, example: Inputs,
+                  target: BackendSpec) -> dict[str, Any]:
+    """A check's fingerprints (runner/resume.py), with the libraries its verdict rests on: torch, torchvision,
+    numpy, the reference's and the target's."""
     from parity.backends import backend_class
 
-    return ["torch", "torchvision", "numpy", *backend_class(exp.reference.backend).libraries,
-            *backend_class(target.backend).libraries]
+    libraries = ["torch", "torchvision", "numpy", *backend_class(exp.reference.backend).libraries,
+                 *backend_class(target.backend).libraries]
+    return check_fingerprints(model_part, inputs, example, target.model_dump(mode="json"), libraries)
 
 
 def _stale(writer: RecordWriter, exp: Experiment, jobs: list[Job]) -> dict[tuple[str, str, str], tuple[list[str], str]]:
@@ -168,7 +171,7 @@ def _stale(writer: RecordWriter, exp: Experiment, jobs: list[Job]) -> dict[tuple
             inputs, example = _job_inputs(job, exp, examples)
             for spec in job.targets:
                 check = recorded.get((job.model.name, job.inputs.name, spec.id))
-                why = check and changes(check, check_fingerprints(part, inputs, example, _check_libraries(exp, spec)))
+                why = check and changes(check, _fingerprints(exp, part, inputs, example, spec))
                 if why:
                     stale[RunView.identity(check)] = why, (check.get("fingerprints") or {}).get("recorded_at", "")
     return stale
@@ -181,7 +184,7 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
         progress.advance(job.executions)
         return
     inputs, example = _job_inputs(job, exp, examples)
-    fingerprints = {spec.id: check_fingerprints(model_part, inputs, example, _check_libraries(exp, spec))
+    fingerprints = {spec.id: _fingerprints(exp, model_part, inputs, example, spec)
                     for spec in pending}  # before anything runs on the inputs
     for note in inputs.notes:  # a constant input: every backend agrees on it, so its checks prove little
         writer.write("warning", model=job.model.name, inputs=job.inputs.name, message=note)
@@ -264,6 +267,8 @@ def _discard(path: Path) -> None:
 
 
 def _same_experiment(writer: RecordWriter, config: dict, base_dir: str, digest: str) -> None:
+    """Refuses records of another experiment. Targets alone may differ: each check's fingerprints hold its
+    target's settings, so the run re-runs the changed targets' checks (runner/resume.py)."""
     first, path = writer.records[0], writer.path
     again = "give another --out, or pass --fresh to discard those records and start over"
     if first.get("kind") != "run":
@@ -276,6 +281,8 @@ def _same_experiment(writer: RecordWriter, config: dict, base_dir: str, digest: 
         changed = sorted(k for k in set(old) | set(config) if old.get(k) != config.get(k) and k not in NOT_DIGESTED)
         if first.get("base_dir") != base_dir:
             changed.append(f"base_dir {first.get('base_dir')} -> {base_dir}")
+        if changed == ["targets"]:
+            return
         raise ParityError(f"{path.parent}: holds a run of experiment '{first.get('experiment')}' with other settings "
                           f"(changed: {', '.join(changed) or 'details'}); a run continues only the same experiment: "
                           f"{again}")
@@ -295,12 +302,21 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool, fresh: boo
         checks = sum(len(j.targets) for j in jobs)
         if writer.records:
             stale = _stale(writer, exp, jobs)
+            planned = {(j.model.name, j.inputs.name): [t.id for t in j.targets] for j in jobs}
+            gone = {RunView.identity(c) for c in RunView(writer.records).checks(1)} - {
+                (*pair, t) for pair, targets in planned.items() for t in targets}  # a target the experiment dropped
             recorded = sum(judged(writer, j, t) for j in jobs for t in j.targets)
             log.info("%s", resuming(out_dir, recorded, checks, bool(stale)))
+            if gone:
+                log.info("removing the records of %d check(s) of target(s) no longer in the experiment: %s", len(gone),
+                         ", ".join(sorted({t for _, _, t in gone})))
             if stale:
                 log.info("%s", re_running(stale, checks))
-                writer.keep_only(without_stale(writer.records, set(stale), {
-                    (j.model.name, j.inputs.name): [t.id for t in j.targets] for j in jobs}))
+            if stale or gone or writer.records[0]["digest"] != digest:
+                kept = without_stale(writer.records, set(stale) | gone, planned)
+                if kept:  # the run record holds the experiment as it is now (its targets may have changed)
+                    kept[0] = {**kept[0], "digest": digest, "config": config}
+                writer.keep_only(kept)
         todo = [j for j in jobs if any(not judged(writer, j, t) for t in j.targets)]
         executor.on_status = bar.describe
         if not writer.records:
