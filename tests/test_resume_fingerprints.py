@@ -135,6 +135,45 @@ def test_a_rerun_after_an_input_file_edit_re_runs_its_checks(tmp_path, monkeypat
     assert len(executions) == 2  # the reference's and the target's, made again: the old ones are gone
 
 
+def test_a_rerun_after_an_onnx_file_edit_re_runs_its_checks(tmp_path, caplog):
+    """A model file holds no parameters parity can see: its bytes are part of the model's code fingerprint."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    path = tmp_path / "graph.onnx"
+
+    def save(op: str) -> None:
+        value = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [4, 16])  # noqa: E731
+        graph = helper.make_graph([helper.make_node(op, ["x"], ["y"])], "g", [value("x")], [value("y")])
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+    save("Identity")
+    data = {**experiment("unused"), "models": [{"name": "graph", "source": "onnx", "path": str(path)}],
+            "targets": [{"backend": "onnxruntime"}]}
+    out = tmp_path / "out"
+    run_experiment(data, out=out, reports=())
+    [before] = tier1(out)
+    save("Neg")  # the same file, another graph
+    with caplog.at_level(logging.INFO, logger="parity"):
+        run_experiment(data, out=out, reports=())
+    assert any(m.startswith("re-running 1 check of 1: model code of graph changed since") for m in said(caplog))
+    [after] = tier1(out)
+    assert after["fingerprints"]["model_code"] != before["fingerprints"]["model_code"]
+
+
+def test_model_code_that_cannot_be_fingerprinted_is_re_run_every_time(tmp_path, monkeypatch, caplog):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "net_large.py").write_text(NET.format(activation=DRIFTS))
+    monkeypatch.setattr("parity.fingerprint.MAX_OBJECTS", 0)  # as if past the walk's bounds
+    data = experiment("net_large")
+    out = tmp_path / "out"
+    run_experiment(data, out=out, reports=())
+    assert tier1(out)[0]["fingerprints"]["model_code"] is None
+    with caplog.at_level(logging.INFO, logger="parity"):
+        run_experiment(data, out=out, reports=())
+    assert any(m.startswith("re-running 1 check of 1: model code of net cannot be fingerprinted") for m in said(caplog))
+
+
 def test_an_unchanged_rerun_re_runs_nothing_and_says_so(tmp_path, monkeypatch, caplog):
     monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "net_same.py").write_text(NET.format(activation=DRIFTS))

@@ -176,8 +176,10 @@ class Fingerprints(Part):
     when one of them changed since."""
 
     recorded_at: str = Field(description="When the check was judged (UTC).")
-    model_code: str | None = Field(description="sha256 of the user code the model runs (parity/fingerprint.py); "
-                                               "null: past the fingerprint's bounds, so the check is always re-run.")
+    model_code: str | None = Field(description="sha256 of the user code the model runs (parity/fingerprint.py) and "
+                                               "of the files its source reads it from (a model file, a repository's "
+                                               ".py files, the entry's module); null: past the fingerprint's bounds "
+                                               "or unreadable, so the check is always re-run.")
     model_weights: str = Field(description="sha256 of every parameter's and buffer's name and bytes (the module tree is the code's).")
     inputs: str = Field(description="sha256 of the input set's values and of the example inputs the backends were "
                                     "prepared from.")

@@ -29,16 +29,20 @@ Record = dict[str, Any]
 # The parts compared, and how a change of each is said (model, inputs: the check's names).
 SAID = {"model_code": "model code of {model}", "model_weights": "weights of {model}",
         "inputs": "input set {inputs} of {model}", "target": "settings of target {target}", "parity": "parity's source"}
-UNVERIFIABLE = "model code of {model} is past the fingerprint's bounds (it cannot be told unchanged)"
+UNVERIFIABLE = ("model code of {model} cannot be fingerprinted (past the fingerprint's bounds, or a file its source "
+                "reads cannot be digested), so it cannot be told unchanged")
 UNRECORDED = "recorded by a parity that did not fingerprint its checks"
 
 
-def model_fingerprints(model: torch.nn.Module) -> dict[str, Any]:
-    """The model's part of its checks' fingerprints: its code (None: past the walk's bounds, so it can never
-    be told unchanged), its weights, and the libraries its code reaches."""
+def model_fingerprints(model: torch.nn.Module, files: dict[str, Any] | None) -> dict[str, Any]:
+    """The model's part of its checks' fingerprints: its code, the user code it runs together with `files`
+    (what its source reads it from: a model file, a repository's .py files, the entry's module; the
+    source's `files_digest`) (None: past the walk's bounds or unreadable, so it can never be told
+    unchanged); its weights; and the libraries its code reaches."""
     code = fingerprint.code_fingerprint(model)
-    return {"model_code": code[0] if code else None, "model_weights": weights_digest(model),
-            "reached": sorted(code[1]) if code else []}
+    digest = None if code is None or files is None else hashlib.sha256(
+        f"{code[0]} {json.dumps(files, sort_keys=True, default=str)}".encode()).hexdigest()
+    return {"model_code": digest, "model_weights": weights_digest(model), "reached": sorted(code[1]) if code else []}
 
 
 def check_fingerprints(model_part: dict[str, Any], inputs: Inputs, example: Inputs, target: dict[str, Any],

@@ -42,6 +42,7 @@ from parity.errors import ParityError
 from parity.execute.cache import ArtifactCache
 from parity.execute.execution import Execution
 from parity.inputs import Inputs, build_inputs
+from parity.models import source_fingerprint
 from parity.outdir import prepare
 from parity.records import NOT_DIGESTED, RecordWriter, environment, experiment_digest
 from parity.records.summary import RunResult, summarize, write_summary
@@ -165,7 +166,7 @@ def _stale(writer: RecordWriter, exp: Experiment, jobs: list[Job]) -> dict[tuple
         if not model_jobs:
             continue
         model, _ = prepared_model(model_spec, exp)
-        part = model_fingerprints(model)
+        part = model_fingerprints(model, source_fingerprint(model_spec, exp))
         del model
         for job in model_jobs:
             inputs, example = _job_inputs(job, exp, examples)
@@ -337,7 +338,7 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool, fresh: boo
                     continue
                 start = time.perf_counter()
                 model, notes = prepared_model(model_spec, exp)
-                model_part = model_fingerprints(model)
+                model_part = model_fingerprints(model, source_fingerprint(model_spec, exp))
                 writer.write("model", model=model_spec.name, parameters=sum(p.numel() for p in model.parameters()),
                              build_s=time.perf_counter() - start, adapters=notes)
                 with model_scope(cache, model_spec, exp):
