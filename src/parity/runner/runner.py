@@ -289,6 +289,29 @@ def _same_experiment(writer: RecordWriter, config: dict, base_dir: str, digest: 
                           f"{again}")
 
 
+def _keep_what_holds(writer: RecordWriter, exp: Experiment, jobs: list[Job], out_dir: Path, config: dict,
+                     digest: str) -> None:
+    """Resuming: say where the run stands, and remove the records of the judgements that no longer hold (their
+    fingerprints changed, or their target left the experiment), so that they are made again; the run record
+    then holds the experiment as it is now (its targets may have changed)."""
+    checks = sum(len(j.targets) for j in jobs)
+    stale = _stale(writer, exp, jobs)
+    planned = {(j.model.name, j.inputs.name): [t.id for t in j.targets] for j in jobs}
+    gone = {RunView.identity(c) for c in RunView(writer.records).checks(1)} - {
+        (*pair, t) for pair, targets in planned.items() for t in targets}
+    log.info("%s", resuming(out_dir, sum(judged(writer, j, t) for j in jobs for t in j.targets), checks, bool(stale)))
+    if gone:
+        log.info("removing the records of %d check(s) of target(s) no longer in the experiment: %s", len(gone),
+                 ", ".join(sorted({t for _, _, t in gone})))
+    if stale:
+        log.info("%s", re_running(stale, checks))
+    if stale or gone or writer.records[0]["digest"] != digest:
+        kept = without_stale(writer.records, set(stale) | gone, planned)
+        if kept:
+            kept[0] = {**kept[0], "digest": digest, "config": config}
+        writer.keep_only(kept)
+
+
 def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool, fresh: bool, cache: ArtifactCache,
                       executor: Executor) -> RunResult:
     """`Runner.run`: every job of `exp` through `executor`, each model's exports kept in `cache`; the result
@@ -302,22 +325,7 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool, fresh: boo
     with _open_records(out_dir, config, str(exp.base_dir), digest, fresh) as writer, executor:
         checks = sum(len(j.targets) for j in jobs)
         if writer.records:
-            stale = _stale(writer, exp, jobs)
-            planned = {(j.model.name, j.inputs.name): [t.id for t in j.targets] for j in jobs}
-            gone = {RunView.identity(c) for c in RunView(writer.records).checks(1)} - {
-                (*pair, t) for pair, targets in planned.items() for t in targets}  # a target the experiment dropped
-            recorded = sum(judged(writer, j, t) for j in jobs for t in j.targets)
-            log.info("%s", resuming(out_dir, recorded, checks, bool(stale)))
-            if gone:
-                log.info("removing the records of %d check(s) of target(s) no longer in the experiment: %s", len(gone),
-                         ", ".join(sorted({t for _, _, t in gone})))
-            if stale:
-                log.info("%s", re_running(stale, checks))
-            if stale or gone or writer.records[0]["digest"] != digest:
-                kept = without_stale(writer.records, set(stale) | gone, planned)
-                if kept:  # the run record holds the experiment as it is now (its targets may have changed)
-                    kept[0] = {**kept[0], "digest": digest, "config": config}
-                writer.keep_only(kept)
+            _keep_what_holds(writer, exp, jobs, out_dir, config, digest)
         todo = [j for j in jobs if any(not judged(writer, j, t) for t in j.targets)]
         executor.on_status = bar.describe
         if not writer.records:
