@@ -59,6 +59,45 @@ def test_run_experiment_from_a_dict(tmp_path):
     assert (tmp_path / "report.md").exists() and (tmp_path / "summary.json").exists()
 
 
+
+def test_run_experiment_returns_the_verdict_parity_run_gives(tmp_path):
+    result = run_experiment(tiny_experiment([{"backend": "eager", "name": "same"},
+                                             {"backend": "tests.fixtures.tiny:PerturbedEager", "name": "nudged"}]),
+                            out=tmp_path, reports=())
+    assert not result.passed and result.exit_code == 1 and result.complete and result.missing == []
+    assert [(c.target, c.passed) for c in result.checks] == [("same", True), ("nudged", False)]
+    [failure] = result.failures
+    assert failure.target == "nudged" and failure.required_atol > 0 and failure.failure_class == "numeric_drift"
+    assert result.summary["totals"]["failed"] == 1
+    assert result == read_records(tmp_path) and result.records == read_records(tmp_path)  # still the records
+
+
+def test_an_api_run_that_lost_a_check_is_not_passed(tmp_path, monkeypatch):
+    """The Runner's own guard: were it to skip a target (a bug; constructed here by a job that drops its
+    second target), the run's result is not passed and its exit code is 3, whichever front end reads it."""
+    from parity.runner import runner as local
+
+    run_job = local._run_job
+
+    def loses_a_target(job, *args, **kwargs):
+        return run_job(job.__class__(job.model, job.inputs, job.reference, job.oracle, job.targets[:1], job.repeats),
+                       *args, **kwargs)
+
+    monkeypatch.setattr(local, "_run_job", loses_a_target)
+    result = run_experiment(tiny_experiment([{"backend": "eager", "name": "same"}, {"backend": "eager", "name": "second"}]),
+                            out=tmp_path, reports=())
+    assert [c.passed for c in result.checks] == [True]  # every verdict it has passes
+    assert not result.passed and result.exit_code == 3 and result.missing == [("tiny", "noise", "second")]
+
+
+def test_an_api_run_whose_summary_was_not_written_is_not_passed(tmp_path, monkeypatch):
+    from parity.runner import runner as local
+
+    monkeypatch.setattr(local, "write_summary", lambda summary, path: None)
+    result = run_experiment(tiny_experiment([{"backend": "eager", "name": "same"}]), out=tmp_path, reports=())
+    assert result.missing == [] and not result.passed and result.exit_code == 3
+
+
 class Counts(torch.nn.Module):
     """Integer outputs: the input scaled by 100, rounded. In bfloat16 some counts move by one or two."""
 

@@ -14,6 +14,7 @@ import torch
 from parity.config import experiment_from_dict, load_experiment
 from parity.config.schema import BackendSpec, Experiment
 from parity.inputs import Inputs
+from parity.records.summary import RunResult
 
 
 def _experiment(source: str | Path | dict | Experiment) -> Experiment:
@@ -32,23 +33,27 @@ def default_out_dir(exp: Experiment) -> Path:
 
 def run_experiment(source: str | Path | dict | Experiment, out: str | Path | None = None,
                    progress: bool = False, reports: tuple[str, ...] = ("report.md",),
-                   fresh: bool = False) -> list[dict[str, Any]]:
+                   fresh: bool = False) -> RunResult:
     """Run an experiment (a YAML path, a dict in the same shape, or an Experiment); write records.jsonl,
     summary.json and `reports` under `out` (any of report.md, report.html, junit.xml: `parity run` writes
-    every registered writer's, `parity.report.report_writers()`; the HTML costs about a second of plotting); return the records.
-    When `out` already holds records of the same experiment the run continues from them, and the records
-    returned are all of them; `fresh` discards them and starts over. Nothing is cached (the command line's
-    `--cache-dir` gives its Runner an artifact cache)."""
+    every registered writer's, `parity.report.report_writers()`; the HTML costs about a second of plotting).
+    Returns a `RunResult`, the verdict `parity run` gives: `passed`, `exit_code` (as `parity run` exits,
+    3 when a planned check has no verdict or summary.json was not written), `checks` and `failures` (typed
+    tier-1 checks), `summary`, `missing`; it is also the list of the records, as before.
+    When `out` already holds records of the same experiment the run continues from them, re-running the
+    checks whose model code, weights, inputs or libraries changed, and the records returned are all of them;
+    `fresh` discards them and starts over. Nothing is cached (the command line's `--cache-dir` gives its
+    Runner an artifact cache)."""
     from parity.runner.runner import Runner
 
     exp = _experiment(source)
     out_dir = Path(out) if out is not None else default_out_dir(exp)
-    records = Runner(exp, out_dir).run(progress=progress, fresh=fresh)
+    result = Runner(exp, out_dir).run(progress=progress, fresh=fresh)
     if reports:
         from parity.report import write_reports
 
-        write_reports(out_dir, records, names=reports)
-    return records
+        write_reports(out_dir, result.records, result.summary, names=reports)
+    return result
 
 
 def localize(source: str | Path | dict | Experiment, model: str | None = None, target: str | None = None,

@@ -40,7 +40,6 @@ def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
     from parity.api import default_out_dir
     from parity.config import load_experiment
     from parity.outdir import prepare, user_path
-    from parity.records.summary import exit_code, summarize
     from parity.report import write_reports
     from parity.report.console import render
     from parity.runner.runner import Runner
@@ -60,8 +59,8 @@ def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
     code = EXIT_OK
     for exp, out_dir in zip(experiments, out_dirs, strict=True):
         with library_logs(out_dir / LOG_FILE, args.verbose):
-            records = Runner(exp, out_dir, args.artifact_cache).run(progress=not args.quiet, fresh=args.fresh)
-        summary = summarize(records)
+            result = Runner(exp, out_dir, args.artifact_cache).run(progress=not args.quiet, fresh=args.fresh)
+        records, summary = result.records, result.summary
         reports = [] if args.no_report else write_reports(out_dir, records, summary)
         render(records, summary, out_dir, _console(), reports)
         if args.verbose:
@@ -70,7 +69,7 @@ def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
             if e["user_error"]:
                 print(f"error: model '{e['model']}' on input set '{e['inputs']}': the reference {e['reference']} "
                       f"raised, so no target was judged: {e['detail'].split(': ', 1)[-1]}", file=sys.stderr)
-        code = max(code, exit_code(summary, args.allow_unavailable), _every_check_judged(exp, records, out_dir))
+        code = max(code, result.code(args.allow_unavailable))  # 3 when the run lost a check (the Runner says which)
     return code
 
 
@@ -82,25 +81,6 @@ def _print_tracebacks(records: list[dict]) -> None:
         if r.get("traceback"):
             print(f"\n--- {r['model']} / {r['inputs']} / {r['backend']} (repeat {r['repeat']}): {r.get('error')}\n"
                   f"{r['traceback']}", file=sys.stderr)
-
-
-def _every_check_judged(exp, records: list[dict], out_dir: Path) -> int:
-    """EXIT_OK when summary.json was written and every planned check has its tier-1 verdict in the records;
-    else EXIT_BUG with a message: a run that lost a check must never exit 0 (nothing user code does should
-    get here; the runner turns it into verdicts)."""
-    from parity.records.view import RunView
-    from parity.runner.plan import plan
-
-    planned = {(j.model.name, j.inputs.name, t.id) for j in plan(exp) for t in j.targets}
-    judged = {RunView.identity(c) for c in RunView.of(records).checks(1)}
-    missing = sorted(planned - judged)
-    if missing or not (out_dir / "summary.json").is_file():
-        what = (f"{len(missing)} of {len(planned)} planned checks have no verdict ({' / '.join(missing[0])} first)"
-                if missing else "no summary.json was written")
-        print(f"internal error: the run into {out_dir} ended, but {what}; no verdict is given (exit 3). This is a "
-              "bug in parity; please report it", file=sys.stderr)
-        return EXIT_BUG
-    return EXIT_OK
 
 
 def _executor_options(exp, args: argparse.Namespace) -> None:

@@ -194,6 +194,15 @@ def model_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+def weights_digest(model: torch.nn.Module) -> str:
+    """Every parameter's and buffer's name and bytes: what a weights file sets, apart from the module tree."""
+    h = hashlib.sha256()
+    for name, tensor in model.state_dict(keep_vars=False).items():
+        h.update(name.encode())
+        _tensor_digest(h, tensor)
+    return h.hexdigest()
+
+
 def _tensor_digest(h, t: torch.Tensor) -> None:
     t = t.detach().to("cpu")
     h.update(f"{t.dtype}:{tuple(t.shape)}:{t.layout}".encode())

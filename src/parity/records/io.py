@@ -261,6 +261,22 @@ class RecordWriter:
                 raise ParityError(f"{self.path}: cannot cut off its torn last line: {exc.strerror or exc}") from exc
         return torn
 
+    def keep_only(self, records: list[dict[str, Any]]) -> None:
+        """Rewrite the file with `records` alone (some of `self.records`: a resume removing the judgements it
+        makes again), whole or not at all: written beside it and renamed over it, then locked again."""
+        from parity.outdir import open_records, write_bytes
+
+        write_bytes(self.path, b"".join((json.dumps(r, allow_nan=False) + "\n").encode("utf-8") for r in records))
+        old, self._file = self._file, open_records(self.path)
+        old.close()
+        try:
+            self._lock()
+        except BaseException:
+            self._file.close()
+            raise
+        self.records = list(records)
+        self._keys = {record_key(r) for r in self.records} - {None}
+
     def has(self, *key: Any) -> bool:
         return tuple(key) in self._keys
 

@@ -184,6 +184,25 @@ class NoiseFloor(Part):
     source: str = Field(description="Where it shows: the float64 oracle, or the reference's repeats.")
 
 
+class Fingerprints(Part):
+    """What a tier-1 check's verdict rests on (runner/resume.py): a run into the same folder re-runs the check
+    when one of them changed since."""
+
+    recorded_at: str = Field(description="When the check was judged (UTC).")
+    model_code: str | None = Field(description="sha256 of the user code the model runs (parity/fingerprint.py) and "
+                                               "of the files its source reads it from (a model file, a repository's "
+                                               ".py files, the entry's module); null: past the fingerprint's bounds "
+                                               "or unreadable, so the check is always re-run.")
+    model_weights: str = Field(description="sha256 of every parameter's and buffer's name and bytes (the module tree is the code's).")
+    inputs: str = Field(description="sha256 of the input set's values and of the example inputs the backends were "
+                                    "prepared from.")
+    target: str = Field(description="sha256 of the target's settings (backend, device, dtype, options, tolerances, ...).")
+    parity: str = Field(description="sha256 of parity's own source.")
+    libraries: dict[str, str | None] = Field(description="The reference's, the target's and the model code's "
+                                                         "libraries: version (digest of its installed files), "
+                                                         "null when not installed.")
+
+
 class Check(Record):
     """One verdict about one target on one model and input set."""
 
@@ -225,6 +244,9 @@ class Tier1Check(Check):
     reference_failure_class: str | None = Field(None, description="How the reference failed (status error).")
     user_error: bool | None = Field(None, description="Whether the model as written raised on its inputs (the eager "
                                                       "reference failed): the user's to fix, exit 2.")
+    fingerprints: Fingerprints | None = Field(None, description="What its verdict rests on; a resumed run re-runs the "
+                                                                "check when one changed (records written before "
+                                                                "parity recorded them have none: they are re-run).")
 
 
 class FlipExample(Part):

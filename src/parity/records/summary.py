@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.records.keys import default_gate, tolerance_key
+from parity.records.models import Tier1Check
 from parity.records.view import RunView
 
 judged = RunView.judged
@@ -182,3 +183,58 @@ def exit_code(summary: dict[str, Any], allow_unavailable: bool = False) -> int:
     if totals["failed"] or totals.get("errors") or summary["tier3"]["failed"] or (totals["skipped"] and not allow_unavailable):
         return 1
     return 0
+
+
+class RunResult(list):
+    """What a run gives every front end (the Runner returns it; `parity run`, `parity.run_experiment` and
+    their callers read it): the records (it is their list, as `run_experiment` returned before), the summary,
+    and whether the run is complete: every planned check has its tier-1 verdict in the records and
+    summary.json was written. An incomplete run never passes and its exit code is 3 (a bug in parity: nothing
+    user code does should get there), whatever its checks say."""
+
+    def __init__(self, records: list[dict[str, Any]], summary: dict[str, Any], planned: list[tuple[str, str, str]],
+                 summary_written: bool):
+        super().__init__(records)
+        self.summary, self.summary_written = summary, summary_written
+        judged_checks = {RunView.identity(c) for c in RunView(records).checks(1)}
+        self.missing = [key for key in planned if key not in judged_checks]  # (model, inputs, target), plan order
+        self.planned = len(planned)
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        return list(self)
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing and self.summary_written
+
+    @property
+    def incomplete(self) -> str | None:
+        """Why the run is not complete, in words; None when it is."""
+        if self.missing:
+            return (f"{len(self.missing)} of {self.planned} planned checks have no verdict "
+                    f"({' / '.join(self.missing[0])} first)")
+        return None if self.summary_written else "no summary.json was written"
+
+    def code(self, allow_unavailable: bool = False) -> int:
+        """The exit code: 3 when the run is incomplete, else `exit_code` of its summary."""
+        return 3 if not self.complete else exit_code(self.summary, allow_unavailable)
+
+    @property
+    def exit_code(self) -> int:
+        return self.code()
+
+    @property
+    def passed(self) -> bool:
+        """Every planned check judged and passed (tier 1 at its gate, tier 3 at its thresholds), none skipped."""
+        return self.exit_code == 0
+
+    @property
+    def checks(self) -> list[Tier1Check]:
+        """The tier-1 checks, typed (records/models.py), in the order written."""
+        return [Tier1Check.model_validate(c) for c in RunView(self).checks(1)]
+
+    @property
+    def failures(self) -> list[Tier1Check]:
+        """The tier-1 checks judged and failed."""
+        return [c for c in self.checks if c.status == "ok" and not c.passed]

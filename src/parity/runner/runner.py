@@ -10,11 +10,13 @@ kept until its targets are judged, and each target's outputs are dropped once it
 Resuming. A run into a folder that already holds records of the same experiment continues it. The unit
 of resumption is a *judgement*: one target on one (model, input set), that is its tier-1 check together
 with the tier-3 check and the `layers` record that belong to it. The tier-1 check is written last, so a
-recorded tier-1 check means the whole judgement is recorded; such targets are not executed again. A job
+recorded tier-1 check means the whole judgement is recorded; such targets are not executed again while the
+fingerprints the check records still hold (runner/resume.py: each model with recorded judgements is built
+to compare them, and the stale judgements' records are removed, so they are made again). A job
 (model, input set) with a judgement missing re-executes its reference (and oracle), because a verdict
 needs their outputs and outputs are not recorded, and the missing targets. Records whose key is already
 in the file (an execution repeat, a model, a tier-3 check) are not written again, so nothing appears
-twice. A model whose judgements are all recorded is not even built.
+twice. A model whose judgements are all recorded and unchanged is built only to fingerprint it.
 """
 
 from __future__ import annotations
@@ -40,13 +42,23 @@ from parity.errors import ParityError
 from parity.execute.cache import ArtifactCache
 from parity.execute.execution import Execution
 from parity.inputs import Inputs, build_inputs
+from parity.models import source_fingerprint
 from parity.outdir import prepare
 from parity.records import NOT_DIGESTED, RecordWriter, environment, experiment_digest
-from parity.records.summary import summarize, write_summary
+from parity.records.summary import RunResult, summarize, write_summary
+from parity.records.view import RunView
 from parity.runner.base import Executor
 from parity.runner.executors import make_executor
 from parity.runner.plan import Job, example_for, plan
 from parity.runner.prepared import configured_model, model_scope, prepared_model
+from parity.runner.resume import (
+    changes,
+    check_fingerprints,
+    model_fingerprints,
+    re_running,
+    resuming,
+    without_stale,
+)
 from parity.verify.checks import gate_on_task, reference_error_check, tier1_check
 from parity.verify.localize import LOCALIZABLE, gate_check, localize_check
 from parity.verify.tasks import evaluated, task_check
@@ -127,14 +139,54 @@ class _Examples:
         return self._built[key]
 
 
+def _job_inputs(job: Job, exp: Experiment, examples: _Examples) -> tuple[Inputs, Inputs]:
+    """The job's inputs and its example inputs (the same object when the job runs on its example)."""
+    example = examples(job)
+    return example if job.inputs.name == job.prepared_from.name else _build(job.inputs, exp, job.model), example
+
+
+def _fingerprints(exp: Experiment, model_part: dict[str, Any], inputs: Inputs, example: Inputs,
+                  target: BackendSpec) -> dict[str, Any]:
+    """A check's fingerprints (runner/resume.py), with the libraries its verdict rests on: torch, torchvision,
+    numpy, the reference's and the target's."""
+    from parity.backends import backend_class
+
+    libraries = ["torch", "torchvision", "numpy", *backend_class(exp.reference.backend).libraries,
+                 *backend_class(target.backend).libraries]
+    return check_fingerprints(model_part, inputs, example, target.model_dump(mode="json"), libraries)
+
+
+def _stale(writer: RecordWriter, exp: Experiment, jobs: list[Job]) -> dict[tuple[str, str, str], tuple[list[str], str]]:
+    """The recorded judgements whose fingerprints no longer hold (runner/resume.py), with why and since when:
+    each model with a recorded judgement is built, and each of its input sets, to fingerprint them now."""
+    recorded = {RunView.identity(c): c for c in RunView(writer.records).checks(1)}
+    stale, examples = {}, _Examples(exp)
+    for model_spec in exp.models:
+        model_jobs = [j for j in jobs if j.model is model_spec and any(judged(writer, j, t) for t in j.targets)]
+        if not model_jobs:
+            continue
+        model, _ = prepared_model(model_spec, exp)
+        part = model_fingerprints(model, source_fingerprint(model_spec, exp))
+        del model
+        for job in model_jobs:
+            inputs, example = _job_inputs(job, exp, examples)
+            for spec in job.targets:
+                check = recorded.get((job.model.name, job.inputs.name, spec.id))
+                why = check and changes(check, _fingerprints(exp, part, inputs, example, spec))
+                if why:
+                    stale[RunView.identity(check)] = why, (check.get("fingerprints") or {}).get("recorded_at", "")
+    return stale
+
+
 def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _Progress,
-             executor: Executor, examples: _Examples) -> None:
+             executor: Executor, examples: _Examples, model_part: dict[str, Any]) -> None:
     pending = [spec for spec in job.targets if not judged(writer, job, spec)]
     if not pending:
         progress.advance(job.executions)
         return
-    example = examples(job)
-    inputs = example if job.inputs.name == job.prepared_from.name else _build(job.inputs, exp, job.model)
+    inputs, example = _job_inputs(job, exp, examples)
+    fingerprints = {spec.id: _fingerprints(exp, model_part, inputs, example, spec)
+                    for spec in pending}  # before anything runs on the inputs
     for note in inputs.notes:  # a constant input: every backend agrees on it, so its checks prove little
         writer.write("warning", model=job.model.name, inputs=job.inputs.name, message=note)
 
@@ -159,7 +211,7 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
         raise ParityError(f"the reference backend {job.reference.id} cannot run here: {reference.error}")
     if not reference.ok:  # nothing to judge the targets against: their checks say so, and they are not run
         for spec in pending:
-            writer.write("check", **reference_error_check(job, spec, reference, exp))
+            writer.write("check", **reference_error_check(job, spec, reference, exp), fingerprints=fingerprints[spec.id])
         return
     oracle = done[1] if job.oracle else None
     targets = done[len(job.baselines):]
@@ -180,7 +232,7 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
             progress.describe(f"localizing {job.model.name} / {job.inputs.name} / {spec.id}")
             writer.write("layers", **localize_check(job, spec, configured_model(model, spec, job.model.name), inputs, exp,
                                                     example))
-        writer.write("check", **check)  # last: once it is in the file, this judgement is complete
+        writer.write("check", **check, fingerprints=fingerprints[spec.id])  # last: the judgement is complete
 
 
 def _open_records(out_dir: Path, config: dict, base_dir: str, digest: str, fresh: bool) -> RecordWriter:
@@ -216,6 +268,8 @@ def _discard(path: Path) -> None:
 
 
 def _same_experiment(writer: RecordWriter, config: dict, base_dir: str, digest: str) -> None:
+    """Refuses records of another experiment. Targets alone may differ: each check's fingerprints hold its
+    target's settings, so the run re-runs the changed targets' checks (runner/resume.py)."""
     first, path = writer.records[0], writer.path
     again = "give another --out, or pass --fresh to discard those records and start over"
     if first.get("kind") != "run":
@@ -228,14 +282,40 @@ def _same_experiment(writer: RecordWriter, config: dict, base_dir: str, digest: 
         changed = sorted(k for k in set(old) | set(config) if old.get(k) != config.get(k) and k not in NOT_DIGESTED)
         if first.get("base_dir") != base_dir:
             changed.append(f"base_dir {first.get('base_dir')} -> {base_dir}")
+        if changed == ["targets"]:
+            return
         raise ParityError(f"{path.parent}: holds a run of experiment '{first.get('experiment')}' with other settings "
                           f"(changed: {', '.join(changed) or 'details'}); a run continues only the same experiment: "
                           f"{again}")
 
 
+def _keep_what_holds(writer: RecordWriter, exp: Experiment, jobs: list[Job], out_dir: Path, config: dict,
+                     digest: str) -> None:
+    """Resuming: say where the run stands, and remove the records of the judgements that no longer hold (their
+    fingerprints changed, or their target left the experiment), so that they are made again; the run record
+    then holds the experiment as it is now (its targets may have changed)."""
+    checks = sum(len(j.targets) for j in jobs)
+    stale = _stale(writer, exp, jobs)
+    planned = {(j.model.name, j.inputs.name): [t.id for t in j.targets] for j in jobs}
+    gone = {RunView.identity(c) for c in RunView(writer.records).checks(1)} - {
+        (*pair, t) for pair, targets in planned.items() for t in targets}
+    log.info("%s", resuming(out_dir, sum(judged(writer, j, t) for j in jobs for t in j.targets), checks, bool(stale)))
+    if gone:
+        log.info("removing the records of %d check(s) of target(s) no longer in the experiment: %s", len(gone),
+                 ", ".join(sorted({t for _, _, t in gone})))
+    if stale:
+        log.info("%s", re_running(stale, checks))
+    if stale or gone or writer.records[0]["digest"] != digest:
+        kept = without_stale(writer.records, set(stale) | gone, planned)
+        if kept:
+            kept[0] = {**kept[0], "digest": digest, "config": config}
+        writer.keep_only(kept)
+
+
 def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool, fresh: bool, cache: ArtifactCache,
-                      executor: Executor) -> list[dict[str, Any]]:
-    """`Runner.run`: every job of `exp` through `executor`, each model's exports kept in `cache`."""
+                      executor: Executor) -> RunResult:
+    """`Runner.run`: every job of `exp` through `executor`, each model's exports kept in `cache`; the result
+    checked against the plan, so that no front end can report a run that lost a check as a success."""
 
     prepare(out_dir)  # a folder parity can write in, and no link where it writes: before any work
     jobs = plan(exp)
@@ -243,17 +323,17 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool, fresh: boo
     digest = experiment_digest(config, str(exp.base_dir))
     bar = _Progress(sum(j.executions for j in jobs), progress)
     with _open_records(out_dir, config, str(exp.base_dir), digest, fresh) as writer, executor:
+        checks = sum(len(j.targets) for j in jobs)
+        if writer.records:
+            _keep_what_holds(writer, exp, jobs, out_dir, config, digest)
         todo = [j for j in jobs if any(not judged(writer, j, t) for t in j.targets)]
         executor.on_status = bar.describe
         if not writer.records:
             writer.write("run", experiment=exp.name, digest=digest, config=config, file=exp.file,
                          base_dir=str(exp.base_dir), environment=run_environment(exp))
         elif todo:
-            checks = sum(len(j.targets) for j in jobs)
-            left = sum(not judged(writer, j, t) for j in todo for t in j.targets)
-            log.info("resuming %s: %d of %d checks already recorded", out_dir, checks - left, checks)
-            writer.write("resume", records=len(writer.records), checks_recorded=checks - left,
-                         environment=run_environment(exp))
+            writer.write("resume", records=len(writer.records), checks_recorded=checks - sum(
+                not judged(writer, j, t) for j in todo for t in j.targets), environment=run_environment(exp))
         # only what is left to judge: the reference, the oracle and the targets without a judgement
         executor.start(exp, [dataclasses.replace(j, targets=tuple(t for t in j.targets if not judged(writer, j, t)))
                              for j in todo], cache)
@@ -266,15 +346,22 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool, fresh: boo
                     continue
                 start = time.perf_counter()
                 model, notes = prepared_model(model_spec, exp)
+                model_part = model_fingerprints(model, source_fingerprint(model_spec, exp))
                 writer.write("model", model=model_spec.name, parameters=sum(p.numel() for p in model.parameters()),
                              build_s=time.perf_counter() - start, adapters=notes)
                 with model_scope(cache, model_spec, exp):
                     for job in model_jobs:
-                        _run_job(job, model, exp, writer, bar, executor, examples)
+                        _run_job(job, model, exp, writer, bar, executor, examples, model_part)
                 del model
         records = writer.records
-    write_summary(summarize(records), out_dir / "summary.json")
-    return records
+    summary = summarize(records)
+    write_summary(summary, out_dir / "summary.json")
+    result = RunResult(records, summary, [(j.model.name, j.inputs.name, t.id) for j in jobs for t in j.targets],
+                       (out_dir / "summary.json").is_file())
+    if not result.complete:
+        log.error("internal error: the run into %s ended, but %s; no verdict is given (exit 3). This is a bug in "
+                  "parity; please report it", out_dir, result.incomplete)
+    return result
 
 
 def run_environment(exp: Experiment) -> dict[str, Any]:
@@ -316,10 +403,11 @@ class Runner:
         self.cache = cache if cache is not None else ArtifactCache(None)
         self.executor = executor
 
-    def run(self, progress: bool = True, fresh: bool = False) -> list[dict[str, Any]]:
-        """Run the experiment, writing OUT/records.jsonl and OUT/summary.json; returns the records. When OUT
-        already holds records of this experiment, the run continues from them (see the module docstring);
-        `fresh` discards them instead."""
+    def run(self, progress: bool = True, fresh: bool = False) -> RunResult:
+        """Run the experiment, writing OUT/records.jsonl and OUT/summary.json; returns the records with the
+        summary and the verdict (`RunResult`: not `passed`, exit code 3, unless every planned check has a
+        verdict and the summary was written). When OUT already holds records of this experiment, the run
+        continues from them (see the module docstring); `fresh` discards them instead."""
         executor = self.executor if self.executor is not None else make_executor(self.exp.executor)
         return run_experiment_to(self.exp, self._out(), progress, fresh, self.cache, executor)
 
