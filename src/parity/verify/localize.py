@@ -117,6 +117,12 @@ def introduction_rates(errors: list[LayerError]) -> list[float | None]:
     return rates
 
 
+def size(e: LayerError) -> float:
+    """How large a layer's error is, for ranking: its relative RMSE, and infinity for an error that is not a finite
+    number (Inf or NaN introduced: no atol passes it), which ranks above every finite error."""
+    return e.rel_rmse if e.required_atol is not None and math.isfinite(e.rel_rmse) else math.inf
+
+
 def within(e: LayerError, threshold: float) -> bool:
     """At the noise: compared, and its required atol at or below the threshold (exactly 0 included)."""
     return not e.error and e.required_atol is not None and e.required_atol <= threshold
@@ -181,7 +187,7 @@ class Localization:
             f" makes an error of its own above the threshold {self.threshold:g}"
         if hierarchical and first.own_code is not None:
             text += " (nor the model's own code)"
-        largest = max(compared, key=lambda e: e.rel_rmse)
+        largest = max(compared, key=size)
         if largest.rel_rmse == 0:
             each = "each that ran alone" if self.skipped else "each alone"
             text += f": {each} on the target, fed the reference's input, gives exactly the reference's output"
@@ -217,8 +223,8 @@ class Localization:
         """True when no layer stands out at the first level: all own errors are of one order."""
         if not self.levels or self.culprit is None:
             return False
-        errors = sorted(e.rel_rmse for e in self.levels[0][1].local.values() if not e.error and e.rel_rmse > 0)
-        if len(errors) < 3:
+        errors = sorted(size(e) for e in self.levels[0][1].local.values() if not e.error and size(e) > 0)
+        if len(errors) < 3 or not math.isfinite(errors[-1]):  # an infinite error is of no finite one's order
             return False
         return errors[-1] <= SPREAD_RATIO * errors[len(errors) // 2]
 
@@ -266,7 +272,7 @@ def _ranked(level: LevelResult, threshold: float) -> list[LayerError]:
     carried on from an earlier layer does not make a layer a suspect)."""
     if level.local:
         over = (e for e in level.local.values() if not e.error and not within(e, threshold))
-        return sorted(over, key=lambda e: e.rel_rmse, reverse=True)
+        return sorted(over, key=size, reverse=True)
     growth, largest = {}, 0.0
     for name in level.names:
         e = level.propagated.get(name)
@@ -328,7 +334,7 @@ def _descend(reference, target, model, inputs, rtol, threshold, mode, example) -
         own = own_code_error(reference, target, model, inputs, parent, names, rtol) if level.local else None
         if own is not None and not own.error:
             level.own_code = own
-            if not within(own, threshold) and (not ranked or own.rel_rmse > ranked[0].rel_rmse):
+            if not within(own, threshold) and (not ranked or size(own) > size(ranked[0])):
                 loc.culprit, loc.in_own_code = parent or MODEL, True
                 loc.suspects = [own] + ranked[:2]
                 break
