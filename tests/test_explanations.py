@@ -68,3 +68,63 @@ def test_fallback_names_its_modules():
     assert any("tier 1 still fails with it" in line and "gate: tier3" in line for line in lines)
     gated = [text for _, text in fallback_lines(aimed, aimed.record(), 1e-4, True, "m", "classification")]
     assert not any("gate: tier3" in line for line in gated)  # the target gates on tier 3 already
+
+
+SPECIALIZED = {
+    "name": "trace", "seed": 0,
+    "models": [{"name": "gated", "source": "python", "entry": "tests.fixtures.specialized:gated", "export_inputs": "calib"}],
+    "inputs": [{"name": "calib", "synthetic": {"shape": [2, 3, 8, 8], "distribution": "uniform", "low": 0.0, "high": 1.0}},
+               {"name": "shifted", "synthetic": {"shape": [2, 3, 8, 8], "distribution": "uniform", "low": -1.0, "high": 0.0}}],
+    "targets": [{"backend": "torchscript"}],
+    "tiers": {"activations": True},
+}
+
+
+def test_a_specialised_trace_is_explained_by_its_warned_line_and_module_not_the_whole_graph(write_yaml, tmp_path, capsys):
+    """Traced on positive inputs, Gate's `if x.mean() > 0:` runs the positive branch for negative ones too. Each
+    layer re-traced alone on them agrees, which once read as "comes from how the target transforms the whole
+    graph"; the run's trace_specialized note names the line and the module that holds it. reduce refuses: the
+    module re-traced alone would take the inputs' branch and agree."""
+    import inspect
+
+    from parity.cli import main
+    from parity.records import read_records
+    from tests.fixtures.specialized import Gate
+
+    file = write_yaml(SPECIALIZED)
+    out = tmp_path / "run"
+    assert main(["run", str(file), "--out", str(out)]) == 1
+    console = " ".join(capsys.readouterr().out.split())
+    [layers] = [r for r in read_records(out / "records.jsonl") if r["kind"] == "layers"]
+    line = inspect.getsourcelines(Gate.forward)[1] + 1  # `if x.mean() > 0:`
+    assert layers["specialized"]["where"].endswith(f"specialized.py:{line}")
+    assert layers["culprit"] == "pre.gate" and not layers["whole_graph"]
+    assert "trace is specialised" in layers["verdict"] and "if x.mean() > 0:" in layers["verdict"]
+    assert "comes from how the target transforms the whole graph" not in layers["verdict"]
+    assert "diverges at gated / shifted / torchscript-cpu: pre.gate (its trace is specialised at" in console
+    assert "parity reduce" not in console
+    assert main(["reduce", str(out), "--check", "gated/shifted/torchscript-cpu"]) == 2
+    assert "trace is specialised at" in capsys.readouterr().err
+    # parity localize explains with the notes of its own run of the target
+    assert main(["localize", str(file), "--target", "torchscript-cpu", "--inputs", "shifted"]) == 0
+    assert "the target's trace is specialised" in " ".join(capsys.readouterr().out.split())
+
+
+def test_reduce_refuses_a_localization_with_no_single_culprit(write_yaml, tmp_path, capsys):
+    """A localization whose layers all drift alike names its largest one but no single culprit: a repro of that one
+    module would show only its share, which a maintainer closes as not-a-bug. PerturbedEager nudges the first weight
+    of whatever it runs, so each layer alone drifts alike; reduce once wrote "The culprit: ... 'conv'" for it."""
+    from parity.cli import main
+    from parity.records import read_records
+    from tests.conftest import tiny_experiment
+
+    perturbed = {"backend": "tests.fixtures.tiny:PerturbedEager", "name": "perturbed"}
+    file = write_yaml(tiny_experiment([perturbed], tiers={"activations": True}))
+    out = tmp_path / "run"
+    assert main(["run", str(file), "--out", str(out)]) == 1
+    [layers] = [r for r in read_records(out / "records.jsonl") if r["kind"] == "layers"]
+    assert layers["culprit"] and layers["evenly_spread"]
+    assert "parity reduce" not in capsys.readouterr().out
+    assert main(["reduce", str(out), "--check", "tiny/noise/perturbed"]) == 2
+    assert "found no single culprit" in capsys.readouterr().err
+    assert not (out / "reduce-tiny-noise-perturbed").exists()

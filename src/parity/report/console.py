@@ -140,6 +140,8 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
         else:
             where = loc["culprit"] + (" as a whole (none of its submodules alone exceeds the threshold)"
                                       if loc.get("as_a_whole") else "")
+        if loc.get("specialized"):
+            where += f" (its trace is specialised at {loc['specialized']['where']})"
         if loc["evenly_spread"]:
             where += " (every layer drifts alike: no single source)"
         console.print("[yellow]diverges at[/yellow] " + escape(f"{key}: {where}"))

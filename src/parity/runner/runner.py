@@ -179,7 +179,7 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
         if localize and not writer.has("layers", job.model.name, job.inputs.name, spec.id):
             progress.describe(f"localizing {job.model.name} / {job.inputs.name} / {spec.id}")
             writer.write("layers", **localize_check(job, spec, configured_model(model, spec, job.model.name), inputs, exp,
-                                                    example))
+                                                    example, target.notes))
         writer.write("check", **check)  # last: once it is in the file, this judgement is complete
 
 
@@ -354,10 +354,10 @@ class Runner:
         model, _ = prepared_model(model_spec, exp)
         job, inputs, example = self._one_job(model_spec, target, input_spec)
         with model_scope(self.cache, model_spec, exp):
-            tier1 = gate_check(job, target, lambda spec: configured_model(model, spec, model_spec.name), inputs, exp,
-                               example)
+            tier1, notes = gate_check(job, target, lambda spec: configured_model(model, spec, model_spec.name), inputs,
+                                      exp, example)
             configured = configured_model(model, target, model_spec.name)  # localize the target as it runs
-            record = {**localize_check(job, target, configured, inputs, exp, example), "tier1": tier1}
+            record = {**localize_check(job, target, configured, inputs, exp, example, notes), "tier1": tier1}
         self._write_record("layers", record)
         return record
 

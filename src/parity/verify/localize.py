@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -134,7 +135,7 @@ class Localization:
     mode: str  # hierarchical | flat
     threshold: float
     levels: list[tuple[str, LevelResult]] = field(default_factory=list)
-    culprit: str | None = None  # only ever a layer (or own code) whose error exceeds the threshold
+    culprit: str | None = None  # a layer (or own code) whose error exceeds the threshold, or a specialised trace's
     in_own_code: bool = False
     whole_graph: bool = False  # no layer (nor the model's own code) exceeds the threshold alone
     as_a_whole: bool = False  # the culprit exceeds it, but none of its submodules alone (nor its own code) does
@@ -144,11 +145,16 @@ class Localization:
     suspects: list[LayerError] = field(default_factory=list)  # errors above the threshold, worst first
     elapsed_s: float = 0.0
     mode_used: str = "both"
+    # The run's trace took one branch of a data-dependent condition (a `trace_specialized` note): the warned line
+    # and the module whose code holds it (`specialized_at`), which names the culprit when no own error does.
+    specialized: dict[str, Any] | None = None
 
     def verdict(self) -> str:
         if not any(not e.error for _, level in self.levels for e in [*level.local.values(), *level.propagated.values()]):
             why = f"; inconclusive: the target could not run {', '.join(self.skipped[:5])} alone" if self.skipped else ""
             return "no layer could be compared on the target" + why
+        if self.specialized and not self.suspects:
+            return self._specialized()
         if self.culprit is None:
             return self._nothing_exceeds()
         own = self.suspects[0]
@@ -164,11 +170,26 @@ class Localization:
         if self.skipped:
             text += (f"; inconclusive for {', '.join(self.skipped[:5])}: the target could not run "
                      f"{'it' if len(self.skipped) == 1 else 'them'} alone")
+        if self.specialized:
+            s = self.specialized
+            text += f"; the target's trace is also specialised at {s['where']} ({s.get('code', '')!r})"
         if self.evenly_spread():
             text += ("; but every layer of the first level makes an error of the same order (within "
                      f"{SPREAD_RATIO:g}x of the median): the drift comes from the target as a whole (its dtype, "
                      "kernels or quantization), not from one layer")
         return text
+
+    def _specialized(self) -> str:
+        """The verdict for a run whose trace was specialised and where no layer, traced alone on these inputs, makes
+        an error of its own: the layers re-traced here take the branch these inputs take, the run's artifact took
+        the example's, so what differs is the warned condition, not how the target transforms the graph."""
+        s = self.specialized
+        where = f" in {s['module']} ({s['module_code']})" if s.get("module") else " (in no module's class: a function it calls)"
+        return (f"the target's trace is specialised: traced on the example, it took one branch of the data-dependent "
+                f"condition at {s['where']} ({s.get('code', '')!r}){where}, and runs that branch for every input; "
+                f"each layer traced alone on these inputs (taking their branch) gives the reference's output within the "
+                f"threshold {self.threshold:g}: the drift is the branch baked into the run's trace, not how the target "
+                "transforms the whole graph")
 
     def _nothing_exceeds(self) -> str:
         """The verdict when no layer's own error (or, in propagated mode alone, no layer's growth) exceeds
@@ -249,7 +270,7 @@ class Localization:
             "evenly_spread": self.evenly_spread(), "first_divergent": self.first_divergent,
             "first_divergent_by": self.first_divergent_by,
             "suspects": [s.as_record() for s in self.suspects], "verdict": self.verdict(), "skipped": self.skipped,
-            "levels": levels, "elapsed_s": self.elapsed_s,
+            "levels": levels, "elapsed_s": self.elapsed_s, "specialized": self.specialized,
         }
 
 
@@ -369,9 +390,10 @@ def _follow_propagated(loc: Localization, reference, target, model, inputs, rtol
 
 
 def localize_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, experiment,
-                   example: Inputs | None = None) -> dict[str, Any]:
+                   example: Inputs | None = None, notes: list[dict[str, Any]] = ()) -> dict[str, Any]:
     """The fields of a `layers` record for one failing check; end to end, each side is prepared from `example`
-    (the job's example inputs; None: `inputs`), as the run prepared it."""
+    (the job's example inputs; None: `inputs`), as the run prepared it. `notes`: what the target warned of in the
+    run (execute/notes.py); a `trace_specialized` note names the warned line and its module."""
     settings = experiment.tiers.activations
     tol = experiment.tolerance_for(target)
     threshold = settings.threshold if settings.threshold is not None else tol.gate
@@ -383,7 +405,37 @@ def localize_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inp
         raise
     except Exception as exc:  # localization is evidence; a failure to gather it must not end the run
         return {**base, "target": target.id, "error": f"{type(exc).__name__}: {exc}"[:500]}
+    loc.specialized = specialized_at(model, notes)
+    if loc.specialized and not loc.suspects:
+        loc.culprit, loc.whole_graph = loc.specialized.get("module"), False
     return {**base, **loc.record(), "culprit_code": module_code(model, loc.culprit), "error": None}
+
+
+def specialized_at(model: torch.nn.Module, notes) -> dict[str, Any] | None:
+    """The first `trace_specialized` note's line (`where`, `code`) and the innermost module whose class's source
+    holds it (`module`, `module_code`; none when the line is in a function outside every module's class)."""
+    import inspect
+
+    note = next((n for n in notes if n.get("kind") == "trace_specialized" and n.get("where")), None)
+    if note is None:
+        return None
+    file, _, line = note["where"].rpartition(":")
+    found = {"where": note["where"], **({"code": note["code"]} if note.get("code") else {})}
+    if not line.isdigit():
+        return found
+    holders = []
+    for name, module in model.named_modules():
+        try:
+            lines, start = inspect.getsourcelines(type(module))
+            source = inspect.getsourcefile(type(module))
+        except (OSError, TypeError):
+            continue
+        if source and Path(source).resolve() == Path(file).resolve() and start <= int(line) < start + len(lines):
+            holders.append(name or MODEL)
+    if holders:
+        module = max(holders, key=lambda n: (n != MODEL) + n.count("."))  # the innermost
+        found.update(module=module, module_code=module_code(model, module))
+    return found
 
 
 def module_code(model: torch.nn.Module, name: str | None) -> str | None:
@@ -401,9 +453,10 @@ def module_code(model: torch.nn.Module, name: str | None) -> str | None:
 
 
 def gate_check(job, target: BackendSpec, model_for: Callable[[BackendSpec], torch.nn.Module], inputs: Inputs,
-               experiment, example: Inputs | None = None) -> dict[str, Any]:
+               experiment, example: Inputs | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The tier-1 verdict of `target` at the gate (one run of each side, as `parity run` judges it with one
-    repeat, no oracle), so that `parity localize` says first whether the check it explains passes.
+    repeat, no oracle), so that `parity localize` says first whether the check it explains passes; and what the
+    target warned of in that run (its notes: a specialised trace), which the localization explains with.
     `model_for(spec)`: the model as `spec` runs it (the runner's, with that target's fallback modules); each
     side prepared from `example` (None: `inputs`), as the run prepared it."""
     from parity.execute.execution import execute
@@ -414,5 +467,5 @@ def gate_check(job, target: BackendSpec, model_for: Callable[[BackendSpec], torc
         raise ParityError(f"the reference {job.reference.id} failed: {reference.error}")
     ran = execute(target, model_for(target), inputs, 1, example=example)
     check = tier1_check(job, ran, reference, None, experiment)
-    return {k: check[k] for k in ("passed", "failure_class", "detail", "required_atol", "gate", "rtol")}
+    return {k: check[k] for k in ("passed", "failure_class", "detail", "required_atol", "gate", "rtol")}, ran.notes
 
