@@ -128,3 +128,44 @@ def test_reduce_refuses_a_localization_with_no_single_culprit(write_yaml, tmp_pa
     assert main(["reduce", str(out), "--check", "tiny/noise/perturbed"]) == 2
     assert "found no single culprit" in capsys.readouterr().err
     assert not (out / "reduce-tiny-noise-perturbed").exists()
+
+
+def test_torch_export_refusing_a_model_while_it_is_prepared_is_unsupported_op():
+    """torch.export cannot express Gate's data-dependent `if` (GuardOnDataDependentSymNode, whose message says nothing
+    of "unsupported"): the class comes from the phase (prepare) and the library that raised, not from words."""
+    import torch
+
+    from parity.config.schema import BackendSpec
+    from parity.execute.execution import execute
+    from parity.inputs import Inputs
+    from tests.fixtures.specialized import gated
+
+    result = execute(BackendSpec(backend="export"), gated(), Inputs((torch.rand(2, 3, 8, 8),)), 1)
+    assert result.status == "error" and result.failure_class == "unsupported_op", result.error
+    assert "GuardOnDataDependentSymNode" in result.error
+
+
+def _raised(module: str, name: str, base: type = Exception, cause: BaseException | None = None) -> BaseException:
+    """An exception of a class defined in `module` (as a library defines it), raised, with its cause."""
+    cls = type(name, (base,), {"__module__": module})
+    try:
+        raise cls("it failed") from cause
+    except BaseException as exc:
+        return exc
+
+
+def test_failure_classes_come_from_the_phase_and_the_library_that_raised():
+    from parity import taxonomy as tx
+    from parity.taxonomy import classify_exception
+
+    exporter = _raised("torch.onnx._internal.exporter._errors", "TorchExportError")
+    assert classify_exception(exporter, tx.PREPARE) == tx.UNSUPPORTED_OP  # the exporter refused the model
+    assert classify_exception(exporter, tx.RUN) == tx.BACKEND_ERROR  # the same library's error while running is not
+    lowering = _raised("torch._dynamo.exc", "BackendCompilerFailed", cause=_raised("torch._inductor.exc", "LoweringException"))
+    assert classify_exception(lowering, tx.PREPARE) == tx.BACKEND_ERROR  # the compiler failed on a graph it accepted
+    assert classify_exception(_raised("builtins", "RuntimeError", RuntimeError), tx.PREPARE) == tx.BACKEND_ERROR
+    # a missing kernel or operator, in any phase; words in a message decide nothing
+    assert classify_exception(_raised("x", "E", NotImplementedError), tx.RUN) == tx.UNSUPPORTED_OP
+    ort = _raised("onnxruntime.capi.onnxruntime_pybind11_state", "NotImplemented")
+    assert classify_exception(ort, tx.RUN) == tx.UNSUPPORTED_OP
+    assert classify_exception(RuntimeError("operator not supported"), tx.RUN) == tx.BACKEND_ERROR
