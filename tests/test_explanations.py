@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from parity.verify.activations import LayerError, LevelResult
 from parity.verify.localize import Localization, _ranked
 
@@ -169,3 +171,53 @@ def test_failure_classes_come_from_the_phase_and_the_library_that_raised():
     ort = _raised("onnxruntime.capi.onnxruntime_pybind11_state", "NotImplemented")
     assert classify_exception(ort, tx.RUN) == tx.UNSUPPORTED_OP
     assert classify_exception(RuntimeError("operator not supported"), tx.RUN) == tx.BACKEND_ERROR
+
+
+CASTS = {
+    "name": "casts", "seed": 0,
+    "models": [{"name": "chain", "source": "python", "entry": "tests.fixtures.casts:chain"}],
+    "inputs": [{"name": "noise", "synthetic": {"shape": [64, 64]}}],
+    "reference": {"backend": "eager", "dtype": "bfloat16"},
+    "targets": [{"backend": "compile", "dtype": "bfloat16", "tolerances": {"gate": 0.0, "rtol": 0.0}}],
+    "tolerances": {"atol": [0.0]},
+    "tiers": {"activations": True},
+}
+
+
+@pytest.mark.slow
+def test_a_compile_only_drift_is_named_by_its_compiler_pass_and_the_switch_that_removes_it(write_yaml, tmp_path, capsys):
+    """A chain of one-operation bfloat16 layers: each alone compiles exactly, the fused chain keeps its intermediates in
+    float32 (inductor elides the casts). No layer makes an error of its own; torch's CompilerBisector names
+    inductor / emulate_precision_casts, recorded with the check and shown beside the module verdict, and the
+    switch it names, given as the target's option, makes the check pass."""
+    from parity.api import run_experiment
+    from parity.cli import main
+    from parity.records import read_records
+
+    out = tmp_path / "run"
+    assert main(["run", str(write_yaml(CASTS)), "--out", str(out)]) == 1
+    console = " ".join(capsys.readouterr().out.split())
+    [layers] = [r for r in read_records(out / "records.jsonl") if r["kind"] == "layers"]
+    assert layers["culprit"] is None and layers["suspects"] == []
+    found = layers["compiler_pass"]
+    assert found["found"] and found["backend"] == "inductor" and found["subsystem"] == "emulate_precision_casts"
+    assert found["switch"] == {"emulate_precision_casts": True}
+    assert "compiler bisector names the pass that introduces it: inductor / emulate_precision_casts" in layers["verdict"]
+    assert "compiler pass: inductor / emulate_precision_casts" in console
+    assert "next: try the target with options: {inductor_config: {emulate_precision_casts: true}}" in console
+    switched = {**CASTS, "targets": [{**CASTS["targets"][0], "options": {"inductor_config": {"emulate_precision_casts": True}}}],
+                "tiers": {}}
+    [check] = [r for r in run_experiment(switched, out=tmp_path / "switched") if r["kind"] == "check"]
+    assert check["passed"], check["detail"]
+
+
+def test_inductor_config_is_checked_when_the_experiment_is():
+    from pydantic import ValidationError
+
+    from parity.backends.compile import CompileOptions
+
+    assert CompileOptions(inductor_config={"emulate_precision_casts": True}).inductor_config
+    with pytest.raises(ValidationError, match="no setting 'emulate_precision_cast'.*emulate_precision_casts"):
+        CompileOptions(inductor_config={"emulate_precision_cast": True})
+    with pytest.raises(ValidationError, match="one or the other"):
+        CompileOptions(mode="max-autotune", inductor_config={"emulate_precision_casts": True})

@@ -315,6 +315,10 @@ class Layers(Record):
     specialized: dict[str, Any] | None = Field(
         None, description="The target's trace took one branch of a data-dependent condition: the warned line (`where`, "
                           "`code`) and the innermost module whose class holds it (`module`, `module_code`).")
+    compiler_pass: dict[str, Any] | None = Field(
+        None, description="No layer makes an error of its own on a compiler target: the pass torch's CompilerBisector "
+                          "names (`found`, `backend`, `subsystem`, `application`, `debug_info`, `switch`: the setting "
+                          "that removes the drift, `steps`, `elapsed_s`), or why it named none (`why`).")
 
     @model_validator(mode="after")
     def _complete(self) -> Layers:

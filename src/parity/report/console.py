@@ -7,6 +7,7 @@ from typing import Any
 
 from parity.records.view import RunView
 from parity.report.next_steps import next_steps
+from parity.verify.localize import pass_path
 from parity.verify.tasks import headline_of
 
 
@@ -142,6 +143,8 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
                                       if loc.get("as_a_whole") else "")
         if loc.get("specialized"):
             where += f" (its trace is specialised at {loc['specialized']['where']})"
+        if (loc.get("compiler_pass") or {}).get("found"):
+            where += f"; compiler pass: {pass_path(loc['compiler_pass'])}"
         if loc["evenly_spread"]:
             where += " (every layer drifts alike: no single source)"
         console.print("[yellow]diverges at[/yellow] " + escape(f"{key}: {where}"))

@@ -9,6 +9,7 @@ from typing import Any
 from parity import taxonomy as tx
 from parity.records.view import RunView
 from parity.verify.localize import LOCALIZABLE as RUN_LOCALIZES
+from parity.verify.localize import pass_path, switch_words
 from parity.verify.tasks import headline_of
 
 LOCALIZABLE = (*RUN_LOCALIZES, tx.ORDERING)  # tier-1 failures that a layer's numbers can explain
@@ -73,6 +74,10 @@ def next_steps(check: dict[str, Any], view: RunView) -> list[str]:
         lines.append(f"the target's trace is specialised at {s['where']}" + (f": {s['code']}" if s.get("code") else "")
                      + "; trace it on inputs that take this input set's branch (the model's export_inputs), or make the branch "
                      "traceable (torch.where; torch.cond under torch.export)")
+    found_pass = (found or {}).get("compiler_pass") or {}
+    if found_pass.get("switch"):
+        lines.append(f"next: try the target with options: {{inductor_config: {{{switch_words(found_pass['switch'])}}}}} "
+                     f"(torch's compiler bisector: with it, {pass_path(found_pass)} no longer makes the drift)")
     if single and not target.get("quantize"):  # no int8 repro
         lines.append(f"next: parity reduce RUN_DIR --check {shlex.quote('/'.join((check['model'], check['inputs'], check['target'])))} (a standalone repro script)")
     failure = check.get("failure_class")

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from parity import taxonomy as tx
+from parity.backends.base import Backend
 from parity.config.schema import BackendSpec
 from parity.errors import ParityError, did_you_mean
 from parity.execute import calibration
@@ -50,6 +51,7 @@ FLAT_CHUNK = 24  # layers per end-to-end run in a flat (leaf, depth:N, list) com
 MODEL = "(model)"  # the culprit when the model's own top-level code is at fault
 LOCALIZABLE = (tx.NUMERIC_DRIFT, tx.NONFINITE)  # tier-1 failures that a layer's numbers can explain
 SPREAD_RATIO = 3.0  # the worst layer within this factor of the median: the error has no single source
+COMPILER_PASS_BUDGET_S = 300.0  # a compiler-pass bisection compiles the model once per step: bounded
 
 
 def children(model: torch.nn.Module, parent: str) -> list[str]:
@@ -148,8 +150,22 @@ class Localization:
     # The run's trace took one branch of a data-dependent condition (a `trace_specialized` note): the warned line
     # and the module whose code holds it (`specialized_at`), which names the culprit when no own error does.
     specialized: dict[str, Any] | None = None
+    # No layer makes an error of its own on a compiler target: the compiler subsystem and pass that introduces the
+    # drift (Backend.compiler_pass: torch's CompilerBisector for compile), or why none was named.
+    compiler_pass: dict[str, Any] | None = None
 
     def verdict(self) -> str:
+        text = self._modules_verdict()
+        found = self.compiler_pass
+        if found and found.get("found"):
+            text += f"; torch's compiler bisector names the pass that introduces it: {pass_path(found)}"
+            if found.get("switch"):
+                text += f" (the setting {switch_words(found['switch'])} removes the drift)"
+        elif found:
+            text += f"; torch's compiler bisector named no pass: {found['why']}"
+        return text
+
+    def _modules_verdict(self) -> str:
         if not any(not e.error for _, level in self.levels for e in [*level.local.values(), *level.propagated.values()]):
             why = f"; inconclusive: the target could not run {', '.join(self.skipped[:5])} alone" if self.skipped else ""
             return "no layer could be compared on the target" + why
@@ -271,6 +287,7 @@ class Localization:
             "first_divergent_by": self.first_divergent_by,
             "suspects": [s.as_record() for s in self.suspects], "verdict": self.verdict(), "skipped": self.skipped,
             "levels": levels, "elapsed_s": self.elapsed_s, "specialized": self.specialized,
+            "compiler_pass": self.compiler_pass,
         }
 
 
@@ -408,7 +425,52 @@ def localize_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inp
     loc.specialized = specialized_at(model, notes)
     if loc.specialized and not loc.suspects:
         loc.culprit, loc.whole_graph = loc.specialized.get("module"), False
+    if not loc.suspects and not loc.specialized and any(e.error is None for _, lv in loc.levels for e in lv.local.values()):
+        loc.compiler_pass = compiler_pass_of(job, target, model, inputs, experiment, example)
     return {**base, **loc.record(), "culprit_code": module_code(model, loc.culprit), "error": None}
+
+
+def pass_path(found: dict[str, Any]) -> str:
+    """`inductor / emulate_precision_casts`, or `inductor / lowerings / application 3 (aten.add)`."""
+    path = f"{found['backend']} / {found['subsystem']}" if found.get("subsystem") else found["backend"]
+    if found.get("subsystem") and not found.get("switch") and found.get("application"):
+        path += f" / application {found['application']}" + (f" ({found['debug_info']})" if found.get("debug_info") else "")
+    return path
+
+
+def switch_words(switch: dict[str, Any]) -> str:
+    """A setting as the experiment file writes it: `emulate_precision_casts: true`."""
+    return ", ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in switch.items())
+
+
+def compiler_pass_of(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, experiment,
+                     example: Inputs | None) -> dict[str, Any] | None:
+    """The compiler pass that makes the check fail at the gate (`Backend.compiler_pass`), for a target whose backend
+    bisects its passes and whose check fails as it runs; None otherwise. The predicate runs the target as the run did
+    (prepared from `example`) and judges it against the reference at the check's gate."""
+    from parity.backends import backend_class
+    from parity.execute.execution import execute
+    from parity.verify.tensors import compare
+
+    cls = backend_class(target.backend)
+    if cls.compiler_pass is Backend.compiler_pass:
+        return None
+    tol = experiment.tolerance_for(target)
+    reference = execute(job.reference, model, inputs, 1, example=example)
+    if not reference.ok:
+        return None
+
+    def passes() -> bool:
+        ran = execute(target, model, inputs, 1, example=example)
+        return ran.ok and compare(reference.outputs[0], ran.outputs[0], tol.rtol, tol.gate,
+                                  leaf_tolerance=tol.for_leaf).required_atol <= tol.gate
+
+    if passes():  # nothing to bisect
+        return None
+    try:
+        return cls.compiler_pass(target, passes, COMPILER_PASS_BUDGET_S)
+    except Exception as exc:  # evidence, not the run: say why there is none
+        return {"found": False, "why": f"the bisection failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"}
 
 
 def specialized_at(model: torch.nn.Module, notes) -> dict[str, Any] | None:
