@@ -46,9 +46,8 @@ class CompileOptions(BaseModel):
     fullgraph: bool = False
     dynamic: bool | None = False
     tf32: bool | None = None  # as eager's: CUDA TensorFloat-32 (None: PyTorch's settings)
-    # torch._inductor.config settings for this target (torch.compile's `options`), such as the switch a compiler-pass
-    # bisection names: {emulate_precision_casts: true}. torch.compile takes them with mode "default" only.
-    inductor_config: dict[str, bool | int | float | str] = Field(default_factory=dict)
+    # torch.compile takes them with mode "default" only
+    inductor_config: dict[str, bool | int | float | str] = Field(default_factory=dict)  # torch._inductor.config settings (torch.compile's options), e.g. the switch a compiler-pass bisection names: {emulate_precision_casts: true}
 
     @field_validator("inductor_config")
     @classmethod
