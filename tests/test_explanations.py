@@ -221,3 +221,17 @@ def test_inductor_config_is_checked_when_the_experiment_is():
         CompileOptions(inductor_config={"emulate_precision_cast": True})
     with pytest.raises(ValidationError, match="one or the other"):
         CompileOptions(mode="max-autotune", inductor_config={"emulate_precision_casts": True})
+
+
+def test_a_compiler_pass_bisection_stops_at_its_budget_and_prints_nothing(capsys):
+    """The bisection compiles the model once per step: past its budget it stops, says so in the record, leaves torch's
+    bisector disabled (later compilations are the target's own) and prints nothing on the console."""
+    from torch._inductor.compiler_bisector import CompilerBisector
+
+    from parity.backends.compile import CompileBackend
+    from parity.config.schema import BackendSpec
+
+    found = CompileBackend.compiler_pass(BackendSpec(backend="compile"), lambda: False, budget_s=0.0)
+    assert found["found"] is False and found["why"].startswith("stopped after 0 s (0 compilations)")
+    assert not CompilerBisector.bisection_enabled and CompilerBisector.get_backend() is None
+    assert capsys.readouterr().out == ""

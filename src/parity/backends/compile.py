@@ -152,13 +152,18 @@ class CompileBackend(EagerBackend):
             steps += 1
             return passes()
 
-        said = io.StringIO()  # the bisector prints each step: kept for the record, off the console
-        try:
-            with contextlib.redirect_stdout(said):
+        said = io.StringIO()  # the bisector prints each step, and its cleanup when its frame goes: off the console
+        with contextlib.redirect_stdout(said):
+            try:
                 found = bisector.CompilerBisector.do_bisect(step)
-        except _OutOfTime:
-            return {"found": False, "steps": steps, "elapsed_s": time.perf_counter() - start,
-                    "why": f"stopped after {budget_s:g} s ({steps} compilations) before it named a pass"}
+            except _OutOfTime:
+                stopped = f"stopped after {budget_s:g} s ({steps} compilations) before it named a pass"
+            except Exception as exc:  # evidence, not the run
+                stopped = f"the bisection failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+            else:
+                stopped = None
+        if stopped is not None:
+            return {"found": False, "steps": steps, "elapsed_s": time.perf_counter() - start, "why": stopped}
         record = {"found": found is not None, "steps": steps, "elapsed_s": time.perf_counter() - start}
         if found is None:
             return {**record, "why": "every backend, inductor included, passes the check when the bisector runs it"}

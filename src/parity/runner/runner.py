@@ -379,7 +379,7 @@ class Runner:
         tol = exp.tolerance_for(target)
 
         def candidates() -> list[str]:  # tier 2, only when the check fails without fallback
-            layers = localize_check(job, target, model, inputs, exp, example)
+            layers = localize_check(job, target, model, inputs, exp, example, bisect=False)
             if layers.get("error"):
                 raise ParityError(f"localizing {target.id} failed, so there are no candidates: {layers['error']}")
             return candidates_from(layers)

@@ -407,10 +407,12 @@ def _follow_propagated(loc: Localization, reference, target, model, inputs, rtol
 
 
 def localize_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, experiment,
-                   example: Inputs | None = None, notes: list[dict[str, Any]] = ()) -> dict[str, Any]:
+                   example: Inputs | None = None, notes: list[dict[str, Any]] = (),
+                   bisect: bool = True) -> dict[str, Any]:
     """The fields of a `layers` record for one failing check; end to end, each side is prepared from `example`
     (the job's example inputs; None: `inputs`), as the run prepared it. `notes`: what the target warned of in the
-    run (execute/notes.py); a `trace_specialized` note names the warned line and its module."""
+    run (execute/notes.py); a `trace_specialized` note names the warned line and its module. `bisect`: look for the
+    compiler pass when no layer makes an error of its own (a fallback search, which wants only the layers, does not)."""
     settings = experiment.tiers.activations
     tol = experiment.tolerance_for(target)
     threshold = settings.threshold if settings.threshold is not None else tol.gate
@@ -425,7 +427,7 @@ def localize_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inp
     loc.specialized = specialized_at(model, notes)
     if loc.specialized and not loc.suspects:
         loc.culprit, loc.whole_graph = loc.specialized.get("module"), False
-    if not loc.suspects and not loc.specialized and any(e.error is None for _, lv in loc.levels for e in lv.local.values()):
+    if bisect and not loc.suspects and not loc.specialized and any(e.error is None for _, lv in loc.levels for e in lv.local.values()):
         loc.compiler_pass = compiler_pass_of(job, target, model, inputs, experiment, example)
     return {**base, **loc.record(), "culprit_code": module_code(model, loc.culprit), "error": None}
 
