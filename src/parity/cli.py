@@ -277,39 +277,13 @@ def cmd_localize(args: argparse.Namespace) -> int:
 def cmd_fallback(args: argparse.Namespace) -> int:
     """Find a small set of modules to run eager (compile), in float32 (bfloat16/float16) or in float (int8) so
     that the check passes at the gate; print it with its latency cost."""
-    from rich.markup import escape
-
-    from parity.adapters.fallback import whole_model_note
+    from parity.report.console import fallback_lines, render_fallback
 
     exp, model_spec, target, input_spec = _one_check(args)
     command = f"parity fallback {shlex.quote(str(args.file))} --model {model_spec.name} --target {target.id} --inputs {input_spec.name}"
     result, record = _runner(args, exp).find_fallback(model_spec, target, input_spec, args.tier, command)
     tol = exp.tolerance_for(target)
-    console = _console()
-    before, after = result.required_atol_before, result.required_atol_after
-    console.print(escape(f"{target.id}: required atol {before:.3g} -> {after:.3g} (gate {tol.gate:g}) "
-                         f"with {len(result.modules)} module(s) in {result.runs_in}, {result.tried} trial run(s)"))
-    if args.tier == 3:
-        shown = lambda metrics: ", ".join(f"{k} {v:.4g}" for k, v in (metrics or {}).items() if isinstance(v, float))  # noqa: E731
-        console.print(escape(f"tier 3 ({model_spec.task}): {shown(result.task_before)} -> {shown(result.task_after)}"))
-    if result.passed and not result.modules:
-        console.print("the check already passes: no fallback is needed")
-    elif result.whole_model:
-        console.print("[yellow]" + escape(f"fallback: [{', '.join(result.modules)}]: {whole_model_note(result)}") + "[/yellow]")
-    elif result.passed:
-        ratio = record["latency_ratio"]
-        console.print(escape(f"fallback: [{', '.join(result.modules)}]; median latency {result.latency_before_s * 1e3:.2f} ms "
-                             f"-> {result.latency_after_s * 1e3:.2f} ms ({ratio:.2f}x)"))
-        if result.latency_float_s is not None:
-            console.print(escape(f"the float model on the same backend: {result.latency_float_s * 1e3:.2f} ms (int8 "
-                                 f"{result.latency_before_s / result.latency_float_s:.2f}x, with the fallback "
-                                 f"{result.latency_after_s / result.latency_float_s:.2f}x of it)"))
-        qualified = ", ".join(f"{model_spec.name}:{m}" for m in result.modules)
-        console.print(escape(f"apply it: in the target's entry, fallback: [{qualified}]"))
-    else:
-        console.print("[red]no fallback among the localized layers makes the check pass[/red]")
-    if result.next_step:
-        console.print(escape(f"next: {result.next_step}"), soft_wrap=True)
+    render_fallback(fallback_lines(result, record, tol.gate, tol.by_task, model_spec.name, model_spec.task), _console())
     _said_records(args)
     return EXIT_OK if result.passed and not result.whole_model else EXIT_FAILED
 

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from parity.errors import ParityError
+from parity.report.next_steps import single_culprit
 
 FILES = ("inputs.safetensors", "weights.safetensors", "module.pt", "module.txt", "repro.py", "README.txt")
 
@@ -85,6 +86,13 @@ def find_check(records, run_dir: Path, which: str) -> Found:
     if found.get("error") or not found.get("culprit"):
         why = found.get("error") or found.get("verdict") or "no culprit"
         raise ParityError(f"{run_dir}: the localization of {which} names no culprit module to reduce to: {why}")
+    if found.get("specialized"):  # the module re-traced alone on the captured inputs takes their branch: it agrees
+        raise ParityError(f"{run_dir}: {which} diverges because the target's trace is specialised at "
+                          f"{found['specialized']['where']}: {found.get('culprit')} alone, traced on its captured inputs, "
+                          "takes their branch and agrees, so reduce writes no repro of it; the warned line is the report")
+    if not single_culprit(found):  # every layer drifts alike: one module alone shows only its share
+        raise ParityError(f"{run_dir}: the localization of {which} found no single culprit, so reduce writes no repro of "
+                          f"one module: {found.get('verdict')}")
     return Found(run, check, found, model, inputs, target)
 
 

@@ -24,11 +24,17 @@ SEVERITY = [
     UNCOMPARABLE, NONFINITE, NONDETERMINISTIC, DECISION_FLIP, ORDERING, NUMERIC_DRIFT,
 ]
 
-_UNSUPPORTED_HINTS = (
-    "unsupported", "not supported", "not implemented", "notimplemented", "no kernel", "could not export",
-    "failed to export", "failed to convert", "conversionerror", "onnxexportererror", "torchexporterror", "unsupportednodeerror", "does not support",
-    "output from traced functions", "by tracing", "tracer cannot",
-)
+PREPARE, RUN = "prepare", "run"  # the phases of an execution that raise (compare's classes come from verify)
+
+# Libraries that capture a model into another form (export, trace, convert). What they raise while a backend is
+# prepared says the backend cannot express the model: `unsupported_op`. Told by the raising exception's type (its
+# module) or, for an error raised in C++ under them (a RuntimeError), by the Python file that called into it.
+CAPTURE = ("torch._dynamo", "torch.export", "torch._export", "torch.onnx", "torch.jit", "torch.fx",
+           "torch._subclasses", "torch._higher_order_ops", "onnxscript", "openvino", "executorch", "torch_tensorrt")
+# Compilers that lower a captured graph: what they raise is the backend failing on a graph it accepted.
+COMPILER = ("torch._inductor",)
+# Runtimes' own "this operator is not implemented" errors, as types (a missing kernel is a NotImplementedError).
+MISSING_OP = ("onnxruntime.capi.onnxruntime_pybind11_state.NotImplemented",)
 
 
 def most_severe(classes) -> str | None:
@@ -36,15 +42,44 @@ def most_severe(classes) -> str | None:
     return min(present, key=SEVERITY.index) if present else None
 
 
-def classify_exception(exc: BaseException) -> str:
-    """`unsupported_op` when a backend cannot express the model (export, tracing, missing kernels),
-    `backend_error` for anything else it raised."""
+def _chain(exc: BaseException) -> list[BaseException]:
     chain, seen = [], exc
     while seen is not None and len(chain) < 10:
-        chain.append(f"{type(seen).__module__}.{type(seen).__name__} {seen}")
-        seen = seen.__cause__
-    text = " ".join(chain).lower()
-    if isinstance(exc, NotImplementedError) or any(h in text for h in _UNSUPPORTED_HINTS):
+        chain.append(seen)
+        seen = seen.__cause__  # what wrapped it on purpose (an exporter's error raised from the tracer's)
+    return chain
+
+
+def _library(exc: BaseException) -> str:
+    """Where `exc` comes from, as a dotted name: its type's module, or for a builtin type (an error raised in C++),
+    the module of the innermost Python frame that raised it (torch/jit/_trace.py -> torch.jit._trace)."""
+    module = type(exc).__module__
+    if module != "builtins":
+        return f"{module}.{type(exc).__qualname__}"
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return ""
+    path = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+    inside = path.rsplit("/site-packages/", 1)[-1]
+    return inside.removesuffix(".py").replace("/", ".")
+
+
+def _from(name: str, libraries: tuple[str, ...]) -> bool:
+    return any(name == lib or name.startswith(lib + ".") for lib in libraries)
+
+
+def classify_exception(exc: BaseException, phase: str) -> str:
+    """The class of what a backend raised, by the phase that failed and the library that raised (never by words in
+    a message): a missing operator or kernel (NotImplementedError, a runtime's NotImplemented) is `unsupported_op`
+    in any phase; while preparing, an error from a capture library (export, trace, conversion) is `unsupported_op`,
+    unless a compiler lowering the captured graph raised it; anything else is `backend_error`."""
+    chain = _chain(exc)
+    names = [_library(e) for e in chain]
+    if any(isinstance(e, NotImplementedError) for e in chain) or any(_from(n, MISSING_OP) for n in names):
+        return UNSUPPORTED_OP
+    if phase == PREPARE and not any(_from(n, COMPILER) for n in names) and any(_from(n, CAPTURE) for n in names):
         return UNSUPPORTED_OP
     return BACKEND_ERROR
 
@@ -59,9 +94,10 @@ MEANINGS = {  # one line per class, for reports (docs/tiers.md's table says the 
     ORDERING: "the same answer in another order (tier 3 matched every item within the gate)",
     DECISION_FLIP: "a task metric fell below its threshold: the target decides differently",
     NONDETERMINISTIC: "a backend's repeats disagree with its first run beyond the gate",
-    UNSUPPORTED_OP: "the backend cannot express the model (export or tracing failed, a kernel is missing)",
+    UNSUPPORTED_OP: "the backend cannot express the model (an export, trace or conversion refused it while it was "
+                    "prepared, or a kernel is missing)",
     SHAPE_SPECIALIZED: "prepared (exported, traced) from inputs of other shapes, the artifact cannot run these",
-    BACKEND_ERROR: "the backend raised while running",
+    BACKEND_ERROR: "the backend raised while running, or while prepared but not from a capture (a compiler failed)",
     CRASH: "the backend's process died",
     TIMEOUT: "the backend ran past its time limit",
     REFERENCE_ERROR: "the reference could not run, so the target was not judged (not the target's fault)",

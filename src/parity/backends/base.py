@@ -149,6 +149,14 @@ class Backend(ABC):
         seen. Optional: a backend that implements it sets `captures_layers`."""
         raise NotImplementedError(f"backend '{self.name}' cannot show layer outputs from inside its own run")
 
+    @classmethod
+    def compiler_pass(cls, spec, passes: Callable[[], bool], budget_s: float) -> dict[str, Any] | None:
+        """For a compiler backend: the compiler subsystem and pass that makes `passes()` (the check passes at the
+        gate) false, as a record (`backend`, `subsystem`, `application`, `switch`: the setting that removes it), found
+        in at most about `budget_s` seconds; None when this backend has no passes to bisect. Tier 2 asks for it when no
+        layer makes an error of its own."""
+        return None
+
     def close(self) -> None:
         """Release what `prepare` made (sessions, compiled graphs, temporary files). Subclasses that
         override it call it too."""

@@ -7,10 +7,11 @@ the same class would count against dynamo's recompile limit and might silently f
 from __future__ import annotations
 
 import logging
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from parity.backends.eager import EagerBackend, call_lines, placement_lines
 from parity.errors import did_you_mean
@@ -45,6 +46,28 @@ class CompileOptions(BaseModel):
     fullgraph: bool = False
     dynamic: bool | None = False
     tf32: bool | None = None  # as eager's: CUDA TensorFloat-32 (None: PyTorch's settings)
+    # torch.compile takes them with mode "default" only
+    inductor_config: dict[str, bool | int | float | str] = Field(default_factory=dict)  # torch._inductor.config settings (torch.compile's options), e.g. the switch a compiler-pass bisection names: {emulate_precision_casts: true}
+
+    @field_validator("inductor_config")
+    @classmethod
+    def _known_settings(cls, settings: dict) -> dict:
+        if settings:
+            import torch._inductor.config as config
+
+            known = set(config.get_config_copy())
+            for name in settings:
+                if name not in known:
+                    raise ValueError(f"torch._inductor.config has no setting '{name}'{did_you_mean(name, known)}")
+        return settings
+
+    @model_validator(mode="after")
+    def _options_or_mode(self) -> CompileOptions:
+        if self.inductor_config and self.mode != "default":
+            raise ValueError(f"inductor_config and mode '{self.mode}' together: torch.compile takes one or the other")
+        if self.inductor_config and self.backend != "inductor":
+            raise ValueError(f"inductor_config configures inductor; this target's backend is '{self.backend}'")
+        return self
 
     @field_validator("backend")
     @classmethod
@@ -69,7 +92,8 @@ class CompileBackend(EagerBackend):
     @classmethod
     def repro_snippet(cls, spec) -> str | None:
         o = cls.Options.model_validate(spec.options)
-        compiled = (f"compiled = torch.compile(module, mode={o.mode!r}, backend={o.backend!r}, fullgraph={o.fullgraph}, "
+        how = f"options={o.inductor_config!r}" if o.inductor_config else f"mode={o.mode!r}"
+        compiled = (f"compiled = torch.compile(module, {how}, backend={o.backend!r}, fullgraph={o.fullgraph}, "
                     f"dynamic={o.dynamic})")
         return "\n".join([*placement_lines(cls, spec), compiled, *call_lines("compiled")])
 
@@ -79,7 +103,8 @@ class CompileBackend(EagerBackend):
         torch._dynamo.reset()
         self.model = self.quantized(model, example).to(self.device, self.dtype)
         o = self.options
-        self.compiled = torch.compile(self.model, mode=o.mode, backend=o.backend, fullgraph=o.fullgraph, dynamic=o.dynamic)
+        how = {"options": dict(o.inductor_config)} if o.inductor_config else {"mode": o.mode}
+        self.compiled = torch.compile(self.model, backend=o.backend, fullgraph=o.fullgraph, dynamic=o.dynamic, **how)
         with self.freezing():
             self.call(self.compiled, example)  # compile now, not in the first timed run
 
@@ -102,3 +127,55 @@ class CompileBackend(EagerBackend):
         import torch._dynamo
 
         torch._dynamo.reset()
+
+    @classmethod
+    def compiler_pass(cls, spec, passes: Callable[[], bool], budget_s: float) -> dict[str, Any] | None:
+        """The compiler subsystem and pass that makes `passes` (the check passes at the gate) false, found with torch's
+        own CompilerBisector: the backends eager, aot_eager, ... inductor in turn, then inside the first that fails
+        each subsystem disabled (a ConfigChange: one inductor setting switched) or bisected to the one application of
+        a pass or lowering. Stops after `budget_s` seconds (a bisection compiles the model once per step). None for a
+        target the bisector does not walk (another dynamo backend, int8)."""
+        import contextlib
+        import io
+        import time
+
+        if cls.Options.model_validate(spec.options).backend != "inductor" or spec.quantize is not None:
+            return None
+        from torch._inductor import compiler_bisector as bisector
+
+        start, steps = time.perf_counter(), 0
+
+        def step() -> bool:
+            nonlocal steps
+            if time.perf_counter() - start > budget_s:
+                raise _OutOfTime
+            steps += 1
+            return passes()
+
+        said = io.StringIO()  # the bisector prints each step, and its cleanup when its frame goes: off the console
+        with contextlib.redirect_stdout(said):
+            try:
+                found = bisector.CompilerBisector.do_bisect(step)
+            except _OutOfTime:
+                stopped = f"stopped after {budget_s:g} s ({steps} compilations) before it named a pass"
+            except Exception as exc:  # evidence, not the run
+                stopped = f"the bisection failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+            else:
+                stopped = None
+        if stopped is not None:
+            return {"found": False, "steps": steps, "elapsed_s": time.perf_counter() - start, "why": stopped}
+        record = {"found": found is not None, "steps": steps, "elapsed_s": time.perf_counter() - start}
+        if found is None:
+            return {**record, "why": "every backend, inductor included, passes the check when the bisector runs it"}
+        record.update(backend=found.backend, subsystem=found.subsystem, application=found.bisect_number,
+                      debug_info=(found.debug_info or "")[:300] or None)
+        change = next((c for c in bisector.BACKENDS.get(found.backend, [])
+                       if isinstance(c, bisector.ConfigChange) and c.name == found.subsystem), None)
+        if change is not None and change.config_name == "inductor":  # a switch this target can take as an option
+            record["subsystem"] = change.config_field
+            record["switch"] = {change.config_field: change.config_value}
+        return record
+
+
+class _OutOfTime(Exception):
+    """A compiler-pass bisection past its time budget."""

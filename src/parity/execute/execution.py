@@ -183,7 +183,7 @@ class _Run:
 
     def prepare(self) -> None:
         spec = self.result.backend
-        with self._step():
+        with self._step(tx.PREPARE):
             reason = backend_class(spec.backend).available(spec)
             if reason:
                 self.result.status, self.result.error = "unavailable", reason
@@ -199,7 +199,7 @@ class _Run:
     def warm_up(self) -> None:
         if not self.result.ok:
             return
-        with self._step():
+        with self._step(tx.RUN):
             for _ in range(self.result.warmup):  # not timed, but judged: what a first call returns is what a user gets
                 self.result.warmup_outputs.append(self.backend.run(self.inputs.clone()))
 
@@ -207,7 +207,7 @@ class _Run:
         result = self.result
         if not result.ok:  # it failed in an earlier turn
             return
-        with self._step():
+        with self._step(tx.RUN):
             fresh = self.inputs.clone()  # a model that writes into its input must not change the next run's
             with capture.watching() if repeat == 0 else contextlib.nullcontext(result.captured) as captured:
                 start = time.perf_counter()
@@ -220,9 +220,10 @@ class _Run:
             self.on_run(result, repeat)
 
     @contextlib.contextmanager
-    def _step(self) -> Iterator[None]:
-        """Runs a step: what it raises fails the execution, as a backend that raises fails its own checks and
-        the run goes on; its warnings are collected."""
+    def _step(self, phase: str) -> Iterator[None]:
+        """Runs a step of `phase` (prepare, run): what it raises fails the execution, as a backend that raises fails
+        its own checks and the run goes on, classed by the phase and the library that raised; its warnings are
+        collected."""
         result = self.result
         try:
             with self.collector.step():
@@ -230,7 +231,7 @@ class _Run:
         except Exception as exc:
             result.status = "error"
             result.error = describe(exc)
-            result.failure_class = classify_exception(exc)
+            result.failure_class = classify_exception(exc, phase)
             result.traceback = format_traceback(exc)
             if self.prepared and self.backend.specializes_on_example and shapes(self.example) != shapes(self.inputs):
                 result.failure_class = tx.SHAPE_SPECIALIZED

@@ -348,6 +348,13 @@ class Layers(Record):
     levels: list[Level] | None = Field(None, description="Each level looked at, from the top down.")
     elapsed_s: float | None = Field(None, description="Seconds spent localizing.")
     tier1: dict[str, Any] | None = Field(None, description="`parity localize`: the check's tier-1 verdict at the gate.")
+    specialized: dict[str, Any] | None = Field(
+        None, description="The target's trace took one branch of a data-dependent condition: the warned line (`where`, "
+                          "`code`) and the innermost module whose class holds it (`module`, `module_code`).")
+    compiler_pass: dict[str, Any] | None = Field(
+        None, description="No layer makes an error of its own on a compiler target: the pass torch's CompilerBisector "
+                          "names (`found`, `backend`, `subsystem`, `application`, `debug_info`, `switch`: the setting "
+                          "that removes the drift, `steps`, `elapsed_s`), or why it named none (`why`).")
 
     @model_validator(mode="after")
     def _complete(self) -> Layers:

@@ -117,7 +117,8 @@ def summarize(records: RunView | list[dict]) -> dict[str, Any]:
         "localized": {view.key(r):
                       {"culprit": r.get("culprit"), "evenly_spread": r.get("evenly_spread"), "error": r.get("error"),
                        "whole_graph": r.get("whole_graph"), "as_a_whole": r.get("as_a_whole"),
-                       "first_divergent": r.get("first_divergent")}
+                       "first_divergent": r.get("first_divergent"), "specialized": r.get("specialized"),
+                       "compiler_pass": r.get("compiler_pass")}
                       for r in view.layers},
         "latency": _latency(view),
         "warnings": [f"{view.key(r)}: {r['message']}" for r in view.warnings],

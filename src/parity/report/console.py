@@ -7,6 +7,7 @@ from typing import Any
 
 from parity.records.view import RunView
 from parity.report.next_steps import next_steps, oracle_finding
+from parity.verify.localize import pass_path
 from parity.verify.tasks import headline_of
 
 
@@ -142,6 +143,10 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
         else:
             where = loc["culprit"] + (" as a whole (none of its submodules alone exceeds the threshold)"
                                       if loc.get("as_a_whole") else "")
+        if loc.get("specialized"):
+            where += f" (its trace is specialised at {loc['specialized']['where']})"
+        if (loc.get("compiler_pass") or {}).get("found"):
+            where += f"; compiler pass: {pass_path(loc['compiler_pass'])}"
         if loc["evenly_spread"]:
             where += " (every layer drifts alike: no single source)"
         console.print("[yellow]diverges at[/yellow] " + escape(f"{key}: {where}"))
@@ -257,3 +262,55 @@ def gate_line(tier1: dict[str, Any]) -> str:
     times = f", {required / gate:.3g}x the gate" if gate > 0 else ""
     return (f"the check fails at the gate: required atol {required:.3g} > gate {gate:g}{times} "
             f"({tier1['failure_class']}: {tier1['detail']})")
+
+
+def fallback_lines(result, record: dict[str, Any], gate: float, by_task: bool, model: str,
+                   task: str | None) -> list[tuple[str, str]]:
+    """What `parity fallback` prints, as (style, text) lines: the numbers before and after with the modules named,
+    then what the search found. A check that fails at tier 1 while its task decisions agree is said to, with the
+    `gate: tier3` line that gates it on them: never "the check already passes" for a check the table calls FAIL."""
+    from parity.adapters.fallback import whole_model_note
+
+    before, after = result.required_atol_before, result.required_atol_after
+    named = f" ({', '.join(result.modules)})" if result.modules else ""
+    lines = [("", f"{result.target}: required atol {before:.3g} -> {after:.3g} (gate {gate:g}) with "
+                  f"{len(result.modules)} module(s) in {result.runs_in}{named}, {result.tried} trial run(s)")]
+    if result.aim == "tier 3":
+        shown = lambda metrics: ", ".join(f"{k} {v:.4g}" for k, v in (metrics or {}).items() if isinstance(v, float))  # noqa: E731
+        lines.append(("", f"tier 3 ({task}): {shown(result.task_before)} -> {shown(result.task_after)}"))
+    tier1_fails = after is None or after > gate
+    gated_on_task = ("" if by_task or not tier1_fails else
+                     "; gate this check on them: set `tolerances: {gate: tier3}` in the target's entry (tier 1's numbers "
+                     "stay recorded)")
+    if result.passed and not result.modules:
+        if result.aim == "tier 3" and tier1_fails:
+            lines.append(("", f"tier 1 fails (required atol {before:.3g} > gate {gate:g}), but the {task} decisions agree "
+                              f"at the tier-3 thresholds: no fallback is needed for them{gated_on_task}"))
+        else:
+            lines.append(("", "the check already passes: no fallback is needed"))
+    elif result.whole_model:
+        lines.append(("yellow", f"fallback: [{', '.join(result.modules)}]: {whole_model_note(result)}"))
+    elif result.passed:
+        lines.append(("", f"fallback: [{', '.join(result.modules)}]; median latency {result.latency_before_s * 1e3:.2f} ms "
+                          f"-> {result.latency_after_s * 1e3:.2f} ms ({record['latency_ratio']:.2f}x)"))
+        if result.latency_float_s is not None:
+            lines.append(("", f"the float model on the same backend: {result.latency_float_s * 1e3:.2f} ms (int8 "
+                              f"{result.latency_before_s / result.latency_float_s:.2f}x, with the fallback "
+                              f"{result.latency_after_s / result.latency_float_s:.2f}x of it)"))
+        qualified = ", ".join(f"{model}:{m}" for m in result.modules)
+        lines.append(("", f"apply it: in the target's entry, fallback: [{qualified}]"))
+        if result.aim == "tier 3" and gated_on_task:
+            lines.append(("", f"tier 1 still fails with it (required atol {after:.3g} > gate {gate:g}): the "
+                              f"{task} decisions agree{gated_on_task}"))
+    else:
+        lines.append(("red", "no fallback among the localized layers makes the check pass"))
+    if result.next_step:
+        lines.append(("", f"next: {result.next_step}"))
+    return lines
+
+
+def render_fallback(lines: list[tuple[str, str]], console) -> None:
+    from rich.markup import escape
+
+    for style, text in lines:
+        console.print(f"[{style}]{escape(text)}[/{style}]" if style else escape(text), soft_wrap=True)

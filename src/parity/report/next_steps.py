@@ -9,6 +9,7 @@ from typing import Any
 from parity import taxonomy as tx
 from parity.records.view import RunView
 from parity.verify.localize import LOCALIZABLE as RUN_LOCALIZES
+from parity.verify.localize import pass_path, switch_words
 from parity.verify.tasks import headline_of
 
 LOCALIZABLE = (*RUN_LOCALIZES, tx.ORDERING)  # tier-1 failures that a layer's numbers can explain
@@ -70,6 +71,14 @@ def oracle_finding(check: dict[str, Any]) -> list[str]:
             f"{oracle['multiplier']:g}x the other's + {oracle['floor']:g})"]
 
 
+def single_culprit(layers: dict[str, Any] | None) -> bool:
+    """Did the localization name one module that a standalone repro of it alone reproduces? Not when every layer
+    drifts alike (evenly spread), nor for a specialised trace (the module re-traced alone on the captured inputs
+    takes their branch): `parity reduce` refuses those, and no next step offers it."""
+    return bool(layers and not layers.get("error") and layers.get("culprit") and not layers.get("evenly_spread")
+                and not layers.get("specialized"))
+
+
 def next_steps(check: dict[str, Any], view: RunView) -> list[str]:
     """Lines for a failed (or errored) check: the culprit tier 2 named, then the commands that help."""
     if check["status"] == "skipped" or check.get("passed"):
@@ -84,10 +93,22 @@ def next_steps(check: dict[str, Any], view: RunView) -> list[str]:
     which = f"--model {shlex.quote(check['model'])} --target {shlex.quote(check['target'])} --inputs {shlex.quote(check['inputs'])}"
     lines = oracle_finding(check)
     target = _targets(run).get(check["target"], {})
+    single = single_culprit(found)
     if found and not found.get("error") and found.get("culprit"):
         where = f" ({found['culprit_code']})" if found.get("culprit_code") else ""
-        lines.append(f"diverges at {found['culprit']}{where}")
-    if found and not found.get("error") and found.get("culprit") and not target.get("quantize"):  # no int8 repro
+        spread = " (the largest error of its own, but every layer drifts alike: no single culprit)" \
+            if found.get("evenly_spread") else ""
+        lines.append(f"diverges at {found['culprit']}{where}{spread}")
+    if found and found.get("specialized"):
+        s = found["specialized"]
+        lines.append(f"the target's trace is specialised at {s['where']}" + (f": {s['code']}" if s.get("code") else "")
+                     + "; trace it on inputs that take this input set's branch (the model's export_inputs), or make the branch "
+                     "traceable (torch.where; torch.cond under torch.export)")
+    found_pass = (found or {}).get("compiler_pass") or {}
+    if found_pass.get("switch"):
+        lines.append(f"next: try the target with options: {{inductor_config: {{{switch_words(found_pass['switch'])}}}}} "
+                     f"(torch's compiler bisector: with it, {pass_path(found_pass)} no longer makes the drift)")
+    if single and not target.get("quantize"):  # no int8 repro
         lines.append(f"next: parity reduce RUN_DIR --check {shlex.quote('/'.join((check['model'], check['inputs'], check['target'])))} (a standalone repro script)")
     failure = check.get("failure_class")
     if failure in LOCALIZABLE and not found:

@@ -231,7 +231,7 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
         if localize and not writer.has("layers", job.model.name, job.inputs.name, spec.id):
             progress.describe(f"localizing {job.model.name} / {job.inputs.name} / {spec.id}")
             writer.write("layers", **localize_check(job, spec, configured_model(model, spec, job.model.name), inputs, exp,
-                                                    example))
+                                                    example, target.notes))
         writer.write("check", **check, fingerprints=fingerprints[spec.id])  # last: the judgement is complete
 
 
@@ -442,10 +442,10 @@ class Runner:
         model, _ = prepared_model(model_spec, exp)
         job, inputs, example = self._one_job(model_spec, target, input_spec)
         with model_scope(self.cache, model_spec, exp):
-            tier1 = gate_check(job, target, lambda spec: configured_model(model, spec, model_spec.name), inputs, exp,
-                               example)
+            tier1, notes = gate_check(job, target, lambda spec: configured_model(model, spec, model_spec.name), inputs,
+                                      exp, example)
             configured = configured_model(model, target, model_spec.name)  # localize the target as it runs
-            record = {**localize_check(job, target, configured, inputs, exp, example), "tier1": tier1}
+            record = {**localize_check(job, target, configured, inputs, exp, example, notes), "tier1": tier1}
         self._write_record("layers", record)
         return record
 
@@ -467,7 +467,7 @@ class Runner:
         tol = exp.tolerance_for(target)
 
         def candidates() -> list[str]:  # tier 2, only when the check fails without fallback
-            layers = localize_check(job, target, model, inputs, exp, example)
+            layers = localize_check(job, target, model, inputs, exp, example, bisect=False)
             if layers.get("error"):
                 raise ParityError(f"localizing {target.id} failed, so there are no candidates: {layers['error']}")
             return candidates_from(layers)

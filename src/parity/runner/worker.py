@@ -37,7 +37,7 @@ from parity.execute.cache import ArtifactCache, model_digest
 from parity.execute.execution import describe, ends_the_program, execute, format_traceback
 from parity.inputs import Inputs
 from parity.runner.prepared import configured_model, model_scope, prepared_model
-from parity.taxonomy import classify_exception
+from parity.taxonomy import PREPARE, classify_exception
 
 
 class ModelCache:
@@ -85,7 +85,7 @@ def run_execution(exp: Experiment, models: ModelCache, model_name: str, inputs: 
     try:
         model, digest = models.get(model_spec, exp)
     except Exception as exc:  # the parent built it; a worker that cannot is this execution's failure
-        send(("done", "error", f"rebuilding the model in the worker failed: {describe(exc)}", classify_exception(exc),
+        send(("done", "error", f"rebuilding the model in the worker failed: {describe(exc)}", classify_exception(exc, PREPARE),
               None, None, [], 0, format_traceback(exc), [], []))
         return
     except KeyboardInterrupt:

@@ -25,11 +25,13 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from parity import taxonomy as tx
+from parity.backends.base import Backend
 from parity.config.schema import BackendSpec
 from parity.errors import ParityError, did_you_mean
 from parity.execute import calibration
@@ -49,6 +51,7 @@ FLAT_CHUNK = 24  # layers per end-to-end run in a flat (leaf, depth:N, list) com
 MODEL = "(model)"  # the culprit when the model's own top-level code is at fault
 LOCALIZABLE = (tx.NUMERIC_DRIFT, tx.NONFINITE)  # tier-1 failures that a layer's numbers can explain
 SPREAD_RATIO = 3.0  # the worst layer within this factor of the median: the error has no single source
+COMPILER_PASS_BUDGET_S = 300.0  # a compiler-pass bisection compiles the model once per step: bounded
 
 
 def children(model: torch.nn.Module, parent: str) -> list[str]:
@@ -117,6 +120,12 @@ def introduction_rates(errors: list[LayerError]) -> list[float | None]:
     return rates
 
 
+def size(e: LayerError) -> float:
+    """How large a layer's error is, for ranking: its relative RMSE, and infinity for an error that is not a finite
+    number (Inf or NaN introduced: no atol passes it), which ranks above every finite error."""
+    return e.rel_rmse if e.required_atol is not None and math.isfinite(e.rel_rmse) else math.inf
+
+
 def within(e: LayerError, threshold: float) -> bool:
     """At the noise: compared, and its required atol at or below the threshold (exactly 0 included)."""
     return not e.error and e.required_atol is not None and e.required_atol <= threshold
@@ -137,7 +146,7 @@ class Localization:
     mode: str  # hierarchical | flat
     threshold: float
     levels: list[tuple[str, LevelResult]] = field(default_factory=list)
-    culprit: str | None = None  # only ever a layer (or own code) whose error exceeds the threshold
+    culprit: str | None = None  # a layer (or own code) whose error exceeds the threshold, or a specialised trace's
     in_own_code: bool = False
     whole_graph: bool = False  # no layer (nor the model's own code) exceeds the threshold alone
     as_a_whole: bool = False  # the culprit exceeds it, but none of its submodules alone (nor its own code) does
@@ -147,11 +156,30 @@ class Localization:
     suspects: list[LayerError] = field(default_factory=list)  # errors above the threshold, worst first
     elapsed_s: float = 0.0
     mode_used: str = "both"
+    # The run's trace took one branch of a data-dependent condition (a `trace_specialized` note): the warned line
+    # and the module whose code holds it (`specialized_at`), which names the culprit when no own error does.
+    specialized: dict[str, Any] | None = None
+    # No layer makes an error of its own on a compiler target: the compiler subsystem and pass that introduces the
+    # drift (Backend.compiler_pass: torch's CompilerBisector for compile), or why none was named.
+    compiler_pass: dict[str, Any] | None = None
 
     def verdict(self) -> str:
+        text = self._modules_verdict()
+        found = self.compiler_pass
+        if found and found.get("found"):
+            text += f"; torch's compiler bisector names the pass that introduces it: {pass_path(found)}"
+            if found.get("switch"):
+                text += f" (the setting {switch_words(found['switch'])} removes the drift)"
+        elif found:
+            text += f"; torch's compiler bisector named no pass: {found['why']}"
+        return text
+
+    def _modules_verdict(self) -> str:
         if not any(not e.error for _, level in self.levels for e in [*level.local.values(), *level.propagated.values()]):
             why = f"; inconclusive: the target could not run {', '.join(self.skipped[:5])} alone" if self.skipped else ""
             return "no layer could be compared on the target" + why
+        if self.specialized and not self.suspects:
+            return self._specialized()
         if self.culprit is None:
             return self._nothing_exceeds()
         own = self.suspects[0]
@@ -167,11 +195,26 @@ class Localization:
         if self.skipped:
             text += (f"; inconclusive for {', '.join(self.skipped[:5])}: the target could not run "
                      f"{'it' if len(self.skipped) == 1 else 'them'} alone")
+        if self.specialized:
+            s = self.specialized
+            text += f"; the target's trace is also specialised at {s['where']} ({s.get('code', '')!r})"
         if self.evenly_spread():
             text += ("; but every layer of the first level makes an error of the same order (within "
                      f"{SPREAD_RATIO:g}x of the median): the drift comes from the target as a whole (its dtype, "
                      "kernels or quantization), not from one layer")
         return text
+
+    def _specialized(self) -> str:
+        """The verdict for a run whose trace was specialised and where no layer, traced alone on these inputs, makes
+        an error of its own: the layers re-traced here take the branch these inputs take, the run's artifact took
+        the example's, so what differs is the warned condition, not how the target transforms the graph."""
+        s = self.specialized
+        where = f" in {s['module']} ({s['module_code']})" if s.get("module") else " (in no module's class: a function it calls)"
+        return (f"the target's trace is specialised: traced on the example, it took one branch of the data-dependent "
+                f"condition at {s['where']} ({s.get('code', '')!r}){where}, and runs that branch for every input; "
+                f"each layer traced alone on these inputs (taking their branch) gives the reference's output within the "
+                f"threshold {self.threshold:g}: the drift is the branch baked into the run's trace, not how the target "
+                "transforms the whole graph")
 
     def _nothing_exceeds(self) -> str:
         """The verdict when no layer's own error (or, in propagated mode alone, no layer's growth) exceeds
@@ -190,7 +233,7 @@ class Localization:
             f" makes an error of its own above the threshold {self.threshold:g}"
         if hierarchical and first.own_code is not None:
             text += " (nor the model's own code)"
-        largest = max(compared, key=lambda e: e.rel_rmse)
+        largest = max(compared, key=size)
         if largest.rel_rmse == 0:
             each = "each that ran alone" if self.skipped else "each alone"
             text += f": {each} on the target, fed the reference's input, gives exactly the reference's output"
@@ -226,8 +269,8 @@ class Localization:
         """True when no layer stands out at the first level: all own errors are of one order."""
         if not self.levels or self.culprit is None:
             return False
-        errors = sorted(e.rel_rmse for e in self.levels[0][1].local.values() if not e.error and e.rel_rmse > 0)
-        if len(errors) < 3:
+        errors = sorted(size(e) for e in self.levels[0][1].local.values() if not e.error and size(e) > 0)
+        if len(errors) < 3 or not math.isfinite(errors[-1]):  # an infinite error is of no finite one's order
             return False
         return errors[-1] <= SPREAD_RATIO * errors[len(errors) // 2]
 
@@ -252,7 +295,8 @@ class Localization:
             "evenly_spread": self.evenly_spread(), "first_divergent": self.first_divergent,
             "first_divergent_by": self.first_divergent_by,
             "suspects": [s.as_record() for s in self.suspects], "verdict": self.verdict(), "skipped": self.skipped,
-            "levels": levels, "elapsed_s": self.elapsed_s,
+            "levels": levels, "elapsed_s": self.elapsed_s, "specialized": self.specialized,
+            "compiler_pass": self.compiler_pass,
         }
 
 
@@ -275,7 +319,7 @@ def _ranked(level: LevelResult, threshold: float) -> list[LayerError]:
     carried on from an earlier layer does not make a layer a suspect)."""
     if level.local:
         over = (e for e in level.local.values() if not e.error and not within(e, threshold))
-        return sorted(over, key=lambda e: e.rel_rmse, reverse=True)
+        return sorted(over, key=size, reverse=True)
     growth, largest = {}, 0.0
     for name in level.names:
         e = level.propagated.get(name)
@@ -337,7 +381,7 @@ def _descend(reference, target, model, inputs, rtol, threshold, mode, example) -
         own = own_code_error(reference, target, model, inputs, parent, names, rtol) if level.local else None
         if own is not None and not own.error:
             level.own_code = own
-            if not within(own, threshold) and (not ranked or own.rel_rmse > ranked[0].rel_rmse):
+            if not within(own, threshold) and (not ranked or size(own) > size(ranked[0])):
                 loc.culprit, loc.in_own_code = parent or MODEL, True
                 loc.suspects = [own] + ranked[:2]
                 break
@@ -372,9 +416,12 @@ def _follow_propagated(loc: Localization, reference, target, model, inputs, rtol
 
 
 def localize_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, experiment,
-                   example: Inputs | None = None) -> dict[str, Any]:
+                   example: Inputs | None = None, notes: list[dict[str, Any]] = (),
+                   bisect: bool = True) -> dict[str, Any]:
     """The fields of a `layers` record for one failing check; end to end, each side is prepared from `example`
-    (the job's example inputs; None: `inputs`), as the run prepared it."""
+    (the job's example inputs; None: `inputs`), as the run prepared it. `notes`: what the target warned of in the
+    run (execute/notes.py); a `trace_specialized` note names the warned line and its module. `bisect`: look for the
+    compiler pass when no layer makes an error of its own (a fallback search, which wants only the layers, does not)."""
     settings = experiment.tiers.activations
     tol = experiment.tolerance_for(target)
     threshold = settings.threshold if settings.threshold is not None else tol.gate
@@ -386,7 +433,82 @@ def localize_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inp
         raise
     except Exception as exc:  # localization is evidence; a failure to gather it must not end the run
         return {**base, "target": target.id, "error": f"{type(exc).__name__}: {exc}"[:500]}
+    loc.specialized = specialized_at(model, notes)
+    if loc.specialized and not loc.suspects:
+        loc.culprit, loc.whole_graph = loc.specialized.get("module"), False
+    if bisect and not loc.suspects and not loc.specialized and any(e.error is None for _, lv in loc.levels for e in lv.local.values()):
+        loc.compiler_pass = compiler_pass_of(job, target, model, inputs, experiment, example)
     return {**base, **loc.record(), "culprit_code": module_code(model, loc.culprit), "error": None}
+
+
+def pass_path(found: dict[str, Any]) -> str:
+    """`inductor / emulate_precision_casts`, or `inductor / lowerings / application 3 (aten.add)`."""
+    path = f"{found['backend']} / {found['subsystem']}" if found.get("subsystem") else found["backend"]
+    if found.get("subsystem") and not found.get("switch") and found.get("application"):
+        path += f" / application {found['application']}" + (f" ({found['debug_info']})" if found.get("debug_info") else "")
+    return path
+
+
+def switch_words(switch: dict[str, Any]) -> str:
+    """A setting as the experiment file writes it: `emulate_precision_casts: true`."""
+    return ", ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in switch.items())
+
+
+def compiler_pass_of(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, experiment,
+                     example: Inputs | None) -> dict[str, Any] | None:
+    """The compiler pass that makes the check fail at the gate (`Backend.compiler_pass`), for a target whose backend
+    bisects its passes and whose check fails as it runs; None otherwise. The predicate runs the target as the run did
+    (prepared from `example`) and judges it against the reference at the check's gate."""
+    from parity.backends import backend_class
+    from parity.execute.execution import execute
+    from parity.verify.tensors import compare
+
+    cls = backend_class(target.backend)
+    if cls.compiler_pass is Backend.compiler_pass:
+        return None
+    tol = experiment.tolerance_for(target)
+    reference = execute(job.reference, model, inputs, 1, example=example)
+    if not reference.ok:
+        return None
+
+    def passes() -> bool:
+        ran = execute(target, model, inputs, 1, example=example)
+        return ran.ok and compare(reference.outputs[0], ran.outputs[0], tol.rtol, tol.gate,
+                                  leaf_tolerance=tol.for_leaf).required_atol <= tol.gate
+
+    if passes():  # nothing to bisect
+        return None
+    try:
+        return cls.compiler_pass(target, passes, COMPILER_PASS_BUDGET_S)
+    except Exception as exc:  # evidence, not the run: say why there is none
+        return {"found": False, "why": f"the bisection failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"}
+
+
+def specialized_at(model: torch.nn.Module, notes) -> dict[str, Any] | None:
+    """The first `trace_specialized` note's line (`where`, `code`) and the innermost module whose class's source
+    holds it (`module`, `module_code`; none when the line is in a function outside every module's class)."""
+    import inspect
+
+    note = next((n for n in notes if n.get("kind") == "trace_specialized" and n.get("where")), None)
+    if note is None:
+        return None
+    file, _, line = note["where"].rpartition(":")
+    found = {"where": note["where"], **({"code": note["code"]} if note.get("code") else {})}
+    if not line.isdigit():
+        return found
+    holders = []
+    for name, module in model.named_modules():
+        try:
+            lines, start = inspect.getsourcelines(type(module))
+            source = inspect.getsourcefile(type(module))
+        except (OSError, TypeError):
+            continue
+        if source and Path(source).resolve() == Path(file).resolve() and start <= int(line) < start + len(lines):
+            holders.append(name or MODEL)
+    if holders:
+        module = max(holders, key=lambda n: (n != MODEL) + n.count("."))  # the innermost
+        found.update(module=module, module_code=module_code(model, module))
+    return found
 
 
 def module_code(model: torch.nn.Module, name: str | None) -> str | None:
@@ -404,9 +526,10 @@ def module_code(model: torch.nn.Module, name: str | None) -> str | None:
 
 
 def gate_check(job, target: BackendSpec, model_for: Callable[[BackendSpec], torch.nn.Module], inputs: Inputs,
-               experiment, example: Inputs | None = None) -> dict[str, Any]:
+               experiment, example: Inputs | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The tier-1 verdict of `target` at the gate (one run of each side, as `parity run` judges it with one
-    repeat, no oracle), so that `parity localize` says first whether the check it explains passes.
+    repeat, no oracle), so that `parity localize` says first whether the check it explains passes; and what the
+    target warned of in that run (its notes: a specialised trace), which the localization explains with.
     `model_for(spec)`: the model as `spec` runs it (the runner's, with that target's fallback modules); each
     side prepared from `example` (None: `inputs`), as the run prepared it."""
     from parity.execute.execution import execute
@@ -417,5 +540,5 @@ def gate_check(job, target: BackendSpec, model_for: Callable[[BackendSpec], torc
         raise ParityError(f"the reference {job.reference.id} failed: {reference.error}")
     ran = execute(target, model_for(target), inputs, 1, example=example)
     check = tier1_check(job, ran, reference, None, experiment)
-    return {k: check[k] for k in ("passed", "failure_class", "detail", "required_atol", "gate", "rtol")}
+    return {k: check[k] for k in ("passed", "failure_class", "detail", "required_atol", "gate", "rtol")}, ran.notes
 
