@@ -392,9 +392,10 @@ def cmd_cache(args: argparse.Namespace) -> int:
         tagged = "" if found["tagged"] else f"; not tagged as parity's ({cache.TAG}), so `parity cache clear` leaves it"
         print(f"cache {root}: {held}{tagged}")
     else:
-        print(f"cleared cache {root}: {held}; {_amount(found['artifact_bytes'] + found['inductor_bytes'])} freed")
-    if found["foreign"]:
-        print(f"not parity's, left alone: {', '.join(found['foreign'])}")
+        print(f"cleared cache {root}: {held}; {_amount(found['freed'])} freed")
+    left = [*found["foreign"], *found.get("left", [])]
+    if left:
+        print(f"not parity's, left alone: {', '.join(left)}")
     return EXIT_OK
 
 
