@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file, save_file
 
 from parity.cli import main
@@ -256,6 +257,8 @@ def test_reduce_runs_no_code_from_outside_run_dir_and_the_experiment_s_folder(wr
     assert not (tmp_path / "r2").exists()
     assert main(["reduce", str(run_dir), "--check", CHECK, "--out", str(tmp_path / "r3"), "--trust-code", str(other)]) == 0
     records.write_text(original)
-    (tmp_path / "exp.yaml").write_text((tmp_path / "exp.yaml").read_text().replace("seed: 0", "seed: 1"))
-    assert main(["reduce", str(run_dir), "--check", CHECK, "--out", str(tmp_path / "r4")]) == 2  # not the run's experiment
+    edited = yaml.safe_load((tmp_path / "exp.yaml").read_text())
+    edited["models"][0]["seed"] = 1  # not the run's model: the folder holds no experiment of it
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(edited))
+    assert main(["reduce", str(run_dir), "--check", CHECK, "--out", str(tmp_path / "r4")]) == 2
     assert "outside RUN_DIR and the experiment's own folder" in capsys.readouterr().err

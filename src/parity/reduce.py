@@ -20,9 +20,9 @@ hook (`verify.activations.capture`), and the folder gets:
 
 Rebuilding the model runs the code its records name (a `python` entry imported from `base_dir`, a `repo`
 folder), and a RUN_DIR may come from someone else (a CI artifact). So that code must lie inside RUN_DIR,
-inside the experiment's own folder (the folder where the recorded experiment file still holds the very
-experiment the run ran: same digest), or inside a folder the user names with `--trust-code`; anything
-else is refused before any import (`code_problem`).
+inside the experiment's own folder (`base_dir` when an experiment file there still holds the very
+models the records ran), or inside a folder the user names with `--trust-code`;
+anything else is refused before any import (`code_problem`).
 """
 
 from __future__ import annotations
@@ -103,20 +103,32 @@ def experiment_of(run: dict[str, Any], run_dir: Path):
     return exp
 
 
-def experiment_folder(run: dict[str, Any]) -> Path | None:
-    """The folder of the experiment file the run record names, when that file is still there and is the
-    experiment the run ran (its digest); else None."""
-    from parity.config import load_experiment
-    from parity.records.io import experiment_digest
+MAX_EXPERIMENT_FILES = 100  # the YAML files of base_dir read to find the run's own experiment file
 
-    if not run.get("file") or not run.get("digest") or not run.get("base_dir"):
+
+def experiment_folder(run: dict[str, Any]) -> Path | None:
+    """`base_dir` when it holds the experiment file the run ran: the file the run record names, else one of
+    the folder's own .yaml/.yml files, that loads into the models the records hold (the code they name;
+    localize records its own tiers, so the rest may differ). None when none does."""
+    from parity.config import load_experiment
+
+    if not isinstance(run.get("base_dir"), str) or not isinstance(run.get("config"), dict):
         return None
-    path = Path(run["base_dir"]) / Path(run["file"]).name
+    folder = Path(run["base_dir"])
+    recorded = run["config"].get("models")
+    named = [folder / Path(run["file"]).name] if isinstance(run.get("file"), str) else []
     try:
-        exp = load_experiment(path)
-    except (ParityError, OSError, ValueError):
+        candidates = named or sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))[:MAX_EXPERIMENT_FILES]
+    except OSError:
         return None
-    return exp.base_dir if experiment_digest(exp.model_dump(mode="json"), str(exp.base_dir)) == run["digest"] else None
+    for path in candidates:
+        try:
+            exp = load_experiment(path)
+        except (ParityError, OSError, ValueError):
+            continue
+        if exp.base_dir == folder and exp.model_dump(mode="json")["models"] == recorded:
+            return folder
+    return None
 
 
 def code_problem(run: dict[str, Any], run_dir: Path, exp, model_spec, trusted: list[Path]) -> str | None:
