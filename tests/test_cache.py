@@ -578,6 +578,19 @@ def test_cache_clear_leaves_the_user_s_files_in_a_folder_parity_tagged(tmp_path,
     assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
 
 
+def test_opening_a_cache_never_writes_through_a_link_planted_in_it(tmp_path):
+    """parity's own files in the cache (its tag, its list of the folders it made) are renamed into place."""
+    root = tmp_path / "cache"
+    root.mkdir()
+    precious = tmp_path / "precious"
+    precious.write_text("keep")
+    (root / cache.MADE).symlink_to(precious)
+    (root / cache.TAG).symlink_to(tmp_path / "not-yet")  # dangling: writing through it would create the target
+    configure(root)
+    assert precious.read_text() == "keep" and not (tmp_path / "not-yet").exists()
+    assert not (root / cache.MADE).is_symlink() and json.loads((root / cache.MADE).read_text()) == ["artifacts", "inductor"]
+
+
 @pytest.mark.parametrize("verb", ["info", "clear"])
 def test_a_cache_folder_that_is_a_file_unreadable_or_proc_is_a_user_error(tmp_path, capsys, monkeypatch, verb):
     (tmp_path / "file").write_text("")

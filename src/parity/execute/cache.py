@@ -51,6 +51,7 @@ import torch
 from parity import fingerprint
 from parity.errors import ParityError
 from parity.inputs import Inputs
+from parity.outdir import write_text
 
 log = logging.getLogger(__name__)
 
@@ -109,17 +110,17 @@ class ArtifactCache:
             return self
         if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.root / INDUCTOR / kernel_tag())
-        with contextlib.suppress(OSError):  # a cache that cannot be written fails the exports that need it
+        with contextlib.suppress(OSError, ParityError):  # a cache that cannot be written fails the exports that need it
             self.root.mkdir(parents=True, exist_ok=True)
             if not (self.root / TAG).exists() and not (self.root / TAG).is_symlink():
-                (self.root / TAG).write_text(TAG_TEXT)
+                write_text(self.root / TAG, TAG_TEXT)  # renamed into place: never through a link
             made = set(_made(self.root))
             for name in (ARTIFACTS, INDUCTOR):
                 if not (self.root / name).exists() and not (self.root / name).is_symlink():
                     (self.root / name).mkdir()
                     made.add(name)
             if made != set(_made(self.root)):
-                (self.root / MADE).write_text(json.dumps(sorted(made)))
+                write_text(self.root / MADE, json.dumps(sorted(made)))
         return self
 
     @contextlib.contextmanager
