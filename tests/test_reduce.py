@@ -262,3 +262,21 @@ def test_reduce_runs_no_code_from_outside_run_dir_and_the_experiment_s_folder(wr
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(edited))
     assert main(["reduce", str(run_dir), "--check", CHECK, "--out", str(tmp_path / "r4")]) == 2
     assert "outside RUN_DIR and the experiment's own folder" in capsys.readouterr().err
+
+
+def test_a_repo_model_s_folder_is_held_to_the_same_rule(tmp_path):
+    """A `repo` model's folder (resolved against base_dir) must lie in RUN_DIR, the experiment's folder or a
+    --trust-code folder, as a python entry's base_dir must; a torchvision model names no code of the user's."""
+    from types import SimpleNamespace
+
+    from parity.reduce import code_problem
+
+    run_dir, base = tmp_path / "run", tmp_path / "base"
+    run = {"base_dir": str(base), "config": {"models": []}}
+    exp = SimpleNamespace(resolve=lambda p: base / p)
+    repo = SimpleNamespace(source="repo", path="../their-repo", name="net")
+    assert f"name model code in {base / '../their-repo'} (repo model 'net')" in code_problem(run, run_dir, exp, repo, [])
+    assert code_problem(run, run_dir, exp, repo, [tmp_path / "their-repo"]) is None
+    inside = SimpleNamespace(source="repo", path="../run/vendored", name="net")
+    assert code_problem(run, run_dir, exp, inside, []) is None
+    assert code_problem(run, run_dir, exp, SimpleNamespace(source="torchvision", name="r"), []) is None
