@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -110,11 +111,11 @@ def test_an_interrupted_entry_is_not_used(tmp_path):
         built.append(folder)
         (folder / "model.onnx").write_text("complete")
 
-    (tmp_path / "cache" / "artifacts").mkdir(parents=True)
-    (tmp_path / "cache" / "artifacts" / ".k.999.partial").mkdir()
-    folder, hit = _opened[0].fetch_or_build("k", build)
-    assert not hit and (folder / "model.onnx").read_text() == "complete"
-    assert _opened[0].fetch_or_build("k", build) == (folder, True) and len(built) == 1
+    key = cache.digest_key("parts")
+    (tmp_path / "cache" / "artifacts" / f".{key}.999.partial").mkdir(parents=True)
+    folder, hit, damage = _opened[0].fetch_or_build("parts", build)
+    assert not hit and damage is None and (folder / "model.onnx").read_text() == "complete"
+    assert _opened[0].fetch_or_build("parts", build) == (folder, True, None) and len(built) == 1
 
 
 # -- the key follows the model's code --------------------------------------------------------------
@@ -194,6 +195,76 @@ def test_a_fix_in_forward_is_exported_afresh_and_passes(write_yaml, tmp_path, fr
     assert code == 1 and not checks["torchscript-cpu"]["passed"]
     code, executions, checks = _repo_run(write_yaml, tmp_path, "fixed", FIXED, targets)
     assert code == 0 and checks["torchscript-cpu"]["passed"] and executions["torchscript-cpu"]["cached"] is False
+
+
+# -- a cache entry is verified before it is used ---------------------------------------------------
+
+def test_a_tampered_entry_is_rebuilt_with_a_warning_and_a_real_failure_still_fails(write_yaml, tmp_path, fresh_imports, caplog):
+    """Issue 30's case: two runs share a cache, and between them the cached TorchScript model.pt of a failing
+    target is replaced by the trace of an honest model (a restored or poisoned CI cache). Loading it would pass."""
+    targets = [{"backend": "torchscript"}]
+    code, _, _ = _repo_run(write_yaml, tmp_path, "honest", GOOD, targets)
+    honest = next((tmp_path / "cache" / "artifacts").glob("*/model.pt")).read_bytes()
+    shutil.rmtree(tmp_path / "cache")
+    forget_modules()
+    code, executions, checks = _repo_run(write_yaml, tmp_path, "first", REGRESSION, targets)
+    assert code == 1 and not checks["torchscript-cpu"]["passed"] and executions["torchscript-cpu"]["cached"] is False
+    [entry] = (tmp_path / "cache" / "artifacts").iterdir()
+    (entry / "model.pt").write_bytes(honest)
+    forget_modules()
+    with caplog.at_level("WARNING", logger="parity.execute.cache"):
+        code, executions, checks = _repo_run(write_yaml, tmp_path, "second", REGRESSION, targets)
+    assert code == 1 and not checks["torchscript-cpu"]["passed"]
+    assert checks["torchscript-cpu"]["required_atol"] == pytest.approx(10, rel=1e-3)  # judged, not charged as an error
+    execution = executions["torchscript-cpu"]
+    assert execution["status"] == "ok" and execution["cached"] is False
+    notes = [n for r in read_records(tmp_path / "second" / "records.jsonl") if r["kind"] == "execution" for n in r.get("warnings") or []]
+    said = f"cache entry {entry} was damaged (model.pt differs from the file written (sha256)): rebuilt, the damaged one not used"
+    assert {"kind": "cache", "message": said} in notes
+    assert said in caplog.text
+    assert cache.entry_problem(entry, entry.name, json.loads((entry / cache.ENTRY_FILE).read_text())["parts"]) is None
+
+
+def _entry(tmp_path) -> tuple[cache.ArtifactCache, Path]:
+    """A cache holding one entry (`model.bin` and `sub/weights`) made of the key parts "parts"."""
+    store = configure(tmp_path / "cache")
+
+    def build(folder):
+        (folder / "model.bin").write_bytes(b"model")
+        (folder / "sub").mkdir()
+        (folder / "sub" / "weights").write_bytes(b"weights")
+
+    folder, hit, damage = store.fetch_or_build("parts", build)
+    assert (hit, damage) == (False, None)
+    return store, folder
+
+
+def _rebuild(store) -> tuple[bool, str | None, list[str]]:
+    built = []
+    folder, hit, damage = store.fetch_or_build("parts", lambda f: (built.append(f), (f / "model.bin").write_bytes(b"new")))
+    return hit, damage, sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize(("tamper", "said"), [
+    (lambda e: (e / "sub" / "weights").write_bytes(b"other"), "sub/weights differs from the file written (sha256)"),
+    (lambda e: (e / "model.bin").unlink(), "model.bin is missing"),
+    (lambda e: (e / "sub" / "extra.py").write_text("import os"), "sub/extra.py was added"),
+    (lambda e: (e / cache.ENTRY_FILE).unlink(), f"no readable {cache.ENTRY_FILE} (No such file or directory)"),
+    (lambda e: (e / cache.ENTRY_FILE).write_text(
+        (e / cache.ENTRY_FILE).read_text().replace('"parts": "parts"', '"parts": "other"')),
+     f"{cache.ENTRY_FILE} was written for other key inputs"),
+    (lambda e: (e / "sub" / "weights").unlink() or (e / "sub" / "weights").symlink_to(e / "model.bin"),
+     "sub/weights is not a regular file or folder"),
+])
+def test_a_damaged_entry_is_never_used_and_is_rebuilt(tmp_path, tamper, said):
+    store, entry = _entry(tmp_path)
+    assert store.fetch_or_build("parts", lambda f: pytest.fail("rebuilt an intact entry")) == (entry, True, None)
+    tamper(entry)
+    hit, damage, files = _rebuild(store)
+    assert (hit, damage) == (False, said)
+    assert files == ["model.bin", cache.ENTRY_FILE]  # the new entry alone, nothing of the damaged one
+    assert [p.name for p in entry.parent.iterdir()] == [entry.name]
+    assert store.fetch_or_build("parts", lambda f: pytest.fail("rebuilt a rebuilt entry"))[1] is True
 
 
 HELPERS = """import torch
@@ -439,7 +510,7 @@ def test_cache_clear_removes_what_parity_wrote_and_says_what_it_freed(write_yaml
     code, out = _cache_verb(capsys, "clear", "--cache-dir", str(root))
     assert code == 0 and f"cleared cache {root}: 1 artifact entry" in out and "freed" in out
     assert "not parity's, left alone: notes.txt" in out
-    assert sorted(p.name for p in root.iterdir()) == [cache.TAG, "artifacts"]
+    assert sorted(p.name for p in root.iterdir() if p.name != "matplotlib") == [cache.TAG, "artifacts", cache.MADE]
     assert [p.name for p in (root / "artifacts").iterdir()] == ["notes.txt"]
     again = _run(write_yaml, tmp_path, "again", "--cache-dir", str(root), targets=[{"backend": "torchscript"}])
     assert again["executions"]["torchscript-cpu"]["cached"] is False  # the next run is cold
@@ -462,18 +533,62 @@ def test_cache_clear_never_follows_a_link_out_of_the_cache(tmp_path, capsys):
     (outside / "0123456789abcdef0123456789abcdef").mkdir(parents=True)
     (outside / "0123456789abcdef0123456789abcdef" / "keep").write_text("keep")
     root = tmp_path / "cache"
-    configure(root)  # tags it
-    (root / "artifacts").mkdir()
+    configure(root)  # tags it, makes artifacts/ and inductor/
     (root / "artifacts" / "fedcba9876543210fedcba9876543210").symlink_to(outside, target_is_directory=True)
-    (root / "inductor").mkdir()
     (root / "inductor" / "link").symlink_to(outside, target_is_directory=True)
-    assert _cache_verb(capsys, "clear", "--cache-dir", str(root))[0] == 0
-    assert not (root / "artifacts").exists() and not (root / "inductor").exists()  # the links went, not their targets
+    code, out = _cache_verb(capsys, "clear", "--cache-dir", str(root))
+    assert code == 0 and "artifacts/fedcba9876543210fedcba9876543210 (not a folder parity wrote)" in out
+    assert not (root / "inductor").exists()  # parity made it: removed, the link inside too, not its target
+    assert (root / "artifacts" / "fedcba9876543210fedcba9876543210").is_symlink()  # parity never makes one: left
     assert (outside / "0123456789abcdef0123456789abcdef" / "keep").read_text() == "keep"
+    shutil.rmtree(root / "artifacts")
     (root / "artifacts").symlink_to(outside, target_is_directory=True)  # parity never makes one: left alone
     code, out = _cache_verb(capsys, "clear", "--cache-dir", str(root))
     assert code == 0 and "not parity's, left alone: artifacts (a symbolic link)" in out
     assert (root / "artifacts").is_symlink() and (outside / "0123456789abcdef0123456789abcdef" / "keep").exists()
+
+
+def test_cache_clear_leaves_a_folder_with_another_tool_s_tag(tmp_path, capsys):
+    """The standard CACHEDIR.TAG signature alone is any tool's: only parity's own text is parity's."""
+    other = tmp_path / "other"
+    for mine in ("artifacts/0123456789abcdef0123456789abcdef", "inductor/fxgraph"):
+        (other / mine).mkdir(parents=True)
+        (other / mine / "file").write_text("mine")
+    (other / cache.TAG).write_text("Signature: 8a477f597d28d172789f06886806bc55\n# This is another tool's cache.\n")
+    code, out = _cache_verb(capsys, "clear", "--cache-dir", str(other))
+    assert code == 2 and out == f"error: cache folder {other}: not a parity cache (no CACHEDIR.TAG written by parity); nothing removed\n"
+    assert all((other / mine / "file").read_text() == "mine" for mine in ("artifacts/0123456789abcdef0123456789abcdef", "inductor/fxgraph"))
+
+
+def test_cache_clear_leaves_the_user_s_files_in_a_folder_parity_tagged(tmp_path, capsys):
+    """A folder parity tagged once (`--cache-dir` pointed at it) keeps what was there before and what the user
+    put in it since: only what parity's manifests name is removed, and `clear` says what it left."""
+    root = tmp_path / "shared"
+    for mine in ("artifacts/0123456789abcdef0123456789abcdef", "inductor/fxgraph"):
+        (root / mine).mkdir(parents=True)
+        (root / mine / "file").write_text("mine")
+    store = configure(root)
+    folder, _, _ = store.fetch_or_build("parts", lambda f: (f / "model.bin").write_bytes(b"x" * 10))
+    (folder / "notes.txt").write_text("mine")  # the user's, in parity's entry
+    code, out = _cache_verb(capsys, "clear", "--cache-dir", str(root))
+    assert code == 0
+    assert (f"not parity's, left alone: artifacts/0123456789abcdef0123456789abcdef (no {cache.ENTRY_FILE} of parity's), "
+            f"artifacts/{folder.name}/ (notes.txt: not written by parity), inductor/ (not made by parity)") in out
+    assert all((root / mine / "file").read_text() == "mine" for mine in ("artifacts/0123456789abcdef0123456789abcdef", "inductor/fxgraph"))
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+
+
+def test_opening_a_cache_never_writes_through_a_link_planted_in_it(tmp_path):
+    """parity's own files in the cache (its tag, its list of the folders it made) are renamed into place."""
+    root = tmp_path / "cache"
+    root.mkdir()
+    precious = tmp_path / "precious"
+    precious.write_text("keep")
+    (root / cache.MADE).symlink_to(precious)
+    (root / cache.TAG).symlink_to(tmp_path / "not-yet")  # dangling: writing through it would create the target
+    configure(root)
+    assert precious.read_text() == "keep" and not (tmp_path / "not-yet").exists()
+    assert not (root / cache.MADE).is_symlink() and json.loads((root / cache.MADE).read_text()) == ["artifacts", "inductor"]
 
 
 @pytest.mark.parametrize("verb", ["info", "clear"])

@@ -274,3 +274,62 @@ def test_a_megabyte_value_is_quoted_in_two_hundred_characters(tmp_path, where):
     result = run_parity(["run", str(path), "--out", str(work / "out"), "--quiet"], tmp_path, work, [])
     assert_user_error(result, "characters]")
     assert len(result.err) < 1000
+
+
+# -- hard links: a regular file under two names ----------------------------------------------------
+
+@pytest.mark.parametrize("fresh", [False, True], ids=["resume", "fresh"])
+def test_records_hard_linked_to_a_file_elsewhere_are_never_written(tmp_path, finished_run, fresh):
+    """A `cp -al` copy of a run folder: its records.jsonl is the other folder's file too. Appending (a
+    resumed run) or emptying it (--fresh) would change the original; the run is refused before any work."""
+    work, path = case(tmp_path)
+    original = tmp_path / "elsewhere" / "records.jsonl"
+    original.write_bytes((finished_run / "records.jsonl").read_bytes()[:-1])  # a torn last line: resume would cut it
+    out = work / "out"
+    out.mkdir()
+    os.link(original, out / "records.jsonl")
+    argv = ["run", str(path), "--out", str(out), "--quiet", *(["--fresh"] if fresh else [])]
+    result = run_parity(argv, tmp_path, work, [])
+    assert_user_error(result, str(out / "records.jsonl"), "has 2 hard links", "cp -a")
+
+
+def test_records_hard_linked_after_the_check_are_refused_when_opened(tmp_path):
+    """The link may appear between the check before the work and the open: the opened file is checked."""
+    original = tmp_path / "precious.jsonl"
+    original.write_text("keep\n")
+    os.link(original, tmp_path / "records.jsonl")
+    with pytest.raises(outdir.ParityError, match="has 2 hard links"):
+        outdir.open_records(tmp_path / "records.jsonl")
+    assert original.read_text() == "keep\n"
+
+
+def test_a_summary_and_reports_hard_linked_elsewhere_are_replaced_never_written(tmp_path, finished_run):
+    """Files parity replaces by a rename may be hard links: the new file takes the name, the other stays."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (out / "records.jsonl").write_bytes((finished_run / "records.jsonl").read_bytes())
+    for name in FILES[1:]:
+        (tmp_path / "elsewhere" / name).write_text("someone else's file\n")
+        os.link(tmp_path / "elsewhere" / name, out / name)
+    result = run_parity(["report", str(out)], tmp_path, tmp_path, ["out"])
+    assert result.code == 0 and result.outside == [], result.err
+    for name in FILES[1:]:
+        assert (tmp_path / "elsewhere" / name).read_text() == "someone else's file\n"
+        assert os.stat(out / name).st_nlink == 1 and (out / name).read_text() != "someone else's file\n"
+
+
+@pytest.mark.parametrize("dangling", [True, False], ids=["dangling", "to a file"])
+def test_save_experiment_through_a_link_is_refused(tmp_path, dangling):
+    work = tmp_path / "work"
+    work.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    target = tmp_path / "elsewhere" / "planted.yaml"
+    if not dangling:
+        target.write_text("someone else's file\n")
+    (work / "grown.yaml").symlink_to(target)
+    argv = ["check", "tests.fixtures.tiny:tiny_cnn", "--target", "torchscript", "--input", "1x3x8x8", "--out",
+            str(work / "o"), "--quiet", "--save-experiment", str(work / "grown.yaml")]
+    result = run_parity(argv, tmp_path, Path.cwd(), [])
+    assert_user_error(result, f"--save-experiment {work / 'grown.yaml'}: is a symbolic link")
+    assert target.exists() is not dangling

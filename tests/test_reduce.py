@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file, save_file
 
 from parity.cli import main
@@ -226,3 +227,59 @@ def test_the_onnx_repro_exports_with_the_targets_exporter_and_dynamic_dims(tmp_p
     assert "dynamic_shapes" not in _onnx_snippet({})
     torchscript = _onnx_snippet({"exporter": "torchscript", "opset": 17})
     assert "dynamo=False, opset_version=17" in torchscript and "dynamic_shapes" not in torchscript
+
+
+def test_reduce_runs_no_code_from_outside_run_dir_and_the_experiment_s_folder(write_yaml, tmp_path, capsys):
+    """A RUN_DIR may be someone else's (a CI artifact): records that name model code elsewhere on this
+    machine are refused before anything is imported, unless the user names that folder; and the default
+    repro folder planted as a link to elsewhere is refused, never written through."""
+    code, run_dir, _ = _run(write_yaml, tmp_path, capsys, CHAIN)
+    assert code == 1
+    records = run_dir / "records.jsonl"
+    original = records.read_text()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    planted = run_dir / "reduce-chain-noise-compile-cpu"
+    planted.symlink_to(elsewhere, target_is_directory=True)
+    assert main(["reduce", str(run_dir), "--check", CHECK]) == 2
+    assert capsys.readouterr().err == (f"error: {planted}: is a symbolic link; parity writes the repro into a folder of "
+                                       "RUN_DIR, never through a link to elsewhere: remove it, or give --out\n")
+    assert list(elsewhere.iterdir()) == []
+    planted.unlink()
+
+    (tmp_path / "exp.yaml").write_text((tmp_path / "exp.yaml").read_text() + "# edited\n")  # comments: same experiment
+    assert main(["reduce", str(run_dir), "--check", CHECK, "--out", str(tmp_path / "r1")]) == 0
+    capsys.readouterr()
+    other = tmp_path / "their-code"
+    other.mkdir()
+    records.write_text(original.replace(f'"base_dir": "{tmp_path}"', f'"base_dir": "{other}"', 1))
+    assert main(["reduce", str(run_dir), "--check", CHECK, "--out", str(tmp_path / "r2")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {run_dir}: its records name model code in {other} (python model 'chain'), outside "
+                          f"RUN_DIR and the experiment's own folder") and f"--trust-code {other}" in err
+    assert not (tmp_path / "r2").exists()
+    assert main(["reduce", str(run_dir), "--check", CHECK, "--out", str(tmp_path / "r3"), "--trust-code", str(other)]) == 0
+    records.write_text(original)
+    edited = yaml.safe_load((tmp_path / "exp.yaml").read_text())
+    edited["models"][0]["seed"] = 1  # not the run's model: the folder holds no experiment of it
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(edited))
+    assert main(["reduce", str(run_dir), "--check", CHECK, "--out", str(tmp_path / "r4")]) == 2
+    assert "outside RUN_DIR and the experiment's own folder" in capsys.readouterr().err
+
+
+def test_a_repo_model_s_folder_is_held_to_the_same_rule(tmp_path):
+    """A `repo` model's folder (resolved against base_dir) must lie in RUN_DIR, the experiment's folder or a
+    --trust-code folder, as a python entry's base_dir must; a torchvision model names no code of the user's."""
+    from types import SimpleNamespace
+
+    from parity.reduce import code_problem
+
+    run_dir, base = tmp_path / "run", tmp_path / "base"
+    run = {"base_dir": str(base), "config": {"models": []}}
+    exp = SimpleNamespace(resolve=lambda p: base / p)
+    repo = SimpleNamespace(source="repo", path="../their-repo", name="net")
+    assert f"name model code in {base / '../their-repo'} (repo model 'net')" in code_problem(run, run_dir, exp, repo, [])
+    assert code_problem(run, run_dir, exp, repo, [tmp_path / "their-repo"]) is None
+    inside = SimpleNamespace(source="repo", path="../run/vendored", name="net")
+    assert code_problem(run, run_dir, exp, inside, []) is None
+    assert code_problem(run, run_dir, exp, SimpleNamespace(source="torchvision", name="r"), []) is None

@@ -69,6 +69,82 @@ def test_parity_run_with_hostile_weights_exits_2_and_runs_nothing(hostile_weight
     assert not marker.exists()
 
 
+# -- a torch.export archive (.pt2) is data -------------------------------------------------------------
+
+def _pt2_with(tmp_path, name: str, replace: dict[str, bytes], add: dict[str, bytes] | None = None):
+    """The examples' tiny_cnn.pt2 rewritten: entries ending in a key of `replace` get its bytes, `add`'s are added."""
+    import zipfile
+
+    source = ROOT / "examples" / "models" / "tiny_cnn.pt2"
+    path = tmp_path / name
+    with zipfile.ZipFile(source) as original, zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as out:
+        root = original.namelist()[0].split("/")[0]
+        for info in original.infolist():
+            data = next((v for k, v in replace.items() if info.filename.endswith(k)), None)
+            out.writestr(info.filename, original.read(info.filename) if data is None else data)
+        for tail, data in (add or {}).items():
+            out.writestr(f"{root}/{tail}", data)
+    return path
+
+
+@pytest.fixture
+def hostile_pt2(tmp_path):
+    """tiny_cnn.pt2 whose sample inputs are a pickle that writes a marker when unpickled: torch.export.load
+    falls back to weights_only=False for them (proved below), so loading it runs the payload."""
+    import io
+
+    marker = tmp_path / "marker"
+    payload = io.BytesIO()
+    torch.save(((_Payload(str(marker)),), {}), payload)
+    path = _pt2_with(tmp_path, "hostile.pt2", {"sample_inputs/model.pt": payload.getvalue()})
+    import logging
+
+    logging.getLogger("torch._export").setLevel(logging.CRITICAL)  # its fallback's warning has a broken format
+    try:
+        torch.export.load(str(path))  # proves the payload works: torch's own load runs it
+    finally:
+        logging.getLogger("torch._export").setLevel(logging.NOTSET)
+    assert marker.exists()
+    marker.unlink()
+    return path, marker
+
+
+def _parity(tmp_path, *argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    return subprocess.run([sys.executable, "-m", "parity.cli", *argv], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def _exported(tmp_path, path) -> str:
+    data = {"name": "pt2", "models": [{"name": "m", "source": "exported", "path": str(path)}],
+            "inputs": [{"name": "noise", "synthetic": {"x": {"shape": [2, 3, 16, 16]}}}], "targets": [{"backend": "eager", "name": "same"}]}
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(data))
+    return str(tmp_path / "exp.yaml")
+
+
+@pytest.mark.parametrize("verb", ["run", "validate --deep"])
+def test_a_pt2_that_would_run_code_is_refused_and_runs_nothing(hostile_pt2, tmp_path, verb):
+    """Issue 30: `parity run` and `validate --deep` ran the payload and passed with exit 0."""
+    path, marker = hostile_pt2
+    exp = _exported(tmp_path, path)
+    result = _parity(tmp_path, *verb.split(), exp, *(["--out", str(tmp_path / "out"), "--quiet"] if verb == "run" else []))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert f"{path}: holds a pickle that is not only tensors and plain values, refused unloaded" in line, line
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("entry", ["data/aotinductor/model/model.so", "data/constants/opaque_obj_0"])
+def test_a_pt2_holding_native_code_or_a_plain_pickle_is_refused_unopened(tmp_path, entry):
+    from parity.models.sources.saved import load_exported
+
+    path = _pt2_with(tmp_path, "code.pt2", {}, {entry: b"\x7fELF or a pickle"})
+    with pytest.raises(ParityError, match=f"holds [^ ]*/{entry}, which loading would run as code"):
+        load_exported(path)
+    assert load_exported(ROOT / "examples" / "models" / "tiny_cnn.pt2").module() is not None  # a plain one loads
+
+
 def test_a_damaged_safetensors_file_is_a_user_error(tmp_path):
     path = tmp_path / "w.safetensors"
     path.write_bytes(b"not a safetensors file")

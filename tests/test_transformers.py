@@ -187,3 +187,50 @@ def test_a_class_whose_own_dependencies_are_missing_is_one_line(monkeypatch):
         source.model_class("LayoutLMv2Model")
     assert exc.value.problems == ["transformers class 'LayoutLMv2Model' cannot be imported here: LayoutLMv2Model "
                                   "requires the detectron2 library but it was not found"]
+
+
+# -- a folder's own code is never run (trust_remote_code) ---------------------------------------------
+
+def _with_remote_code(source, folder, config_name: str):
+    """A copy of a save_pretrained folder whose `config_name` names a class in the folder's own .py file
+    (`auto_map`): transformers would import it under trust_remote_code, and importing it writes a marker."""
+    import shutil
+
+    shutil.copytree(source, folder)
+    marker = folder.parent / "marker"
+    (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\nfrom transformers import *\n")
+    config = json.loads((folder / config_name).read_text())
+    config["auto_map"] = {"AutoModel": "evil.EvilModel", "AutoTokenizer": ["evil.EvilTokenizer", None]}
+    (folder / config_name).write_text(json.dumps(config))
+    return marker
+
+
+@pytest.mark.parametrize("verb", ["validate", "run"])
+def test_a_model_folder_that_needs_remote_code_is_refused_naming_its_auto_map(saved, tmp_path, capsys, verb):
+    root, _ = saved
+    marker = _with_remote_code(root / "model", tmp_path / "remote", "config.json")
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(_data({"path": "remote", "architecture": "AutoModel"})))
+    argv = [verb, str(path), *(["--out", str(tmp_path / "out"), "--quiet"] if verb == "run" else [])]
+    assert main(argv) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert "models[0].path" in line and f"{tmp_path / 'remote' / 'config.json'} has an auto_map" in line, line
+    assert '"AutoModel": "evil.EvilModel"' in line and "trust_remote_code" in line
+    assert not marker.exists()
+
+
+def test_a_tokenizer_folder_that_needs_remote_code_is_refused(saved, tmp_path):
+    root, _ = saved
+    marker = _with_remote_code(root / "tokenizer", tmp_path / "remote", "tokenizer_config.json")
+    with pytest.raises(ParityError) as exc:
+        experiment_from_dict(_data({"config": BERT}, {"name": "sentences", "text": ["a cat"], "tokenizer": "remote"}),
+                             "<dict>", tmp_path)
+    [problem] = exc.value.problems
+    assert "inputs[0].tokenizer" in problem and "tokenizer_config.json has an auto_map" in problem, problem
+    assert not marker.exists()
+
+
+def test_params_may_not_turn_trust_remote_code_on(tmp_path):
+    exp = experiment_from_dict(_data({"config": BERT, "params": {"trust_remote_code": True}}))
+    with pytest.raises(ParityError, match="'params' may not set trust_remote_code"):
+        build_model(exp.models[0], exp)

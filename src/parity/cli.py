@@ -293,7 +293,9 @@ def cmd_reduce(args: argparse.Namespace) -> int:
     from parity.outdir import user_path
     from parity.reduce import reduce_check
 
-    out = reduce_check(user_path(args.run_dir, "RUN_DIR"), args.check, user_path(args.out, "--out") if args.out else None)
+    trusted = [user_path(folder, "--trust-code") for folder in args.trust_code or []]
+    out = reduce_check(user_path(args.run_dir, "RUN_DIR"), args.check, user_path(args.out, "--out") if args.out else None,
+                       trusted)
     print(f"repro: {out} (python {out / 'repro.py'}: exit 1 when it diverges; README.txt says what it is)")
     return EXIT_OK
 
@@ -348,9 +350,10 @@ def cmd_cache(args: argparse.Namespace) -> int:
         tagged = "" if found["tagged"] else f"; not tagged as parity's ({cache.TAG}), so `parity cache clear` leaves it"
         print(f"cache {root}: {held}{tagged}")
     else:
-        print(f"cleared cache {root}: {held}; {_amount(found['artifact_bytes'] + found['inductor_bytes'])} freed")
-    if found["foreign"]:
-        print(f"not parity's, left alone: {', '.join(found['foreign'])}")
+        print(f"cleared cache {root}: {held}; {_amount(found['freed'])} freed")
+    left = [*found["foreign"], *found.get("left", [])]
+    if left:
+        print(f"not parity's, left alone: {', '.join(left)}")
     return EXIT_OK
 
 
@@ -426,6 +429,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the failing check, as the table names it, e.g. resnet18/cat/compile-cpu")
     reduce.add_argument("--out", metavar="DIR",
                         help="a new or empty folder for the repro (default: RUN_DIR/reduce-MODEL-INPUTS-TARGET)")
+    reduce.add_argument("--trust-code", action="append", metavar="DIR",
+                        help="a folder whose model code reduce may import though it lies outside RUN_DIR and the "
+                             "experiment's own folder (repeatable); without it such records are refused")
     reduce.set_defaults(func=cmd_reduce)
 
     backends = sub.add_parser("backends", help="list every backend and whether it can run here")

@@ -3,12 +3,16 @@
 `prepare` checks a folder before any work: it is a folder (or can be made one), parity can write in it,
 it has some room left, and none of the files parity writes there is a link or anything but a regular
 file. A link would make parity append its records, truncate (`--fresh`) or overwrite (a report) a file
-elsewhere; a folder or a FIFO in a file's place would stop the run after its work was done.
+elsewhere; a folder or a FIFO in a file's place would stop the run after its work was done. The files
+written in place (IN_PLACE: records are appended, and emptied by `--fresh`; the libraries' log is appended)
+must also have no second hard link: a hard link is a regular file under another name (a `cp -al` copy of a run folder), and
+writing it would write the other file too.
 
-Writing: records are opened without following a link (`open_records`, O_NOFOLLOW); the summary and the
-reports are written to a temporary file in the folder and renamed into place (`write_text`), so a full
-disk leaves the previous file, or none, never a truncated one. Every failure is a ParityError naming
-the path and the system's reason.
+Writing: records are opened without following a link (`open_records`, O_NOFOLLOW), and refused when the
+opened file has another hard link; the summary and the reports are written to a temporary file in the
+folder and renamed into place (`write_text`), so a full disk leaves the previous file, or none, never a
+truncated one, and a file hard-linked there is replaced by a new one, never written. Every failure is a
+ParityError naming the path and the system's reason.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from pathlib import Path
 from parity.errors import ParityError
 
 OUTPUT_FILES = ("records.jsonl", "summary.json", "report.md", "report.html", "junit.xml", "run.log")
+# written in place (appended, emptied), not replaced: no second hard link allowed
+IN_PLACE = ("records.jsonl", "run.log")
 MIN_FREE_BYTES = 4 * 2**20  # less than a run's records and reports may need; a full disk fails now, not later
 
 _UMASK = os.umask(0o022)
@@ -101,20 +107,31 @@ def check_file(path: Path) -> None:
     if not stat.S_ISREG(mode):
         kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file (a FIFO, socket or device)"
         raise ParityError(f"{path}: is {kind}, where parity writes its {path.name}: move it away, or give another --out")
+    if path.name in IN_PLACE:
+        check_links(path, os.lstat(path).st_nlink)
+
+
+def check_links(path: Path, links: int) -> None:
+    """A file parity writes in place must be its only name: another hard link would be written too."""
+    if links > 1:
+        raise ParityError(f"{path}: has {links} hard links (the same file under another name, as `cp -al` makes); "
+                          "parity would write into the other too: copy the folder with `cp -a`, or give another --out")
 
 
 def open_records(path: Path):
-    """`path` opened for reading and appending, created if missing; a link or anything but a regular file
-    is refused (O_NOFOLLOW: the check and the open are one step)."""
+    """`path` opened for reading and appending, created if missing; a link, anything but a regular file, or
+    a file with another hard link is refused (O_NOFOLLOW and fstat: the checks are on what was opened)."""
     flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0), 0o666)  # a FIFO must not block the open
     except OSError as exc:
         check_file(path)  # a link (ELOOP), a folder (EISDIR): said as such
         raise ParityError(f"{path}: cannot open it for writing: {reason(exc)}") from exc
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    opened = os.fstat(fd)
+    if not stat.S_ISREG(opened.st_mode) or opened.st_nlink > 1:
         os.close(fd)
         check_file(path)
+        check_links(path, opened.st_nlink)
         raise ParityError(f"{path}: is not a regular file, where parity writes its records")
     os.set_blocking(fd, True)
     return os.fdopen(fd, "a+b")

@@ -174,6 +174,9 @@ def save_experiment(data: dict[str, Any], path: Path) -> None:
     folder can move with the file); never over an existing file (it may be one the user grew)."""
     import yaml
 
+    if path.is_symlink():  # a dangling one too: writing would create its target, wherever it points
+        raise ParityError(f"--save-experiment {path}: is a symbolic link; parity writes a new file, never through "
+                          "a link: name another file")
     if path.exists():
         raise ParityError(f"--save-experiment {path}: the file exists; remove it or name another (it is never "
                           "overwritten: it may be an experiment you grew)")
@@ -194,4 +197,10 @@ def save_experiment(data: dict[str, Any], path: Path) -> None:
             s["images"] = [relative(ref) for ref in s["images"]]
     header = (f"# Written by parity check. `parity run {path.name}` runs the same checks; every key is in the\n"
               "# parity docs, docs/experiment-file.md (more targets, an oracle, tiers 2 and 3, repeats...).\n")
-    path.write_text(header + yaml.safe_dump(saved, sort_keys=False, default_flow_style=None))
+    text = header + yaml.safe_dump(saved, sort_keys=False, default_flow_style=None)
+    try:  # O_EXCL: a file or link that appeared since is not written through; O_NOFOLLOW says so
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    except OSError as exc:
+        raise ParityError(f"--save-experiment {path}: cannot create it: {exc.strerror or exc}") from exc
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        file.write(text)

@@ -17,6 +17,12 @@ hook (`verify.activations.capture`), and the folder gets:
   output and exits 1 when one exceeds the check's gate at its rtol, 0 when they agree. A backend without
   a snippet gets no script at all: never one that silently compares eager with eager,
 - `README.txt`: the check, the numbers the run recorded, how to run the script.
+
+Rebuilding the model runs the code its records name (a `python` entry imported from `base_dir`, a `repo`
+folder), and a RUN_DIR may come from someone else (a CI artifact). So that code must lie inside RUN_DIR,
+inside the experiment's own folder (`base_dir` when an experiment file there still holds the very
+models the records ran), or inside a folder the user names with `--trust-code`;
+anything else is refused before any import (`code_problem`).
 """
 
 from __future__ import annotations
@@ -105,8 +111,56 @@ def experiment_of(run: dict[str, Any], run_dir: Path):
     return exp
 
 
-def reduce_check(run_dir: Path, which: str, out: Path | None) -> Path:
-    """Write the repro folder of check `which` (MODEL/INPUTS/TARGET) of the run in `run_dir`; return it."""
+MAX_EXPERIMENT_FILES = 100  # the YAML files of base_dir read to find the run's own experiment file
+
+
+def experiment_folder(run: dict[str, Any]) -> Path | None:
+    """`base_dir` when it holds the experiment file the run ran: the file the run record names, else one of
+    the folder's own .yaml/.yml files, that loads into the models the records hold (the code they name;
+    localize records its own tiers, so the rest may differ). None when none does."""
+    from parity.config import load_experiment
+
+    if not isinstance(run.get("base_dir"), str) or not isinstance(run.get("config"), dict):
+        return None
+    folder = Path(run["base_dir"])
+    recorded = run["config"].get("models")
+    named = [folder / Path(run["file"]).name] if isinstance(run.get("file"), str) else []
+    try:
+        candidates = named or sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))[:MAX_EXPERIMENT_FILES]
+    except OSError:
+        return None
+    for path in candidates:
+        try:
+            exp = load_experiment(path)
+        except (ParityError, OSError, ValueError):
+            continue
+        if exp.base_dir == folder and exp.model_dump(mode="json")["models"] == recorded:
+            return folder
+    return None
+
+
+def code_problem(run: dict[str, Any], run_dir: Path, exp, model_spec, trusted: list[Path]) -> str | None:
+    """Why the code the records name for `model_spec` may not be run here, or None: a `python` entry is
+    imported from `base_dir` first, a `repo` model from its folder; each must lie in RUN_DIR, the
+    experiment's own folder or a `--trust-code` folder."""
+    source = getattr(model_spec, "source", None)
+    if source == "python":
+        code = Path(run["base_dir"])
+    elif source == "repo":
+        code = exp.resolve(model_spec.path)
+    else:
+        return None  # no code of the user's: a library's model, or a model file (data)
+    roots = [run_dir, *trusted, *filter(None, [experiment_folder(run)])]
+    resolved = code.resolve()
+    if any(resolved == root.resolve() or resolved.is_relative_to(root.resolve()) for root in roots):
+        return None
+    return (f"{run_dir}: its records name model code in {code} ({source} model '{model_spec.name}'), outside RUN_DIR "
+            f"and the experiment's own folder; reduce would import it: pass --trust-code {code} if it is yours")
+
+
+def reduce_check(run_dir: Path, which: str, out: Path | None, trusted: list[Path] | None = None) -> Path:
+    """Write the repro folder of check `which` (MODEL/INPUTS/TARGET) of the run in `run_dir`; return it. The
+    model's code must lie in `run_dir`, the experiment's folder or one of `trusted` (`code_problem`)."""
     from parity.backends import backend_class
     from parity.inputs import build_inputs
     from parity.outdir import prepare
@@ -116,10 +170,17 @@ def reduce_check(run_dir: Path, which: str, out: Path | None) -> Path:
     from parity.verify.localize import MODEL
 
     found = find_check(read_run(run_dir), run_dir, which)
-    out = out if out is not None else run_dir / f"reduce-{found.model}-{found.inputs}-{found.target}"
+    if out is None:  # inside RUN_DIR, which someone else may have made: a link planted there is not followed
+        out = run_dir / f"reduce-{found.model}-{found.inputs}-{found.target}"
+        if out.is_symlink():
+            raise ParityError(f"{out}: is a symbolic link; parity writes the repro into a folder of RUN_DIR, never "
+                              "through a link to elsewhere: remove it, or give --out")
     _refuse_nonempty(out)
     exp = experiment_of(found.run, run_dir)
     model_spec = next(m for m in exp.models if m.name == found.model)
+    problem = code_problem(found.run, run_dir, exp, model_spec, trusted or [])
+    if problem:
+        raise ParityError(problem)
     input_spec = next(s for s in exp.inputs_for(model_spec) if s.name == found.inputs)
     target = next(t for t in exp.targets if t.id == found.target)
     if target.quantize is not None:

@@ -13,6 +13,7 @@ import torch
 from parity.backends.eager import EagerBackend, call_lines, placement_lines
 from parity.backends.shapes import DynamicShapeOptions
 from parity.inputs import Inputs
+from parity.models.sources.saved import load_exported
 
 
 class ExportOptions(DynamicShapeOptions):
@@ -51,4 +52,4 @@ class ExportBackend(EagerBackend):
         example = self.convert(example)
         folder = self.artifact("export", model, example, lambda folder: torch.export.save(
             export_program(model, example, self.options), str(folder / "model.pt2")))
-        self.model = torch.export.load(str(folder / "model.pt2")).module()
+        self.model = load_exported(folder / "model.pt2").module()  # from the cache too: data, never code

@@ -21,6 +21,13 @@ Location: `--cache-dir`, else `$PARITY_CACHE_DIR`, else `$XDG_CACHE_HOME/parity`
 `--no-cache` or `PARITY_CACHE_DIR=off` turns it off (an `ArtifactCache(None)`: the Python API's). Nothing is ever evicted: `parity cache clear`
 reclaims the space. Entries are written to a temporary folder and renamed into place when complete, so
 a run killed mid-export leaves no half-written entry behind.
+
+A cache folder is shared between runs (a CI cache restored from elsewhere), so no entry is trusted blindly:
+each holds its manifest (`ENTRY_FILE`: its key, what the key was made of, and the sha256 of every file it
+holds), and a hit is used only when the manifest matches the key and every file matches its digest, with
+none missing and none added. Anything else is rebuilt, with a warning and a note on the execution: a
+damaged entry is never loaded, so it can neither pass a check nor fail one as the target's error. The
+manifest is also what `parity cache clear` removes: only the files it names.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import contextvars
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -43,13 +51,19 @@ import torch
 from parity import fingerprint
 from parity.errors import ParityError
 from parity.inputs import Inputs
+from parity.outdir import write_text
+
+log = logging.getLogger(__name__)
 
 OFF = ("off", "none", "0", "false", "")
-# What parity puts in a cache folder, and all that `clear` removes: artifact entries (named by their key;
-# a `.partial` one is an export in progress or killed), torch.compile's caches, and the tag that marks the
-# folder as parity's (the Cache Directory Tagging format: backup tools skip such folders).
+# What parity puts in a cache folder: artifact entries (named by their key; a `.partial` one is an export in
+# progress or killed, a `.damaged` one a damaged entry on its way out), torch.compile's caches, and the tag that
+# marks the folder as parity's (the Cache Directory Tagging format: backup tools skip such folders). `clear`
+# removes only what the tag (parity's own text), MADE and each entry's manifest say parity wrote.
 ARTIFACTS, INDUCTOR, TAG = "artifacts", "inductor", "CACHEDIR.TAG"
-ENTRY = re.compile(r"[0-9a-f]{32}|\.[0-9a-f]{32}\.[0-9]+\.partial")
+ENTRY = re.compile(r"[0-9a-f]{32}|\.[0-9a-f]{32}\.[0-9]+\.(partial|damaged)")
+MADE = "parity-made.json"  # the folders (artifacts/, inductor/) parity made in the cache: `clear` removes no other
+ENTRY_FILE = "parity-entry.json"  # an entry's manifest: its key, the key's parts, each file's sha256
 TAG_TEXT = ("Signature: 8a477f597d28d172789f06886806bc55\n"
             "# This folder is parity's artifact cache; `parity cache clear` empties it.\n")
 SYSTEM = (Path("/proc"), Path("/sys"))  # never a cache: not files on a disk
@@ -96,10 +110,17 @@ class ArtifactCache:
             return self
         if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.root / INDUCTOR / kernel_tag())
-        with contextlib.suppress(OSError):  # a cache that cannot be written fails the exports that need it
+        with contextlib.suppress(OSError, ParityError):  # a cache that cannot be written fails the exports that need it
             self.root.mkdir(parents=True, exist_ok=True)
-            if not (self.root / TAG).exists():
-                (self.root / TAG).write_text(TAG_TEXT)
+            if not (self.root / TAG).exists() and not (self.root / TAG).is_symlink():
+                write_text(self.root / TAG, TAG_TEXT)  # renamed into place: never through a link
+            made = set(_made(self.root))
+            for name in (ARTIFACTS, INDUCTOR):
+                if not (self.root / name).exists() and not (self.root / name).is_symlink():
+                    (self.root / name).mkdir()
+                    made.add(name)
+            if made != set(_made(self.root)):
+                write_text(self.root / MADE, json.dumps(sorted(made)))
         return self
 
     @contextlib.contextmanager
@@ -117,6 +138,12 @@ class ArtifactCache:
     def key(self, kind: str, model: torch.nn.Module, backend: Any, example: Inputs, identity: str | None) -> str | None:
         """The key of an artifact that `backend` makes of `model`, or None when it may not be cached: no cache,
         no identity, or code the fingerprint cannot vouch for."""
+        parts = self.key_parts(kind, model, backend, example, identity)
+        return None if parts is None else digest_key(parts)
+
+    def key_parts(self, kind: str, model: torch.nn.Module, backend: Any, example: Inputs,
+                  identity: str | None) -> str | None:
+        """What the key of that artifact hashes, as canonical JSON (kept in the entry's manifest), or None."""
         if identity is None or self.root is None:
             return None
         code = fingerprint.code_fingerprint(model, type(backend))
@@ -130,28 +157,40 @@ class ArtifactCache:
                  "quantize": quantize_part(backend, model),
                  "libraries": fingerprint.versions({"torch", *backend.libraries, *reached}),
                  "python": sys.version, "parity": fingerprint.parity_digest(), "kernels": kernel_tag()}
-        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
+        return json.dumps(parts, sort_keys=True, default=str)
 
-    def fetch_or_build(self, key: str, build: Callable[[Path], None]) -> tuple[Path, bool]:
-        """The folder of the artifact `key`, built by `build(folder)` when it is not there yet; and whether it
-        was there (a hit)."""
+    def fetch_or_build(self, parts: str, build: Callable[[Path], None]) -> tuple[Path, bool, str | None]:
+        """The folder of the artifact whose key is made of `parts` (`key_parts`), built by `build(folder)` when it
+        is not there yet or is damaged; whether it was there intact (a hit); and what was wrong with the entry
+        found under its key (None: nothing, or no entry)."""
         assert self.root is not None
+        key = digest_key(parts)
         final = self.root / ARTIFACTS / key
-        if final.is_dir():
-            return final, True
+        damage = None
+        if final.is_dir() or final.is_symlink():
+            damage = entry_problem(final, key, parts)
+            if damage is None:
+                return final, True, None
         final.parent.mkdir(parents=True, exist_ok=True)
         partial = final.parent / f".{key}.{os.getpid()}.partial"
-        shutil.rmtree(partial, ignore_errors=True)
+        _discard(partial)
         partial.mkdir()
         try:
+            (partial / ENTRY_FILE).write_text(json.dumps({"key": key, "parts": parts, "files": None}))
             build(partial)
+            (partial / ENTRY_FILE).write_text(json.dumps({"key": key, "parts": parts, "files": _digests(partial)}))
+            if damage is not None:  # set aside and removed, never loaded
+                aside = final.parent / f".{key}.{os.getpid()}.damaged"
+                with contextlib.suppress(FileNotFoundError):
+                    os.replace(final, aside)
+                _discard(aside)
             os.replace(partial, final)
         except OSError:  # another process finished the same entry first: keep theirs
-            if not final.is_dir():
+            if not final.is_dir() or entry_problem(final, key, parts) is not None:
                 raise
         finally:
-            shutil.rmtree(partial, ignore_errors=True)
-        return final, False
+            _discard(partial)
+        return final, False, damage
 
 
 class ModelArtifacts:
@@ -163,10 +202,74 @@ class ModelArtifacts:
 
     def fetch(self, kind: str, model: torch.nn.Module, backend: Any, example: Inputs,
               build: Callable[[Path], None]) -> tuple[Path, bool] | None:
-        """(folder, hit) of the artifact `kind` of `model`, built by `build` when missing; None when it may not
-        be cached (the backend then builds it in a scratch folder of its own)."""
-        key = self.cache.key(kind, model, backend, example, self.identity)
-        return None if key is None else self.cache.fetch_or_build(key, build)
+        """(folder, hit) of the artifact `kind` of `model`, built by `build` when missing or damaged (said as a
+        warning and as the backend's note); None when it may not be cached (the backend then builds it in a
+        scratch folder of its own)."""
+        parts = self.cache.key_parts(kind, model, backend, example, self.identity)
+        if parts is None:
+            return None
+        folder, hit, damage = self.cache.fetch_or_build(parts, build)
+        if damage is not None:
+            message = f"cache entry {folder} was damaged ({damage}): rebuilt, the damaged one not used"
+            log.warning(message)
+            backend.note("cache", message)
+        return folder, hit
+
+
+def digest_key(parts: str) -> str:
+    return hashlib.sha256(parts.encode()).hexdigest()[:32]
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    """The sha256 of every file under `folder` but its manifest, by path relative to it. Anything but a
+    folder or a regular file (a link, a FIFO) is an OSError: a backend never writes one."""
+    found = {}
+    for here, dirs, names in os.walk(folder, onerror=_raise):
+        for name in [*dirs, *names]:
+            path = Path(here) / name
+            if path.is_symlink() or not (path.is_dir() or path.is_file()):
+                raise OSError(f"{path.relative_to(folder)} is not a regular file or folder")
+        for name in names:
+            relative = (Path(here) / name).relative_to(folder).as_posix()
+            if relative != ENTRY_FILE:
+                found[relative] = _file_digest(Path(here) / name)
+    return found
+
+
+def entry_problem(folder: Path, key: str, parts: str) -> str | None:
+    """What is wrong with the cache entry `folder` for the key `key` made of `parts`, or None when its manifest
+    matches them and every file it holds is the one it had when written (sha256), none missing, none added."""
+    if folder.is_symlink():
+        return "it is a symbolic link"
+    try:
+        manifest = json.loads((folder / ENTRY_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        return f"no readable {ENTRY_FILE} ({getattr(exc, 'strerror', None) or exc})"
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        return f"{ENTRY_FILE} lists no files"
+    if manifest.get("key") != key or manifest.get("parts") != parts or digest_key(str(manifest.get("parts"))) != key:
+        return f"{ENTRY_FILE} was written for other key inputs"
+    try:
+        found = _digests(folder)
+    except OSError as exc:
+        return str(exc.strerror or exc)
+    expected = manifest["files"]
+    for name in sorted(set(expected) | set(found)):
+        if name not in found:
+            return f"{name} is missing"
+        if name not in expected:
+            return f"{name} was added"
+        if found[name] != expected[name]:
+            return f"{name} differs from the file written (sha256)"
+    return None
 
 
 def quantize_part(backend: Any, model: torch.nn.Module) -> list[Any] | None:
@@ -260,18 +363,36 @@ def _raise(exc: OSError) -> None:
     raise exc
 
 
+def tagged(root: Path) -> bool:
+    """Whether `root` holds parity's own tag (another tool's CACHEDIR.TAG says the folder is that tool's)."""
+    tag = root / TAG
+    try:
+        return not tag.is_symlink() and tag.is_file() and tag.stat().st_size == len(TAG_TEXT) and tag.read_text() == TAG_TEXT
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _made(root: Path) -> list[str]:
+    """The folders of the cache at `root` that parity made (MADE), [] when it says none or cannot be read."""
+    try:
+        made = json.loads((root / MADE).read_text()) if not (root / MADE).is_symlink() else []
+    except (OSError, ValueError):
+        return []
+    return [name for name in made if name in (ARTIFACTS, INDUCTOR)] if isinstance(made, list) else []
+
+
 def usage(root: Path) -> dict[str, Any]:
     """What the cache at `root` holds: its artifact entries (and what else is in `artifacts/`), inductor's
     files, their sizes, and whether parity tagged the folder."""
     check_location(root)
-    found: dict[str, Any] = {"tagged": (root / TAG).is_file(), "entries": 0, "artifact_bytes": 0, "foreign": [],
+    found: dict[str, Any] = {"tagged": tagged(root), "entries": 0, "artifact_bytes": 0, "foreign": [],
                              "inductor_files": 0, "inductor_bytes": 0}
     try:
         artifacts = root / ARTIFACTS
         if artifacts.is_dir() and not artifacts.is_symlink():
             for child in sorted(artifacts.iterdir()):
                 if ENTRY.fullmatch(child.name):
-                    found["entries"] += not child.name.endswith(".partial")
+                    found["entries"] += not child.name.startswith(".")
                     found["artifact_bytes"] += _size(child)[1]
                 else:
                     found["foreign"].append(child.name)
@@ -288,29 +409,81 @@ def usage(root: Path) -> dict[str, Any]:
 
 
 def clear(root: Path) -> dict[str, Any]:
-    """Remove what parity put in the cache at `root`: the artifact entries, `artifacts/` when nothing else is
-    left in it, and `inductor/`. Never `root` itself, nothing parity did not write, and no symbolic link is
-    followed (a link where parity keeps a folder is left alone: parity never makes one). A folder without
-    parity's tag is not a parity cache and is left as it is. Returns what was there (`usage`)."""
+    """Remove what parity wrote in the cache at `root`, and only that: each artifact entry's files as its
+    manifest names them (then its folders, when empty), `artifacts/` when parity made it and nothing else is
+    left in it, and `inductor/` when parity made it (MADE). Never `root` itself, and no symbolic link is
+    followed or removed (parity never makes one). A folder without parity's own tag is not a parity cache and
+    is left as it is. Returns what was there (`usage`), with `left`: what was left, and why, and `freed`: bytes."""
     found = usage(root)
+    found["left"], found["freed"] = [], 0
     if not root.exists():
         return found
     if not found["tagged"]:
         raise ParityError(f"cache folder {root}: not a parity cache (no {TAG} written by parity); nothing removed")
+    made = _made(root)
     try:
         artifacts = root / ARTIFACTS
         if artifacts.is_dir() and not artifacts.is_symlink():
-            for child in artifacts.iterdir():
+            for child in sorted(artifacts.iterdir()):
                 if ENTRY.fullmatch(child.name):
-                    _remove(child)
-            if not any(artifacts.iterdir()):
+                    found["freed"] += _clear_entry(child, found["left"])
+            if ARTIFACTS in made and not any(artifacts.iterdir()):
                 artifacts.rmdir()
         inductor = root / INDUCTOR
         if inductor.is_dir() and not inductor.is_symlink():
-            shutil.rmtree(inductor)
+            if INDUCTOR in made:
+                found["freed"] += found["inductor_bytes"]
+                shutil.rmtree(inductor)
+            else:
+                found["left"].append(f"{INDUCTOR}/ (not made by parity)")
+        if not (root / ARTIFACTS).exists() and not (root / INDUCTOR).exists():
+            _discard(root / MADE)
     except OSError as exc:
         raise ParityError(f"cache folder {root}: cannot remove {exc.filename}: {exc.strerror or exc}") from exc
     return found
+
+
+def _clear_entry(entry: Path, left: list[str]) -> int:
+    """Remove what parity wrote in the artifact entry `entry` (its manifest's files; all of an unfinished or a
+    damaged one's, which parity alone names so); say in `left` what was left. Returns the bytes freed."""
+    name = f"{ARTIFACTS}/{entry.name}"
+    if entry.is_symlink() or not entry.is_dir():
+        left.append(f"{name} (not a folder parity wrote)")
+        return 0
+    try:
+        manifest = json.loads((entry / ENTRY_FILE).read_text())
+        files = manifest.get("files") if manifest.get("key") == entry.name.removeprefix(".").split(".")[0] else False
+    except (OSError, ValueError, AttributeError):
+        files = False
+    unfinished = entry.name.startswith(".")
+    if files is False or not (isinstance(files, dict) or unfinished and files is None):
+        left.append(f"{name} (no {ENTRY_FILE} of parity's)")
+        return 0
+    if unfinished:  # an export in progress or killed, or a damaged entry set aside: all parity's
+        freed = _size(entry)[1]
+        shutil.rmtree(entry)
+        return freed
+    freed = 0
+    for relative in [*files, ENTRY_FILE]:
+        path = entry / relative
+        if ".." not in Path(relative).parts and not Path(relative).is_absolute() and path.is_file() and not path.is_symlink():
+            freed += path.stat().st_size
+            path.unlink()
+    for here, dirs, _ in os.walk(entry, topdown=False):
+        for folder in dirs:
+            with contextlib.suppress(OSError):  # not empty: something parity did not write is in it
+                (Path(here) / folder).rmdir()
+    try:
+        entry.rmdir()
+    except OSError:
+        kept = sorted(p.relative_to(entry).as_posix() for p in entry.rglob("*") if not p.is_dir() or p.is_symlink())
+        left.append(f"{name}/ ({', '.join(kept[:5])}{', ...' if len(kept) > 5 else ''}: not written by parity)")
+    return freed
+
+
+def _discard(path: Path) -> None:
+    if path.exists() or path.is_symlink():
+        _remove(path)
 
 
 def _remove(path: Path) -> None:

@@ -20,8 +20,13 @@ def load_tokenizer(folder: Path):
             from transformers import AutoTokenizer
     except ImportError as exc:
         raise ParityError("text inputs need the transformers package: pip install 'parity[transformers]'") from exc
+    from parity.models.sources.transformers import remote_code_problem
+
+    remote = remote_code_problem(folder, ("tokenizer_config.json", "config.json"))
+    if remote:
+        raise ParityError(remote)
     try:
-        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, TypeError, KeyError) as exc:  # no tokenizer files, a class it does not know
         raise ParityError(f"no tokenizer transformers can read in {folder}: {str(exc).splitlines()[0]}") from exc
 

@@ -10,7 +10,7 @@ hooks: the file's modules hold weights, but its graph, not their Python forward,
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import model_validator
 
@@ -53,6 +53,8 @@ class FileSource(Source):
             raise ParityError(f"model '{spec.name}': {problem}")
         try:
             return self.load(path)
+        except ParityError as exc:  # refused: it would run code
+            raise ParityError(f"model '{spec.name}': {exc}") from exc
         except Exception as exc:  # a corrupt or foreign file: the loader's first line says what it found
             first = (str(exc).strip().splitlines() or [""])[0]
             raise ParityError(f"model '{spec.name}': {path} is not a {self.what} file this torch can read "
@@ -102,19 +104,55 @@ class ExportedSource(FileSource):
     def load(self, path):
         """The program's module, with the train()/eval() it refuses given back: its graph computes as it was
         exported (in whichever mode), and parity's eval() then only sets the flags it would have set."""
-        import logging
-
-        import torch
-
-        export_log = logging.getLogger("torch.export")
-        level = export_log.level
-        export_log.setLevel(logging.ERROR)  # it logs a traceback before trying the older format, then raises
-        try:
-            module = torch.export.load(str(path)).module()
-        finally:
-            export_log.setLevel(level)
+        module = load_exported(path).module()
         del module.train, module.eval  # ExportedProgram.module() sets both to raise NotImplementedError
         return module
+
+
+# What a .pt2 archive may hold that loading it would run as code: compiled AOTInductor models (a shared
+# library), and constants unpickled with plain pickle (opaque objects) or TorchScript's (custom objects).
+CODE_IN_PT2 = ("data/aotinductor/", "data/constants/opaque_obj", "data/constants/custom_obj")
+
+
+def load_exported(path) -> Any:
+    """`torch.export.load` with `weights_only` semantics: torch.export.load unpickles weights, constants and
+    sample inputs, falling back to `weights_only=False` (code runs) when the safe unpickler refuses one. Here
+    every torch.load inside it is forced to weights_only (TORCH_FORCE_WEIGHTS_ONLY_LOAD), and an archive
+    holding native code or objects unpickled otherwise is refused before it is opened: a ParityError."""
+    import logging
+    import os
+    import pickle
+    import zipfile
+
+    import torch
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError) as exc:  # said by the caller as a file this torch cannot read
+        raise ValueError(f"not a zip archive ({exc})") from exc
+    code = next((n for n in names if any(f"/{part}" in f"/{n}" for part in CODE_IN_PT2)), None)
+    if code is not None:
+        raise ParityError(f"{path}: holds {code}, which loading would run as code (compiled native code or a "
+                          "pickled object); parity loads only exported programs whose weights are tensors")
+    export_log = logging.getLogger("torch.export")
+    saved = {k: os.environ.pop(k, None) for k in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")}
+    level = export_log.level
+    export_log.setLevel(logging.CRITICAL)  # it logs a traceback before trying the older format, then raises
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        return torch.export.load(str(path))
+    except pickle.UnpicklingError as exc:
+        detail = (str(exc).strip().splitlines() or [""])[0]
+        raise ParityError(f"{path}: holds a pickle that is not only tensors and plain values, refused unloaded "
+                          f"(weights_only: {detail[:200]})") from exc
+    finally:
+        export_log.setLevel(level)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 TORCHSCRIPT = TorchScriptSource()

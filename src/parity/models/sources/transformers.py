@@ -11,6 +11,7 @@ one exporter to the next. The model returns its `ModelOutput`, whose leaves are 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from parity.config.schema import LocalPath, ModelSpecBase
-from parity.errors import ParityError, did_you_mean
+from parity.errors import ParityError, clip, did_you_mean
 from parity.models.sources import Source
 from parity.offline import quiet_library_imports
 
@@ -91,12 +92,34 @@ def model_config(mapping: dict[str, Any]):
         raise ParityError(f"transformers config for model_type '{model_type}': {exc}") from exc
 
 
+def remote_code_problem(folder: Path, names: tuple[str, ...] = ("config.json",)) -> str | None:
+    """Why `folder` needs code of its own (an `auto_map` in one of its config files `names`: classes in the
+    folder's .py files, which transformers runs under trust_remote_code), or None. parity always loads with
+    trust_remote_code=False; the folder is refused by name rather than left to transformers' prompt."""
+    for name in names:
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):
+            continue  # transformers says what it cannot read
+        if isinstance(config, dict) and "auto_map" in config:
+            named = clip(json.dumps(config["auto_map"]))
+            return (f"{path} has an auto_map ({named}): it names code in the folder that transformers would run "
+                    "(trust_remote_code); parity loads only transformers' own classes, never a folder's code")
+    return None
+
+
 def folder_problem(folder: Path) -> str | None:
     """Why `folder` is not a save_pretrained folder parity can read, or None."""
     if not folder.is_dir():
         return f"transformers model folder not found: {folder} (a local save_pretrained folder; nothing is downloaded)"
     if not (folder / "config.json").is_file():
         return f"no config.json in {folder}: not a save_pretrained folder"
+    remote = remote_code_problem(folder)
+    if remote:
+        return remote
     if not any((folder / name).is_file() for name in WEIGHTS_FILES):
         return f"no weights in {folder} ({' or '.join(WEIGHTS_FILES[::2])}, as save_pretrained writes them)"
     return None
@@ -104,19 +127,22 @@ def folder_problem(folder: Path) -> str | None:
 
 def _from_config(cls, config, params: dict):
     if hasattr(cls, "from_config"):  # an Auto class
-        return cls.from_config(config, attn_implementation=ATTENTION, **params)
+        return cls.from_config(config, trust_remote_code=False, attn_implementation=ATTENTION, **params)
     return cls._from_config(config, attn_implementation=ATTENTION, **params)
 
 
 def build_transformers(spec, folder: Path | None):
     cls = model_class(spec.architecture)
+    if "trust_remote_code" in spec.params:
+        raise ParityError("'params' may not set trust_remote_code: parity never runs a model folder's own code")
     if folder is None:
         return _from_config(cls, model_config(spec.config), spec.params)
     problem = folder_problem(folder)
     if problem:
         raise ParityError(problem)
     try:
-        return cls.from_pretrained(folder, local_files_only=True, attn_implementation=ATTENTION, **spec.params)
+        return cls.from_pretrained(folder, local_files_only=True, trust_remote_code=False, attn_implementation=ATTENTION,
+                                   **spec.params)
     except (OSError, ValueError) as exc:  # no weights file, a config the class does not take
         raise ParityError(f"transformers could not load {folder} as {spec.architecture}: {exc}") from exc
 
