@@ -293,6 +293,19 @@ def test_records_hard_linked_to_a_file_elsewhere_are_never_written(tmp_path, fin
     assert_user_error(result, str(out / "records.jsonl"), "has 2 hard links", "cp -a")
 
 
+def test_the_run_log_hard_linked_to_a_file_elsewhere_is_never_appended_to(tmp_path, finished_run):
+    """run.log is appended to (the libraries' logging): like the records, a second hard link is refused."""
+    work, path = case(tmp_path)
+    original = tmp_path / "elsewhere" / "run.log"
+    original.write_text("keep\n")
+    out = work / "out"
+    out.mkdir()
+    os.link(original, out / "run.log")
+    result = run_parity(["run", str(path), "--out", str(out), "--quiet"], tmp_path, work, [])
+    assert_user_error(result, str(out / "run.log"), "has 2 hard links", "cp -a")
+    assert original.read_text() == "keep\n"
+
+
 def test_records_hard_linked_after_the_check_are_refused_when_opened(tmp_path):
     """The link may appear between the check before the work and the open: the opened file is checked."""
     original = tmp_path / "precious.jsonl"
@@ -309,12 +322,13 @@ def test_a_summary_and_reports_hard_linked_elsewhere_are_replaced_never_written(
     out.mkdir()
     (tmp_path / "elsewhere").mkdir()
     (out / "records.jsonl").write_bytes((finished_run / "records.jsonl").read_bytes())
-    for name in FILES[1:]:
+    replaced = [name for name in FILES if name not in outdir.IN_PLACE]
+    for name in replaced:
         (tmp_path / "elsewhere" / name).write_text("someone else's file\n")
         os.link(tmp_path / "elsewhere" / name, out / name)
     result = run_parity(["report", str(out)], tmp_path, tmp_path, ["out"])
     assert result.code == 0 and result.outside == [], result.err
-    for name in FILES[1:]:
+    for name in replaced:
         assert (tmp_path / "elsewhere" / name).read_text() == "someone else's file\n"
         assert os.stat(out / name).st_nlink == 1 and (out / name).read_text() != "someone else's file\n"
 
