@@ -56,7 +56,7 @@ def _repro(folder, tmp_path) -> subprocess.CompletedProcess:
 
 def test_the_script_reproduces_a_fault_only_the_target_sees_and_agrees_without_it(write_yaml, tmp_path, capsys):
     code, run_dir, printed = _run(write_yaml, tmp_path, capsys, CHAIN)
-    assert code == 1 and f"next: parity reduce RUN_DIR --check {CHECK}" in printed.replace("\n  ", " ")
+    assert code == 1 and f"next: parity reduce {run_dir} --check {CHECK}" in printed.replace("\n  ", " ")
     folder = tmp_path / "repro"
     assert main(["reduce", str(run_dir), "--check", CHECK, "--out", str(folder)]) == 0
     assert sorted(p.name for p in folder.iterdir()) == sorted(

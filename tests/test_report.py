@@ -147,16 +147,16 @@ def test_html_lists_every_failed_check_with_its_class_and_detail(run_dir):
 
 def test_sections_without_data_say_so(tmp_path):
     records = [json.loads(line) for line in _tiny_run(tmp_path, [{"backend": "eager", "name": "same"}]).splitlines()]
-    html = render_html(records, summarize(records))
+    html = render_html(records, summarize(records), "run")
     for line in ("No tier-2 records in this run", "No tier-3 records in this run",
                  "No detection checks (tier 3 of a detection model) in this run", "No check failed"):
         assert line in html
     for section, _ in SECTIONS:
         assert f'<section id="{section}">' in html
     only_run = [records[0]]  # a run that stopped before anything executed
-    html = render_html(only_run, summarize(only_run))
+    html = render_html(only_run, summarize(only_run), "run")
     assert "No tier-1 checks in these records" in html and "No execution records in this run" in html
-    markdown = render_markdown(only_run, summarize(only_run))
+    markdown = render_markdown(only_run, summarize(only_run), "run")
     assert "| model |" not in markdown and "| target |" not in markdown and "|---|" not in markdown
     for line in ("No tier-1 checks in these records.", "No tier-1 check ran, so there is no sweep.",
                  "No execution records in this run."):
@@ -171,7 +171,8 @@ def _tiny_run(tmp_path: Path, targets: list[dict], **overrides) -> str:
 
 
 def test_reports_are_regenerated_from_the_records_alone(run_dir, tmp_path, monkeypatch, capsys):
-    """Only records.jsonl is copied; nothing can run a model; the files come out the same."""
+    """Only records.jsonl is copied; nothing can run a model; the files come out the same (but for the folder
+    the commands they print name: the one the reports are in)."""
     import parity.backends
     import parity.execute.execution
 
@@ -187,7 +188,7 @@ def test_reports_are_regenerated_from_the_records_alone(run_dir, tmp_path, monke
     printed = capsys.readouterr().out
     for name in ("summary.json", "report.md", "report.html", "junit.xml"):
         assert str(copy / name) in printed
-        assert (copy / name).read_text() == (run_dir / name).read_text(), name
+        assert (copy / name).read_text() == (run_dir / name).read_text().replace(str(run_dir), str(copy)), name
 
 
 def test_no_report_writes_only_records_and_summary(tmp_path, capsys):
@@ -250,7 +251,7 @@ def test_a_missing_image_leaves_a_blank_canvas_and_says_so(run_dir):
     for check in checks_of(records):
         for image in (check.get("pictures") or {}).get("images", []):
             image["path"] = "/nonexistent/chelsea.png"
-    html = render_html(records, summarize(records))
+    html = render_html(records, summarize(records), "run")
     assert "cannot read /nonexistent/chelsea.png" in html and "blank canvas" in html
 
 
@@ -332,8 +333,8 @@ def test_a_share_of_mismatched_elements_reads_as_a_percentage_and_stays_a_fracti
     leaf = {"name": "out", "failure_class": "numeric_drift", "max_abs": 0.02, "max_rel": 0.5, "cosine": 0.99,
             "mismatch_fraction": 0.138}
     records[-1].update(passed=False, failure_class="numeric_drift", detail="drift", max_abs=0.02, leaves=[leaf])
-    assert "mismatched 13.8%" in render_markdown(records, summarize(records))
-    assert '<td class="num">13.8%</td>' in render_html(records, summarize(records))
+    assert "mismatched 13.8%" in render_markdown(records, summarize(records), "run")
+    assert '<td class="num">13.8%</td>' in render_html(records, summarize(records), "run")
     assert records[-1]["leaves"][0]["mismatch_fraction"] == 0.138
 
 

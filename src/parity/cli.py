@@ -138,10 +138,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     data = check_experiment(args.model, args.target, reference=args.reference, entry=args.entry,
                             hubconf=args.hubconf, weights=args.weights, shapes=args.input or [],
                             images=args.images or [], preprocess=args.preprocess, resize=args.resize,
-                            crop=args.crop, gate=args.gate, rtol=args.rtol, seed=args.seed)
+                            crop=args.crop, gate=args.gate, rtol=args.rtol, seed=args.seed, name=args.name)
     exp = experiment_from_dict(data, "parity check", Path.cwd())
     if args.save_experiment:
         save_experiment(data, Path(args.save_experiment))
+        exp._file = args.save_experiment  # as typed: the next: lines name it, to run from here
         print(f"experiment: {args.save_experiment} (parity run {args.save_experiment} runs it again)", file=sys.stderr)
     return cmd_run(args, [exp])
 
@@ -282,13 +283,23 @@ def _said_records(args: argparse.Namespace) -> None:
 
 
 def cmd_localize(args: argparse.Namespace) -> int:
-    """Localize one model x target without running the whole experiment; print the per-layer tables."""
+    """Localize one model x target without running the whole experiment; print the per-layer tables, and
+    the `parity reduce` command that cuts the culprit out (its record is in --out)."""
+    from rich.markup import escape
+
     from parity.report.console import render_layers
+    from parity.report.next_steps import reduce_step
 
     exp, model_spec, target, input_spec = _one_check(args)
     record = _runner(args, exp).localize(model_spec, target, input_spec)
-    render_layers(record, _console())
+    console = _console()
+    render_layers(record, console)
     _said_records(args)
+    if record.get("culprit") and not record.get("error") and target.quantize is None:  # reduce cuts float targets
+        if args.out:
+            console.print(escape(reduce_step(args.out, model_spec.name, input_spec.name, target.id)), soft_wrap=True)
+        else:
+            console.print("parity reduce cuts a repro from this localization's record: run it again with --out DIR")
     return EXIT_OK if not record.get("error") else EXIT_FAILED
 
 
@@ -534,6 +545,9 @@ def check_parser(sub) -> None:
                             "a bfloat16 or float16 target: its dtype's default, 1e-5 at rtol 1.6e-2 or 1e-3)")
     check.add_argument("--rtol", type=float, metavar="RTOL",
                        help="the relative tolerance, for every target (default: 1e-5; bfloat16 1.6e-2, float16 1e-3)")
+    check.add_argument("--name", metavar="NAME",
+                       help="the model's name in the table, records and commands (default: from MODEL, e.g. "
+                            "resnet18 for torchvision:resnet18, build for mymodels:build)")
     check.add_argument("--seed", type=int, default=0, metavar="N",
                        help="seeds the random init and the random inputs (default 0)")
     check.add_argument("--save-experiment", metavar="FILE",

@@ -152,10 +152,15 @@ def check_experiment(model: str, targets: list[str], *, reference: str | None = 
                      hubconf: str | None = None, weights: str | None = None, shapes: list[str] = (),
                      images: list[str] = (), preprocess: str | None = None, resize: int | None = None,
                      crop: int | None = None, gate: float | None = None, rtol: float | None = None,
-                     seed: int = 0) -> dict[str, Any]:
+                     seed: int = 0, name: str | None = None) -> dict[str, Any]:
     """The experiment (a dict in the file's shape) that a `parity check` command line describes. Paths
     are absolute, so that the experiment means the same wherever it is run or saved from."""
     spec = model_entry(model, entry, hubconf, weights)
+    if name is not None:
+        if plain_name(name, "") != name:
+            raise ParityError(f"--name '{name}': a name is letters, digits, _ . + - (starting with a letter, digit "
+                              f"or _), e.g. '{plain_name(name, 'model')}'")
+        spec["name"] = name
     inputs = input_entry(spec, list(shapes), list(images), preprocess, resize, crop)
     ref, target_list = target_entries(list(targets), reference)
     data: dict[str, Any] = {"name": spec["name"], "seed": seed, "models": [spec], "inputs": [inputs]}

@@ -114,7 +114,7 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
                                                                       f"{e['detail']} ({why})"), soft_wrap=True)
     for c in view.failed(1):
         console.print("[red]failed[/red] " + escape(f"{view.key(c)}: {c['failure_class']}: {c['detail']}"), soft_wrap=True)
-        for line in next_steps(c, view):
+        for line in next_steps(c, view, out_dir):
             console.print("  " + escape(line), soft_wrap=True)
     for c, lines in warned(checks):
         more = f" (and {len(lines) - 3} more in the records)" if len(lines) > 3 else ""
@@ -126,7 +126,7 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
         verdict = "[green]agrees[/green]" if c["passed"] else f"[red]{c['failure_class']}[/red]"
         console.print(f"tier 3 {verdict} " + escape(f"{view.key(c)}: {figures}"
                                                     + (f" ({c['detail']})" if c["detail"] else "")), soft_wrap=True)
-        for line in [flips_line(c), *(next_steps(c, view) if not c["passed"] else ())]:
+        for line in [flips_line(c), *(next_steps(c, view, out_dir) if not c["passed"] else ())]:
             if line:
                 console.print("  " + escape(line), soft_wrap=True)
     for key, loc in summary.get("localized", {}).items():

@@ -140,12 +140,12 @@ def _pass_rates(checks: list[dict], keys: list[str]) -> tuple[list[str], dict[tu
     return models, {cell: (passed[cell] / n if n else None) for cell, n in total.items()}
 
 
-def _failures(view: RunView) -> list[dict[str, Any]]:
+def _failures(view: RunView, run_dir: str | Path) -> list[dict[str, Any]]:
     out = []
     for c in [*view.failed(1), *view.failed(3)]:
         worst = view.worst_leaves(c, 5)
         out.append({"key": _key(c), "tier": c["tier"], "failure_class": c["failure_class"], "detail": c.get("detail") or "",
-                    "next": next_steps(c, view),
+                    "next": next_steps(c, view, run_dir),
                     "leaves": [{"name": leaf["name"], "failure_class": leaf["failure_class"],
                                 "max_abs": _sci(leaf.get("max_abs")), "max_rel": _sci(leaf.get("max_rel")),
                                 "cosine": _cosine(leaf.get("cosine")), "mismatch": percent(leaf.get("mismatch_fraction"), none="–"),
@@ -247,7 +247,7 @@ def _latency(records: RunView) -> tuple[list[dict], str | None]:
     return table, plots.latency_chart(timed) if timed else None
 
 
-def render_html(records: RunView | list[dict], summary: dict[str, Any]) -> str:
+def render_html(records: RunView | list[dict], summary: dict[str, Any], run_dir: str | Path) -> str:
     """The whole page as one string."""
     import jinja2
 
@@ -297,7 +297,7 @@ def render_html(records: RunView | list[dict], summary: dict[str, Any]) -> str:
         "sweep": plots.sweep_curve(summary["tolerances"], curves, summary["gate"]) if curves else None,
         "taxonomy_rows": taxonomy_rows,
         "taxonomy_plot": taxonomy_plot,
-        "failures": _failures(view),
+        "failures": _failures(view, run_dir),
         "latency_rows": latency_table,
         "latency_plot": latency_plot,
         "tier2": _tier2(layers),
@@ -315,7 +315,7 @@ def render_html(records: RunView | list[dict], summary: dict[str, Any]) -> str:
 def write_html(records: list[dict], summary: dict[str, Any], path: Path) -> None:
     from parity.outdir import write_text
 
-    write_text(path, render_html(records, summary))  # whole or not at all
+    write_text(path, render_html(records, summary, path.parent))  # whole or not at all
 
 
 WRITER = ReportWriter("html", "report.html", write_html)

@@ -50,7 +50,7 @@ def _body(check: dict[str, Any], steps: list[str]) -> str:
     return "\n".join(lines)
 
 
-def render_junit(records: RunView | list[dict], summary: dict[str, Any]) -> str:
+def render_junit(records: RunView | list[dict], summary: dict[str, Any], run_dir: str | Path) -> str:
     view = RunView.of(records)
     run, checks = view.run, view.checks()
     suite = ET.Element("testsuite", name=f"parity.{run['experiment']}")
@@ -77,14 +77,14 @@ def render_junit(records: RunView | list[dict], summary: dict[str, Any]) -> str:
             errors += 1
             error = ET.SubElement(case, "error", type=_clean(check["failure_class"]),
                                   message=_clean(f"{check['failure_class']}: {check['detail']}"))
-            error.text = _clean("\n".join([check["detail"], *next_steps(check, view)]))
+            error.text = _clean("\n".join([check["detail"], *next_steps(check, view, run_dir)]))
         elif not check["passed"]:
             failures += 1
             flips = flips_line(check)
             failure = ET.SubElement(case, "failure", type=_clean(check["failure_class"]),
                                     message=_clean(f"{check['failure_class']}: {check['detail']}"
                                                    + (f"; {flips}" if flips else "")))
-            failure.text = _clean(_body(check, next_steps(check, view)))
+            failure.text = _clean(_body(check, next_steps(check, view, run_dir)))
         if check.get("warnings"):  # what the target warned of, whatever the verdict
             ET.SubElement(case, "system-out").text = _clean("\n".join(describe_note(n) for n in check["warnings"]))
     counts = {"tests": str(len(checks)), "failures": str(failures), "errors": str(errors), "skipped": str(skipped),
@@ -99,7 +99,7 @@ def render_junit(records: RunView | list[dict], summary: dict[str, Any]) -> str:
 def write_junit(records: list[dict], summary: dict[str, Any], path: Path) -> None:
     from parity.outdir import write_text
 
-    write_text(path, render_junit(records, summary))  # whole or not at all
+    write_text(path, render_junit(records, summary, path.parent))  # whole or not at all
 
 
 WRITER = ReportWriter("junit", "junit.xml", write_junit)

@@ -27,7 +27,7 @@ def _fmt(x: Any) -> str:
     return f"{x:.2e}" if isinstance(x, float) else str(x)
 
 
-def render_markdown(records: RunView | list[dict], summary: dict[str, Any]) -> str:
+def render_markdown(records: RunView | list[dict], summary: dict[str, Any], run_dir: str | Path) -> str:
     view = RunView.of(records)
     checks = view.checks(1)
     keys = [tolerance_key(a) for a in summary["tolerances"]]
@@ -80,7 +80,7 @@ def render_markdown(records: RunView | list[dict], summary: dict[str, Any]) -> s
         for c in failed:
             lines.append(f"- **{view.key(c)}**: `{c['failure_class']}`: {c['detail']}")
             lines += [f"  - {line.split(': ', 1)[0]}: `{line.split(': ', 1)[1]}`" if line.startswith("next: ")
-                      else f"  - {line}" for line in next_steps(c, view)]
+                      else f"  - {line}" for line in next_steps(c, view, run_dir)]
             for leaf in view.worst_leaves(c, 5):
                 lines.append(f"  - `{leaf['name']}`: max abs {_fmt(leaf.get('max_abs'))}, max rel {_fmt(leaf.get('max_rel'))}, "
                              f"cosine {_fmt(leaf.get('cosine'))}, mismatched {percent(leaf.get('mismatch_fraction'))}"
@@ -150,7 +150,7 @@ def _table(columns: list[str], rows: list[str], empty: str) -> list[str]:
 def write_markdown(records: RunView | list[dict], summary: dict[str, Any], path: Path) -> None:
     from parity.outdir import write_text
 
-    write_text(path, render_markdown(records, summary))  # whole or not at all
+    write_text(path, render_markdown(records, summary, path.parent))  # whole or not at all
 
 
 WRITER = ReportWriter("markdown", "report.md", write_markdown)
