@@ -353,3 +353,29 @@ def test_matplotlib_warnings_stay_off_the_console_and_verbose_shows_them(caplog)
     assert escaped == []
     assert any("Glyph" in r.getMessage() and r.levelno == logging.DEBUG for r in caplog.records)
     assert logging.getLogger("matplotlib.font_manager").getEffectiveLevel() == logging.ERROR
+
+
+def test_every_view_states_each_targets_own_tolerance_where_it_is_judged(tmp_path, capsys):
+    """A bfloat16 target at its dtype's default (atol 1e-5, rtol 0.016) and a float32 one at the experiment's
+    gate (1e-4, 1e-5), in one run: the console, report.md, report.html and junit.xml say the same of each."""
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tiny_experiment([{"backend": "eager", "name": "same"},
+                                                    {"backend": "eager", "dtype": "bfloat16"}])))
+    main(["run", str(path), "--out", str(tmp_path / "out"), "--quiet"])
+    console = capsys.readouterr().out
+    bf16, fp32 = "atol 1e-05, rtol 0.016", "atol 0.0001, rtol 1e-05"
+    for line in (f"tolerance same: {fp32} (experiment)", f"tolerance eager-cpu-bfloat16: {bf16} (default-for-bfloat16)"):
+        assert line in console and f"- {line}" in (tmp_path / "out" / "report.md").read_text()
+    assert "tiny: tier 1, each target at its own tolerance" in console
+    html = unescape((tmp_path / "out" / "report.html").read_text())
+    heading = re.search(r"<h2>Checks at the gate(.*?)</h2>", html).group(1)
+    assert "each target at its own tolerance" in heading and "0.0001" not in heading
+    header = re.search(r"<tr><th>model / inputs</th>(.*?)</tr>", html, re.S).group(1)
+    assert re.search(rf"same<br><span[^>]*>{fp32}</span>", header)
+    assert re.search(rf"eager-cpu-bfloat16<br><span[^>]*>{bf16}</span>", header)
+    root = ET.parse(tmp_path / "out" / "junit.xml").getroot()
+    judged = {case.get("name"): {p.get("name"): p.get("value") for p in case.iter("property")}
+              for case in root.iter("testcase")}
+    assert judged == {"same tier 1": {"gate_atol": "0.0001", "rtol": "1e-05"},
+                      "eager-cpu-bfloat16 tier 1": {"gate_atol": "1e-05", "rtol": "0.016"}}
+    assert root.find("testsuite/properties/property[@name='gate_atol']") is None  # no one gate for the whole suite

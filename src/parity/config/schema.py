@@ -37,7 +37,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from parity.config.tolerances import Tolerance, default_gate
+from parity.config.tolerances import FLOAT_RTOL, Tolerance, default_gate
 from parity.config.tolerances import resolve as resolve_tolerance
 from parity.errors import ParityError, did_you_mean
 from parity.plugins import ADAPTERS, EXECUTORS, SOURCES, TASKS
@@ -416,7 +416,7 @@ class GateAndRules(Strict):
 
 class Tolerances(GateAndRules):
     atol: list[float] = Field(default_factory=lambda: [1e-6, 1e-5, 1e-4, 1e-3], min_length=1, max_length=100)
-    rtol: float = Field(default=1e-5, ge=0)
+    rtol: float = Field(default=FLOAT_RTOL, ge=0)
 
     @field_validator("atol", mode="before")
     @classmethod

@@ -38,24 +38,33 @@ def tolerance_title(summary: dict[str, Any]) -> str:
 
 
 def tolerance_lines(summary: dict[str, Any]) -> list[str]:
-    """One line per target judged at other than the experiment's tolerance, and one per noise floor the
-    checks show (the reference's own error, at each target's rtol), with the targets it concerns."""
-    lines, floors = [], {}
+    """Where targets are judged at different tolerances, one line per tolerance with the targets judged at it
+    (else one per target judged at other than the experiment's); then the output rules, and one line per noise
+    floor the checks show (the reference's own error, at each target's rtol), with the targets it concerns."""
+    shared, rules, floors = {}, [], {}
     for target, info in summary["per_target"].items():
         if info.get("gate") is None:
             continue
-        if info.get("tolerance_source", "experiment") != "experiment" or info.get("gated_by") == "tier3":
-            by = "; tier 3 decides the verdict (gate: tier3)" if info.get("gated_by") == "tier3" else ""
-            lines.append(f"tolerance {target}: atol {info['gate']:g}, rtol {info['rtol']:g} ({info['tolerance_source']}){by}")
+        source = info.get("tolerance_source", "experiment")
+        if not summary["uniform_tolerance"] or source != "experiment" or info.get("gated_by") == "tier3":
+            shared.setdefault((info["gate"], info["rtol"], source, info.get("gated_by")), []).append(target)
         if info.get("output_rules"):
-            lines.append(f"output rules {target}: {'; '.join(info['output_rules'])} (the leaves they matched)")
+            rules.append(f"output rules {target}: {'; '.join(info['output_rules'])} (the leaves they matched)")
         floor = info.get("noise_floor")
         if floor and (floor.get("atol") or 0) > 0:
             floors.setdefault((floor["atol"], floor["source"]), []).append(target)
+    lines = [f"tolerance {', '.join(targets)}: atol {gate:g}, rtol {rtol:g} ({source})"
+             + ("; tier 3 decides the verdict (gate: tier3)" if gated_by == "tier3" else "")
+             for (gate, rtol, source, gated_by), targets in shared.items()]
     for (atol, source), targets in floors.items():
-        lines.append(f"noise floor {', '.join(targets)}: atol {atol:.2g} is within the reference's own error "
+        rules.append(f"noise floor {', '.join(targets)}: atol {atol:.2g} is within the reference's own error "
                      f"({source}): a gate below it judges the reference's rounding, not the target")
-    return lines
+    return lines + rules
+
+
+def target_tolerance(info: dict[str, Any]) -> str:
+    """A target's tolerance as the tables head its column with: `atol 1e-05, rtol 0.016`."""
+    return "" if info.get("gate") is None else f"atol {info['gate']:g}, rtol {info['rtol']:g}"
 
 
 def environment_line(env: dict[str, Any]) -> str:

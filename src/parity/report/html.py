@@ -16,7 +16,14 @@ from parity.records import tolerance_key
 from parity.records.summary import latency_rows
 from parity.records.view import RunView
 from parity.report import ReportWriter, pictures, plots
-from parity.report.console import describe_note, flips_line, percent, tolerance_lines, tolerance_title
+from parity.report.console import (
+    describe_note,
+    flips_line,
+    percent,
+    target_tolerance,
+    tolerance_lines,
+    tolerance_title,
+)
 from parity.report.next_steps import next_steps
 from parity.taxonomy import MEANINGS, SEVERITY
 
@@ -101,6 +108,15 @@ def _setup(run: dict[str, Any], summary: dict[str, Any]) -> list[tuple[str, str]
         ("tier 2 (localize failures)", "on" if (tiers.get("activations") or {}).get("enabled") else "off"),
         ("tier 3 (task metrics)", "on" if (tiers.get("tasks") or {}).get("enabled") else "off"),
     ]
+
+
+def _gates(summary: dict[str, Any]) -> dict[float, list[str]]:
+    """Each gate the targets are judged at, with its targets: the sweep chart marks every one."""
+    gates: dict[float, list[str]] = {}
+    for target, info in summary["per_target"].items():
+        if info.get("gate") is not None:
+            gates.setdefault(info["gate"], []).append(target)
+    return gates
 
 
 def _gate_table(checks: list[dict], tier3: list[dict], layers: list[dict], targets: list[str]) -> list[dict]:
@@ -287,14 +303,14 @@ def render_html(records: RunView | list[dict], summary: dict[str, Any], run_dir:
         "setup": _setup(run, summary),
         "environment": _environment(run),
         "targets": targets,
-        "gate": summary["gate"],
-        "rtol": summary["rtol"],
+        "gate": None if summary["gate"] is None else tolerance_title(summary).removeprefix("tier 1 "),
+        "target_tolerances": [target_tolerance(summary["per_target"][t]) for t in targets],
         "gate_rows": _gate_table(checks, tier3, layers, targets),
         "unavailable": [(t, info["reason"]) for t, info in summary["per_target"].items() if info["skipped"]],
         "heatmap": plots.pass_rate_heatmap(models, targets, rates) if checks else None,
         "tolerance_keys": [f"{a:g}" for a in summary["tolerances"]],
         "sweep_rows": sweep_rows,
-        "sweep": plots.sweep_curve(summary["tolerances"], curves, summary["gate"]) if curves else None,
+        "sweep": plots.sweep_curve(summary["tolerances"], curves, _gates(summary)) if curves else None,
         "taxonomy_rows": taxonomy_rows,
         "taxonomy_plot": taxonomy_plot,
         "failures": _failures(view, run_dir),

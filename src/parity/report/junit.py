@@ -60,7 +60,7 @@ def render_junit(records: RunView | list[dict], summary: dict[str, Any], run_dir
     for key in (*libraries, "python", "platform", "git_commit"):
         if env.get(key):
             ET.SubElement(props, "property", name=key, value=_clean(env[key]))
-    if summary.get("gate") is not None:
+    if summary.get("gate") is not None and summary["uniform_tolerance"]:  # else each testcase says its own
         ET.SubElement(props, "property", name="gate_atol", value=f"{summary['gate']:g}")
         ET.SubElement(props, "property", name="rtol", value=f"{summary['rtol']:g}")
     failures = skipped = errors = 0
@@ -70,6 +70,10 @@ def render_junit(records: RunView | list[dict], summary: dict[str, Any], run_dir
         total_time += seconds
         case = ET.SubElement(suite, "testcase", classname=_clean(f"{check['model']}/{check['inputs']}"),
                              name=_clean(f"{check['target']} tier {check['tier']}"), time=f"{seconds:.3f}")
+        if check["tier"] == 1 and check.get("gate") is not None:  # the tolerance this check is judged at
+            judged_at = ET.SubElement(case, "properties")
+            ET.SubElement(judged_at, "property", name="gate_atol", value=f"{check['gate']:g}")
+            ET.SubElement(judged_at, "property", name="rtol", value=f"{check['rtol']:g}")
         if check["status"] == "skipped":
             skipped += 1
             ET.SubElement(case, "skipped", message=_clean(check.get("detail") or "not run"))
