@@ -247,6 +247,7 @@ def assert_backends_agree(model: torch.nn.Module, inputs: Any, targets: list[str
     `reference_cache`, a dict kept between calls, holds the reference's outputs by what they depend on
     (the model's classes, attributes and weights, the inputs' values, the reference backend), so that
     checking one model target by target runs the reference once."""
+    __tracebackhide__ = True  # pytest shows the caller's line and the message, not this function
     from parity.config.tolerances import default_tolerance
     from parity.execute.execution import execute
     from parity.verify.tensors import compare, compared_exactly
