@@ -379,3 +379,20 @@ def test_every_view_states_each_targets_own_tolerance_where_it_is_judged(tmp_pat
     assert judged == {"same tier 1": {"gate_atol": "0.0001", "rtol": "1e-05"},
                       "eager-cpu-bfloat16 tier 1": {"gate_atol": "1e-05", "rtol": "0.016"}}
     assert root.find("testsuite/properties/property[@name='gate_atol']") is None  # no one gate for the whole suite
+
+
+def test_a_target_not_run_here_has_one_name_and_the_summary_says_why_the_exit_code_is_1(tmp_path, capsys):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tiny_experiment([{"backend": "eager", "name": "same"},
+                                                    {"backend": "tests.fixtures.tiny:NeverAvailable", "name": "never"}])))
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "--quiet"]) == 1
+    console = capsys.readouterr().out
+    assert "1 passed, 0 failed, 1 not run here (" in console and "not run here never: " in console
+    assert ("exit 1: 1 check(s) not run here, so not verified (--allow-unavailable exits 0 when every check that ran "
+            "passed)") in console
+    assert "n/a" not in console and "skipped" not in console and "unavailable never" not in console
+    assert "**1 passed, 0 failed, 1 not run here**" in (tmp_path / "out" / "report.md").read_text()
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert '<span class="state">not run here</span>' in html and "n/a" not in html
+    assert main(["run", str(path), "--out", str(tmp_path / "again"), "--quiet", "--no-report", "--allow-unavailable"]) == 0
+    assert "exit 1" not in capsys.readouterr().out

@@ -61,7 +61,7 @@ def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
         records = Runner(exp, out_dir, args.artifact_cache).run(progress=not args.quiet, fresh=args.fresh)
         summary = summarize(records)
         reports = [] if args.no_report else write_reports(out_dir, records, summary)
-        render(records, summary, out_dir, _console(), reports)
+        render(records, summary, out_dir, _console(), reports, args.allow_unavailable)
         if args.verbose:
             _print_tracebacks(records)
         for e in summary["reference_errors"]:

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from parity.records.summary import exit_code
 from parity.records.view import RunView
 from parity.report.next_steps import next_steps
 from parity.verify.tasks import headline_of
 
+NOT_RUN = "not run here"  # a target that cannot run on this machine: the one name every view gives that state
+
 
 def _cell(checks: list[dict]) -> str:
     if all(c["status"] == "skipped" for c in checks):
-        return "[dim]n/a[/dim]"
+        return f"[dim]{NOT_RUN}[/dim]"
     if any(c["status"] == "error" for c in checks):
         return "[magenta]ERROR[/magenta] reference"
     done = [c for c in checks if c["status"] == "ok"]
@@ -89,8 +92,10 @@ def warned(checks: list[dict]) -> list[tuple[dict, list[str]]]:
     return [(c, [describe_note(n) for n in c["warnings"]]) for c in checks if c.get("warnings")]
 
 
-def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, console, reports=()) -> None:
-    """The table and the findings; then where the records, the summary and `reports` (paths) are."""
+def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, console, reports=(),
+           allow_unavailable: bool = False) -> None:
+    """The table and the findings, the totals with why the exit code is 1 when only a check not run here
+    makes it so; then where the records, the summary and `reports` (paths) are."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -115,7 +120,7 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
         console.print("[yellow]warning[/yellow] " + escape(warning), soft_wrap=True)
     for t, info in summary["per_target"].items():
         if info["skipped"]:
-            console.print(f"[yellow]unavailable[/yellow] {escape(t)}: {escape(str(info['reason']))}")
+            console.print(f"[yellow]{NOT_RUN}[/yellow] {escape(t)}: {escape(str(info['reason']))}")
     for e in summary["reference_errors"]:
         why = ("the model as written raised on these inputs: fix the model or the input set"
                if e["user_error"] else "no target was judged")
@@ -154,9 +159,12 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
         console.print("[yellow]diverges at[/yellow] " + escape(f"{key}: {where}"))
     totals, tier3 = summary["totals"], summary["tier3"]
     errors = f", {totals['errors']} without a verdict (reference failed)" if totals["errors"] else ""
-    console.print(f"{totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped{errors} "
+    console.print(f"{totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} {NOT_RUN}{errors} "
                   f"({summary['arithmetic']['formula']})"
                   + (f"; tier 3: {tier3['passed']} agree, {tier3['failed']} differ" if tier3["checks"] else ""))
+    if totals["skipped"] and not allow_unavailable and exit_code(summary) == 1 and exit_code(summary, True) == 0:
+        console.print(f"exit 1: {totals['skipped']} check(s) {NOT_RUN}, so not verified (--allow-unavailable exits 0 "
+                      "when every check that ran passed)")
     console.print(f"records: {out_dir / 'records.jsonl'}\nsummary: {out_dir / 'summary.json'}")
     for path in reports:
         console.print(f"report:  {path}")

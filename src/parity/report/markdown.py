@@ -11,6 +11,7 @@ from parity.records.summary import latency_rows
 from parity.records.view import RunView
 from parity.report import ReportWriter
 from parity.report.console import (
+    NOT_RUN,
     environment_line,
     flips_line,
     percent,
@@ -36,7 +37,7 @@ def render_markdown(records: RunView | list[dict], summary: dict[str, Any], run_
     lines = [
         f"# parity report: {summary['experiment']}",
         "",
-        f"**{t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped"
+        f"**{t['passed']} passed, {t['failed']} failed, {t['skipped']} {NOT_RUN}"
         + (f", {t['errors']} without a verdict (reference failed)" if t["errors"] else "")
         + f"**{gate}. {summary['arithmetic']['formula']}."
         + (f" Tier 3: **{summary['tier3']['passed']} agree, {summary['tier3']['failed']} differ**."
@@ -53,7 +54,7 @@ def render_markdown(records: RunView | list[dict], summary: dict[str, Any], run_
     ]
     rows = []
     for c in checks:
-        verdict = {"skipped": "skipped", "error": "ERROR (reference)"}.get(c["status"]) or ("pass" if c["passed"] else "FAIL")
+        verdict = {"skipped": NOT_RUN, "error": "ERROR (reference)"}.get(c["status"]) or ("pass" if c["passed"] else "FAIL")
         oracle = c.get("oracle")
         worse = "" if not oracle else ("yes" if oracle["target_worse"] else "no")
         rows.append(f"| {c['model']} | {c['inputs']} | {c['target']} | {verdict} | {c['failure_class'] or ''} | "
@@ -122,7 +123,7 @@ def render_markdown(records: RunView | list[dict], summary: dict[str, Any], run_
                       for n in notes]
     skipped = {c["target"]: c["detail"] for c in checks if c["status"] == "skipped"}
     if skipped:
-        lines += ["", "## Unavailable targets", ""] + [f"- {t}: {why}" for t, why in skipped.items()]
+        lines += ["", "## Targets not run here", ""] + [f"- {t}: {why}" for t, why in skipped.items()]
     latency = latency_rows(view)
     lines += ["", "## Latency per model, input set and backend", "",
               "Timed repeats only (the warm-up runs before them are not timed); prepare (export, compile, load) apart."
