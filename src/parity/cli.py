@@ -46,6 +46,8 @@ def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
 
     if experiments is None:
         experiments = [load_experiment(f) for f in args.files]  # every file is validated before anything runs
+        for exp in experiments:
+            _narrow(exp, args)
     for exp in experiments:
         _executor_options(exp, args)
     names = [exp.name for exp in experiments]
@@ -70,6 +72,35 @@ def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
                       f"raised, so no target was judged: {e['detail'].split(': ', 1)[-1]}", file=sys.stderr)
         code = max(code, exit_code(summary, args.allow_unavailable), _every_check_judged(exp, records, out_dir))
     return code
+
+
+def _narrow(exp, args: argparse.Namespace) -> None:
+    """`parity run --model/--target/--inputs` (each repeatable): only the checks they choose, as the whole run
+    would judge them (each model keeps its example input set), so that CI jobs can share an experiment out. A
+    name the experiment lacks, or filters that leave no check, is exit 2."""
+    from parity.errors import did_you_mean
+    from parity.runner.plan import example_for
+
+    where = f"{exp.file}: " if exp.file else ""
+    chosen = {}
+    for option, names in (("--model", [m.name for m in exp.models]), ("--target", [t.id for t in exp.targets]),
+                          ("--inputs", [s.name for s in exp.inputs])):
+        given = getattr(args, option.removeprefix("--") + "_filter") or []
+        for name in given:
+            if name not in names:
+                raise ParityError(f"{where}{option} {name}: the experiment has no such {option[2:]}"
+                                  f"{did_you_mean(name, names)} (it has: {', '.join(names)})")
+        chosen[option] = set(given or names)
+    models = []
+    for m in exp.models:
+        sets = [s.name for s in exp.inputs_for(m) if s.name in chosen["--inputs"]]
+        if m.name in chosen["--model"] and sets:
+            models.append(m.model_copy(update={"inputs": sets, "export_inputs": example_for(exp, m).name}))
+    if not models:
+        raise ParityError(f"{where}--model/--inputs: no model of the experiment runs on the input sets chosen "
+                          "(a model's `inputs:` names the sets it runs on)")
+    exp.models = models
+    exp.targets = [t for t in exp.targets if t.id in chosen["--target"]]
 
 
 def _print_tracebacks(records: list[dict]) -> None:
@@ -148,19 +179,20 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """Render summary.json, report.md, report.html and junit.xml again from a run's records.jsonl alone."""
+    """Render summary.json, report.md, report.html and junit.xml again from a run's records.jsonl alone, and
+    print the table the run printed."""
     from parity.outdir import prepare, user_path
     from parity.records.summary import summarize, write_summary
     from parity.records.view import RunView
     from parity.report import write_reports
+    from parity.report.console import render
 
     out_dir = user_path(args.run_dir, "RUN_DIR")
     view = RunView.read(out_dir)
     prepare(out_dir, "RUN_DIR")  # where the reports go: no link, no folder in a report's place
     summary = summarize(view)
     write_summary(summary, out_dir / "summary.json")
-    for path in [out_dir / "summary.json", *write_reports(out_dir, view, summary)]:
-        print(f"{path.name + ':':<13} {path}")
+    render(view, summary, out_dir, _console(), write_reports(out_dir, view, summary))
     return EXIT_OK
 
 
@@ -423,9 +455,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"parity {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="run experiment files and judge every target against the reference")
+    run = sub.add_parser("run", help="run experiment files and judge every target against the reference",
+                         description="Run experiment files: every target against the reference on every model and "
+                                     "input set; print the table, write the records and reports. Exit 0 every check "
+                                     "passed, 1 one failed or was not run here, 2 a mistake in the files or options.")
     run.add_argument("files", nargs="+", metavar="FILE", help="experiment YAML files")
     output_options(run, "NAME")
+    for option, what in (("--model", "model name"), ("--target", "target id, as the table's column"),
+                         ("--inputs", "input set name")):
+        run.add_argument(option, dest=option.removeprefix("--") + "_filter", action="append", metavar="NAME",
+                         help=f"run only the checks of this {what}, repeatable (CI sharding: one job per target "
+                              "or model, each with its own --out)")
     run.add_argument("--executor", choices=["local", "process", "ray"],
                      help="where executions run: in this process (local, the default), each in a worker process with "
                           "a time limit (process), or as Ray tasks (ray); wins over the file's executor setting")
@@ -453,7 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def one_check_parser(name: str, help_text: str, target_help: str, record: str, func) -> argparse.ArgumentParser:
         """A verb about one model x target x input set of an experiment."""
-        verb = sub.add_parser(name, help=help_text)
+        verb = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
         verb.add_argument("file", metavar="FILE", help="the experiment YAML file")
         verb.add_argument("--model", help="model name (default: the only one)")
         verb.add_argument("--target", help=f"{target_help} (default: the only one)")
