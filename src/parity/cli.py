@@ -545,7 +545,9 @@ def build_parser() -> argparse.ArgumentParser:
 PREPROCESS_CHOICES = ("imagenet", "none")  # parity.quick.PREPROCESS, named here so that --help imports nothing
 TARGET_GRAMMAR = ("BACKEND[-DEVICE][-DTYPE] or BACKEND:DTYPE, as the tables print ids: compile, onnxruntime, "
                   "torchscript, openvino, eager-cpu-bfloat16, compile-cpu, eager-cuda, eager:float16 "
-                  "(DEVICE cpu|cuda|cudaN; DTYPE float32|float64|bfloat16|float16, or bf16|fp16|fp32|fp64)")
+                  "(DEVICE cpu|cuda|cudaN; DTYPE float32|float64|bfloat16|float16, or bf16|fp16|fp32|fp64); int8: "
+                  "compile-cpu-int8-pt2e-x86, eager-int8-dynamic (-int8-pt2e-x86|-int8-pt2e-xnnpack|-int8-dynamic|"
+                  "-int8-weight last)")
 
 
 def check_parser(sub) -> None:
@@ -557,7 +559,8 @@ def check_parser(sub) -> None:
                     "--target compile --target onnxruntime")
     check.add_argument("model", metavar="MODEL",
                        help="torchvision:NAME (a torchvision builder), module:callable (an importable function or "
-                            "class that returns the model), or a repository FOLDER with --entry or --hubconf")
+                            "class that returns the model), a model file (.onnx, .pt2, TorchScript .ts/.pt/.pth), "
+                            "or a repository FOLDER with --entry or --hubconf")
     check.add_argument("--target", action="append", required=True, metavar="T",
                        help=f"a target to check, repeatable: {TARGET_GRAMMAR}")
     check.add_argument("--reference", metavar="T", help="what the targets are compared with (default: eager, "

@@ -6,6 +6,8 @@ The experiment is an ordinary one (a dict in the file's shape), run by the same 
     MODEL  torchvision:NAME          a torchvision builder (seeded init, or --weights)
            module:callable           an importable function or class (source python)
            FOLDER --entry m:f        someone's repository folder (source repo), or --hubconf NAME
+           FILE.onnx|.pt2|.ts|.pt    a model file: ONNX, torch.export, TorchScript (sources onnx, exported,
+                                     torchscript), run as the experiment file's `path:` runs it
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ PREPROCESS = {"imagenet": IMAGENET, "none": {}}
 DEFAULT_PHOTO = "sample:chelsea"
 # the default inputs of a torchvision model by task: a bundled photo, preprocessed as its weights expect
 DEFAULT_PREPROCESS = {"classification": "imagenet", "segmentation": "imagenet", "detection": "none"}
-LATER_SOURCES = re.compile(r"^(hf|huggingface|transformers):|\.onnx$", re.IGNORECASE)
+LATER_SOURCES = re.compile(r"^(hf|huggingface|transformers):", re.IGNORECASE)
+# a model file by its suffix: the source that reads it (as `source:` and `path:` in an experiment file)
+MODEL_FILES = {".onnx": "onnx", ".pt2": "exported", ".ts": "torchscript", ".pt": "torchscript", ".pth": "torchscript"}
 _SHAPE = re.compile(r"^[1-9][0-9]*(x[1-9][0-9]*)*$")
 
 
@@ -44,14 +48,19 @@ def model_entry(ref: str, entry: str | None = None, hubconf: str | None = None,
     from parity.models.sources.torchvision import torchvision_builders
 
     if LATER_SOURCES.search(ref):
-        kind = ".onnx" if ref.lower().endswith(".onnx") else ref.split(":")[0] + ":"
-        raise ParityError(f"MODEL '{ref}': {kind} sources come with a later release (hf: or transformers:, "
-                          "and .onnx files); until then, wrap the model in a function of your own and pass it "
-                          "as module:callable")
+        raise ParityError(f"MODEL '{ref}': {ref.split(':')[0]}: sources come with a later release on the command "
+                          "line; an experiment file runs them today (source: transformers, docs/experiment-file.md)")
     folder = Path(ref).expanduser()
     if (entry or hubconf) and not folder.is_dir():
         raise ParityError(f"--entry/--hubconf go with a repository folder as MODEL; '{ref}' is no folder here")
     spec: dict[str, Any]
+    suffix = Path(ref).suffix.lower()
+    if suffix in MODEL_FILES:
+        if not folder.is_file():
+            raise ParityError(f"MODEL '{ref}': no such file here")
+        if weights is not None:
+            raise ParityError(f"--weights: the model file '{ref}' holds its own weights")
+        return {"name": plain_name(folder.stem, "model"), "source": MODEL_FILES[suffix], "path": str(folder.absolute())}
     if folder.is_dir():
         if (entry is None) == (hubconf is None):
             raise ParityError(f"MODEL '{ref}' is a folder: say what builds the model in it with --entry "
@@ -123,8 +132,10 @@ def input_entry(model: dict[str, Any], shapes: list[str], images: list[str], pre
     return {"name": "images", "images": refs, "preprocess": settings}
 
 
-def target_entries(targets: list[str], reference: str | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The reference's and the targets' entries; each --target that cannot be one is refused by name."""
+def target_entries(targets: list[str], reference: str | None,
+                   calibration: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The reference's and the targets' entries; each --target that cannot be one is refused by name. An int8
+    target of a static scheme (`compile-cpu-int8-pt2e-x86`) is calibrated on `calibration`, the checked inputs."""
     from parity.config.checks import backend_problems
     from parity.config.schema import BackendSpec
     from parity.config.targets import parse_target
@@ -136,6 +147,8 @@ def target_entries(targets: list[str], reference: str | None) -> tuple[dict[str,
         except ParityError as exc:
             problems.append(f"{flag} {text}: {exc.problems[0]}")
             continue
+        if entry.get("quantize", {}).get("scheme", "").startswith("pt2e"):
+            entry["quantize"]["calibration"] = calibration
         spec = BackendSpec.model_validate(entry)
         problems += [f"{flag} {text}: {msg}" for _, msg in backend_problems(spec, ())]
         if spec.id in seen:
@@ -162,7 +175,7 @@ def check_experiment(model: str, targets: list[str], *, reference: str | None = 
                               f"or _), e.g. '{plain_name(name, 'model')}'")
         spec["name"] = name
     inputs = input_entry(spec, list(shapes), list(images), preprocess, resize, crop)
-    ref, target_list = target_entries(list(targets), reference)
+    ref, target_list = target_entries(list(targets), reference, inputs["name"])
     data: dict[str, Any] = {"name": spec["name"], "seed": seed, "models": [spec], "inputs": [inputs]}
     if reference is not None:
         data["reference"] = ref
