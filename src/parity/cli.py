@@ -573,7 +573,9 @@ def check_parser(sub) -> None:
                             "torch hub cache: nothing is downloaded); default: a seeded random init")
     check.add_argument("--input", action="append", metavar="SHAPE",
                        help="a seeded random normal float32 tensor, e.g. 1x3x224x224; repeat it for several "
-                            "positional inputs, or give NAME=SHAPE for keyword inputs")
+                            "positional inputs, or give NAME=SHAPE for keyword inputs; SHAPE:DTYPE for another "
+                            "dtype, SHAPE:int64:HIGH for integers in [0, HIGH); or a saved tensors FILE (.npy, .npz, "
+                            ".safetensors, .pt) as the whole input set")
     check.add_argument("--images", action="append", metavar="FILE|GLOB|sample:NAME",
                        help="images as one batch, repeatable: files, a quoted glob ('pics/*.jpg') or a photo "
                             "bundled with scikit-image (sample:chelsea). Default for torchvision classifiers, "

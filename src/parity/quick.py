@@ -96,10 +96,24 @@ def model_entry(ref: str, entry: str | None = None, hubconf: str | None = None,
     return spec
 
 
-def _shape(text: str) -> list[int]:
-    if not _SHAPE.match(text):
-        raise ParityError(f"--input '{text}': expected a shape like 1x3x224x224 (or NAME=SHAPE for a keyword input)")
-    return [int(d) for d in text.split("x")]
+def _tensor(text: str) -> dict[str, Any]:
+    """SHAPE[:DTYPE[:HIGH]]: a seeded random tensor; normal for a floating dtype, integers in [0, HIGH) else."""
+    shape, _, rest = text.partition(":")
+    dtype, _, high = rest.partition(":")
+    if not _SHAPE.match(shape):
+        raise ParityError(f"--input '{text}': expected a shape like 1x3x224x224, SHAPE:DTYPE (1x128:int64:30522 for "
+                          "integers in [0, 30522)), NAME=SHAPE for a keyword input, or a saved tensors FILE")
+    spec: dict[str, Any] = {"shape": [int(d) for d in shape.split("x")]}
+    if dtype:
+        spec["dtype"] = dtype
+    if dtype in ("int64", "int32"):
+        if not high.isdigit() or int(high) < 1:
+            raise ParityError(f"--input '{text}': an {dtype} input needs its bound, {shape}:{dtype}:HIGH (integers "
+                              "in [0, HIGH), e.g. the vocabulary size)")
+        spec.update(distribution="randint", high=float(high))
+    elif high:
+        raise ParityError(f"--input '{text}': only an integer dtype (int64, int32) takes a bound")
+    return spec
 
 
 def input_entry(model: dict[str, Any], shapes: list[str], images: list[str], preprocess: str | None,
@@ -110,13 +124,23 @@ def input_entry(model: dict[str, Any], shapes: list[str], images: list[str], pre
     if shapes:
         if preprocess or resize or crop:
             raise ParityError("--preprocess, --resize and --crop apply to images, not to --input tensors")
+        from parity.inputs.tensors import SUFFIXES
+
+        files = [s for s in shapes if Path(s).suffix.lower() in SUFFIXES]
+        if files:
+            if len(shapes) > 1:
+                raise ParityError(f"--input {files[0]}: a saved tensors file is the whole input set; give it alone")
+            path = Path(files[0]).expanduser()
+            if not path.is_file():
+                raise ParityError(f"--input {files[0]}: no such file here")
+            return {"name": plain_name(path.stem, "tensors"), "tensors": str(path.absolute())}
         named = [s.partition("=") for s in shapes]
         if len({bool(sep) for _, sep, _ in named}) > 1:
             raise ParityError("--input: give every input as SHAPE (positional) or every one as NAME=SHAPE (keyword)")
         if named[0][1]:
-            return {"name": "random", "synthetic": {name: {"shape": _shape(shape)} for name, _, shape in named}}
-        specs = [{"shape": _shape(s)} for s in shapes]
-        return {"name": shapes[0] if len(shapes) == 1 else "random", "synthetic": specs[0] if len(specs) == 1 else specs}
+            return {"name": "random", "synthetic": {name: _tensor(shape) for name, _, shape in named}}
+        specs = [_tensor(s) for s in shapes]
+        return {"name": plain_name(shapes[0], "random") if len(shapes) == 1 else "random", "synthetic": specs[0] if len(specs) == 1 else specs}
     task = model.get("task", "other")
     if not images:
         if task not in DEFAULT_PREPROCESS:
@@ -210,6 +234,8 @@ def save_experiment(data: dict[str, Any], path: Path) -> None:
     for s in saved["inputs"]:
         if "images" in s:
             s["images"] = [relative(ref) for ref in s["images"]]
+        if "tensors" in s:
+            s["tensors"] = relative(s["tensors"])
     header = (f"# Written by parity check. `parity run {path.name}` runs the same checks; every key is in the\n"
               "# parity docs, docs/experiment-file.md (more targets, an oracle, tiers 2 and 3, repeats...).\n")
     path.write_text(header + yaml.safe_dump(saved, sort_keys=False, default_flow_style=None))
