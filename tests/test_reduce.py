@@ -7,6 +7,7 @@ import os
 import runpy
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,6 +66,9 @@ def test_the_script_reproduces_a_fault_only_the_target_sees_and_agrees_without_i
     assert "class: tests.fixtures.culprit.Offset" in described and "name: odd" in described
     assert "culprit.py:15" in described  # `class Offset` is on that line
     assert "required atol" in (folder / "README.txt").read_text() and "python repro.py" in (folder / "README.txt").read_text()
+    root = str(Path(__file__).resolve().parents[1])  # what tests.fixtures.culprit imports from
+    assert f"it puts {root} first on sys.path" in (folder / "README.txt").read_text()
+    assert f"sys.path.insert(0, {root!r})" in (folder / "repro.py").read_text()  # the README says what the script does
 
     # the hook sat on the culprit: the input saved is what the reference fed odd, relu(first(x))
     exp = experiment_from_dict(CHAIN, "chain", tmp_path)
@@ -223,3 +227,10 @@ def test_the_onnx_repro_exports_with_the_targets_exporter_and_dynamic_dims(tmp_p
     assert "dynamic_shapes" not in _onnx_snippet({})
     torchscript = _onnx_snippet({"exporter": "torchscript", "opset": 17})
     assert "dynamo=False, opset_version=17" in torchscript and "dynamic_shapes" not in torchscript
+
+
+def test_a_torch_class_gets_no_sys_path_line_and_the_readme_says_so():
+    from parity.reduce import _path_root
+
+    assert _path_root({"class": "torch.nn.modules.conv.Conv2d", "sys_path": "/venv/lib/site-packages"}) == ""
+    assert _path_root({"class": "mymodels.Block", "sys_path": "/home/me/code"}) == "/home/me/code"

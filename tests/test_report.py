@@ -338,6 +338,21 @@ def test_a_share_of_mismatched_elements_reads_as_a_percentage_and_stays_a_fracti
     assert records[-1]["leaves"][0]["mismatch_fraction"] == 0.138
 
 
+def test_the_navigation_bar_leads_only_to_sections_the_run_has():
+    records = quickstart_records(models=("resnet18",))
+    nav = re.search(r"<nav>(.*?)</nav>", render_html(records, summarize(records), "run")).group(1)
+    assert 'href="#gate"' in nav and "#tier2" not in nav and "#tier3" not in nav and "#detections" not in nav
+
+
+def test_a_cosine_near_1_reads_as_its_distance_from_1_in_both_reports():
+    records = quickstart_records(models=("resnet18",))
+    leaf = {"name": "out", "failure_class": "numeric_drift", "max_abs": 1.7, "max_rel": 0.5, "cosine": 0.999971,
+            "mismatch_fraction": 0.598}
+    records[-1].update(passed=False, failure_class="numeric_drift", detail="drift", max_abs=1.7, leaves=[leaf])
+    assert "cosine 1 − 2.9e-05, mismatched 59.8%" in render_markdown(records, summarize(records), "run")
+    assert "1 − 2.9e-05" in render_html(records, summarize(records), "run")
+
+
 def test_matplotlib_warnings_stay_off_the_console_and_verbose_shows_them(caplog):
     """A glyph missing from matplotlib's font (a model named in Chinese) warns while the chart is drawn:
     that is about the report's drawing, not the model, so it is a DEBUG message, not a console warning."""

@@ -17,6 +17,7 @@ from parity.records.summary import latency_rows
 from parity.records.view import RunView
 from parity.report import ReportWriter, pictures, plots
 from parity.report.console import (
+    cosine,
     describe_note,
     flips_line,
     percent,
@@ -55,13 +56,6 @@ def _num(x: Any) -> str:
     if isinstance(x, bool) or x is None or not isinstance(x, int | float):
         return "–" if x is None else str(x)
     return str(x) if isinstance(x, int) else f"{x:.4g}"
-
-
-def _cosine(x: Any) -> str:
-    """Cosine similarity shows its distance from 1, where the information is: 0.9999871 -> 1 - 1.3e-05."""
-    if not isinstance(x, int | float) or isinstance(x, bool):
-        return _num(x)
-    return "1" if x == 1 else (f"1 − {1 - x:.1e}" if 0 < 1 - x < 1e-3 else f"{x:.4f}")
 
 
 def _seconds(x: float | None) -> str:
@@ -164,7 +158,7 @@ def _failures(view: RunView, run_dir: str | Path) -> list[dict[str, Any]]:
                     "next": next_steps(c, view, run_dir),
                     "leaves": [{"name": leaf["name"], "failure_class": leaf["failure_class"],
                                 "max_abs": _sci(leaf.get("max_abs")), "max_rel": _sci(leaf.get("max_rel")),
-                                "cosine": _cosine(leaf.get("cosine")), "mismatch": percent(leaf.get("mismatch_fraction"), none="–"),
+                                "cosine": cosine(leaf.get("cosine"), none="–"), "mismatch": percent(leaf.get("mismatch_fraction"), none="–"),
                                 "detail": leaf.get("detail") or ""} for leaf in worst]})
     return out
 
@@ -286,7 +280,10 @@ def render_html(records: RunView | list[dict], summary: dict[str, Any], run_dir:
     context = {
         "title": f"parity report: {summary['experiment']}",
         "experiment": summary["experiment"],
-        "sections": SECTIONS,
+        # the navigation bar leads only to what the run has: no empty tier 2, tier 3 or detection sections
+        "sections": [(i, title) for i, title in SECTIONS if {
+            "tier2": bool(layers), "tier3": bool(tier3), "detections": any(c["task"] == "detection" for c in tier3),
+        }.get(i, True)],
         "totals": totals,
         "tier3_totals": summary["tier3"],
         "localized": len(layers),

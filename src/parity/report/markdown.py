@@ -12,6 +12,7 @@ from parity.records.view import RunView
 from parity.report import ReportWriter
 from parity.report.console import (
     NOT_RUN,
+    cosine,
     environment_line,
     flips_line,
     percent,
@@ -84,7 +85,7 @@ def render_markdown(records: RunView | list[dict], summary: dict[str, Any], run_
                       else f"  - {line}" for line in next_steps(c, view, run_dir)]
             for leaf in view.worst_leaves(c, 5):
                 lines.append(f"  - `{leaf['name']}`: max abs {_fmt(leaf.get('max_abs'))}, max rel {_fmt(leaf.get('max_rel'))}, "
-                             f"cosine {_fmt(leaf.get('cosine'))}, mismatched {percent(leaf.get('mismatch_fraction'))}"
+                             f"cosine {cosine(leaf.get('cosine'))}, mismatched {percent(leaf.get('mismatch_fraction'))}"
                              + (f" ({leaf['detail']})" if leaf.get("detail") else ""))
     tier3 = view.checks(3)
     if tier3:
