@@ -288,13 +288,17 @@ def run_environment(exp: Experiment) -> dict[str, Any]:
 
 
 def libraries(exp: Experiment) -> list[str]:
-    """The libraries whose versions a run records: torch, torchvision and numpy, and every library the
-    experiment's reference and targets declare (`Backend.libraries`)."""
+    """The libraries whose versions a run records: torch, torchvision and numpy, every library the
+    experiment's reference and targets declare (`Backend.libraries`), and its models' sources' (transformers,
+    timm: `Source.libraries`)."""
     from parity.backends import backend_class
+    from parity.plugins import SOURCES
 
     found = ["torch", "torchvision", "numpy"]
     for spec in (exp.reference, *exp.targets):
         found += backend_class(spec.backend).libraries
+    for model in exp.models:
+        found += SOURCES.get(model.source).libraries
     return list(dict.fromkeys(found))
 
 
