@@ -36,7 +36,7 @@ def test_each_format_gives_the_tensors_as_saved(tmp_path, name, save, positional
     assert torch.equal(got, X) and (positional or list(kwargs) == ["x"])
 
 
-def test_a_pickle_that_would_run_code_or_a_foreign_dtype_is_refused_never_run(tmp_path):
+def test_a_pickle_that_would_run_code_or_a_foreign_dtype_is_refused_never_run(tmp_path, capsys):
     class Evil:
         def __reduce__(self):
             return (print, ("ran",))
@@ -44,6 +44,7 @@ def test_a_pickle_that_would_run_code_or_a_foreign_dtype_is_refused_never_run(tm
     torch.save(Evil(), tmp_path / "evil.pt")
     with pytest.raises(TensorFileError, match="cannot be read as .pt tensors"):
         read_tensors(tmp_path / "evil.pt")
+    assert "ran" not in capsys.readouterr().out  # its code did not run
     np.save(tmp_path / "text.npy", np.array(["a"]))
     with pytest.raises(TensorFileError, match="dtype <U1; parity takes numbers and booleans"):
         read_tensors(tmp_path / "text.npy")
