@@ -337,7 +337,7 @@ def test_a_whole_graph_verdict_is_rendered_in_every_report(tmp_path):
     assert "introduces the largest error" not in markdown and "suspects:" not in markdown
     [check] = [r for r in records if r["kind"] == "check"]
     check["required_atol"] = None  # as an integer leaf that differs, which no atol passes, would have it
-    html = render_html(records, summarize(records))
+    html = render_html(records, summarize(records), "run")
     assert "diverges in the whole graph, not one layer" in html and "no atol passes it" in html
     assert "first layer whose propagated error is over it: <code>conv</code>" in html
     console = Console(file=io.StringIO(), width=300)

@@ -35,7 +35,7 @@ def test_check_prints_the_table_and_exits_as_run_does(tmp_path, capsys):
     found = {c["target"]: c for c in checks(tmp_path)}
     assert found["torchscript-cpu"]["passed"] and found["eager-cpu-bfloat16"]["failure_class"] == "numeric_drift"
     if not torch.cuda.is_available():
-        assert found["eager-cuda"]["status"] == "skipped" and "unavailable eager-cuda: CUDA is not available" in out
+        assert found["eager-cuda"]["status"] == "skipped" and "not run here eager-cuda: CUDA is not available" in out
     assert {p.name for p in tmp_path.iterdir()} >= {"records.jsonl", "summary.json", "report.md", "report.html", "junit.xml"}
 
 
@@ -101,7 +101,7 @@ def test_a_torchvision_classifier_defaults_to_a_bundled_photo_with_imagenet_prep
     (["timm:resnt50", "--target", "compile"], "MODEL 'timm:resnt50': unknown timm architecture 'resnt50'; did you mean 'resnet50'?"),
     (["timm:resnet50.a1_in1k", "--target", "compile"], "names pretrained weights ('.a1_in1k'); give the architecture 'resnet50'"),
     (["hf:bert-base-uncased", "--target", "compile"], "MODEL 'hf:bert-base-uncased': hf: sources come with a later"),
-    (["model.onnx", "--target", "onnxruntime"], "MODEL 'model.onnx': .onnx sources come with a later release"),
+    (["model.onnx", "--target", "onnxruntime"], "MODEL 'model.onnx': no such file here"),
     (["torchvision:resnt18", "--target", "compile"], "unknown torchvision builder 'resnt18'; did you mean 'resnet18'?"),
     (["resnet18", "--target", "compile"], "did you mean 'torchvision:resnet18'?"),
     (["tests.fixtures.tiny:tiny_cn", "--target", "compile"], "has no attribute 'tiny_cn'; did you mean 'tiny_cnn'?"),
@@ -142,3 +142,27 @@ def test_gate_and_rtol_on_the_command_line_apply_to_every_target(tmp_path):
     main([*base, "--out", str(tmp_path / "given"), "--gate", "0.5"])
     sources = {c["target"]: (c["tolerance_source"], c["gate"]) for c in checks(tmp_path / "given")}
     assert sources == {"torchscript-cpu": ("target", 0.5), "eager-cpu-bfloat16": ("target", 0.5)}
+
+
+def test_a_model_file_is_a_model_and_runs_as_its_source_does(tmp_path, capsys):
+    onnx = ROOT / "examples" / "models" / "tiny_cnn.onnx"
+    data = check_experiment(str(onnx), ["onnxruntime"], shapes=["2x3x16x16"])
+    assert data["models"] == [{"name": "tiny_cnn", "source": "onnx", "path": str(onnx)}]
+    assert check_experiment(str(ROOT / "examples" / "models" / "tiny_cnn.pt2"), ["compile"],
+                            shapes=["2x3x16x16"])["models"][0]["source"] == "exported"
+    assert main(["check", str(onnx), "--input", "2x3x16x16", "--target", "onnxruntime", "--out", str(tmp_path / "o"),
+                 "--quiet", "--no-report"]) == 0
+    assert checks(tmp_path / "o")[0]["passed"]
+    assert main(["check", str(tmp_path / "nowhere.onnx"), "--input", "2x3x16x16", "--target", "onnxruntime"]) == 2
+    assert "nowhere.onnx': no such file here" in capsys.readouterr().err
+
+
+def test_an_int8_column_header_typed_back_is_a_target_calibrated_on_the_checked_inputs():
+    from parity.config.targets import parse_target
+
+    assert parse_target("compile-cpu-int8-pt2e-x86") == {"backend": "compile", "device": "cpu",
+                                                         "quantize": {"scheme": "pt2e-x86"}}
+    assert parse_target("eager-int8-dynamic") == {"backend": "eager", "quantize": {"scheme": "torchao-int8-dynamic"}}
+    data = check_experiment(TINY, ["compile-cpu-int8-pt2e-x86", "eager-int8-weight"], shapes=["2x3x16x16"])
+    assert [t.get("quantize") for t in data["targets"]] == [{"scheme": "pt2e-x86", "calibration": "2x3x16x16"},
+                                                             {"scheme": "torchao-int8-weight"}]

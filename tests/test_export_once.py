@@ -70,7 +70,7 @@ def test_a_trace_that_unrolls_a_loop_over_the_batch_fails_on_another_batch_size(
     execution is timed alone, and its records say so."""
     records = _run(write_yaml, tmp_path, {"backend": "torchscript"}, entry="per_row", executor="process")
     assert {r["latency_interleaved"] for r in records if r["kind"] == "execution"} == {False}
-    assert "Each backend was timed alone" in render_markdown(records, summarize(records))
+    assert "Each backend was timed alone" in render_markdown(records, summarize(records), "run")
     checks = _checks(records)
     assert checks["b2"]["passed"] is True
     assert checks["b3"]["passed"] is False and checks["b3"]["failure_class"] == tx.SHAPE_MISMATCH

@@ -21,7 +21,7 @@ def _run(write_yaml, tmp_path, capsys, exp, *extra):
 
 def test_a_drift_names_the_localize_command_everywhere_and_that_command_runs(write_yaml, tmp_path, capsys):
     code, path, out, printed = _run(write_yaml, tmp_path, capsys, tiny_experiment([PERTURBED]))
-    command = f"parity localize {path} --model tiny --target perturbed --inputs noise"
+    command = f"parity localize {path} --model tiny --target perturbed --inputs noise --out {out}/localize-tiny-noise-perturbed"
     assert code == 1 and f"next: {command}" in printed.replace("\n  ", " ")
     assert "parity fallback" not in printed  # an eager float32 target has no fallback to offer
     assert f"`{command}`" in (out / "report.md").read_text()

@@ -135,3 +135,63 @@ def test_the_plugin_costs_nothing_where_it_is_not_used(isolated):
                            "if m.split('.')[0] in ('torch', 'numpy', 'pydantic')))"],
                           capture_output=True, text=True, env={"PYTHONPATH": str(ROOT / "src")}, timeout=120)
     assert done.stdout.strip() == "[]", done.stderr
+
+
+CI_TESTS = '''
+import pytest
+import torch
+
+from parity.backends.eager import EagerBackend
+
+
+class Nowhere(EagerBackend):
+    @classmethod
+    def available(cls, spec):
+        return "needs hardware this machine lacks"
+
+
+X = torch.randn(2, 4, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parity(targets=["torchscript", "test_ci:Nowhere"])
+def test_model(parity):
+    torch.manual_seed(0)
+    parity.check(torch.nn.Linear(4, 2), X)
+
+
+@pytest.mark.parity(targets=["eager-cpu-bfloat16"], atol=1e-7, rtol=0)
+def test_drifts(parity):
+    torch.manual_seed(0)
+    parity.check(torch.nn.Linear(4, 2), X)
+'''
+
+
+@pytest.mark.parametrize("how", [["--parity-require-available"], ["-o", "parity_require_available=true"]])
+def test_a_required_target_that_cannot_run_fails_the_session_with_its_reason(isolated, how):
+    isolated.makepyfile(test_ci=CI_TESTS)
+    result = isolated.runpytest("-p", "parity.pytest_plugin", "-k", "test_model", *how)
+    result.assert_outcomes(passed=1, failed=1)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*Nowhere-cpu cannot run here: needs hardware this machine lacks "
+                                 "(--parity-require-available: every target must run)*"])
+    plain = isolated.runpytest("-p", "parity.pytest_plugin", "-k", "test_model")
+    plain.assert_outcomes(passed=1, skipped=1)
+
+
+def test_parity_targets_chooses_the_targets_from_the_command_line(isolated):
+    isolated.makepyfile(test_ci=CI_TESTS)
+    result = isolated.runpytest("-p", "parity.pytest_plugin", "-v", "-k", "test_model",
+                                "--parity-targets", "torchscript,eager:float64")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*test_model?torchscript-cpu? PASSED*", "*test_model?eager-cpu-float64? PASSED*"])
+    wrong = isolated.runpytest("-p", "parity.pytest_plugin", "--parity-targets", "onnxruntme")
+    assert wrong.ret != 0 and "did you mean 'onnxruntime'?" in wrong.stdout.str() + wrong.stderr.str()
+
+
+def test_a_failing_check_shows_the_test_and_the_numbers_not_paritys_source(isolated):
+    isolated.makepyfile(test_ci=CI_TESTS)
+    result = isolated.runpytest("-p", "parity.pytest_plugin", "-k", "test_drifts")
+    result.assert_outcomes(failed=1)
+    printed = result.stdout.str()
+    assert "parity.check(torch.nn.Linear(4, 2), X)" in printed and "Mismatched elements" in printed
+    assert "pytest_plugin.py" not in printed and "api.py" not in printed and "def assert_backends_agree" not in printed

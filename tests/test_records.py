@@ -178,6 +178,10 @@ def test_the_runner_records_the_libraries_of_the_experiments_backends():
     found = libraries(exp)
     assert found[:3] == ["torch", "torchvision", "numpy"] and set(OnnxRuntimeBackend.libraries) <= set(found)
     assert "openvino" not in found
+    data = tiny_experiment([{"backend": "torchscript"}])
+    data["models"][0] = {"name": "bert", "source": "transformers", "config": {"model_type": "bert", "vocab_size": 30,
+                         "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 8}}
+    assert "transformers" in libraries(experiment_from_dict(data, "t", ROOT))  # the model's source's library
 
 
 def test_the_records_package_and_the_runner_import_no_report():

@@ -7,6 +7,7 @@ import os
 import runpy
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,7 +58,7 @@ def _repro(folder, tmp_path) -> subprocess.CompletedProcess:
 
 def test_the_script_reproduces_a_fault_only_the_target_sees_and_agrees_without_it(write_yaml, tmp_path, capsys):
     code, run_dir, printed = _run(write_yaml, tmp_path, capsys, CHAIN)
-    assert code == 1 and f"next: parity reduce RUN_DIR --check {CHECK}" in printed.replace("\n  ", " ")
+    assert code == 1 and f"next: parity reduce {run_dir} --check {CHECK}" in printed.replace("\n  ", " ")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("")
     assert main(["reduce", str(run_dir), "--check", CHECK, "--out", str(tmp_path / "full")]) == 2
@@ -70,6 +71,9 @@ def test_the_script_reproduces_a_fault_only_the_target_sees_and_agrees_without_i
     assert "class: tests.fixtures.culprit.Offset" in described and "name: odd" in described
     assert "culprit.py:15" in described  # `class Offset` is on that line
     assert "required atol" in (folder / "README.txt").read_text() and "python repro.py" in (folder / "README.txt").read_text()
+    root = str(Path(__file__).resolve().parents[1])  # what tests.fixtures.culprit imports from
+    assert f"it puts {root} first on sys.path" in (folder / "README.txt").read_text()
+    assert f"sys.path.insert(0, {root!r})" in (folder / "repro.py").read_text()  # the README says what the script does
 
     # the hook sat on the culprit: the input saved is what the reference fed odd, relu(first(x))
     exp = experiment_from_dict(CHAIN, "chain", tmp_path)
@@ -283,3 +287,10 @@ def test_a_repo_model_s_folder_is_held_to_the_same_rule(tmp_path):
     inside = SimpleNamespace(source="repo", path="../run/vendored", name="net")
     assert code_problem(run, run_dir, exp, inside, []) is None
     assert code_problem(run, run_dir, exp, SimpleNamespace(source="torchvision", name="r"), []) is None
+
+
+def test_a_torch_class_gets_no_sys_path_line_and_the_readme_says_so():
+    from parity.reduce import _path_root
+
+    assert _path_root({"class": "torch.nn.modules.conv.Conv2d", "sys_path": "/venv/lib/site-packages"}) == ""
+    assert _path_root({"class": "mymodels.Block", "sys_path": "/home/me/code"}) == "/home/me/code"

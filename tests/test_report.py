@@ -147,16 +147,16 @@ def test_html_lists_every_failed_check_with_its_class_and_detail(run_dir):
 
 def test_sections_without_data_say_so(tmp_path):
     records = [json.loads(line) for line in _tiny_run(tmp_path, [{"backend": "eager", "name": "same"}]).splitlines()]
-    html = render_html(records, summarize(records))
+    html = render_html(records, summarize(records), "run")
     for line in ("No tier-2 records in this run", "No tier-3 records in this run",
                  "No detection checks (tier 3 of a detection model) in this run", "No check failed"):
         assert line in html
     for section, _ in SECTIONS:
         assert f'<section id="{section}">' in html
     only_run = [records[0]]  # a run that stopped before anything executed
-    html = render_html(only_run, summarize(only_run))
+    html = render_html(only_run, summarize(only_run), "run")
     assert "No tier-1 checks in these records" in html and "No execution records in this run" in html
-    markdown = render_markdown(only_run, summarize(only_run))
+    markdown = render_markdown(only_run, summarize(only_run), "run")
     assert "| model |" not in markdown and "| target |" not in markdown and "|---|" not in markdown
     for line in ("No tier-1 checks in these records.", "No tier-1 check ran, so there is no sweep.",
                  "No execution records in this run."):
@@ -171,7 +171,8 @@ def _tiny_run(tmp_path: Path, targets: list[dict], **overrides) -> str:
 
 
 def test_reports_are_regenerated_from_the_records_alone(run_dir, tmp_path, monkeypatch, capsys):
-    """Only records.jsonl is copied; nothing can run a model; the files come out the same."""
+    """Only records.jsonl is copied; nothing can run a model; the files come out the same (but for the folder
+    the commands they print name: the one the reports are in)."""
     import parity.backends
     import parity.execute.execution
 
@@ -187,7 +188,7 @@ def test_reports_are_regenerated_from_the_records_alone(run_dir, tmp_path, monke
     printed = capsys.readouterr().out
     for name in ("summary.json", "report.md", "report.html", "junit.xml"):
         assert str(copy / name) in printed
-        assert (copy / name).read_text() == (run_dir / name).read_text(), name
+        assert (copy / name).read_text() == (run_dir / name).read_text().replace(str(run_dir), str(copy)), name
 
 
 def test_no_report_writes_only_records_and_summary(tmp_path, capsys):
@@ -250,7 +251,7 @@ def test_a_missing_image_leaves_a_blank_canvas_and_says_so(run_dir):
     for check in checks_of(records):
         for image in (check.get("pictures") or {}).get("images", []):
             image["path"] = "/nonexistent/chelsea.png"
-    html = render_html(records, summarize(records))
+    html = render_html(records, summarize(records), "run")
     assert "cannot read /nonexistent/chelsea.png" in html and "blank canvas" in html
 
 
@@ -332,9 +333,24 @@ def test_a_share_of_mismatched_elements_reads_as_a_percentage_and_stays_a_fracti
     leaf = {"name": "out", "failure_class": "numeric_drift", "max_abs": 0.02, "max_rel": 0.5, "cosine": 0.99,
             "mismatch_fraction": 0.138}
     records[-1].update(passed=False, failure_class="numeric_drift", detail="drift", max_abs=0.02, leaves=[leaf])
-    assert "mismatched 13.8%" in render_markdown(records, summarize(records))
-    assert '<td class="num">13.8%</td>' in render_html(records, summarize(records))
+    assert "mismatched 13.8%" in render_markdown(records, summarize(records), "run")
+    assert '<td class="num">13.8%</td>' in render_html(records, summarize(records), "run")
     assert records[-1]["leaves"][0]["mismatch_fraction"] == 0.138
+
+
+def test_the_navigation_bar_leads_only_to_sections_the_run_has():
+    records = quickstart_records(models=("resnet18",))
+    nav = re.search(r"<nav>(.*?)</nav>", render_html(records, summarize(records), "run")).group(1)
+    assert 'href="#gate"' in nav and "#tier2" not in nav and "#tier3" not in nav and "#detections" not in nav
+
+
+def test_a_cosine_near_1_reads_as_its_distance_from_1_in_both_reports():
+    records = quickstart_records(models=("resnet18",))
+    leaf = {"name": "out", "failure_class": "numeric_drift", "max_abs": 1.7, "max_rel": 0.5, "cosine": 0.999971,
+            "mismatch_fraction": 0.598}
+    records[-1].update(passed=False, failure_class="numeric_drift", detail="drift", max_abs=1.7, leaves=[leaf])
+    assert "cosine 1 − 2.9e-05, mismatched 59.8%" in render_markdown(records, summarize(records), "run")
+    assert "1 − 2.9e-05" in render_html(records, summarize(records), "run")
 
 
 def test_matplotlib_warnings_stay_off_the_console_and_verbose_shows_them(caplog):
@@ -352,3 +368,46 @@ def test_matplotlib_warnings_stay_off_the_console_and_verbose_shows_them(caplog)
     assert escaped == []
     assert any("Glyph" in r.getMessage() and r.levelno == logging.DEBUG for r in caplog.records)
     assert logging.getLogger("matplotlib.font_manager").getEffectiveLevel() == logging.ERROR
+
+
+def test_every_view_states_each_targets_own_tolerance_where_it_is_judged(tmp_path, capsys):
+    """A bfloat16 target at its dtype's default (atol 1e-5, rtol 0.016) and a float32 one at the experiment's
+    gate (1e-4, 1e-5), in one run: the console, report.md, report.html and junit.xml say the same of each."""
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tiny_experiment([{"backend": "eager", "name": "same"},
+                                                    {"backend": "eager", "dtype": "bfloat16"}])))
+    main(["run", str(path), "--out", str(tmp_path / "out"), "--quiet"])
+    console = capsys.readouterr().out
+    bf16, fp32 = "atol 1e-05, rtol 0.016", "atol 0.0001, rtol 1e-05"
+    for line in (f"tolerance same: {fp32} (experiment)", f"tolerance eager-cpu-bfloat16: {bf16} (default-for-bfloat16)"):
+        assert line in console and f"- {line}" in (tmp_path / "out" / "report.md").read_text()
+    assert "tiny: tier 1, each target at its own tolerance" in console
+    html = unescape((tmp_path / "out" / "report.html").read_text())
+    heading = re.search(r"<h2>Checks at the gate(.*?)</h2>", html).group(1)
+    assert "each target at its own tolerance" in heading and "0.0001" not in heading
+    header = re.search(r"<tr><th>model / inputs</th>(.*?)</tr>", html, re.S).group(1)
+    assert re.search(rf"same<br><span[^>]*>{fp32}</span>", header)
+    assert re.search(rf"eager-cpu-bfloat16<br><span[^>]*>{bf16}</span>", header)
+    root = ET.parse(tmp_path / "out" / "junit.xml").getroot()
+    judged = {case.get("name"): {p.get("name"): p.get("value") for p in case.iter("property")}
+              for case in root.iter("testcase")}
+    assert judged == {"same tier 1": {"gate_atol": "0.0001", "rtol": "1e-05"},
+                      "eager-cpu-bfloat16 tier 1": {"gate_atol": "1e-05", "rtol": "0.016"}}
+    assert root.find("testsuite/properties/property[@name='gate_atol']") is None  # no one gate for the whole suite
+
+
+def test_a_target_not_run_here_has_one_name_and_the_summary_says_why_the_exit_code_is_1(tmp_path, capsys):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tiny_experiment([{"backend": "eager", "name": "same"},
+                                                    {"backend": "tests.fixtures.tiny:NeverAvailable", "name": "never"}])))
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "--quiet"]) == 1
+    console = capsys.readouterr().out
+    assert "1 passed, 0 failed, 1 not run here (" in console and "not run here never: " in console
+    assert ("exit 1: 1 check(s) not run here, so not verified (--allow-unavailable exits 0 when every check that ran "
+            "passed)") in console
+    assert "n/a" not in console and "skipped" not in console and "unavailable never" not in console
+    assert "**1 passed, 0 failed, 1 not run here**" in (tmp_path / "out" / "report.md").read_text()
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert '<span class="state">not run here</span>' in html and "n/a" not in html
+    assert main(["run", str(path), "--out", str(tmp_path / "again"), "--quiet", "--no-report", "--allow-unavailable"]) == 0
+    assert "exit 1" not in capsys.readouterr().out

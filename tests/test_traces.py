@@ -143,7 +143,7 @@ def test_the_timed_repeats_of_a_job_take_turns_across_the_reference_and_the_targ
                           reference={"backend": f"{FIX}:CountingEager", "name": "ref"})
     out = tmp_path / "out"
     assert main(["run", str(write_yaml(exp)), "--out", str(out), "--quiet", "--no-report"]) == 0
-    report = render_markdown(read_records(out), json.loads((out / "summary.json").read_text()))
+    report = render_markdown(read_records(out), json.loads((out / "summary.json").read_text()), out)
     assert "The backends of each model and input set took turns (interleaved)." in report
     assert traces.RUNS == ["ref", "c1", "c2"] * 4  # the warm-up turn, then three timed turns
     runs = [r for r in read_records(out) if r["kind"] == "execution"]

@@ -242,9 +242,9 @@ def assert_backends_agree(model: torch.nn.Module, inputs: Any, targets: list[str
     """Raise AssertionError (a `Disagreement`, whose `result` holds the numbers), in the style of
     torch.testing.assert_close, unless every target's outputs match the reference's:
     |t - r| <= atol + rtol * |r| on every leaf; else return the `Agreement`, per target and per leaf.
-    `atol` and `rtol` apply to every target; each one not given is `torch.testing.assert_close`'s default
-    for the lower-precision dtype of the pair (float32 1e-5 / 1.3e-6, bfloat16 1e-5 / 1.6e-2, float16
-    1e-5 / 1e-3), as `parity run` judges a bfloat16 target that says nothing of its tolerance.
+    `atol` and `rtol` apply to every target; each one not given is what `parity run` and `parity check`
+    judge the pair at by default: atol 1e-4, rtol 1e-5 for float32 and float64, torch.testing's defaults
+    for a bfloat16 (1e-5 / 1.6e-2) or float16 (1e-5 / 1e-3) side.
     A target is an id as the tables print it (`compile-cpu`, `eager-cpu-bfloat16`, `eager:bfloat16`), a
     backend entry as in an experiment file, or a BackendSpec. `inputs` is a tensor, a tuple of positional
     tensors or a dict of keyword tensors. The model itself is never modified; the copies that the
@@ -252,7 +252,8 @@ def assert_backends_agree(model: torch.nn.Module, inputs: Any, targets: list[str
     `reference_cache`, a dict kept between calls, holds the reference's outputs by what they depend on
     (the model's classes, attributes and weights, the inputs' values, the reference backend), so that
     checking one model target by target runs the reference once."""
-    from parity.config.tolerances import assert_close_defaults
+    __tracebackhide__ = True  # pytest shows the caller's line and the message, not this function
+    from parity.config.tolerances import default_tolerance
     from parity.execute.execution import execute
     from parity.verify.tensors import compare, compared_exactly
 
@@ -264,7 +265,7 @@ def assert_backends_agree(model: torch.nn.Module, inputs: Any, targets: list[str
     result = Agreement(ref_spec.id, given_atol, given_rtol)
     problems = []
     for spec in specs:
-        default_rtol, default_atol = assert_close_defaults(spec.dtype, ref_spec.dtype)
+        default_rtol, default_atol = default_tolerance(spec.dtype, ref_spec.dtype)
         atol = default_atol if given_atol is None else given_atol
         rtol = default_rtol if given_rtol is None else given_rtol
         got = execute(spec, model, inputs, 1)

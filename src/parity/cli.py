@@ -46,6 +46,8 @@ def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
 
     if experiments is None:
         experiments = [load_experiment(f) for f in args.files]  # every file is validated before anything runs
+        for exp in experiments:
+            _narrow(exp, args)
     for exp in experiments:
         _executor_options(exp, args)
     names = [exp.name for exp in experiments]
@@ -62,7 +64,7 @@ def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
             result = Runner(exp, out_dir, args.artifact_cache).run(progress=not args.quiet, fresh=args.fresh)
         records, summary = result.records, result.summary
         reports = [] if args.no_report else write_reports(out_dir, records, summary)
-        render(records, summary, out_dir, _console(), reports)
+        render(records, summary, out_dir, _console(), reports, args.allow_unavailable)
         if args.verbose:
             _print_tracebacks(records)
         for e in summary["reference_errors"]:
@@ -71,6 +73,35 @@ def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
                       f"raised, so no target was judged: {e['detail'].split(': ', 1)[-1]}", file=sys.stderr)
         code = max(code, result.code(args.allow_unavailable))  # 3 when the run lost a check (the Runner says which)
     return code
+
+
+def _narrow(exp, args: argparse.Namespace) -> None:
+    """`parity run --model/--target/--inputs` (each repeatable): only the checks they choose, as the whole run
+    would judge them (each model keeps its example input set), so that CI jobs can share an experiment out. A
+    name the experiment lacks, or filters that leave no check, is exit 2."""
+    from parity.errors import did_you_mean
+    from parity.runner.plan import example_for
+
+    where = f"{exp.file}: " if exp.file else ""
+    chosen = {}
+    for option, names in (("--model", [m.name for m in exp.models]), ("--target", [t.id for t in exp.targets]),
+                          ("--inputs", [s.name for s in exp.inputs])):
+        given = getattr(args, option.removeprefix("--") + "_filter") or []
+        for name in given:
+            if name not in names:
+                raise ParityError(f"{where}{option} {name}: the experiment has no such {option[2:]}"
+                                  f"{did_you_mean(name, names)} (it has: {', '.join(names)})")
+        chosen[option] = set(given or names)
+    models = []
+    for m in exp.models:
+        sets = [s.name for s in exp.inputs_for(m) if s.name in chosen["--inputs"]]
+        if m.name in chosen["--model"] and sets:
+            models.append(m.model_copy(update={"inputs": sets, "export_inputs": example_for(exp, m).name}))
+    if not models:
+        raise ParityError(f"{where}--model/--inputs: no model of the experiment runs on the input sets chosen "
+                          "(a model's `inputs:` names the sets it runs on)")
+    exp.models = models
+    exp.targets = [t for t in exp.targets if t.id in chosen["--target"]]
 
 
 def _print_tracebacks(records: list[dict]) -> None:
@@ -120,28 +151,30 @@ def cmd_check(args: argparse.Namespace) -> int:
     data = check_experiment(args.model, args.target, reference=args.reference, entry=args.entry,
                             hubconf=args.hubconf, weights=args.weights, shapes=args.input or [],
                             images=args.images or [], preprocess=args.preprocess, resize=args.resize,
-                            crop=args.crop, gate=args.gate, rtol=args.rtol, seed=args.seed)
+                            crop=args.crop, gate=args.gate, rtol=args.rtol, seed=args.seed, name=args.name)
     exp = experiment_from_dict(data, "parity check", Path.cwd())
     if args.save_experiment:
         save_experiment(data, Path(args.save_experiment))
+        exp._file = args.save_experiment  # as typed: the next: lines name it, to run from here
         print(f"experiment: {args.save_experiment} (parity run {args.save_experiment} runs it again)", file=sys.stderr)
     return cmd_run(args, [exp])
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """Render summary.json, report.md, report.html and junit.xml again from a run's records.jsonl alone."""
+    """Render summary.json, report.md, report.html and junit.xml again from a run's records.jsonl alone, and
+    print the table the run printed."""
     from parity.outdir import prepare, user_path
     from parity.records.summary import summarize, write_summary
     from parity.records.view import RunView
     from parity.report import write_reports
+    from parity.report.console import render
 
     out_dir = user_path(args.run_dir, "RUN_DIR")
     view = RunView.read(out_dir)
     prepare(out_dir, "RUN_DIR")  # where the reports go: no link, no folder in a report's place
     summary = summarize(view)
     write_summary(summary, out_dir / "summary.json")
-    for path in [out_dir / "summary.json", *write_reports(out_dir, view, summary)]:
-        print(f"{path.name + ':':<13} {path}")
+    render(view, summary, out_dir, _console(), write_reports(out_dir, view, summary))
     return EXIT_OK
 
 
@@ -264,13 +297,23 @@ def _said_records(args: argparse.Namespace) -> None:
 
 
 def cmd_localize(args: argparse.Namespace) -> int:
-    """Localize one model x target without running the whole experiment; print the per-layer tables."""
+    """Localize one model x target without running the whole experiment; print the per-layer tables, and
+    the `parity reduce` command that cuts the culprit out (its record is in --out)."""
+    from rich.markup import escape
+
     from parity.report.console import render_layers
+    from parity.report.next_steps import reduce_step, single_culprit
 
     exp, model_spec, target, input_spec = _one_check(args)
     record = _runner(args, exp).localize(model_spec, target, input_spec)
-    render_layers(record, _console())
+    console = _console()
+    render_layers(record, console)
     _said_records(args)
+    if single_culprit(record) and target.quantize is None:  # reduce cuts one float module, as next_steps offers it
+        if args.out:
+            console.print(escape(reduce_step(args.out, model_spec.name, input_spec.name, target.id)), soft_wrap=True)
+        else:
+            console.print("parity reduce cuts a repro from this localization's record: run it again with --out DIR")
     return EXIT_OK if not record.get("error") else EXIT_FAILED
 
 
@@ -371,9 +414,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"parity {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="run experiment files and judge every target against the reference")
+    run = sub.add_parser("run", help="run experiment files and judge every target against the reference",
+                         description="Run experiment files: every target against the reference on every model and "
+                                     "input set; print the table, write the records and reports. Exit 0 every check "
+                                     "passed, 1 one failed or was not run here, 2 a mistake in the files or options.")
     run.add_argument("files", nargs="+", metavar="FILE", help="experiment YAML files")
     output_options(run, "NAME")
+    for option, what in (("--model", "model name"), ("--target", "target id, as the table's column"),
+                         ("--inputs", "input set name")):
+        run.add_argument(option, dest=option.removeprefix("--") + "_filter", action="append", metavar="NAME",
+                         help=f"run only the checks of this {what}, repeatable (CI sharding: one job per target "
+                              "or model, each with its own --out)")
     run.add_argument("--executor", choices=["local", "process", "ray"],
                      help="where executions run: in this process (local, the default), each in a worker process with "
                           "a time limit (process), or as Ray tasks (ray); wins over the file's executor setting")
@@ -401,7 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def one_check_parser(name: str, help_text: str, target_help: str, record: str, func) -> argparse.ArgumentParser:
         """A verb about one model x target x input set of an experiment."""
-        verb = sub.add_parser(name, help=help_text)
+        verb = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
         verb.add_argument("file", metavar="FILE", help="the experiment YAML file")
         verb.add_argument("--model", help="model name (default: the only one)")
         verb.add_argument("--target", help=f"{target_help} (default: the only one)")
@@ -456,7 +507,9 @@ def build_parser() -> argparse.ArgumentParser:
 PREPROCESS_CHOICES = ("imagenet", "none")  # parity.quick.PREPROCESS, named here so that --help imports nothing
 TARGET_GRAMMAR = ("BACKEND[-DEVICE][-DTYPE] or BACKEND:DTYPE, as the tables print ids: compile, onnxruntime, "
                   "torchscript, openvino, eager-cpu-bfloat16, compile-cpu, eager-cuda, eager:float16 "
-                  "(DEVICE cpu|cuda|cudaN; DTYPE float32|float64|bfloat16|float16, or bf16|fp16|fp32|fp64)")
+                  "(DEVICE cpu|cuda|cudaN; DTYPE float32|float64|bfloat16|float16, or bf16|fp16|fp32|fp64); int8: "
+                  "compile-cpu-int8-pt2e-x86, eager-int8-dynamic (-int8-pt2e-x86|-int8-pt2e-xnnpack|-int8-dynamic|"
+                  "-int8-weight last)")
 
 
 def check_parser(sub) -> None:
@@ -468,7 +521,8 @@ def check_parser(sub) -> None:
                     "--target compile --target onnxruntime")
     check.add_argument("model", metavar="MODEL",
                        help="torchvision:NAME (a torchvision builder), module:callable (an importable function or "
-                            "class that returns the model), or a repository FOLDER with --entry or --hubconf")
+                            "class that returns the model), a model file (.onnx, .pt2, TorchScript .ts/.pt/.pth), "
+                            "or a repository FOLDER with --entry or --hubconf")
     check.add_argument("--target", action="append", required=True, metavar="T",
                        help=f"a target to check, repeatable: {TARGET_GRAMMAR}")
     check.add_argument("--reference", metavar="T", help="what the targets are compared with (default: eager, "
@@ -481,7 +535,9 @@ def check_parser(sub) -> None:
                             "torch hub cache: nothing is downloaded); default: a seeded random init")
     check.add_argument("--input", action="append", metavar="SHAPE",
                        help="a seeded random normal float32 tensor, e.g. 1x3x224x224; repeat it for several "
-                            "positional inputs, or give NAME=SHAPE for keyword inputs")
+                            "positional inputs, or give NAME=SHAPE for keyword inputs; SHAPE:DTYPE for another "
+                            "dtype, SHAPE:int64:HIGH for integers in [0, HIGH); or a saved tensors FILE (.npy, .npz, "
+                            ".safetensors, .pt) as the whole input set")
     check.add_argument("--images", action="append", metavar="FILE|GLOB|sample:NAME",
                        help="images as one batch, repeatable: files, a quoted glob ('pics/*.jpg') or a photo "
                             "bundled with scikit-image (sample:chelsea). Default for torchvision classifiers, "
@@ -496,6 +552,9 @@ def check_parser(sub) -> None:
                             "a bfloat16 or float16 target: its dtype's default, 1e-5 at rtol 1.6e-2 or 1e-3)")
     check.add_argument("--rtol", type=float, metavar="RTOL",
                        help="the relative tolerance, for every target (default: 1e-5; bfloat16 1.6e-2, float16 1e-3)")
+    check.add_argument("--name", metavar="NAME",
+                       help="the model's name in the table, records and commands (default: from MODEL, e.g. "
+                            "resnet18 for torchvision:resnet18, build for mymodels:build)")
     check.add_argument("--seed", type=int, default=0, metavar="N",
                        help="seeds the random init and the random inputs (default 0)")
     check.add_argument("--save-experiment", metavar="FILE",

@@ -8,7 +8,11 @@ runs the test once per target (ids as the tables print them: `test_my_model_agre
 skips a target that cannot run on this machine with the reason (no CUDA, a missing package), runs the
 reference once per model and inputs in the session, and puts each target's numbers in the JUnit XML
 (testcase properties, as `record_property` writes them). Without the marker, `parity.check(model, inputs, targets=[...])` checks the targets
-it is given.
+it is given. A failing check shows the test's line and the numbers, not parity's own frames.
+
+Options: `--parity-targets T,T...` checks those targets in every marked test instead of the marker's (a CI job
+per backend); `--parity-require-available` (or the ini key `parity_require_available = true`) makes a target
+that cannot run here fail with its reason instead of skipping.
 
 pytest loads this module in every run once parity is installed, so it imports nothing heavy itself:
 torch and parity's checking code load only when a test uses the marker or the fixture.
@@ -21,6 +25,33 @@ from typing import Any
 import pytest
 
 _REFERENCES = pytest.StashKey[dict]()  # reference outputs by model, inputs and reference backend: one session
+_CANNOT_RUN = pytest.StashKey[list]()  # a required target that cannot run here: the test fails, its body unrun
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("parity")
+    group.addoption("--parity-targets", metavar="T,T", action="append",
+                    help="check these targets (ids as parity's tables print them) in every @pytest.mark.parity "
+                         "test instead of the marker's; repeatable or comma-separated")
+    group.addoption("--parity-require-available", action="store_true", default=None,
+                    help="a target that cannot run on this machine fails the test with its reason (default: it "
+                         "is skipped); also the ini key parity_require_available")
+    parser.addini("parity_require_available", type="bool", default=False,
+                  help="parity: a target that cannot run here fails instead of being skipped")
+
+
+def _require_available(config: pytest.Config) -> bool:
+    given = config.getoption("parity_require_available")
+    return bool(config.getini("parity_require_available") if given is None else given)
+
+
+def _not_run(config: pytest.Config, reasons: list[str]) -> None:
+    """A target (or the reference) that cannot run here: skipped, or failed with its reason when the session
+    requires every target to run."""
+    __tracebackhide__ = True
+    if _require_available(config):
+        pytest.fail("; ".join(reasons) + " (--parity-require-available: every target must run)", pytrace=False)
+    pytest.skip("; ".join(reasons))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -58,7 +89,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     from parity.api import target_spec
     from parity.errors import ParityError
 
-    targets = _settings(marker)["targets"]
+    chosen = metafunc.config.getoption("parity_targets")
+    targets = [t for given in chosen for t in given.split(",") if t] if chosen else _settings(marker)["targets"]
     try:
         specs = [target_spec(t) for t in targets]
     except ParityError as exc:
@@ -71,14 +103,16 @@ class Parity:
     against the reference with `parity.assert_backends_agree` and returns the `Agreement`; a disagreement
     fails the test with torch.testing-style lines."""
 
-    def __init__(self, target, settings: dict[str, Any], references: dict, record_property):
+    def __init__(self, target, settings: dict[str, Any], references: dict, record_property, config: pytest.Config):
         self.target = target  # the marker's target of this test (a BackendSpec), or None without the marker
         self.settings = settings
         self._references = references
         self._record = record_property
+        self._config = config
 
     def check(self, model, inputs, targets: list | None = None, **settings: Any):
         """`settings`: atol, rtol, reference; they win over the marker's."""
+        __tracebackhide__ = True  # a failure shows the test's line and the numbers, not this frame
         from parity.api import Disagreement, assert_backends_agree
 
         if targets is None:
@@ -89,10 +123,10 @@ class Parity:
         options = {k: v for k, v in self.settings.items() if k != "targets"} | settings
         _, reference_unavailable = _split_by_availability([options.get("reference", "eager")])
         if reference_unavailable:
-            pytest.skip(f"the reference {reference_unavailable[0]}")
+            _not_run(self._config, [f"the reference {reference_unavailable[0]}"])
         runnable, unavailable = _split_by_availability(targets)
         if not runnable:
-            pytest.skip("; ".join(unavailable))
+            _not_run(self._config, unavailable)
         try:
             result = assert_backends_agree(model, inputs, runnable, reference_cache=self._references, **options)
         except Disagreement as exc:
@@ -100,7 +134,7 @@ class Parity:
             raise
         self._record_numbers(result)
         if unavailable:  # the others agree, but these were not checked: not a pass
-            pytest.skip("; ".join(unavailable))
+            _not_run(self._config, unavailable)
         return result
 
     def _record_numbers(self, result) -> None:
@@ -133,16 +167,25 @@ def _split_by_availability(targets: list) -> tuple[list, list[str]]:
     return runnable, unavailable
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> None:
+    """A test whose required target cannot run here fails with the reason before its body runs."""
+    if _CANNOT_RUN in pyfuncitem.stash:
+        _not_run(pyfuncitem.config, pyfuncitem.stash[_CANNOT_RUN])
+
+
 @pytest.fixture
 def parity(request: pytest.FixtureRequest) -> Parity:
     """Checks a model on the marker's target (see the module's docstring); skips the test up front when
-    that target cannot run on this machine."""
+    that target cannot run on this machine (fails it, with --parity-require-available)."""
     marker = request.node.get_closest_marker("parity")
     settings = _settings(marker) if marker is not None else {}
     target = getattr(request, "param", None)
     if target is not None:
         _, unavailable = _split_by_availability([target])
-        if unavailable:
-            pytest.skip(unavailable[0])
+        if unavailable and _require_available(request.config):
+            request.node.stash[_CANNOT_RUN] = unavailable  # failed in the call phase, not as a setup error
+        elif unavailable:
+            _not_run(request.config, unavailable)
     record = lambda name, value: request.node.user_properties.append((name, value))  # noqa: E731 - as record_property,
-    return Parity(target, settings, request.config.stash[_REFERENCES], record)  # without its xunit2 warning per test
+    return Parity(target, settings, request.config.stash[_REFERENCES], record, request.config)  # without its xunit2 warning per test

@@ -6,6 +6,8 @@ The experiment is an ordinary one (a dict in the file's shape), run by the same 
     MODEL  torchvision:NAME          a torchvision builder (seeded init, or --weights)
            module:callable           an importable function or class (source python)
            FOLDER --entry m:f        someone's repository folder (source repo), or --hubconf NAME
+           FILE.onnx|.pt2|.ts|.pt    a model file: ONNX, torch.export, TorchScript (sources onnx, exported,
+                                     torchscript), run as the experiment file's `path:` runs it
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ PREPROCESS = {"imagenet": IMAGENET, "none": {}}
 DEFAULT_PHOTO = "sample:chelsea"
 # the default inputs of a torchvision model by task: a bundled photo, preprocessed as its weights expect
 DEFAULT_PREPROCESS = {"classification": "imagenet", "segmentation": "imagenet", "detection": "none"}
-LATER_SOURCES = re.compile(r"^(hf|huggingface|transformers):|\.onnx$", re.IGNORECASE)
+LATER_SOURCES = re.compile(r"^(hf|huggingface|transformers):", re.IGNORECASE)
+# a model file by its suffix: the source that reads it (as `source:` and `path:` in an experiment file)
+MODEL_FILES = {".onnx": "onnx", ".pt2": "exported", ".ts": "torchscript", ".pt": "torchscript", ".pth": "torchscript"}
 _SHAPE = re.compile(r"^[1-9][0-9]*(x[1-9][0-9]*)*$")
 
 
@@ -44,14 +48,19 @@ def model_entry(ref: str, entry: str | None = None, hubconf: str | None = None,
     from parity.models.sources.torchvision import torchvision_builders
 
     if LATER_SOURCES.search(ref):
-        kind = ".onnx" if ref.lower().endswith(".onnx") else ref.split(":")[0] + ":"
-        raise ParityError(f"MODEL '{ref}': {kind} sources come with a later release (hf: or transformers:, "
-                          "and .onnx files); until then, wrap the model in a function of your own and pass it "
-                          "as module:callable")
+        raise ParityError(f"MODEL '{ref}': {ref.split(':')[0]}: sources come with a later release on the command "
+                          "line; an experiment file runs them today (source: transformers, docs/experiment-file.md)")
     folder = Path(ref).expanduser()
     if (entry or hubconf) and not folder.is_dir():
         raise ParityError(f"--entry/--hubconf go with a repository folder as MODEL; '{ref}' is no folder here")
     spec: dict[str, Any]
+    suffix = Path(ref).suffix.lower()
+    if suffix in MODEL_FILES:
+        if not folder.is_file():
+            raise ParityError(f"MODEL '{ref}': no such file here")
+        if weights is not None:
+            raise ParityError(f"--weights: the model file '{ref}' holds its own weights")
+        return {"name": plain_name(folder.stem, "model"), "source": MODEL_FILES[suffix], "path": str(folder.absolute())}
     if folder.is_dir():
         if (entry is None) == (hubconf is None):
             raise ParityError(f"MODEL '{ref}' is a folder: say what builds the model in it with --entry "
@@ -87,10 +96,24 @@ def model_entry(ref: str, entry: str | None = None, hubconf: str | None = None,
     return spec
 
 
-def _shape(text: str) -> list[int]:
-    if not _SHAPE.match(text):
-        raise ParityError(f"--input '{text}': expected a shape like 1x3x224x224 (or NAME=SHAPE for a keyword input)")
-    return [int(d) for d in text.split("x")]
+def _tensor(text: str) -> dict[str, Any]:
+    """SHAPE[:DTYPE[:HIGH]]: a seeded random tensor; normal for a floating dtype, integers in [0, HIGH) else."""
+    shape, _, rest = text.partition(":")
+    dtype, _, high = rest.partition(":")
+    if not _SHAPE.match(shape):
+        raise ParityError(f"--input '{text}': expected a shape like 1x3x224x224, SHAPE:DTYPE (1x128:int64:30522 for "
+                          "integers in [0, 30522)), NAME=SHAPE for a keyword input, or a saved tensors FILE")
+    spec: dict[str, Any] = {"shape": [int(d) for d in shape.split("x")]}
+    if dtype:
+        spec["dtype"] = dtype
+    if dtype in ("int64", "int32"):
+        if not high.isdigit() or int(high) < 1:
+            raise ParityError(f"--input '{text}': an {dtype} input needs its bound, {shape}:{dtype}:HIGH (integers "
+                              "in [0, HIGH), e.g. the vocabulary size)")
+        spec.update(distribution="randint", high=float(high))
+    elif high:
+        raise ParityError(f"--input '{text}': only an integer dtype (int64, int32) takes a bound")
+    return spec
 
 
 def input_entry(model: dict[str, Any], shapes: list[str], images: list[str], preprocess: str | None,
@@ -101,13 +124,23 @@ def input_entry(model: dict[str, Any], shapes: list[str], images: list[str], pre
     if shapes:
         if preprocess or resize or crop:
             raise ParityError("--preprocess, --resize and --crop apply to images, not to --input tensors")
+        from parity.inputs.tensors import SUFFIXES
+
+        files = [s for s in shapes if Path(s).suffix.lower() in SUFFIXES]
+        if files:
+            if len(shapes) > 1:
+                raise ParityError(f"--input {files[0]}: a saved tensors file is the whole input set; give it alone")
+            path = Path(files[0]).expanduser()
+            if not path.is_file():
+                raise ParityError(f"--input {files[0]}: no such file here")
+            return {"name": plain_name(path.stem, "tensors"), "tensors": str(path.absolute())}
         named = [s.partition("=") for s in shapes]
         if len({bool(sep) for _, sep, _ in named}) > 1:
             raise ParityError("--input: give every input as SHAPE (positional) or every one as NAME=SHAPE (keyword)")
         if named[0][1]:
-            return {"name": "random", "synthetic": {name: {"shape": _shape(shape)} for name, _, shape in named}}
-        specs = [{"shape": _shape(s)} for s in shapes]
-        return {"name": shapes[0] if len(shapes) == 1 else "random", "synthetic": specs[0] if len(specs) == 1 else specs}
+            return {"name": "random", "synthetic": {name: _tensor(shape) for name, _, shape in named}}
+        specs = [_tensor(s) for s in shapes]
+        return {"name": plain_name(shapes[0], "random") if len(shapes) == 1 else "random", "synthetic": specs[0] if len(specs) == 1 else specs}
     task = model.get("task", "other")
     if not images:
         if task not in DEFAULT_PREPROCESS:
@@ -123,8 +156,10 @@ def input_entry(model: dict[str, Any], shapes: list[str], images: list[str], pre
     return {"name": "images", "images": refs, "preprocess": settings}
 
 
-def target_entries(targets: list[str], reference: str | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The reference's and the targets' entries; each --target that cannot be one is refused by name."""
+def target_entries(targets: list[str], reference: str | None,
+                   calibration: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The reference's and the targets' entries; each --target that cannot be one is refused by name. An int8
+    target of a static scheme (`compile-cpu-int8-pt2e-x86`) is calibrated on `calibration`, the checked inputs."""
     from parity.config.checks import backend_problems
     from parity.config.schema import BackendSpec
     from parity.config.targets import parse_target
@@ -136,6 +171,8 @@ def target_entries(targets: list[str], reference: str | None) -> tuple[dict[str,
         except ParityError as exc:
             problems.append(f"{flag} {text}: {exc.problems[0]}")
             continue
+        if entry.get("quantize", {}).get("scheme", "").startswith("pt2e"):
+            entry["quantize"]["calibration"] = calibration
         spec = BackendSpec.model_validate(entry)
         problems += [f"{flag} {text}: {msg}" for _, msg in backend_problems(spec, ())]
         if spec.id in seen:
@@ -152,12 +189,17 @@ def check_experiment(model: str, targets: list[str], *, reference: str | None = 
                      hubconf: str | None = None, weights: str | None = None, shapes: list[str] = (),
                      images: list[str] = (), preprocess: str | None = None, resize: int | None = None,
                      crop: int | None = None, gate: float | None = None, rtol: float | None = None,
-                     seed: int = 0) -> dict[str, Any]:
+                     seed: int = 0, name: str | None = None) -> dict[str, Any]:
     """The experiment (a dict in the file's shape) that a `parity check` command line describes. Paths
     are absolute, so that the experiment means the same wherever it is run or saved from."""
     spec = model_entry(model, entry, hubconf, weights)
+    if name is not None:
+        if plain_name(name, "") != name:
+            raise ParityError(f"--name '{name}': a name is letters, digits, _ . + - (starting with a letter, digit "
+                              f"or _), e.g. '{plain_name(name, 'model')}'")
+        spec["name"] = name
     inputs = input_entry(spec, list(shapes), list(images), preprocess, resize, crop)
-    ref, target_list = target_entries(list(targets), reference)
+    ref, target_list = target_entries(list(targets), reference, inputs["name"])
     data: dict[str, Any] = {"name": spec["name"], "seed": seed, "models": [spec], "inputs": [inputs]}
     if reference is not None:
         data["reference"] = ref
@@ -195,6 +237,8 @@ def save_experiment(data: dict[str, Any], path: Path) -> None:
     for s in saved["inputs"]:
         if "images" in s:
             s["images"] = [relative(ref) for ref in s["images"]]
+        if "tensors" in s:
+            s["tensors"] = relative(s["tensors"])
     header = (f"# Written by parity check. `parity run {path.name}` runs the same checks; every key is in the\n"
               "# parity docs, docs/experiment-file.md (more targets, an oracle, tiers 2 and 3, repeats...).\n")
     text = header + yaml.safe_dump(saved, sort_keys=False, default_flow_style=None)

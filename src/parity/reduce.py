@@ -396,11 +396,16 @@ sys.exit(1 if diverges else 0)
 '''
 
 
+def _path_root(code: dict[str, str]) -> str:
+    """The folder repro.py puts first on sys.path: the class's import root; none for torch's own classes."""
+    return "" if code["class"].startswith("torch.") else code["sys_path"]
+
+
 def repro_script(code: dict[str, str], found: Found, reference, target, snippets: dict[str, str], args: str,
                  kwargs: str) -> str:
-    root = code["sys_path"]
+    root = _path_root(code)
     path_line = (f"sys.path.insert(0, {root!r})  # {code['class'].rpartition('.')[0]} (the module's class) imports from here"
-                 if root and not code["class"].startswith("torch.") else "# the module's class is torch's own")
+                 if root else "# the module's class is torch's own")
     check = found.check
     required = check.get("required_atol")
     return SCRIPT.format(
@@ -441,8 +446,9 @@ def readme(found: Found, exp, target, code: dict[str, str], call: str) -> str:
         "pickle: load only your own",
         "  module.txt          the module's class, source file:line and name",
         "",
-        "The script needs torch, safetensors and the target's library, and the module's class importable: it puts "
-        f"{code['sys_path'] or '(nothing)'} first on sys.path. It prints every output's max abs difference and "
+        "The script needs torch, safetensors and the target's library, and the module's class importable: "
+        + (f"it puts {_path_root(code)} first on sys.path." if _path_root(code) else "it is torch's own, so the script "
+           "changes no sys.path.") + " It prints every output's max abs difference and "
         "whether it exceeds the check's gate.",
     ]
     return "\n".join(lines) + "\n"

@@ -180,6 +180,13 @@ def _audio(exp: Experiment) -> list[Problem]:
     return out
 
 
+def _tensor_files(exp: Experiment) -> list[Problem]:
+    from parity.inputs.tensors import tensors_problem
+
+    problems = [(i, tensors_problem(exp.resolve(spec.tensors))) for i, spec in enumerate(exp.inputs) if spec.tensors]
+    return [(("inputs", i, "tensors"), problem) for i, problem in problems if problem]
+
+
 def _tokenizers(exp: Experiment) -> list[Problem]:
     from parity.inputs.text import tokenizer_problem
 
@@ -215,5 +222,6 @@ def check(exp: Experiment) -> list[Problem]:
                              f"backend '{exp.reference.backend}' does not run them (use eager)"))
     problems += _images(exp)
     problems += _audio(exp)
+    problems += _tensor_files(exp)
     problems += _tokenizers(exp)
     return problems

@@ -37,7 +37,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from parity.config.tolerances import Tolerance, default_gate
+from parity.config.tolerances import FLOAT_RTOL, Tolerance, default_gate
 from parity.config.tolerances import resolve as resolve_tolerance
 from parity.errors import ParityError, did_you_mean
 from parity.plugins import ADAPTERS, EXECUTORS, SOURCES, TASKS
@@ -346,11 +346,12 @@ class InputSetSpec(Strict):
     audio: list[LocalPath] | None = Field(default=None, min_length=1, max_length=10_000)  # PCM WAV files
     sample_rate: int | None = Field(default=None, strict=True, gt=0, le=1_000_000)  # what every audio file must have
     samples: int | None = Field(default=None, strict=True, gt=0, le=MAX_ELEMENTS)  # each clip cut or padded to this
+    tensors: LocalPath | None = None  # saved tensors (.npy, .npz, .safetensors, .pt): inputs/tensors.py
 
     @model_validator(mode="after")
     def _one_kind(self) -> InputSetSpec:
-        if sum(kind is not None for kind in (self.images, self.synthetic, self.text, self.audio)) != 1:
-            raise ValueError("an input set needs exactly one of 'images', 'synthetic', 'text' or 'audio'")
+        if sum(kind is not None for kind in (self.images, self.synthetic, self.text, self.audio, self.tensors)) != 1:
+            raise ValueError("an input set needs exactly one of 'images', 'synthetic', 'text', 'audio' or 'tensors'")
         if self.images is not None and not self.images:
             raise ValueError("'images' is empty")
         if (self.text is None) != (self.tokenizer is None):
@@ -416,7 +417,7 @@ class GateAndRules(Strict):
 
 class Tolerances(GateAndRules):
     atol: list[float] = Field(default_factory=lambda: [1e-6, 1e-5, 1e-4, 1e-3], min_length=1, max_length=100)
-    rtol: float = Field(default=1e-5, ge=0)
+    rtol: float = Field(default=FLOAT_RTOL, ge=0)
 
     @field_validator("atol", mode="before")
     @classmethod

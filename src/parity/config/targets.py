@@ -5,8 +5,10 @@ and `@pytest.mark.parity(targets=[...])` share, so that what a table prints can 
     BACKEND := a backend name (`parity backends` lists them) | package.module:Class
     DEVICE  := cpu | cuda | cudaN                      default cpu
     DTYPE   := float32 | float64 | bfloat16 | float16  default float32; also bf16, fp16, half, fp32, fp64, double
+    INT8    := int8-pt2e-x86 | int8-pt2e-xnnpack | int8-dynamic | int8-weight   (last: `quantize:`'s scheme)
 
-The ids of the tables (`compile-cpu`, `eager-cpu-bfloat16`, `eager-cuda`, `eager-cuda1`) are targets, and
+The ids of the tables (`compile-cpu`, `eager-cpu-bfloat16`, `eager-cuda`, `eager-cuda1`,
+`compile-cpu-int8-pt2e-x86`) are targets, and
 so are the short forms `onnxruntime`, `eager:bfloat16` and `eager-bf16`. A `package.module:Class` backend
 takes no device or dtype here (give a mapping for those).
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from parity.config.schema import DTYPES
+from parity.config.schema import DTYPES, QUANTIZE_SCHEMES
 from parity.errors import ParityError, did_you_mean
 
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
@@ -64,7 +66,12 @@ def parse_target(text: str) -> dict[str, Any]:
         raise ParityError(f"unknown target '{text}': no backend '{head}'{hint} (a target is {GRAMMAR}; "
                           f"backends: {', '.join(names)})")
     entry: dict[str, Any] = {"backend": backend}
-    tokens = re.split(r"[-:]", text[len(backend) + 1:]) if text != backend else []
+    rest = text[len(backend) + 1:]
+    for scheme, suffix in QUANTIZE_SCHEMES.items():  # the id's int8 suffix: `quantize: {scheme: ...}`
+        if rest == suffix or rest.endswith(("-" + suffix, ":" + suffix)):
+            entry["quantize"] = {"scheme": scheme}
+            rest = rest[:-len(suffix)].rstrip("-:")
+    tokens = re.split(r"[-:]", rest) if rest else []
     for token in tokens:
         device, dtype = _device(token), _dtype(token)
         if device is not None and "device" not in entry and "dtype" not in entry:

@@ -59,6 +59,10 @@ def _build(spec, experiment, batch: str) -> Inputs:
     from parity.inputs.images import load_images
     from parity.inputs.synthetic import make_synthetic
 
+    if spec.tensors is not None:
+        from parity.inputs.tensors import load_tensors
+
+        return load_tensors(experiment.resolve(spec.tensors))
     if spec.text is not None:
         from parity.inputs.text import make_text
 

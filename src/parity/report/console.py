@@ -5,15 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from parity.records.summary import exit_code
 from parity.records.view import RunView
 from parity.report.next_steps import next_steps, oracle_finding
 from parity.verify.localize import pass_path
 from parity.verify.tasks import headline_of
 
+NOT_RUN = "not run here"  # a target that cannot run on this machine: the one name every view gives that state
+
 
 def _cell(checks: list[dict]) -> str:
     if all(c["status"] == "skipped" for c in checks):
-        return "[dim]n/a[/dim]"
+        return f"[dim]{NOT_RUN}[/dim]"
     if any(c["status"] == "error" for c in checks):
         return "[magenta]ERROR[/magenta] reference"
     done = [c for c in checks if c["status"] == "ok"]
@@ -39,24 +42,33 @@ def tolerance_title(summary: dict[str, Any]) -> str:
 
 
 def tolerance_lines(summary: dict[str, Any]) -> list[str]:
-    """One line per target judged at other than the experiment's tolerance, and one per noise floor the
-    checks show (the reference's own error, at each target's rtol), with the targets it concerns."""
-    lines, floors = [], {}
+    """Where targets are judged at different tolerances, one line per tolerance with the targets judged at it
+    (else one per target judged at other than the experiment's); then the output rules, and one line per noise
+    floor the checks show (the reference's own error, at each target's rtol), with the targets it concerns."""
+    shared, rules, floors = {}, [], {}
     for target, info in summary["per_target"].items():
         if info.get("gate") is None:
             continue
-        if info.get("tolerance_source", "experiment") != "experiment" or info.get("gated_by") == "tier3":
-            by = "; tier 3 decides the verdict (gate: tier3)" if info.get("gated_by") == "tier3" else ""
-            lines.append(f"tolerance {target}: atol {info['gate']:g}, rtol {info['rtol']:g} ({info['tolerance_source']}){by}")
+        source = info.get("tolerance_source", "experiment")
+        if not summary["uniform_tolerance"] or source != "experiment" or info.get("gated_by") == "tier3":
+            shared.setdefault((info["gate"], info["rtol"], source, info.get("gated_by")), []).append(target)
         if info.get("output_rules"):
-            lines.append(f"output rules {target}: {'; '.join(info['output_rules'])} (the leaves they matched)")
+            rules.append(f"output rules {target}: {'; '.join(info['output_rules'])} (the leaves they matched)")
         floor = info.get("noise_floor")
         if floor and (floor.get("atol") or 0) > 0:
             floors.setdefault((floor["atol"], floor["source"]), []).append(target)
+    lines = [f"tolerance {', '.join(targets)}: atol {gate:g}, rtol {rtol:g} ({source})"
+             + ("; tier 3 decides the verdict (gate: tier3)" if gated_by == "tier3" else "")
+             for (gate, rtol, source, gated_by), targets in shared.items()]
     for (atol, source), targets in floors.items():
-        lines.append(f"noise floor {', '.join(targets)}: atol {atol:.2g} is within the reference's own error "
+        rules.append(f"noise floor {', '.join(targets)}: atol {atol:.2g} is within the reference's own error "
                      f"({source}): a gate below it judges the reference's rounding, not the target")
-    return lines
+    return lines + rules
+
+
+def target_tolerance(info: dict[str, Any]) -> str:
+    """A target's tolerance as the tables head its column with: `atol 1e-05, rtol 0.016`."""
+    return "" if info.get("gate") is None else f"atol {info['gate']:g}, rtol {info['rtol']:g}"
 
 
 def environment_line(env: dict[str, Any]) -> str:
@@ -81,8 +93,10 @@ def warned(checks: list[dict]) -> list[tuple[dict, list[str]]]:
     return [(c, [describe_note(n) for n in c["warnings"]]) for c in checks if c.get("warnings")]
 
 
-def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, console, reports=()) -> None:
-    """The table and the findings; then where the records, the summary and `reports` (paths) are."""
+def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, console, reports=(),
+           allow_unavailable: bool = False) -> None:
+    """The table and the findings, the totals with why the exit code is 1 when only a check not run here
+    makes it so; then where the records, the summary and `reports` (paths) are."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -107,7 +121,7 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
         console.print("[yellow]warning[/yellow] " + escape(warning), soft_wrap=True)
     for t, info in summary["per_target"].items():
         if info["skipped"]:
-            console.print(f"[yellow]unavailable[/yellow] {escape(t)}: {escape(str(info['reason']))}")
+            console.print(f"[yellow]{NOT_RUN}[/yellow] {escape(t)}: {escape(str(info['reason']))}")
     for e in summary["reference_errors"]:
         why = ("the model as written raised on these inputs: fix the model or the input set"
                if e["user_error"] else "no target was judged")
@@ -115,7 +129,7 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
                                                                       f"{e['detail']} ({why})"), soft_wrap=True)
     for c in view.failed(1):
         console.print("[red]failed[/red] " + escape(f"{view.key(c)}: {c['failure_class']}: {c['detail']}"), soft_wrap=True)
-        for line in next_steps(c, view):
+        for line in next_steps(c, view, out_dir):
             console.print("  " + escape(line), soft_wrap=True)
     for line, keys in passing_oracle_lines(view).items():
         console.print("[yellow]oracle[/yellow] " + escape(f"{', '.join(keys)}: {line.removeprefix('oracle: ')}"), soft_wrap=True)
@@ -129,7 +143,7 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
         verdict = "[green]agrees[/green]" if c["passed"] else f"[red]{c['failure_class']}[/red]"
         console.print(f"tier 3 {verdict} " + escape(f"{view.key(c)}: {figures}"
                                                     + (f" ({c['detail']})" if c["detail"] else "")), soft_wrap=True)
-        for line in [flips_line(c), *(next_steps(c, view) if not c["passed"] else ())]:
+        for line in [flips_line(c), *(next_steps(c, view, out_dir) if not c["passed"] else ())]:
             if line:
                 console.print("  " + escape(line), soft_wrap=True)
     for key, loc in summary.get("localized", {}).items():
@@ -152,9 +166,12 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
         console.print("[yellow]diverges at[/yellow] " + escape(f"{key}: {where}"))
     totals, tier3 = summary["totals"], summary["tier3"]
     errors = f", {totals['errors']} without a verdict (reference failed)" if totals["errors"] else ""
-    console.print(f"{totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped{errors} "
+    console.print(f"{totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} {NOT_RUN}{errors} "
                   f"({summary['arithmetic']['formula']})"
                   + (f"; tier 3: {tier3['passed']} agree, {tier3['failed']} differ" if tier3["checks"] else ""))
+    if totals["skipped"] and not allow_unavailable and exit_code(summary) == 1 and exit_code(summary, True) == 0:
+        console.print(f"exit 1: {totals['skipped']} check(s) {NOT_RUN}, so not verified (--allow-unavailable exits 0 "
+                      "when every check that ran passed)")
     console.print(f"records: {out_dir / 'records.jsonl'}\nsummary: {out_dir / 'summary.json'}")
     for path in reports:
         console.print(f"report:  {path}")
@@ -197,6 +214,16 @@ def flips_line(check: dict[str, Any]) -> str | None:
 def percent(share: float | None, none: str = "-") -> str:
     """A share (a fraction, as records keep it) as a reader reads it: 0.138 -> '13.8%', 1e-06 -> '0.0001%'."""
     return none if share is None else f"{100 * share:.3g}%"
+
+
+def cosine(x: Any, none: str = "-") -> str:
+    """Cosine similarity shows its distance from 1, where the information is: 0.9999871 -> 1 - 1.3e-05 (a
+    cosine of 1.00e+00 beside 59.8% mismatched elements would say nothing); in every report alike."""
+    if x is None:
+        return none
+    if not isinstance(x, int | float) or isinstance(x, bool):
+        return str(x)
+    return "1" if x == 1 else (f"1 − {1 - x:.1e}" if 0 < 1 - x < 1e-3 else f"{x:.4f}")
 
 
 def _num(x: Any, fmt: str = ".2e") -> str:

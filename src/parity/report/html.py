@@ -17,11 +17,13 @@ from parity.records.summary import latency_rows
 from parity.records.view import RunView
 from parity.report import ReportWriter, pictures, plots
 from parity.report.console import (
+    cosine,
     describe_note,
     flips_line,
     passing_oracle_lines,
     percent,
     suspect_words,
+    target_tolerance,
     tolerance_lines,
     tolerance_title,
 )
@@ -56,13 +58,6 @@ def _num(x: Any) -> str:
     if isinstance(x, bool) or x is None or not isinstance(x, int | float):
         return "–" if x is None else str(x)
     return str(x) if isinstance(x, int) else f"{x:.4g}"
-
-
-def _cosine(x: Any) -> str:
-    """Cosine similarity shows its distance from 1, where the information is: 0.9999871 -> 1 - 1.3e-05."""
-    if not isinstance(x, int | float) or isinstance(x, bool):
-        return _num(x)
-    return "1" if x == 1 else (f"1 − {1 - x:.1e}" if 0 < 1 - x < 1e-3 else f"{x:.4f}")
 
 
 def _seconds(x: float | None) -> str:
@@ -111,6 +106,15 @@ def _setup(run: dict[str, Any], summary: dict[str, Any]) -> list[tuple[str, str]
     ]
 
 
+def _gates(summary: dict[str, Any]) -> dict[float, list[str]]:
+    """Each gate the targets are judged at, with its targets: the sweep chart marks every one."""
+    gates: dict[float, list[str]] = {}
+    for target, info in summary["per_target"].items():
+        if info.get("gate") is not None:
+            gates.setdefault(info["gate"], []).append(target)
+    return gates
+
+
 def _gate_table(checks: list[dict], tier3: list[dict], layers: list[dict], targets: list[str]) -> list[dict]:
     """Rows (model, input set), one cell per target: the tier-1 verdict at the gate and its numbers."""
     tier3_by = {_key(c): c for c in tier3}
@@ -148,15 +152,15 @@ def _pass_rates(checks: list[dict], keys: list[str]) -> tuple[list[str], dict[tu
     return models, {cell: (passed[cell] / n if n else None) for cell, n in total.items()}
 
 
-def _failures(view: RunView) -> list[dict[str, Any]]:
+def _failures(view: RunView, run_dir: str | Path) -> list[dict[str, Any]]:
     out = []
     for c in [*view.failed(1), *view.failed(3)]:
         worst = view.worst_leaves(c, 5)
         out.append({"key": _key(c), "tier": c["tier"], "failure_class": c["failure_class"], "detail": c.get("detail") or "",
-                    "next": next_steps(c, view),
+                    "next": next_steps(c, view, run_dir),
                     "leaves": [{"name": leaf["name"], "failure_class": leaf["failure_class"],
                                 "max_abs": _sci(leaf.get("max_abs")), "max_rel": _sci(leaf.get("max_rel")),
-                                "cosine": _cosine(leaf.get("cosine")), "mismatch": percent(leaf.get("mismatch_fraction"), none="–"),
+                                "cosine": cosine(leaf.get("cosine"), none="–"), "mismatch": percent(leaf.get("mismatch_fraction"), none="–"),
                                 "detail": leaf.get("detail") or ""} for leaf in worst]})
     return out
 
@@ -254,7 +258,7 @@ def _latency(records: RunView) -> tuple[list[dict], str | None]:
     return table, plots.latency_chart(timed) if timed else None
 
 
-def render_html(records: RunView | list[dict], summary: dict[str, Any]) -> str:
+def render_html(records: RunView | list[dict], summary: dict[str, Any], run_dir: str | Path) -> str:
     """The whole page as one string."""
     import jinja2
 
@@ -277,7 +281,10 @@ def render_html(records: RunView | list[dict], summary: dict[str, Any]) -> str:
     context = {
         "title": f"parity report: {summary['experiment']}",
         "experiment": summary["experiment"],
-        "sections": SECTIONS,
+        # the navigation bar leads only to what the run has: no empty tier 2, tier 3 or detection sections
+        "sections": [(i, title) for i, title in SECTIONS if {
+            "tier2": bool(layers), "tier3": bool(tier3), "detections": any(c["task"] == "detection" for c in tier3),
+        }.get(i, True)],
         "totals": totals,
         "tier3_totals": summary["tier3"],
         "localized": len(layers),
@@ -294,17 +301,17 @@ def render_html(records: RunView | list[dict], summary: dict[str, Any]) -> str:
         "setup": _setup(run, summary),
         "environment": _environment(run),
         "targets": targets,
-        "gate": summary["gate"],
-        "rtol": summary["rtol"],
+        "gate": None if summary["gate"] is None else tolerance_title(summary).removeprefix("tier 1 "),
+        "target_tolerances": [target_tolerance(summary["per_target"][t]) for t in targets],
         "gate_rows": _gate_table(checks, tier3, layers, targets),
         "unavailable": [(t, info["reason"]) for t, info in summary["per_target"].items() if info["skipped"]],
         "heatmap": plots.pass_rate_heatmap(models, targets, rates) if checks else None,
         "tolerance_keys": [f"{a:g}" for a in summary["tolerances"]],
         "sweep_rows": sweep_rows,
-        "sweep": plots.sweep_curve(summary["tolerances"], curves, summary["gate"]) if curves else None,
+        "sweep": plots.sweep_curve(summary["tolerances"], curves, _gates(summary)) if curves else None,
         "taxonomy_rows": taxonomy_rows,
         "taxonomy_plot": taxonomy_plot,
-        "failures": _failures(view),
+        "failures": _failures(view, run_dir),
         "oracle_notes": list(passing_oracle_lines(view).items()),
         "latency_rows": latency_table,
         "latency_plot": latency_plot,
@@ -323,7 +330,7 @@ def render_html(records: RunView | list[dict], summary: dict[str, Any]) -> str:
 def write_html(records: list[dict], summary: dict[str, Any], path: Path) -> None:
     from parity.outdir import write_text
 
-    write_text(path, render_html(records, summary))  # whole or not at all
+    write_text(path, render_html(records, summary, path.parent))  # whole or not at all
 
 
 WRITER = ReportWriter("html", "report.html", write_html)

@@ -50,7 +50,7 @@ def _body(check: dict[str, Any], steps: list[str]) -> str:
     return "\n".join(lines)
 
 
-def render_junit(records: RunView | list[dict], summary: dict[str, Any]) -> str:
+def render_junit(records: RunView | list[dict], summary: dict[str, Any], run_dir: str | Path) -> str:
     view = RunView.of(records)
     run, checks = view.run, view.checks()
     suite = ET.Element("testsuite", name=f"parity.{run['experiment']}")
@@ -60,7 +60,7 @@ def render_junit(records: RunView | list[dict], summary: dict[str, Any]) -> str:
     for key in (*libraries, "python", "platform", "git_commit"):
         if env.get(key):
             ET.SubElement(props, "property", name=key, value=_clean(env[key]))
-    if summary.get("gate") is not None:
+    if summary.get("gate") is not None and summary["uniform_tolerance"]:  # else each testcase says its own
         ET.SubElement(props, "property", name="gate_atol", value=f"{summary['gate']:g}")
         ET.SubElement(props, "property", name="rtol", value=f"{summary['rtol']:g}")
     failures = skipped = errors = 0
@@ -70,6 +70,10 @@ def render_junit(records: RunView | list[dict], summary: dict[str, Any]) -> str:
         total_time += seconds
         case = ET.SubElement(suite, "testcase", classname=_clean(f"{check['model']}/{check['inputs']}"),
                              name=_clean(f"{check['target']} tier {check['tier']}"), time=f"{seconds:.3f}")
+        if check["tier"] == 1 and check.get("gate") is not None:  # the tolerance this check is judged at
+            judged_at = ET.SubElement(case, "properties")
+            ET.SubElement(judged_at, "property", name="gate_atol", value=f"{check['gate']:g}")
+            ET.SubElement(judged_at, "property", name="rtol", value=f"{check['rtol']:g}")
         if check["status"] == "skipped":
             skipped += 1
             ET.SubElement(case, "skipped", message=_clean(check.get("detail") or "not run"))
@@ -77,14 +81,14 @@ def render_junit(records: RunView | list[dict], summary: dict[str, Any]) -> str:
             errors += 1
             error = ET.SubElement(case, "error", type=_clean(check["failure_class"]),
                                   message=_clean(f"{check['failure_class']}: {check['detail']}"))
-            error.text = _clean("\n".join([check["detail"], *next_steps(check, view)]))
+            error.text = _clean("\n".join([check["detail"], *next_steps(check, view, run_dir)]))
         elif not check["passed"]:
             failures += 1
             flips = flips_line(check)
             failure = ET.SubElement(case, "failure", type=_clean(check["failure_class"]),
                                     message=_clean(f"{check['failure_class']}: {check['detail']}"
                                                    + (f"; {flips}" if flips else "")))
-            failure.text = _clean(_body(check, next_steps(check, view)))
+            failure.text = _clean(_body(check, next_steps(check, view, run_dir)))
         if check.get("warnings"):  # what the target warned of, whatever the verdict
             ET.SubElement(case, "system-out").text = _clean("\n".join(describe_note(n) for n in check["warnings"]))
     counts = {"tests": str(len(checks)), "failures": str(failures), "errors": str(errors), "skipped": str(skipped),
@@ -99,7 +103,7 @@ def render_junit(records: RunView | list[dict], summary: dict[str, Any]) -> str:
 def write_junit(records: list[dict], summary: dict[str, Any], path: Path) -> None:
     from parity.outdir import write_text
 
-    write_text(path, render_junit(records, summary))  # whole or not at all
+    write_text(path, render_junit(records, summary, path.parent))  # whole or not at all
 
 
 WRITER = ReportWriter("junit", "junit.xml", write_junit)

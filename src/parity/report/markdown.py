@@ -11,6 +11,8 @@ from parity.records.summary import latency_rows
 from parity.records.view import RunView
 from parity.report import ReportWriter
 from parity.report.console import (
+    NOT_RUN,
+    cosine,
     environment_line,
     flips_line,
     passing_oracle_lines,
@@ -29,7 +31,7 @@ def _fmt(x: Any) -> str:
     return f"{x:.2e}" if isinstance(x, float) else str(x)
 
 
-def render_markdown(records: RunView | list[dict], summary: dict[str, Any]) -> str:
+def render_markdown(records: RunView | list[dict], summary: dict[str, Any], run_dir: str | Path) -> str:
     view = RunView.of(records)
     checks = view.checks(1)
     keys = [tolerance_key(a) for a in summary["tolerances"]]
@@ -38,7 +40,7 @@ def render_markdown(records: RunView | list[dict], summary: dict[str, Any]) -> s
     lines = [
         f"# parity report: {summary['experiment']}",
         "",
-        f"**{t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped"
+        f"**{t['passed']} passed, {t['failed']} failed, {t['skipped']} {NOT_RUN}"
         + (f", {t['errors']} without a verdict (reference failed)" if t["errors"] else "")
         + f"**{gate}. {summary['arithmetic']['formula']}."
         + (f" Tier 3: **{summary['tier3']['passed']} agree, {summary['tier3']['failed']} differ**."
@@ -55,7 +57,7 @@ def render_markdown(records: RunView | list[dict], summary: dict[str, Any]) -> s
     ]
     rows = []
     for c in checks:
-        verdict = {"skipped": "skipped", "error": "ERROR (reference)"}.get(c["status"]) or ("pass" if c["passed"] else "FAIL")
+        verdict = {"skipped": NOT_RUN, "error": "ERROR (reference)"}.get(c["status"]) or ("pass" if c["passed"] else "FAIL")
         oracle = c.get("oracle")
         worse = oracle_side(oracle) if oracle else ("no verdict" if c.get("oracle_error") else "")
         rows.append(f"| {c['model']} | {c['inputs']} | {c['target']} | {verdict} | {c['failure_class'] or ''} | "
@@ -82,10 +84,10 @@ def render_markdown(records: RunView | list[dict], summary: dict[str, Any]) -> s
         for c in failed:
             lines.append(f"- **{view.key(c)}**: `{c['failure_class']}`: {c['detail']}")
             lines += [f"  - {line.split(': ', 1)[0]}: `{line.split(': ', 1)[1]}`" if line.startswith("next: ")
-                      else f"  - {line}" for line in next_steps(c, view)]
+                      else f"  - {line}" for line in next_steps(c, view, run_dir)]
             for leaf in view.worst_leaves(c, 5):
                 lines.append(f"  - `{leaf['name']}`: max abs {_fmt(leaf.get('max_abs'))}, max rel {_fmt(leaf.get('max_rel'))}, "
-                             f"cosine {_fmt(leaf.get('cosine'))}, mismatched {percent(leaf.get('mismatch_fraction'))}"
+                             f"cosine {cosine(leaf.get('cosine'))}, mismatched {percent(leaf.get('mismatch_fraction'))}"
                              + (f" ({leaf['detail']})" if leaf.get("detail") else ""))
     notes = passing_oracle_lines(view)
     if notes:
@@ -128,7 +130,7 @@ def render_markdown(records: RunView | list[dict], summary: dict[str, Any]) -> s
                       for n in notes]
     skipped = {c["target"]: c["detail"] for c in checks if c["status"] == "skipped"}
     if skipped:
-        lines += ["", "## Unavailable targets", ""] + [f"- {t}: {why}" for t, why in skipped.items()]
+        lines += ["", "## Targets not run here", ""] + [f"- {t}: {why}" for t, why in skipped.items()]
     latency = latency_rows(view)
     lines += ["", "## Latency per model, input set and backend", "",
               "Timed repeats only (the warm-up runs before them are not timed); prepare (export, compile, load) apart."
@@ -156,7 +158,7 @@ def _table(columns: list[str], rows: list[str], empty: str) -> list[str]:
 def write_markdown(records: RunView | list[dict], summary: dict[str, Any], path: Path) -> None:
     from parity.outdir import write_text
 
-    write_text(path, render_markdown(records, summary))  # whole or not at all
+    write_text(path, render_markdown(records, summary, path.parent))  # whole or not at all
 
 
 WRITER = ReportWriter("markdown", "report.md", write_markdown)

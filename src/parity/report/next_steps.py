@@ -4,6 +4,7 @@ target fails (localize where it diverges, find a fallback, or look at the culpri
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 from typing import Any
 
 from parity import taxonomy as tx
@@ -79,8 +80,21 @@ def single_culprit(layers: dict[str, Any] | None) -> bool:
                 and not layers.get("specialized"))
 
 
-def next_steps(check: dict[str, Any], view: RunView) -> list[str]:
-    """Lines for a failed (or errored) check: the culprit tier 2 named, then the commands that help."""
+def localize_out(run_dir: str | Path, model: str, inputs: str, target: str) -> str:
+    """Where the printed `parity localize` writes its record: a folder of its own in the run's, so that the
+    `parity reduce` it prints next finds it."""
+    return str(Path(run_dir) / f"localize-{model}-{inputs}-{target}")
+
+
+def reduce_step(run_dir: str | Path, model: str, inputs: str, target: str) -> str:
+    """The `parity reduce` line for a localized check whose record is in `run_dir`."""
+    which = shlex.quote("/".join((model, inputs, target)))
+    return f"next: parity reduce {shlex.quote(str(run_dir))} --check {which} (a standalone repro script)"
+
+
+def next_steps(check: dict[str, Any], view: RunView, run_dir: str | Path) -> list[str]:
+    """Lines for a failed (or errored) check of the run in `run_dir`: the culprit tier 2 named, then the
+    commands that help, each runnable as printed (a run without an experiment file is told to save one)."""
     if check["status"] == "skipped" or check.get("passed"):
         return []
     if check["status"] == "error":
@@ -89,7 +103,7 @@ def next_steps(check: dict[str, Any], view: RunView) -> list[str]:
     found = view.layers_for(check)
     config = run.get("config") or {}
     task = next((m.get("task") for m in config.get("models") or [] if m.get("name") == check["model"]), None)
-    file = shlex.quote(run["file"]) if run.get("file") else "EXPERIMENT.yaml"
+    file = shlex.quote(run["file"]) if run.get("file") else None
     which = f"--model {shlex.quote(check['model'])} --target {shlex.quote(check['target'])} --inputs {shlex.quote(check['inputs'])}"
     lines = oracle_finding(check)
     target = _targets(run).get(check["target"], {})
@@ -109,13 +123,18 @@ def next_steps(check: dict[str, Any], view: RunView) -> list[str]:
         lines.append(f"next: try the target with options: {{inductor_config: {{{switch_words(found_pass['switch'])}}}}} "
                      f"(torch's compiler bisector: with it, {pass_path(found_pass)} no longer makes the drift)")
     if single and not target.get("quantize"):  # no int8 repro
-        lines.append(f"next: parity reduce RUN_DIR --check {shlex.quote('/'.join((check['model'], check['inputs'], check['target'])))} (a standalone repro script)")
+        lines.append(reduce_step(run_dir, check["model"], check["inputs"], check["target"]))
     failure = check.get("failure_class")
-    if failure in LOCALIZABLE and not found:
-        lines.append(f"next: parity localize {file} {which}")
     reduced = target.get("dtype") in ("bfloat16", "float16") or target.get("quantize")
+    commands = []
+    if failure in LOCALIZABLE and not found:
+        out = shlex.quote(localize_out(run_dir, check["model"], check["inputs"], check["target"]))
+        commands.append(("localize", f"parity localize {file} {which} --out {out}"))
     if failure in (*LOCALIZABLE, tx.DECISION_FLIP) and (reduced or target.get("backend") == "compile"):
         tier = " --tier 3" if task and headline_of(task) is not None else ""
-        lines.append(f"next: parity fallback {file} {which}{tier}")
-    return lines
-
+        commands.append(("fallback", f"parity fallback {file} {which}{tier}"))
+    if commands and file is None:  # parity check without --save-experiment, the Python API on a dict
+        verbs = " and ".join(f"parity {verb}" for verb, _ in commands)
+        return [*lines, f"next: save the experiment (parity check --save-experiment FILE): {verbs} start from an "
+                        "experiment file, and this run was given none; the next: lines then name it"]
+    return [*lines, *(f"next: {command}" for _, command in commands)]

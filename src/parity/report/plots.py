@@ -76,8 +76,9 @@ def pass_rate_heatmap(models: list[str], targets: list[str], rates: dict[tuple[s
     return data_uri(fig)
 
 
-def sweep_curve(atols: list[float], rates: dict[str, list[float]], gate: float | None) -> str:
-    """Share of each target's checks that pass at each atol of the sweep, on a log axis."""
+def sweep_curve(atols: list[float], rates: dict[str, list[float]], gates: dict[float, list[str]]) -> str:
+    """Share of each target's checks that pass at each atol of the sweep, on a log axis; a dashed line at each
+    gate the targets are judged at (named with its targets when they are not all judged at one)."""
     from matplotlib.ticker import PercentFormatter
 
     fig = _figure(7.5, 3.4)
@@ -90,10 +91,10 @@ def sweep_curve(atols: list[float], rates: dict[str, list[float]], gate: float |
         width = 1.5 + 2.5 * (n - 1 - k) / max(1, n - 1)
         ax.plot(atols, values, marker=markers[k % len(markers)], linewidth=width, markersize=3 + width,
                 alpha=0.85, zorder=2 + k, label=target)
-    if gate is not None:
+    for gate, targets in gates.items():
         ax.axvline(gate, color=NEUTRAL, linestyle="--", linewidth=1)
-        ax.annotate(f"gate {gate:g}", (gate, 1.04), xycoords=("data", "axes fraction"), ha="center", fontsize=8,
-                    color="#57606a")
+        label = f"gate {gate:g}" + (f" ({', '.join(targets)})" if len(gates) > 1 else "")
+        ax.annotate(label, (gate, 1.04), xycoords=("data", "axes fraction"), ha="center", fontsize=8, color="#57606a")
     ax.set_xscale("log")
     if len(atols) == 1:
         ax.set_xlim(atols[0] / 3, atols[0] * 3) if atols[0] > 0 else None

@@ -44,9 +44,9 @@ class Job:
 
 
 def example_for(exp: Experiment, model: ModelSpec) -> InputSetSpec:
-    """The input set `model` is prepared from: the one its `export_inputs` names, else its first."""
-    sets = exp.inputs_for(model)
-    return next((s for s in sets if s.name == model.export_inputs), sets[0])
+    """The input set `model` is prepared from: the one its `export_inputs` names (among all the experiment's:
+    `parity run --inputs` keeps a shard's example the whole run's), else its first."""
+    return next((s for s in exp.inputs if s.name == model.export_inputs), exp.inputs_for(model)[0])
 
 
 def plan(exp: Experiment) -> list[Job]:

@@ -66,16 +66,20 @@ from parity.verify.tasks import evaluated, task_check
 log = logging.getLogger(__name__)
 
 
+WIDTH = 56  # the progress description: the rest of an 80-column line holds the bar, the counts and the time
+
+
 class _Progress:
     """A rich progress bar over executions; silent when not wanted."""
 
     def __init__(self, total: int, enabled: bool):
+        """`enabled`: a bar on stderr, its description WIDTH characters (an 80-column terminal keeps the bar)."""
         self.enabled = enabled
         if enabled:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self.bar = Progress(TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(),
+            self.bar = Progress(TextColumn(f"{{task.description:<{WIDTH}}}"), BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn(), console=Console(stderr=True), transient=False)
             self.task = self.bar.add_task("starting", total=total)
 
@@ -89,7 +93,8 @@ class _Progress:
 
     def describe(self, text: str) -> None:
         if self.enabled:
-            self.bar.update(self.task, description=text[:48])
+            # a line too long for the column is cut visibly ("timed runs of eager-cpu, comp…"), never mid-word unseen
+            self.bar.update(self.task, description=text if len(text) <= WIDTH else text[:WIDTH - 1] + "…")
 
     def advance(self, n: int = 1) -> None:
         if self.enabled:
@@ -370,13 +375,17 @@ def run_environment(exp: Experiment) -> dict[str, Any]:
 
 
 def libraries(exp: Experiment) -> list[str]:
-    """The libraries whose versions a run records: torch, torchvision and numpy, and every library the
-    experiment's reference and targets declare (`Backend.libraries`)."""
+    """The libraries whose versions a run records: torch, torchvision and numpy, every library the
+    experiment's reference and targets declare (`Backend.libraries`), and its models' sources' (transformers,
+    timm: `Source.libraries`)."""
     from parity.backends import backend_class
+    from parity.plugins import SOURCES
 
     found = ["torch", "torchvision", "numpy"]
     for spec in (exp.reference, *exp.targets):
         found += backend_class(spec.backend).libraries
+    for model in exp.models:
+        found += SOURCES.get(model.source).libraries
     return list(dict.fromkeys(found))
 
 

@@ -34,12 +34,23 @@ def _tensors(synthetic) -> list[tuple[str | None, Any]]:
     return [(None, s) for s in (synthetic if isinstance(synthetic, list) else [synthetic])]
 
 
-def fit_problem(inputs: list[GraphValue], input_set) -> str | None:
+def fit_problem(inputs: list[GraphValue], input_set, experiment) -> str | None:
     """Why the tensors of `input_set` do not fit the graph's inputs (names, count, rank, sizes, dtype)."""
     graph = f"the ONNX graph's inputs are {'; '.join(map(str, inputs)) or 'none'}"
-    if input_set.synthetic is None:  # images: one float32 batch (or list)
+    if input_set.tensors is not None:  # saved tensors: their names, dtypes and shapes as the file holds them
+        from types import SimpleNamespace
+
+        from parity.inputs.tensors import TensorFileError, describe
+
+        try:
+            given = [(name, SimpleNamespace(dtype=dtype, shape=shape))
+                     for name, dtype, shape in describe(experiment.resolve(input_set.tensors))]
+        except TensorFileError:
+            return None  # the file itself is refused by config/checks.py
+    elif input_set.synthetic is None:  # images: one float32 batch (or list)
         return None if len(inputs) == 1 else f"input set '{input_set.name}' gives one image batch; {graph}"
-    given = _tensors(input_set.synthetic)
+    else:
+        given = _tensors(input_set.synthetic)
     names = [n for n, _ in given]
     if names[0] is not None and sorted(names) != sorted(i.name for i in inputs):
         return f"input set '{input_set.name}' names {', '.join(names)}; {graph}"
@@ -95,7 +106,7 @@ class OnnxSource(Source):
         except ParityError as exc:
             return [(("path",), exc.problems[0].removeprefix(f"model '{spec.name}': "))]
         own = [s for s in experiment.inputs if spec.inputs is None or s.name in spec.inputs]  # unknown names: checks.py
-        fits = [fit_problem(inputs, s) for s in own]
+        fits = [fit_problem(inputs, s, experiment) for s in own]
         return [(("inputs",), p) for p in fits if p]
 
 
