@@ -1,6 +1,8 @@
 """A newcomer's walk: `parity check` with --save-experiment, then every `next:` command each step prints, run
 exactly as printed (parsed from the output, never retyped), through localize, fallback and reduce, and the
-repro script reduce writes. The drift is constructed: a bfloat16 target judged at float32's gate."""
+repro script reduce writes. The drift is constructed: a bfloat16 target judged at float32's gate, on a model
+one of whose modules loses its input in bfloat16 (tests/fixtures/culprit.py: Cancel), so that localize names a
+single culprit and offers reduce (every layer drifting alike would have no repro to cut)."""
 
 from __future__ import annotations
 
@@ -28,21 +30,21 @@ def _run(command: str, capsys) -> tuple[int, str]:
 
 def test_every_printed_next_command_runs_as_printed_down_to_the_repro(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # relative paths, as a user in their folder types them
-    code = main(["check", "tests.fixtures.tiny:tiny_cnn", "--name", "tiny", "--input", "2x3x16x16",
+    code = main(["check", "tests.fixtures.culprit:cancelling", "--name", "net", "--input", "2x8",
                  "--target", "eager-cpu-bfloat16", "--gate", "1e-4", "--rtol", "1e-5",
                  "--save-experiment", "exp.yaml", "--out", "run", "--quiet"])
     printed = capsys.readouterr().out
     assert code == 1  # bfloat16 drifts beyond float32's gate
     localize, fallback = _commands(printed)
-    assert localize == ("parity localize exp.yaml --model tiny --target eager-cpu-bfloat16 --inputs 2x3x16x16 "
-                        "--out run/localize-tiny-2x3x16x16-eager-cpu-bfloat16")
-    assert fallback.startswith("parity fallback exp.yaml --model tiny ")
+    assert localize == ("parity localize exp.yaml --model net --target eager-cpu-bfloat16 --inputs 2x8 "
+                        "--out run/localize-net-2x8-eager-cpu-bfloat16")
+    assert fallback.startswith("parity fallback exp.yaml --model net ")
 
     code, printed = _run(localize, capsys)
     assert code == 0, printed  # localize exits 0 when it localized
+    assert "verdict: cancel introduces the largest error of its own" in printed
     [reduce] = _commands(printed)
-    assert reduce == ("parity reduce run/localize-tiny-2x3x16x16-eager-cpu-bfloat16 "
-                      "--check tiny/2x3x16x16/eager-cpu-bfloat16")
+    assert reduce == "parity reduce run/localize-net-2x8-eager-cpu-bfloat16 --check net/2x8/eager-cpu-bfloat16"
 
     code, printed = _run(fallback, capsys)
     assert code in (0, 1) and "eager-cpu-bfloat16: required atol" in printed  # 1: no fallback makes it pass
