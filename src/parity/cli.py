@@ -46,8 +46,9 @@ def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
 
     if experiments is None:
         experiments = [load_experiment(f) for f in args.files]  # every file is validated before anything runs
-        for exp in experiments:
-            _narrow(exp, args)
+        if args.model_filter or args.target_filter or args.inputs_filter:  # else the experiment as written
+            for exp in experiments:
+                _narrow(exp, args)
     for exp in experiments:
         _executor_options(exp, args)
     names = [exp.name for exp in experiments]
