@@ -187,3 +187,43 @@ def test_a_class_whose_own_dependencies_are_missing_is_one_line(monkeypatch):
         source.model_class("LayoutLMv2Model")
     assert exc.value.problems == ["transformers class 'LayoutLMv2Model' cannot be imported here: LayoutLMv2Model "
                                   "requires the detectron2 library but it was not found"]
+
+
+GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 100, "n_positions": 16,
+        "bos_token_id": 0, "eos_token_id": 0}
+
+
+def test_a_decoder_runs_on_exporters_with_its_cache_off_and_the_record_says_so(tmp_path):
+    """A decoder returns a DynamicCache that no exporter takes: parity turns the cache off unless `params` set
+    `use_cache`, compares the logits, and the model record says why the cache is not compared."""
+    data = _data({"config": GPT2, "architecture": "AutoModelForCausalLM"},
+                 targets=[{"backend": "export"}, {"backend": "onnxruntime"}])
+    records = run_experiment(data, out=tmp_path / "out")
+    assert _passed(records) == {"export-cpu": ["out['logits']"], "onnxruntime-cpu": ["out['logits']"]}
+    model = next(r for r in records if r["kind"] == "model")
+    assert model["notes"] and model["notes"][0].startswith("use_cache off")
+
+
+def test_a_decoder_s_cache_is_compared_leaf_by_leaf_when_params_keep_it(tmp_path):
+    """`params: {use_cache: true}`: the cache is an output, flattened into each layer's keys and values."""
+    data = _data({"config": GPT2, "architecture": "AutoModelForCausalLM", "params": {"use_cache": True}},
+                 targets=[{"backend": "eager", "dtype": "float64"}])
+    records = run_experiment(data, out=tmp_path / "out")
+    cache = [f"out['cache'].layers[{i}].{part}" for i in range(2) for part in ("keys", "values")]
+    assert _passed(records) == {"eager-cpu-float64": ["out['logits']", *cache]}
+    assert next(r for r in records if r["kind"] == "model")["notes"] is None
+
+
+def test_parity_check_takes_an_hf_folder_as_the_yaml_does(tmp_path):
+    """`parity check hf:FOLDER`: the class config.json names, seeded token ids below its vocabulary."""
+    from parity.quick import check_experiment
+
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**GPT2)).save_pretrained(tmp_path / "lm")
+    data = check_experiment(f"hf:{tmp_path / 'lm'}", ["onnxruntime"])
+    assert data["models"][0] | {"path": None} == {"name": "lm", "source": "transformers", "path": None,
+                                                   "architecture": "GPT2LMHeadModel"}
+    ids = data["inputs"][0]["synthetic"]["input_ids"]
+    assert ids["high"] == 100 and ids["dtype"] == "int64"
+    assert main(["check", f"hf:{tmp_path / 'lm'}", "--target", "onnxruntime", "--out", str(tmp_path / "out"),
+                 "--quiet"]) == 0

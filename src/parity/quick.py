@@ -6,6 +6,7 @@ The experiment is an ordinary one (a dict in the file's shape), run by the same 
     MODEL  torchvision:NAME          a torchvision builder (seeded init, or --weights)
            module:callable           an importable function or class (source python)
            FOLDER --entry m:f        someone's repository folder (source repo), or --hubconf NAME
+           hf:FOLDER                 a transformers save_pretrained folder (source transformers), on token ids
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ PREPROCESS = {"imagenet": IMAGENET, "none": {}}
 DEFAULT_PHOTO = "sample:chelsea"
 # the default inputs of a torchvision model by task: a bundled photo, preprocessed as its weights expect
 DEFAULT_PREPROCESS = {"classification": "imagenet", "segmentation": "imagenet", "detection": "none"}
-LATER_SOURCES = re.compile(r"^(hf|huggingface|transformers):|\.onnx$", re.IGNORECASE)
+LATER_SOURCES = re.compile(r"\.onnx$", re.IGNORECASE)
+HF = re.compile(r"^(hf|huggingface|transformers):", re.IGNORECASE)
+TOKENS = 16  # the length of the token ids an hf: model is checked on
 _SHAPE = re.compile(r"^[1-9][0-9]*(x[1-9][0-9]*)*$")
 
 
@@ -44,15 +47,15 @@ def model_entry(ref: str, entry: str | None = None, hubconf: str | None = None,
     from parity.models.sources.torchvision import torchvision_builders
 
     if LATER_SOURCES.search(ref):
-        kind = ".onnx" if ref.lower().endswith(".onnx") else ref.split(":")[0] + ":"
-        raise ParityError(f"MODEL '{ref}': {kind} sources come with a later release (hf: or transformers:, "
-                          "and .onnx files); until then, wrap the model in a function of your own and pass it "
-                          "as module:callable")
+        raise ParityError(f"MODEL '{ref}': .onnx sources come with a later release; until then, wrap the "
+                          "model in a function of your own and pass it as module:callable")
     folder = Path(ref).expanduser()
     if (entry or hubconf) and not folder.is_dir():
         raise ParityError(f"--entry/--hubconf go with a repository folder as MODEL; '{ref}' is no folder here")
     spec: dict[str, Any]
-    if folder.is_dir():
+    if HF.match(ref):
+        spec = hf_entry(ref)
+    elif folder.is_dir():
         if (entry is None) == (hubconf is None):
             raise ParityError(f"MODEL '{ref}' is a folder: say what builds the model in it with --entry "
                               "module:callable or --hubconf NAME (one of them)")
@@ -87,6 +90,37 @@ def model_entry(ref: str, entry: str | None = None, hubconf: str | None = None,
     return spec
 
 
+def _hf_config(folder: Path) -> dict[str, Any]:
+    import json
+
+    return json.loads((folder / "config.json").read_text())
+
+
+def hf_entry(ref: str) -> dict[str, Any]:
+    """`hf:FOLDER`: a save_pretrained folder on this machine (never a hub name: nothing is downloaded), built as
+    the class its config.json names (`architectures`), as `source: transformers` with `path:` builds it."""
+    from parity.models.sources.transformers import folder_problem
+
+    folder = Path(ref.partition(":")[2]).expanduser().absolute()
+    problem = folder_problem(folder)
+    if problem:
+        raise ParityError(f"MODEL '{ref}': {problem}")
+    architectures = _hf_config(folder).get("architectures") or ["AutoModel"]
+    return {"name": plain_name(folder.name, "model"), "source": "transformers", "path": str(folder),
+            "architecture": architectures[0]}
+
+
+def token_input(model: dict[str, Any]) -> dict[str, Any]:
+    """An hf: model's default input: seeded token ids below its vocabulary (decoder ids too for an
+    encoder-decoder), with an attention mask of ones."""
+    config = _hf_config(Path(model["path"]))
+    ids = {"shape": [1, TOKENS], "dtype": "int64", "distribution": "randint", "high": int(config.get("vocab_size") or 100)}
+    tokens = {"input_ids": ids, "attention_mask": {"shape": [1, TOKENS], "dtype": "int64", "distribution": "ones"}}
+    if config.get("is_encoder_decoder"):
+        tokens["decoder_input_ids"] = ids
+    return {"name": "tokens", "synthetic": tokens}
+
+
 def _shape(text: str) -> list[int]:
     if not _SHAPE.match(text):
         raise ParityError(f"--input '{text}': expected a shape like 1x3x224x224 (or NAME=SHAPE for a keyword input)")
@@ -109,6 +143,8 @@ def input_entry(model: dict[str, Any], shapes: list[str], images: list[str], pre
         specs = [{"shape": _shape(s)} for s in shapes]
         return {"name": shapes[0] if len(shapes) == 1 else "random", "synthetic": specs[0] if len(specs) == 1 else specs}
     task = model.get("task", "other")
+    if not images and model.get("source") == "transformers":
+        return token_input(model)
     if not images:
         if task not in DEFAULT_PREPROCESS:
             raise ParityError(f"model '{model['name']}' has no default input: give --input SHAPE (a seeded random "

@@ -84,6 +84,8 @@ class ModelBuilt(Record):
     parameters: int | None = Field(None, description="Its number of parameters.")
     build_s: float | None = Field(None, description="Seconds spent building it (adapters included).")
     adapters: list[Any] | None = Field(None, description="What each adapter changed in it.")
+    notes: list[str] | None = Field(None, description="What its source changed so that every backend runs it "
+                                                      "(transformers: a decoder's cache turned off).")
 
 
 class Execution(Record):
