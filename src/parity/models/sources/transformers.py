@@ -125,8 +125,10 @@ def build_transformers(spec, folder: Path | None):
             model = cls.from_pretrained(folder, local_files_only=True, attn_implementation=ATTENTION, **params)
         except (OSError, ValueError) as exc:  # no weights file, a config the class does not take
             raise ParityError(f"transformers could not load {folder} as {spec.architecture}: {exc}") from exc
-    if getattr(model.config, "use_cache", None) is not None:
-        model.config.use_cache = bool(spec.params.get("use_cache", False))
+    keep = bool(spec.params.get("use_cache", False))
+    for module in model.modules():  # an encoder-decoder's stacks have configs of their own (T5's decoder)
+        if getattr(getattr(module, "config", None), "use_cache", None) is not None:
+            module.config.use_cache = keep
     return model
 
 
