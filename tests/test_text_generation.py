@@ -99,3 +99,48 @@ def test_a_decoder_with_the_text_generation_task_gets_tier_3_in_every_report(tmp
     assert negated["token_flips"] and negated["thresholds"]["top1_agreement"] == 0.9
     report = (tmp_path / "out" / "report.md").read_text()
     assert "kl_mean" in report and "real_flips" in report
+
+
+def test_an_int4_weight_only_target_quantizes_a_decoder_s_linears_and_gets_both_tiers(tmp_path):
+    """`torchao-int4-weight`: every nn.Linear of a LLaMA block with int4 weights; tier 1 sees the rounding, tier 3
+    judges the next-token decisions."""
+    pytest.importorskip("torchao")
+    pytest.importorskip("transformers")
+    llama = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64,
+             "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 64, "max_position_embeddings": 16}
+    data = {"name": "lm", "seed": 0, "repeats": 1,
+            "models": [{"name": "lm", "source": "transformers", "config": llama, "architecture": "AutoModelForCausalLM",
+                        "task": "text-generation"}],
+            "inputs": [{"name": "tokens", "synthetic": {
+                "input_ids": {"shape": [1, 8], "dtype": "int64", "distribution": "randint", "high": 64}}}],
+            "targets": [{"backend": "eager", "quantize": {"scheme": "torchao-int4-weight"}}],
+            "tolerances": {"atol": [1e-4, 1e-2, 1], "gate": 1e-4}, "tiers": {"tasks": True}}
+    records = run_experiment(data, out=tmp_path / "out")
+    tier1 = next(r for r in records if r["kind"] == "check" and r["tier"] == 1)
+    tier3 = next(r for r in records if r["kind"] == "check" and r["tier"] == 3)
+    assert tier1["target"] == tier3["target"] == "eager-cpu-int4-weight"
+    assert tier1["status"] == "ok" and tier1["max_abs"] > 0 and tier3["metrics"]["positions"] == 8
+
+
+def test_the_llm_example_is_valid(tmp_path, capsys):
+    """examples/llm.yaml reads what `make llm-demo`'s training writes under parity-out/ (not in a clone): valid
+    with stand-ins for those folders (an untrained LLaMA and the training script's own tokenizer), beside a copy."""
+    import runpy
+
+    from parity.cli import main
+    from tests.conftest import ROOT
+
+    transformers = pytest.importorskip("transformers")
+    (tmp_path / "examples").mkdir()
+    example = tmp_path / "examples" / "llm.yaml"
+    example.write_text((ROOT / "examples" / "llm.yaml").read_text())
+    lm = tmp_path / "parity-out" / "tiny-lm"
+    config = transformers.LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=2)
+    transformers.LlamaForCausalLM(config).save_pretrained(lm / "model")
+    script = runpy.run_path(str(ROOT / "examples" / "models" / "train_tiny_lm.py"))
+    tokenizer = script["make_tokenizer"](["a small fish", "a large shark"])
+    tokenizer.save_pretrained(lm / "tokenizer")
+    assert tokenizer(["a fish"])["input_ids"] == [[3, 5]] and "token_type_ids" not in tokenizer(["a"])
+    assert main(["validate", str(example)]) == 0
+    assert "valid" in capsys.readouterr().out
