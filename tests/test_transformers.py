@@ -227,3 +227,27 @@ def test_parity_check_takes_an_hf_folder_as_the_yaml_does(tmp_path):
     assert ids["high"] == 100 and ids["dtype"] == "int64"
     assert main(["check", f"hf:{tmp_path / 'lm'}", "--target", "onnxruntime", "--out", str(tmp_path / "out"),
                  "--quiet"]) == 0
+
+
+class _Opaque:
+    """An output object parity has no rule for (as a DynamicCache was)."""
+
+
+class OpaqueOutput(torch.nn.Module):
+    def forward(self, x):
+        return {"logits": x * 2, "cache": _Opaque()}
+
+
+def test_a_structural_failure_has_no_oracle_verdict(tmp_path, capsys):
+    """An output that cannot be compared fails `uncomparable` whatever the numbers: the float64 oracle says
+    nothing of it, never "the reference is the imprecise one"."""
+    data = {"name": "opaque", "seed": 0, "repeats": 1, "oracle": True,
+            "models": [{"name": "m", "source": "python", "entry": "tests.test_transformers:OpaqueOutput"}],
+            "inputs": [{"name": "x", "synthetic": {"shape": [2, 4]}}], "targets": [{"backend": "eager", "dtype": "float64"}]}
+    path = tmp_path / "opaque.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "--quiet"]) == 1
+    check = next(json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()
+                 if '"tier": 1' in line and '"check"' in line)
+    assert check["failure_class"] == "uncomparable" and check["oracle"] is None
+    assert "imprecise" not in capsys.readouterr().out
