@@ -319,7 +319,7 @@ def cmd_fallback(args: argparse.Namespace) -> int:
         console.print(escape(f"fallback: [{', '.join(result.modules)}]; median latency {result.latency_before_s * 1e3:.2f} ms "
                              f"-> {result.latency_after_s * 1e3:.2f} ms ({ratio:.2f}x)"))
         if result.latency_float_s is not None:
-            console.print(escape(f"the float model on the same backend: {result.latency_float_s * 1e3:.2f} ms (int8 "
+            console.print(escape(f"the float model on the same backend: {result.latency_float_s * 1e3:.2f} ms (quantized "
                                  f"{result.latency_before_s / result.latency_float_s:.2f}x, with the fallback "
                                  f"{result.latency_after_s / result.latency_float_s:.2f}x of it)"))
         qualified = ", ".join(f"{model_spec.name}:{m}" for m in result.modules)
