@@ -251,3 +251,17 @@ def test_a_structural_failure_has_no_oracle_verdict(tmp_path, capsys):
                  if '"tier": 1' in line and '"check"' in line)
     assert check["failure_class"] == "uncomparable" and check["oracle"] is None
     assert "imprecise" not in capsys.readouterr().out
+
+
+def test_openvino_is_not_fed_an_input_the_model_never_reads(tmp_path, caplog):
+    """LLaMA's forward takes `**kwargs`: a tokenizer's token_type_ids run in eager and are ignored, so OpenVINO's
+    converted model has no port for them. They are not fed (said once); the check gets its verdict."""
+    pytest.importorskip("openvino")
+    llama = {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64,
+             "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 100, "max_position_embeddings": 16}
+    tokens = {**TOKENS, "token_type_ids": {"shape": [2, 8], "dtype": "int64", "distribution": "zeros"}}
+    data = _data({"config": llama, "architecture": "AutoModelForCausalLM"}, {"name": "tokens", "synthetic": tokens},
+                 targets=[{"backend": "openvino"}])
+    assert _passed(run_experiment(data, out=tmp_path / "out")) == {"openvino-cpu": ["out['logits']"]}
+    said = [r.getMessage() for r in caplog.records if "never reads" in r.getMessage()]
+    assert said == ["openvino-cpu: the model never reads token_type_ids (its forward takes and ignores it): not fed to OpenVINO"]
