@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # torch and torchvision are pinned to the builds this project is tested with.
 TORCH  := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: demo int8-demo test test-portable lint study-deps clean
+.PHONY: demo int8-demo llm-demo test test-portable lint study-deps clean
 
 $(BIN)/parity: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,18 @@ int8-demo: $(BIN)/parity $(DIGITS)/resnet18_digits.pt
 	$(BIN)/parity run examples/int8_trained.yaml --out parity-out/int8-trained || [ $$? -eq 1 ]
 	$(BIN)/parity localize examples/int8_trained.yaml --target compile-cpu-int8-pt2e-x86 --out parity-out/int8-localize
 	$(BIN)/parity fallback examples/int8_trained.yaml --target compile-cpu-int8-pt2e-x86 --tier 3 --out parity-out/int8-fallback
+
+LM := parity-out/tiny-lm
+$(LM)/model/config.json:
+	$(BIN)/python examples/models/train_tiny_lm.py --out $(LM)
+
+# A trained small language model on every CPU target, int8 and int4 weight-only included; then the int4 target's
+# decoder blocks and linears by their own error, and the fewest linears to keep in float for its next tokens.
+llm-demo: $(BIN)/parity $(LM)/model/config.json
+	rm -rf parity-out/llm parity-out/llm-localize parity-out/llm-fallback
+	$(BIN)/parity run examples/llm.yaml --out parity-out/llm || [ $$? -eq 1 ]
+	$(BIN)/parity localize examples/llm.yaml --target eager-cpu-int4-weight --out parity-out/llm-localize
+	$(BIN)/parity fallback examples/llm.yaml --target eager-cpu-int4-weight --tier 3 --out parity-out/llm-fallback
 
 # The slowest tests are listed at the end: the suite must stay under 15 minutes on 2 cores.
 test: $(BIN)/parity

@@ -100,7 +100,7 @@ def test_a_torchvision_classifier_defaults_to_a_bundled_photo_with_imagenet_prep
 @pytest.mark.parametrize("argv, message", [
     (["timm:resnt50", "--target", "compile"], "MODEL 'timm:resnt50': unknown timm architecture 'resnt50'; did you mean 'resnet50'?"),
     (["timm:resnet50.a1_in1k", "--target", "compile"], "names pretrained weights ('.a1_in1k'); give the architecture 'resnet50'"),
-    (["hf:bert-base-uncased", "--target", "compile"], "MODEL 'hf:bert-base-uncased': hf: sources come with a later"),
+    (["hf:bert-base-uncased", "--target", "compile"], "MODEL 'hf:bert-base-uncased': transformers model folder not found"),
     (["model.onnx", "--target", "onnxruntime"], "MODEL 'model.onnx': no such file here"),
     (["torchvision:resnt18", "--target", "compile"], "unknown torchvision builder 'resnt18'; did you mean 'resnet18'?"),
     (["resnet18", "--target", "compile"], "did you mean 'torchvision:resnet18'?"),
@@ -128,7 +128,7 @@ def test_python_dash_m_parity_is_the_command(tmp_path):
                           capture_output=True, text=True, cwd=tmp_path, timeout=300,
                           env={"PYTHONPATH": f"{ROOT / 'src'}", "PATH": "/usr/bin:/bin"})
     assert done.returncode == 2, done.stderr
-    assert done.stderr.startswith("error: MODEL 'hf:bert-base-uncased': hf: sources come with a later release")
+    assert done.stderr.startswith("error: MODEL 'hf:bert-base-uncased': transformers model folder not found"), done.stderr
 
 
 def test_gate_and_rtol_on_the_command_line_apply_to_every_target(tmp_path):

@@ -234,3 +234,81 @@ def test_params_may_not_turn_trust_remote_code_on(tmp_path):
     exp = experiment_from_dict(_data({"config": BERT, "params": {"trust_remote_code": True}}))
     with pytest.raises(ParityError, match="'params' may not set trust_remote_code"):
         build_model(exp.models[0], exp)
+
+
+GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 100, "n_positions": 16,
+        "bos_token_id": 0, "eos_token_id": 0}
+
+
+def test_a_decoder_runs_on_exporters_with_its_cache_off_and_the_record_says_so(tmp_path):
+    """A decoder returns a DynamicCache that no exporter takes: parity turns the cache off unless `params` set
+    `use_cache`, compares the logits, and the model record says why the cache is not compared."""
+    data = _data({"config": GPT2, "architecture": "AutoModelForCausalLM"},
+                 targets=[{"backend": "export"}, {"backend": "onnxruntime"}])
+    records = run_experiment(data, out=tmp_path / "out")
+    assert _passed(records) == {"export-cpu": ["out['logits']"], "onnxruntime-cpu": ["out['logits']"]}
+    model = next(r for r in records if r["kind"] == "model")
+    assert model["notes"] and model["notes"][0].startswith("use_cache off")
+
+
+def test_a_decoder_s_cache_is_compared_leaf_by_leaf_when_params_keep_it(tmp_path):
+    """`params: {use_cache: true}`: the cache is an output, flattened into each layer's keys and values."""
+    data = _data({"config": GPT2, "architecture": "AutoModelForCausalLM", "params": {"use_cache": True}},
+                 targets=[{"backend": "eager", "dtype": "float64"}])
+    records = run_experiment(data, out=tmp_path / "out")
+    cache = [f"out['cache'].layers[{i}].{part}" for i in range(2) for part in ("keys", "values")]
+    assert _passed(records) == {"eager-cpu-float64": ["out['logits']", *cache]}
+    assert next(r for r in records if r["kind"] == "model")["notes"] is None
+
+
+def test_parity_check_takes_an_hf_folder_as_the_yaml_does(tmp_path):
+    """`parity check hf:FOLDER`: the class config.json names, seeded token ids below its vocabulary."""
+    from parity.quick import check_experiment
+
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**GPT2)).save_pretrained(tmp_path / "lm")
+    data = check_experiment(f"hf:{tmp_path / 'lm'}", ["onnxruntime"])
+    assert data["models"][0] | {"path": None} == {"name": "lm", "source": "transformers", "path": None,
+                                                   "architecture": "GPT2LMHeadModel"}
+    ids = data["inputs"][0]["synthetic"]["input_ids"]
+    assert ids["high"] == 100 and ids["dtype"] == "int64"
+    assert main(["check", f"hf:{tmp_path / 'lm'}", "--target", "onnxruntime", "--out", str(tmp_path / "out"),
+                 "--quiet"]) == 0
+
+
+class _Opaque:
+    """An output object parity has no rule for (as a DynamicCache was)."""
+
+
+class OpaqueOutput(torch.nn.Module):
+    def forward(self, x):
+        return {"logits": x * 2, "cache": _Opaque()}
+
+
+def test_a_structural_failure_has_no_oracle_verdict(tmp_path, capsys):
+    """An output that cannot be compared fails `uncomparable` whatever the numbers: the float64 oracle says
+    nothing of it, never "the reference is the imprecise one"."""
+    data = {"name": "opaque", "seed": 0, "repeats": 1, "oracle": True,
+            "models": [{"name": "m", "source": "python", "entry": "tests.test_transformers:OpaqueOutput"}],
+            "inputs": [{"name": "x", "synthetic": {"shape": [2, 4]}}], "targets": [{"backend": "eager", "dtype": "float64"}]}
+    path = tmp_path / "opaque.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "--quiet"]) == 1
+    check = next(json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()
+                 if '"tier": 1' in line and '"check"' in line)
+    assert check["failure_class"] == "uncomparable" and check["oracle"] is None
+    assert "imprecise" not in capsys.readouterr().out
+
+
+def test_openvino_is_not_fed_an_input_the_model_never_reads(tmp_path, caplog):
+    """LLaMA's forward takes `**kwargs`: a tokenizer's token_type_ids run in eager and are ignored, so OpenVINO's
+    converted model has no port for them. They are not fed (said once); the check gets its verdict."""
+    pytest.importorskip("openvino")
+    llama = {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64,
+             "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 100, "max_position_embeddings": 16}
+    tokens = {**TOKENS, "token_type_ids": {"shape": [2, 8], "dtype": "int64", "distribution": "zeros"}}
+    data = _data({"config": llama, "architecture": "AutoModelForCausalLM"}, {"name": "tokens", "synthetic": tokens},
+                 targets=[{"backend": "openvino"}])
+    assert _passed(run_experiment(data, out=tmp_path / "out")) == {"openvino-cpu": ["out['logits']"]}
+    said = [r.getMessage() for r in caplog.records if "never reads" in r.getMessage()]
+    assert said == ["openvino-cpu: the model never reads token_type_ids (its forward takes and ignores it): not fed to OpenVINO"]

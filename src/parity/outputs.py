@@ -1,7 +1,9 @@
 """Flatten any model output into named leaves, so that every output is compared.
 
 Tuples and lists give `[i]`, mappings (dicts, OrderedDicts, Hugging Face ModelOutput) give `['key']`,
-namedtuples and dataclasses give `.field`: a detection model's list of dicts becomes `out[0]['boxes']`.
+namedtuples and dataclasses give `.field`: a detection model's list of dicts becomes `out[0]['boxes']`. A
+key-value cache (transformers' `DynamicCache`: `.layers`, each with `.keys` and `.values` tensors) gives
+`.layers[i].keys` and `.layers[i].values`.
 Tensors, numpy arrays, numbers, strings, booleans and None are leaves; anything else is an *opaque*
 leaf that cannot be compared, which the verifier turns into a failure with its reason.
 """
@@ -30,6 +32,12 @@ def _is_namedtuple(obj: Any) -> bool:
     return isinstance(obj, tuple) and hasattr(obj, "_fields")
 
 
+def _is_cache(obj: Any) -> bool:
+    layers = getattr(obj, "layers", None)
+    return isinstance(layers, list) and all(isinstance(getattr(layer, "keys", None), torch.Tensor)
+                                            and isinstance(getattr(layer, "values", None), torch.Tensor) for layer in layers)
+
+
 def _children(obj: Any) -> list[tuple[str, Any]] | None:
     """(name suffix, child) pairs, or None when `obj` is a leaf."""
     if isinstance(obj, torch.Tensor | np.ndarray | np.generic) or isinstance(obj, SCALARS):
@@ -42,6 +50,8 @@ def _children(obj: Any) -> list[tuple[str, Any]] | None:
         return [(f"[{i}]", v) for i, v in enumerate(obj)]
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return [(f".{f.name}", getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+    if _is_cache(obj):
+        return [(f".layers[{i}].{part}", getattr(layer, part)) for i, layer in enumerate(obj.layers) for part in ("keys", "values")]
     return None
 
 

@@ -8,6 +8,7 @@ The experiment is an ordinary one (a dict in the file's shape), run by the same 
            FOLDER --entry m:f        someone's repository folder (source repo), or --hubconf NAME
            FILE.onnx|.pt2|.ts|.pt    a model file: ONNX, torch.export, TorchScript (sources onnx, exported,
                                      torchscript), run as the experiment file's `path:` runs it
+           hf:FOLDER                 a transformers save_pretrained folder (source transformers), on token ids
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ PREPROCESS = {"imagenet": IMAGENET, "none": {}}
 DEFAULT_PHOTO = "sample:chelsea"
 # the default inputs of a torchvision model by task: a bundled photo, preprocessed as its weights expect
 DEFAULT_PREPROCESS = {"classification": "imagenet", "segmentation": "imagenet", "detection": "none"}
-LATER_SOURCES = re.compile(r"^(hf|huggingface|transformers):", re.IGNORECASE)
 # a model file by its suffix: the source that reads it (as `source:` and `path:` in an experiment file)
 MODEL_FILES = {".onnx": "onnx", ".pt2": "exported", ".ts": "torchscript", ".pt": "torchscript", ".pth": "torchscript"}
+HF = re.compile(r"^(hf|huggingface|transformers):", re.IGNORECASE)
+TOKENS = 16  # the length of the token ids an hf: model is checked on
 _SHAPE = re.compile(r"^[1-9][0-9]*(x[1-9][0-9]*)*$")
 
 
@@ -47,21 +49,20 @@ def model_entry(ref: str, entry: str | None = None, hubconf: str | None = None,
     """The `models:` entry that MODEL (and --entry, --hubconf, --weights) name."""
     from parity.models.sources.torchvision import torchvision_builders
 
-    if LATER_SOURCES.search(ref):
-        raise ParityError(f"MODEL '{ref}': {ref.split(':')[0]}: sources come with a later release on the command "
-                          "line; an experiment file runs them today (source: transformers, docs/experiment-file.md)")
     folder = Path(ref).expanduser()
     if (entry or hubconf) and not folder.is_dir():
         raise ParityError(f"--entry/--hubconf go with a repository folder as MODEL; '{ref}' is no folder here")
     spec: dict[str, Any]
     suffix = Path(ref).suffix.lower()
-    if suffix in MODEL_FILES:
+    if HF.match(ref):
+        spec = hf_entry(ref)
+    elif suffix in MODEL_FILES:
         if not folder.is_file():
             raise ParityError(f"MODEL '{ref}': no such file here")
         if weights is not None:
             raise ParityError(f"--weights: the model file '{ref}' holds its own weights")
         return {"name": plain_name(folder.stem, "model"), "source": MODEL_FILES[suffix], "path": str(folder.absolute())}
-    if folder.is_dir():
+    elif folder.is_dir():
         if (entry is None) == (hubconf is None):
             raise ParityError(f"MODEL '{ref}' is a folder: say what builds the model in it with --entry "
                               "module:callable or --hubconf NAME (one of them)")
@@ -116,6 +117,37 @@ def _tensor(text: str) -> dict[str, Any]:
     return spec
 
 
+def _hf_config(folder: Path) -> dict[str, Any]:
+    import json
+
+    return json.loads((folder / "config.json").read_text())
+
+
+def hf_entry(ref: str) -> dict[str, Any]:
+    """`hf:FOLDER`: a save_pretrained folder on this machine (never a hub name: nothing is downloaded), built as
+    the class its config.json names (`architectures`), as `source: transformers` with `path:` builds it."""
+    from parity.models.sources.transformers import folder_problem
+
+    folder = Path(ref.partition(":")[2]).expanduser().absolute()
+    problem = folder_problem(folder)
+    if problem:
+        raise ParityError(f"MODEL '{ref}': {problem}")
+    architectures = _hf_config(folder).get("architectures") or ["AutoModel"]
+    return {"name": plain_name(folder.name, "model"), "source": "transformers", "path": str(folder),
+            "architecture": architectures[0]}
+
+
+def token_input(model: dict[str, Any]) -> dict[str, Any]:
+    """An hf: model's default input: seeded token ids below its vocabulary (decoder ids too for an
+    encoder-decoder), with an attention mask of ones."""
+    config = _hf_config(Path(model["path"]))
+    ids = {"shape": [1, TOKENS], "dtype": "int64", "distribution": "randint", "high": int(config.get("vocab_size") or 100)}
+    tokens = {"input_ids": ids, "attention_mask": {"shape": [1, TOKENS], "dtype": "int64", "distribution": "ones"}}
+    if config.get("is_encoder_decoder"):
+        tokens["decoder_input_ids"] = ids
+    return {"name": "tokens", "synthetic": tokens}
+
+
 def input_entry(model: dict[str, Any], shapes: list[str], images: list[str], preprocess: str | None,
                 resize: int | None, crop: int | None) -> dict[str, Any]:
     """The `inputs:` entry: random tensors (--input), images (--images) or the model's default photo."""
@@ -142,6 +174,8 @@ def input_entry(model: dict[str, Any], shapes: list[str], images: list[str], pre
         specs = [_tensor(s) for s in shapes]
         return {"name": plain_name(shapes[0], "random") if len(shapes) == 1 else "random", "synthetic": specs[0] if len(specs) == 1 else specs}
     task = model.get("task", "other")
+    if not images and model.get("source") == "transformers":
+        return token_input(model)
     if not images:
         if task not in DEFAULT_PREPROCESS:
             raise ParityError(f"model '{model['name']}' has no default input: give --input SHAPE (a seeded random "

@@ -87,7 +87,7 @@ class CompileBackend(EagerBackend):
     legacy_devices = ("cpu", "cuda")
     Options = CompileOptions
     model_kinds = ("module", "exported")  # torch.compile refuses a ScriptModule; an ONNX graph has no Python
-    quantize_schemes = ("pt2e-x86", "torchao-int8-dynamic", "torchao-int8-weight")
+    quantize_schemes = ("pt2e-x86", "torchao-int8-dynamic", "torchao-int8-weight", "torchao-int4-weight")
 
     @classmethod
     def repro_snippet(cls, spec) -> str | None:

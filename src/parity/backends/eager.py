@@ -32,7 +32,7 @@ class EagerBackend(Backend):
     specializes_on_example = False  # the model's own forward, whatever the inputs' shapes
     # Whatever the model's forward is: an ONNX file's runs ONNX Runtime CPU float32 (models/onnx_graph.py).
     model_kinds = ("module", "exported", "torchscript", "onnx")
-    quantize_schemes = ("pt2e-x86", "pt2e-xnnpack", "torchao-int8-dynamic", "torchao-int8-weight")
+    quantize_schemes = ("pt2e-x86", "pt2e-xnnpack", "torchao-int8-dynamic", "torchao-int8-weight", "torchao-int4-weight")
 
     @classmethod
     def model_problem(cls, spec, kind: str) -> str | None:

@@ -4,10 +4,15 @@ OpenVINO's CPU plugin may run float32 models in bfloat16 on processors that supp
 inference precision to the backend's dtype (float32 unless asked otherwise) so that a drift is never
 an unannounced precision change. An ONNX graph file (`source: onnx`) is read as it is (`read_model`), not
 converted from a module.
+
+A keyword input the converted model has no port for is not fed: a transformers model whose forward takes
+`**kwargs` (LLaMA, DistilBERT) runs in eager with a tokenizer's `token_type_ids` and ignores them, so the trace
+never reads them and OpenVINO's model has no such input. The log says so once, when the model is prepared.
 """
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import torch
@@ -22,6 +27,7 @@ from parity.backends.base import (
 )
 from parity.inputs import Inputs
 
+log = logging.getLogger(__name__)
 PRECISION = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 
@@ -69,6 +75,13 @@ class OpenVinoBackend(Backend):
         config = {"INFERENCE_PRECISION_HINT": PRECISION[self.spec.dtype]}
         config["INFERENCE_NUM_THREADS"] = runtime_threads(self.options.threads)
         self.compiled = ov.Core().compile_model(ov_model, "CPU", config)
+        if self.graph is None and self.keywords:
+            ports = {name for port in self.compiled.inputs for name in port.get_names()}
+            unread = [k for k in self.keywords if k not in ports]
+            if unread:
+                log.warning("%s: the model never reads %s (its forward takes and ignores it): not fed to OpenVINO",
+                            self.spec.id, ", ".join(unread))
+            self.keywords = [k for k in self.keywords if k in ports]
 
     @staticmethod
     def _convert(model: torch.nn.Module, example: Inputs):

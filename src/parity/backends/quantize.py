@@ -7,6 +7,9 @@
   Module names survive only as `nn_module_stack` metadata on the graph's nodes.
 - `torchao-int8-dynamic`, `torchao-int8-weight`: torchao's `quantize_` on the module tree, in place (linear
   layers: int8 weights; dynamic: activations too, their scale computed per call). Modules are kept.
+- `torchao-int4-weight`: the same with int4 weights in groups of 32 along the input features (torchao's
+  `IntxWeightOnlyConfig`, the CPU and ExecuTorch form: its `Int4WeightOnlyConfig` kernels need CUDA or mslk),
+  as language models are deployed; activations stay float.
 
 A module marked with `keep_float` (what `parity fallback` keeps in float) is left out of quantization: PT2E
 annotates none of its ops (X86: `set_module_name_qconfig(name, None)`; XNNPACK, whose `set_module_name` refuses
@@ -26,7 +29,9 @@ from parity.offline import quiet_library_imports
 KEEP_FLOAT = "_parity_keep_float"
 PT2E = ("pt2e-x86", "pt2e-xnnpack")
 LIBRARIES = {"pt2e-x86": ("torchao",), "pt2e-xnnpack": ("torchao", "executorch"),
-             "torchao-int8-dynamic": ("torchao",), "torchao-int8-weight": ("torchao",)}
+             "torchao-int8-dynamic": ("torchao",), "torchao-int8-weight": ("torchao",),
+             "torchao-int4-weight": ("torchao",)}
+INT4_GROUP = 32  # input features sharing one int4 scale
 
 
 def keep_float(module: torch.nn.Module) -> None:
@@ -68,10 +73,14 @@ def quantize(model: torch.nn.Module, scheme: str, example: Inputs, calibration: 
         from torchao.quantization import (
             Int8DynamicActivationInt8WeightConfig,
             Int8WeightOnlyConfig,
+            IntxWeightOnlyConfig,
             quantize_,
         )
+        from torchao.quantization.granularity import PerGroup
 
-    config = Int8DynamicActivationInt8WeightConfig() if scheme == "torchao-int8-dynamic" else Int8WeightOnlyConfig()
+    config = {"torchao-int8-dynamic": Int8DynamicActivationInt8WeightConfig, "torchao-int8-weight": Int8WeightOnlyConfig,
+              "torchao-int4-weight": lambda: IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(INT4_GROUP)),
+              }[scheme]()
     quantize_(model, config, filter_fn=lambda module, fqn: isinstance(module, torch.nn.Linear) and not _inside(fqn, keep))
     return model
 

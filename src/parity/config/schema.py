@@ -447,13 +447,14 @@ class TargetTolerances(GateAndRules):
 
 # Quantization schemes (backends/quantize.py) and the word each adds to a target's id.
 QUANTIZE_SCHEMES = {"pt2e-x86": "int8-pt2e-x86", "pt2e-xnnpack": "int8-pt2e-xnnpack",
-                    "torchao-int8-dynamic": "int8-dynamic", "torchao-int8-weight": "int8-weight"}
+                    "torchao-int8-dynamic": "int8-dynamic", "torchao-int8-weight": "int8-weight",
+                    "torchao-int4-weight": "int4-weight"}
 
 
 class QuantizeSpec(Strict):
-    """`quantize:` of a target: int8 by a scheme, calibrated (static schemes) on an input set of the experiment."""
+    """`quantize:` of a target: int8 (int4 weights: torchao-int4-weight) by a scheme, calibrated (static schemes) on an input set of the experiment."""
 
-    scheme: Literal["pt2e-x86", "pt2e-xnnpack", "torchao-int8-dynamic", "torchao-int8-weight"]
+    scheme: Literal["pt2e-x86", "pt2e-xnnpack", "torchao-int8-dynamic", "torchao-int8-weight", "torchao-int4-weight"]
     calibration: Name | None = None  # an input set's name; the PT2E schemes need one
 
     @model_validator(mode="after")

@@ -25,6 +25,11 @@ def build_model(spec, experiment) -> torch.nn.Module:
     return model.eval()
 
 
+def source_notes(spec, model) -> list[str]:
+    """What `spec`'s source changed in the built `model` so that every backend runs it (`Source.notes`)."""
+    return SOURCES.get(spec.source).notes(spec, model)
+
+
 def source_fingerprint(spec, experiment) -> dict[str, Any] | None:
     """What `spec`'s source reads its model from, beyond the module objects (the artifact cache keys exports
     on it): the files the source digests (a repo folder's .py files, a python entry's module file) and the

@@ -84,6 +84,8 @@ class ModelBuilt(Record):
     parameters: int | None = Field(None, description="Its number of parameters.")
     build_s: float | None = Field(None, description="Seconds spent building it (adapters included).")
     adapters: list[Any] | None = Field(None, description="What each adapter changed in it.")
+    notes: list[str] | None = Field(None, description="What its source changed so that every backend runs it "
+                                                      "(transformers: a decoder's cache turned off).")
 
 
 class Execution(Record):
@@ -283,6 +285,10 @@ class Tier3Check(Check):
     same_set: bool | None = Field(None, description="Whether both sides gave the same items in another order.")
     pictures: dict[str, Any] | None = Field(None, description="Detection: the images and each side's boxes, for "
                                                               "reports to draw.")
+    token_flips: list[dict[str, Any]] | None = Field(
+        None, description="Text generation, when a next-token decision differs: up to 20 positions ([sequence, "
+                          "position]), real flips first, each with both sides' tokens, the reference's top-2 "
+                          "probability margin and its class (near_tie or real).")
     flips: Flips | None = Field(None, description="Detection, when a box is unmatched (a failed check, or a pass "
                                                   "short of every box): its unmatched boxes classed by mechanism "
                                                   "(`tiers.tasks.detection.attribution`).")

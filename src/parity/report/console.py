@@ -321,7 +321,7 @@ def fallback_lines(result, record: dict[str, Any], gate: float, by_task: bool, m
         lines.append(("", f"fallback: [{', '.join(result.modules)}]; median latency {result.latency_before_s * 1e3:.2f} ms "
                           f"-> {result.latency_after_s * 1e3:.2f} ms ({record['latency_ratio']:.2f}x)"))
         if result.latency_float_s is not None:
-            lines.append(("", f"the float model on the same backend: {result.latency_float_s * 1e3:.2f} ms (int8 "
+            lines.append(("", f"the float model on the same backend: {result.latency_float_s * 1e3:.2f} ms (quantized "
                               f"{result.latency_before_s / result.latency_float_s:.2f}x, with the fallback "
                               f"{result.latency_after_s / result.latency_float_s:.2f}x of it)"))
         qualified = ", ".join(f"{model}:{m}" for m in result.modules)

@@ -42,7 +42,7 @@ from parity.errors import ParityError
 from parity.execute.cache import ArtifactCache
 from parity.execute.execution import Execution
 from parity.inputs import Inputs, build_inputs
-from parity.models import source_fingerprint
+from parity.models import source_fingerprint, source_notes
 from parity.outdir import prepare
 from parity.records import NOT_DIGESTED, RecordWriter, environment, experiment_digest
 from parity.records.summary import RunResult, summarize, write_summary
@@ -352,8 +352,11 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool, fresh: boo
                 start = time.perf_counter()
                 model, notes = prepared_model(model_spec, exp)
                 model_part = model_fingerprints(model, source_fingerprint(model_spec, exp))
+                built_notes = source_notes(model_spec, model)
+                for note in built_notes:
+                    log.info("model %s: %s", model_spec.name, note)
                 writer.write("model", model=model_spec.name, parameters=sum(p.numel() for p in model.parameters()),
-                             build_s=time.perf_counter() - start, adapters=notes)
+                             build_s=time.perf_counter() - start, adapters=notes, notes=built_notes or None)
                 with model_scope(cache, model_spec, exp):
                     for job in model_jobs:
                         _run_job(job, model, exp, writer, bar, executor, examples, model_part)

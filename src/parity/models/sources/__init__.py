@@ -51,6 +51,11 @@ class Source(ABC):
     def build(self, spec: Any, experiment: Any) -> torch.nn.Module:
         """A new module for `spec` (seeded by the caller; weights files and eval mode are the caller's)."""
 
+    def notes(self, spec: Any, model: torch.nn.Module) -> list[str]:
+        """What this source changed in the built `model` so that every backend can run it, for the model
+        record (transformers: a decoder's cache turned off)."""
+        return []
+
     def files_digest(self, spec: Any, experiment: Any) -> str | None:
         """A digest of the files the model is read from, beyond the module objects ('' when there are none,
         None when they cannot be digested: then exports are never cached). Called after `build`."""

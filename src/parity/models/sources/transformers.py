@@ -6,6 +6,10 @@ Every model is built with `attn_implementation="eager"`: the plain matmul-softma
 (torch.export, ONNX, OpenVINO's tracer) takes as it is, where SDPA's fused kernel and its masks differ from
 one exporter to the next. The model returns its `ModelOutput`, whose leaves are named by field
 (`out['last_hidden_state']`, `out['logits']`).
+
+A decoder's key-value cache (`use_cache`, a `DynamicCache` among its outputs) is turned off unless the model's
+`params` set `use_cache`: no exporter takes the cache object as an output, and a single forward over the whole
+sequence computes the same logits without it. The model record says so (`notes`).
 """
 
 from __future__ import annotations
@@ -135,16 +139,32 @@ def build_transformers(spec, folder: Path | None):
     cls = model_class(spec.architecture)
     if "trust_remote_code" in spec.params:
         raise ParityError("'params' may not set trust_remote_code: parity never runs a model folder's own code")
+    params = {k: v for k, v in spec.params.items() if k != "use_cache"}
     if folder is None:
-        return _from_config(cls, model_config(spec.config), spec.params)
-    problem = folder_problem(folder)
-    if problem:
-        raise ParityError(problem)
-    try:
-        return cls.from_pretrained(folder, local_files_only=True, trust_remote_code=False, attn_implementation=ATTENTION,
-                                   **spec.params)
-    except (OSError, ValueError) as exc:  # no weights file, a config the class does not take
-        raise ParityError(f"transformers could not load {folder} as {spec.architecture}: {exc}") from exc
+        model = _from_config(cls, model_config(spec.config), params)
+    else:
+        problem = folder_problem(folder)
+        if problem:
+            raise ParityError(problem)
+        try:
+            model = cls.from_pretrained(folder, local_files_only=True, trust_remote_code=False,
+                                        attn_implementation=ATTENTION, **params)
+        except (OSError, ValueError) as exc:  # no weights file, a config the class does not take
+            raise ParityError(f"transformers could not load {folder} as {spec.architecture}: {exc}") from exc
+    keep = bool(spec.params.get("use_cache", False))
+    for module in model.modules():  # an encoder-decoder's stacks have configs of their own (T5's decoder)
+        if getattr(getattr(module, "config", None), "use_cache", None) is not None:
+            module.config.use_cache = keep
+    return model
+
+
+def cache_note(spec, model) -> list[str]:
+    """What the record says of a model whose cache parity turned off (every model that has one, unless its
+    `params` set `use_cache`)."""
+    if getattr(model.config, "use_cache", None) is False and "use_cache" not in spec.params:
+        return ["use_cache off: the decoder's key-value cache is not among the outputs compared (no exporter "
+                "takes the cache object); set params: {use_cache: true} to compare it where a backend can"]
+    return []
 
 
 def files_digest(folder: Path) -> str:
@@ -193,6 +213,9 @@ class TransformersSource(Source):
             finally:
                 if bar:
                     transformers.utils.logging.enable_progress_bar()
+
+    def notes(self, spec, model):
+        return cache_note(spec, model)
 
     def files_digest(self, spec, experiment):
         """The folder's files when `path:`; a `config:` model is the library's code and the seed alone."""
