@@ -155,6 +155,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     out_dir = user_path(args.run_dir, "RUN_DIR")
     view = RunView.read(out_dir)
+    missing = view.unfinished()
+    if missing:  # no summary.json (the mark of a finished run, which a continued run reads), no junit that passes
+        raise ParityError(f"RUN_DIR {out_dir}: the run ended early: {missing}; no report is written, so that none reads "
+                          f"as a pass. Continue it (parity run EXPERIMENT --out {out_dir}), then report")
     prepare(out_dir, "RUN_DIR")  # where the reports go: no link, no folder in a report's place
     summary = summarize(view)
     write_summary(summary, out_dir / "summary.json")
