@@ -38,7 +38,8 @@ def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
     the reports, return the exit code."""
     from parity.api import default_out_dir
     from parity.config import load_experiment
-    from parity.outdir import prepare, user_path
+    from parity.files import user_path
+    from parity.outdir import prepare
     from parity.records.summary import exit_code, summarize
     from parity.report import write_reports
     from parity.report.console import render
@@ -148,7 +149,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Render summary.json, report.md, report.html and junit.xml again from a run's records.jsonl alone."""
-    from parity.outdir import prepare, user_path
+    from parity.files import user_path
+    from parity.outdir import prepare
     from parity.records.summary import summarize, write_summary
     from parity.records.view import RunView
     from parity.report import write_reports
@@ -269,7 +271,7 @@ def _refuse_existing_records(out: str | None) -> None:
 
 
 def user_path_of(out: str) -> Path:
-    from parity.outdir import user_path
+    from parity.files import user_path
 
     return user_path(out, "--out")
 
@@ -338,7 +340,7 @@ def cmd_fallback(args: argparse.Namespace) -> int:
 
 def cmd_reduce(args: argparse.Namespace) -> int:
     """Cut a failing check down to its culprit module: a folder with a standalone repro script."""
-    from parity.outdir import user_path
+    from parity.files import user_path
     from parity.reduce import reduce_check
 
     out = reduce_check(user_path(args.run_dir, "RUN_DIR"), args.check, user_path(args.out, "--out") if args.out else None)
@@ -380,7 +382,7 @@ def cmd_completion(args: argparse.Namespace) -> int:
 def cmd_cache(args: argparse.Namespace) -> int:
     """Say where the artifact cache is and what it holds (info), or empty it (clear)."""
     from parity.execute import cache
-    from parity.outdir import user_path
+    from parity.files import user_path
 
     root = user_path(args.location, "--cache-dir") if args.location else cache.default_root()
     if root is None:
@@ -574,18 +576,15 @@ def _artifact_cache(args: argparse.Namespace):
     """The artifact cache this command's Runner keeps exports in, checked before anything runs: a cache that
     cannot be written is the user's to fix (exit 2), never an export failure charged to a target."""
     from parity.execute.cache import ArtifactCache, check_location, default_root
-    from parity.outdir import prepare, user_path
+    from parity.files import user_path
+    from parity.outdir import prepare
 
     if getattr(args, "no_cache", False) or not hasattr(args, "cache_dir"):
         return ArtifactCache(None)
     if args.cache_dir:
         root, what = user_path(args.cache_dir, "--cache-dir"), "--cache-dir"
     else:
-        try:
-            root, what = default_root(), "the artifact cache ($PARITY_CACHE_DIR, else ~/.cache/parity)"
-        except RuntimeError as exc:  # PARITY_CACHE_DIR=~nosuchuser/x
-            raise ParityError(f"$PARITY_CACHE_DIR {os.environ.get('PARITY_CACHE_DIR')}: {exc}; set it to a folder, "
-                              "or pass --no-cache") from exc
+        root, what = default_root(), "the artifact cache ($PARITY_CACHE_DIR, else ~/.cache/parity)"
     if root is not None:
         check_location(root)
         prepare(root, what, files=())
@@ -602,7 +601,7 @@ def _contain_library_state(args: argparse.Namespace) -> None:
         return
     try:
         keep_state_in(default_root())
-    except RuntimeError:  # PARITY_CACHE_DIR=~nosuchuser/x, and this command has no cache to complain about
+    except ParityError:  # PARITY_CACHE_DIR=~nosuchuser/x, and this command has no cache to complain about
         keep_state_in(None)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from parity.config.schema import plain_name
 from parity.errors import ParityError, did_you_mean
+from parity.files import user_path
 
 IMAGENET = {"resize": [256], "center_crop": [224], "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 PREPROCESS = {"imagenet": IMAGENET, "none": {}}
@@ -24,6 +25,7 @@ DEFAULT_PHOTO = "sample:chelsea"
 # the default inputs of a torchvision model by task: a bundled photo, preprocessed as its weights expect
 DEFAULT_PREPROCESS = {"classification": "imagenet", "segmentation": "imagenet", "detection": "none"}
 LATER_SOURCES = re.compile(r"^(hf|huggingface|transformers):|\.onnx$", re.IGNORECASE)
+MAX_DIGITS = 18  # of a dimension or any integer of an experiment: beyond any size a tensor can have
 _SHAPE = re.compile(r"^[1-9][0-9]*(x[1-9][0-9]*)*$")
 
 
@@ -48,7 +50,7 @@ def model_entry(ref: str, entry: str | None = None, hubconf: str | None = None,
         raise ParityError(f"MODEL '{ref}': {kind} sources come with a later release (hf: or transformers:, "
                           "and .onnx files); until then, wrap the model in a function of your own and pass it "
                           "as module:callable")
-    folder = Path(ref).expanduser()
+    folder = user_path(ref, "MODEL")
     if (entry or hubconf) and not folder.is_dir():
         raise ParityError(f"--entry/--hubconf go with a repository folder as MODEL; '{ref}' is no folder here")
     spec: dict[str, Any]
@@ -83,14 +85,18 @@ def model_entry(ref: str, entry: str | None = None, hubconf: str | None = None,
         hint = f"; did you mean 'torchvision:{ref}'?" if ref in torchvision_builders() else ""
         raise ParityError(f"MODEL '{ref}' is not torchvision:NAME, module:callable nor a folder here{hint}")
     if weights is not None:
-        spec["weights"] = weights if weights == "DEFAULT" else str(Path(weights).expanduser().absolute())
+        spec["weights"] = weights if weights == "DEFAULT" else str(user_path(weights, "--weights").absolute())
     return spec
 
 
 def _shape(text: str) -> list[int]:
     if not _SHAPE.match(text):
         raise ParityError(f"--input '{text}': expected a shape like 1x3x224x224 (or NAME=SHAPE for a keyword input)")
-    return [int(d) for d in text.split("x")]
+    dims = text.split("x")
+    longest = max(len(d) for d in dims)
+    if longest > MAX_DIGITS:  # Python refuses to read an integer of over 4300 digits; no size has 19
+        raise ParityError(f"--input '{text}': a dimension of {longest} digits; no tensor is that large")
+    return [int(d) for d in dims]
 
 
 def input_entry(model: dict[str, Any], shapes: list[str], images: list[str], preprocess: str | None,
@@ -119,7 +125,7 @@ def input_entry(model: dict[str, Any], shapes: list[str], images: list[str], pre
         settings["resize"] = [resize]
     if crop is not None:
         settings["center_crop"] = [crop]
-    refs = [ref if ref.startswith("sample:") else str(Path(ref).expanduser().absolute()) for ref in images]
+    refs = [ref if ref.startswith("sample:") else str(user_path(ref, "--images").absolute()) for ref in images]
     return {"name": "images", "images": refs, "preprocess": settings}
 
 
