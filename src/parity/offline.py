@@ -17,7 +17,9 @@ looks up `www.google-analytics.com`; matplotlib (the reports' charts) writes its
   cache off a temporary folder removed when the process ends. A folder the user set is kept.
 
 `contain()` runs when `parity` is imported, before any backend can load; `keep_state_in(root)` once the
-command knows where its cache is. Worker processes import parity too and inherit the environment.
+command knows where its cache is. Worker processes import parity too and inherit the environment. The pytest
+plugin, which pytest imports in every session once parity is installed, undoes it at once (`release()`) and
+contains only the tests that use parity (`contained()`): a user's other tests keep their environment.
 """
 
 from __future__ import annotations
@@ -29,18 +31,53 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 TELEMETRY_OFF = {"ORT_DISABLE_TELEMETRY": "1", "ORT_TELEMETRY_DISABLED": "1"}
 BLOCKED_MODULES = ("openvino_telemetry",)
 
 
-def contain() -> None:
-    """Turn every known telemetry off for this process and the processes it starts."""
+def contain() -> Callable[[], None]:
+    """Turn every known telemetry off for this process and the processes it starts; returns what undoes it."""
+    before = {name: os.environ.get(name) for name in TELEMETRY_OFF}
     os.environ.update(TELEMETRY_OFF)
+    blocked = []
     for name in BLOCKED_MODULES:
-        if sys.modules.get(name, None) is None:  # already imported by the caller's own code: not ours to unload
+        if name not in sys.modules:  # already imported by the caller's own code (or blocked): not ours to unload
             sys.modules[name] = None  # type: ignore[assignment]  # `import name` now raises ImportError
+            blocked.append(name)
+
+    def undo() -> None:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        for name in blocked:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+
+    return undo
+
+
+_AT_IMPORT: list[Callable[[], None]] = []  # what undoes the contain() that `import parity` ran
+
+
+def release() -> None:
+    """Undo what `import parity` contained (the pytest plugin, loaded in every session): once."""
+    while _AT_IMPORT:
+        _AT_IMPORT.pop()()
+
+
+@contextlib.contextmanager
+def contained():
+    """Telemetry off for the time of a block, as it was after: the pytest plugin's tests that use parity."""
+    undo = contain()
+    try:
+        yield
+    finally:
+        undo()
 
 
 def keep_state_in(cache_root: Path | None) -> None:

@@ -11,7 +11,9 @@ reference once per model and inputs in the session, and puts each target's numbe
 it is given.
 
 pytest loads this module in every run once parity is installed, so it imports nothing heavy itself:
-torch and parity's checking code load only when a test uses the marker or the fixture.
+torch and parity's checking code load only when a test uses the marker or the fixture. Nor does it change
+the session: what `import parity` switches off (telemetry, parity/offline.py) is switched back at once, and
+off again only for the time of each test that takes the `parity` fixture.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ _REFERENCES = pytest.StashKey[dict]()  # reference outputs by model, inputs and 
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from parity.offline import release
+
+    release()
     config.addinivalue_line(
         "markers", "parity(targets=[...], reference='eager', atol=None, rtol=None): run the test once per "
                    "target (BACKEND[-DEVICE][-DTYPE], e.g. eager-cpu-bfloat16); its `parity` fixture checks that "
@@ -62,7 +67,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     try:
         specs = [target_spec(t) for t in targets]
     except ParityError as exc:
-        raise pytest.UsageError(f"{metafunc.definition.nodeid}: @pytest.mark.parity: {exc.problems[0]}") from exc
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: @pytest.mark.parity: {exc.problems[0]}") from None
     metafunc.parametrize("parity", specs, ids=[s.id for s in specs], indirect=True)
 
 
@@ -134,9 +139,16 @@ def _split_by_availability(targets: list) -> tuple[list, list[str]]:
 
 
 @pytest.fixture
-def parity(request: pytest.FixtureRequest) -> Parity:
+def parity(request: pytest.FixtureRequest):
     """Checks a model on the marker's target (see the module's docstring); skips the test up front when
-    that target cannot run on this machine."""
+    that target cannot run on this machine. Telemetry is off for the test's time (parity/offline.py)."""
+    from parity.offline import contained
+
+    with contained():
+        yield _parity(request)
+
+
+def _parity(request: pytest.FixtureRequest) -> Parity:
     marker = request.node.get_closest_marker("parity")
     settings = _settings(marker) if marker is not None else {}
     target = getattr(request, "param", None)
