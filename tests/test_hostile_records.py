@@ -223,3 +223,61 @@ def test_report_of_a_whole_run_copied_elsewhere_still_renders(tmp_path, records)
     result, out = command("report", tmp_path, list(records), records.experiment)
     assert result.code == 0 and not result.errors, result.err
     assert json.loads((out / "summary.json").read_text())["totals"]["checks"] == 4
+
+
+# -- pictures a record names: `parity report` draws them, never hangs or dies on them -----------------------
+
+def _view(path, size=None, preprocess=None, boxes=None):
+    from parity.report.pictures import model_view
+
+    return model_view({"path": str(path) if path else None, "size": size}, preprocess or {}, boxes or [[0, 0, 10, 10]])
+
+
+def test_a_picture_path_that_is_a_fifo_is_not_opened(tmp_path):
+    """Before, the report blocked forever on open(); a FIFO nobody writes to is never opened now."""
+    import os
+    import threading
+
+    fifo = tmp_path / "picture.png"
+    os.mkfifo(fifo)
+    found = {}
+    worker = threading.Thread(target=lambda: found.update(view=_view(fifo, [16, 16])), daemon=True)
+    worker.start()
+    worker.join(20)
+    assert not worker.is_alive(), "model_view blocked on a FIFO"
+    picture, note = found["view"]
+    assert picture.shape == (16, 16, 3) and "FIFO" in note
+
+
+def test_a_decompression_bomb_picture_is_not_decoded(tmp_path):
+    """A PNG whose header says 100000 x 100000 pixels (a few hundred bytes on disk): Pillow's
+    DecompressionBombError was a traceback, exit 3."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    bomb = tmp_path / "bomb.png"
+    bomb.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+    picture, note = _view(bomb, [16, 16])
+    assert picture.shape == (16, 16, 3) and "DecompressionBombError" in note
+
+
+@pytest.mark.parametrize("size, boxes, preprocess", [
+    ([10**9, 10**9], None, None),
+    (None, [[0, 0, 1e12, 1e12]], None),
+    (None, [[0, 0, float("inf"), 5]], None),
+    ([16, 16], None, {"resize": [10**9]}),
+], ids=["size", "boxes", "infinite box", "preprocess"])
+def test_huge_sizes_in_a_record_make_no_huge_canvas(tmp_path, size, boxes, preprocess):
+    from PIL import Image
+
+    from parity.report.pictures import MAX_SIDE
+
+    real = tmp_path / "real.png"
+    Image.new("RGB", (20, 10)).save(real)
+    for path in (None, real):
+        picture, _ = _view(path, size, preprocess, boxes)
+        assert max(picture.shape[:2]) <= MAX_SIDE, picture.shape
