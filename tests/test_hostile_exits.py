@@ -86,3 +86,31 @@ def test_a_tmpdir_too_deep_for_rays_sockets_is_one_line(tmp_path, monkeypatch):
     outcome = run(data)
     assert_refused(outcome, "TMPDIR", "Ray's socket paths", "shorter folder")
     assert list(Path(deep).iterdir()) == []  # its scratch folder is removed too
+
+
+# -- records that name what their own run record lacks ---------------------------------------------------------
+
+@pytest.mark.parametrize("edit", ["model", "target"])
+def test_reduce_on_records_naming_what_the_config_lacks(tmp_path, edit):
+    """Before: StopIteration, exit 3. A run record whose experiment was edited to lose the check's model or
+    target, with the check left as it was."""
+    import json
+
+    import yaml
+
+    from tests.conftest import tiny_experiment
+
+    exp = tiny_experiment([{"backend": "tests.fixtures.tiny:PerturbedEager", "name": "perturbed"}], tiers={"activations": True})
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp))
+    out = tmp_path / "out"
+    ran = run_parity(["run", str(tmp_path / "exp.yaml"), "--out", str(out), "--quiet", "--no-report"], tmp_path, tmp_path, ["out"])
+    assert ran.code == 1, ran.err
+    lines = (out / "records.jsonl").read_text().splitlines()
+    run_record = json.loads(lines[0])
+    if edit == "model":
+        run_record["config"]["models"][0]["name"] = "renamed"
+    else:
+        run_record["config"]["targets"][0]["name"] = "renamed"
+    (out / "records.jsonl").write_text("\n".join([json.dumps(run_record), *lines[1:]]) + "\n")
+    result = run_parity(["reduce", str(out), "--check", "tiny/noise/perturbed"], tmp_path, tmp_path, ["out"])
+    assert_user_error(result, "records.jsonl", f"{edit} '", "does not have")

@@ -97,6 +97,15 @@ def experiment_of(run: dict[str, Any], run_dir: Path):
     return exp
 
 
+def _named(items, name_of, name: str, what: str, run_dir: Path):
+    """The item of the run record's experiment that a check names; records edited by hand may name one it lacks."""
+    found = next((item for item in items if name_of(item) == name), None)
+    if found is None:
+        raise ParityError(f"{run_dir / 'records.jsonl'}: the check names {what} '{name}', which the run record's "
+                          f"experiment does not have (records edited by hand?)")
+    return found
+
+
 def reduce_check(run_dir: Path, which: str, out: Path | None) -> Path:
     """Write the repro folder of check `which` (MODEL/INPUTS/TARGET) of the run in `run_dir`; return it."""
     from parity.backends import backend_class
@@ -111,9 +120,9 @@ def reduce_check(run_dir: Path, which: str, out: Path | None) -> Path:
     out = out if out is not None else run_dir / f"reduce-{found.model}-{found.inputs}-{found.target}"
     _refuse_nonempty(out)
     exp = experiment_of(found.run, run_dir)
-    model_spec = next(m for m in exp.models if m.name == found.model)
-    input_spec = next(s for s in exp.inputs_for(model_spec) if s.name == found.inputs)
-    target = next(t for t in exp.targets if t.id == found.target)
+    model_spec = _named(exp.models, lambda m: m.name, found.model, "model", run_dir)
+    input_spec = _named(exp.inputs_for(model_spec), lambda s: s.name, found.inputs, "input set", run_dir)
+    target = _named(exp.targets, lambda t: t.id, found.target, "target", run_dir)
     if target.quantize is not None:
         raise ParityError(f"the target {target.id} is int8 (quantize: {target.quantize.scheme}): its culprit module "
                           "alone would be quantized with another calibration than the whole model's, so a script "

@@ -11,7 +11,6 @@ from parity.files import file_problem
 from parity.inputs import Inputs
 from parity.offline import quiet_library_imports
 
-
 MAX_ENTRIES = 1000  # a save_pretrained folder holds a handful of files
 
 
