@@ -229,3 +229,18 @@ def test_a_tokenizer_file_that_is_a_fifo_is_refused_without_blocking():
     worker.join(60)
     assert not worker.is_alive(), "validate blocked on a FIFO in the tokenizer folder"
     assert_refused(found["outcome"], "tokenizer_config.json", "FIFO")
+
+
+def test_a_tokenizer_config_nested_too_deep_to_parse_is_refused():
+    """100000 nested lists in tokenizer_config.json and config.json: Python's JSON parser raises
+    RecursionError, which was a traceback (exit 3)."""
+    pytest.importorskip("transformers")
+    deep = '{"model_type": "bert", "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+
+    def setup(work):
+        (work / "tok").mkdir()
+        for name in ("config.json", "tokenizer_config.json"):
+            (work / "tok" / name).write_text(deep)
+
+    data = experiment(inputs=[{"name": "sentences", "text": ["hi"], "tokenizer": "tok"}])
+    assert_refused(run(data, setup, verb="validate"), "no tokenizer transformers can read", "recursion")

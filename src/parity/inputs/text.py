@@ -35,7 +35,8 @@ def load_tokenizer(folder: Path):
         raise ParityError("text inputs need the transformers package: pip install 'parity[transformers]'") from exc
     try:
         return AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    except (OSError, ValueError, TypeError, KeyError) as exc:  # no tokenizer files, a class it does not know
+    except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:  # no tokenizer files, a class it does
+        # not know, a JSON file nested deeper than Python's parser recurses
         raise ParityError(f"no tokenizer transformers can read in {folder}: {str(exc).splitlines()[0]}") from exc
 
 
