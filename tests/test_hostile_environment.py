@@ -26,6 +26,7 @@ import yaml
 import parity.offline as offline
 from tests.conftest import ROOT
 from tests.hostile_kit import experiment, run
+from tests.hostile_support import assert_user_error, run_parity
 
 ROOT_USER = hasattr(os, "geteuid") and os.geteuid() == 0
 UNSHARE = shutil.which("unshare") if ROOT_USER else None
@@ -69,7 +70,8 @@ def sandbox(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     env = {k: v for k, v in os.environ.items()
-           if k not in ("MPLCONFIGDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "PARITY_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+           if k not in ("MPLCONFIGDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "PARITY_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
+                        offline.STATE_ENV)
            and not k.startswith(("ORT_", "OPENVINO"))}
     temp = Path(tempfile.mkdtemp(prefix="p-"))  # a short TMPDIR: Ray's socket paths lie under it
     env.update(HOME=str(home), TMPDIR=str(temp), PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
@@ -155,12 +157,35 @@ def test_library_state_goes_to_the_cache(monkeypatch, tmp_path):
     assert os.environ["MPLCONFIGDIR"] == str(tmp_path / "cache" / "matplotlib")
 
 
-def test_library_state_without_a_cache_goes_to_a_temporary_folder(monkeypatch, tmp_path):
-    monkeypatch.delenv("MPLCONFIGDIR", raising=False)
+def test_library_state_without_a_cache_goes_to_the_state_folder(monkeypatch, tmp_path):
+    """matplotlib's, and torch.compile's (which left `torchinductor_USER` in TMPDIR), in the one folder the
+    process removes at its end."""
+    for name in ("MPLCONFIGDIR", "TORCHINDUCTOR_CACHE_DIR", offline.STATE_ENV):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     offline.keep_state_in(None)
-    folder = Path(os.environ["MPLCONFIGDIR"])
-    assert folder.is_dir() and tmp_path not in folder.parents and folder.name.startswith("parity-state-")
+    state = offline.state_folder()
+    assert state.is_dir() and tmp_path not in state.parents and state.name.startswith("parity-")
+    assert Path(os.environ["MPLCONFIGDIR"]) == state / "matplotlib"
+    assert Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) == state / "inductor"
+
+
+def test_a_state_folder_is_shared_with_the_processes_parity_starts(monkeypatch):
+    monkeypatch.delenv(offline.STATE_ENV, raising=False)
+    state = offline.state_folder()
+    assert os.environ[offline.STATE_ENV] == str(state) and offline.state_folder() == state
+
+
+def test_no_writable_temporary_folder_is_one_line(monkeypatch, tmp_path):
+    """`--out /` on a read-only root with the cache off: mkdtemp's error was a traceback (exit 3)."""
+    monkeypatch.delenv(offline.STATE_ENV, raising=False)
+    monkeypatch.delenv("MPLCONFIGDIR", raising=False)
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(experiment(targets=[{"backend": "eager", "name": "same"}])))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))
+    result = run_parity(["run", str(path), "--out", str(tmp_path / "out"), "--no-cache", "--quiet"], tmp_path, tmp_path,
+                        ["out"])
+    assert_user_error(result, "no temporary folder parity can write", "TMPDIR")
 
 
 def test_a_folder_the_user_chose_is_kept(monkeypatch, tmp_path):
@@ -179,3 +204,15 @@ def test_in_process_commands_leave_the_home_folder_alone(verb, targets, monkeypa
     assert outcome.code == 0, outcome.err
     assert outcome.written_outside == []
     assert _tree(tmp_path) == set(), sorted(_tree(tmp_path))
+
+
+@pytest.mark.parametrize("cache", ["--no-cache", "--cache-dir"])
+def test_an_unusable_inductor_cache_folder_is_the_users_to_fix(monkeypatch, tmp_path, cache):
+    """TORCHINDUCTOR_CACHE_DIR naming a file: before, every compile target failed as its own backend_error."""
+    (tmp_path / "a-file").write_text("not a folder")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "a-file"))
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(experiment(targets=[{"backend": "compile", "options": {"backend": "eager"}}])))
+    argv = ["run", str(path), "--out", str(tmp_path / "out"), "--quiet", cache, *([str(tmp_path / "cache")] if cache == "--cache-dir" else [])]
+    result = run_parity(argv, tmp_path, tmp_path, [])
+    assert_user_error(result, "$TORCHINDUCTOR_CACHE_DIR", "a-file", "not a folder")

@@ -579,7 +579,13 @@ def _artifact_cache(args: argparse.Namespace):
     from parity.files import user_path
     from parity.outdir import prepare
 
-    if getattr(args, "no_cache", False) or not hasattr(args, "cache_dir"):
+    if not hasattr(args, "cache_dir"):
+        return ArtifactCache(None)
+    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if inductor:  # the user's: torch.compile fails in it later, charged to the target, unless it is said now
+        prepare(user_path(inductor, "$TORCHINDUCTOR_CACHE_DIR"), "$TORCHINDUCTOR_CACHE_DIR (torch.compile's cache)",
+                files=())
+    if getattr(args, "no_cache", False):
         return ArtifactCache(None)
     if args.cache_dir:
         root, what = user_path(args.cache_dir, "--cache-dir"), "--cache-dir"

@@ -34,6 +34,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from parity.errors import ParityError
+
 TELEMETRY_OFF = {"ORT_DISABLE_TELEMETRY": "1", "ORT_TELEMETRY_DISABLED": "1"}
 BLOCKED_MODULES = ("openvino_telemetry",)
 
@@ -80,17 +82,36 @@ def contained():
         undo()
 
 
+STATE_ENV = "PARITY_STATE_DIR"  # the state folder of the process that made it, for the processes it starts
+
+
+def state_folder() -> Path:
+    """This process's temporary folder, where everything parity keeps for the time of a command goes (matplotlib's
+    and torch.compile's state without a cache, the workers' and Ray's scratch folders, backends' exports): one
+    `parity-*` folder in TMPDIR, removed when the process that made it ends; the processes it starts (workers)
+    use the same one. A TMPDIR where no folder can be made is the user's to fix."""
+    inherited = os.environ.get(STATE_ENV)
+    if inherited and os.path.isdir(inherited):
+        return Path(inherited)
+    try:
+        folder = Path(tempfile.mkdtemp(prefix="parity-"))
+    except OSError as exc:  # no usable temporary folder: a read-only or missing TMPDIR (and /tmp)
+        raise ParityError(f"no temporary folder parity can write: {exc.strerror or exc}; set TMPDIR to a writable "
+                          "folder") from exc
+    atexit.register(shutil.rmtree, folder, True)
+    os.environ[STATE_ENV] = str(folder)
+    return folder
+
+
 def keep_state_in(cache_root: Path | None) -> None:
-    """Libraries' home-folder state (matplotlib's font cache) goes under the cache, or into a temporary
-    folder when there is none. Decided once per process: matplotlib reads it once, at import."""
-    if "MPLCONFIGDIR" in os.environ:
-        return
-    if cache_root is not None:
-        folder = cache_root / "matplotlib"
-    else:
-        folder = Path(tempfile.mkdtemp(prefix="parity-state-"))
-        atexit.register(shutil.rmtree, folder, True)
-    os.environ["MPLCONFIGDIR"] = str(folder)
+    """Libraries' state goes under the cache, or into the state folder when there is none: matplotlib's font
+    cache (else in the home folder), and torch.compile's (else `torchinductor_USER` left in TMPDIR; with a cache,
+    ArtifactCache.open puts it there). Decided once per process: each library reads it once. A folder the user
+    set is kept."""
+    if cache_root is None and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(state_folder() / "inductor")
+    if "MPLCONFIGDIR" not in os.environ:
+        os.environ["MPLCONFIGDIR"] = str(cache_root / "matplotlib" if cache_root is not None else state_folder() / "matplotlib")
 
 
 @contextlib.contextmanager

@@ -46,6 +46,7 @@ from parity import taxonomy as tx
 from parity.backends import backend_class
 from parity.errors import ParityError
 from parity.execute.execution import Execution
+from parity.offline import state_folder
 from parity.runner.base import Executor
 from parity.runner.remote import Digests, RemoteExecution, crash_report, describe_worker_error
 from parity.runner.worker import package_file
@@ -198,7 +199,7 @@ class RayExecutor(Executor):
         # Before Ray is imported where possible: it reads some of them once, at import.
         self._environment.enter_context(_environment({**RAY_OFFLINE, **(RAY_LOCAL | _local_token() if local else {})}))
         ray = self._ray()
-        scratch = tempfile.TemporaryDirectory(prefix="parity-ray-")
+        scratch = tempfile.TemporaryDirectory(prefix="r", dir=state_folder())  # short: Ray's socket paths lie under it
         try:
             self._init(ray, Path(scratch.name))
         except BaseException:
