@@ -216,3 +216,28 @@ def test_an_unusable_inductor_cache_folder_is_the_users_to_fix(monkeypatch, tmp_
     argv = ["run", str(path), "--out", str(tmp_path / "out"), "--quiet", cache, *([str(tmp_path / "cache")] if cache == "--cache-dir" else [])]
     result = run_parity(argv, tmp_path, tmp_path, [])
     assert_user_error(result, "$TORCHINDUCTOR_CACHE_DIR", "a-file", "not a folder")
+
+
+@pytest.mark.parametrize("targets, code", [([{"backend": "eager", "name": "same"}], 0),
+                                           ([{"backend": "tests.fixtures.tiny:FailingEager", "name": "failing"}], 1)],
+                         ids=["passing", "failing"])
+@pytest.mark.parametrize("stdout", ["a pipe whose reader ended", "closed"])
+def test_a_lost_stdout_keeps_the_verdicts_exit_code(tmp_path, targets, code, stdout):
+    """Before: rich turned the broken pipe into SystemExit(1), said as 'the model called sys.exit(1)' (exit 2)
+    after a passing run; a closed stdout (`>&-`) was a traceback."""
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(experiment(targets=targets)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    argv = [sys.executable, "-m", "parity.cli", "run", "exp.yaml", "--out", "out", "--no-cache", "--quiet"]
+    if stdout == "closed":
+        result = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", *argv], cwd=tmp_path, env=env, stderr=subprocess.PIPE,
+                                text=True, timeout=300)
+        returncode, err = result.returncode, result.stderr
+    else:
+        process = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        process.stdout.close()  # the reader is gone before parity prints a line
+        err = process.stderr.read()
+        returncode = process.wait(timeout=300)
+    assert returncode == code, err[-3000:]
+    assert "Traceback" not in err and "sys.exit" not in err, err[-3000:]
+    assert "warning: stdout is closed" in err, err[-3000:]
+    assert (tmp_path / "out" / "summary.json").is_file()

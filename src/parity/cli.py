@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import errno
+import io
 import logging
 import os
 import shlex
@@ -655,11 +657,61 @@ def show_logs(verbose: bool = False) -> None:
     logger.setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
+class _Stdout(io.TextIOBase):
+    """sys.stdout for the time of a command: when it is closed (`>&-`) or a pipe whose reader ended, what parity
+    prints there is dropped with one warning, and the exit code stays the verdict's. Without it, rich turned the
+    broken pipe into SystemExit(1), which read as the model calling sys.exit(1) after a passing run."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._lost = stream is None or getattr(stream, "closed", False)
+        if self._lost:
+            self._warn()
+
+    def _warn(self) -> None:
+        self._lost = True
+        logging.getLogger("parity").warning("stdout is closed (a pipe whose reader ended?): what parity prints there is "
+                                            "lost; the records and reports are written as usual")
+
+    def _guarded(self, action, default):
+        if self._lost:
+            return default
+        try:
+            return action()
+        except (BrokenPipeError, ValueError):  # a pipe whose reader ended; a closed file
+            self._warn()
+            return default
+
+    def write(self, text: str) -> int:
+        return self._guarded(lambda: self._stream.write(text), len(text))
+
+    def flush(self) -> None:
+        self._guarded(lambda: self._stream.flush(), None)
+
+    def isatty(self) -> bool:
+        return self._guarded(lambda: self._stream.isatty(), False)
+
+    def close(self) -> None:
+        """Not ours to close (nor to flush when this wrapper is collected: the stream may be gone by then)."""
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self._stream, "encoding", None) or "utf-8"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     show_logs(getattr(args, "verbose", False))
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))  # `entry: mymodels:build` next to you imports, as with python -m
+    stdout, sys.stdout = sys.stdout, _Stdout(sys.stdout)
+    try:
+        return _command(args)
+    finally:
+        sys.stdout = stdout
+
+
+def _command(args: argparse.Namespace) -> int:
     try:
         args.artifact_cache = _artifact_cache(args)
         _contain_library_state(args)
@@ -702,8 +754,9 @@ def run_and_exit() -> None:
     try:
         atexit._run_exitfuncs()  # what libraries registered at exit (logging's flush, worker pools) still runs
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(AttributeError, OSError, ValueError):  # closed, or None (`>&-`)
+                stream.flush()
         os._exit(code)
 
 

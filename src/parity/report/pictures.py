@@ -66,7 +66,7 @@ def model_view(image: dict[str, Any], preprocess: dict[str, Any], boxes: list[li
         except (OSError, ValueError, Image.DecompressionBombError) as exc:
             note = f"cannot read {path} ({type(exc).__name__}); boxes drawn on a blank canvas"
     elif problem:
-        note = f"{problem}; boxes drawn on a blank canvas"
+        note = f"cannot read {path} ({problem}); boxes drawn on a blank canvas"
     else:
         note = "synthetic input: boxes drawn on a blank canvas"
     if not size:
