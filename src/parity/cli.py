@@ -17,6 +17,8 @@ import io
 import logging
 import os
 import shlex
+import signal
+import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -745,12 +747,50 @@ def _internal_error() -> int:
     return EXIT_BUG
 
 
+VERDICT_FD = "PARITY_VERDICT_FD"  # set by the `parity` command's first process for the one that runs the command
+
+
 def run_and_exit() -> None:
-    """The `parity` command: main(), then exit without tearing the interpreter down. Every file parity
-    writes is closed by then; tearing down torch's and torchvision's modules would add over a second
+    """The `parity` command, in two processes. The first starts the second (`python -m parity.cli ARGS`) and
+    waits: the second runs main() and, before it exits, writes its exit code to a pipe the first holds. Model
+    code that ends the second process at once (os._exit(0) under the local executor: nothing in that process
+    can stop it) leaves the pipe empty, and the first process says so and exits 1, never 0 without a verdict.
+    The cost is one Python start (docs/benchmarks.md)."""
+    if VERDICT_FD in os.environ:
+        _run_command(int(os.environ.pop(VERDICT_FD)))  # not inherited by the workers and the model's processes
+    read, write = os.pipe()
+    child = subprocess.Popen([sys.executable, "-m", "parity.cli", *sys.argv[1:]], pass_fds=(write,),
+                             env={**os.environ, VERDICT_FD: str(write)})
+    os.close(write)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the command's process too: it says "interrupted"
+    for forwarded in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(forwarded, lambda signum, frame: child.send_signal(signum))
+    returncode = child.wait()
+    with os.fdopen(read, "rb") as pipe:
+        said = pipe.read().strip()
+    if said:
+        os._exit(int(said))
+    if returncode == 0:
+        print("error: the command's process ended with exit 0 before parity gave its verdict: model code ended it "
+              "(os._exit?); no verdict is given (exit 1). --executor process runs model code in a worker process, "
+              "which cannot end the run", file=sys.stderr)
+        os._exit(EXIT_FAILED)
+    os._exit(returncode if returncode > 0 else 128 - returncode)  # killed by a signal: as a shell says it
+
+
+def _run_command(verdict_fd: int) -> None:
+    """main(), its exit code said on `verdict_fd`, then exit without tearing the interpreter down. Every file
+    parity writes is closed by then; tearing down torch's and torchvision's modules would add over a second
     and, for that moment, about 100 MB to the peak memory of every command (measured on this project's
     machine: `import torch, torchvision` then a normal exit peaks at 816 MB, against 688 MB)."""
-    code = main()
+    try:
+        code = main()
+    except SystemExit as exc:  # argparse: --help, --version (0), a command line it refuses (2)
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+        code = exc.code if isinstance(exc.code, int) else EXIT_OK if exc.code is None else EXIT_FAILED
+    with contextlib.suppress(OSError):
+        os.write(verdict_fd, f"{code}\n".encode())
     try:
         atexit._run_exitfuncs()  # what libraries registered at exit (logging's flush, worker pools) still runs
     finally:
