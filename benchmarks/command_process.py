@@ -30,7 +30,7 @@ def timed(argv: list[str], cwd: Path, one_process: bool) -> float:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]), "PARITY_CACHE_DIR": "off"}
     with open(os.devnull, "wb") as sink:
         if one_process:
-            env["PARITY_VERDICT_FD"] = str(sink.fileno())
+            env["PARITY_VERDICT_FD"] = f"{sink.fileno()}:{os.getpid()}"
         start = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "parity.cli", *argv], cwd=cwd, env=env, pass_fds=(sink.fileno(),),
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

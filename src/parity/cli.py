@@ -757,10 +757,14 @@ def run_and_exit() -> None:
     can stop it) leaves the pipe empty, and the first process says so and exits 1, never 0 without a verdict.
     The cost is one Python start (docs/benchmarks.md)."""
     if VERDICT_FD in os.environ:
-        _run_command(int(os.environ.pop(VERDICT_FD)))  # not inherited by the workers and the model's processes
+        from parity.offline import die_with_parent
+
+        fd, parent = map(int, os.environ.pop(VERDICT_FD).split(":"))  # not inherited by workers or the model's processes
+        die_with_parent(parent)  # killed with the first process (a CI step's time-out kills that one)
+        _run_command(fd)
     read, write = os.pipe()
     child = subprocess.Popen([sys.executable, "-m", "parity.cli", *sys.argv[1:]], pass_fds=(write,),
-                             env={**os.environ, VERDICT_FD: str(write)})
+                             env={**os.environ, VERDICT_FD: f"{write}:{os.getpid()}"})
     os.close(write)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the command's process too: it says "interrupted"
     for forwarded in (signal.SIGTERM, signal.SIGHUP):

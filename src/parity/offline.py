@@ -29,6 +29,7 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Callable
@@ -112,6 +113,20 @@ def keep_state_in(cache_root: Path | None) -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(state_folder() / "inductor")
     if "MPLCONFIGDIR" not in os.environ:
         os.environ["MPLCONFIGDIR"] = str(cache_root / "matplotlib" if cache_root is not None else state_folder() / "matplotlib")
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """Linux: the kernel kills this process when its parent dies (a worker; the `parity` command's second
+    process), even when a backend hangs in C code. `parent`: the pid it must have (it may be 1, in a
+    container), else any but 1."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent if parent is not None else os.getppid() == 1:  # it died before that took effect
+        os._exit(1)
 
 
 @contextlib.contextmanager
