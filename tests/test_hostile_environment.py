@@ -152,6 +152,7 @@ def test_openvino_converts_with_its_own_stub_when_telemetry_is_blocked():
 
 
 def test_library_state_goes_to_the_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # set here too: restored after
     monkeypatch.delenv("MPLCONFIGDIR", raising=False)
     offline.keep_state_in(tmp_path / "cache")
     assert os.environ["MPLCONFIGDIR"] == str(tmp_path / "cache" / "matplotlib")
@@ -189,6 +190,7 @@ def test_no_writable_temporary_folder_is_one_line(monkeypatch, tmp_path):
 
 
 def test_a_folder_the_user_chose_is_kept(monkeypatch, tmp_path):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # set here too: restored after
     monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mine"))
     offline.keep_state_in(tmp_path / "cache")
     assert os.environ["MPLCONFIGDIR"] == str(tmp_path / "mine")

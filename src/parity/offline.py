@@ -106,10 +106,10 @@ def state_folder() -> Path:
 
 def keep_state_in(cache_root: Path | None) -> None:
     """Libraries' state goes under the cache, or into the state folder when there is none: matplotlib's font
-    cache (else in the home folder), and torch.compile's (else `torchinductor_USER` left in TMPDIR; with a cache,
-    ArtifactCache.open puts it there). Decided once per process: each library reads it once. A folder the user
-    set is kept."""
-    if cache_root is None and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    cache (else in the home folder), and torch.compile's (else `torchinductor_USER` left in TMPDIR, even by
+    `parity backends`; a command's artifact cache, opened first, has put it there already). Decided once per
+    process: each library reads it once. A folder the user set is kept."""
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(state_folder() / "inductor")
     if "MPLCONFIGDIR" not in os.environ:
         os.environ["MPLCONFIGDIR"] = str(cache_root / "matplotlib" if cache_root is not None else state_folder() / "matplotlib")
