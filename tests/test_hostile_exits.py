@@ -7,7 +7,6 @@ folder Ray's sockets cannot live under, and the other ones each named where it i
 from __future__ import annotations
 
 import tempfile
-from pathlib import Path
 
 import pytest
 
