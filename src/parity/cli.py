@@ -581,12 +581,14 @@ def _artifact_cache(args: argparse.Namespace):
     cannot be written is the user's to fix (exit 2), never an export failure charged to a target."""
     from parity.execute.cache import ArtifactCache, check_location, default_root
     from parity.files import user_path
+    from parity.offline import STATE_ENV
     from parity.outdir import prepare
 
     if not hasattr(args, "cache_dir"):
         return ArtifactCache(None)
-    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if inductor:  # the user's: torch.compile fails in it later, charged to the target, unless it is said now
+    inductor, state = os.environ.get("TORCHINDUCTOR_CACHE_DIR"), os.environ.get(STATE_ENV)
+    if inductor and not (state and Path(inductor).is_relative_to(state)):  # the user's (not parity's own, set by
+        # an earlier command in this process): torch.compile fails in it later, charged to the target, unless said now
         prepare(user_path(inductor, "$TORCHINDUCTOR_CACHE_DIR"), "$TORCHINDUCTOR_CACHE_DIR (torch.compile's cache)",
                 files=())
     if getattr(args, "no_cache", False):
