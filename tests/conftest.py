@@ -30,7 +30,13 @@ EVERY_OUTCOME = [
 ]
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_configure(config):
+    # parity's own tests run parity (in this process) as its commands do: contained, as `import parity` leaves a
+    # process; after the pytest plugin (installed with parity, so loaded here too) gave the session back its own.
+    from parity.offline import contain
+
+    contain()
     config.addinivalue_line("markers", "numerics: its outcome rests on floating-point results of real kernels (ATen, "
                                        "oneDNN, inductor, ONNX Runtime, OpenVINO); `make test-portable` runs these again "
                                        "on other CPU code paths")

@@ -82,8 +82,8 @@ def test_what_is_not_integer_pcm_is_refused_with_the_file(tmp_path):
 
 def test_a_file_shorter_than_its_header_says_is_refused(tmp_path):
     path = write_wav(tmp_path / "cut.wav", list(range(100)))
-    path.write_bytes(path.read_bytes()[:-50])
-    with pytest.raises(ParityError, match="promises 100 frames, and the file ends after 75"):
+    path.write_bytes(path.read_bytes()[:-10])  # less than the header: only the read finds it short
+    with pytest.raises(ParityError, match="promises 100 frames, and the file ends after 95"):
         clips(tmp_path, [path])
 
 
@@ -109,3 +109,20 @@ def test_the_keys_go_together(tmp_path):
         data["inputs"] = [{"name": "x", **spec}]
         with pytest.raises(ParityError, match=message):
             experiment_from_dict(data, "<dict>", tmp_path)
+
+
+def test_a_header_that_promises_far_more_than_the_file_holds_is_refused_at_validate(tmp_path, capsys):
+    """134 million frames promised, 50 held: before, `parity validate` passed it."""
+    path = write_wav(tmp_path / "liar.wav", list(range(50)))
+    data = bytearray(path.read_bytes())
+    data[40:44] = struct.pack("<I", 134_000_000 * 2)  # the data chunk's size, in bytes
+    path.write_bytes(bytes(data))
+    exp_file = tmp_path / "exp.yaml"
+    import yaml
+
+    spec = tiny_experiment([{"backend": "torchscript"}])
+    spec["inputs"] = [{"name": "speech", "audio": [str(path)], "sample_rate": 16000}]
+    exp_file.write_text(yaml.safe_dump(spec))
+    assert main(["validate", str(exp_file)]) == 2
+    err = capsys.readouterr().err
+    assert "liar.wav: its header promises 134000000 frames" in err and "holds 144 bytes" in err, err

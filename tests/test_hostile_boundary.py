@@ -136,17 +136,19 @@ def _subprocess(args: list[str], cwd: Path, **kw) -> subprocess.CompletedProcess
                           text=True, **kw)
 
 
-def test_os_exit_in_the_local_executor_is_detected_by_the_next_run(tmp_path):
-    """os._exit ends the interpreter before anything can run (exit 0, no summary): that cannot be caught
-    in the process, so the next run into the folder says so and points to the process executor. (The
-    model exits only in the subprocess; the run that continues it judges every check.)"""
+def test_os_exit_in_the_local_executor_never_exits_0_and_the_next_run_says_so(tmp_path):
+    """os._exit(0) ends the command's process before anything in it can run (no summary). Before, the `parity`
+    command exited 0 with no verdict; now its first process, which waits for the verdict, exits 1 and says
+    so. The next run into the folder says the previous one ended early and points to the process executor.
+    (The model exits only in the subprocess; the run that continues it judges every check.)"""
     work = tmp_path / "work"
     work.mkdir()
     data = experiment([SAME, ARMED], models=tripwire("os._exit(0) when asked"))
     path = write_experiment(work, data)
     killed = _subprocess(["run", str(path), "--out", "out", "--quiet", "--no-report"], work, timeout=300,
                          env={"PARITY_TEST_OS_EXIT": "1"})
-    assert killed.returncode == 0 and not (work / "out" / "summary.json").exists()  # what os._exit does
+    assert killed.returncode == 1 and not (work / "out" / "summary.json").exists(), killed.stderr[-3000:]
+    assert "error: the command's process ended with exit 0 before parity gave its verdict" in killed.stderr
     assert (work / "out" / "records.jsonl").is_file()
     result, out = run_case(tmp_path, data)
     assert "warning: " in result.err and "the previous run ended without a summary" in result.err, result.err
@@ -179,3 +181,15 @@ def test_a_daemon_the_model_starts_does_not_hold_parity_s_output(tmp_path, monke
     assert result.code == 0, result.err[-3000:]
     assert held.isdisjoint(ours) and not any(t.startswith("pipe:") for t in held), (held, ours)
     assert "the model started a daemon" in result.out
+
+
+def test_the_parity_command_exits_with_its_commands_code(tmp_path):
+    """The two processes of the `parity` command change no exit code: 0, 2 (one line), argparse's 0 and 2."""
+    work = tmp_path / "work"
+    work.mkdir()
+    path = write_experiment(work, experiment([SAME]))
+    assert _subprocess(["run", str(path), "--out", "out", "--quiet", "--no-report"], work, timeout=300).returncode == 0
+    refused = _subprocess(["validate", str(work / "missing.yaml")], work, timeout=300)
+    assert refused.returncode == 2 and refused.stderr.startswith("error: ") and "Traceback" not in refused.stderr
+    assert _subprocess(["--version"], work, timeout=300).returncode == 0
+    assert _subprocess(["no-such-verb"], work, timeout=300).returncode == 2

@@ -209,3 +209,38 @@ def test_good_weights_still_load(tmp_path):
 
     outcome = run(experiment(models=[{**TINY, "weights": "w.pt"}]), setup=setup)
     assert outcome.code == 0, outcome.err
+
+
+# ---- a tokenizer folder holding a FIFO: validate refuses it, never blocks on it
+
+
+def test_a_tokenizer_file_that_is_a_fifo_is_refused_without_blocking():
+    import threading
+
+    def setup(work):
+        (work / "tok").mkdir()
+        (work / "tok" / "vocab.txt").write_text("[PAD]\nhi\n")
+        os.mkfifo(work / "tok" / "tokenizer_config.json")
+
+    data = experiment(inputs=[{"name": "sentences", "text": ["hi"], "tokenizer": "tok"}])
+    found = {}
+    worker = threading.Thread(target=lambda: found.update(outcome=run(data, setup, verb="validate")), daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "validate blocked on a FIFO in the tokenizer folder"
+    assert_refused(found["outcome"], "tokenizer_config.json", "FIFO")
+
+
+def test_a_tokenizer_config_nested_too_deep_to_parse_is_refused():
+    """100000 nested lists in tokenizer_config.json and config.json: Python's JSON parser raises
+    RecursionError, which was a traceback (exit 3)."""
+    pytest.importorskip("transformers")
+    deep = '{"model_type": "bert", "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+
+    def setup(work):
+        (work / "tok").mkdir()
+        for name in ("config.json", "tokenizer_config.json"):
+            (work / "tok" / name).write_text(deep)
+
+    data = experiment(inputs=[{"name": "sentences", "text": ["hi"], "tokenizer": "tok"}])
+    assert_refused(run(data, setup, verb="validate"), "no tokenizer transformers can read", "recursion")

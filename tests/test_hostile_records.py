@@ -73,7 +73,8 @@ def put(value, *path):
 
 # (kind of line, which field) -> the field dropped; each must be refused naming the line
 DROPPED = [("run", p) for p in [("experiment",), ("base_dir",), ("environment",), ("config",), ("config", "tolerances"),
-                                 ("config", "tolerances", "atol"), ("config", "tolerances", "rtol"), ("kind",)]] + \
+                                 ("config", "tolerances", "atol"), ("config", "tolerances", "rtol"), ("kind",),
+                                 ("config", "models"), ("config", "inputs"), ("config", "targets")]] + \
           [("model", ("model",))] + \
           [("execution", (k,)) for k in ("model", "inputs", "backend", "device", "dtype", "repeat", "status",
                                         "prepare_s", "run_s")] + \
@@ -85,6 +86,8 @@ WRONG = [
     ("run", ("config", "tolerances"), [1e-5]), ("run", ("config", "tolerances", "atol"), "1e-5"),
     ("run", ("config", "tolerances", "atol"), [None]), ("run", ("config", "tolerances", "rtol"), "0"),
     ("run", ("environment",), []), ("run", ("base_dir",), 7), ("run", ("digest",), 1),
+    ("run", ("config", "models"), [{"inputs": ["a"]}]), ("run", ("config", "models"), [{"name": "m", "inputs": "a"}]),
+    ("run", ("config", "targets"), None),
     ("model", ("model",), {"name": "m"}),
     ("execution", ("repeat",), "0"), ("execution", ("repeat",), True), ("execution", ("repeat",), 0.5),
     ("execution", ("run_s",), "fast"), ("execution", ("status",), None), ("execution", ("backend",), ["eager"]),
@@ -190,3 +193,91 @@ def test_the_untouched_records_continue(tmp_path, records):
     result, out = command("run", tmp_path, list(records), records.experiment)
     assert result.code == 1 and not result.errors and "Traceback" not in result.err, result.err
     assert json.loads((out / "summary.json").read_text())["totals"]["checks"] == 4
+
+
+# -- an unfinished run: `parity report` never greens it ---------------------------------------------------
+
+def test_report_of_an_unfinished_run_refuses_and_writes_nothing_that_passes(tmp_path, records):
+    """A run killed before its last check (its records end early, without summary.json): before, `parity
+    report` exited 0 with a summary.json and a junit.xml of the checks it had (tests=3, failures=0 when the
+    failing one was not reached) and, the summary being the mark of a finished run, erased the warning the
+    next run gives. Now: exit 2 naming how many checks have a verdict, and no summary or junit at all."""
+    last = max(i for i, line in enumerate(records) if json.loads(line)["kind"] == "check")
+    result, out = command("report", tmp_path, records[:last], records.experiment)
+    assert_user_error(result, str(out), "the run ended early", "3 of its 4 planned checks")
+    assert sorted(p.name for p in out.iterdir()) == ["records.jsonl"]
+    again = run_parity(["run", str(records.experiment), "--out", str(out), "--quiet", "--no-report"], tmp_path, tmp_path,
+                       ["out"])
+    assert "the previous run ended without a summary" in again.err and again.code == 1, again.err
+
+
+def test_report_of_records_with_no_check_at_all_refuses(tmp_path, records):
+    """Only the `run` record (a run killed while building its first model): 0 checks is no pass."""
+    result, out = command("report", tmp_path, records[:1], records.experiment)
+    assert_user_error(result, "0 of its 4 planned checks")
+    assert not (out / "junit.xml").exists() and not (out / "summary.json").exists()
+
+
+def test_report_of_a_whole_run_copied_elsewhere_still_renders(tmp_path, records):
+    """The control case: every check there, no summary.json beside them (records copied alone)."""
+    result, out = command("report", tmp_path, list(records), records.experiment)
+    assert result.code == 0 and not result.errors, result.err
+    assert json.loads((out / "summary.json").read_text())["totals"]["checks"] == 4
+
+
+# -- pictures a record names: `parity report` draws them, never hangs or dies on them -----------------------
+
+def _view(path, size=None, preprocess=None, boxes=None):
+    from parity.report.pictures import model_view
+
+    return model_view({"path": str(path) if path else None, "size": size}, preprocess or {}, boxes or [[0, 0, 10, 10]])
+
+
+def test_a_picture_path_that_is_a_fifo_is_not_opened(tmp_path):
+    """Before, the report blocked forever on open(); a FIFO nobody writes to is never opened now."""
+    import os
+    import threading
+
+    fifo = tmp_path / "picture.png"
+    os.mkfifo(fifo)
+    found = {}
+    worker = threading.Thread(target=lambda: found.update(view=_view(fifo, [16, 16])), daemon=True)
+    worker.start()
+    worker.join(20)
+    assert not worker.is_alive(), "model_view blocked on a FIFO"
+    picture, note = found["view"]
+    assert picture.shape == (16, 16, 3) and "FIFO" in note
+
+
+def test_a_decompression_bomb_picture_is_not_decoded(tmp_path):
+    """A PNG whose header says 100000 x 100000 pixels (a few hundred bytes on disk): Pillow's
+    DecompressionBombError was a traceback, exit 3."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    bomb = tmp_path / "bomb.png"
+    bomb.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+    picture, note = _view(bomb, [16, 16])
+    assert picture.shape == (16, 16, 3) and "DecompressionBombError" in note
+
+
+@pytest.mark.parametrize("size, boxes, preprocess", [
+    ([10**9, 10**9], None, None),
+    (None, [[0, 0, 1e12, 1e12]], None),
+    (None, [[0, 0, float("inf"), 5]], None),
+    ([16, 16], None, {"resize": [10**9]}),
+], ids=["size", "boxes", "infinite box", "preprocess"])
+def test_huge_sizes_in_a_record_make_no_huge_canvas(tmp_path, size, boxes, preprocess):
+    from PIL import Image
+
+    from parity.report.pictures import MAX_SIDE
+
+    real = tmp_path / "real.png"
+    Image.new("RGB", (20, 10)).save(real)
+    for path in (None, real):
+        picture, _ = _view(path, size, preprocess, boxes)
+        assert max(picture.shape[:2]) <= MAX_SIDE, picture.shape

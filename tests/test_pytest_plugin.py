@@ -116,12 +116,16 @@ def test_the_marker_runs_each_target_and_skips_those_that_cannot_run_here(isolat
      "has @pytest.mark.parity but does not take the `parity` fixture"),
     ('@pytest.mark.parity(targets="compile")\ndef test_x(parity):\n    pass', "needs targets=[...], a list"),
     ('@pytest.mark.parity(targets=["compile"], atl=1)\ndef test_x(parity):\n    pass', "unknown setting(s) atl"),
+    ('@pytest.mark.parity(targets=[1, None])\ndef test_x(parity):\n    pass',
+     "target 1: a target is an id such as 'compile' or a backend entry (a mapping), not a int"),
+    ('@pytest.mark.parity(targets=[{"backend": "eager", "dtype": 5}])\ndef test_x(parity):\n    pass', "dtype"),
 ])
 def test_a_wrong_marker_is_a_clear_error(isolated, marked, message):
     isolated.makepyfile(test_wrong="import pytest\n\n\n" + marked + "\n")
     result = isolated.runpytest("-p", "parity.pytest_plugin")
     assert result.ret != 0
     assert message in result.stdout.str() + result.stderr.str()
+    assert "ValidationError" not in result.stdout.str() + result.stderr.str()  # a UsageError, not a traceback
 
 
 def test_the_plugin_costs_nothing_where_it_is_not_used(isolated):
@@ -195,3 +199,40 @@ def test_a_failing_check_shows_the_test_and_the_numbers_not_paritys_source(isola
     printed = result.stdout.str()
     assert "parity.check(torch.nn.Linear(4, 2), X)" in printed and "Mismatched elements" in printed
     assert "pytest_plugin.py" not in printed and "api.py" not in printed and "def assert_backends_agree" not in printed
+
+
+SESSION_TESTS = '''
+import importlib.util
+import os
+
+import pytest
+
+SWITCHES = ("ORT_DISABLE_TELEMETRY", "ORT_TELEMETRY_DISABLED")
+
+
+def test_a_test_without_parity_keeps_its_environment():
+    assert not any(name in os.environ for name in SWITCHES)
+
+
+def test_a_test_with_parity_runs_contained(parity):
+    assert all(os.environ[name] == "1" for name in SWITCHES)
+    with pytest.raises(ImportError):
+        import openvino_telemetry  # noqa: F401
+
+
+def test_after_it_the_environment_is_the_users_again():
+    assert not any(name in os.environ for name in SWITCHES)
+    if importlib.util.find_spec("openvino_telemetry") is not None:
+        import openvino_telemetry  # noqa: F401  # the user's own import works
+'''
+
+
+def test_the_plugin_leaves_the_environment_of_other_tests_alone(isolated, monkeypatch):
+    """Before: `import parity` (the plugin, in every session) set ORT_DISABLE_TELEMETRY=1 for every test and
+    made a user's own `import openvino_telemetry` fail, in tests that never use parity."""
+    for name in ("ORT_DISABLE_TELEMETRY", "ORT_TELEMETRY_DISABLED"):
+        monkeypatch.delenv(name, raising=False)  # this session's own tests run contained
+    isolated.makepyfile(test_session=SESSION_TESTS)
+    isolated.syspathinsert(ROOT / "src")
+    result = isolated.runpytest_subprocess("-p", "parity.pytest_plugin", "-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=3)

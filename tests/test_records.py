@@ -21,7 +21,7 @@ from parity.runner.runner import libraries
 from tests.conftest import ROOT, tiny_experiment
 
 RUN = {"experiment": "x", "digest": "d", "base_dir": ".", "environment": {},
-       "config": {"tolerances": {"atol": [1e-5], "rtol": 0.0}}}
+       "config": {"tolerances": {"atol": [1e-5], "rtol": 0.0}, "models": [], "inputs": [], "targets": []}}
 
 
 def check(target="t", tier=1, model="m", inputs="i", **fields) -> dict:
@@ -85,7 +85,7 @@ def test_the_writer_refuses_a_field_the_models_do_not_declare(tmp_path, record, 
 def test_the_experiment_dump_in_a_run_record_is_not_the_records_schema(tmp_path):
     """`config` is the experiment's (config/schema.py): its own fields are not undeclared record fields."""
     with RecordWriter(tmp_path / "records.jsonl") as writer:
-        assert writer.write("run", **{**RUN, "config": {"tolerances": {"atol": [1e-5], "rtol": 0.0, "gate": "auto"},
+        assert writer.write("run", **{**RUN, "config": {"tolerances": {"atol": [1e-5], "rtol": 0.0, "gate": "auto"}, "models": [], "inputs": [], "targets": [],
                                                         "repeats": 3}})
 
 
@@ -99,7 +99,7 @@ def test_the_experiment_dump_in_a_run_record_is_not_the_records_schema(tmp_path)
                                                         "got a string"),
     (check(tier=3, metrics=[]), "a 'check' record: metrics: expected a mapping, got a list"),
     ({k: v for k, v in check().items() if k != "verdicts"}, "a 'check' record: verdicts: missing"),
-    ({"kind": "run", **RUN, "config": {"tolerances": {"atol": [None], "rtol": 0.0}}},
+    ({"kind": "run", **RUN, "config": {"tolerances": {"atol": [None], "rtol": 0.0}, "models": [], "inputs": [], "targets": []}},
      "a 'run' record: config.tolerances.atol[0]: expected a number, got null"),
     ({"kind": "layers", "model": "m", "inputs": "i", "target": "t", "error": None}, "a 'layers' record: verdict: missing"),
     ({"kind": "verdict"}, "unknown kind of record 'verdict' (parity writes run, resume, model, execution, check, "

@@ -288,7 +288,7 @@ def quickstart_records(models=("resnet18", "mobilenet_v3_small")) -> list[dict]:
     tolerance (so the title is the longest the table prints)."""
     env = {"python": "3.12", "cpu": {"machine": "x86_64"}, "threads": 2, "cuda": None, "libraries": ["torch"], "torch": "2"}
     run = {"kind": "run", "experiment": "quickstart", "digest": "d", "base_dir": ".", "environment": env,
-           "config": {"tolerances": {"atol": [1e-6, 1e-5, 1e-4, 1e-3], "rtol": 1e-5}}}
+           "config": {"tolerances": {"atol": [1e-6, 1e-5, 1e-4, 1e-3], "rtol": 1e-5}, "models": [], "inputs": [], "targets": []}}
     targets = {"compile-cpu": (1e-4, 1e-5, "experiment"), "onnxruntime-cpu": (1e-4, 1e-5, "experiment"),
                "torchscript-cpu": (1e-4, 1e-5, "experiment"),
                "eager-cpu-bfloat16": (1e-5, 1.6e-2, "default-for-bfloat16")}

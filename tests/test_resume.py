@@ -27,7 +27,7 @@ from tests.conftest import ROOT, tiny_experiment
 LOGGED = "tests.fixtures.tiny:LoggedEager"
 # The fields a `run` record must hold to be read back (records/models.py), for tests that write records by hand.
 RUN = {"experiment": "x", "digest": "d", "base_dir": ".", "environment": {},
-       "config": {"tolerances": {"atol": [1e-5], "rtol": 0.0}}}
+       "config": {"tolerances": {"atol": [1e-5], "rtol": 0.0}, "models": [], "inputs": [], "targets": []}}
 
 
 def logged_experiment(log: Path, sleep_s: float = 0.0) -> dict:

@@ -4,9 +4,9 @@ The Python API loads on first use (PEP 562): `import parity.errors`, `parity --h
 which pytest loads in every run once parity is installed, do not import torch (seconds, hundreds of MB).
 """
 
-from parity.offline import contain
+from parity.offline import _AT_IMPORT, contain
 
-contain()  # before any backend can load: no telemetry, nothing sent (parity/offline.py); imports no torch
+_AT_IMPORT.append(contain())  # before any backend can load: no telemetry, nothing sent (parity/offline.py); no torch
 
 from parity.errors import ParityError  # noqa: E402
 

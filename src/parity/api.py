@@ -13,6 +13,7 @@ import torch
 
 from parity.config import experiment_from_dict, load_experiment
 from parity.config.schema import BackendSpec, Experiment
+from parity.errors import ParityError, clip
 from parity.inputs import Inputs
 from parity.records.summary import RunResult
 
@@ -93,13 +94,23 @@ def _as_inputs(inputs: Any) -> Inputs:
 def target_spec(target: str | dict | BackendSpec) -> BackendSpec:
     """A target id as the tables print it (`eager-cpu-bfloat16`, `compile`, `eager:bfloat16`: the grammar
     of `parity.config.targets`), a backend entry as in an experiment file, or a BackendSpec."""
+    from pydantic import ValidationError
+
     if isinstance(target, BackendSpec):
         return target
-    if isinstance(target, str):
-        from parity.config.targets import parse_target
+    if not isinstance(target, str | dict):
+        raise ParityError(f"target {clip(repr(target))}: a target is an id such as 'compile' or a backend entry (a "
+                          f"mapping), not a {type(target).__name__}")
+    try:
+        if isinstance(target, str):
+            from parity.config.targets import parse_target
 
-        return BackendSpec.model_validate(parse_target(target))
-    return BackendSpec.model_validate(target)
+            return BackendSpec.model_validate(parse_target(target))
+        return BackendSpec.model_validate(target)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(map(str, error["loc"])) or "target"
+        raise ParityError(f"target {clip(repr(target))}: {where}: {error['msg']}") from exc
 
 
 @dataclass
@@ -217,7 +228,6 @@ def _specs(reference, targets) -> tuple[BackendSpec, list[BackendSpec]]:
     loudly, all at once, before anything runs."""
     from parity.config.checks import backend_problems
     from parity.config.yaml_io import format_path
-    from parity.errors import ParityError
 
     problems, specs = [], []
     for path, target in [(("reference",), reference), *((("targets", i), t) for i, t in enumerate(targets))]:

@@ -13,9 +13,12 @@ import argparse
 import atexit
 import contextlib
 import errno
+import io
 import logging
 import os
 import shlex
+import signal
+import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -39,7 +42,8 @@ def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
     the reports, return the exit code."""
     from parity.api import default_out_dir
     from parity.config import load_experiment
-    from parity.outdir import prepare, user_path
+    from parity.files import user_path
+    from parity.outdir import prepare
     from parity.report import write_reports
     from parity.report.console import render
     from parity.runner.runner import Runner
@@ -164,7 +168,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     """Render summary.json, report.md, report.html and junit.xml again from a run's records.jsonl alone, and
     print the table the run printed."""
-    from parity.outdir import prepare, user_path
+    from parity.files import user_path
+    from parity.outdir import prepare
     from parity.records.summary import summarize, write_summary
     from parity.records.view import RunView
     from parity.report import write_reports
@@ -172,6 +177,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     out_dir = user_path(args.run_dir, "RUN_DIR")
     view = RunView.read(out_dir)
+    missing = view.unfinished()
+    if missing:  # no summary.json (the mark of a finished run, which a continued run reads), no junit that passes
+        file = shlex.quote(view.run["file"]) if isinstance(view.run.get("file"), str) else "EXPERIMENT"
+        raise ParityError(f"RUN_DIR {out_dir}: the run ended early: {missing}; no report is written, so that none reads "
+                          f"as a pass. Continue it (parity run {file} --out {shlex.quote(str(out_dir))}), then report")
     prepare(out_dir, "RUN_DIR")  # where the reports go: no link, no folder in a report's place
     summary = summarize(view)
     write_summary(summary, out_dir / "summary.json")
@@ -281,7 +291,7 @@ def _refuse_existing_records(out: str | None) -> None:
 
 
 def user_path_of(out: str) -> Path:
-    from parity.outdir import user_path
+    from parity.files import user_path
 
     return user_path(out, "--out")
 
@@ -334,7 +344,7 @@ def cmd_fallback(args: argparse.Namespace) -> int:
 
 def cmd_reduce(args: argparse.Namespace) -> int:
     """Cut a failing check down to its culprit module: a folder with a standalone repro script."""
-    from parity.outdir import user_path
+    from parity.files import user_path
     from parity.reduce import reduce_check
 
     trusted = [user_path(folder, "--trust-code") for folder in args.trust_code or []]
@@ -378,7 +388,7 @@ def cmd_completion(args: argparse.Namespace) -> int:
 def cmd_cache(args: argparse.Namespace) -> int:
     """Say where the artifact cache is and what it holds (info), or empty it (clear)."""
     from parity.execute import cache
-    from parity.outdir import user_path
+    from parity.files import user_path
 
     root = user_path(args.location, "--cache-dir") if args.location else cache.default_root()
     if root is None:
@@ -592,18 +602,23 @@ def _artifact_cache(args: argparse.Namespace):
     """The artifact cache this command's Runner keeps exports in, checked before anything runs: a cache that
     cannot be written is the user's to fix (exit 2), never an export failure charged to a target."""
     from parity.execute.cache import ArtifactCache, check_location, default_root
-    from parity.outdir import prepare, user_path
+    from parity.files import user_path
+    from parity.offline import STATE_ENV
+    from parity.outdir import prepare
 
-    if getattr(args, "no_cache", False) or not hasattr(args, "cache_dir"):
+    if not hasattr(args, "cache_dir"):
+        return ArtifactCache(None)
+    inductor, state = os.environ.get("TORCHINDUCTOR_CACHE_DIR"), os.environ.get(STATE_ENV)
+    if inductor and not (state and Path(inductor).is_relative_to(state)):  # the user's (not parity's own, set by
+        # an earlier command in this process): torch.compile fails in it later, charged to the target, unless said now
+        prepare(user_path(inductor, "$TORCHINDUCTOR_CACHE_DIR"), "$TORCHINDUCTOR_CACHE_DIR (torch.compile's cache)",
+                files=())
+    if getattr(args, "no_cache", False):
         return ArtifactCache(None)
     if args.cache_dir:
         root, what = user_path(args.cache_dir, "--cache-dir"), "--cache-dir"
     else:
-        try:
-            root, what = default_root(), "the artifact cache ($PARITY_CACHE_DIR, else ~/.cache/parity)"
-        except RuntimeError as exc:  # PARITY_CACHE_DIR=~nosuchuser/x
-            raise ParityError(f"$PARITY_CACHE_DIR {os.environ.get('PARITY_CACHE_DIR')}: {exc}; set it to a folder, "
-                              "or pass --no-cache") from exc
+        root, what = default_root(), "the artifact cache ($PARITY_CACHE_DIR, else ~/.cache/parity)"
     if root is not None:
         check_location(root)
         prepare(root, what, files=())
@@ -620,7 +635,7 @@ def _contain_library_state(args: argparse.Namespace) -> None:
         return
     try:
         keep_state_in(default_root())
-    except RuntimeError:  # PARITY_CACHE_DIR=~nosuchuser/x, and this command has no cache to complain about
+    except ParityError:  # PARITY_CACHE_DIR=~nosuchuser/x, and this command has no cache to complain about
         keep_state_in(None)
 
 
@@ -725,11 +740,61 @@ def _stderr_handler() -> logging.Handler:
     return handler
 
 
+class _Stdout(io.TextIOBase):
+    """sys.stdout for the time of a command: when it is closed (`>&-`) or a pipe whose reader ended, what parity
+    prints there is dropped with one warning, and the exit code stays the verdict's. Without it, rich turned the
+    broken pipe into SystemExit(1), which read as the model calling sys.exit(1) after a passing run."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._lost = stream is None or getattr(stream, "closed", False)
+        if self._lost:
+            self._warn()
+
+    def _warn(self) -> None:
+        self._lost = True
+        logging.getLogger("parity").warning("stdout is closed (a pipe whose reader ended?): what parity prints there is "
+                                            "lost; the records and reports are written as usual")
+
+    def _guarded(self, action, default):
+        if self._lost:
+            return default
+        try:
+            return action()
+        except (BrokenPipeError, ValueError):  # a pipe whose reader ended; a closed file
+            self._warn()
+            return default
+
+    def write(self, text: str) -> int:
+        return self._guarded(lambda: self._stream.write(text), len(text))
+
+    def flush(self) -> None:
+        self._guarded(lambda: self._stream.flush(), None)
+
+    def isatty(self) -> bool:
+        return self._guarded(lambda: self._stream.isatty(), False)
+
+    def close(self) -> None:
+        """Not ours to close (nor to flush when this wrapper is collected: the stream may be gone by then)."""
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self._stream, "encoding", None) or "utf-8"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     show_logs(getattr(args, "verbose", False))
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))  # `entry: mymodels:build` next to you imports, as with python -m
+    stdout, sys.stdout = sys.stdout, _Stdout(sys.stdout)
+    try:
+        return _command(args)
+    finally:
+        sys.stdout = stdout
+
+
+def _command(args: argparse.Namespace) -> int:
     try:
         args.artifact_cache = _artifact_cache(args)
         _contain_library_state(args)
@@ -763,17 +828,60 @@ def _internal_error() -> int:
     return EXIT_BUG
 
 
+VERDICT_FD = "PARITY_VERDICT_FD"  # set by the `parity` command's first process for the one that runs the command
+
+
 def run_and_exit() -> None:
-    """The `parity` command: main(), then exit without tearing the interpreter down. Every file parity
-    writes is closed by then; tearing down torch's and torchvision's modules would add over a second
+    """The `parity` command, in two processes. The first starts the second (`python -m parity.cli ARGS`) and
+    waits: the second runs main() and, before it exits, writes its exit code to a pipe the first holds. Model
+    code that ends the second process at once (os._exit(0) under the local executor: nothing in that process
+    can stop it) leaves the pipe empty, and the first process says so and exits 1, never 0 without a verdict.
+    The cost is one Python start (docs/benchmarks.md)."""
+    if VERDICT_FD in os.environ:
+        from parity.offline import die_with_parent
+
+        fd, parent = map(int, os.environ.pop(VERDICT_FD).split(":"))  # not inherited by workers or the model's processes
+        die_with_parent(parent)  # killed with the first process (a CI step's time-out kills that one)
+        _run_command(fd)
+    read, write = os.pipe()
+    child = subprocess.Popen([sys.executable, "-m", "parity.cli", *sys.argv[1:]], pass_fds=(write,),
+                             env={**os.environ, VERDICT_FD: f"{write}:{os.getpid()}"})
+    os.close(write)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the command's process too: it says "interrupted"
+    for forwarded in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(forwarded, lambda signum, frame: child.send_signal(signum))
+    returncode = child.wait()
+    with os.fdopen(read, "rb") as pipe:
+        said = pipe.read().strip()
+    if said:
+        os._exit(int(said))
+    if returncode == 0:
+        print("error: the command's process ended with exit 0 before parity gave its verdict: model code ended it "
+              "(os._exit?); no verdict is given (exit 1). --executor process runs model code in a worker process, "
+              "which cannot end the run", file=sys.stderr)
+        os._exit(EXIT_FAILED)
+    os._exit(returncode if returncode > 0 else 128 - returncode)  # killed by a signal: as a shell says it
+
+
+def _run_command(verdict_fd: int) -> None:
+    """main(), its exit code said on `verdict_fd`, then exit without tearing the interpreter down. Every file
+    parity writes is closed by then; tearing down torch's and torchvision's modules would add over a second
     and, for that moment, about 100 MB to the peak memory of every command (measured on this project's
     machine: `import torch, torchvision` then a normal exit peaks at 816 MB, against 688 MB)."""
-    code = main()
+    try:
+        code = main()
+    except SystemExit as exc:  # argparse: --help, --version (0), a command line it refuses (2)
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+        code = exc.code if isinstance(exc.code, int) else EXIT_OK if exc.code is None else EXIT_FAILED
+    with contextlib.suppress(OSError):
+        os.write(verdict_fd, f"{code}\n".encode())
     try:
         atexit._run_exitfuncs()  # what libraries registered at exit (logging's flush, worker pools) still runs
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(AttributeError, OSError, ValueError):  # closed, or None (`>&-`)
+                stream.flush()
         os._exit(code)
 
 

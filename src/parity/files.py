@@ -12,8 +12,24 @@ import os
 import stat
 from pathlib import Path
 
+from parity.errors import ParityError
+
 _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def user_path(text: str | Path, what: str) -> Path:
+    """A path the user gave (a file, a setting, the command line), with `~` and `~user` expanded as a shell
+    would (a quoted `~/out` too). What no system call can take is the user's to fix, said here once for every
+    path: a NUL byte, a `~user` with no such user."""
+    if "\0" in str(text):
+        raise ParityError(f"{what} {str(text)!r}: a path cannot hold a NUL byte")
+    try:
+        return Path(text).expanduser()
+    except RuntimeError as exc:  # ~nosuchuser, or ~ with no home folder known
+        user = str(text)[1:].split("/", 1)[0]
+        who = f"there is no user '{user}' whose home folder '~{user}' could mean" if user else "no home folder is known"
+        raise ParityError(f"{what} {text}: {who}") from exc
 
 
 def kind_of(mode: int) -> str:

@@ -17,7 +17,9 @@ looks up `www.google-analytics.com`; matplotlib (the reports' charts) writes its
   cache off a temporary folder removed when the process ends. A folder the user set is kept.
 
 `contain()` runs when `parity` is imported, before any backend can load; `keep_state_in(root)` once the
-command knows where its cache is. Worker processes import parity too and inherit the environment.
+command knows where its cache is. Worker processes import parity too and inherit the environment. The pytest
+plugin, which pytest imports in every session once parity is installed, undoes it at once (`release()`) and
+contains only the tests that use parity (`contained()`): a user's other tests keep their environment.
 """
 
 from __future__ import annotations
@@ -27,33 +29,104 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+
+from parity.errors import ParityError
 
 TELEMETRY_OFF = {"ORT_DISABLE_TELEMETRY": "1", "ORT_TELEMETRY_DISABLED": "1"}
 BLOCKED_MODULES = ("openvino_telemetry",)
 
 
-def contain() -> None:
-    """Turn every known telemetry off for this process and the processes it starts."""
+def contain() -> Callable[[], None]:
+    """Turn every known telemetry off for this process and the processes it starts; returns what undoes it."""
+    before = {name: os.environ.get(name) for name in TELEMETRY_OFF}
     os.environ.update(TELEMETRY_OFF)
+    blocked = []
     for name in BLOCKED_MODULES:
-        if sys.modules.get(name, None) is None:  # already imported by the caller's own code: not ours to unload
+        if name not in sys.modules:  # already imported by the caller's own code (or blocked): not ours to unload
             sys.modules[name] = None  # type: ignore[assignment]  # `import name` now raises ImportError
+            blocked.append(name)
+
+    def undo() -> None:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        for name in blocked:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+
+    return undo
+
+
+_AT_IMPORT: list[Callable[[], None]] = []  # what undoes the contain() that `import parity` ran
+
+
+def release() -> None:
+    """Undo what `import parity` contained (the pytest plugin, loaded in every session): once."""
+    while _AT_IMPORT:
+        _AT_IMPORT.pop()()
+
+
+@contextlib.contextmanager
+def contained():
+    """Telemetry off for the time of a block, as it was after: the pytest plugin's tests that use parity."""
+    undo = contain()
+    try:
+        yield
+    finally:
+        undo()
+
+
+STATE_ENV = "PARITY_STATE_DIR"  # the state folder of the process that made it, for the processes it starts
+
+
+def state_folder() -> Path:
+    """This process's temporary folder, where everything parity keeps for the time of a command goes (matplotlib's
+    and torch.compile's state without a cache, the workers' and Ray's scratch folders, backends' exports): one
+    `parity-*` folder in TMPDIR, removed when the process that made it ends; the processes it starts (workers)
+    use the same one. A TMPDIR where no folder can be made is the user's to fix."""
+    inherited = os.environ.get(STATE_ENV)
+    if inherited and os.path.isdir(inherited):
+        return Path(inherited)
+    try:
+        folder = Path(tempfile.mkdtemp(prefix="parity-"))
+    except OSError as exc:  # no usable temporary folder: a read-only or missing TMPDIR (and /tmp)
+        raise ParityError(f"no temporary folder parity can write: {exc.strerror or exc}; set TMPDIR to a writable "
+                          "folder") from exc
+    atexit.register(shutil.rmtree, folder, True)
+    os.environ[STATE_ENV] = str(folder)
+    return folder
 
 
 def keep_state_in(cache_root: Path | None) -> None:
-    """Libraries' home-folder state (matplotlib's font cache) goes under the cache, or into a temporary
-    folder when there is none. Decided once per process: matplotlib reads it once, at import."""
-    if "MPLCONFIGDIR" in os.environ:
-        return
-    if cache_root is not None:
-        folder = cache_root / "matplotlib"
-    else:
-        folder = Path(tempfile.mkdtemp(prefix="parity-state-"))
-        atexit.register(shutil.rmtree, folder, True)
-    os.environ["MPLCONFIGDIR"] = str(folder)
+    """Libraries' state goes under the cache, or into the state folder when there is none: matplotlib's font
+    cache (else in the home folder), and torch.compile's (else `torchinductor_USER` left in TMPDIR, even by
+    `parity backends`; a command's artifact cache, opened first, has put it there already). Decided once per
+    process: each library reads it once. A folder the user set is kept."""
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(state_folder() / "inductor")
+    if "MPLCONFIGDIR" not in os.environ:
+        os.environ["MPLCONFIGDIR"] = str(cache_root / "matplotlib" if cache_root is not None else state_folder() / "matplotlib")
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """Linux: the kernel kills this process when its parent dies (a worker; the `parity` command's second
+    process), even when a backend hangs in C code. `parent`: the pid it must have (it may be 1, in a
+    container), else any but 1."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent if parent is not None else os.getppid() == 1:  # it died before that took effect
+        os._exit(1)
 
 
 @contextlib.contextmanager

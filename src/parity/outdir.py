@@ -40,15 +40,6 @@ def reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
 
-def user_path(text: str | Path, what: str) -> Path:
-    """A path the user gave, with `~` and `~user` expanded as a shell would (a quoted `~/out` too)."""
-    try:
-        return Path(text).expanduser()
-    except RuntimeError as exc:  # ~nosuchuser
-        user = str(text)[1:].split("/", 1)[0]
-        raise ParityError(f"{what} {text}: there is no user '{user}' whose home folder '~{user}' could mean") from exc
-
-
 def prepare(folder: Path, what: str = "--out", files: tuple[str, ...] = OUTPUT_FILES) -> None:
     """Make `folder` (and its parents) if needed and check that parity can write `files` in it; else a
     ParityError naming `what` (the option) and the path. Creates nothing but the folder."""

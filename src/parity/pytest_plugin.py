@@ -15,7 +15,9 @@ per backend); `--parity-require-available` (or the ini key `parity_require_avail
 that cannot run here fail with its reason instead of skipping.
 
 pytest loads this module in every run once parity is installed, so it imports nothing heavy itself:
-torch and parity's checking code load only when a test uses the marker or the fixture.
+torch and parity's checking code load only when a test uses the marker or the fixture. Nor does it change
+the session: what `import parity` switches off (telemetry, parity/offline.py) is switched back at once, and
+off again only for the time of each test that takes the `parity` fixture.
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ def _not_run(config: pytest.Config, reasons: list[str]) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from parity.offline import release
+
+    release()
     config.addinivalue_line(
         "markers", "parity(targets=[...], reference='eager', atol=None, rtol=None): run the test once per "
                    "target (BACKEND[-DEVICE][-DTYPE], e.g. eager-cpu-bfloat16); its `parity` fixture checks that "
@@ -94,7 +99,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     try:
         specs = [target_spec(t) for t in targets]
     except ParityError as exc:
-        raise pytest.UsageError(f"{metafunc.definition.nodeid}: @pytest.mark.parity: {exc.problems[0]}") from exc
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: @pytest.mark.parity: {exc.problems[0]}") from None
     metafunc.parametrize("parity", specs, ids=[s.id for s in specs], indirect=True)
 
 
@@ -175,9 +180,17 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> None:
 
 
 @pytest.fixture
-def parity(request: pytest.FixtureRequest) -> Parity:
+def parity(request: pytest.FixtureRequest):
     """Checks a model on the marker's target (see the module's docstring); skips the test up front when
-    that target cannot run on this machine (fails it, with --parity-require-available)."""
+    that target cannot run on this machine (fails it, with --parity-require-available). Telemetry is off for the
+    test's time (parity/offline.py)."""
+    from parity.offline import contained
+
+    with contained():
+        yield _parity(request)
+
+
+def _parity(request: pytest.FixtureRequest) -> Parity:
     marker = request.node.get_closest_marker("parity")
     settings = _settings(marker) if marker is not None else {}
     target = getattr(request, "param", None)

@@ -20,6 +20,7 @@ from typing import Any
 
 from parity.config.schema import plain_name
 from parity.errors import ParityError, did_you_mean
+from parity.files import user_path
 
 IMAGENET = {"resize": [256], "center_crop": [224], "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 PREPROCESS = {"imagenet": IMAGENET, "none": {}}
@@ -30,6 +31,7 @@ DEFAULT_PREPROCESS = {"classification": "imagenet", "segmentation": "imagenet", 
 MODEL_FILES = {".onnx": "onnx", ".pt2": "exported", ".ts": "torchscript", ".pt": "torchscript", ".pth": "torchscript"}
 HF = re.compile(r"^(hf|huggingface|transformers):", re.IGNORECASE)
 TOKENS = 16  # the length of the token ids an hf: model is checked on
+MAX_DIGITS = 18  # of a dimension or any integer of an experiment: beyond any size a tensor can have
 _SHAPE = re.compile(r"^[1-9][0-9]*(x[1-9][0-9]*)*$")
 
 
@@ -49,7 +51,7 @@ def model_entry(ref: str, entry: str | None = None, hubconf: str | None = None,
     """The `models:` entry that MODEL (and --entry, --hubconf, --weights) name."""
     from parity.models.sources.torchvision import torchvision_builders
 
-    folder = Path(ref).expanduser()
+    folder = user_path(ref, "MODEL")
     if (entry or hubconf) and not folder.is_dir():
         raise ParityError(f"--entry/--hubconf go with a repository folder as MODEL; '{ref}' is no folder here")
     spec: dict[str, Any]
@@ -93,7 +95,7 @@ def model_entry(ref: str, entry: str | None = None, hubconf: str | None = None,
         hint = f"; did you mean 'torchvision:{ref}'?" if ref in torchvision_builders() else ""
         raise ParityError(f"MODEL '{ref}' is not torchvision:NAME, module:callable nor a folder here{hint}")
     if weights is not None:
-        spec["weights"] = weights if weights == "DEFAULT" else str(Path(weights).expanduser().absolute())
+        spec["weights"] = weights if weights == "DEFAULT" else str(user_path(weights, "--weights").absolute())
     return spec
 
 
@@ -104,7 +106,11 @@ def _tensor(text: str) -> dict[str, Any]:
     if not _SHAPE.match(shape):
         raise ParityError(f"--input '{text}': expected a shape like 1x3x224x224, SHAPE:DTYPE (1x128:int64:30522 for "
                           "integers in [0, 30522)), NAME=SHAPE for a keyword input, or a saved tensors FILE")
-    spec: dict[str, Any] = {"shape": [int(d) for d in shape.split("x")]}
+    dims = shape.split("x")
+    longest = max(len(d) for d in dims)
+    if longest > MAX_DIGITS:  # Python refuses to read an integer of over 4300 digits; no size has 19
+        raise ParityError(f"--input '{text}': a dimension of {longest} digits; no tensor is that large")
+    spec: dict[str, Any] = {"shape": [int(d) for d in dims]}
     if dtype:
         spec["dtype"] = dtype
     if dtype in ("int64", "int32"):
@@ -186,7 +192,7 @@ def input_entry(model: dict[str, Any], shapes: list[str], images: list[str], pre
         settings["resize"] = [resize]
     if crop is not None:
         settings["center_crop"] = [crop]
-    refs = [ref if ref.startswith("sample:") else str(Path(ref).expanduser().absolute()) for ref in images]
+    refs = [ref if ref.startswith("sample:") else str(user_path(ref, "--images").absolute()) for ref in images]
     return {"name": "images", "images": refs, "preprocess": settings}
 
 

@@ -158,6 +158,15 @@ def code_problem(run: dict[str, Any], run_dir: Path, exp, model_spec, trusted: l
             f"and the experiment's own folder; reduce would import it: pass --trust-code {code} if it is yours")
 
 
+def _named(items, name_of, name: str, what: str, run_dir: Path):
+    """The item of the run record's experiment that a check names; records edited by hand may name one it lacks."""
+    found = next((item for item in items if name_of(item) == name), None)
+    if found is None:
+        raise ParityError(f"{run_dir / 'records.jsonl'}: the check names {what} '{name}', which the run record's "
+                          f"experiment does not have (records edited by hand?)")
+    return found
+
+
 def reduce_check(run_dir: Path, which: str, out: Path | None, trusted: list[Path] | None = None) -> Path:
     """Write the repro folder of check `which` (MODEL/INPUTS/TARGET) of the run in `run_dir`; return it. The
     model's code must lie in `run_dir`, the experiment's folder or one of `trusted` (`code_problem`)."""
@@ -177,12 +186,12 @@ def reduce_check(run_dir: Path, which: str, out: Path | None, trusted: list[Path
                               "through a link to elsewhere: remove it, or give --out")
     _refuse_nonempty(out)
     exp = experiment_of(found.run, run_dir)
-    model_spec = next(m for m in exp.models if m.name == found.model)
+    model_spec = _named(exp.models, lambda m: m.name, found.model, "model", run_dir)
     problem = code_problem(found.run, run_dir, exp, model_spec, trusted or [])
     if problem:
         raise ParityError(problem)
-    input_spec = next(s for s in exp.inputs_for(model_spec) if s.name == found.inputs)
-    target = next(t for t in exp.targets if t.id == found.target)
+    input_spec = _named(exp.inputs_for(model_spec), lambda s: s.name, found.inputs, "input set", run_dir)
+    target = _named(exp.targets, lambda t: t.id, found.target, "target", run_dir)
     if target.quantize is not None:
         raise ParityError(f"the target {target.id} is int8 (quantize: {target.quantize.scheme}): its culprit module "
                           "alone would be quantized with another calibration than the whole model's, so a script "

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from parity.config.schema import MAX_THREADS  # the bound of every backend's `threads` option
 from parity.inputs import Inputs
 from parity.models.sources import MODEL_KINDS
+from parity.offline import state_folder
 from parity.outputs import map_tensors
 
 
@@ -196,7 +197,7 @@ class Backend(ABC):
             self.cache_hit = hit if self.cache_hit is None else self.cache_hit and hit
         else:
             if getattr(self, "_scratch", None) is None:
-                self._scratch = tempfile.TemporaryDirectory(prefix=f"parity-{self.name}-")
+                self._scratch = tempfile.TemporaryDirectory(prefix=f"{self.name}-", dir=state_folder())
             folder = Path(self._scratch.name) / kind
             folder.mkdir()
             build(folder)

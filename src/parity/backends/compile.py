@@ -7,6 +7,7 @@ the same class would count against dynamo's recompile limit and might silently f
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -38,6 +39,18 @@ def dynamo_backend_problem(name: str) -> str | None:
         return None
     return f"unknown torch.compile backend '{name}'{did_you_mean(name, known)} (see torch._dynamo.list_backends())"
 
+
+
+def _headers_beside_the_cache() -> None:
+    """torch precompiles C++ headers into TMPDIR/torchinductor_USER/precompiled_headers whatever
+    TORCHINDUCTOR_CACHE_DIR says (the folder is fixed when torch._inductor.codecache is imported), and leaves
+    them there: beside the rest of inductor's cache instead (the artifact cache's, or parity's state folder)."""
+    from torch._inductor import codecache
+
+    folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if folder and hasattr(codecache, "_HEADER_DIR") and hasattr(codecache, "_HEADER_LOCK_DIR"):
+        codecache._HEADER_DIR = os.path.join(folder, "precompiled_headers")
+        codecache._HEADER_LOCK_DIR = os.path.join(codecache._HEADER_DIR, "locks")
 
 class CompileOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -104,6 +117,7 @@ class CompileBackend(EagerBackend):
         self.model = self.quantized(model, example).to(self.device, self.dtype)
         o = self.options
         how = {"options": dict(o.inductor_config)} if o.inductor_config else {"mode": o.mode}
+        _headers_beside_the_cache()
         self.compiled = torch.compile(self.model, backend=o.backend, fullgraph=o.fullgraph, dynamic=o.dynamic, **how)
         with self.freezing():
             self.call(self.compiled, example)  # compile now, not in the first timed run

@@ -108,6 +108,15 @@ def _backends_for(kind: str, names: list[str]) -> list[str]:
     return out
 
 
+def _path_problem(exp: Experiment, value: str, what: str, check) -> str | None:
+    """`check`'s problem with the file `value` names, or why `value` names no file (files.user_path)."""
+    try:
+        path = exp.resolve(value, what)
+    except ParityError as exc:
+        return exc.problems[0]
+    return check(path)
+
+
 def _model(exp: Experiment, i: int) -> list[Problem]:
     from parity.plugins import SOURCES
 
@@ -117,7 +126,7 @@ def _model(exp: Experiment, i: int) -> list[Problem]:
     out: list[Problem] = [(path + key, msg) for key, msg in source.problems(model, exp)]
     out += _kind_problems(exp, source.kind, model.name)
     if model.weights not in (None, "DEFAULT"):
-        problem = _weights_problem(exp.resolve(model.weights))
+        problem = _path_problem(exp, model.weights, "weights", _weights_problem)
         if problem:
             out.append((path + ("weights",), problem))
     if model.weights == "DEFAULT" and not source.default_weights:
@@ -174,7 +183,7 @@ def _audio(exp: Experiment) -> list[Problem]:
     out = []
     for i, spec in enumerate(exp.inputs):
         for j, file in enumerate(spec.audio or []):
-            problem = audio_problem(exp.resolve(file), spec.sample_rate)
+            problem = _path_problem(exp, file, "audio file", lambda p, rate=spec.sample_rate: audio_problem(p, rate))
             if problem:
                 out.append((("inputs", i, "audio", j), problem))
     return out
@@ -192,7 +201,7 @@ def _tokenizers(exp: Experiment) -> list[Problem]:
 
     out = []
     for i, spec in enumerate(exp.inputs):
-        problem = tokenizer_problem(exp.resolve(spec.tokenizer)) if spec.tokenizer is not None else None
+        problem = _path_problem(exp, spec.tokenizer, "tokenizer", tokenizer_problem) if spec.tokenizer is not None else None
         if problem:
             out.append((("inputs", i, "tokenizer"), problem))
     return out

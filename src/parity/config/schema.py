@@ -40,6 +40,7 @@ from pydantic_core import PydanticCustomError
 from parity.config.tolerances import FLOAT_RTOL, Tolerance, default_gate
 from parity.config.tolerances import resolve as resolve_tolerance
 from parity.errors import ParityError, did_you_mean
+from parity.files import user_path
 from parity.plugins import ADAPTERS, EXECUTORS, SOURCES, TASKS
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
@@ -702,8 +703,8 @@ class Experiment(Strict):
         """Relative paths in the file are resolved against the file's folder."""
         return self._base_dir
 
-    def resolve(self, path: str) -> Path:
-        p = Path(path).expanduser()
+    def resolve(self, path: str, what: str = "path") -> Path:
+        p = user_path(path, what)
         return p if p.is_absolute() else self._base_dir / p
 
     def adapters_for(self, model: ModelSpec) -> list[Adapter]:

@@ -24,6 +24,7 @@ KeyPath = tuple[str | int, ...]
 MAX_FILE_BYTES = 1 << 20  # an experiment file is a page or two; this is far beyond any real one
 MAX_VALUES = 100_000  # values in the document once every alias is expanded
 MAX_DEPTH = 64  # levels of nesting
+MAX_INT_DIGITS = 100  # of an integer: far beyond any seed, size or count
 _MERGE = "tag:yaml.org,2002:merge"
 
 
@@ -43,6 +44,17 @@ class _Loader(yaml.SafeLoader):
                     None, None, f"key '{key}' appears twice in one mapping (first on line {seen[key]})", key_node.start_mark)
             seen[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node):
+        """An integer longer than any size or count: refused by its line, before Python's int(), which raises on
+        over 4300 digits and takes quadratic time below that."""
+        digits = sum(c.isdigit() for c in node.value)
+        if digits > MAX_INT_DIGITS:
+            raise yaml.constructor.ConstructorError(None, None, f"an integer of {digits} digits", node.start_mark)
+        return super().construct_yaml_int(node)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 
 
 _Loader.add_implicit_resolver(

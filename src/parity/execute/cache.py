@@ -50,6 +50,7 @@ import torch
 
 from parity import fingerprint
 from parity.errors import ParityError
+from parity.files import user_path
 from parity.inputs import Inputs
 from parity.outdir import write_text
 
@@ -77,8 +78,8 @@ _active: contextvars.ContextVar[ModelArtifacts | None] = contextvars.ContextVar(
 def default_root() -> Path | None:
     value = os.environ.get("PARITY_CACHE_DIR")
     if value is not None:
-        return None if value.strip().lower() in OFF else Path(value).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "parity"
+        return None if value.strip().lower() in OFF else user_path(value, "$PARITY_CACHE_DIR")
+    return user_path(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "the artifact cache's folder ($XDG_CACHE_HOME, else ~/.cache)") / "parity"
 
 
 def kernel_tag() -> str:

@@ -6,12 +6,14 @@ Integer PCM only (8-bit unsigned, 16, 24 and 32-bit signed), each scaled by its 
 float or compressed WAV, which Python's `wave` does not read) is refused with the file, since read as
 integers it would be noise. Channels are averaged to mono. Each clip is cut to `samples` from its start or
 padded with silence at its end; without `samples`, to the shortest clip's length, so that none is padded.
-A clip and every input set hold at most `MAX_ELEMENTS` samples, checked from the headers. A clip whose
+A clip and every input set hold at most `MAX_ELEMENTS` samples, checked from the headers; a header that
+promises more samples than the file's size can hold is refused at validate. A clip whose
 samples are all the same is warned about, as a constant image is: every backend agrees on it.
 """
 
 from __future__ import annotations
 
+import os
 import wave
 from pathlib import Path
 
@@ -47,6 +49,12 @@ def _header(path: Path, sample_rate: int) -> wave.Wave_read:
         clip.close()
         raise ParityError(f"audio file {path}: {clip.getnframes()} frames of {clip.getnchannels()} channels, more "
                           f"than parity reads ({MAX_ELEMENTS} samples)")
+    promised = clip.getnframes() * clip.getsampwidth() * clip.getnchannels()
+    size = os.stat(path).st_size
+    if size < promised:  # checked at validate from the file's size; a file cut by less than its header, at the read
+        clip.close()
+        raise ParityError(f"audio file {path}: its header promises {clip.getnframes()} frames ({promised} bytes of "
+                          f"samples), and the whole file holds {size} bytes")
     return clip
 
 

@@ -36,7 +36,7 @@ import torch
 
 from parity.config.schema import MAX_ELEMENTS
 from parity.errors import ParityError, did_you_mean
-from parity.files import file_problem, is_regular
+from parity.files import file_problem, is_regular, user_path
 
 SAMPLE_PREFIX = "sample:"
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
@@ -127,7 +127,7 @@ def resolve_images(ref: str, base_dir: Path) -> list[Path]:
         if name not in samples():
             raise ParityError(f"unknown sample image '{name}'{did_you_mean(name, samples())} (bundled: {', '.join(samples())})")
         return [samples()[name]]
-    path = Path(ref).expanduser()
+    path = user_path(ref, "image")
     path = path if path.is_absolute() else base_dir / path
     if _is_glob(ref):
         found = _glob(ref, path)

@@ -7,14 +7,27 @@ from __future__ import annotations
 from pathlib import Path
 
 from parity.errors import ParityError
+from parity.files import file_problem
 from parity.inputs import Inputs
 from parity.offline import quiet_library_imports
 
+MAX_ENTRIES = 1000  # a save_pretrained folder holds a handful of files
+
 
 def load_tokenizer(folder: Path):
-    """The tokenizer saved in `folder` (`save_pretrained`); a folder it cannot read is one line."""
+    """The tokenizer saved in `folder` (`save_pretrained`); a folder it cannot read is one line. Every file in
+    it must be a regular file (or a link to one): transformers opens the ones it looks for, and opening a FIFO
+    blocks until someone writes to it."""
     if not folder.is_dir():
         raise ParityError(f"tokenizer folder not found: {folder} (a local save_pretrained folder; nothing is downloaded)")
+    try:
+        entries = sorted(folder.iterdir())[:MAX_ENTRIES]
+    except OSError as exc:
+        raise ParityError(f"tokenizer folder {folder}: cannot be read ({exc.strerror or exc})") from exc
+    for entry in entries:
+        problem = None if entry.is_dir() else file_problem(entry, "tokenizer file")
+        if problem:
+            raise ParityError(problem)
     try:
         with quiet_library_imports():  # transformers imports torchao, when installed
             from transformers import AutoTokenizer
@@ -27,7 +40,8 @@ def load_tokenizer(folder: Path):
         raise ParityError(remote)
     try:
         return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-    except (OSError, ValueError, TypeError, KeyError) as exc:  # no tokenizer files, a class it does not know
+    except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:  # no tokenizer files, a class it does
+        # not know, a JSON file nested deeper than Python's parser recurses
         raise ParityError(f"no tokenizer transformers can read in {folder}: {str(exc).splitlines()[0]}") from exc
 
 

@@ -43,11 +43,22 @@ class Tolerances(Part):
     rtol: float = Field(description="The relative tolerance of every verdict.")
 
 
+class PlannedModel(Part):
+    """A model of the experiment (config/schema.py): what the plan reads of it."""
+
+    open: ClassVar[bool] = True
+    name: str = Field(description="The model's name.")
+    inputs: list[str] | None = Field(None, description="The input sets it runs on; null: every one.")
+
+
 class RunConfig(Part):
     """The resolved experiment, as config/schema.py's Experiment dumps it (its reference is config/schema.py)."""
 
     open: ClassVar[bool] = True
     tolerances: Tolerances = Field(description="The experiment's tolerances.")
+    models: list[PlannedModel] = Field(description="The models: with `inputs` and `targets`, the checks the run plans.")
+    inputs: list[dict[str, Any]] = Field(description="The input sets.")
+    targets: list[dict[str, Any]] = Field(description="The targets.")
 
 
 class Run(Record):

@@ -95,6 +95,20 @@ class RunView:
         """The targets of the tier-1 checks, in the order first judged."""
         return list(dict.fromkeys(c["target"] for c in self.checks(1)))
 
+    def planned_checks(self) -> int:
+        """How many tier-1 checks the experiment of the `run` record plans: every target on every (model, input
+        set) pair, as runner/plan.py pairs them."""
+        config = self.run["config"]
+        sets = len(config["inputs"])
+        return len(config["targets"]) * sum(sets if m.get("inputs") is None else len(m["inputs"]) for m in config["models"])
+
+    def unfinished(self) -> str | None:
+        """What a run that ended early (killed, stopped by an error, or model code that ended the process) lacks,
+        in words; None when every planned check has its verdict. A report of an unfinished run must never read
+        as a pass."""
+        planned, judged = self.planned_checks(), len({self.identity(c) for c in self.checks(1)})
+        return None if judged >= planned else f"{judged} of its {planned} planned checks have a verdict"
+
     def pairs(self) -> list[tuple[str, str]]:
         """The (model, input set) pairs of the tier-1 checks, in the order first judged."""
         return list(dict.fromkeys((c["model"], c["inputs"]) for c in self.checks(1)))

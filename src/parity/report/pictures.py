@@ -3,7 +3,9 @@
 The boxes come from the tier-3 check record (`pictures`); the image is read from the file the record
 names and brought to the model's view with the record's preprocessing geometry (resize, center crop,
 resize to a multiple; normalization does not move pixels). A file that is gone leaves a blank canvas of
-the recorded size, and the caption says so.
+the recorded size, and the caption says so. Records are data, maybe edited: a path that is not a regular file
+(a FIFO would block the report forever) is not opened, a picture Pillow calls a decompression bomb is not
+decoded, and no size a record gives makes a canvas over MAX_SIDE pixels a side.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+from parity.files import file_problem
 from parity.report.plots import data_uri
 
+MAX_SIDE = 4096  # pixels a side of a drawn picture, whatever a record says
 LABELLED = 5  # boxes per panel that get a "label score" tag: the highest scores
 
 
@@ -48,24 +52,42 @@ def model_view(image: dict[str, Any], preprocess: dict[str, Any], boxes: list[li
     import numpy as np
     from PIL import Image
 
-    size = image.get("size")
+    size = _size(image.get("size"))
     path = image.get("path")
     note = None
-    if path:
+    problem = file_problem(Path(path), "picture") if path else None
+    if path and not problem:
         try:
             with Image.open(path) as im:
-                picture = _geometry(im.convert("RGB"), preprocess)
+                picture = _geometry(im.convert("RGB"), preprocess if _bounded(preprocess) else {})
             if size and list(picture.size[::-1]) != list(size):
                 picture = picture.resize((size[1], size[0]))
             return np.asarray(picture), None
-        except OSError as exc:
+        except (OSError, ValueError, Image.DecompressionBombError) as exc:
             note = f"cannot read {path} ({type(exc).__name__}); boxes drawn on a blank canvas"
+    elif problem:
+        note = f"cannot read {path} ({problem}); boxes drawn on a blank canvas"
     else:
         note = "synthetic input: boxes drawn on a blank canvas"
     if not size:
-        extent = [b for b in boxes if b and all(v is not None for v in b)]
-        size = [int(max([b[3] for b in extent], default=64)) + 1, int(max([b[2] for b in extent], default=64)) + 1]
+        extent = [b for b in boxes if b and len(b) == 4 and all(isinstance(v, int | float) and math.isfinite(v) for v in b)]
+        size = [min(MAX_SIDE, max(1, int(max([b[3] for b in extent], default=64)) + 1)),
+                min(MAX_SIDE, max(1, int(max([b[2] for b in extent], default=64)) + 1))]
     return np.full((size[0], size[1], 3), 235, dtype=np.uint8), note
+
+
+def _bounded(preprocess: dict[str, Any]) -> bool:
+    """Whether every size of a record's preprocessing is one a picture can have (an edited record may say 10**12)."""
+    values = [v for key in ("resize", "center_crop") for v in (preprocess.get(key) or [])]
+    values += [preprocess["resize_multiple"]] if preprocess.get("resize_multiple") else []
+    return all(isinstance(v, int) and 0 < v <= MAX_SIDE for v in values)
+
+
+def _size(size: Any) -> list[int] | None:
+    """A record's (height, width), when it is one a picture can have; else None (the boxes size the canvas)."""
+    if isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) and 0 < v <= MAX_SIDE for v in size):
+        return size
+    return None
 
 
 def _draw(ax, picture, detections: dict[str, Any], colours, under: dict[str, Any] | None = None) -> None:

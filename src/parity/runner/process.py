@@ -31,6 +31,7 @@ from pathlib import Path
 from parity import taxonomy as tx
 from parity.errors import ParityError
 from parity.execute.execution import Execution
+from parity.offline import state_folder
 from parity.runner.base import Executor
 from parity.runner.remote import Digests, RemoteExecution, crash_report, describe_worker_error, ending
 from parity.runner.worker import package_file, receive, send
@@ -92,7 +93,7 @@ class ProcessExecutor(Executor):
 
     def start(self, exp, jobs, cache=None) -> None:
         super().start(exp, jobs, cache)
-        self._scratch = tempfile.TemporaryDirectory(prefix="parity-workers-")
+        self._scratch = tempfile.TemporaryDirectory(prefix="workers-", dir=state_folder())
         self._spawn()  # it imports torch while this process builds the first model
 
     def _spawn(self) -> None:

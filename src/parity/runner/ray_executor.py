@@ -19,12 +19,21 @@ machine (faulthandler's file). Tasks are never retried: a backend that crashes o
 
 A worker's records differ from the process executor's in one way: a task reports when it is done, so a
 worker that dies in its third repeat leaves one `crash` execution record rather than two `ok` ones first.
+
+Offline and contained, as every executor: a Ray started here listens on the loopback address only (no
+probe of 8.8.8.8 for the machine's address), sends no usage stats (whose cloud probe asked the metadata
+address 169.254.169.254 over HTTP), runs no dashboard, authenticates with a token kept in its
+environment (not `~/.ray/auth_token`), and keeps its session folder (sockets, logs, spilled objects) in
+this executor's scratch folder, removed at `close`: nothing in HOME, nothing left in TMPDIR. Joining a
+cluster (`address`) sends no usage stats either; that cluster's own settings are its owner's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import secrets
 import socket
 import sys
 import tempfile
@@ -37,6 +46,7 @@ from parity import taxonomy as tx
 from parity.backends import backend_class
 from parity.errors import ParityError
 from parity.execute.execution import Execution
+from parity.offline import state_folder
 from parity.runner.base import Executor
 from parity.runner.remote import Digests, RemoteExecution, crash_report, describe_worker_error
 from parity.runner.worker import package_file
@@ -64,6 +74,62 @@ def submission_order(jobs: list) -> list[tuple]:
     references = [(job, spec) for job in jobs for spec in job.baselines]
     targets = [(job, spec) for job in jobs for spec in job.targets]
     return references + sorted(targets, key=lambda e: -backend_class(e[1].backend).preparation_cost)
+
+
+RAY_OFFLINE = {"RAY_USAGE_STATS_ENABLED": "0"}  # no usage report
+# A Ray started here: on the loopback address (Ray otherwise finds the machine's address by a UDP connect to
+# 8.8.8.8 and listens there), and every HTTP request its processes make sent to a proxy that refuses it at
+# once (the discard port on the loopback address): its dashboard process asks the cloud metadata address
+# which cloud it runs on at start, usage stats or not, with no switch to stop it.
+NO_HTTP = "http://127.0.0.1:9"
+RAY_LOCAL = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", **{name: NO_HTTP for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY")},
+             "no_proxy": "127.0.0.1,localhost", "NO_PROXY": "127.0.0.1,localhost"}
+# Unix socket paths hold at most 107 bytes on Linux; Ray puts its sockets at
+# TEMP_DIR/session_2026-12-02_00-49-05_722273_8542/sockets/plasma_store (TEMP_DIR plus about 64).
+SOCKET_PATH_LIMIT, RAY_SOCKET_SUFFIX = 107, 64
+_TOKEN = secrets.token_hex(32)  # this process's local Ray: its driver and workers share it through the environment
+
+
+def _local_token() -> dict[str, str]:
+    """Ray's token authentication for the instance started here, with the token in its environment: Ray would
+    otherwise write one to ~/.ray/auth_token (and a token path the user set would point elsewhere)."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": _TOKEN, "RAY_AUTH_TOKEN_PATH": None}
+
+
+@contextlib.contextmanager
+def _environment(settings: dict[str, str | None]):
+    """os.environ with `settings` (None: unset), restored after."""
+    before = {name: os.environ.get(name) for name in settings}
+    try:
+        for name, value in settings.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _reread_ray_config(ray) -> None:
+    """Ray's native settings were read from the environment when Ray was imported: read them again (as Ray's
+    own ray.init does when it turns token authentication on), so this driver speaks the token its Ray asks for."""
+    config = getattr(getattr(ray, "_raylet", None), "Config", None)
+    if config is not None and hasattr(config, "initialize"):
+        config.initialize("")
+
+
+def _check_socket_room(temp_dir: Path) -> None:
+    """A temporary folder too deep for Ray's sockets is the user's to fix, said before Ray starts (Ray itself
+    fails deep inside its startup)."""
+    length = len(os.fsencode(temp_dir)) + RAY_SOCKET_SUFFIX
+    if length > SOCKET_PATH_LIMIT:
+        raise ParityError(f"TMPDIR {tempfile.gettempdir()}: Ray's socket paths under it would be {length} bytes long, "
+                          f"over the {SOCKET_PATH_LIMIT} the system allows; set TMPDIR to a shorter folder (e.g. /tmp)")
 
 
 @dataclass
@@ -99,6 +165,7 @@ class RayExecutor(Executor):
         self._digest = Digests()
         self._started_ray = False
         self._scratch: tempfile.TemporaryDirectory | None = None
+        self._environment = contextlib.ExitStack()  # Ray's settings in os.environ, until close
 
     def start(self, exp, jobs, cache=None) -> None:
         super().start(exp, jobs, cache)
@@ -126,13 +193,21 @@ class RayExecutor(Executor):
 
     def _ready(self):
         """Ray, started or joined, with the task and what every task shares; once."""
-        ray = self._ray()
         if self._scratch is not None:
-            return ray
-        self._init(ray)
+            return self._ray()
+        local = not self.address and not ("ray" in sys.modules and sys.modules["ray"].is_initialized())
+        # Before Ray is imported where possible: it reads some of them once, at import.
+        self._environment.enter_context(_environment({**RAY_OFFLINE, **(RAY_LOCAL | _local_token() if local else {})}))
+        ray = self._ray()
+        scratch = tempfile.TemporaryDirectory(prefix="r", dir=state_folder())  # short: Ray's socket paths lie under it
+        try:
+            self._init(ray, Path(scratch.name))
+        except BaseException:
+            scratch.cleanup()
+            raise
+        self._scratch = scratch
         self._gpus = ray.cluster_resources().get("GPU", 0)
         self._remote = ray.remote(max_retries=0)(_execution_task)
-        self._scratch = tempfile.TemporaryDirectory(prefix="parity-ray-")
         self._settings = {"sys_path": [p for p in sys.path if p], "threads": self.threads, "crash_dir": self._scratch.name,
                           "cache_root": str(self.cache.root) if self.cache.root else None}
         self._exp_ref = ray.put(self.exp)
@@ -146,7 +221,7 @@ class RayExecutor(Executor):
             raise ParityError("the ray executor needs Ray: pip install 'parity[ray]'") from exc
         return ray
 
-    def _init(self, ray) -> None:
+    def _init(self, ray, scratch: Path) -> None:
         if ray.is_initialized():
             if self.workers is not None:
                 raise ParityError("the ray executor's 'workers' sizes the Ray it starts, but this process already "
@@ -158,17 +233,14 @@ class RayExecutor(Executor):
         # Workers of a local instance inherit this environment: they must import the parity this process runs.
         root = str(Path(package_file()).parent.parent)
         before = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = os.pathsep.join([root, *([before] if before else [])])
-        try:
-            cpus = self.workers * self.threads if self.workers else None
-            if cpus is None and self.threads > (os.cpu_count() or 1):  # else no task would ever fit
-                cpus = self.threads
-            ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
-        finally:
-            if before is None:
-                del os.environ["PYTHONPATH"]
-            else:
-                os.environ["PYTHONPATH"] = before
+        _check_socket_room(scratch)
+        cpus = self.workers * self.threads if self.workers else None
+        if cpus is None and self.threads > (os.cpu_count() or 1):  # else no task would ever fit
+            cpus = self.threads
+        _reread_ray_config(ray)
+        with _environment({"PYTHONPATH": os.pathsep.join([root, *([before] if before else [])])}):
+            ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False,
+                     _temp_dir=str(scratch))
         self._started_ray = True
 
     @staticmethod
@@ -291,6 +363,7 @@ class RayExecutor(Executor):
             if self._started_ray:
                 ray.shutdown()
                 self._started_ray = False
+        self._environment.close()
         if self._scratch is not None:
             self._scratch.cleanup()
             self._scratch = None

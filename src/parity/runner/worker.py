@@ -36,6 +36,7 @@ from parity.config.schema import BackendSpec, Experiment, ModelSpec
 from parity.execute.cache import ArtifactCache, model_digest
 from parity.execute.execution import describe, ends_the_program, execute, format_traceback
 from parity.inputs import Inputs
+from parity.offline import die_with_parent
 from parity.runner.prepared import configured_model, model_scope, prepared_model
 from parity.taxonomy import PREPARE, classify_exception
 
@@ -156,24 +157,12 @@ def prepare_worker(settings: dict[str, Any]) -> None:
                 faulthandler.register(signal.SIGUSR1, file=_crash_file, all_threads=True)
 
 
-def _die_with_parent() -> None:
-    """Linux: the kernel kills this worker when the parent dies, even when a backend hangs in C code."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() == 1:  # the parent died before that took effect
-        os._exit(1)
-
-
 def serve() -> None:
     """The process executor's worker: settings, the experiment, then one request per execution until the
     parent closes the connection."""
     from multiprocessing.connection import Connection
 
-    _die_with_parent()
+    die_with_parent()
     os.set_inheritable(int(sys.argv[1]), False)  # a process the model starts must not hold the parent's socket
     conn = Connection(int(sys.argv[1]))
     try:
