@@ -281,3 +281,19 @@ def test_huge_sizes_in_a_record_make_no_huge_canvas(tmp_path, size, boxes, prepr
     for path in (None, real):
         picture, _ = _view(path, size, preprocess, boxes)
         assert max(picture.shape[:2]) <= MAX_SIDE, picture.shape
+
+
+@pytest.mark.parametrize("pictures", [
+    {"images": [{"source": "synthetic", "path": None, "size": [8, 8]}], "target": []},
+    {"images": [{"source": "synthetic", "path": None, "size": [8, 8]}], "reference": [], "target": []},
+    {"images": [{"source": "synthetic"}], "reference": [{"boxes": "x"}], "target": [{"boxes": []}]},
+], ids=["no reference", "fewer boxes than images", "boxes of another type"])
+def test_pictures_a_record_holds_that_cannot_be_drawn_are_said_not_raised(pictures):
+    """A tier-3 record's `pictures` edited by hand (a key missing, lists of other lengths or types): the report
+    says the check's pictures cannot be drawn, and renders the rest; before, a KeyError was exit 3."""
+    from parity.report.html import _detections
+
+    [entry] = _detections([{"model": "m", "inputs": "i", "target": "t", "passed": True, "metrics": {"f1": 1.0},
+                            "pictures": pictures}])
+    [image] = entry["images"]
+    assert image["uri"] is None and image["note"].startswith("this check's pictures cannot be drawn")

@@ -27,3 +27,14 @@ def test_what_torch_logs_while_a_model_runs_goes_to_the_runs_log_file(write_yaml
     logged = (out / LOG_FILE).read_text()
     assert f"WARNING torch._dynamo.eval_frame: {DYNAMO_SAYS}" in logged and ONNX_SAYS in logged
     assert (list(dynamo.handlers), dynamo.propagate) == before  # torch's loggers are put back as they were
+
+
+@pytest.mark.parametrize("command", ["localize", "fallback"])
+def test_localize_and_fallback_keep_the_libraries_logging_off_the_console_too(write_yaml, tmp_path, capsys, command):
+    exp = tiny_experiment([{"backend": "eager", "dtype": "bfloat16", "tolerances": {"rtol": 1e-5, "gate": 1e-4}}],
+                          models=[{"name": "tiny", "source": "python", "entry": "tests.fixtures.chatty:chatty"}])
+    out = tmp_path / "out"
+    main([command, str(write_yaml(exp)), "--out", str(out)])
+    printed = capsys.readouterr()
+    assert DYNAMO_SAYS not in printed.err + printed.out and ONNX_SAYS not in printed.err + printed.out
+    assert DYNAMO_SAYS in (out / LOG_FILE).read_text()

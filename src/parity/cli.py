@@ -284,10 +284,15 @@ def _refuse_existing_records(out: str | None) -> None:
         return
     from parity.outdir import prepare
 
-    prepare(user_path_of(out), files=("records.jsonl",))
+    prepare(user_path_of(out), files=("records.jsonl", LOG_FILE))
     if (user_path_of(out) / "records.jsonl").exists():
         raise ParityError(f"--out {out}: it already holds records.jsonl (a run's records?); "
                           "give a folder of its own to this command's record")
+
+
+def _log_file(args: argparse.Namespace) -> Path | None:
+    """Where localize and fallback keep the libraries' logging: run.log in their --out, else nowhere."""
+    return user_path_of(args.out) / LOG_FILE if args.out else None
 
 
 def user_path_of(out: str) -> Path:
@@ -316,7 +321,8 @@ def cmd_localize(args: argparse.Namespace) -> int:
     from parity.report.next_steps import reduce_step, single_culprit
 
     exp, model_spec, target, input_spec = _one_check(args)
-    record = _runner(args, exp).localize(model_spec, target, input_spec)
+    with library_logs(_log_file(args), getattr(args, "verbose", False)):
+        record = _runner(args, exp).localize(model_spec, target, input_spec)
     console = _console()
     render_layers(record, console)
     _said_records(args)
@@ -335,7 +341,8 @@ def cmd_fallback(args: argparse.Namespace) -> int:
 
     exp, model_spec, target, input_spec = _one_check(args)
     command = f"parity fallback {shlex.quote(str(args.file))} --model {model_spec.name} --target {target.id} --inputs {input_spec.name}"
-    result, record = _runner(args, exp).find_fallback(model_spec, target, input_spec, args.tier, command)
+    with library_logs(_log_file(args), getattr(args, "verbose", False)):
+        result, record = _runner(args, exp).find_fallback(model_spec, target, input_spec, args.tier, command)
     tol = exp.tolerance_for(target)
     render_fallback(fallback_lines(result, record, tol.gate, tol.by_task, model_spec.name, model_spec.task), _console())
     _said_records(args)
@@ -699,13 +706,13 @@ def _to_console(handler: logging.Handler) -> bool:
 
 
 @contextlib.contextmanager
-def library_logs(log_file: Path, verbose: bool):
+def library_logs(log_file: Path | None, verbose: bool):
     """While a command runs backends: what the libraries log (torch's `W1201 ...` lines, graph dumps logged at
-    WARNING) appended to `log_file` with parity's own messages, instead of their console handlers; with
-    `verbose` on stderr too. Every logger is put back as it was afterwards."""
+    WARNING) appended to `log_file` with parity's own messages, instead of their console handlers (None: a
+    command given no --out keeps no log); with `verbose` on stderr too. Every logger is put back afterwards."""
     import torch  # noqa: F401  torch installs its loggers' console handlers at import: these come after
 
-    to_file = logging.FileHandler(log_file, encoding="utf-8", delay=True)
+    to_file = logging.FileHandler(log_file, encoding="utf-8", delay=True) if log_file else logging.NullHandler()
     to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     saved = []
     loggers = [logging.getLogger(name) for name in LIBRARY_LOGGERS]

@@ -239,12 +239,17 @@ def _detections(tier3: list[dict]) -> list[dict[str, Any]]:
         pics = c.get("pictures")
         if not pics:
             continue
-        drawn = []
-        for i, image in enumerate(pics["images"][:PICTURED_IMAGES]):
-            uri, note = pictures.side_by_side(pics, i, c["target"])
-            drawn.append({"label": pictures.image_label(image), "uri": uri, "note": note})
+        try:
+            drawn = []
+            for i, image in enumerate(pics["images"][:PICTURED_IMAGES]):
+                uri, note = pictures.side_by_side(pics, i, c["target"])
+                drawn.append({"label": pictures.image_label(image), "uri": uri, "note": note})
+            more = max(0, len(pics["images"]) - PICTURED_IMAGES)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:  # a record edited by hand
+            drawn, more = [{"label": "not drawn", "uri": None, "note": f"this check's pictures cannot be drawn "
+                            f"(records edited by hand?): {type(exc).__name__}: {exc}"[:300]}], 0
         out.append({"key": _key(c), "passed": c["passed"], "failure_class": c.get("failure_class"),
-                    "flips": flips_line(c), "metrics": c["metrics"], "images": drawn, "more": max(0, len(pics["images"]) - PICTURED_IMAGES)})
+                    "flips": flips_line(c), "metrics": c["metrics"], "images": drawn, "more": more})
     return out
 
 

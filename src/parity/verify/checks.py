@@ -55,7 +55,8 @@ def tier1_check(job, target_exec, reference_exec, oracle_exec, experiment) -> di
         detail = (f"the {who}'s runs (warm-up and repeats) differ from its first timed run by up to "
                   f"{max(target_spread, reference_spread):.3g} (required atol)")
     oracle = None
-    if oracle_out is not None and failure in EXCUSABLE:  # a structural failure has no side that is less precise
+    if oracle_out is not None and failure in (*EXCUSABLE, tx.NONFINITE):  # values that differ; a structural
+        # failure has no side that is less precise
         oracle = oracle_verdict(comparison, experiment.oracle.multiplier, experiment.oracle.floor)
     max_abs = max((leaf.get("max_abs") or 0.0 for leaf in comparison.leaves), default=0.0)
     return {
