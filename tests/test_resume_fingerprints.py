@@ -85,6 +85,32 @@ def test_a_rerun_after_a_model_code_edit_re_runs_its_checks_and_gives_the_new_ve
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["totals"]["failed"] == 1
 
 
+BACKEND = """from parity.backends.eager import EagerBackend
+
+
+class Shifted(EagerBackend):
+    def prepare(self, model, example):
+        super().prepare(model, example)
+        with __import__("torch").no_grad():
+            next(self.model.parameters()).view(-1)[0] += {shift}
+"""
+
+
+def test_a_rerun_after_a_backend_plugins_code_edit_re_runs_its_checks(tmp_path):
+    """A target of the user's own (`module:Class`) is user code as much as the model: its edit re-runs the check."""
+    (tmp_path / "net_code.py").write_text(NET.format(activation=EXACT))
+    (tmp_path / "my_backend.py").write_text(BACKEND.format(shift="0.0"))
+    data = experiment("net_code")
+    data["targets"] = [{"backend": "my_backend:Shifted", "name": "shifted", "tolerances": {"rtol": 0.0, "gate": 1e-4}}]
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(data))
+    first = _parity_run(tmp_path, "exp.yaml", "--out", "out", "--no-report")
+    assert first.returncode == 0, first.stderr
+    (tmp_path / "my_backend.py").write_text(BACKEND.format(shift="-2.0"))  # sign(-x): the backend code changes only
+    second = _parity_run(tmp_path, "exp.yaml", "--out", "out", "--no-report")
+    assert second.returncode == 1, second.stderr
+    assert "code of the reference's or shifted's backend changed" in second.stderr, second.stderr
+
+
 def test_a_rerun_after_a_weights_edit_re_runs_that_models_checks_only(tmp_path, monkeypatch, caplog):
     """Two models; one's weights file is rewritten: its check runs again (its old records removed, not kept
     beside the new ones), the other's is kept as it was."""

@@ -395,12 +395,15 @@ class CodeWalk:
                     self._value(contents[name])
 
 
-def code_fingerprint(model: torch.nn.Module, *objects: Any) -> tuple[str, set[str]] | None:
-    """The digest of the user code that `model` (and `objects`, such as a backend class) runs, and the
-    distributions of the library code it reaches; None when that code is past the walk's bounds or could
-    not be walked (then nothing may be cached for it)."""
+def code_fingerprint(model: torch.nn.Module | None, *objects: Any) -> tuple[str, set[str]] | None:
+    """The digest of the user code that `model` (None: no model) and `objects` (such as a backend class) run,
+    and the distributions of the library code it reaches; None when that code is past the walk's bounds or
+    could not be walked (then nothing may be cached for it)."""
     try:
-        walk = CodeWalk().model(model).objects(*objects)
+        walk = CodeWalk()
+        if model is not None:
+            walk.model(model)
+        walk.objects(*objects)
     except Exception:  # TooLarge, or an object the walk cannot read: exported afresh, never guessed at
         return None
     return walk.digest(), walk.libraries

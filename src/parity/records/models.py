@@ -210,6 +210,10 @@ class Fingerprints(Part):
     inputs: str = Field(description="sha256 of the input set's values and of the example inputs the backends were "
                                     "prepared from.")
     target: str = Field(description="sha256 of the target's settings (backend, device, dtype, options, tolerances, ...).")
+    backend_code: str | None = Field(None, description="sha256 of the user code of the reference's and the target's "
+                                                        "backend classes (a plugin's, as the artifact cache keys it); "
+                                                        "null: past the fingerprint's bounds, so the check is always "
+                                                        "re-run. Absent in records of the first fingerprinting parity.")
     parity: str = Field(description="sha256 of parity's own source.")
     libraries: dict[str, str | None] = Field(description="The reference's, the target's and the model code's "
                                                          "libraries: version (digest of its installed files), "

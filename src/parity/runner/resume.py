@@ -28,7 +28,8 @@ from parity.inputs import Inputs
 Record = dict[str, Any]
 # The parts compared, and how a change of each is said (model, inputs: the check's names).
 SAID = {"model_code": "model code of {model}", "model_weights": "weights of {model}",
-        "inputs": "input set {inputs} of {model}", "target": "settings of target {target}", "parity": "parity's source"}
+        "inputs": "input set {inputs} of {model}", "target": "settings of target {target}",
+        "backend_code": "code of the reference's or {target}'s backend", "parity": "parity's source"}
 UNVERIFIABLE = ("model code of {model} cannot be fingerprinted (past the fingerprint's bounds, or a file its source "
                 "reads cannot be digested), so it cannot be told unchanged")
 UNRECORDED = "recorded by a parity that did not fingerprint its checks"
@@ -46,16 +47,19 @@ def model_fingerprints(model: torch.nn.Module, files: dict[str, Any] | None) -> 
 
 
 def check_fingerprints(model_part: dict[str, Any], inputs: Inputs, example: Inputs, target: dict[str, Any],
-                       libraries: list[str]) -> dict[str, Any]:
+                       libraries: list[str], backends: tuple[type, ...] = ()) -> dict[str, Any]:
     """The `fingerprints` of one check: `model_part` (model_fingerprints), the input set and the example the
-    backends were prepared from, by value; the target's settings (its spec, as JSON); parity's source; the
-    versions (and installed file lists) of `libraries` (the reference's and the target's) and of those the
-    model's code reaches."""
-    found = fingerprint.versions([*libraries, *model_part["reached"]])
+    backends were prepared from, by value; the target's settings (its spec, as JSON); the code of the
+    reference's and the target's `backends` (a plugin's class is user code, as the artifact cache keys it);
+    parity's source; the versions (and installed file lists) of `libraries` (the reference's and the target's)
+    and of those the model's and the backends' code reach."""
+    code = fingerprint.code_fingerprint(None, *backends)
+    found = fingerprint.versions([*libraries, *model_part["reached"], *(sorted(code[1]) if code else [])])
     return {"recorded_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "model_code": model_part["model_code"], "model_weights": model_part["model_weights"],
             "inputs": hashlib.sha256(f"{inputs_digest(inputs)} {inputs_digest(example)}".encode()).hexdigest(),
             "target": hashlib.sha256(json.dumps(target, sort_keys=True).encode()).hexdigest(),
+            "backend_code": code[0] if code else None,
             "parity": fingerprint.parity_digest(),
             "libraries": {name: None if v is None else f"{v} ({files})" for name, (v, files) in found.items()}}
 
@@ -68,6 +72,8 @@ def changes(recorded: Record, now: dict[str, Any]) -> list[str]:
     if not old:
         return [UNRECORDED]
     found = [UNVERIFIABLE.format(**names)] if now["model_code"] is None else []
+    if now["backend_code"] is None:
+        found.append(f"the code of {names['target']}'s backend cannot be fingerprinted, so it cannot be told unchanged")
     found += [said.format(**names) + " changed" for part, said in SAID.items()
               if now[part] is not None and old.get(part) != now[part]]
     libraries = old.get("libraries") or {}

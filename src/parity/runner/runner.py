@@ -156,9 +156,9 @@ def _fingerprints(exp: Experiment, model_part: dict[str, Any], inputs: Inputs, e
     numpy, the reference's and the target's."""
     from parity.backends import backend_class
 
-    libraries = ["torch", "torchvision", "numpy", *backend_class(exp.reference.backend).libraries,
-                 *backend_class(target.backend).libraries]
-    return check_fingerprints(model_part, inputs, example, target.model_dump(mode="json"), libraries)
+    backends = (backend_class(exp.reference.backend), backend_class(target.backend))
+    libraries = ["torch", "torchvision", "numpy", *(lib for cls in backends for lib in cls.libraries)]
+    return check_fingerprints(model_part, inputs, example, target.model_dump(mode="json"), libraries, backends)
 
 
 def _stale(writer: RecordWriter, exp: Experiment, jobs: list[Job]) -> dict[tuple[str, str, str], tuple[list[str], str]]:
