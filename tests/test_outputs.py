@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from parity.outputs import Opaque, flatten, map_tensors
@@ -39,3 +40,22 @@ def test_map_tensors_keeps_container_types():
     out = map_tensors({"p": Pair(torch.ones(1), [torch.ones(1)]), "d": Output(torch.ones(1), "x")}, lambda t: t * 2)
     assert isinstance(out["p"], Pair) and isinstance(out["d"], Output)
     assert out["p"].features[0].item() == 2.0 and out["d"].note == "x"
+
+
+def test_an_object_with_a_layers_list_that_is_no_cache_stays_opaque():
+    """Only a transformers cache is flattened by its layers' keys and values: another object with `.layers` (and a
+    `.logits` beside it) would have its other fields left uncompared, so it is an opaque leaf (a failure), never
+    a pass on the layers alone."""
+    from types import SimpleNamespace
+
+    layer = SimpleNamespace(keys=torch.zeros(2), values=torch.ones(2))
+    out = SimpleNamespace(layers=[layer], logits=torch.zeros(3))
+    [(name, leaf)] = flatten(out).items()
+    assert name == "out" and isinstance(leaf, Opaque)
+
+
+def test_a_transformers_cache_is_compared_by_its_layers_keys_and_values():
+    transformers = pytest.importorskip("transformers")
+    cache = transformers.DynamicCache()
+    cache.update(torch.zeros(1, 2, 3, 4), torch.ones(1, 2, 3, 4), layer_idx=0)
+    assert list(flatten({"cache": cache})) == ["out['cache'].layers[0].keys", "out['cache'].layers[0].values"]

@@ -33,6 +33,11 @@ def _is_namedtuple(obj: Any) -> bool:
 
 
 def _is_cache(obj: Any) -> bool:
+    """A transformers key-value cache (`transformers.cache_utils.Cache`, found by its classes' module, so that
+    transformers is never imported here) whose layers hold keys and values: compared by them. Another object
+    with a `layers` list is no cache: its other fields would go uncompared, so it stays opaque."""
+    if not any(cls.__module__ == "transformers.cache_utils" and cls.__name__ == "Cache" for cls in type(obj).__mro__):
+        return False
     layers = getattr(obj, "layers", None)
     return isinstance(layers, list) and all(isinstance(getattr(layer, "keys", None), torch.Tensor)
                                             and isinstance(getattr(layer, "values", None), torch.Tensor) for layer in layers)
