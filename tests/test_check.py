@@ -116,6 +116,8 @@ def test_a_torchvision_classifier_defaults_to_a_bundled_photo_with_imagenet_prep
     ([TINY, "--target", "compile", "--target", "compile-cpu", "--input", "1x4"], "its id compile-cpu is given twice (compile and compile-cpu)"),
     ([".", "--target", "compile"], "MODEL '.' is a folder: say what builds the model in it with --entry"),
     (["torchvision:resnet18", "--entry", "a:b", "--target", "compile"], "--entry/--hubconf go with a repository folder"),
+    ([TINY, "--target", "compile", "--input", "1x4:int64:\u00b2"], "an int64 input needs its bound"),
+    ([TINY, "--target", "compile", "--input", "1x4:int64:" + "9" * 5000], "an int64 input needs its bound"),
 ])
 def test_command_line_mistakes_are_one_message_and_exit_2(argv, message, capsys):
     assert main(["check", *argv]) == 2
@@ -166,3 +168,14 @@ def test_an_int8_column_header_typed_back_is_a_target_calibrated_on_the_checked_
     data = check_experiment(TINY, ["compile-cpu-int8-pt2e-x86", "eager-int8-weight"], shapes=["2x3x16x16"])
     assert [t.get("quantize") for t in data["targets"]] == [{"scheme": "pt2e-x86", "calibration": "2x3x16x16"},
                                                              {"scheme": "torchao-int8-weight"}]
+
+
+@pytest.mark.parametrize("text", ['{"architectures": ["LlamaForCausalLM"],', "[1, 2]"], ids=["torn", "a list"])
+def test_an_hf_folder_whose_config_json_is_no_json_object_is_one_line(tmp_path, capsys, text):
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(text)
+    (folder / "model.safetensors").write_bytes(b"")
+    assert main(["check", f"hf:{folder}", "--target", "compile"]) == 2
+    err = capsys.readouterr().err
+    assert f"{folder / 'config.json'}" in err and "Traceback" not in err and len(err.splitlines()) == 1, err

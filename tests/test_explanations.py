@@ -39,6 +39,15 @@ def test_a_nan_layer_error_ranks_first_and_finite_errors_of_one_order_are_spread
     assert loc.evenly_spread() and "same order" in loc.verdict()
 
 
+def test_a_culprit_named_without_a_suspect_is_not_one_of_many_drifting_alike():
+    """A specialised trace's module is named the culprit with every layer within the threshold (bfloat16's
+    noise, of one order): 'every layer drifts alike' beside it would contradict the verdict that the branch,
+    not the layers, makes the drift."""
+    level = _level({"a": 2e-3, "b": 3e-3, "c": 2.5e-3})
+    loc = Localization("t", "hierarchical", 1e-2, levels=[("", level)], culprit="b", suspects=[])
+    assert not loc.evenly_spread()
+
+
 def test_a_fallback_whose_tier3_aim_already_agrees_says_tier1_fails_and_how_to_gate_on_tier3(write_yaml, tmp_path, capsys):
     """bfloat16 at a gate of 1e-6, rtol 0: tier 1 fails, the top-1 decisions agree. It once printed "the check already
     passes: no fallback is needed" for a check the table calls FAIL."""

@@ -145,3 +145,16 @@ def test_a_target_that_returned_nothing_has_no_oracle_verdict_and_says_why(write
     assert code == 1 and check["oracle"] is None
     assert check["oracle_error"] == "the target returned no output to hold against float64's"
     assert "oracle: no verdict: the target returned no output to hold against float64's" in printed
+
+
+def test_the_numbers_beside_the_oracle_verdict_are_those_of_the_leaves_that_decided_it():
+    """Leaf a: the reference is off (0.1 against 1e-3); leaf b: the target is further than the reference but within
+    2x (0.0195 against 0.0103). The verdict is the reference, and its numbers are leaf a's: a line saying 'the
+    target is closer' beside b's numbers (target 0.0195, reference 0.0103) would contradict itself."""
+    from parity.verify.tensors import Comparison, oracle_verdict
+
+    leaves = [{"name": "a", "oracle_rmse_target": 1e-3, "oracle_rmse_reference": 0.1},
+              {"name": "b", "oracle_rmse_target": 0.0195, "oracle_rmse_reference": 0.0103}]
+    verdict = oracle_verdict(Comparison(leaves=leaves), 2.0, 1e-8)
+    assert verdict["worse"] == "reference"
+    assert (verdict["target_rmse"], verdict["reference_rmse"]) == (1e-3, 0.1)

@@ -270,3 +270,19 @@ def test_killed_at_any_moment_and_resumed_the_records_match_an_uninterrupted_run
             who, target, size, shape = line.split()
             if int(who) == pid and target != "ref":
                 assert (sizes[int(size)], shapes[shape], target) not in judged, f"process {pid} re-ran {line}"
+
+
+def test_a_resumed_run_takes_the_previous_summary_and_reports_away_until_it_writes_its_own(tmp_path):
+    """A resumed run may remove checks (their fingerprints changed) and be stopped before it judges them again:
+    a junit.xml left from the run before would still say they passed, to a CI step that publishes it always."""
+    from parity.runner.runner import _open_records
+
+    out, path = tmp_path / "out", tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(tiny_experiment([{"backend": "eager", "name": "same"}])))
+    main(["run", str(path), "--out", str(out), "--quiet"])
+    reports = ["summary.json", "junit.xml", "report.md", "report.html"]
+    assert all((out / name).exists() for name in reports)
+    run = read_records(out)[0]
+    _open_records(out, run["config"], run["base_dir"], run["digest"], fresh=False).close()
+    assert [name for name in reports if (out / name).exists()] == []
+    assert (out / "records.jsonl").exists()

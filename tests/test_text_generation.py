@@ -67,6 +67,16 @@ def test_the_mean_kl_threshold_fails_a_check_whose_decisions_all_agree():
     assert not result.passed and "mean KL" in result.detail and "top-1" not in result.detail
 
 
+def test_nan_in_the_targets_scores_never_agrees():
+    """200 positions, one of them NaN in the target: top-1 agreement 0.995 clears 0.99, and NaN > kl_mean is
+    False, so the NaN alone must fail tier 3."""
+    rows = [[2.0, 0.0]] * 200
+    target = _logits(*rows)
+    target["logits"][0, 0] = float("nan")
+    result = evaluate(_logits(*rows), target, DEFAULTS, 1e-4)
+    assert not result.passed and "NaN or Inf" in result.detail
+
+
 class NegatedLogits(EagerBackend):
     """A target whose language model's logits come out negated: every next-token decision flips."""
 

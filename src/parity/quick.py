@@ -114,7 +114,7 @@ def _tensor(text: str) -> dict[str, Any]:
     if dtype:
         spec["dtype"] = dtype
     if dtype in ("int64", "int32"):
-        if not high.isdigit() or int(high) < 1:
+        if not (high.isascii() and high.isdigit()) or len(high) > MAX_DIGITS or int(high) < 1:
             raise ParityError(f"--input '{text}': an {dtype} input needs its bound, {shape}:{dtype}:HIGH (integers "
                               "in [0, HIGH), e.g. the vocabulary size)")
         spec.update(distribution="randint", high=float(high))
@@ -126,7 +126,14 @@ def _tensor(text: str) -> dict[str, Any]:
 def _hf_config(folder: Path) -> dict[str, Any]:
     import json
 
-    return json.loads((folder / "config.json").read_text())
+    path = folder / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ParityError(f"{path}: not a readable JSON file: {type(exc).__name__}: {exc}"[:300]) from exc
+    if not isinstance(config, dict):
+        raise ParityError(f"{path}: not a JSON object (a transformers config is one)")
+    return config
 
 
 def hf_entry(ref: str) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from parity.execute.cache import ArtifactCache
 from parity.execute.execution import Execution
 from parity.inputs import Inputs, build_inputs
 from parity.models import source_fingerprint, source_notes
-from parity.outdir import prepare
+from parity.outdir import IN_PLACE, OUTPUT_FILES, prepare
 from parity.records import NOT_DIGESTED, RecordWriter, environment, experiment_digest
 from parity.records.summary import RunResult, summarize, write_summary
 from parity.records.view import RunView
@@ -244,7 +244,8 @@ def _open_records(out_dir: Path, config: dict, base_dir: str, digest: str, fresh
     """The run's records: new, or (the same experiment, not `fresh`) the ones already there, ready to append.
     A summary.json is the mark of a finished run: records without one are a run that ended early (killed,
     or model code that ended the process: os._exit), which is said; and the mark is removed until this
-    run writes its own, so no summary ever stands for records it does not count."""
+    run writes its own, with the previous reports (a junit.xml that passed checks a resumed run may remove and
+    judge again), so no summary or report ever stands for records it does not count."""
     writer = RecordWriter(out_dir / "records.jsonl", resume=not fresh)
     try:
         summary = out_dir / "summary.json"
@@ -254,7 +255,9 @@ def _open_records(out_dir: Path, config: dict, base_dir: str, digest: str, fresh
                 log.warning("%s: the previous run ended without a summary (an error stopped it, it was killed, or "
                             "model code ended the process: os._exit); continuing it. The process executor "
                             "(--executor process) runs model code in a worker process, which cannot end the run", out_dir)
-        _discard(summary)
+        for name in OUTPUT_FILES:  # the summary and the reports: this run writes its own
+            if name not in IN_PLACE:
+                _discard(out_dir / name)
         torn = writer.drop_torn_line()
         if torn:
             log.warning("%s: dropped a torn last line (%d bytes), the record an interrupted run was writing; it is "
@@ -269,7 +272,7 @@ def _discard(path: Path) -> None:
     try:
         path.unlink(missing_ok=True)
     except OSError as exc:
-        raise ParityError(f"{path}: cannot remove the previous run's summary: {exc.strerror or exc}") from exc
+        raise ParityError(f"{path}: cannot remove the previous run's {path.name}: {exc.strerror or exc}") from exc
 
 
 def _same_experiment(writer: RecordWriter, config: dict, base_dir: str, digest: str) -> None:

@@ -266,8 +266,10 @@ class Localization:
                 "its own run), so no layer is named")
 
     def evenly_spread(self) -> bool:
-        """True when no layer stands out at the first level: all own errors are of one order."""
-        if not self.levels or self.culprit is None:
+        """True when no layer stands out at the first level: all own errors are of one order. Never without a
+        suspect (a layer above the threshold): a culprit named otherwise (a specialised trace's module) is not
+        one of many drifting alike."""
+        if not self.levels or self.culprit is None or not self.suspects:
             return False
         errors = sorted(size(e) for e in self.levels[0][1].local.values() if not e.error and size(e) > 0)
         if len(errors) < 3 or not math.isfinite(errors[-1]):  # an infinite error is of no finite one's order

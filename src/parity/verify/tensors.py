@@ -312,8 +312,13 @@ def oracle_verdict(comparison: Comparison, multiplier: float, floor: float) -> d
         return None
     sides = {leaf["name"]: _farther(leaf, multiplier, floor) for leaf in leaves}
     worse = next((side for side in ("target", "both", "reference") if side in sides.values()), "neither")
-    worst = max(leaves, key=lambda leaf: leaf["oracle_rmse_target"] - multiplier * leaf["oracle_rmse_reference"])
-    nonfinite = [leaf for leaf in leaves if "oracle_nonfinite_target" in leaf]
+    # the numbers said beside the verdict are those of the leaves that decided it, never another leaf's
+    deciding = [leaf for leaf in leaves if sides[leaf["name"]] == worse]
+    if worse == "reference":
+        worst = max(deciding, key=lambda leaf: leaf["oracle_rmse_reference"] - multiplier * leaf["oracle_rmse_target"])
+    else:
+        worst = max(deciding, key=lambda leaf: leaf["oracle_rmse_target"] - multiplier * leaf["oracle_rmse_reference"])
+    nonfinite = [leaf for leaf in deciding if "oracle_nonfinite_target" in leaf]
     scale = worst.get("reference_rms") or 0.0
     return {
         "multiplier": multiplier,

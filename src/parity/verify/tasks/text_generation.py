@@ -18,6 +18,7 @@ execution's outputs.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -99,7 +100,9 @@ def evaluate(reference: Any, target: Any, thresholds: TextGenerationThresholds, 
     if top1 < thresholds.top1_agreement:
         failures.append(f"top-1 agreement {top1:.4f} < {thresholds.top1_agreement} ({len(found)} of {positions} "
                         f"next-token decisions flipped, {real} beyond a near tie)")
-    if metrics["kl_mean"] > thresholds.kl_mean:
+    if not math.isfinite(metrics["kl_mean"]):  # NaN/Inf in a side's scores: no comparison ever passes it
+        failures.append(f"mean KL {metrics['kl_mean']}: NaN or Inf in the scores of a side")
+    elif metrics["kl_mean"] > thresholds.kl_mean:
         failures.append(f"mean KL {metrics['kl_mean']:.3g} > {thresholds.kl_mean}")
     result = verdict(TaskResult("text-generation", metrics), failures)
     return result
