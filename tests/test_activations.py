@@ -37,7 +37,7 @@ def test_hierarchical_descent_names_the_faulty_layer_in_a_cnn(fault):
     assert [parent for parent, _ in loc.levels][0] == ""  # top-level blocks first
     assert not loc.evenly_spread()
     assert not loc.whole_graph and not loc.as_a_whole and loc.first_divergent_by == "own"
-    assert loc.verdict().startswith(f"{fault} introduces the largest error of its own")
+    assert loc.verdict().startswith(f"{fault} introduces the largest relative error of its own")
 
 
 @pytest.mark.numerics
@@ -142,7 +142,7 @@ def test_run_localizes_failing_checks_and_records_layers(tmp_path, write_yaml, c
     path = write_yaml(data)
     assert main(["localize", str(path), "--target", "perturbed", "--out", str(tmp_path / "loc")]) == 0
     out = capsys.readouterr().out
-    assert "verdict: conv introduces the largest error of its own" in out
+    assert "verdict: conv introduces the largest relative error of its own" in out
     gate = out.index("the check fails at the gate: required atol ")  # first, before any table
     assert gate < out.index("layers of the model") and "x the gate (numeric_drift: " in out[gate:]
     [record] = [r for r in read_records(tmp_path / "loc") if r["kind"] == "layers"]
@@ -298,7 +298,7 @@ def test_a_block_whose_parts_are_exact_alone_is_the_culprit_as_a_whole():
     assert loc.culprit in {"block1.0", "block1.1", "block2.0", "block2.1"}
     inside = loc.levels[-1][1]
     assert loc.levels[-1][0] == loc.culprit and all(e.max_abs == 0.0 for e in inside.local.values())
-    assert loc.verdict().startswith(f"{loc.culprit} introduces the largest error of its own")
+    assert loc.verdict().startswith(f"{loc.culprit} introduces the largest relative error of its own")
     assert f"the error comes from {loc.culprit} as a whole" in loc.verdict()
 
 
@@ -334,7 +334,7 @@ def test_a_whole_graph_verdict_is_rendered_in_every_report(tmp_path):
     markdown = (tmp_path / "report.md").read_text()
     assert "whole graph: no layer's own error exceeds the threshold" in markdown
     assert "first layer whose propagated error exceeds the threshold: `conv`" in markdown
-    assert "introduces the largest error" not in markdown and "suspects:" not in markdown
+    assert "introduces the largest relative error" not in markdown and "suspects:" not in markdown
     [check] = [r for r in records if r["kind"] == "check"]
     check["required_atol"] = None  # as an integer leaf that differs, which no atol passes, would have it
     html = render_html(records, summarize(records), "run")

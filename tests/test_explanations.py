@@ -28,7 +28,7 @@ def test_infinite_layer_errors_rank_above_every_finite_one_and_are_of_no_finite_
     assert [e.name for e in ranked[:2]] == ["b", "c"]
     loc = Localization("t", "hierarchical", 1e-5, levels=[("", level)], culprit="b", suspects=ranked[:3])
     assert not loc.evenly_spread()
-    assert "same order" not in loc.verdict() and loc.verdict().startswith("b introduces the largest error")
+    assert "same order" not in loc.verdict() and loc.verdict().startswith("b introduces the largest relative error")
 
 
 def test_a_nan_layer_error_ranks_first_and_finite_errors_of_one_order_are_spread():

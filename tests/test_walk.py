@@ -42,7 +42,7 @@ def test_every_printed_next_command_runs_as_printed_down_to_the_repro(tmp_path, 
 
     code, printed = _run(localize, capsys)
     assert code == 0, printed  # localize exits 0 when it localized
-    assert "verdict: cancel introduces the largest error of its own" in printed
+    assert "verdict: cancel introduces the largest relative error of its own" in printed
     [reduce] = _commands(printed)
     assert reduce == "parity reduce run/localize-net-2x8-eager-cpu-bfloat16 --check net/2x8/eager-cpu-bfloat16"
 

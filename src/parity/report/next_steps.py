@@ -110,7 +110,7 @@ def next_steps(check: dict[str, Any], view: RunView, run_dir: str | Path) -> lis
     single = single_culprit(found)
     if found and not found.get("error") and found.get("culprit"):
         where = f" ({found['culprit_code']})" if found.get("culprit_code") else ""
-        spread = " (the largest error of its own, but every layer drifts alike: no single culprit)" \
+        spread = " (the largest relative error of its own, but every layer drifts alike: no single culprit)" \
             if found.get("evenly_spread") else ""
         lines.append(f"diverges at {found['culprit']}{where}{spread}")
     if found and found.get("specialized"):

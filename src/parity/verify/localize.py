@@ -184,10 +184,10 @@ class Localization:
             return self._nothing_exceeds()
         own = self.suspects[0]
         where = " (in its own code, between its submodules)" if self.in_own_code else ""
-        text = (f"{'the model' if self.culprit == MODEL else self.culprit}{where} introduces the largest error of its own: "
+        text = (f"{'the model' if self.culprit == MODEL else self.culprit}{where} introduces the largest relative error of its own: "
                 + against_threshold(own.required_atol, self.threshold, own.rel_rmse, own.max_abs))
         if self.mode_used == "propagated":
-            text = text.replace("introduces the largest error of its own", "is where the error grows most (propagated mode)")
+            text = text.replace("introduces the largest relative error of its own", "is where the error grows most (propagated mode)")
         if self.as_a_whole:
             text += (f"; none of its submodules alone (nor its own code) exceeds the threshold: the error comes from "
                      f"{self.culprit} as a whole (how the target transforms it, e.g. fusion across its submodules, or "
