@@ -67,3 +67,29 @@ def test_an_integer_input_on_the_command_line_takes_its_bound():
     data = check_experiment("tests.fixtures.tiny:tiny_cnn", ["torchscript"], shapes=["ids=1x8:int64:30522"])
     assert data["inputs"][0]["synthetic"] == {"ids": {"shape": [1, 8], "dtype": "int64", "distribution": "randint",
                                                       "high": 30522.0}}
+
+
+def test_a_fifo_as_a_tensors_file_is_refused_at_validate_never_opened(tmp_path, capsys):
+    """Opening a FIFO nobody writes to blocks: validation once hung on `tensors: a.npy` made a FIFO."""
+    import os
+    import threading
+
+    os.mkfifo(tmp_path / "a.npy")
+    (tmp_path / "exp.yaml").write_text(json.dumps({
+        "name": "t", "models": [{"name": "m", "source": "python", "entry": "tests.fixtures.tiny:tiny_cnn"}],
+        "inputs": [{"name": "saved", "tensors": "a.npy"}], "targets": [{"backend": "torchscript"}]}))
+    done = {}
+    worker = threading.Thread(target=lambda: done.update(code=main(["validate", str(tmp_path / "exp.yaml")])), daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "validate blocked on a FIFO"
+    assert done["code"] == 2 and "is a FIFO (named pipe), not a file" in capsys.readouterr().err
+
+
+def test_a_tensors_file_larger_than_an_input_set_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    from parity.inputs import tensors
+
+    np.save(tmp_path / "a.npy", np.zeros(64, np.float32))
+    monkeypatch.setattr(tensors, "MAX_BYTES", 100)
+    with pytest.raises(TensorFileError, match="bytes, more than an input set"):
+        read_tensors(tmp_path / "a.npy")

@@ -20,7 +20,7 @@ from typing import Any
 
 from parity.config.schema import plain_name
 from parity.errors import ParityError, did_you_mean
-from parity.files import user_path
+from parity.files import file_problem, user_path
 
 IMAGENET = {"resize": [256], "center_crop": [224], "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 PREPROCESS = {"imagenet": IMAGENET, "none": {}}
@@ -176,8 +176,9 @@ def input_entry(model: dict[str, Any], shapes: list[str], images: list[str], pre
             if len(shapes) > 1:
                 raise ParityError(f"--input {files[0]}: a saved tensors file is the whole input set; give it alone")
             path = Path(files[0]).expanduser()
-            if not path.is_file():
-                raise ParityError(f"--input {files[0]}: no such file here")
+            problem = file_problem(path, "--input")
+            if problem:
+                raise ParityError(problem)
             return {"name": plain_name(path.stem, "tensors"), "tensors": str(path.absolute())}
         named = [s.partition("=") for s in shapes]
         if len({bool(sep) for _, sep, _ in named}) > 1:

@@ -15,13 +15,17 @@ holds (name, dtype, shape) so that validation can check it against a model that 
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from parity.config.schema import MAX_ELEMENTS
+from parity.files import file_problem
+
 SUFFIXES = (".npy", ".npz", ".safetensors", ".pt", ".pth")
-MAX_ELEMENTS = 2**28  # as config.schema's, per input set
+MAX_BYTES = MAX_ELEMENTS * 8 + 2**20  # the most elements of the widest dtype, and the file's own headers
 _POSITIONAL = re.compile(r"^arr_(\d+)$")
 INTEGRAL = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
 
@@ -55,7 +59,9 @@ def _read(path: Path) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
 
         return [], load_file(str(path))
     if suffix in (".pt", ".pth"):
-        value = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's notes on the pickle's protocol: the verdict below says what matters
+            warnings.simplefilter("ignore")
+            value = torch.load(path, map_location="cpu", weights_only=True)
         if isinstance(value, torch.Tensor):
             return [value], {}
         if isinstance(value, list | tuple) and all(isinstance(v, torch.Tensor) for v in value):
@@ -68,7 +74,13 @@ def _read(path: Path) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
 
 
 def read_tensors(path: Path) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
-    """The file's tensors: (positional, keyword). A TensorFileError says what is wrong, in one line."""
+    """The file's tensors: (positional, keyword). A TensorFileError says what is wrong, in one line. Only a
+    regular file of a bounded size is opened: a FIFO would block validation, a huge file fill the memory."""
+    problem = file_problem(path, "it")
+    if problem:
+        raise TensorFileError(problem.removeprefix(f"it {path}: ").replace(f"it not found: {path}", "no such file"))
+    if path.stat().st_size > MAX_BYTES:
+        raise TensorFileError(f"{path.stat().st_size} bytes, more than an input set of {MAX_ELEMENTS} elements holds")
     try:
         args, kwargs = _read(path)
     except TensorFileError:
