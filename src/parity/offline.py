@@ -41,10 +41,20 @@ TELEMETRY_OFF = {"ORT_DISABLE_TELEMETRY": "1", "ORT_TELEMETRY_DISABLED": "1"}
 BLOCKED_MODULES = ("openvino_telemetry",)
 
 
+def put_environ(settings: dict[str, str | None]) -> dict[str, str | None]:
+    """Set each of `settings` in os.environ (None: unset it); returns what they were, which put back undoes it."""
+    before = {name: os.environ.get(name) for name in settings}
+    for name, value in settings.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    return before
+
+
 def contain() -> Callable[[], None]:
     """Turn every known telemetry off for this process and the processes it starts; returns what undoes it."""
-    before = {name: os.environ.get(name) for name in TELEMETRY_OFF}
-    os.environ.update(TELEMETRY_OFF)
+    before = put_environ(TELEMETRY_OFF)
     blocked = []
     for name in BLOCKED_MODULES:
         if name not in sys.modules:  # already imported by the caller's own code (or blocked): not ours to unload
@@ -52,11 +62,7 @@ def contain() -> Callable[[], None]:
             blocked.append(name)
 
     def undo() -> None:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        put_environ(before)
         for name in blocked:
             if name in sys.modules and sys.modules[name] is None:
                 del sys.modules[name]

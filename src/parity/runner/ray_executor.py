@@ -46,7 +46,7 @@ from parity import taxonomy as tx
 from parity.backends import backend_class
 from parity.errors import ParityError
 from parity.execute.execution import Execution
-from parity.offline import state_folder
+from parity.offline import put_environ, state_folder
 from parity.runner.base import Executor
 from parity.runner.remote import Digests, RemoteExecution, crash_report, describe_worker_error
 from parity.runner.worker import package_file
@@ -99,20 +99,11 @@ def _local_token() -> dict[str, str]:
 @contextlib.contextmanager
 def _environment(settings: dict[str, str | None]):
     """os.environ with `settings` (None: unset), restored after."""
-    before = {name: os.environ.get(name) for name in settings}
+    before = put_environ(settings)
     try:
-        for name, value in settings.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
         yield
     finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        put_environ(before)
 
 
 def _reread_ray_config(ray) -> None:
