@@ -20,7 +20,7 @@ run` would never localize it) is marked "passes" and left out of the accuracies:
 the threshold makes a culprit, and its own error is below it.
 
 The target is the eager FaultyEager backend, for speed: compiling every candidate layer would take far
-longer, and the compile path is covered by tests/test_activations.py. Models are torchvision builders
+longer, and the compile path is covered by tests/verify/test_activations.py. Models are torchvision builders
 with num_classes=10 and a seeded init (MobileNetV3 and EfficientNet get `redraw_fan_in`: their own init
 collapses the outputs to ~1e-9); one seeded random input per model.
 

@@ -9,7 +9,7 @@ them all).
 - silero-vad: the trained 16 kHz voice-activity model (the weights of the wheel's silero_vad.jit) in a torch
   port of the package's own (tinygrad) definition, run over a clip 512 samples at a time with its LSTM state carried
   between chunks. The package's TorchScript module keeps its state between calls and branches on the
-  sample rate, which no exporter takes; tests/test_trained.py checks that the port gives its outputs.
+  sample rate, which no exporter takes; tests/models/test_trained.py checks that the port gives its outputs.
 - Resemblyzer: the trained LSTM speaker encoder (`pretrained.pt`) behind a torch port of its mel front end
   (librosa's power mel spectrogram at Resemblyzer's settings), so a backend gets audio and gives the
   256-d embedding. The package itself is not imported: its `__init__` needs librosa and webrtcvad, which

@@ -10,8 +10,8 @@ import torch
 
 from parity import ParityError, assert_backends_agree, run_experiment
 from parity.records import read_records
-from tests.conftest import tiny_experiment
 from tests.fixtures.tiny import Structured, TinyCNN
+from tests.support import tiny_experiment
 
 
 def model_and_input():

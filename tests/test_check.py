@@ -13,7 +13,7 @@ import yaml
 
 from parity.cli import PREPROCESS_CHOICES, main
 from parity.quick import PREPROCESS, check_experiment
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 TINY = "tests.fixtures.tiny:tiny_cnn"
 

@@ -48,7 +48,7 @@ def test_the_command_line_shows_warnings_and_info_and_debug_only_when_verbose(ca
 
 def test_a_library_warning_reaches_stderr_through_the_command_line(tmp_path, capsys, write_yaml):
     """records.py warns of duplicate lines when `parity report` reads a records file."""
-    from tests.conftest import tiny_experiment
+    from tests.support import tiny_experiment
 
     out = tmp_path / "out"
     assert main(["run", str(write_yaml(tiny_experiment([{"backend": "eager", "name": "same"}]))), "--out", str(out), "--quiet",

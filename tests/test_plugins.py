@@ -18,7 +18,7 @@ from parity.cli import main
 from parity.config import experiment_from_dict, load_experiment
 from parity.errors import ParityError
 from parity.registry import Registry
-from tests.conftest import tiny_experiment
+from tests.support import tiny_experiment
 
 DEMO = Path(__file__).parent / "plugin_demo"
 BUILTINS = {

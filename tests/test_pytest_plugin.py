@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 pytest_plugins = ["pytester"]
 

@@ -19,7 +19,8 @@ from parity.config import experiment_from_dict
 from parity.inputs import build_inputs
 from parity.reduce import snippet
 from parity.runner.prepared import prepared_model
-from tests.conftest import tiny_experiment
+from tests.support import tiny_experiment
+from tests.support.cli import run_experiment
 
 # The Offset of tests/fixtures/culprit.py adds its `fault` only while traced: compile (aot_eager, no C++
 # compiler: fast) sees it, eager does not. The gate 1e-2 lies between the fault below it and the one above.
@@ -36,9 +37,8 @@ PERTURBED = {"backend": "tests.fixtures.tiny:PerturbedEager", "name": "perturbed
 
 
 def _run(write_yaml, tmp_path, capsys, exp, name="exp.yaml"):
-    out = tmp_path / f"out-{name}"
-    code = main(["run", str(write_yaml(exp, name)), "--out", str(out), "--quiet", "--no-report"])
-    return code, out, capsys.readouterr().out
+    ran = run_experiment(exp, tmp_path, "--no-report", capsys=capsys, name=f"out-{name}", file_name=name)
+    return ran.code, ran.out, ran.printed
 
 
 def _set_fault(folder, value: float) -> None:

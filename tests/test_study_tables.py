@@ -18,8 +18,8 @@ import yaml
 
 from parity.cli import main
 from parity.records import read_records
-from tests.conftest import EVERY_OUTCOME as TARGETS
-from tests.conftest import ROOT, tiny_experiment
+from tests.support import EVERY_OUTCOME as TARGETS
+from tests.support import ROOT, tiny_experiment
 
 GNU_TIME = """\tCommand being timed: "parity run examples/study.yaml"
 \tUser time (seconds): 1500.25

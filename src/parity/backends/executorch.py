@@ -112,7 +112,7 @@ class ExecuTorchBackend(Backend):
 
     def run(self, inputs: Inputs):
         """The runtime's Python bindings return copies of the outputs, not views of the memory it plans for them
-        (which the next run writes into): tests/test_reach_backends.py checks that they outlive the next run."""
+        (which the next run writes into): tests/backends/test_reach_backends.py checks that they outlive the next run."""
         with self._runtime_log():
             outputs = self.method.execute(inputs.to("cpu", self.dtype).tensors())
         return self.outputs.rebuild(list(outputs), "the ExecuTorch program")

@@ -1,5 +1,5 @@
 """docs/records.md, generated from records/models.py: every record kind, every field, its type and its
-description. `python -m parity.records.reference > docs/records.md` rewrites it; tests/test_records.py
+description. `python -m parity.records.reference > docs/records.md` rewrites it; tests/records/test_records.py
 fails when the file and the models differ."""
 
 from __future__ import annotations

@@ -1,0 +1,79 @@
+"""Every failing check says what to do next, in the console, report.md, report.html and junit.xml, and
+the command it names runs."""
+
+from __future__ import annotations
+
+import shlex
+import xml.etree.ElementTree as ET
+
+from parity.cli import main
+from tests.support import BF16_AT_FLOAT32, tiny_experiment
+from tests.support.cli import run_experiment
+
+PERTURBED = {"backend": "tests.fixtures.tiny:PerturbedEager", "name": "perturbed"}
+
+
+def _run(write_yaml, tmp_path, capsys, exp, *extra):
+    ran = run_experiment(exp, tmp_path, *extra, capsys=capsys)
+    return ran.code, ran.path, ran.out, ran.printed
+
+
+def test_a_drift_names_the_localize_command_everywhere_and_that_command_runs(write_yaml, tmp_path, capsys):
+    code, path, out, printed = _run(write_yaml, tmp_path, capsys, tiny_experiment([PERTURBED]))
+    command = f"parity localize {path} --model tiny --target perturbed --inputs noise --out {out}/localize-tiny-noise-perturbed"
+    assert code == 1 and f"next: {command}" in printed.replace("\n  ", " ")
+    assert "parity fallback" not in printed  # an eager float32 target has no fallback to offer
+    assert f"`{command}`" in (out / "report.md").read_text()
+    assert command in (out / "report.html").read_text()
+    [failure] = [c.find("failure") for c in ET.parse(out / "junit.xml").getroot().iter("testcase")]
+    assert command in failure.text
+    assert main(shlex.split(command)[1:]) in (0, 1)  # the suggested command runs: not a usage error (2)
+
+
+def test_a_reduced_precision_target_with_a_task_is_offered_a_tier3_fallback(write_yaml, tmp_path, capsys):
+    exp = tiny_experiment([BF16_AT_FLOAT32])
+    exp["models"][0]["task"] = "classification"
+    code, path, _, printed = _run(write_yaml, tmp_path, capsys, exp, "--no-report")
+    assert code == 1
+    assert (f"next: parity fallback {path} --model tiny --target eager-cpu-bfloat16 --inputs noise --tier 3"
+            in printed.replace("\n  ", " "))
+
+
+def test_a_localized_failure_names_its_culprit_and_where_its_code_is(write_yaml, tmp_path, capsys):
+    code, path, out, printed = _run(write_yaml, tmp_path, capsys,
+                                    tiny_experiment([PERTURBED], tiers={"activations": True}), "--no-report")
+    assert code == 1 and "parity localize" not in printed  # tier 2 already ran: its finding instead
+    assert "diverges at conv (Conv2d (" in printed and "conv.py:" in printed
+
+
+def test_a_reference_that_fails_says_what_to_fix(write_yaml, tmp_path, capsys):
+    exp = tiny_experiment([PERTURBED], inputs=[{"name": "gray", "synthetic": {"shape": [2, 1, 16, 16]}}])
+    code, _, out, _ = _run(write_yaml, tmp_path, capsys, exp)
+    assert code == 2
+    [error] = [c.find("error") for c in ET.parse(out / "junit.xml").getroot().iter("testcase")]
+    assert "fix the model or the input set" in error.text
+    assert "fix the model or the input set" in (out / "report.md").read_text()
+
+
+def test_the_oracles_finding_is_said_beside_a_failed_check_everywhere(write_yaml, tmp_path, capsys):
+    """PerturbedEager nudges a weight: the float64 oracle finds the target, not the reference, off."""
+    code, _, out, printed = _run(write_yaml, tmp_path, capsys, tiny_experiment([PERTURBED], oracle=True))
+    finding = "oracle: the target is worse than the reference at out"
+    assert code == 1 and finding in printed.replace("\n  ", " ")
+    assert finding in (out / "report.md").read_text() and finding in (out / "report.html").read_text()
+    [failure] = [c.find("failure") for c in ET.parse(out / "junit.xml").getroot().iter("testcase")]
+    assert finding in failure.text
+
+
+def test_an_oracle_verdict_of_a_record_without_a_side_follows_the_rule():
+    """Records written before `worse`: the side comes from the worst leaf's numbers and the rule, so a target
+    2e-7 from float64 beside a reference 3e-7 away is as far, not "the reference is the imprecise one"."""
+    from parity.report.next_steps import oracle_finding
+
+    old = {"target_worse": False, "leaves_target_worse": [], "multiplier": 2.0, "floor": 1e-8}
+    assert oracle_finding({"oracle": {**old, "target_rmse": 2e-7, "reference_rmse": 3e-7}}) == [
+        "oracle: both sides are equally far from float64 (rmse from float64: target 2e-07, reference 3e-07; "
+        "neither is beyond 2x the other's + 1e-08)"]
+    assert oracle_finding({"oracle": {**old, "target_rmse": 2e-7, "reference_rmse": 3e-6}})[0].startswith(
+        "oracle: the reference is the imprecise one: the target is closer to float64")
+    assert oracle_finding({"oracle": None}) == []
