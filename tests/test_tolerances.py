@@ -9,7 +9,7 @@ import json
 import pytest
 
 from parity.cli import main
-from parity.config import experiment_from_dict
+from parity.experiment import experiment_from_dict
 from parity.records import read_records
 from tests.conftest import tiny_experiment
 

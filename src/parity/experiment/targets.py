@@ -18,8 +18,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from parity.config.schema import DTYPES, QUANTIZE_SCHEMES
+from parity.dtypes import DTYPES, QUANTIZE_SCHEMES
 from parity.errors import ParityError, did_you_mean
+from parity.plugins import BACKENDS
 
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
                  "float": "float32", "fp64": "float64", "double": "float64"}
@@ -53,8 +54,6 @@ def _known_backend(text: str, names: list[str]) -> str | None:
 
 def parse_target(text: str) -> dict[str, Any]:
     """The backend entry (`{"backend", "device", "dtype"}`, only the keys the text gives) that `text` names."""
-    from parity.backends import BACKENDS
-
     text = text.strip()
     names = BACKENDS.names()
     backend = _known_backend(text, names)
@@ -67,9 +66,10 @@ def parse_target(text: str) -> dict[str, Any]:
                           f"backends: {', '.join(names)})")
     entry: dict[str, Any] = {"backend": backend}
     rest = text[len(backend) + 1:]
-    for scheme, suffix in QUANTIZE_SCHEMES.items():  # the id's int8 suffix: `quantize: {scheme: ...}`
+    for scheme in QUANTIZE_SCHEMES.values():  # the id's int8 suffix: `quantize: {scheme: ...}`
+        suffix = scheme.word
         if rest == suffix or rest.endswith(("-" + suffix, ":" + suffix)):
-            entry["quantize"] = {"scheme": scheme}
+            entry["quantize"] = {"scheme": scheme.name}
             rest = rest[:-len(suffix)].rstrip("-:")
     tokens = re.split(r"[-:]", rest) if rest else []
     for token in tokens:
