@@ -14,6 +14,9 @@ import torch
 from parity.config.schema import BackendSpec, Experiment
 from parity.errors import ParityError, clip
 from parity.experiment import experiment_from_dict, load_experiment
+from parity.experiment.targets import parse_target
+from parity.experiment.validate import backend_problems
+from parity.experiment.yaml_io import format_path
 from parity.inputs import Inputs
 from parity.records.summary import RunResult
 
@@ -103,8 +106,6 @@ def target_spec(target: str | dict | BackendSpec) -> BackendSpec:
                           f"mapping), not a {type(target).__name__}")
     try:
         if isinstance(target, str):
-            from parity.experiment.targets import parse_target
-
             return BackendSpec.model_validate(parse_target(target))
         return BackendSpec.model_validate(target)
     except ValidationError as exc:
@@ -226,9 +227,6 @@ def _digest(h, value: Any, seen: set[int], depth: int = 0) -> None:
 def _specs(reference, targets) -> tuple[BackendSpec, list[BackendSpec]]:
     """The reference's and the targets' specs; unknown names, bad options and a target id given twice fail
     loudly, all at once, before anything runs."""
-    from parity.experiment.validate import backend_problems
-    from parity.experiment.yaml_io import format_path
-
     problems, specs = [], []
     for path, target in [(("reference",), reference), *((("targets", i), t) for i, t in enumerate(targets))]:
         try:

@@ -23,6 +23,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from parity.dtypes import DTYPES, QUANTIZE_SCHEMES
 from parity.errors import ParityError, clip_problem
 
 EXIT_OK, EXIT_FAILED, EXIT_USER, EXIT_BUG = 0, 1, 2, 3
@@ -525,9 +526,9 @@ def build_parser() -> argparse.ArgumentParser:
 PREPROCESS_CHOICES = ("imagenet", "none")  # parity.quick.PREPROCESS, named here so that --help imports nothing
 TARGET_GRAMMAR = ("BACKEND[-DEVICE][-DTYPE] or BACKEND:DTYPE, as the tables print ids: compile, onnxruntime, "
                   "torchscript, openvino, eager-cpu-bfloat16, compile-cpu, eager-cuda, eager:float16 "
-                  "(DEVICE cpu|cuda|cudaN; DTYPE float32|float64|bfloat16|float16, or bf16|fp16|fp32|fp64); int8: "
-                  "compile-cpu-int8-pt2e-x86, eager-int8-dynamic (-int8-pt2e-x86|-int8-pt2e-xnnpack|-int8-dynamic|"
-                  "-int8-weight last)")
+                  f"(DEVICE cpu|cuda|cudaN; DTYPE {'|'.join(DTYPES)}, or bf16|fp16|fp32|fp64); quantized: "
+                  "compile-cpu-int8-pt2e-x86, eager-int8-dynamic "
+                  f"({'|'.join('-' + s.word for s in QUANTIZE_SCHEMES.values())} last)")
 
 
 def check_parser(sub) -> None:

@@ -9,6 +9,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from parity.backends.base import MAX_THREADS, Backend, num_threads, onnx_file, synchronize, tf32, to_cpu
+from parity.backends.quantize import quantize, scheme_problem
 from parity.dtypes import DTYPES, QUANTIZE_SCHEMES, REDUCED
 from parity.inputs import Inputs
 
@@ -50,8 +51,6 @@ class EagerBackend(Backend):
 
     @classmethod
     def available(cls, spec) -> str | None:
-        from parity.backends.quantize import scheme_problem
-
         return super().available(spec) or (scheme_problem(spec.quantize.scheme) if spec.quantize else None)
 
     @classmethod
@@ -82,8 +81,6 @@ class EagerBackend(Backend):
         """`model` quantized as the target's `quantize:` says (on the CPU, in float32), else as it is."""
         if self.spec.quantize is None:
             return model
-        from parity.backends.quantize import quantize
-
         calibration = [self.convert(c) for c in self.calibration or []]
         with torch.no_grad():
             return quantize(model.eval(), self.spec.quantize.scheme, self.convert(example), calibration)

@@ -5,7 +5,8 @@ and `@pytest.mark.parity(targets=[...])` share, so that what a table prints can 
     BACKEND := a backend name (`parity backends` lists them) | package.module:Class
     DEVICE  := cpu | cuda | cudaN                      default cpu
     DTYPE   := float32 | float64 | bfloat16 | float16  default float32; also bf16, fp16, half, fp32, fp64, double
-    INT8    := int8-pt2e-x86 | int8-pt2e-xnnpack | int8-dynamic | int8-weight   (last: `quantize:`'s scheme)
+    QUANT   := int8-pt2e-x86 | int8-pt2e-xnnpack | int8-dynamic | int8-weight | int4-weight   (last: the word of
+               `quantize:`'s scheme, parity.dtypes.QUANTIZE_SCHEMES)
 
 The ids of the tables (`compile-cpu`, `eager-cpu-bfloat16`, `eager-cuda`, `eager-cuda1`,
 `compile-cpu-int8-pt2e-x86`) are targets, and
