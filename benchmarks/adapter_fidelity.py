@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from parity.config import load_experiment
+from parity.experiment import load_experiment
 from parity.inputs import build_inputs
 from parity.runner.prepared import prepared_model
 from parity.verify.tasks.detection import average_precision, detections_of, match

@@ -32,7 +32,8 @@ import torch
 
 from parity.api import run_experiment
 from parity.backends import create_backend
-from parity.config import Experiment, load_experiment
+from parity.config import Experiment
+from parity.experiment import load_experiment
 from parity.inputs import build_inputs
 from parity.models import build_model
 from parity.runner.plan import plan

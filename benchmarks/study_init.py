@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from parity.config import load_experiment
+from parity.experiment import load_experiment
 from parity.inputs import build_inputs
 from parity.models import build_model
 

@@ -66,7 +66,7 @@ def survey_checks(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def module_types(experiment_file: Path, model: str, names: list[str]) -> dict[str, str]:
     """The class name of each named module of the built model ('?' for a name it lacks)."""
-    from parity.config import load_experiment
+    from parity.experiment import load_experiment
     from parity.runner.prepared import prepared_model
 
     exp = load_experiment(experiment_file)

@@ -27,8 +27,8 @@ import torch
 
 from parity.adapters.fallback import candidates_from, find_fallback
 from parity.api import run_experiment
-from parity.config import experiment_from_dict
 from parity.config.schema import Adapter
+from parity.experiment import experiment_from_dict
 from parity.inputs import build_inputs
 from parity.runner.plan import Job
 from parity.runner.prepared import prepared_model

@@ -160,7 +160,7 @@ def test_a_model_file_is_a_model_and_runs_as_its_source_does(tmp_path, capsys):
 
 
 def test_an_int8_column_header_typed_back_is_a_target_calibrated_on_the_checked_inputs():
-    from parity.config.targets import parse_target
+    from parity.experiment.targets import parse_target
 
     assert parse_target("compile-cpu-int8-pt2e-x86") == {"backend": "compile", "device": "cpu",
                                                          "quantize": {"scheme": "pt2e-x86"}}

@@ -15,8 +15,8 @@ import pytest
 import parity
 from parity import plugins
 from parity.cli import main
-from parity.config import experiment_from_dict, load_experiment
 from parity.errors import ParityError
+from parity.experiment import experiment_from_dict, load_experiment
 from parity.registry import Registry
 from tests.support import tiny_experiment
 
@@ -155,8 +155,7 @@ def test_each_plugin_name_and_spec_is_checked(write_yaml, change, expected):
 
 
 def test_backend_metadata_replaces_the_tables_that_named_backends():
-    from parity.adapters.fallback import fallback_kind
-    from parity.backends import backend_class
+    from parity.backends import backend_class, fallback_kind
     from parity.backends.base import Backend
     from parity.config.schema import BackendSpec
 

@@ -15,7 +15,7 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 from parity.cli import main
-from parity.config import experiment_from_dict
+from parity.experiment import experiment_from_dict
 from parity.inputs import build_inputs
 from parity.reduce import snippet
 from parity.runner.prepared import prepared_model

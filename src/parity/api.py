@@ -11,9 +11,12 @@ from typing import Any
 
 import torch
 
-from parity.config import experiment_from_dict, load_experiment
 from parity.config.schema import BackendSpec, Experiment
 from parity.errors import ParityError, clip
+from parity.experiment import experiment_from_dict, load_experiment
+from parity.experiment.targets import parse_target
+from parity.experiment.validate import backend_problems
+from parity.experiment.yaml_io import format_path
 from parity.inputs import Inputs
 from parity.records.summary import RunResult
 
@@ -93,7 +96,7 @@ def _as_inputs(inputs: Any) -> Inputs:
 
 def target_spec(target: str | dict | BackendSpec) -> BackendSpec:
     """A target id as the tables print it (`eager-cpu-bfloat16`, `compile`, `eager:bfloat16`: the grammar
-    of `parity.config.targets`), a backend entry as in an experiment file, or a BackendSpec."""
+    of `parity.experiment.targets`), a backend entry as in an experiment file, or a BackendSpec."""
     from pydantic import ValidationError
 
     if isinstance(target, BackendSpec):
@@ -103,8 +106,6 @@ def target_spec(target: str | dict | BackendSpec) -> BackendSpec:
                           f"mapping), not a {type(target).__name__}")
     try:
         if isinstance(target, str):
-            from parity.config.targets import parse_target
-
             return BackendSpec.model_validate(parse_target(target))
         return BackendSpec.model_validate(target)
     except ValidationError as exc:
@@ -226,9 +227,6 @@ def _digest(h, value: Any, seen: set[int], depth: int = 0) -> None:
 def _specs(reference, targets) -> tuple[BackendSpec, list[BackendSpec]]:
     """The reference's and the targets' specs; unknown names, bad options and a target id given twice fail
     loudly, all at once, before anything runs."""
-    from parity.config.checks import backend_problems
-    from parity.config.yaml_io import format_path
-
     problems, specs = [], []
     for path, target in [(("reference",), reference), *((("targets", i), t) for i, t in enumerate(targets))]:
         try:

@@ -23,6 +23,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from parity.dtypes import DTYPES, QUANTIZE_SCHEMES
 from parity.errors import ParityError, clip_problem
 
 EXIT_OK, EXIT_FAILED, EXIT_USER, EXIT_BUG = 0, 1, 2, 3
@@ -41,7 +42,7 @@ def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
     """Run the files of `args` or, from `parity check`, the validated `experiments`: print the table, write
     the reports, return the exit code."""
     from parity.api import default_out_dir
-    from parity.config import load_experiment
+    from parity.experiment import load_experiment
     from parity.files import user_path
     from parity.outdir import prepare
     from parity.report import write_reports
@@ -150,7 +151,7 @@ def _executor_options(exp, args: argparse.Namespace) -> None:
 def cmd_check(args: argparse.Namespace) -> int:
     """One model against one or more targets from the command line alone: the experiment it makes is run
     as `parity run` runs a file (same table, records, reports and exit codes)."""
-    from parity.config import experiment_from_dict
+    from parity.experiment import experiment_from_dict
     from parity.quick import check_experiment, save_experiment
 
     data = check_experiment(args.model, args.target, reference=args.reference, entry=args.entry,
@@ -190,7 +191,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from parity.config import load_experiment
+    from parity.experiment import load_experiment
 
     problems: list[str] = []
     deep_would_check = False
@@ -257,8 +258,8 @@ def _one_check(args: argparse.Namespace):
     (with tier-2 settings overridden by --granularity and --mode where given)."""
     from pydantic import ValidationError
 
-    from parity.config import load_experiment
     from parity.config.schema import Activations
+    from parity.experiment import load_experiment
     from parity.runner.runner import Runner
 
     _refuse_existing_records(args.out)
@@ -525,9 +526,9 @@ def build_parser() -> argparse.ArgumentParser:
 PREPROCESS_CHOICES = ("imagenet", "none")  # parity.quick.PREPROCESS, named here so that --help imports nothing
 TARGET_GRAMMAR = ("BACKEND[-DEVICE][-DTYPE] or BACKEND:DTYPE, as the tables print ids: compile, onnxruntime, "
                   "torchscript, openvino, eager-cpu-bfloat16, compile-cpu, eager-cuda, eager:float16 "
-                  "(DEVICE cpu|cuda|cudaN; DTYPE float32|float64|bfloat16|float16, or bf16|fp16|fp32|fp64); int8: "
-                  "compile-cpu-int8-pt2e-x86, eager-int8-dynamic (-int8-pt2e-x86|-int8-pt2e-xnnpack|-int8-dynamic|"
-                  "-int8-weight last)")
+                  f"(DEVICE cpu|cuda|cudaN; DTYPE {'|'.join(DTYPES)}, or bf16|fp16|fp32|fp64); quantized: "
+                  "compile-cpu-int8-pt2e-x86, eager-int8-dynamic "
+                  f"({'|'.join('-' + s.word for s in QUANTIZE_SCHEMES.values())} last)")
 
 
 def check_parser(sub) -> None:

@@ -18,7 +18,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from parity.config.schema import plain_name
+from parity.config.schema import BackendSpec, plain_name
+from parity.dtypes import QUANTIZE_SCHEMES
 from parity.errors import ParityError, did_you_mean
 from parity.files import file_problem, user_path
 
@@ -208,9 +209,8 @@ def target_entries(targets: list[str], reference: str | None,
                    calibration: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The reference's and the targets' entries; each --target that cannot be one is refused by name. An int8
     target of a static scheme (`compile-cpu-int8-pt2e-x86`) is calibrated on `calibration`, the checked inputs."""
-    from parity.config.checks import backend_problems
-    from parity.config.schema import BackendSpec
-    from parity.config.targets import parse_target
+    from parity.experiment.targets import parse_target
+    from parity.experiment.validate import backend_problems
 
     entries, problems, seen = [], [], {}
     for flag, text in [("--reference", reference or "eager"), *(("--target", t) for t in targets)]:
@@ -219,7 +219,7 @@ def target_entries(targets: list[str], reference: str | None,
         except ParityError as exc:
             problems.append(f"{flag} {text}: {exc.problems[0]}")
             continue
-        if entry.get("quantize", {}).get("scheme", "").startswith("pt2e"):
+        if "quantize" in entry and QUANTIZE_SCHEMES[entry["quantize"]["scheme"]].calibrated:
             entry["quantize"]["calibration"] = calibration
         spec = BackendSpec.model_validate(entry)
         problems += [f"{flag} {text}: {msg}" for _, msg in backend_problems(spec, ())]

@@ -104,7 +104,7 @@ def find_check(records, run_dir: Path, which: str) -> Found:
 
 def experiment_of(run: dict[str, Any], run_dir: Path):
     """The experiment as the run resolved it, its relative paths against the run's base folder."""
-    from parity.config import experiment_from_dict
+    from parity.experiment import experiment_from_dict
 
     exp = experiment_from_dict(run["config"], run_dir / "records.jsonl", Path(run["base_dir"]))
     exp._file = run.get("file")
@@ -118,7 +118,7 @@ def experiment_folder(run: dict[str, Any]) -> Path | None:
     """`base_dir` when it holds the experiment file the run ran: the file the run record names, else one of
     the folder's own .yaml/.yml files, that loads into the models the records hold (the code they name;
     localize records its own tiers, so the rest may differ). None when none does."""
-    from parity.config import load_experiment
+    from parity.experiment import load_experiment
 
     if not isinstance(run.get("base_dir"), str) or not isinstance(run.get("config"), dict):
         return None

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from parity.api import run_experiment
-from parity.config import experiment_from_dict
 from parity.execute.execution import execute
+from parity.experiment import experiment_from_dict
 from parity.inputs import build_inputs
 from parity.models import build_model
 from tests.support import tiny_experiment

@@ -13,12 +13,12 @@ from torch import nn
 from parity.adapters.fallback import apply_fallback, candidates_from, find_fallback
 from parity.backends.eager import EagerBackend
 from parity.cli import main
-from parity.config import load_experiment
 from parity.config.schema import BackendSpec
 from parity.errors import ParityError
 from parity.execute import calibration
 from parity.execute.cache import ArtifactCache
 from parity.execute.execution import execute
+from parity.experiment import load_experiment
 from parity.inputs import Inputs
 from parity.records.view import RunView
 from parity.verify.localize import localize

@@ -11,8 +11,8 @@ from parity.backends import BACKENDS, backend_class
 from parity.backends.onnxruntime import OnnxRuntimeBackend, OnnxRuntimeTensorRTBackend
 from parity.backends.tensorrt import TensorRTBackend, compile_settings
 from parity.cli import main
-from parity.config import experiment_from_dict
 from parity.config.schema import BackendSpec
+from parity.experiment import experiment_from_dict
 from tests.support import tiny_experiment
 
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from parity.cli import main
-from parity.config import experiment_from_dict
+from parity.experiment import experiment_from_dict
 from parity.records import read_records
 from tests.support import tiny_experiment
 from tests.support.cli import run_experiment
@@ -167,6 +167,19 @@ def test_an_explicit_experiment_gate_does_not_reach_a_reduced_precision_target()
                                                tolerances={"gate": 1e-3, "rtol": 1e-4}))
     fp16, fp32 = (exp.tolerance_for(t) for t in exp.targets)
     assert (fp16.gate, fp16.rtol) == (1e-5, 1e-3) and (fp32.gate, fp32.rtol) == (1e-3, 1e-4)
+
+
+def test_a_pair_is_judged_at_the_default_of_its_less_precise_side_whichever_side_that_is():
+    """A bfloat16 target of a float64 reference, a float32 target of a bfloat16 reference: bfloat16's default;
+    float64 against float32 keeps the experiment's. `parity run` and the API's default alike."""
+    from parity.config.tolerances import default_tolerance
+
+    exp = experiment_from_dict(tiny_experiment([{"backend": "eager", "dtype": "bfloat16"}, {"backend": "eager"},
+                                                {"backend": "eager", "dtype": "float16"}],
+                                               reference={"backend": "eager", "dtype": "float64"}))
+    assert [exp.tolerance_for(t).source for t in exp.targets] == ["default-for-bfloat16", "experiment", "default-for-float16"]
+    assert default_tolerance("float32", "bfloat16") == default_tolerance("bfloat16", "float64") == (1.6e-2, 1e-5)
+    assert default_tolerance("float64", "float32") == (1e-5, 1e-4)
 
 
 def test_an_exact_leaf_name_wins_over_an_earlier_glob():

@@ -8,10 +8,10 @@ import torch
 from parity import assert_backends_agree
 from parity.api import run_experiment
 from parity.cli import main
-from parity.config import load_experiment
 from parity.config.schema import BackendSpec
 from parity.errors import ParityError
 from parity.execute.execution import execute
+from parity.experiment import load_experiment
 from parity.inputs import Inputs
 from parity.records import tolerance_key
 from parity.verify.tensors import compare
@@ -146,7 +146,7 @@ def test_synthetic_values_torch_cannot_take_are_rejected_up_front(write_yaml, sy
 
 
 def test_boolean_masks_are_random_not_all_false(tmp_path):
-    from parity.config import experiment_from_dict
+    from parity.experiment import experiment_from_dict
     from parity.inputs import build_inputs
 
     data = tiny_experiment([{"backend": "torchscript"}])

@@ -513,7 +513,7 @@ def test_generated_wrong_values(data):
     value = data.draw(BAD_VALUES[where])
     experiment = valid()
     _at(experiment, where[:-1])[where[-1]] = value
-    from parity.config.yaml_io import format_path
+    from parity.experiment.yaml_io import format_path
 
     reject(experiment, format_path(where))
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from parity.config import experiment_from_dict
+from parity.experiment import experiment_from_dict
 from parity.inputs import build_inputs
 from parity.inputs import images as images_module
 from tests.support.hostile_kit import assert_refused, assert_warned, run, with_images

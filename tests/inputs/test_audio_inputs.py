@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from parity.cli import main
-from parity.config import experiment_from_dict
 from parity.errors import ParityError
+from parity.experiment import experiment_from_dict
 from parity.inputs import build_inputs
 from tests.support import tiny_experiment
 

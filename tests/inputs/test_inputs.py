@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parity.config import experiment_from_dict
 from parity.errors import ParityError
+from parity.experiment import experiment_from_dict
 from parity.inputs import build_inputs
 from tests.support import FIXTURES, tiny_experiment
 

@@ -16,9 +16,9 @@ from pydantic import Field
 from parity.api import run_experiment
 from parity.backends.onnxruntime import OnnxRuntimeBackend, OnnxRuntimeOptions
 from parity.cli import main
-from parity.config import experiment_from_dict
 from parity.config.schema import BackendSpec
 from parity.errors import ParityError
+from parity.experiment import experiment_from_dict
 from parity.models import build_model, source_fingerprint
 from parity.runner.runner import Runner
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from parity.config import experiment_from_dict
 from parity.errors import ParityError
+from parity.experiment import experiment_from_dict
 from parity.models import build_model
 from parity.models.sources import loaded_from
 from tests.support import FIXTURES, tiny_experiment

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from parity.cli import main
-from parity.config import experiment_from_dict
 from parity.errors import ParityError
+from parity.experiment import experiment_from_dict
 from parity.models import build_model
 from parity.records import RunView
 from tests.support import tiny_experiment

@@ -16,8 +16,8 @@ import torch
 from PIL import Image
 
 from parity.cli import main
-from parity.config import experiment_from_dict
 from parity.errors import ParityError
+from parity.experiment import experiment_from_dict
 from parity.runner.prepared import build_model_or_explain
 
 STUDY = Path(__file__).resolve().parents[2] / "study"

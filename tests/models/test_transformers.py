@@ -13,8 +13,8 @@ import yaml
 
 from parity.api import run_experiment
 from parity.cli import main
-from parity.config import experiment_from_dict
 from parity.errors import ParityError
+from parity.experiment import experiment_from_dict
 from parity.inputs import build_inputs
 from parity.models import build_model, source_fingerprint
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from parity.config import experiment_from_dict
 from parity.errors import ParityError
+from parity.experiment import experiment_from_dict
 from parity.records import SCHEMA_VERSION, RecordWriter, environment, read_records, read_run, record_problem
 from parity.records.reference import COMMAND, reference
 from parity.records.summary import exit_code, summarize

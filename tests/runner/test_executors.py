@@ -10,8 +10,8 @@ import pytest
 
 from parity.api import run_experiment
 from parity.cli import main
-from parity.config import experiment_from_dict
 from parity.errors import ParityError
+from parity.experiment import experiment_from_dict
 from parity.records import read_records
 from tests.support import BF16_AT_FLOAT32, tiny_experiment
 

@@ -11,8 +11,8 @@ import torch
 
 from parity.api import run_experiment
 from parity.cli import main
-from parity.config import experiment_from_dict
 from parity.execute.execution import execute
+from parity.experiment import experiment_from_dict
 from parity.inputs import build_inputs
 from parity.models import build_model
 from parity.records import SCHEMA_VERSION, read_records

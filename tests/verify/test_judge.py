@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from parity import taxonomy as tx
-from parity.config.loading import experiment_from_dict
 from parity.execute.execution import Execution
+from parity.experiment.loading import experiment_from_dict
 from parity.records import tolerance_key
 from parity.verify.checks import tier1_check
 from tests.support import tiny_experiment

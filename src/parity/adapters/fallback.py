@@ -25,13 +25,12 @@ from typing import Any
 
 import torch
 
+from parity.backends import fallback_kind
 from parity.backends.quantize import keep_float
 from parity.config.schema import BackendSpec
 from parity.errors import ParityError
 from parity.inputs import Inputs
 from parity.outputs import map_tensors
-
-REDUCED = ("bfloat16", "float16")
 
 
 class Float32Island(torch.nn.Module):
@@ -82,23 +81,6 @@ def fallback_for(spec: BackendSpec, model_name: str) -> list[str]:
         if not sep or owner == model_name:
             out.append(module)
     return out
-
-
-def fallback_kind(spec: BackendSpec) -> str:
-    """What the fallback modules of `spec` run as: float32 on a reduced-dtype target, else the backend's own
-    `fallback_kind` (compile: eager)."""
-    from parity.backends import BACKENDS, backend_class
-
-    if spec.quantize is not None:
-        return "float"
-    if spec.dtype in REDUCED:
-        return "float32"
-    kind = backend_class(spec.backend).fallback_kind
-    if kind is None:
-        able = [n for n in BACKENDS.names() if backend_class(n).fallback_kind is not None]
-        raise ParityError(f"target {spec.id}: fallback applies to {', '.join(able)} targets, to bfloat16/float16 "
-                          "targets and to quantized targets")
-    return kind
 
 
 def apply_fallback(model: torch.nn.Module, names: list[str], spec: BackendSpec) -> torch.nn.Module:

@@ -71,7 +71,7 @@ class Backend(ABC):
     # cache keys on them (execute/cache.py). A plugin's own package and the libraries its model code reaches
     # are found by the cache's walk; a backend that exports with another library names it here.
     libraries: ClassVar[tuple[str, ...]] = ("torch",)
-    # What `parity fallback` runs the chosen modules as on this backend in float32 (adapters/fallback.py):
+    # What `parity fallback` runs the chosen modules as on this backend in float32 (`backends.fallback_kind`):
     # "eager" (outside a compiled graph), or None when it cannot take modules out of its fast path. A
     # bfloat16/float16 target of any backend can run modules in float32.
     fallback_kind: ClassVar[str | None] = None
@@ -82,7 +82,7 @@ class Backend(ABC):
     # Whether `capture_layers` is implemented: tier 2's propagated mode then reads layer outputs from inside
     # this backend's own run (a backend that `runs_module_hooks` is read through hooks instead).
     captures_layers: ClassVar[bool] = False
-    # The devices on which an experiment in the published tool's format (config/legacy.py), which names no
+    # The devices on which an experiment in the published tool's format (experiment/legacy.py), which names no
     # targets, checks this backend when it is available here.
     legacy_devices: ClassVar[tuple[str, ...]] = ()
     # The kinds of model (models/sources' MODEL_KINDS) this backend runs. An exported program's module is a torch module
@@ -120,7 +120,7 @@ class Backend(ABC):
     @classmethod
     def model_problem(cls, spec, kind: str) -> str | None:
         """Why this backend, as `spec` sets it, cannot run a model of `kind` (MODEL_KINDS), or None. Found when
-        the experiment is checked; config/checks.py adds the backends that can."""
+        the experiment is checked; experiment/validate.py adds the backends that can."""
         if kind not in cls.model_kinds:
             return f"backend '{cls.name}' cannot run {MODEL_KINDS.get(kind, kind)}"
         return None

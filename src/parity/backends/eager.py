@@ -9,7 +9,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from parity.backends.base import MAX_THREADS, Backend, num_threads, onnx_file, synchronize, tf32, to_cpu
-from parity.config.schema import DTYPES
+from parity.backends.quantize import quantize, scheme_problem
+from parity.dtypes import DTYPES, QUANTIZE_SCHEMES, REDUCED
 from parity.inputs import Inputs
 
 
@@ -32,7 +33,7 @@ class EagerBackend(Backend):
     specializes_on_example = False  # the model's own forward, whatever the inputs' shapes
     # Whatever the model's forward is: an ONNX file's runs ONNX Runtime CPU float32 (models/onnx_graph.py).
     model_kinds = ("module", "exported", "torchscript", "onnx")
-    quantize_schemes = ("pt2e-x86", "pt2e-xnnpack", "torchao-int8-dynamic", "torchao-int8-weight", "torchao-int4-weight")
+    quantize_schemes = tuple(QUANTIZE_SCHEMES)
 
     @classmethod
     def model_problem(cls, spec, kind: str) -> str | None:
@@ -50,13 +51,11 @@ class EagerBackend(Backend):
 
     @classmethod
     def available(cls, spec) -> str | None:
-        from parity.backends.quantize import scheme_problem
-
         return super().available(spec) or (scheme_problem(spec.quantize.scheme) if spec.quantize else None)
 
     @classmethod
     def spec_problem(cls, spec) -> str | None:
-        if spec.options.get("autocast") and spec.dtype not in ("bfloat16", "float16"):
+        if spec.options.get("autocast") and spec.dtype not in REDUCED:
             return "option autocast needs dtype bfloat16 or float16"
         if spec.options.get("tf32") is not None and not spec.device.startswith("cuda"):
             return "option tf32 applies to CUDA devices only"
@@ -82,8 +81,6 @@ class EagerBackend(Backend):
         """`model` quantized as the target's `quantize:` says (on the CPU, in float32), else as it is."""
         if self.spec.quantize is None:
             return model
-        from parity.backends.quantize import quantize
-
         calibration = [self.convert(c) for c in self.calibration or []]
         with torch.no_grad():
             return quantize(model.eval(), self.spec.quantize.scheme, self.convert(example), calibration)

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from parity.backends.base import Backend, OutputSpec, not_installed
 from parity.backends.export import ExportOptions, export_lines, export_program
+from parity.backends.quantize import quantize
 from parity.inputs import Inputs
 from parity.offline import quiet_library_imports
 
@@ -104,8 +105,6 @@ class ExecuTorchBackend(Backend):
         again (what ExecuTorch's XNNPACK flow lowers)."""
         if self.spec.quantize is None:
             return export_program(model, example, ExportOptions())
-        from parity.backends.quantize import quantize
-
         with torch.no_grad():
             quantized = quantize(model.eval(), self.spec.quantize.scheme, example, self.calibration or [])
         return torch.export.export(quantized, tuple(example.args), example.kwargs or None)

@@ -1,4 +1,5 @@
-"""Int8 quantization of a float model, for a target's `quantize:` (config/schema.py `QuantizeSpec`).
+"""Int8 quantization of a float model, for a target's `quantize:` (config/schema.py `QuantizeSpec`; each scheme's
+facts: dtypes.py `QUANTIZE_SCHEMES`).
 
 - `pt2e-x86`, `pt2e-xnnpack`: `torch.export`, then torchao's PT2E flow (`prepare_pt2e`, one run per calibration
   input, `convert_pt2e`) with the X86 Inductor quantizer or ExecuTorch's XNNPACK quantizer: weights and
@@ -23,14 +24,11 @@ from typing import Any
 
 import torch
 
+from parity.dtypes import QUANTIZE_SCHEMES
 from parity.inputs import Inputs
 from parity.offline import quiet_library_imports
 
 KEEP_FLOAT = "_parity_keep_float"
-PT2E = ("pt2e-x86", "pt2e-xnnpack")
-LIBRARIES = {"pt2e-x86": ("torchao",), "pt2e-xnnpack": ("torchao", "executorch"),
-             "torchao-int8-dynamic": ("torchao",), "torchao-int8-weight": ("torchao",),
-             "torchao-int4-weight": ("torchao",)}
 INT4_GROUP = 32  # input features sharing one int4 scale
 
 
@@ -49,7 +47,7 @@ def scheme_problem(scheme: str) -> str | None:
     them: torchao takes seconds to import)."""
     import importlib.util
 
-    missing = [name for name in LIBRARIES[scheme] if importlib.util.find_spec(name) is None]
+    missing = [name for name in QUANTIZE_SCHEMES[scheme].libraries if importlib.util.find_spec(name) is None]
     if missing:
         return f"quantize scheme {scheme} needs {' and '.join(missing)}, which is not installed here"
     return None
@@ -59,7 +57,7 @@ def quantize(model: torch.nn.Module, scheme: str, example: Inputs, calibration: 
     """`model` (float32, eval mode) quantized by `scheme`; the PT2E schemes export it for inputs like `example`
     and observe `calibration` (each an Inputs the model is called with)."""
     keep = float_modules(model)
-    if scheme in PT2E:
+    if QUANTIZE_SCHEMES[scheme].calibrated:  # the PT2E flow
         if not calibration:
             raise ValueError(f"quantize scheme {scheme} needs calibration inputs")
         same = all(_shapes(c) == _shapes(example) for c in calibration)  # a static export is twice as quick

@@ -1,6 +1,6 @@
-"""The experiment file: schema, loading (YAML and the published tool's format), checks."""
+"""The experiment's schema (shape and numbers, `schema.py`) and its tolerance policy (`tolerances.py`).
+Reading a file into one, and checking it against what is installed here, is `parity.experiment`."""
 
-from parity.config.loading import experiment_from_dict, load_experiment
 from parity.config.schema import BackendSpec, Experiment, InputSetSpec, ModelSpec, Tolerances
 
-__all__ = ["BackendSpec", "Experiment", "InputSetSpec", "ModelSpec", "Tolerances", "experiment_from_dict", "load_experiment"]
+__all__ = ["BackendSpec", "Experiment", "InputSetSpec", "ModelSpec", "Tolerances"]

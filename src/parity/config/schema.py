@@ -1,7 +1,7 @@
 """The experiment file, as pydantic models. Unknown keys are rejected everywhere.
 
 This module checks shape and types only; names that need the file system or a library (backends' options,
-torchvision builders, files) are checked in `config.checks`. What a plugin owns (a model source's keys, a
+torchvision builders, files) are checked in `experiment.validate`. What a plugin owns (a model source's keys, a
 task's thresholds, an adapter's and an executor's settings) is validated by the plugin's own spec, which
 the registries in `parity.plugins` find when a file is validated (`plugin_spec`).
 
@@ -39,11 +39,10 @@ from pydantic_core import PydanticCustomError
 
 from parity.config.tolerances import FLOAT_RTOL, Tolerance, default_gate
 from parity.config.tolerances import resolve as resolve_tolerance
+from parity.dtypes import DTYPES, QUANTIZE_SCHEMES
 from parity.errors import ParityError, did_you_mean
 from parity.files import user_path
 from parity.plugins import ADAPTERS, EXECUTORS, SOURCES, TASKS
-
-DTYPES = ("float32", "float64", "bfloat16", "float16")
 
 MAX_REPEATS = 1000
 MAX_ELEMENTS = 2**28  # per input set: 1 GiB of float32, more than any model test needs
@@ -262,7 +261,7 @@ class Synthetic(Strict):
     exact in it (a float16 randint above 2048 would round), a uniform's bounds are finite in it."""
 
     shape: list[StrictInt] = Field(min_length=1, max_length=MAX_DIMS)
-    dtype: Literal["float32", "float64", "bfloat16", "float16", "int64", "int32", "bool"] = "float32"
+    dtype: Literal[(*DTYPES, "int64", "int32", "bool")] = "float32"
     distribution: Literal["normal", "uniform", "randint", "zeros", "ones"] = "normal"
     low: StrictFloat = Field(default=0.0, ge=-1e15, le=1e15)
     high: StrictFloat = Field(default=1.0, ge=-1e15, le=1e15)
@@ -446,24 +445,19 @@ class TargetTolerances(GateAndRules):
     rtol: float | None = Field(default=None, ge=0)
 
 
-# Quantization schemes (backends/quantize.py) and the word each adds to a target's id.
-QUANTIZE_SCHEMES = {"pt2e-x86": "int8-pt2e-x86", "pt2e-xnnpack": "int8-pt2e-xnnpack",
-                    "torchao-int8-dynamic": "int8-dynamic", "torchao-int8-weight": "int8-weight",
-                    "torchao-int4-weight": "int4-weight"}
-
-
 class QuantizeSpec(Strict):
     """`quantize:` of a target: int8 (int4 weights: torchao-int4-weight) by a scheme, calibrated (static schemes) on an input set of the experiment."""
 
-    scheme: Literal["pt2e-x86", "pt2e-xnnpack", "torchao-int8-dynamic", "torchao-int8-weight", "torchao-int4-weight"]
+    scheme: Literal[tuple(QUANTIZE_SCHEMES)]
     calibration: Name | None = None  # an input set's name; the PT2E schemes need one
 
     @model_validator(mode="after")
     def _calibrated(self) -> QuantizeSpec:
-        if self.scheme.startswith("pt2e") and self.calibration is None:
+        calibrated = QUANTIZE_SCHEMES[self.scheme].calibrated
+        if calibrated and self.calibration is None:
             raise ValueError(f"scheme {self.scheme} quantizes activations with ranges observed on data: give "
                              "`calibration: INPUT_SET`")
-        if not self.scheme.startswith("pt2e") and self.calibration is not None:
+        if not calibrated and self.calibration is not None:
             raise ValueError(f"scheme {self.scheme} observes no data (weights only, or activations quantized as they "
                              "come): remove `calibration`")
         return self
@@ -472,7 +466,7 @@ class QuantizeSpec(Strict):
 class BackendSpec(Strict):
     backend: str = Field(min_length=1)
     device: str = "cpu"
-    dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
+    dtype: Literal[DTYPES] = "float32"
     name: Name | None = None
     options: dict[str, Any] = Field(default_factory=dict)
     fallback: list[str] = Field(default_factory=list)  # modules run outside the fast path (parity fallback)
@@ -494,7 +488,7 @@ class BackendSpec(Strict):
         backend = self.backend.rpartition(":")[2] if ":" in self.backend else self.backend
         suffix = "" if self.dtype == "float32" else f"-{self.dtype}"
         if self.quantize is not None:
-            suffix += f"-{QUANTIZE_SCHEMES[self.quantize.scheme]}"
+            suffix += f"-{QUANTIZE_SCHEMES[self.quantize.scheme].word}"
         return f"{backend}-{self.device.replace(':', '')}{suffix}"
 
 
@@ -502,6 +496,10 @@ class Oracle(Strict):
     enabled: bool = True
     multiplier: float = Field(default=2.0, gt=0)
     floor: float = Field(default=1e-8, ge=0)
+
+
+# The float64 oracle's backend (`oracle: true`): planned with every job (runner/plan.py), checked with the others.
+ORACLE = BackendSpec(backend="eager", device="cpu", dtype="float64", name="oracle")
 
 
 _GRANULARITY = re.compile(r"^(blocks|leaf|depth:[1-9][0-9]*)$")

@@ -14,11 +14,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from parity.dtypes import FLOATS
 from parity.records.keys import default_gate
 
-# torch.testing.assert_close's defaults (rtol, atol), for the reduced-precision dtypes.
-DTYPE_DEFAULTS = {"bfloat16": (1.6e-2, 1e-5), "float16": (1e-3, 1e-5)}
-PRECISION = {"float64": 3, "float32": 2, "bfloat16": 1, "float16": 1}
 DEFAULT_SWEEP = (1e-6, 1e-5, 1e-4, 1e-3)
 
 
@@ -29,8 +27,12 @@ def default_tolerance(target_dtype: str, reference_dtype: str) -> tuple[float, f
     """(rtol, atol) a pair is judged at when nobody gives one: torch.testing's default for a reduced-precision
     side, else the experiment's defaults (rtol 1e-5, gate 1e-4). `parity run`, `parity check`, the Python API
     and the pytest plugin alike: one float32 default everywhere."""
-    lower = min((target_dtype, reference_dtype), key=PRECISION.__getitem__)
-    return DTYPE_DEFAULTS.get(lower, (FLOAT_RTOL, default_gate(DEFAULT_SWEEP)))
+    return _less_precise(target_dtype, reference_dtype).default_tolerance or (FLOAT_RTOL, default_gate(DEFAULT_SWEEP))
+
+
+def _less_precise(*dtypes: str):
+    """The table entry (parity.dtypes) of the less precise of `dtypes`: its default tolerance is the pair's."""
+    return min((FLOATS[d] for d in dtypes), key=lambda d: d.precision)
 
 
 @functools.cache
@@ -81,14 +83,14 @@ def resolve(experiment_tolerances: Any, target: Any, reference_dtype: str) -> To
     tier3` (the target's, else the experiment's) keeps tier 1's numbers but lets tier 3 decide the verdict."""
     exp, own = experiment_tolerances, target.tolerances
     given = own.model_fields_set & {"rtol", "gate", "outputs"} if own is not None else set()
-    lower = min((target.dtype, reference_dtype), key=PRECISION.__getitem__)
-    dtype_rtol, dtype_atol = DTYPE_DEFAULTS.get(lower, (None, None))
+    lower = _less_precise(target.dtype, reference_dtype)
+    dtype_rtol, dtype_atol = lower.default_tolerance or (None, None)
     sweep = list(exp.atol)
     gate_setting = own.gate if "gate" in given else exp.gate
     numeric = [g for g in (own.gate if "gate" in given else None, dtype_atol, exp.gate) if isinstance(g, float | int)]
     gate = numeric[0] if numeric else default_gate(sweep)
     rtol = next(r for r in (own.rtol if "rtol" in given else None, dtype_rtol, exp.rtol) if r is not None)
-    source = "target" if given else (f"default-for-{lower}" if dtype_atol is not None else "experiment")
+    source = "target" if given else (f"default-for-{lower.name}" if dtype_atol is not None else "experiment")
     rules = [(p, r.atol, r.rtol, "target") for p, r in (own.outputs.items() if own is not None else ())]
     rules += [(p, r.atol, r.rtol, "experiment") for p, r in exp.outputs.items()]
     return Tolerance(tuple(sorted(set(sweep))), rtol, float(gate), gate_setting == "tier3", source, tuple(rules))

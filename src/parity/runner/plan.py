@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from parity.config.schema import BackendSpec, Experiment, InputSetSpec, ModelSpec
-
-ORACLE = BackendSpec(backend="eager", device="cpu", dtype="float64", name="oracle")
+from parity.config.schema import ORACLE, BackendSpec, Experiment, InputSetSpec, ModelSpec
 
 
 @dataclass(frozen=True)

@@ -33,10 +33,10 @@ from parity import taxonomy as tx
 from parity.adapters.fallback import (
     FallbackResult,
     candidates_from,
-    fallback_kind,
     find_fallback,
     next_step,
 )
+from parity.backends import fallback_kind
 from parity.config.schema import BackendSpec, Experiment, InputSetSpec, ModelSpec, tasks_spec
 from parity.errors import ParityError
 from parity.execute.cache import ArtifactCache

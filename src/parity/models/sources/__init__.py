@@ -27,7 +27,7 @@ Problem = tuple[tuple, str]
 # submodules, or a module that runs a file of another kind. A backend says which it takes
 # (`Backend.model_kinds`, `Backend.model_problem`).
 MODEL_KINDS = {"module": "a PyTorch module", "exported": "a torch.export program (.pt2)",
-               "torchscript": "a TorchScript module (.pt)", "onnx": "an ONNX graph file"}  # (key path under the model, message), as config/checks.py reports them
+               "torchscript": "a TorchScript module (.pt)", "onnx": "an ONNX graph file"}  # (key path under the model, message), as experiment/validate.py reports them
 
 
 class Source(ABC):

@@ -46,7 +46,7 @@ def fit_problem(inputs: list[GraphValue], input_set, experiment) -> str | None:
             given = [(name, SimpleNamespace(dtype=dtype, shape=shape))
                      for name, dtype, shape in describe(experiment.resolve(input_set.tensors))]
         except TensorFileError:
-            return None  # the file itself is refused by config/checks.py
+            return None  # the file itself is refused by experiment/validate.py
     elif input_set.synthetic is None:  # images: one float32 batch (or list)
         return None if len(inputs) == 1 else f"input set '{input_set.name}' gives one image batch; {graph}"
     else:

@@ -9,10 +9,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from parity.config import checks, legacy
 from parity.config.schema import Experiment, flat_thresholds, plain_name, spec_class_for
-from parity.config.yaml_io import KeyPath, format_path, line_of, load_yaml
 from parity.errors import ParityError, did_you_mean
+from parity.experiment import legacy
+from parity.experiment.validate import experiment_problems
+from parity.experiment.yaml_io import KeyPath, format_path, line_of, load_yaml
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +182,7 @@ def experiment_from_dict(data: Any, source: str | Path = "<dict>", base_dir: Pat
         exp._base_dir = base_dir
     if exp.name is None:  # the file's stem, made a plain name (`...yaml` would otherwise be `..`)
         exp.name = plain_name(Path(str(source)).stem, "experiment") if source != "<dict>" else "experiment"
-    problems = checks.check(exp)
+    problems = experiment_problems(exp)
     if problems:
         _raise(source, problems, lines)
     return exp

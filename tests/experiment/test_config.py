@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from parity.cli import main
-from parity.config import load_experiment
 from parity.errors import ParityError
+from parity.experiment import load_experiment
 from tests.support import ROOT, tiny_experiment
 
 GOOD = """\

@@ -15,14 +15,16 @@ import math
 from pathlib import Path
 from typing import Any
 
+from parity.backends import backend_class
+from parity.config.schema import BackendSpec, check_name, plain_name
 from parity.errors import did_you_mean
+from parity.models.sources.torchvision import default_weights_cached
+from parity.plugins import BACKENDS
 
 LEGACY_KEYS = {"from", "model", "repo", "params", "inputs", "means", "stds", "options", "verification"}
 
 
 def _is_name(text: str) -> bool:
-    from parity.config.schema import check_name
-
     try:
         check_name(text)
     except ValueError:
@@ -78,9 +80,6 @@ def _problems(data: dict) -> list[tuple[tuple, str]]:
 
 def _available_targets() -> list[dict]:
     """Every registered backend on each of its `legacy_devices` where it can run here: CPU ones first."""
-    from parity.backends import BACKENDS, backend_class
-    from parity.config.schema import BackendSpec
-
     targets = []
     for device in ("cpu", "cuda"):
         for name in BACKENDS.names():
@@ -97,8 +96,6 @@ def translate(data: dict, path: Path) -> tuple[dict | None, list[tuple[tuple, st
         return None, problems, []
     warnings: list[str] = []
     if data["from"] == "library":
-        from parity.models.sources.torchvision import default_weights_cached
-
         builder = data["model"]
         model: dict[str, Any] = {"name": builder, "source": "torchvision", "builder": builder}
         if default_weights_cached(builder):
@@ -119,8 +116,6 @@ def translate(data: dict, path: Path) -> tuple[dict | None, list[tuple[tuple, st
         preprocess["resize_multiple"] = resize_multiple
     if data.get("means") is not None or data.get("stds") is not None:
         preprocess["mean"], preprocess["std"] = data.get("means"), data.get("stds")
-    from parity.config.schema import plain_name
-
     stems = [plain_name(Path(p).stem, "image") for p in data["inputs"]]
     unique = len(set(stems)) == len(stems)
     inputs = [

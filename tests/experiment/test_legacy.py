@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from parity.cli import main
-from parity.config import load_experiment
 from parity.errors import ParityError
+from parity.experiment import load_experiment
 from parity.records import read_records
 from tests.support import FIXTURES
 

@@ -5,7 +5,8 @@ and `@pytest.mark.parity(targets=[...])` share, so that what a table prints can 
     BACKEND := a backend name (`parity backends` lists them) | package.module:Class
     DEVICE  := cpu | cuda | cudaN                      default cpu
     DTYPE   := float32 | float64 | bfloat16 | float16  default float32; also bf16, fp16, half, fp32, fp64, double
-    INT8    := int8-pt2e-x86 | int8-pt2e-xnnpack | int8-dynamic | int8-weight   (last: `quantize:`'s scheme)
+    QUANT   := int8-pt2e-x86 | int8-pt2e-xnnpack | int8-dynamic | int8-weight | int4-weight   (last: the word of
+               `quantize:`'s scheme, parity.dtypes.QUANTIZE_SCHEMES)
 
 The ids of the tables (`compile-cpu`, `eager-cpu-bfloat16`, `eager-cuda`, `eager-cuda1`,
 `compile-cpu-int8-pt2e-x86`) are targets, and
@@ -18,8 +19,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from parity.config.schema import DTYPES, QUANTIZE_SCHEMES
+from parity.dtypes import DTYPES, QUANTIZE_SCHEMES
 from parity.errors import ParityError, did_you_mean
+from parity.plugins import BACKENDS
 
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
                  "float": "float32", "fp64": "float64", "double": "float64"}
@@ -53,8 +55,6 @@ def _known_backend(text: str, names: list[str]) -> str | None:
 
 def parse_target(text: str) -> dict[str, Any]:
     """The backend entry (`{"backend", "device", "dtype"}`, only the keys the text gives) that `text` names."""
-    from parity.backends import BACKENDS
-
     text = text.strip()
     names = BACKENDS.names()
     backend = _known_backend(text, names)
@@ -67,9 +67,10 @@ def parse_target(text: str) -> dict[str, Any]:
                           f"backends: {', '.join(names)})")
     entry: dict[str, Any] = {"backend": backend}
     rest = text[len(backend) + 1:]
-    for scheme, suffix in QUANTIZE_SCHEMES.items():  # the id's int8 suffix: `quantize: {scheme: ...}`
+    for scheme in QUANTIZE_SCHEMES.values():  # the id's int8 suffix: `quantize: {scheme: ...}`
+        suffix = scheme.word
         if rest == suffix or rest.endswith(("-" + suffix, ":" + suffix)):
-            entry["quantize"] = {"scheme": scheme}
+            entry["quantize"] = {"scheme": scheme.name}
             rest = rest[:-len(suffix)].rstrip("-:")
     tokens = re.split(r"[-:]", rest) if rest else []
     for token in tokens:

@@ -1,4 +1,5 @@
-"""Checks the schema cannot make: names against registries, files on disk, cross-references.
+"""What the schema cannot check: names against the backends, model sources and input readers installed
+here, files on disk, cross-references.
 
 Each problem is (key path, message); `loading` adds the file name and line.
 """
@@ -9,8 +10,16 @@ import os
 
 from pydantic import ValidationError
 
-from parity.config.schema import BackendSpec, Experiment
+from parity.backends import backend_class, fallback_kind
+from parity.config.schema import ORACLE, BackendSpec, Experiment
 from parity.errors import ParityError, did_you_mean
+from parity.inputs.audio import audio_problem
+from parity.inputs.images import image_problem
+from parity.inputs.tensors import tensors_problem
+from parity.inputs.text import tokenizer_problem
+from parity.models.sources import MODEL_KINDS
+from parity.models.weights import weights_problem
+from parity.plugins import BACKENDS, SOURCES
 
 Problem = tuple[tuple, str]
 
@@ -27,8 +36,6 @@ def _unique(names: list[str], key: str, what: str) -> list[Problem]:
 
 def backend_problems(spec: BackendSpec, path: tuple) -> list[Problem]:
     """Unknown backend, unsupported device or dtype, unknown or bad options."""
-    from parity.backends import backend_class
-
     try:
         cls = backend_class(spec.backend)
     except ParityError as exc:
@@ -47,8 +54,6 @@ def backend_problems(spec: BackendSpec, path: tuple) -> list[Problem]:
         out.append((path + ("quantize", "scheme"), f"backend '{spec.backend}' cannot run quantize scheme "
                     f"{spec.quantize.scheme} ({able})"))
     if spec.fallback:
-        from parity.adapters.fallback import fallback_kind
-
         try:
             fallback_kind(spec)
         except ParityError as exc:
@@ -71,14 +76,9 @@ def backend_problems(spec: BackendSpec, path: tuple) -> list[Problem]:
 def _kind_problems(exp: Experiment, kind: str, model: str) -> list[Problem]:
     """The reference, oracle and targets that cannot run a model of `kind` (a file that is not a Python
     module: models.sources.MODEL_KINDS), each with the backends that can; and tier 2, which hooks modules."""
-    from parity.backends import backend_class
-    from parity.models.sources import MODEL_KINDS
-    from parity.plugins import BACKENDS
-
     if kind == "module":
         return []
-    oracle = BackendSpec(backend="eager", dtype="float64", name="oracle")  # runner/plan.py's ORACLE
-    runners = [(("reference",), exp.reference), *([(("oracle",), oracle)] if exp.oracle.enabled else []),
+    runners = [(("reference",), exp.reference), *([(("oracle",), ORACLE)] if exp.oracle.enabled else []),
                *((("targets", i), t) for i, t in enumerate(exp.targets))]
     out = []
     for where, spec in runners:
@@ -96,8 +96,6 @@ def _kind_problems(exp: Experiment, kind: str, model: str) -> list[Problem]:
 
 
 def _backends_for(kind: str, names: list[str]) -> list[str]:
-    from parity.backends import backend_class
-
     out = []
     for name in names:
         try:
@@ -118,8 +116,6 @@ def _path_problem(exp: Experiment, value: str, what: str, check) -> str | None:
 
 
 def _model(exp: Experiment, i: int) -> list[Problem]:
-    from parity.plugins import SOURCES
-
     model = exp.models[i]
     path = ("models", i)
     source = SOURCES.get(model.source)
@@ -156,8 +152,6 @@ def _calibration(exp: Experiment, spec: BackendSpec, path: tuple) -> list[Proble
 def _weights_problem(file) -> str | None:
     """A weights file is opened as `parity run` opens it (without building the model): a missing path, a
     folder, a FIFO, a device, an empty file, a zip bomb, a pickle that would run code are refused here."""
-    from parity.models.weights import weights_problem
-
     expected = "expected null, DEFAULT or a local .safetensors / torch file"
     if file.is_dir() or not os.path.lexists(file):  # a dangling link is named as one, by weights_problem
         what = "a folder" if file.is_dir() else "nothing there"
@@ -166,8 +160,6 @@ def _weights_problem(file) -> str | None:
 
 
 def _images(exp: Experiment) -> list[Problem]:
-    from parity.inputs.images import image_problem
-
     out = []
     for i, spec in enumerate(exp.inputs):
         for j, ref in enumerate(spec.images or []):
@@ -178,8 +170,6 @@ def _images(exp: Experiment) -> list[Problem]:
 
 
 def _audio(exp: Experiment) -> list[Problem]:
-    from parity.inputs.audio import audio_problem
-
     out = []
     for i, spec in enumerate(exp.inputs):
         for j, file in enumerate(spec.audio or []):
@@ -190,15 +180,11 @@ def _audio(exp: Experiment) -> list[Problem]:
 
 
 def _tensor_files(exp: Experiment) -> list[Problem]:
-    from parity.inputs.tensors import tensors_problem
-
     problems = [(i, tensors_problem(exp.resolve(spec.tensors))) for i, spec in enumerate(exp.inputs) if spec.tensors]
     return [(("inputs", i, "tensors"), problem) for i, problem in problems if problem]
 
 
 def _tokenizers(exp: Experiment) -> list[Problem]:
-    from parity.inputs.text import tokenizer_problem
-
     out = []
     for i, spec in enumerate(exp.inputs):
         problem = _path_problem(exp, spec.tokenizer, "tokenizer", tokenizer_problem) if spec.tokenizer is not None else None
@@ -207,7 +193,8 @@ def _tokenizers(exp: Experiment) -> list[Problem]:
     return out
 
 
-def check(exp: Experiment) -> list[Problem]:
+def experiment_problems(exp: Experiment) -> list[Problem]:
+    """Every problem of `exp` that needs a registry or the disk."""
     problems = _unique([m.name for m in exp.models], "models", "model name")
     problems += _unique([s.name for s in exp.inputs], "inputs", "input set name")
     ids = [exp.reference.id] + [t.id for t in exp.targets]
@@ -223,12 +210,9 @@ def check(exp: Experiment) -> list[Problem]:
         problems += _calibration(exp, target, ("targets", i))
     for i in range(len(exp.models)):
         problems += _model(exp, i)
-    if exp.tiers.localize and not problems:
-        from parity.backends import backend_class
-
-        if not backend_class(exp.reference.backend).runs_module_hooks:
-            problems.append((("tiers", "activations"), f"tier 2 reads layers through module hooks; the reference "
-                             f"backend '{exp.reference.backend}' does not run them (use eager)"))
+    if exp.tiers.localize and not problems and not backend_class(exp.reference.backend).runs_module_hooks:
+        problems.append((("tiers", "activations"), f"tier 2 reads layers through module hooks; the reference "
+                         f"backend '{exp.reference.backend}' does not run them (use eager)"))
     problems += _images(exp)
     problems += _audio(exp)
     problems += _tensor_files(exp)

@@ -6,7 +6,7 @@ import pytest
 
 from parity import ParityError
 from parity.config.schema import BackendSpec
-from parity.config.targets import parse_target
+from parity.experiment.targets import parse_target
 
 
 @pytest.mark.parametrize("text, entry, printed", [

@@ -1,0 +1,53 @@
+"""The number formats a target runs in, one table each: the float dtypes and the quantize schemes.
+
+The schema (which names a file may give), the tolerance policy (which side of a pair is less precise, and
+what a reduced dtype is judged at), the target grammar (`eager-cpu-bfloat16`, `-int8-pt2e-x86`), the fallback
+(float32 islands in a reduced model) and the backends all read these facts here. It sits in the core so that
+the schema, below the backends, can read it too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str
+    precision: int  # ranks the dtypes: a pair is judged at the default of its less precise side
+    # torch.testing.assert_close's (rtol, atol) for a reduced-precision dtype; None: float32 and float64, judged
+    # at the experiment's tolerances
+    default_tolerance: tuple[float, float] | None = None
+
+    @property
+    def reduced(self) -> bool:
+        """Below float32: judged at torch.testing's default for it; `parity fallback` runs modules in float32."""
+        return self.default_tolerance is not None
+
+
+# In the order messages list them.
+FLOATS = {d.name: d for d in (DType("float32", 2), DType("float64", 3), DType("bfloat16", 1, (1.6e-2, 1e-5)),
+                              DType("float16", 1, (1e-3, 1e-5)))}
+DTYPES = tuple(FLOATS)
+REDUCED = tuple(name for name, d in FLOATS.items() if d.reduced)
+
+
+@dataclass(frozen=True)
+class QuantizeScheme:
+    """A `quantize:` scheme of a target (backends/quantize.py runs them)."""
+
+    name: str
+    word: str  # what it adds to a target's id (`compile-cpu-int8-pt2e-x86`), as `parity check --target` takes it
+    # The PT2E flow: exported, activations quantized with ranges observed on an input set (`calibration:`);
+    # False: torchao's quantize_ on the module tree, nothing observed.
+    calibrated: bool
+    libraries: tuple[str, ...]  # the distributions it needs (found without importing them)
+
+
+QUANTIZE_SCHEMES = {s.name: s for s in (
+    QuantizeScheme("pt2e-x86", "int8-pt2e-x86", True, ("torchao",)),
+    QuantizeScheme("pt2e-xnnpack", "int8-pt2e-xnnpack", True, ("torchao", "executorch")),
+    QuantizeScheme("torchao-int8-dynamic", "int8-dynamic", False, ("torchao",)),
+    QuantizeScheme("torchao-int8-weight", "int8-weight", False, ("torchao",)),
+    QuantizeScheme("torchao-int4-weight", "int4-weight", False, ("torchao",)),
+)}
