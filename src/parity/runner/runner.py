@@ -30,13 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from parity import taxonomy as tx
-from parity.adapters.fallback import (
-    FallbackResult,
-    candidates_from,
-    fallback_kind,
-    find_fallback,
-    next_step,
-)
+from parity.adapters.fallback import fallback_kind
 from parity.config.schema import BackendSpec, Experiment, InputSetSpec, ModelSpec, tasks_spec
 from parity.errors import ParityError
 from parity.execute.cache import ArtifactCache
@@ -50,7 +44,7 @@ from parity.records.view import RunView
 from parity.runner.base import Executor
 from parity.runner.executors import make_executor
 from parity.runner.plan import Job, example_for, plan
-from parity.runner.prepared import configured_model, model_scope, prepared_model
+from parity.runner.prepared import built_model_problems, configured_model, model_scope, prepared_model
 from parity.runner.resume import (
     changes,
     check_fingerprints,
@@ -59,6 +53,7 @@ from parity.runner.resume import (
     resuming,
     without_stale,
 )
+from parity.runner.search import FallbackResult, candidates_from, next_step, search_fallback
 from parity.verify.checks import gate_on_task, reference_error_check, tier1_check
 from parity.verify.localize import LOCALIZABLE, gate_check, localize_check
 from parity.verify.tasks import evaluated, task_check
@@ -488,13 +483,19 @@ class Runner:
             return candidates_from(layers)
 
         with model_scope(self.cache, model_spec, exp):  # the trials' exports are cached as a run's
-            result = find_fallback(exp.reference, target, model, inputs, candidates, tol.rtol, tol.gate,
+            result = search_fallback(exp.reference, target, model, inputs, candidates, tol.rtol, tol.gate,
                                    task=task, leaf_tolerance=tol.for_leaf, example=example)
         if command is not None:
             result.next_step = next_step(result, command, model_spec.task if model_spec.task in evaluated() else None)
         record = {"model": model_spec.name, "inputs": input_spec.name, "reference": exp.reference.id, **result.record()}
         self._write_record("fallback", record)
         return result, record
+
+    def problems_once_built(self) -> list[str]:
+        """`parity validate --deep`: what `run` would refuse once it has built each model (a builder that raises,
+        an adapter that raises or changes nothing, a fallback module the model lacks), every problem said, not the
+        first. Models are built; nothing runs."""
+        return [problem for spec in self.exp.models for problem in built_model_problems(spec, self.exp)]
 
     def _one_job(self, model_spec: ModelSpec, target: BackendSpec, input_spec: InputSetSpec) -> tuple[Job, Inputs, Inputs]:
         """The job of one check, its inputs and its example inputs (the model's `export_inputs`, else its first
