@@ -150,8 +150,8 @@ def _executor_options(exp, args: argparse.Namespace) -> None:
 def cmd_check(args: argparse.Namespace) -> int:
     """One model against one or more targets from the command line alone: the experiment it makes is run
     as `parity run` runs a file (same table, records, reports and exit codes)."""
+    from parity.check_command import check_experiment, save_experiment
     from parity.config import experiment_from_dict
-    from parity.quick import check_experiment, save_experiment
 
     data = check_experiment(args.model, args.target, reference=args.reference, entry=args.entry,
                             hubconf=args.hubconf, weights=args.weights, shapes=args.input or [],
@@ -476,7 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-PREPROCESS_CHOICES = ("imagenet", "none")  # parity.quick.PREPROCESS, named here so that --help imports nothing
+PREPROCESS_CHOICES = ("imagenet", "none")  # parity.check_command.PREPROCESS, named here so that --help imports nothing
 TARGET_GRAMMAR = ("BACKEND[-DEVICE][-DTYPE] or BACKEND:DTYPE, as the tables print ids: compile, onnxruntime, "
                   "torchscript, openvino, eager-cpu-bfloat16, compile-cpu, eager-cuda, eager:float16 "
                   "(DEVICE cpu|cuda|cudaN; DTYPE float32|float64|bfloat16|float16, or bf16|fp16|fp32|fp64); int8: "
