@@ -41,6 +41,16 @@ def test_the_faulty_module_is_the_minimal_fallback(target, condition, magnitude,
 
 
 @pytest.mark.numerics
+def test_a_module_the_check_passes_without_is_dropped_from_the_set():
+    """The search grows the set in the candidates' order, then shrinks it: an innocent module tried before
+    the faulty one is left out of the answer (two trials to grow, one to shrink)."""
+    target = BackendSpec(backend="eager", dtype="bfloat16")
+    result = search_fallback(EAGER, target, faulty("bfloat16", 0.3), IMAGE, ["stem", "head"], 1e-5, 5e-2,
+                             latency_runs=1)
+    assert result.passed and result.modules == ["head"] and result.tried == 3
+
+
+@pytest.mark.numerics
 def test_no_fallback_when_the_drift_has_no_single_source():
     """bfloat16 everywhere: every module in float32 still hands bfloat16 values on, so nothing passes a
     tight gate, and the search says so rather than returning a set."""
