@@ -20,7 +20,7 @@ import torch
 
 from parity.backends.quantize import keep_float
 from parity.config.schema import BackendSpec
-from parity.errors import ParityError
+from parity.errors import ParityError, did_you_mean
 from parity.outputs import map_tensors
 
 REDUCED = ("bfloat16", "float16")
@@ -100,8 +100,6 @@ def apply_fallback(model: torch.nn.Module, names: list[str], spec: BackendSpec) 
     known = {n for n, _ in model.named_modules()}
     for name in names:
         if name not in known:
-            from parity.errors import did_you_mean
-
             raise ParityError(f"fallback: the model has no module '{name}'{did_you_mean(name, known)}")
         if kind == "float":  # left out of quantization (backends/quantize.py)
             keep_float(model.get_submodule(name))
