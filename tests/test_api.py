@@ -286,3 +286,18 @@ def test_models_that_differ_only_in_a_quantized_or_sparse_tensor_share_no_digest
     assert_backends_agree(one, x, targets=["eager"], reference_cache=cache)
     assert assert_backends_agree(other, x, targets=["eager"], reference_cache=cache).passed
     assert len(cache) == 2
+
+
+def test_localize_and_fallback_from_python_take_tier_2_s_defaults_when_the_experiment_sets_none(tmp_path):
+    """An experiment without `tiers.activations` (a run then skips tier 2): the API's localize and fallback are
+    tier 2 at its defaults, as the commands are (the API's calls raised AttributeError on such a file)."""
+    import parity
+
+    exp = tiny_experiment([{"backend": "tests.fixtures.tiny:PerturbedEager", "dtype": "bfloat16",
+                            "tolerances": {"gate": 1e-5, "rtol": 0.0}}])  # a nudged weight: far past this gate
+    layers = parity.localize(exp)
+    assert layers["tier1"]["passed"] is False and layers["levels"]
+    found = parity.fallback(exp, out=tmp_path / "out")
+    assert found["target"] == "PerturbedEager-cpu-bfloat16" and found["required_atol_before"] > 0
+    assert [r["kind"] for r in read_records(tmp_path / "out")] == ["run", "fallback"]
+    assert read_records(tmp_path / "out")[0]["config"]["tiers"]["activations"] is None  # the experiment as given
