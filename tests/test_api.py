@@ -260,6 +260,7 @@ class HoldsTensor(torch.nn.Module):
 
 
 @pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")
+@pytest.mark.filterwarnings("ignore:TypedStorage is deprecated:UserWarning")  # torch's deepcopy of a quantized tensor
 @pytest.mark.parametrize("kind", ["quantized", "sparse"])
 def test_models_that_differ_only_in_a_quantized_or_sparse_tensor_share_no_digest(kind):
     """The reference cache and the artifact cache key a quantized tensor on its scale and a sparse one on its
