@@ -25,13 +25,13 @@ import time
 
 import torch
 
-from parity.adapters.fallback import candidates_from, find_fallback
 from parity.api import run_experiment
 from parity.config.schema import Adapter
 from parity.experiment import experiment_from_dict
 from parity.inputs import build_inputs
 from parity.runner.plan import Job
 from parity.runner.prepared import prepared_model
+from parity.runner.search import candidates_from, search_fallback
 from parity.verify.localize import localize_check
 
 PHOTOS = ["sample:coffee", "sample:chelsea", "sample:astronaut", "sample:rocket"]
@@ -149,7 +149,7 @@ def fallback_rows(photos: list[str], gate: float) -> list[tuple]:
         layers = localize_check(Job(exp.models[0], exp.inputs[0], exp.reference, None, (target,), 1), target, model,
                                 inputs, exp)
         for aim in (None, (task, tasks_spec())):
-            found = find_fallback(exp.reference, target, model, inputs, candidates_from(layers), exp.tolerances.rtol,
+            found = search_fallback(exp.reference, target, model, inputs, candidates_from(layers), exp.tolerances.rtol,
                                   gate, task=aim)
             rows.append((name, target.id, found))
     return rows

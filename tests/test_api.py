@@ -243,3 +243,62 @@ def test_localize_and_fallback_from_python_name_the_culprit_and_its_fix(tmp_path
     assert [r["kind"] for r in read_records(tmp_path / "out")] == ["run", "fallback"]
     with pytest.raises(ParityError, match="no target 'compiel-cpu'; did you mean 'compile-cpu'"):
         parity.localize(exp, target="compiel-cpu")
+
+
+class HoldsTensor(torch.nn.Module):
+    """Adds a quantized or sparse buffer's values to its output: two copies that differ only in that buffer's
+    scale (quantized) or its indices (sparse) compute different outputs."""
+
+    def __init__(self, held: torch.Tensor):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+        self.register_buffer("held", held)
+
+    def forward(self, x):
+        dense = self.held.dequantize() if self.held.is_quantized else self.held.to_dense()
+        return self.lin(x) + dense.sum(0)
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")
+@pytest.mark.filterwarnings("ignore:TypedStorage is deprecated:UserWarning")  # torch's deepcopy of a quantized tensor
+@pytest.mark.parametrize("kind", ["quantized", "sparse"])
+def test_models_that_differ_only_in_a_quantized_or_sparse_tensor_share_no_digest(kind):
+    """The reference cache and the artifact cache key a quantized tensor on its scale and a sparse one on its
+    indices, not on the bytes of its values alone: else one model's reference outputs (or export) would be
+    served for the other."""
+    from parity.execute.cache import model_digest
+
+    values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    if kind == "quantized":  # the same integers, another scale
+        held = [torch.quantize_per_tensor(values * scale, scale, 0, torch.quint8) for scale in (0.1, 0.2)]
+        assert torch.equal(held[0].int_repr(), held[1].int_repr())
+    else:  # the same values at other indices
+        held = [torch.sparse_coo_tensor(torch.tensor([[0, 1], [i, 2]]), torch.tensor([1.0, 2.0]), (2, 3),
+                                        check_invariants=True)
+                for i in (0, 1)]
+    torch.manual_seed(0)
+    one = HoldsTensor(held[0])
+    other = copy.deepcopy(one)
+    other.held = held[1]
+    x = torch.randn(2, 4)
+    assert not torch.equal(one(x), other(x))
+    assert model_digest(one) != model_digest(other)
+    cache: dict = {}
+    assert_backends_agree(one, x, targets=["eager"], reference_cache=cache)
+    assert assert_backends_agree(other, x, targets=["eager"], reference_cache=cache).passed
+    assert len(cache) == 2
+
+
+def test_localize_and_fallback_from_python_take_tier_2_s_defaults_when_the_experiment_sets_none(tmp_path):
+    """An experiment without `tiers.activations` (a run then skips tier 2): the API's localize and fallback are
+    tier 2 at its defaults, as the commands are (the API's calls raised AttributeError on such a file)."""
+    import parity
+
+    exp = tiny_experiment([{"backend": "tests.fixtures.tiny:PerturbedEager", "dtype": "bfloat16",
+                            "tolerances": {"gate": 1e-5, "rtol": 0.0}}])  # a nudged weight: far past this gate
+    layers = parity.localize(exp)
+    assert layers["tier1"]["passed"] is False and layers["levels"]
+    found = parity.fallback(exp, out=tmp_path / "out")
+    assert found["target"] == "PerturbedEager-cpu-bfloat16" and found["required_atol_before"] > 0
+    assert [r["kind"] for r in read_records(tmp_path / "out")] == ["run", "fallback"]
+    assert read_records(tmp_path / "out")[0]["config"]["tiers"]["activations"] is None  # the experiment as given

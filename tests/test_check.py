@@ -11,8 +11,8 @@ import pytest
 import torch
 import yaml
 
+from parity.check_command import PREPROCESS, check_experiment
 from parity.cli import PREPROCESS_CHOICES, main
-from parity.quick import PREPROCESS, check_experiment
 from tests.support import ROOT
 
 TINY = "tests.fixtures.tiny:tiny_cnn"

@@ -53,10 +53,10 @@ def test_the_readme_is_a_front_door():
 
 
 def test_the_experiment_reference_is_generated_from_the_schema():
-    from parity.experiment.reference import reference
+    from parity.experiment.schema_doc import reference
 
     assert (ROOT / "docs" / "experiment-reference.md").read_text() == reference(), (
-        "docs/experiment-reference.md is stale: run `python -m parity.experiment.reference > docs/experiment-reference.md`")
+        "docs/experiment-reference.md is stale: run `python -m parity.experiment.schema_doc > docs/experiment-reference.md`")
 
 
 def test_every_key_of_the_schema_and_of_every_plugin_spec_is_in_the_reference():

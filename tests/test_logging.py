@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "parity"
 
 
 def _is_main_block(node: ast.stmt) -> bool:
-    """`if __name__ == "__main__":`: a module run as a command (`python -m parity.records.reference`)."""
+    """`if __name__ == "__main__":`: a module run as a command (`python -m parity.records.schema_doc`)."""
     return isinstance(node, ast.If) and "__name__" in ast.unparse(node.test) and "__main__" in ast.unparse(node.test)
 
 

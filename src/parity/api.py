@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from parity.config.schema import BackendSpec, Experiment
+from parity.digest import feed_value
 from parity.errors import ParityError, clip
 from parity.experiment import experiment_from_dict, load_experiment
 from parity.experiment.targets import parse_target
@@ -170,8 +171,8 @@ def _judged(target: str, comparison, atol: float, rtol: float) -> TargetAgreemen
 def _reference_key(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs) -> tuple | None:
     """What a reference's outputs depend on, for `reference_cache`: the reference backend; every module's
     class (the class objects, so that two `Net`s of two test files never share outputs), its plain
-    attributes (`self.scale = 2.0`, hooks) and its parameters' and buffers' bytes; and the inputs by value.
-    None when an input is of a type parity cannot compare (it has no value to key on): nothing is cached."""
+    attributes (`self.scale = 2.0`, hooks) and its parameters' and buffers' content (`parity.digest`, as the
+    artifact cache keys them: a quantized tensor's scale, a sparse one's indices); and the inputs by value. None when an input is of a type parity cannot compare (it has no value to key on): nothing is cached."""
     from parity.outputs import Opaque, flatten
 
     leaves = flatten((inputs.args, inputs.kwargs))
@@ -179,49 +180,9 @@ def _reference_key(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs) ->
         return None
     h = hashlib.sha256()
     seen: set[int] = set()
-    _digest(h, model, seen)
-    _digest(h, leaves, seen)
+    feed_value(h, model, seen)
+    feed_value(h, leaves, seen)
     return spec.model_dump_json(), tuple(type(m) for m in model.modules()), h.hexdigest()
-
-
-_MODULE_STATE = ("_parameters", "_buffers", "_modules", "training")  # digested apart, or the same in eval
-
-
-def _digest(h, value: Any, seen: set[int], depth: int = 0) -> None:
-    """Feed `value` into `h`: tensors by their bytes, modules by their attributes, parameters, buffers and
-    submodules, containers item by item, anything else by its repr (an object's default repr holds its
-    address: two such objects never share a key)."""
-    if isinstance(value, torch.Tensor):
-        t = value.detach().to("cpu").contiguous()
-        h.update(f"tensor:{t.dtype}:{tuple(t.shape)}:".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    elif isinstance(value, torch.nn.Module):
-        if id(value) in seen:  # a module met again (shared, or an attribute pointing back up): by position
-            h.update(f"module-again:{id(value)}".encode())
-            return
-        seen.add(id(value))
-        h.update(f"module:{type(value).__module__}.{type(value).__qualname__}".encode())
-        for name, item in vars(value).items():
-            if name not in _MODULE_STATE:
-                h.update(f"attr:{name}".encode())
-                _digest(h, item, seen, depth + 1)
-        for group in ("_parameters", "_buffers", "_modules"):
-            for name, item in vars(value)[group].items():
-                h.update(f"{group}:{name}".encode())
-                _digest(h, item, seen, depth + 1)
-    elif isinstance(value, dict) and depth < 8:
-        h.update(f"dict:{len(value)}".encode())
-        for key, item in value.items():
-            h.update(repr(key).encode())
-            _digest(h, item, seen, depth + 1)
-    elif isinstance(value, list | tuple) and depth < 8:
-        h.update(f"{type(value).__name__}:{len(value)}".encode())
-        for item in value:
-            _digest(h, item, seen, depth + 1)
-    elif isinstance(value, dict | list | tuple):  # nested deeper than any model's settings: never shared
-        h.update(f"deep:{id(value)}".encode())
-    else:
-        h.update(f"{type(value).__qualname__}:{value!r}".encode())
 
 
 def _specs(reference, targets) -> tuple[BackendSpec, list[BackendSpec]]:

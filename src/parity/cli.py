@@ -24,7 +24,10 @@ import traceback
 from pathlib import Path
 
 from parity.dtypes import DTYPES, QUANTIZE_SCHEMES
-from parity.errors import ParityError, clip_problem
+from parity.errors import ParityError, clip_problem, did_you_mean
+from parity.files import user_path
+from parity.offline import STATE_ENV, die_with_parent, keep_state_in
+from parity.outdir import prepare
 
 EXIT_OK, EXIT_FAILED, EXIT_USER, EXIT_BUG = 0, 1, 2, 3
 
@@ -43,8 +46,6 @@ def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
     the reports, return the exit code."""
     from parity.api import default_out_dir
     from parity.experiment import load_experiment
-    from parity.files import user_path
-    from parity.outdir import prepare
     from parity.report import write_reports
     from parity.report.console import render
     from parity.runner.runner import Runner
@@ -85,7 +86,6 @@ def _narrow(exp, args: argparse.Namespace) -> None:
     """`parity run --model/--target/--inputs` (each repeatable): only the checks they choose, as the whole run
     would judge them (each model keeps its example input set), so that CI jobs can share an experiment out. A
     name the experiment lacks, or filters that leave no check, is exit 2."""
-    from parity.errors import did_you_mean
     from parity.runner.plan import example_for
 
     where = f"{exp.file}: " if exp.file else ""
@@ -151,8 +151,8 @@ def _executor_options(exp, args: argparse.Namespace) -> None:
 def cmd_check(args: argparse.Namespace) -> int:
     """One model against one or more targets from the command line alone: the experiment it makes is run
     as `parity run` runs a file (same table, records, reports and exit codes)."""
+    from parity.check_command import check_experiment, save_experiment
     from parity.experiment import experiment_from_dict
-    from parity.quick import check_experiment, save_experiment
 
     data = check_experiment(args.model, args.target, reference=args.reference, entry=args.entry,
                             hubconf=args.hubconf, weights=args.weights, shapes=args.input or [],
@@ -169,8 +169,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     """Render summary.json, report.md, report.html and junit.xml again from a run's records.jsonl alone, and
     print the table the run printed."""
-    from parity.files import user_path
-    from parity.outdir import prepare
     from parity.records.summary import summarize, write_summary
     from parity.records.view import RunView
     from parity.report import write_reports
@@ -192,6 +190,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from parity.experiment import load_experiment
+    from parity.runner.prepared import checked_on_built_models
+    from parity.runner.runner import Runner
 
     problems: list[str] = []
     deep_would_check = False
@@ -201,9 +201,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         except ParityError as exc:
             problems += exc.problems
             continue
-        found = [f"{f}: {problem}" for spec in exp.models for problem in _built_model_problems(spec, exp)] if args.deep else []
+        found = [f"{f}: {problem}" for problem in Runner(exp).problems_once_built()] if args.deep else []
         problems += found
-        deep_would_check |= not args.deep and _checked_on_built_models(exp)
+        deep_would_check |= not args.deep and checked_on_built_models(exp)
         if not found:
             print(f"{f}: valid ({len(exp.models)} model(s), {len(exp.inputs)} input set(s), {len(exp.targets)} target(s))")
     if deep_would_check:
@@ -211,46 +211,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if problems:
         raise ParityError(*problems)
     return EXIT_OK
-
-
-def _checked_on_built_models(exp) -> bool:
-    """Whether the experiment names something only a built model can check: fallback modules, adapters."""
-    return any(t.fallback for t in exp.targets) or any(exp.adapters_for(m) for m in exp.models)
-
-
-def _built_model_problems(spec, exp) -> list[str]:
-    """What `parity run` would refuse once it has built the model (runner/prepared.py's prepared_model, taken
-    step by step so that every problem is said, not the first): a builder that raises, an adapter that
-    raises or changes nothing, a fallback that names a module the model does not have. Nothing runs."""
-    from parity.adapters import apply_adapters
-    from parity.runner.prepared import build_model_or_explain, fallback_problems
-
-    try:
-        model = build_model_or_explain(spec, exp)
-    except ParityError as exc:
-        return exc.problems
-    out = []
-    for adapter in exp.adapters_for(spec):
-        before = _structure(model)
-        try:
-            apply_adapters(model, [adapter], exp)
-        except ParityError as exc:
-            out += exc.problems
-        except Exception as exc:  # the adapter plugin's own code
-            out.append(f"adapter {adapter.name} on model '{spec.name}' failed: {type(exc).__name__}: {exc}")
-        else:
-            if _structure(model) == before:
-                out.append(f"adapter {adapter.name} changed nothing on model '{spec.name}' (it found nothing to replace)")
-    return out + fallback_problems(model, spec, exp)
-
-
-def _structure(model) -> list:
-    """What an adapter can change on a model, by identity: each module, its attributes (a replaced forward,
-    submodule, parameter, hook) and its class's (a patched method). Values are not compared."""
-    def ids(mapping) -> tuple:
-        return tuple((k, id(v), ids(v) if isinstance(v, dict) else ()) for k, v in mapping.items())
-
-    return [(name, id(m), type(m), ids(vars(m)), ids(vars(type(m)))) for name, m in model.named_modules()]
 
 
 def _one_check(args: argparse.Namespace):
@@ -283,8 +243,6 @@ def _refuse_existing_records(out: str | None) -> None:
     minutes of work, not after)."""
     if not out:
         return
-    from parity.outdir import prepare
-
     prepare(user_path_of(out), files=("records.jsonl", LOG_FILE))
     if (user_path_of(out) / "records.jsonl").exists():
         raise ParityError(f"--out {out}: it already holds records.jsonl (a run's records?); "
@@ -297,8 +255,6 @@ def _log_file(args: argparse.Namespace) -> Path | None:
 
 
 def user_path_of(out: str) -> Path:
-    from parity.files import user_path
-
     return user_path(out, "--out")
 
 
@@ -352,7 +308,6 @@ def cmd_fallback(args: argparse.Namespace) -> int:
 
 def cmd_reduce(args: argparse.Namespace) -> int:
     """Cut a failing check down to its culprit module: a folder with a standalone repro script."""
-    from parity.files import user_path
     from parity.reduce import reduce_check
 
     trusted = [user_path(folder, "--trust-code") for folder in args.trust_code or []]
@@ -396,7 +351,6 @@ def cmd_completion(args: argparse.Namespace) -> int:
 def cmd_cache(args: argparse.Namespace) -> int:
     """Say where the artifact cache is and what it holds (info), or empty it (clear)."""
     from parity.execute import cache
-    from parity.files import user_path
 
     root = user_path(args.location, "--cache-dir") if args.location else cache.default_root()
     if root is None:
@@ -523,7 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-PREPROCESS_CHOICES = ("imagenet", "none")  # parity.quick.PREPROCESS, named here so that --help imports nothing
+PREPROCESS_CHOICES = ("imagenet", "none")  # parity.check_command.PREPROCESS, named here so that --help imports nothing
 TARGET_GRAMMAR = ("BACKEND[-DEVICE][-DTYPE] or BACKEND:DTYPE, as the tables print ids: compile, onnxruntime, "
                   "torchscript, openvino, eager-cpu-bfloat16, compile-cpu, eager-cuda, eager:float16 "
                   f"(DEVICE cpu|cuda|cudaN; DTYPE {'|'.join(DTYPES)}, or bf16|fp16|fp32|fp64); quantized: "
@@ -610,9 +564,6 @@ def _artifact_cache(args: argparse.Namespace):
     """The artifact cache this command's Runner keeps exports in, checked before anything runs: a cache that
     cannot be written is the user's to fix (exit 2), never an export failure charged to a target."""
     from parity.execute.cache import ArtifactCache, check_location, default_root
-    from parity.files import user_path
-    from parity.offline import STATE_ENV
-    from parity.outdir import prepare
 
     if not hasattr(args, "cache_dir"):
         return ArtifactCache(None)
@@ -636,7 +587,6 @@ def _artifact_cache(args: argparse.Namespace):
 def _contain_library_state(args: argparse.Namespace) -> None:
     """Libraries' home-folder state (matplotlib's) goes into this command's cache, else a temporary folder."""
     from parity.execute.cache import default_root
-    from parity.offline import keep_state_in
 
     if hasattr(args, "cache_dir"):
         keep_state_in(args.artifact_cache.root)
@@ -846,7 +796,6 @@ def run_and_exit() -> None:
     can stop it) leaves the pipe empty, and the first process says so and exits 1, never 0 without a verdict.
     The cost is one Python start (docs/benchmarks.md)."""
     if VERDICT_FD in os.environ:
-        from parity.offline import die_with_parent
 
         fd, parent = map(int, os.environ.pop(VERDICT_FD).split(":"))  # not inherited by workers or the model's processes
         die_with_parent(parent)  # killed with the first process (a CI step's time-out kills that one)

@@ -6,12 +6,13 @@ import pytest
 import torch
 import yaml
 
-from parity.adapters.fallback import apply_fallback, candidates_from, find_fallback, is_whole_model, next_step
+from parity.adapters.fallback import apply_fallback
 from parity.api import run_experiment
 from parity.cli import main
 from parity.config.schema import BackendSpec
 from parity.errors import ParityError
 from parity.inputs import Inputs
+from parity.runner.search import candidates_from, is_whole_model, next_step, search_fallback
 from parity.verify.localize import localize
 from tests.fixtures.faults import inject
 from tests.fixtures.tiny import DeepCNN
@@ -33,10 +34,20 @@ def faulty(condition: str, magnitude: float):
 def test_the_faulty_module_is_the_minimal_fallback(target, condition, magnitude, gate):
     model = faulty(condition, magnitude)
     loc = localize(EAGER, target, model, IMAGE, 1e-5, 1e-4)
-    result = find_fallback(EAGER, target, model, IMAGE, candidates_from(loc.record()), 1e-5, gate)
+    result = search_fallback(EAGER, target, model, IMAGE, candidates_from(loc.record()), 1e-5, gate)
     assert result.required_atol_before > gate
     assert result.passed and result.modules == ["head"] and result.required_atol_after <= gate
     assert result.latency_before_s > 0 and result.latency_after_s > 0
+
+
+@pytest.mark.numerics
+def test_a_module_the_check_passes_without_is_dropped_from_the_set():
+    """The search grows the set in the candidates' order, then shrinks it: an innocent module tried before
+    the faulty one is left out of the answer (two trials to grow, one to shrink)."""
+    target = BackendSpec(backend="eager", dtype="bfloat16")
+    result = search_fallback(EAGER, target, faulty("bfloat16", 0.3), IMAGE, ["stem", "head"], 1e-5, 5e-2,
+                             latency_runs=1)
+    assert result.passed and result.modules == ["head"] and result.tried == 3
 
 
 @pytest.mark.numerics
@@ -46,7 +57,7 @@ def test_no_fallback_when_the_drift_has_no_single_source():
     torch.manual_seed(0)
     model = DeepCNN().eval()
     target = BackendSpec(backend="eager", dtype="bfloat16")
-    result = find_fallback(EAGER, target, model, IMAGE, ["stem", "block1", "block2", "head"], 1e-5, 1e-7)
+    result = search_fallback(EAGER, target, model, IMAGE, ["stem", "block1", "block2", "head"], 1e-5, 1e-7)
     assert not result.passed and not result.whole_model
     widen = next_step(result, "parity fallback exp.yaml", None)
     assert f"passes from atol {result.required_atol_before:.3g}: widen the gate" in widen
@@ -84,10 +95,10 @@ def test_a_check_that_already_passes_is_not_localized():
         asked.append(True)
         return ["head"]
 
-    loose = find_fallback(EAGER, BackendSpec(backend="eager", dtype="bfloat16"), model, IMAGE, candidates,
+    loose = search_fallback(EAGER, BackendSpec(backend="eager", dtype="bfloat16"), model, IMAGE, candidates,
                           rtol=0.0, gate=10.0, latency_runs=1)
     assert loose.passed and loose.modules == [] and asked == []
-    tight = find_fallback(EAGER, BackendSpec(backend="eager", dtype="bfloat16"), model, IMAGE, candidates,
+    tight = search_fallback(EAGER, BackendSpec(backend="eager", dtype="bfloat16"), model, IMAGE, candidates,
                           rtol=0.0, gate=0.0, latency_runs=1)
     assert asked == [True] and tight.tried >= 1
 
@@ -133,9 +144,9 @@ def test_a_task_level_fallback_restores_the_decision_where_no_set_reaches_a_tigh
     model = faulty("bfloat16", 30.0)
     target = BackendSpec(backend="eager", dtype="bfloat16")
     candidates = ["block2", "head", "block1", "stem"]
-    strict = find_fallback(EAGER, target, model, images, candidates, 1e-5, 1e-7)
+    strict = search_fallback(EAGER, target, model, images, candidates, 1e-5, 1e-7)
     assert not strict.passed
-    aimed = find_fallback(EAGER, target, model, images, candidates, 1e-5, 1e-7, task=("classification", tasks_spec()))
+    aimed = search_fallback(EAGER, target, model, images, candidates, 1e-5, 1e-7, task=("classification", tasks_spec()))
     assert aimed.aim == "tier 3" and aimed.task_before["top1_agreement"] < 0.99
     assert aimed.passed and aimed.modules == ["head"] and aimed.task_after["top1_agreement"] == 1.0
     assert aimed.required_atol_after > 1e-7  # tier 1 still fails: only the decisions were the aim
@@ -183,7 +194,7 @@ def test_what_counts_as_the_whole_model():
 
 
 def test_next_steps_for_each_aim():
-    from parity.adapters.fallback import FallbackResult
+    from parity.runner.search import FallbackResult
 
     partial = FallbackResult("t", "eager", modules=["head"], passed=True)
     assert next_step(partial, "parity fallback f.yaml", "classification") is None

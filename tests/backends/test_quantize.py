@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from parity.adapters.fallback import apply_fallback, candidates_from, find_fallback
+from parity.adapters.fallback import apply_fallback
 from parity.backends.eager import EagerBackend
 from parity.cli import main
 from parity.config.schema import BackendSpec
@@ -21,6 +21,7 @@ from parity.execute.execution import execute
 from parity.experiment import load_experiment
 from parity.inputs import Inputs
 from parity.records.view import RunView
+from parity.runner.search import candidates_from, search_fallback
 from parity.verify.localize import localize
 from tests.fixtures.tiny import Sensitive
 from tests.support import tiny_experiment
@@ -177,7 +178,7 @@ def test_tier2_ranks_layers_by_their_own_quantization_error(ranked):
 def test_fallback_keeps_the_sensitive_layer_in_float(ranked):
     model, loc = ranked
     with calibration.providing(lambda name: [CALIB]):
-        result = find_fallback(EAGER, PT2E, model, IMAGE, candidates_from(loc.record()), 1e-5, 0.05, latency_runs=2)
+        result = search_fallback(EAGER, PT2E, model, IMAGE, candidates_from(loc.record()), 1e-5, 0.05, latency_runs=2)
     assert result.runs_in == "float" and result.required_atol_before > 0.05
     assert result.passed and result.modules == ["b"] and result.required_atol_after <= 0.05
     assert result.latency_before_s > 0 and result.latency_after_s > 0

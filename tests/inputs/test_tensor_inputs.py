@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from parity.check_command import check_experiment
 from parity.cli import main
 from parity.inputs.tensors import TensorFileError, read_tensors
-from parity.quick import check_experiment
 from tests.support import ROOT
 
 X = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))

@@ -263,7 +263,7 @@ def test_a_decoder_s_cache_is_compared_leaf_by_leaf_when_params_keep_it(tmp_path
 
 def test_parity_check_takes_an_hf_folder_as_the_yaml_does(tmp_path):
     """`parity check hf:FOLDER`: the class config.json names, seeded token ids below its vocabulary."""
-    from parity.quick import check_experiment
+    from parity.check_command import check_experiment
 
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**GPT2)).save_pretrained(tmp_path / "lm")

@@ -14,7 +14,7 @@ import pytest
 from parity.errors import ParityError
 from parity.experiment import experiment_from_dict
 from parity.records import SCHEMA_VERSION, RecordWriter, environment, read_records, read_run, record_problem
-from parity.records.reference import COMMAND, reference
+from parity.records.schema_doc import COMMAND, schema_doc
 from parity.records.summary import exit_code, summarize
 from parity.records.view import RunView
 from parity.runner.runner import libraries
@@ -35,7 +35,7 @@ def check(target="t", tier=1, model="m", inputs="i", **fields) -> dict:
 
 
 def test_docs_records_md_is_generated_from_the_models():
-    assert (ROOT / "docs" / "records.md").read_text() == reference(), (
+    assert (ROOT / "docs" / "records.md").read_text() == schema_doc(), (
         f"docs/records.md is stale: regenerate it with `{COMMAND}`")
 
 

@@ -65,8 +65,8 @@ def test_a_fallback_whose_tier3_aim_already_agrees_says_tier1_fails_and_how_to_g
 
 
 def test_fallback_names_its_modules():
-    from parity.adapters.fallback import FallbackResult
     from parity.report.console import fallback_lines
+    from parity.runner.search import FallbackResult
 
     failed = FallbackResult("t", "float32", modules=["a.conv", "b", "c.0"], required_atol_before=1e-2,
                             required_atol_after=1e-3, tried=6)

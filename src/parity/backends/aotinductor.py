@@ -15,8 +15,8 @@ import os
 
 import torch
 
-from parity.backends.eager import EagerBackend, call_lines, placement_lines
-from parity.backends.export import ExportOptions, export_lines, export_program
+from parity.backends.eager import call_lines, placement_lines
+from parity.backends.export import ExportBackend, export_lines, export_program
 from parity.inputs import Inputs
 
 # Inductor imports torch.utils.cpp_extension, which warns "No CUDA runtime is found" on every CPU-only
@@ -26,17 +26,12 @@ logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 CHECK_INPUTS = "AOTI_RUNTIME_CHECK_INPUTS"
 
 
-class AotInductorBackend(EagerBackend):
+class AotInductorBackend(ExportBackend):
+    """The export backend's program (its options, the kinds of model it takes), compiled."""
+
     name = "aotinductor"
     dtypes = ("float32",)
-    specializes_on_example = True  # compiled for the example's shapes, unless dynamic
     preparation_cost = 3  # a compilation
-    runs_module_hooks = False  # compiled code: the modules' Python forward never runs
-    legacy_devices = ()  # not eager's: an experiment in the published format names no AOTInductor
-    # Not eager's (main's Backend.model_kinds, #15 model files): torch.export refuses a ScriptModule, and an
-    # ONNX file's model has no Python forward to export.
-    model_kinds = ("module", "exported")
-    Options = ExportOptions
 
     @classmethod
     def repro_snippet(cls, spec) -> str | None:

@@ -26,6 +26,10 @@ from parity.models.sources import MODEL_KINDS
 from parity.offline import state_folder
 from parity.outputs import map_tensors
 
+# A Python module, and an exported program's module (a torch module whose forward runs an FX graph: whatever
+# takes a module takes it). What a backend that exports, traces or compiles the Python forward runs.
+MODULE_KINDS = ("module", "exported")
+
 
 class NoOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -85,9 +89,8 @@ class Backend(ABC):
     # The devices on which an experiment in the published tool's format (experiment/legacy.py), which names no
     # targets, checks this backend when it is available here.
     legacy_devices: ClassVar[tuple[str, ...]] = ()
-    # The kinds of model (models/sources' MODEL_KINDS) this backend runs. An exported program's module is a torch module
-    # whose forward runs an FX graph: whatever takes a module takes it.
-    model_kinds: ClassVar[tuple[str, ...]] = ("module", "exported")
+    # The kinds of model (models/sources' MODEL_KINDS) this backend runs (default: a Python module).
+    model_kinds: ClassVar[tuple[str, ...]] = MODULE_KINDS
     # Options that change only how an artifact is run (a session's settings), not the artifact: left out of its
     # cache key, so that targets that differ only in them share one export.
     session_options: ClassVar[tuple[str, ...]] = ()
@@ -103,9 +106,14 @@ class Backend(ABC):
 
     def __init__(self, spec):
         self.spec = spec
-        self.options = self.Options.model_validate(spec.options)
+        self.options = self.options_of(spec)
         self.device = torch.device(spec.device)
         self.dtype: torch.dtype = getattr(torch, spec.dtype)
+
+    @classmethod
+    def options_of(cls, spec) -> BaseModel:
+        """The target's `options:`, read by this backend's `Options` (the experiment was checked against them)."""
+        return cls.Options.model_validate(spec.options)
 
     @classmethod
     def available(cls, spec) -> str | None:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from parity.backends.base import MODULE_KINDS
 from parity.backends.eager import EagerBackend, call_lines, placement_lines
 from parity.errors import did_you_mean
 from parity.inputs import Inputs
@@ -99,12 +100,12 @@ class CompileBackend(EagerBackend):
     resets_state = "dynamo"  # prepare and close call torch._dynamo.reset(), which drops every compiled graph
     legacy_devices = ("cpu", "cuda")
     Options = CompileOptions
-    model_kinds = ("module", "exported")  # torch.compile refuses a ScriptModule; an ONNX graph has no Python
+    model_kinds = MODULE_KINDS  # torch.compile refuses a ScriptModule; an ONNX graph has no Python
     quantize_schemes = ("pt2e-x86", "torchao-int8-dynamic", "torchao-int8-weight", "torchao-int4-weight")
 
     @classmethod
     def repro_snippet(cls, spec) -> str | None:
-        o = cls.Options.model_validate(spec.options)
+        o = cls.options_of(spec)
         how = f"options={o.inductor_config!r}" if o.inductor_config else f"mode={o.mode!r}"
         compiled = (f"compiled = torch.compile(module, {how}, backend={o.backend!r}, fullgraph={o.fullgraph}, "
                     f"dynamic={o.dynamic})")
@@ -153,7 +154,7 @@ class CompileBackend(EagerBackend):
         import io
         import time
 
-        if cls.Options.model_validate(spec.options).backend != "inductor" or spec.quantize is not None:
+        if cls.options_of(spec).backend != "inductor" or spec.quantize is not None:
             return None
         from torch._inductor import compiler_bisector as bisector
 

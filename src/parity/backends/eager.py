@@ -65,7 +65,7 @@ class EagerBackend(Backend):
 
     @classmethod
     def repro_snippet(cls, spec) -> str | None:
-        autocast = cls.Options.model_validate(spec.options).autocast
+        autocast = cls.options_of(spec).autocast
         context = f'torch.autocast("{torch.device(spec.device).type}", dtype=torch.{spec.dtype})' if autocast else None
         return "\n".join([*placement_lines(cls, spec), *call_lines("module", context)])
 
@@ -169,7 +169,7 @@ class Float64Casts(torch.overrides.TorchFunctionMode):
 def placement_lines(cls, spec) -> list[str]:
     """Repro lines that put `module`, `args` and `kwargs` where the backend `spec` runs them, with the
     eager options the backend has (autocast keeps float32 weights; channels_last; threads; tf32)."""
-    options = cls.Options.model_validate(spec.options)
+    options = cls.options_of(spec)
     option = lambda name: getattr(options, name, None)  # noqa: E731 - compile and torchscript lack some
     dtype = "None" if option("autocast") else f"torch.{spec.dtype}"
     lines = [f'module = module.to("{spec.device}"{"" if option("autocast") else f", {dtype}"})',

@@ -61,7 +61,7 @@ class ExecuTorchBackend(Backend):
 
     @classmethod
     def spec_problem(cls, spec) -> str | None:
-        if spec.quantize and cls.Options.model_validate(spec.options).delegate != "xnnpack":
+        if spec.quantize and cls.options_of(spec).delegate != "xnnpack":
             return "quantize: ExecuTorch runs int8 through its XNNPACK delegate (leave 'delegate' at xnnpack)"
         return None
 
@@ -72,7 +72,7 @@ class ExecuTorchBackend(Backend):
     @classmethod
     def repro_snippet(cls, spec) -> str | None:
         """Exported, lowered and run as parity does, with ExecuTorch's Python runtime."""
-        delegate = cls.Options.model_validate(spec.options).delegate
+        delegate = cls.options_of(spec).delegate
         partitioners = "[XnnpackPartitioner()]" if delegate == "xnnpack" else "[]"
         return "\n".join([
             "from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner",

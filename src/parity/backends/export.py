@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from parity.backends.base import MODULE_KINDS
 from parity.backends.eager import EagerBackend, call_lines, placement_lines
 from parity.backends.shapes import DynamicShapeOptions
 from parity.inputs import Inputs
@@ -38,9 +39,7 @@ class ExportBackend(EagerBackend):
     preparation_cost = 2  # an export
     runs_module_hooks = False  # the program's graph no longer calls the modules' Python forward or hooks
     legacy_devices = ()  # not eager's: an experiment in the published format names no export
-    # Not eager's (main's Backend.model_kinds, #15 model files): torch.export refuses a ScriptModule, and an
-    # ONNX file's model has no Python forward to export.
-    model_kinds = ("module", "exported")
+    model_kinds = MODULE_KINDS  # not eager's: torch.export refuses a ScriptModule; an ONNX file has no Python forward
     Options = ExportOptions
 
     @classmethod

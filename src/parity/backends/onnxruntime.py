@@ -194,7 +194,7 @@ class OnnxRuntimeBackend(Backend):
     def repro_snippet(cls, spec) -> str | None:
         """Exported as parity exports it (the exporter, the opset, the dynamic dims), to module.onnx beside the
         script (the graph an ONNX Runtime report needs), and run in a session with the target's options."""
-        o = cls.Options.model_validate(spec.options)
+        o = cls.options_of(spec)
         dynamic = o.dynamic or o.dynamic_shapes is not None
         return "\n".join([
             "import contextlib, io",

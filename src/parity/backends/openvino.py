@@ -47,7 +47,7 @@ class OpenVinoBackend(Backend):
     @classmethod
     def repro_snippet(cls, spec) -> str | None:
         """Converted and compiled as parity does: the inference precision pinned to the target's dtype."""
-        threads = cls.Options.model_validate(spec.options).threads
+        threads = cls.options_of(spec).threads
         return "\n".join([
             "import openvino as ov",
             "feed = kwargs or [t for t in tree_leaves(args) if isinstance(t, torch.Tensor)]",

@@ -73,7 +73,7 @@ class TensorRTBackend(EagerBackend):
 
     @classmethod
     def repro_snippet(cls, spec) -> str | None:
-        o = cls.Options.model_validate(spec.options)
+        o = cls.options_of(spec)
         settings = compile_settings(o, getattr(torch, spec.dtype))
         settings["enabled_precisions"] = "{" + ", ".join(f"torch.{str(d).split('.')[-1]}"
                                                         for d in sorted(settings["enabled_precisions"], key=str)) + "}"

@@ -29,7 +29,7 @@ class TorchScriptBackend(EagerBackend):
     @classmethod
     def repro_snippet(cls, spec) -> str | None:
         """Traced as `prepare` traces: keyword inputs beside positional ones are bound as constants."""
-        freeze = cls.Options.model_validate(spec.options).freeze
+        freeze = cls.options_of(spec).freeze
         return "\n".join([
             *placement_lines(cls, spec),
             "class Bound(torch.nn.Module):  # trace takes positional or keyword inputs: the keywords are fixed",

@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import hashlib
-import io
 import json
 import logging
 import os
@@ -49,6 +48,7 @@ from typing import Any
 import torch
 
 from parity import fingerprint
+from parity.digest import feed_tensor
 from parity.errors import ParityError
 from parity.files import user_path
 from parity.inputs import Inputs
@@ -294,7 +294,7 @@ def model_digest(model: torch.nn.Module) -> str:
     h = hashlib.sha256(repr(model).encode())
     for name, tensor in model.state_dict(keep_vars=False).items():
         h.update(name.encode())
-        _tensor_digest(h, tensor)
+        feed_tensor(h, tensor)
     return h.hexdigest()
 
 
@@ -303,19 +303,8 @@ def weights_digest(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for name, tensor in model.state_dict(keep_vars=False).items():
         h.update(name.encode())
-        _tensor_digest(h, tensor)
+        feed_tensor(h, tensor)
     return h.hexdigest()
-
-
-def _tensor_digest(h, t: torch.Tensor) -> None:
-    t = t.detach().to("cpu")
-    h.update(f"{t.dtype}:{tuple(t.shape)}:{t.layout}".encode())
-    if t.layout == torch.strided and not t.is_quantized:
-        h.update(t.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    else:  # sparse, quantized: their serialized form
-        buffer = io.BytesIO()
-        torch.save(t, buffer)
-        h.update(buffer.getvalue())
 
 
 def inputs_digest(example: Inputs) -> str:
@@ -325,7 +314,7 @@ def inputs_digest(example: Inputs) -> str:
     for name, value in [*enumerate(example.args), *sorted(example.kwargs.items())]:
         h.update(str(name).encode())
         if isinstance(value, torch.Tensor):
-            _tensor_digest(h, value)
+            feed_tensor(h, value)
         else:
             h.update(repr(value).encode())
     return h.hexdigest()

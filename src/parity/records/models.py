@@ -1,5 +1,5 @@
 """The record kinds of a run's records.jsonl, one pydantic model each: the schema, and (each field's
-description) the records reference (docs/records.md is generated from these classes: records/reference.py).
+description) the records reference (docs/records.md is generated from these classes: records/schema_doc.py).
 
 A record is one JSON object with a `kind` (and, for checks, a `tier`); `RECORDS` maps those to the model
 that validates it. The models are strict (a string is never a number, `true` never an integer) and open

@@ -296,8 +296,6 @@ def fallback_lines(result, record: dict[str, Any], gate: float, by_task: bool, m
     """What `parity fallback` prints, as (style, text) lines: the numbers before and after with the modules named,
     then what the search found. A check that fails at tier 1 while its task decisions agree is said to, with the
     `gate: tier3` line that gates it on them: never "the check already passes" for a check the table calls FAIL."""
-    from parity.adapters.fallback import whole_model_note
-
     before, after = result.required_atol_before, result.required_atol_after
     named = f" ({', '.join(result.modules)})" if result.modules else ""
     lines = [("", f"{result.target}: required atol {before:.3g} -> {after:.3g} (gate {gate:g}) with "
@@ -316,7 +314,7 @@ def fallback_lines(result, record: dict[str, Any], gate: float, by_task: bool, m
         else:
             lines.append(("", "the check already passes: no fallback is needed"))
     elif result.whole_model:
-        lines.append(("yellow", f"fallback: [{', '.join(result.modules)}]: {whole_model_note(result)}"))
+        lines.append(("yellow", f"fallback: [{', '.join(result.modules)}]: {_whole_model_note(result)}"))
     elif result.passed:
         lines.append(("", f"fallback: [{', '.join(result.modules)}]; median latency {result.latency_before_s * 1e3:.2f} ms "
                           f"-> {result.latency_after_s * 1e3:.2f} ms ({record['latency_ratio']:.2f}x)"))
@@ -334,6 +332,13 @@ def fallback_lines(result, record: dict[str, Any], gate: float, by_task: bool, m
     if result.next_step:
         lines.append(("", f"next: {result.next_step}"))
     return lines
+
+
+def _whole_model_note(result) -> str:
+    """What a passing set that is the whole model amounts to, in the fallback kind's words."""
+    where = {"eager": "run entirely eager", "float": "left in float (no quantization)"}.get(
+        result.runs_in, "at the reference's precision (float32)")
+    return f"no partial fallback exists; this is the whole model {where}"
 
 
 def render_fallback(lines: list[tuple[str, str]], console) -> None:

@@ -1,6 +1,6 @@
 """The model as every command runs it: built (a builder that raises or exits is the user's error),
-adapters applied, fallbacks checked against its modules; what identifies it in the artifact cache; and
-each target's copy with its fallback modules."""
+adapters applied, fallbacks checked against its modules; what identifies it in the artifact cache;
+each target's copy with its fallback modules; and what `parity validate --deep` finds on the built models."""
 
 from __future__ import annotations
 
@@ -84,3 +84,40 @@ def build_model_or_explain(spec, exp):
     except BaseException as exc:
         raise ParityError(f"model '{spec.name}': building it failed: {ends_the_program(exc)} in its builder; "
                           "parity needs a builder that returns the model") from exc
+
+
+def checked_on_built_models(exp) -> bool:
+    """Whether the experiment names something only a built model can check: fallback modules, adapters."""
+    return any(t.fallback for t in exp.targets) or any(exp.adapters_for(m) for m in exp.models)
+
+
+def built_model_problems(spec, exp) -> list[str]:
+    """What `parity run` would refuse once it has built the model (`prepared_model`, taken step by step so
+    that every problem is said, not the first): a builder that raises, an adapter that raises or changes
+    nothing, a fallback that names a module the model does not have. Nothing runs."""
+    try:
+        model = build_model_or_explain(spec, exp)
+    except ParityError as exc:
+        return exc.problems
+    out = []
+    for adapter in exp.adapters_for(spec):
+        before = _structure(model)
+        try:
+            apply_adapters(model, [adapter], exp)
+        except ParityError as exc:
+            out += exc.problems
+        except Exception as exc:  # the adapter plugin's own code
+            out.append(f"adapter {adapter.name} on model '{spec.name}' failed: {type(exc).__name__}: {exc}")
+        else:
+            if _structure(model) == before:
+                out.append(f"adapter {adapter.name} changed nothing on model '{spec.name}' (it found nothing to replace)")
+    return out + fallback_problems(model, spec, exp)
+
+
+def _structure(model) -> list:
+    """What an adapter can change on a model, by identity: each module, its attributes (a replaced forward,
+    submodule, parameter, hook) and its class's (a patched method). Values are not compared."""
+    def ids(mapping) -> tuple:
+        return tuple((k, id(v), ids(v) if isinstance(v, dict) else ()) for k, v in mapping.items())
+
+    return [(name, id(m), type(m), ids(vars(m)), ids(vars(type(m)))) for name, m in model.named_modules()]

@@ -30,14 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from parity import taxonomy as tx
-from parity.adapters.fallback import (
-    FallbackResult,
-    candidates_from,
-    find_fallback,
-    next_step,
-)
 from parity.backends import fallback_kind
-from parity.config.schema import BackendSpec, Experiment, InputSetSpec, ModelSpec, tasks_spec
+from parity.config.schema import Activations, BackendSpec, Experiment, InputSetSpec, ModelSpec, tasks_spec
 from parity.errors import ParityError
 from parity.execute.cache import ArtifactCache
 from parity.execute.execution import Execution
@@ -50,7 +44,7 @@ from parity.records.view import RunView
 from parity.runner.base import Executor
 from parity.runner.executors import make_executor
 from parity.runner.plan import Job, example_for, plan
-from parity.runner.prepared import configured_model, model_scope, prepared_model
+from parity.runner.prepared import built_model_problems, configured_model, model_scope, prepared_model
 from parity.runner.resume import (
     changes,
     check_fingerprints,
@@ -59,6 +53,7 @@ from parity.runner.resume import (
     resuming,
     without_stale,
 )
+from parity.runner.search import FallbackResult, candidates_from, next_step, search_fallback
 from parity.verify.checks import gate_on_task, reference_error_check, tier1_check
 from parity.verify.localize import LOCALIZABLE, gate_check, localize_check
 from parity.verify.tasks import evaluated, task_check
@@ -453,7 +448,7 @@ class Runner:
     def localize(self, model_spec: ModelSpec, target: BackendSpec, input_spec: InputSetSpec) -> dict[str, Any]:
         """The `layers` record of one model x target x input set, without running the whole experiment, with
         the tier-1 verdict it explains (`tier1`: does the check pass at the gate at all?)."""
-        exp = self.exp
+        exp = self._tier2()
         model, _ = prepared_model(model_spec, exp)
         job, inputs, example = self._one_job(model_spec, target, input_spec)
         with model_scope(self.cache, model_spec, exp):
@@ -469,7 +464,7 @@ class Runner:
         """A small set of modules to run eager (compile) or in float32 (bfloat16/float16) so that the check
         passes at the gate (`tier` 3: and its task metrics hold); `command` is the one that asked (its next
         step repeats it). Returns the search's result and its `fallback` record."""
-        exp = self.exp
+        exp = self._tier2()
         fallback_kind(target)  # a target that has no fallback fails here, before anything runs
         task = None
         if tier == 3:
@@ -488,13 +483,27 @@ class Runner:
             return candidates_from(layers)
 
         with model_scope(self.cache, model_spec, exp):  # the trials' exports are cached as a run's
-            result = find_fallback(exp.reference, target, model, inputs, candidates, tol.rtol, tol.gate,
-                                   task=task, leaf_tolerance=tol.for_leaf, example=example)
+            result = search_fallback(exp.reference, target, model, inputs, candidates, tol.rtol, tol.gate,
+                                     task=task, leaf_tolerance=tol.for_leaf, example=example)
         if command is not None:
             result.next_step = next_step(result, command, model_spec.task if model_spec.task in evaluated() else None)
         record = {"model": model_spec.name, "inputs": input_spec.name, "reference": exp.reference.id, **result.record()}
         self._write_record("fallback", record)
         return result, record
+
+    def _tier2(self) -> Experiment:
+        """The experiment as `localize` and `find_fallback` read it: tier 2 at its `tiers.activations`, or at
+        the defaults when it sets none (a run then skips tier 2; these two are tier 2)."""
+        tiers = self.exp.tiers
+        if tiers.activations is not None:
+            return self.exp
+        return self.exp.model_copy(update={"tiers": tiers.model_copy(update={"activations": Activations()})})
+
+    def problems_once_built(self) -> list[str]:
+        """`parity validate --deep`: what `run` would refuse once it has built each model (a builder that raises,
+        an adapter that raises or changes nothing, a fallback module the model lacks), every problem said, not the
+        first. Models are built; nothing runs."""
+        return [problem for spec in self.exp.models for problem in built_model_problems(spec, self.exp)]
 
     def _one_job(self, model_spec: ModelSpec, target: BackendSpec, input_spec: InputSetSpec) -> tuple[Job, Inputs, Inputs]:
         """The job of one check, its inputs and its example inputs (the model's `export_inputs`, else its first

@@ -2,7 +2,7 @@
 specs of the plugins installed here (a model source's keys, a task's thresholds, an adapter's settings, a
 backend's options), so the reference cannot drift from what `parity validate` accepts.
 
-`python -m parity.experiment.reference > docs/experiment-reference.md` writes it; a test fails when it is stale.
+`python -m parity.experiment.schema_doc > docs/experiment-reference.md` writes it; a test fails when it is stale.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def reference() -> str:
     """The whole reference, as markdown."""
     lines = ["# Experiment file reference", "",
              "Every key an experiment file may hold, generated from the schema and from the specs of the plugins",
-             "installed where it was generated (`python -m parity.experiment.reference > docs/experiment-reference.md`;",
+             "installed where it was generated (`python -m parity.experiment.schema_doc > docs/experiment-reference.md`;",
              "a test fails when this file is stale). What each part means: [experiment-file.md](experiment-file.md).",
              "Unknown keys are refused everywhere."]
     seen: set = {schema.Tiers, schema.Tasks, schema.ModelSpecBase, schema.AdapterSpec, schema.ExecutorSpec,

@@ -1,5 +1,5 @@
 """docs/records.md, generated from records/models.py: every record kind, every field, its type and its
-description. `python -m parity.records.reference > docs/records.md` rewrites it; tests/records/test_records.py
+description. `python -m parity.records.schema_doc > docs/records.md` rewrites it; tests/records/test_records.py
 fails when the file and the models differ."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from parity.records.models import RECORDS, SCHEMA_VERSION, Record
 from parity.typewords import type_in_words
 
-COMMAND = "python -m parity.records.reference > docs/records.md"
+COMMAND = "python -m parity.records.schema_doc > docs/records.md"
 
 def _type(annotation: Any, parts: list[type[BaseModel]]) -> str:
     """A field's type in words; the record parts it names are collected into `parts`, to be listed after."""
@@ -36,7 +36,7 @@ def _doc(model: type[BaseModel]) -> str:
     return " ".join((model.__doc__ or "").split())
 
 
-def reference() -> str:
+def schema_doc() -> str:
     """The whole of docs/records.md."""
     parts: list[type[BaseModel]] = []
     lines = [
@@ -71,4 +71,4 @@ def reference() -> str:
 
 
 if __name__ == "__main__":
-    print(reference(), end="")
+    print(schema_doc(), end="")

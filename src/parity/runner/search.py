@@ -1,0 +1,196 @@
+"""The fallback search: the smallest set of modules whose fallback (adapters/fallback.py: run eager, in
+float32 or in float) makes a failing check pass. It runs executions and judges them, as the Runner does,
+so it sits beside it; `Runner.find_fallback` prepares the model and calls `search_fallback`.
+
+Candidates are tried in the order of their own (tier-2, local) error, added until the check passes (tier 1
+at the gate, or the tier-3 task verdict), then the set is shrunk to a minimal one (each module dropped in
+turn if the check still passes without it). A set that is in fact the whole model (every top-level module,
+or modules that hold every parameter) is said to be so: it is no partial fallback, and `next_step` says
+what to try instead, as it does when no set passes.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from parity.adapters.fallback import apply_fallback
+from parity.backends import fallback_kind
+from parity.config.schema import BackendSpec
+from parity.errors import ParityError
+from parity.execute.execution import execute, new_backend
+from parity.inputs import Inputs
+from parity.verify.localize import children
+from parity.verify.tasks import evaluate
+from parity.verify.tensors import compare
+
+
+@dataclass
+class FallbackResult:
+    target: str
+    runs_in: str  # eager (out of torch.compile), float32 (out of a reduced dtype) or float (out of int8)
+    aim: str = "tier 1"  # what must pass: tier 1 at the gate, or tier 3 (the task-level verdict)
+    modules: list[str] = field(default_factory=list)
+    passed: bool = False
+    required_atol_before: float | None = None
+    required_atol_after: float | None = None
+    task_before: dict[str, Any] | None = None  # tier-3 metrics, when the aim is tier 3
+    task_after: dict[str, Any] | None = None
+    latency_before_s: float | None = None
+    latency_after_s: float | None = None
+    latency_float_s: float | None = None  # int8 targets: the float model on the same backend, timed alongside
+    tried: int = 0
+    whole_model: bool = False  # the passing set is the whole model: no partial fallback exists
+    next_step: str | None = None  # what to try when no partial fallback exists (set by the caller)
+
+    def record(self) -> dict[str, Any]:
+        ratio = (self.latency_after_s / self.latency_before_s
+                 if self.latency_before_s and self.latency_after_s else None)
+        return {**self.__dict__, "latency_ratio": ratio}
+
+
+@dataclass
+class Trial:
+    """One run of the target with a set of modules outside its fast path."""
+
+    passed: bool
+    required_atol: float
+    task: dict[str, Any] | None = None
+
+
+def _latencies(runs_on: list[tuple[BackendSpec, torch.nn.Module]], inputs, runs: int, example=None) -> list[float]:
+    """The median run time of each (backend spec, model), prepared from `example` (None: `inputs`), runs
+    interleaved (one of each in turn), so that a slow spell of the machine falls on all of them alike. Their
+    exports come from the running model's artifacts, as the search's executions' do."""
+    backends = []
+    try:
+        for spec, model in runs_on:
+            backend = new_backend(spec)
+            backends.append(backend)
+            backend.prepare(copy.deepcopy(model), (example if example is not None else inputs).clone())
+        times: list[list[float]] = [[] for _ in runs_on]
+        for _ in range(runs):
+            for backend, spent in zip(backends, times, strict=True):
+                fresh = inputs.clone()
+                start = time.perf_counter()
+                backend.run(fresh)
+                spent.append(time.perf_counter() - start)
+        return [statistics.median(t) for t in times]
+    except Exception:  # the search already ran them; a failure here only loses the timing
+        return [float("nan")] * len(runs_on)
+    finally:
+        for backend in backends:
+            backend.close()
+
+
+def search_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module, inputs: Inputs,
+                  candidates: list[str] | Callable[[], list[str]], rtol: float, gate: float, latency_runs: int = 7,
+                  task: tuple[str, Any] | None = None, leaf_tolerance=None,
+                  example: Inputs | None = None) -> FallbackResult:
+    """The smallest set of `candidates` (tried in the order given) whose fallback makes the check pass:
+    tier 1 at `gate`, or with `task` = (task name, tier-3 thresholds) the task-level verdict, which a
+    reduced-precision target can often regain where no set brings every output within a tight gate.
+    `candidates` may be a function that finds them (tier 2, minutes on a large model): it is called only
+    when the check fails without fallback. Every trial is prepared from `example` (the run's example inputs;
+    None: `inputs`) and judged on `inputs`, as the run prepared and judged the check."""
+    kind = fallback_kind(target)
+    ref = execute(reference, model, inputs, 1, example=example)
+    if not ref.ok:
+        raise ParityError(f"the reference {reference.id} failed: {ref.error}")
+    reference_out = ref.outputs[0]
+
+    def judge(modules: list[str]) -> Trial:
+        ran = execute(target, apply_fallback(model, modules, target) if modules else model, inputs, 1, example=example)
+        if not ran.ok:
+            return Trial(False, float("inf"))
+        required = compare(reference_out, ran.outputs[0], rtol, gate, leaf_tolerance=leaf_tolerance).required_atol
+        if task is None:
+            return Trial(required <= gate, required)
+        verdict = evaluate(task[0], reference_out, ran.outputs[0], task[1], gate)
+        return Trial(verdict.passed, required, verdict.metrics)
+
+    result = FallbackResult(target.id, kind, aim="tier 3" if task else "tier 1")
+    trial = judge([])
+    result.required_atol_before, result.task_before = trial.required_atol, trial.task
+    if callable(candidates):
+        candidates = [] if trial.passed else candidates()
+    chosen: list[str] = []
+    for name in candidates:  # grow: add the next suspect until the check passes
+        if trial.passed:
+            break
+        if any(name.startswith(c + ".") for c in chosen):
+            continue
+        chosen = [c for c in chosen if not c.startswith(name + ".")] + [name]
+        trial = judge(chosen)
+        result.tried += 1
+    if not trial.passed:
+        result.modules, result.required_atol_after, result.task_after = chosen, trial.required_atol, trial.task
+        return result
+    for name in list(chosen):  # shrink: drop each module the check passes without
+        if len(chosen) == 1:  # without it, no module: the check ran so first, and failed
+            break
+        smaller = judge([c for c in chosen if c != name])
+        result.tried += 1
+        if smaller.passed:
+            chosen, trial = [c for c in chosen if c != name], smaller
+    result.modules, result.passed = chosen, True
+    result.whole_model = is_whole_model(model, chosen)
+    result.required_atol_after, result.task_after = trial.required_atol, trial.task
+    timed = [(target, model), (target, apply_fallback(model, chosen, target))]
+    if target.quantize is not None:  # what int8 saves at all: the float model on the same backend
+        timed.append((target.model_copy(update={"quantize": None}), model))
+    result.latency_before_s, result.latency_after_s, *float_s = _latencies(timed, inputs, latency_runs, example)
+    result.latency_float_s = float_s[0] if float_s else None
+    return result
+
+
+def candidates_from(localization_record: dict[str, Any]) -> list[str]:
+    """Every layer a localization looked at, by its own error, largest first (suspects lead, then the first
+    layer over the threshold, which is all a whole-graph verdict names)."""
+    seen: dict[str, float] = {}
+    for level in localization_record["levels"]:
+        for layer in level["layers"]:
+            local = layer["local"] or {}
+            if not local.get("error"):
+                seen[layer["name"]] = max(seen.get(layer["name"], 0.0), local.get("rel_rmse") or 0.0)
+    named = [s["name"] for s in localization_record["suspects"]] + [localization_record.get("first_divergent")]
+    leading = list(dict.fromkeys(n for n in named if n in seen))
+    rest = sorted((n for n in seen if n not in leading), key=lambda n: -seen[n])
+    return leading + rest
+
+
+def is_whole_model(model: torch.nn.Module, modules: list[str]) -> bool:
+    """Is this set the whole model in all but name: every top-level module (or a container of it), or
+    modules that together hold every parameter the model has?"""
+    if not modules:
+        return False
+    top = children(model, "")
+    if all(any(t == m or t.startswith(m + ".") for m in modules) for t in top):
+        return True
+    every = {id(p) for p in model.parameters()}
+    held = {id(p) for m in modules for p in model.get_submodule(m).parameters()}
+    return bool(every) and every <= held
+
+
+def next_step(result: FallbackResult, command: str, task: str | None) -> str | None:
+    """What to try when the search found no partial fallback: the task-level aim (`command --tier 3`) when
+    the aim was tier 1 and the model has a task tier 3 evaluates; otherwise a wider gate or lower task
+    thresholds, with the numbers that would pass. None when a partial fallback (or none) is the answer."""
+    if result.passed and not result.whole_model:
+        return None
+    if result.aim == "tier 1" and task:
+        return (f"aim at the {task} decisions instead of every output within the gate: {command} --tier 3")
+    before = result.required_atol_before
+    if result.aim == "tier 1" and before is not None and before != float("inf"):
+        return (f"the target as it is passes from atol {before:.3g}: widen the gate (tolerances: {{gate: {before:.3g}}}) "
+                "if that drift is acceptable, or keep this model at the reference's precision")
+    if result.aim == "tier 1":
+        return "no atol passes the target as it is: keep this model at the reference's precision"
+    return ("lower the thresholds in tiers.tasks if the task metrics above are acceptable, or keep this model at "
+            "the reference's precision")
