@@ -236,3 +236,26 @@ def test_the_pytest_plugin_gives_the_runners_verdict(case, pytester, monkeypatch
         assert props[f"parity.{name}.passed"] == str(check["passed"]), name
         assert props.get(f"parity.{name}.failure_class") == check["failure_class"], name
         assert float(props[f"parity.{name}.required_atol"]) == check["required_atol"], name
+
+
+@pytest.mark.parametrize(("tolerances", "gate"), [
+    ({}, 1e-4),  # swept by default, 1e-4 among the atols
+    ({"atol": [1e-3, 1e-2]}, 1e-2),  # 1e-4 not swept: the sweep's largest
+    ({"atol": [1e-3, 1e-2], "gate": 5e-3}, 5e-3),
+    ({"gate": "tier3"}, 1e-4),  # tier 3 decides; tier 1's own verdict is still read at this
+])
+def test_the_default_gate_is_one_rule_that_the_schema_the_resolution_and_the_summary_share(tolerances, gate):
+    """An experiment's gate when it gives none: the schema's `gate_atol`, a float32 target's resolved gate and
+    the summary of its records (worked out from the run record's config) say the same."""
+    from parity.records.summary import summarize
+
+    data = tiny_experiment([{"backend": "eager", "name": "t"}], tolerances=tolerances)
+    if tolerances.get("gate") == "tier3":
+        data.update(tiers={"tasks": True})
+        data["models"][0]["task"] = "classification"
+    exp = experiment_from_dict(data)
+    tol = exp.tolerance_for(exp.targets[0])
+    check = judge(Execution(exp.reference, "ok", outputs=[torch.tensor([1.0])]),
+                  Execution(exp.targets[0], "ok", outputs=[torch.tensor([1.0])]), tol, model="tiny", inputs="noise")
+    run = {"kind": "run", "experiment": exp.name, "config": exp.model_dump(mode="json"), "base_dir": "."}
+    assert exp.tolerances.gate_atol == tol.gate == summarize([run, {"kind": "check", **check.record()}])["gate"] == gate
