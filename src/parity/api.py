@@ -14,9 +14,11 @@ from parity.config import experiment_from_dict, load_experiment
 from parity.config.schema import BackendSpec, Experiment, TargetTolerances, Tolerances
 from parity.config.tolerances import Tolerance, resolve
 from parity.errors import ParityError, clip
-from parity.execute.execution import Execution
+from parity.execute.execution import Execution, execute
 from parity.inputs import Inputs
 from parity.records.summary import RunResult
+from parity.verify.judge import judge
+from parity.verify.tensors import compared_exactly
 
 
 def _experiment(source: str | Path | dict | Experiment) -> Experiment:
@@ -273,9 +275,6 @@ def assert_backends_agree(model: torch.nn.Module, inputs: Any, targets: list[str
     (the model's classes, attributes and weights, the inputs' values, the reference backend), so that
     checking one model target by target runs the reference once."""
     __tracebackhide__ = True  # pytest shows the caller's line and the message, not this function
-    from parity.execute.execution import execute
-    from parity.verify.judge import judge
-    from parity.verify.tensors import compared_exactly
 
     ref_spec, specs = _specs(reference, targets)
     tolerances = {spec.id: _tolerance(spec, ref_spec, atol, rtol) for spec in specs}
@@ -323,8 +322,6 @@ def assert_backends_agree(model: torch.nn.Module, inputs: Any, targets: list[str
 
 def _reference_run(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, cache: dict | None) -> Execution:
     """The reference's execution, from `cache` when it holds one of the same model, inputs and backend."""
-    from parity.execute.execution import execute
-
     key = _reference_key(spec, model, inputs) if cache is not None else None
     if key is not None and key in cache:
         return cache[key]
