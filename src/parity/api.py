@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from parity.config.schema import BackendSpec, Experiment
+from parity.config.schema import BackendSpec, Experiment, TargetTolerances, Tolerances
+from parity.config.tolerances import Tolerance, resolve
 from parity.digest import feed_value
 from parity.errors import ParityError, clip
+from parity.execute.execution import Execution, execute
 from parity.experiment import experiment_from_dict, load_experiment
 from parity.experiment.targets import parse_target
 from parity.experiment.validate import backend_problems
 from parity.experiment.yaml_io import format_path
 from parity.inputs import Inputs
 from parity.records.summary import RunResult
+from parity.verify.judge import judge
+from parity.verify.tensors import compared_exactly
 
 
 def _experiment(source: str | Path | dict | Experiment) -> Experiment:
@@ -159,13 +162,22 @@ class Disagreement(AssertionError):
         self.result = result
 
 
-def _judged(target: str, comparison, atol: float, rtol: float) -> TargetAgreement:
-    passed = comparison.passes(atol)
-    required = comparison.required_atol
-    max_abs = max((leaf.get("max_abs") or 0.0 for leaf in comparison.leaves), default=0.0)
-    return TargetAgreement(target, "ok", passed, atol, rtol, None if passed else comparison.failure_class,
-                           None if passed else comparison.detail, required if math.isfinite(required) else None,
-                           max_abs, comparison.leaves)
+def _tolerance(spec: BackendSpec, reference: BackendSpec, atol: float | None, rtol: float | None) -> Tolerance:
+    """What a target is judged at: the call's atol (the gate) and rtol as the target's own, each one not given
+    what `parity run` resolves for the pair by default (config/tolerances.py: the dtype's, else rtol 1e-5 and
+    gate 1e-4). A target entry's own `tolerances:` are not read: the call's apply to every target alike."""
+    from pydantic import ValidationError
+
+    given = {key: value for key, value in (("gate", atol), ("rtol", rtol)) if value is not None}
+    try:
+        own = TargetTolerances(**given) if given else None
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        name = {"gate": "atol"}.get(str(error["loc"][0]), error["loc"][0])
+        raise ParityError(f"{name}: {error['msg'].removeprefix('Value error, ')}") from exc
+    if own is not None and own.gate == "tier3":
+        raise ParityError("atol: a number, not 'tier3': assert_backends_agree judges tier 1 (no task is evaluated)")
+    return resolve(Tolerances(), spec.model_copy(update={"tolerances": own}), reference.dtype)
 
 
 def _reference_key(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs) -> tuple | None:
@@ -222,33 +234,28 @@ def assert_backends_agree(model: torch.nn.Module, inputs: Any, targets: list[str
     (the model's classes, attributes and weights, the inputs' values, the reference backend), so that
     checking one model target by target runs the reference once."""
     __tracebackhide__ = True  # pytest shows the caller's line and the message, not this function
-    from parity.config.tolerances import default_tolerance
-    from parity.execute.execution import execute
-    from parity.verify.tensors import compare, compared_exactly
 
-    given_atol, given_rtol = atol, rtol
     ref_spec, specs = _specs(reference, targets)
+    tolerances = {spec.id: _tolerance(spec, ref_spec, atol, rtol) for spec in specs}
     inputs = _as_inputs(inputs)
     model = copy.deepcopy(model).eval()
-    reference_outputs = _reference_outputs(ref_spec, model, inputs, reference_cache)
-    result = Agreement(ref_spec.id, given_atol, given_rtol)
+    reference_run = _reference_run(ref_spec, model, inputs, reference_cache)
+    result = Agreement(ref_spec.id, atol, rtol)
     problems = []
     for spec in specs:
-        default_rtol, default_atol = default_tolerance(spec.dtype, ref_spec.dtype)
-        atol = default_atol if given_atol is None else given_atol
-        rtol = default_rtol if given_rtol is None else given_rtol
         got = execute(spec, model, inputs, 1)
+        check = judge(reference_run, got, tolerances[spec.id], model=type(model).__qualname__, inputs="inputs")
+        result.targets[spec.id] = TargetAgreement(spec.id, got.status, check.passed is True, check.tolerance.gate,
+                                                  check.tolerance.rtol, check.failure_class, check.detail,
+                                                  check.required_atol, check.max_abs, check.leaves)
         if not got.ok:
-            result.targets[spec.id] = TargetAgreement(spec.id, got.status, False, atol, rtol, got.failure_class,
-                                                      got.error)
             problems.append(f"Target {spec.id} did not run ({got.status}): {got.error}")
             continue
-        comparison = compare(reference_outputs, got.outputs[0], rtol, atol)
-        result.targets[spec.id] = _judged(spec.id, comparison, atol, rtol)
-        if comparison.passes(atol):
+        if check.passed:
             continue
-        bad = [leaf for leaf in comparison.leaves if leaf["failure_class"]]
-        lines = [f"Target {spec.id} does not match reference {ref_spec.id} ({comparison.failure_class}) "
+        atol, rtol = check.tolerance.gate, check.tolerance.rtol
+        bad = [leaf for leaf in check.leaves if leaf["failure_class"]]
+        lines = [f"Target {spec.id} does not match reference {ref_spec.id} ({check.failure_class}) "
                  f"at atol={atol:g}, rtol={rtol:g}:"]
         for leaf in bad:
             if "max_abs" in leaf and "shape" in leaf:
@@ -272,9 +279,8 @@ def assert_backends_agree(model: torch.nn.Module, inputs: Any, targets: list[str
     return result
 
 
-def _reference_outputs(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, cache: dict | None) -> Any:
-    from parity.execute.execution import execute
-
+def _reference_run(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, cache: dict | None) -> Execution:
+    """The reference's execution, from `cache` when it holds one of the same model, inputs and backend."""
     key = _reference_key(spec, model, inputs) if cache is not None else None
     if key is not None and key in cache:
         return cache[key]
@@ -282,5 +288,5 @@ def _reference_outputs(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs
     if not ref.ok:
         raise AssertionError(f"the reference {spec.id} failed: {ref.error or ref.status}")
     if key is not None:
-        cache[key] = ref.outputs[0]
-    return ref.outputs[0]
+        cache[key] = ref
+    return ref

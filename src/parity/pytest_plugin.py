@@ -105,8 +105,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 class Parity:
     """What a test receives as `parity`: `check(model, inputs)` checks its target (or the `targets` given)
-    against the reference with `parity.assert_backends_agree` and returns the `Agreement`; a disagreement
-    fails the test with torch.testing-style lines."""
+    against the reference with `parity.assert_backends_agree` (judged by `parity.verify.judge`, as `parity run`
+    judges) and returns the `Agreement`; a disagreement fails the test with torch.testing-style lines."""
 
     def __init__(self, target, settings: dict[str, Any], references: dict, record_property, config: pytest.Config):
         self.target = target  # the marker's target of this test (a BackendSpec), or None without the marker

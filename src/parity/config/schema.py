@@ -37,12 +37,13 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from parity.config.tolerances import FLOAT_RTOL, Tolerance, default_gate
+from parity.config.tolerances import DEFAULT_SWEEP, FLOAT_RTOL, Tolerance
 from parity.config.tolerances import resolve as resolve_tolerance
 from parity.dtypes import DTYPES, QUANTIZE_SCHEMES
 from parity.errors import ParityError, did_you_mean
 from parity.files import user_path
 from parity.plugins import ADAPTERS, EXECUTORS, SOURCES, TASKS
+from parity.records.keys import gate_atol
 
 MAX_REPEATS = 1000
 MAX_ELEMENTS = 2**28  # per input set: 1 GiB of float32, more than any model test needs
@@ -416,7 +417,7 @@ class GateAndRules(Strict):
 
 
 class Tolerances(GateAndRules):
-    atol: list[float] = Field(default_factory=lambda: [1e-6, 1e-5, 1e-4, 1e-3], min_length=1, max_length=100)
+    atol: list[float] = Field(default_factory=lambda: list(DEFAULT_SWEEP), min_length=1, max_length=100)
     rtol: float = Field(default=FLOAT_RTOL, ge=0)
 
     @field_validator("atol", mode="before")
@@ -434,7 +435,7 @@ class Tolerances(GateAndRules):
     @property
     def gate_atol(self) -> float:
         """The atol that decides tier 1's pass/fail: `gate`, else 1e-4 when swept, else the largest."""
-        return self.gate if isinstance(self.gate, float) else default_gate(self.atol)
+        return gate_atol(self.gate, self.atol)
 
 
 class TargetTolerances(GateAndRules):

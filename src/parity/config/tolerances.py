@@ -15,19 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parity.dtypes import FLOATS
-from parity.records.keys import default_gate
 
-DEFAULT_SWEEP = (1e-6, 1e-5, 1e-4, 1e-3)
-
-
-FLOAT_RTOL = 1e-5  # the experiment's rtol when it gives none (its gate: 1e-4, default_gate of the sweep)
-
-
-def default_tolerance(target_dtype: str, reference_dtype: str) -> tuple[float, float]:
-    """(rtol, atol) a pair is judged at when nobody gives one: torch.testing's default for a reduced-precision
-    side, else the experiment's defaults (rtol 1e-5, gate 1e-4). `parity run`, `parity check`, the Python API
-    and the pytest plugin alike: one float32 default everywhere."""
-    return _less_precise(target_dtype, reference_dtype).default_tolerance or (FLOAT_RTOL, default_gate(DEFAULT_SWEEP))
+DEFAULT_SWEEP = (1e-6, 1e-5, 1e-4, 1e-3)  # the experiment's atol sweep when it gives none
+FLOAT_RTOL = 1e-5  # the experiment's rtol when it gives none (its gate: 1e-4, records.keys.gate_atol of the sweep)
 
 
 def _less_precise(*dtypes: str):
@@ -77,9 +67,10 @@ class Tolerance:
 
 
 def resolve(experiment_tolerances: Any, target: Any, reference_dtype: str) -> Tolerance:
-    """The tolerance of `target` (a BackendSpec) under the experiment's `tolerances`. Each of rtol and the
-    gate comes from the first that has it: the target's own `tolerances`, the default of a reduced-precision
-    dtype, the experiment's; a gate nobody gives is 1e-4 when swept, else the sweep's largest atol. `gate:
+    """The tolerance of `target` (a BackendSpec) under the experiment's `tolerances` (config.schema.Tolerances).
+    Each of rtol and the gate comes from the first that has it: the target's own `tolerances`, the default of a
+    reduced-precision dtype, the experiment's (its `gate_atol`: 1e-4 when swept and nobody gives one). The
+    Python API resolves its call's atol and rtol here too, as a target's own. `gate:
     tier3` (the target's, else the experiment's) keeps tier 1's numbers but lets tier 3 decide the verdict."""
     exp, own = experiment_tolerances, target.tolerances
     given = own.model_fields_set & {"rtol", "gate", "outputs"} if own is not None else set()
@@ -87,8 +78,8 @@ def resolve(experiment_tolerances: Any, target: Any, reference_dtype: str) -> To
     dtype_rtol, dtype_atol = lower.default_tolerance or (None, None)
     sweep = list(exp.atol)
     gate_setting = own.gate if "gate" in given else exp.gate
-    numeric = [g for g in (own.gate if "gate" in given else None, dtype_atol, exp.gate) if isinstance(g, float | int)]
-    gate = numeric[0] if numeric else default_gate(sweep)
+    numeric = [g for g in (own.gate if "gate" in given else None, dtype_atol) if isinstance(g, float | int)]
+    gate = numeric[0] if numeric else exp.gate_atol
     rtol = next(r for r in (own.rtol if "rtol" in given else None, dtype_rtol, exp.rtol) if r is not None)
     source = "target" if given else (f"default-for-{lower.name}" if dtype_atol is not None else "experiment")
     rules = [(p, r.atol, r.rtol, "target") for p, r in (own.outputs.items() if own is not None else ())]

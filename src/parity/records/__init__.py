@@ -12,10 +12,10 @@ from parity.records.io import (
     read_run,
     record_problem,
 )
-from parity.records.keys import check_key, default_gate, record_key, tolerance_key
+from parity.records.keys import check_key, gate_atol, record_key, tolerance_key
 from parity.records.models import SCHEMA_VERSION
 from parity.records.view import RunView
 
 __all__ = ["NOT_DIGESTED", "SCHEMA_VERSION", "NewerRecords", "RecordWriter", "RunView", "check_key", "cpu_info",
-           "default_gate", "environment", "experiment_digest", "read_records", "read_run", "record_key",
+           "environment", "experiment_digest", "gate_atol", "read_records", "read_run", "record_key",
            "record_problem", "tolerance_key"]

@@ -1,5 +1,5 @@
 """How records are keyed: the identity of a record within a run (`record_key`), the key of a verdict in a
-check's `verdicts` (`tolerance_key`), which atol of a sweep is the gate by default, and the one way a
+check's `verdicts` (`tolerance_key`), the atol of an experiment's verdict (`gate_atol`), and the one way a
 check, a localization or a tier-3 result is named to a reader (`check_key`: "model / inputs / target")."""
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ def tolerance_key(atol: float) -> str:
     return short if float(short) == atol else repr(atol)
 
 
-def default_gate(sweep: list[float]) -> float:
-    """1e-4 when the sweep has it, else its largest atol."""
+def gate_atol(gate: float | str | None, sweep: list[float]) -> float:
+    """The atol of an experiment's tier-1 verdict: its `gate` when that is a number, else 1e-4 when the sweep
+    has it, else the sweep's largest (`gate: tier3` too: tier 1's own verdict is still read at it). The one
+    home of this rule: the schema, the tolerance resolution and the summary (from a record's config) call it."""
+    if isinstance(gate, float | int) and not isinstance(gate, bool):
+        return float(gate)
     return 1e-4 if 1e-4 in sweep else max(sweep)

@@ -10,7 +10,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from parity.records.keys import default_gate, tolerance_key
+from parity.records.keys import gate_atol, tolerance_key
 from parity.records.models import Tier1Check
 from parity.records.view import RunView
 
@@ -88,7 +88,7 @@ def summarize(records: RunView | list[dict]) -> dict[str, Any]:
     return {
         "experiment": run["experiment"],
         "rtol": tol["rtol"],
-        "gate": (tol["gate"] if isinstance(tol.get("gate"), float | int) else default_gate(tol["atol"])) if checks else None,
+        "gate": gate_atol(tol.get("gate"), tol["atol"]) if checks else None,
         "uniform_tolerance": len({(c["gate"], c["rtol"], c.get("gated_by")) for c in checks}) <= 1,
         "tolerances": tol["atol"],
         "arithmetic": {

@@ -29,7 +29,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from parity import taxonomy as tx
 from parity.backends import fallback_kind
 from parity.config.schema import Activations, BackendSpec, Experiment, InputSetSpec, ModelSpec, tasks_spec
 from parity.errors import ParityError
@@ -54,7 +53,7 @@ from parity.runner.resume import (
     without_stale,
 )
 from parity.runner.search import FallbackResult, candidates_from, next_step, search_fallback
-from parity.verify.checks import gate_on_task, reference_error_check, tier1_check
+from parity.verify.judge import judge
 from parity.verify.localize import LOCALIZABLE, gate_check, localize_check
 from parity.verify.tasks import evaluated, task_check
 
@@ -209,30 +208,28 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
     progress.advance(job.executions - advanced)  # the repeats of failed and skipped executions
     if reference.status == "unavailable":
         raise ParityError(f"the reference backend {job.reference.id} cannot run here: {reference.error}")
+    names = {"model": job.model.name, "inputs": job.inputs.name}
     if not reference.ok:  # nothing to judge the targets against: their checks say so, and they are not run
         for spec in pending:
-            writer.write("check", **reference_error_check(job, spec, reference, exp), fingerprints=fingerprints[spec.id])
+            check = judge(reference, spec, exp.tolerance_for(spec), **names)
+            writer.write("check", **check.record(), fingerprints=fingerprints[spec.id])
         return
     oracle = done[1] if job.oracle else None
     targets = done[len(job.baselines):]
     del done
     for spec in pending:
         target = targets.pop(0)  # its outputs are dropped once its check is written
-        check = tier1_check(job, target, reference, oracle, exp)
         task = task_check(job, target, reference, exp, inputs) if exp.tiers.evaluate_tasks else None
-        if task and task["same_set"] and check["failure_class"] == tx.NUMERIC_DRIFT:
-            check["failure_class"] = tx.ORDERING
-            check["detail"] = f"the same {job.model.task} outputs in another order (tier 3 matched all): {check['detail']}"
         if task:
             writer.write("check", **task)
-            if check["gated_by"] == "tier3":
-                gate_on_task(check, task)
-        localize = exp.tiers.localize and check["failure_class"] in LOCALIZABLE
-        if localize and not writer.has("layers", job.model.name, job.inputs.name, spec.id):
+        check = judge(reference, target, exp.tolerance_for(spec), **names, oracle=oracle, oracle_rule=exp.oracle,
+                      task=task)
+        if exp.tiers.localize and check.failure_class in LOCALIZABLE and not writer.has(
+                "layers", job.model.name, job.inputs.name, spec.id):
             progress.describe(f"localizing {job.model.name} / {job.inputs.name} / {spec.id}")
             writer.write("layers", **localize_check(job, spec, configured_model(model, spec, job.model.name), inputs, exp,
                                                     example, target.notes))
-        writer.write("check", **check, fingerprints=fingerprints[spec.id])  # last: the judgement is complete
+        writer.write("check", **check.record(), fingerprints=fingerprints[spec.id])  # last: the judgement is complete
 
 
 def _open_records(out_dir: Path, config: dict, base_dir: str, digest: str, fresh: bool) -> RecordWriter:

@@ -46,6 +46,7 @@ from parity.verify.activations import (
     own_code_error,
     propagated_errors,
 )
+from parity.verify.judge import judge
 
 FLAT_CHUNK = 24  # layers per end-to-end run in a flat (leaf, depth:N, list) comparison; 96 in propagated mode
 MODEL = "(model)"  # the culprit when the model's own top-level code is at fault
@@ -463,7 +464,6 @@ def compiler_pass_of(job, target: BackendSpec, model: torch.nn.Module, inputs: I
     (prepared from `example`) and judges it against the reference at the check's gate."""
     from parity.backends import backend_class
     from parity.execute.execution import execute
-    from parity.verify.tensors import compare
 
     cls = backend_class(target.backend)
     if cls.compiler_pass is Backend.compiler_pass:
@@ -474,9 +474,7 @@ def compiler_pass_of(job, target: BackendSpec, model: torch.nn.Module, inputs: I
         return None
 
     def passes() -> bool:
-        ran = execute(target, model, inputs, 1, example=example)
-        return ran.ok and compare(reference.outputs[0], ran.outputs[0], tol.rtol, tol.gate,
-                                  leaf_tolerance=tol.for_leaf).required_atol <= tol.gate
+        return judge(reference, execute(target, model, inputs, 1, example=example), tol).passed is True
 
     if passes():  # nothing to bisect
         return None
@@ -535,12 +533,11 @@ def gate_check(job, target: BackendSpec, model_for: Callable[[BackendSpec], torc
     `model_for(spec)`: the model as `spec` runs it (the runner's, with that target's fallback modules); each
     side prepared from `example` (None: `inputs`), as the run prepared it."""
     from parity.execute.execution import execute
-    from parity.verify.checks import tier1_check
 
     reference = execute(job.reference, model_for(job.reference), inputs, 1, example=example)
     if not reference.ok:  # nothing to localize against, as find_fallback says too
         raise ParityError(f"the reference {job.reference.id} failed: {reference.error}")
     ran = execute(target, model_for(target), inputs, 1, example=example)
-    check = tier1_check(job, ran, reference, None, experiment)
-    return {k: check[k] for k in ("passed", "failure_class", "detail", "required_atol", "gate", "rtol")}, ran.notes
+    verdict = judge(reference, ran, experiment.tolerance_for(target)).record()
+    return {k: verdict[k] for k in ("passed", "failure_class", "detail", "required_atol", "gate", "rtol")}, ran.notes
 

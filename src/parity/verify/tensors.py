@@ -43,9 +43,6 @@ class Comparison:
                 required = max(required, value)
         return required
 
-    def passes(self, atol: float) -> bool:
-        return self.required_atol <= atol
-
 
 def _as_float(t: torch.Tensor) -> torch.Tensor:
     if t.is_complex():
