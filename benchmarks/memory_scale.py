@@ -83,7 +83,8 @@ def old_source(revision: str, into: Path) -> Path:
     return into / "src"
 
 
-def interleaved(out: Path) -> str:
+def schedule_of(out: Path) -> str:
+    """How the run held its backends (from the execution records), and any check without a verdict."""
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     flags = {r["latency_interleaved"] for r in records if r["kind"] == "execution"}
     checks = [r for r in records if r["kind"] == "check"]
@@ -114,11 +115,11 @@ def main() -> None:
                 run_env["PYTHONPATH"] = str(old_source(args.before, Path(tmp)))
             out = Path(tmp) / schedule
             wall, peak, rc = peak_of([PARITY, "run", str(path), "--out", str(out), "--quiet", "--no-report"], run_env)
-            rows[schedule] = wall, peak, rc, interleaved(out)
+            rows[schedule] = wall, peak, rc, schedule_of(out)
     print(f"LLaMA-style decoder, {args.layers} layers: {parameters(llama(args.layers)) / 1e9:.2f}B parameters, "
           f"{size:.2f} GB in float32; reference eager float32; targets eager bfloat16, eager int8 weight-only, "
           f"compile; imports alone {base:.2f} GB")
-    print(f"| schedule | backends held | peak GB | peak / model | wall s | exit |\n|---|---|---|---|---|---|")
+    print("| schedule | backends held | peak GB | peak / model | wall s | exit |\n|---|---|---|---|---|---|")
     for schedule, (wall, peak, rc, how) in rows.items():
         label = f"before ({args.before})" if schedule == "before" else "after"
         print(f"| {label} | {how} | {peak:.2f} | {peak / size:.2f}x | {wall:.0f} | {rc} |")
