@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import logging
 
 import pytest
 import torch
@@ -35,10 +36,13 @@ def _run(tmp_path, monkeypatch, available: int | None, entry: str = "tests.fixtu
     return records, [r for r in records if r["kind"] == "execution"]
 
 
-def test_without_room_for_every_copy_one_backend_at_a_time_holds_its_copy(tmp_path, monkeypatch):
+def test_without_room_for_every_copy_one_backend_at_a_time_holds_its_copy(tmp_path, monkeypatch, caplog):
     """Each backend is prepared, run and closed before the next makes its copy: one copy alive at a time (the
-    old schedule held the reference's and all three targets'), every check still judged, each timed alone."""
+    old schedule held the reference's and all three targets'), every check still judged, each timed alone, and
+    the log says why."""
+    caplog.set_level(logging.INFO, logger="parity")
     records, runs = _run(tmp_path, monkeypatch, available=1)
+    assert "model tiny: its 4 backends run one at a time" in caplog.text
     assert copies.EVENTS == [(step, name, 1) for name in ("ref", "t1", "t2", "t3") for step in ("prepare", "close")]
     assert [c["passed"] for c in records if c["kind"] == "check"] == [True, True, True]
     assert len(runs) == 8 and all(r["latency_interleaved"] is False for r in runs)

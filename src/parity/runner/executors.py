@@ -44,11 +44,13 @@ class LocalExecutor(Executor):
         return result
 
     def execute_together(self, job, specs, model, inputs, on_run=None, example=None, on_step=None):
-        together = fits_together(model, len(specs), available_memory())
+        available = available_memory()
+        together = fits_together(model, len(specs), available)
         if not together and len(specs) > 1:
-            log.info("model %s (%.1f GB): its %d backends are run one at a time, each with its own copy made when it "
-                     "runs (together their copies would take more than %g of the memory available); their latencies "
-                     "are timed alone", job.model.name, model_bytes(model) / 1e9, len(specs), SHARE)
+            log.info("model %s: its %d backends run one at a time, each making its own copy when it runs: %d copies of "
+                     "%.2f GB would take more than %.0f%% of the memory available (%s); each is timed alone",
+                     job.model.name, len(specs), len(specs), model_bytes(model) / 1e9, SHARE * 100,
+                     "unknown" if available is None else f"{available / 1e9:.1f} GB")
         copies = [(spec, functools.partial(own_copy, model, spec, job.model.name)) for spec in specs]
         return execute_together(copies, inputs, job.repeats, on_run=on_run, warmup=self.exp.warmup, example=example,
                                 on_step=on_step, interleave=together)
