@@ -3,6 +3,7 @@ not timed."""
 
 from __future__ import annotations
 
+import copy
 import json
 import xml.etree.ElementTree as ET
 
@@ -161,7 +162,7 @@ def _together(*names: str, repeats: int = 2):
                "bad": "FailingCounter"}
     traces.RUNS.clear()
     model = traces.dense()
-    specs = [(BackendSpec(backend=f"{FIX}:{classes[n]}", name=n), model) for n in names]
+    specs = [(BackendSpec(backend=f"{FIX}:{classes[n]}", name=n), lambda: copy.deepcopy(model)) for n in names]
     return execute_together(specs, Inputs((torch.ones(2, 8),), {}), repeats, warmup=1)
 
 

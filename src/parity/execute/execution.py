@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import re
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,25 +94,35 @@ def execute(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, repeats: 
     costs: allocations, lazy initialization, autotuning). `on_run(execution, repeat)` is called after each
     repeat, so records are written as results come; the backend's warnings (notes.py) are collected from
     the start and are complete when this returns."""
-    [result] = execute_together([(spec, model)], inputs, repeats, on_run, warmup, example)
+    [result] = execute_together([(spec, lambda: copy.deepcopy(model))], inputs, repeats, on_run, warmup, example)
     return result
 
 
-def execute_together(backends: list[tuple[BackendSpec, torch.nn.Module]], inputs: Inputs, repeats: int, on_run=None,
-                     warmup: int = 0, example: Inputs | None = None, on_step=None) -> list[Execution]:
-    """`execute` for several backends (each with its model) on one input set, their timed repeats interleaved:
-    all are prepared, then warmed up, then timed in turns (the first, the second, ..., the first again), so
-    that a slow spell of the machine falls on all of them alike. The first is what the others are judged
-    against: when it fails, the others are not run further. Backends that reset the same process-wide state
-    (`Backend.resets_state`: compile, dynamo's caches) are never prepared at once: the second waits for a later
-    group, prepared and timed after the first group is closed. Each execution says whether its timed runs
-    took turns with another's (`interleaved`). `on_step(text)` hears what is being done (for a progress line:
-    a compilation can take minutes)."""
+OwnCopy = Callable[[], torch.nn.Module]  # makes a backend's own copy of the model, when the backend is prepared
+
+
+def execute_together(backends: list[tuple[BackendSpec, OwnCopy]], inputs: Inputs, repeats: int, on_run=None,
+                     warmup: int = 0, example: Inputs | None = None, on_step=None,
+                     interleave: bool = True) -> list[Execution]:
+    """`execute` for several backends on one input set, each given the copy of the model its `OwnCopy` makes
+    when it is prepared, their timed repeats interleaved: all are prepared, then warmed up, then timed in turns
+    (the first, the second, ..., the first again), so that a slow spell of the machine falls on all of them
+    alike. The first is what the others are judged against: when it fails, the others are not run further.
+    Backends that reset the same process-wide state (`Backend.resets_state`: compile, dynamo's caches) are never
+    prepared at once: the second waits for a later group, prepared and timed after the first group is closed.
+    `interleave` False: every backend is a group of its own, so only one backend's copy of the model is alive
+    at a time (a model whose copies together would not fit in memory: runner/executors.py decides). Each
+    execution says whether its timed runs took turns with another's (`interleaved`). `on_step(text)` hears what
+    is being done (for a progress line: a compilation can take minutes)."""
     say = on_step or (lambda text: None)
-    runs = [_Run(spec, model, inputs, example if example is not None else inputs, on_run, warmup)
-            for spec, model in backends]
+    runs = [_Run(spec, own_copy, inputs, example if example is not None else inputs, on_run, warmup)
+            for spec, own_copy in backends]
     first = runs[0].result
-    for group in _groups(runs):
+    for index, group in enumerate(_groups(runs) if interleave else [[run] for run in runs]):
+        if not first.ok:  # the reference failed in an earlier group: nothing to judge the rest against
+            break
+        if index and not interleave:  # the closed backend's copy is freed before the next one is made: a model
+            gc.collect()  # with a reference cycle is freed by the cycle collector only (a small model's turns: no need)
         try:
             for step, doing in (("prepare", "preparing"), ("warm_up", "warming up")):
                 for run in group:
@@ -175,9 +186,9 @@ class _Run:
     """One backend's execution, step by step (prepare, warm up, each timed repeat), so that the timed repeats of
     several backends can take turns. A step after a failure does nothing; each step's warnings are collected."""
 
-    def __init__(self, spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, example: Inputs, on_run, warmup: int):
+    def __init__(self, spec: BackendSpec, own_copy: OwnCopy, inputs: Inputs, example: Inputs, on_run, warmup: int):
         self.result = Execution(spec, "ok", warmup=warmup)
-        self.model, self.inputs, self.example, self.on_run = model, inputs, example, on_run
+        self.own_copy, self.inputs, self.example, self.on_run = own_copy, inputs, example, on_run
         self.collector = notes.Collector()
         self.backend, self.prepared = None, False
 
@@ -190,11 +201,11 @@ class _Run:
                 return
             self.backend = new_backend(spec)
             start = time.perf_counter()
-            self.backend.prepare(copy.deepcopy(self.model), self.example.clone())
+            own_copy, self.own_copy = self.own_copy, None  # made now: no backend's copy exists before it is prepared
+            self.backend.prepare(own_copy(), self.example.clone())
             self.result.prepare_s = time.perf_counter() - start
             self.result.cached, self.prepared = self.backend.cache_hit, True
             self.collector.add(self.backend.notes)
-            self.model = None  # the backend has its own copy
 
     def warm_up(self) -> None:
         if not self.result.ok:
@@ -247,7 +258,7 @@ class _Run:
 
     def close(self) -> None:
         """Release the backend (what its close raises must not hide the result); the notes are then complete."""
-        backend, self.backend, self.model = self.backend, None, None
+        backend, self.backend, self.own_copy = self.backend, None, None
         try:
             if backend is not None:
                 with self.collector.step():

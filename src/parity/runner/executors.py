@@ -2,7 +2,8 @@
 time and judges it; the executor decides where the backend runs:
 
 - `local`: in this process (the default). A backend that segfaults or hangs takes the run with it. The
-  backends of one job are prepared together and their timed repeats interleaved.
+  backends of one job are prepared together and their timed repeats interleaved when their copies of the
+  model fit in memory together; else one at a time, so that memory holds the model and one copy.
 - `process`: in a worker process with a time limit (runner/process.py). A crash or a hang fails that
   execution's checks as `crash` or `timeout`, and the next execution gets a fresh worker. Each execution is
   timed alone (`latency_interleaved: false`).
@@ -15,28 +16,77 @@ than receive a pickled one, and the parent checks that they built the same weigh
 
 from __future__ import annotations
 
+import functools
+import itertools
+import logging
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import ClassVar, Literal
 
+import torch
 from pydantic import model_validator
 
 from parity.config.schema import ExecutorSpec
-from parity.execute.execution import execute, execute_together
+from parity.execute.execution import execute_together
 from parity.runner.base import Executor
-from parity.runner.prepared import configured_model
+from parity.runner.prepared import own_copy
+
+log = logging.getLogger(__name__)
 
 
 class LocalExecutor(Executor):
     """Every execution in this process; the backends of one job prepared together and their timed repeats
-    interleaved (execute.execution.execute_together)."""
+    interleaved (execute.execution.execute_together) when their copies of the model fit in memory together
+    (`fits_together`), else one at a time: each prepared, run and closed before the next makes its copy."""
 
     def execute(self, job, spec, model, inputs, on_run=None, example=None):
-        return execute(spec, configured_model(model, spec, job.model.name), inputs, job.repeats, on_run=on_run,
-                       warmup=self.exp.warmup, example=example)
+        [result] = self.execute_together(job, [spec], model, inputs, on_run, example)
+        return result
 
     def execute_together(self, job, specs, model, inputs, on_run=None, example=None, on_step=None):
-        return execute_together([(spec, configured_model(model, spec, job.model.name)) for spec in specs], inputs,
-                                job.repeats, on_run=on_run, warmup=self.exp.warmup, example=example, on_step=on_step)
+        available = available_memory()
+        together = fits_together(model, len(specs), available)
+        if not together and len(specs) > 1:
+            log.info("model %s: its %d backends run one at a time, each making its own copy when it runs: %d copies of "
+                     "%.2f GB would take more than %.0f%% of the memory available (%s); each is timed alone",
+                     job.model.name, len(specs), len(specs), model_bytes(model) / 1e9, SHARE * 100,
+                     "unknown" if available is None else f"{available / 1e9:.1f} GB")
+        copies = [(spec, functools.partial(own_copy, model, spec, job.model.name)) for spec in specs]
+        return execute_together(copies, inputs, job.repeats, on_run=on_run, warmup=self.exp.warmup, example=example,
+                                on_step=on_step, interleave=together)
+
+
+# The share of the available memory that the copies of a job's backends may take together, for their timed runs to
+# take turns: a backend can hold as much again as its copy (an export beside the module, a runtime's own weights).
+SHARE = 0.25
+
+
+def fits_together(model: torch.nn.Module, copies: int, available: int | None) -> bool:
+    """Whether `copies` copies of `model` take at most SHARE of `available` bytes (None: unknown, so no)."""
+    return available is not None and copies * model_bytes(model) <= SHARE * available
+
+
+def model_bytes(model: torch.nn.Module) -> int:
+    """What one copy of the model's parameters and buffers takes (a tensor shared by two modules counts once)."""
+    return sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
+
+
+def available_memory() -> int | None:
+    """Bytes this process can still take without swapping: the kernel's MemAvailable, within the cgroup's limit
+    (a container's) when it has one; None where neither can be read (not Linux)."""
+    found = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            found += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")]
+    except (OSError, ValueError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            found.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
 
 
 def make_executor(settings: ExecutorSpec) -> Executor:

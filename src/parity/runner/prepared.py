@@ -5,6 +5,7 @@ each target's copy with its fallback modules; and what `parity validate --deep` 
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +26,12 @@ def configured_model(model: torch.nn.Module, spec: BackendSpec, model_name: str)
     """The model as the target `spec` runs it: with its fallback modules, when it has some."""
     names = fallback_for(spec, model_name)
     return apply_fallback(model, names, spec) if names else model
+
+
+def own_copy(model: torch.nn.Module, spec: BackendSpec, model_name: str) -> torch.nn.Module:
+    """The target `spec`'s own copy of the model, as it runs it (with its fallback modules, when it has some)."""
+    names = fallback_for(spec, model_name)
+    return apply_fallback(model, names, spec) if names else copy.deepcopy(model)
 
 
 def prepared_model(spec, exp) -> tuple:

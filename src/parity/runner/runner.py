@@ -4,8 +4,9 @@ layer by layer (`localize`) or finds modules to fall back (`find_fallback`). Eve
 exports in the Runner's artifact cache. The command line and the Python API only parse, call it and render.
 
 Memory stays bounded by one model and input set (and its example) at a time: the backends of a job are
-prepared together (their timed repeats interleave, under the local executor), every output of the job is
-kept until its targets are judged, and each target's outputs are dropped once its check is written.
+prepared together (their timed repeats interleave, under the local executor) when their copies of the model
+fit in memory together, else one at a time (runner/executors.py), every output of the job is kept until its
+targets are judged, and each target's outputs are dropped once its check is written.
 
 Resuming. A run into a folder that already holds records of the same experiment continues it. The unit
 of resumption is a *judgement*: one target on one (model, input set), that is its tier-1 check together

@@ -19,6 +19,7 @@ talks over the socket FD, keeps built models between executions, and dies with i
 from __future__ import annotations
 
 import faulthandler
+import functools
 import json
 import os
 import pickle
@@ -34,10 +35,10 @@ import torch
 from parity import taxonomy as tx
 from parity.config.schema import BackendSpec, Experiment, ModelSpec
 from parity.execute.cache import ArtifactCache, model_digest
-from parity.execute.execution import describe, ends_the_program, execute, format_traceback
+from parity.execute.execution import describe, ends_the_program, execute_together, format_traceback
 from parity.inputs import Inputs
 from parity.offline import die_with_parent
-from parity.runner.prepared import configured_model, model_scope, prepared_model
+from parity.runner.prepared import model_scope, own_copy, prepared_model
 from parity.taxonomy import PREPARE, classify_exception
 
 
@@ -101,8 +102,8 @@ def run_execution(exp: Experiment, models: ModelCache, model_name: str, inputs: 
         send(("repeat", repeat, ex.run_s[repeat], ex.outputs[repeat], ex.prepare_s, ex.cached, ex.notes, ex.warmup))
 
     with model_scope(ARTIFACTS, model_spec, exp):
-        ex = execute(spec, configured_model(model, spec, model_name), inputs, repeats, on_run=on_run,
-                     warmup=exp.warmup, example=example)
+        [ex] = execute_together([(spec, functools.partial(own_copy, model, spec, model_name))], inputs, repeats,
+                                on_run=on_run, warmup=exp.warmup, example=example)
     send(("done", ex.status, ex.error, ex.failure_class, ex.prepare_s, ex.cached, ex.notes, ex.warmup, ex.traceback,
           ex.warmup_outputs, ex.captured))
 
