@@ -42,12 +42,12 @@ def test_docs_records_md_is_generated_from_the_models():
 def test_the_archived_study_records_are_valid_records(tmp_path):
     (tmp_path / "records.jsonl").write_bytes(gzip.decompress((ROOT / "docs" / "study-v1-records.jsonl.gz").read_bytes()))
     view = RunView.read(tmp_path)
-    assert len(view) == 432 and view.run["experiment"] and view.checks(1) and view.checks(3)
+    assert len(view) == 432 and view.run.experiment and view.checks(1) and view.checks(3)
     (tmp_path / "records.jsonl").write_bytes(
         gzip.decompress((ROOT / "docs" / "study-trained-records.jsonl.gz").read_bytes()))
     trained = RunView.read(tmp_path)
-    assert len(trained.checks(1)) == 66 and all("reference_rms" in leaf for c in trained.checks(1)
-                                                  for leaf in c.get("leaves") or [] if leaf.get("max_abs") is not None)
+    assert len(trained.checks(1)) == 66 and all("reference_rms" in leaf.model_fields_set for c in trained.checks(1)
+                                                  for leaf in c.leaves if leaf.max_abs is not None)
     (tmp_path / "records.jsonl").write_bytes(gzip.decompress((ROOT / "docs" / "study-records.jsonl.gz").read_bytes()))
     study = RunView.read(tmp_path)  # the v2 run: 32 entries reached x 7 targets
     assert len(study) == 927 and len(study.checks(1)) == 224 and study.checks(3)
@@ -145,15 +145,15 @@ def test_the_arithmetic_says_one_pair_and_one_target_in_the_singular():
 
 def test_the_view_selects_names_and_orders_once():
     view = RunView(records_of_a_run())
-    assert [(c["target"], c["inputs"]) for c in view.checks(1)] == [("a", "x"), ("b", "x"), ("a", "y"), ("b", "y")]
-    assert [c["tier"] for c in view.checks(target="b", inputs="x")] == [1, 3]
+    assert [(c.target, c.inputs) for c in view.checks(1)] == [("a", "x"), ("b", "x"), ("a", "y"), ("b", "y")]
+    assert [c.tier for c in view.checks(target="b", inputs="x")] == [1, 3]
     assert view.targets() == ["a", "b"] and view.pairs() == [("m", "x"), ("m", "y")]
     [failed] = view.failed(1)
     assert view.key(failed) == "m / x / b" and view.key(view.warnings[0]) == "m / y"
-    assert [leaf["name"] for leaf in view.worst_leaves(failed, 5)] == ["large", "small", "unknown"]
-    assert [leaf["name"] for leaf in view.worst_leaves(failed, 1)] == ["large"]
-    assert view.layers_for(failed)["error"] == "e" and view.layers_for(view.checks(1)[0]) is None
-    assert view.run["experiment"] == "x" and RunView.of(view) is view
+    assert [leaf.name for leaf in view.worst_leaves(failed, 5)] == ["large", "small", "unknown"]
+    assert [leaf.name for leaf in view.worst_leaves(failed, 1)] == ["large"]
+    assert view.layers_for(failed).error == "e" and view.layers_for(view.checks(1)[0]) is None
+    assert view.run.experiment == "x" and RunView.of(view) is view
 
 
 def test_the_summary_counts_the_tier_1_checks_and_names_each_by_its_key():
