@@ -165,6 +165,24 @@ def test_the_summary_counts_the_tier_1_checks_and_names_each_by_its_key():
     assert exit_code(summary) == 1 and exit_code(summary, allow_unavailable=True) == 1
 
 
+def test_a_record_without_the_fields_later_versions_added_reads_as_their_defaults():
+    """Records written before tolerance_source, gated_by, max_abs, a note's count or a setting the schema leaves
+    open: the view's models read them as their defaults, and the summary and the reports say what those mean
+    (the experiment's tolerances, gated by tier 1), never a string key's KeyError."""
+    from parity.report.console import describe_note
+
+    config = {**RUN["config"], "seed": 0, "tiers": {"tasks": {"enabled": True}}}
+    view = RunView([{"kind": "run", **RUN, "config": config}, check("a", warnings=[{"kind": "graph_break", "message": "m"}])])
+    [c] = view.checks(1)
+    assert (c.max_abs, c.tolerance_source, c.gated_by, c.oracle, c.fingerprints) == (None,) * 5
+    info = summarize(view)["per_target"]["a"]
+    assert (info["tolerance_source"], info["gated_by"], info["noise_floor"]) == ("experiment", "tier1", None)
+    setting = view.run.config.setting
+    assert setting("seed", default="?") == 0 and setting("tiers", "tasks", "enabled") is True
+    assert setting("tiers", "activations", "enabled") is None and setting("repeats", default="?") == "?"
+    assert describe_note(c.warnings[0]) == "graph_break: m"
+
+
 def test_the_environment_records_the_libraries_it_is_given(tmp_path):
     env = environment(tmp_path, 2, ["torch", "numpy", "no-such-library-here"])
     assert env["libraries"] == ["torch", "numpy", "no-such-library-here"] and env["threads"] == 2

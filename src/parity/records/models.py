@@ -113,6 +113,17 @@ class ModelBuilt(Record):
                                                       "(transformers: a decoder's cache turned off).")
 
 
+class Note(Part):
+    """What a backend said while preparing or running (execute/notes.py): a warning it raised (a trace fixed to
+    one branch, a graph break) or a note it kept (backends/base.py `note`)."""
+
+    kind: str = Field(description="What it is: trace_specialized, graph_break, exporter, or a backend's own kind.")
+    message: str | None = Field(None, description="What it said (clipped).")
+    where: str | None = Field(None, description="The file:line it points at.")
+    code: str | None = Field(None, description="The source line there.")
+    count: int | None = Field(None, description="How many times it was said, when more than once (graph breaks).")
+
+
 class Execution(Record):
     """One timed run (repeat) of one backend on one model and input set; a failure has one record, at the
     repeat that failed."""
@@ -137,7 +148,7 @@ class Execution(Record):
                                                                "backends' of its model and input set (the local "
                                                                "executor); false: timed alone (process and ray "
                                                                "executors, or a backend alone in its turn).")
-    warnings: list[dict[str, Any]] | None = Field(None, description="What the backend said while preparing and "
+    warnings: list[Note] | None = Field(None, description="What the backend said while preparing and "
                                                                     "running (trace specializations, graph breaks); "
                                                                     "complete on the last repeat.")
     traceback: str | None = Field(None, description="The whole traceback of a failure (`--verbose` prints it).")
@@ -247,7 +258,7 @@ class Check(Record):
     passed: bool | None = Field(description="The verdict; null when not judged.")
     failure_class: str | None = Field(description="Why it failed (taxonomy.py), or null.")
     detail: str | None = Field(description="The failure or the reason it was not judged, in words.")
-    warnings: list[dict[str, Any]] | None = Field(None, description="What the target's backend said while running "
+    warnings: list[Note] | None = Field(None, description="What the target's backend said while running "
                                                                     "(its execution's warnings).")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from parity.records.models import GateVerdict, LayerError, Layers, Tier1Check, Tier3Check
+from parity.records.models import GateVerdict, LayerError, Layers, Note, Tier1Check, Tier3Check
 from parity.records.summary import exit_code
 from parity.records.view import Check, RunView
 from parity.report.next_steps import next_steps, oracle_finding
@@ -80,12 +80,12 @@ def environment_line(env: dict[str, Any]) -> str:
             f"CUDA: {env['cuda']['devices'] if env['cuda'] else 'none'}")
 
 
-def describe_note(note: dict[str, Any]) -> str:
+def describe_note(note: Note) -> str:
     """One line for what a backend warned of: `trace_specialized: "if x.mean() > 0:" at model.py:12`."""
-    where = f" at {note['where']}" if note.get("where") else ""
-    what = f'"{note["code"]}"' if note.get("code") else note["message"]
-    count = f" ({note['count']}x)" if note.get("count", 1) > 1 else ""
-    return f"{note['kind']}: {what}{where}{count}"
+    where = f" at {note.where}" if note.where else ""
+    what = f'"{note.code}"' if note.code else note.message
+    count = f" ({note.count}x)" if (note.count or 1) > 1 else ""
+    return f"{note.kind}: {what}{where}{count}"
 
 
 def warned(checks: list[Tier1Check]) -> list[tuple[Tier1Check, list[str]]]:
