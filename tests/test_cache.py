@@ -60,7 +60,7 @@ def test_a_second_run_reuses_every_export_and_gets_the_same_results(write_yaml, 
     for target in ("onnxruntime-cpu", "torchscript-cpu", "openvino-cpu"):
         assert cold["executions"][target]["cached"] is False
         assert warm["executions"][target]["cached"] is True
-        assert warm["checks"][target]["required_atol"] == cold["checks"][target]["required_atol"]
+        assert warm["checks"][target].required_atol == cold["checks"][target].required_atol
     assert warm["executions"]["eager-cpu"]["cached"] is None  # eager exports nothing
     assert len(list((tmp_path / "cache" / "artifacts").iterdir())) == 3
 
