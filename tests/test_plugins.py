@@ -170,18 +170,21 @@ def test_backend_metadata_replaces_the_tables_that_named_backends():
 def test_reports_show_a_task_s_headline_metrics_and_list_an_unknown_task_s(demo):
     """The console names the headline metrics of an installed task; a task not installed here shows every
     metric its record has. The HTML marks a lower-is-better metric above its threshold."""
+    from parity.records.models import Tier3Check
     from parity.report.console import headline_figures
     from parity.report.html import _tier3_tables
 
     check = {"kind": "check", "tier": 3, "model": "m", "inputs": "i", "reference": "eager-cpu", "target": "t",
              "task": "agreement", "status": "ok", "passed": False, "failure_class": "decision_flip", "detail": None,
              "metrics": {"max_change": 0.5, "outputs": 1}, "thresholds": {"max_change": 0.1}, "same_set": False}
-    [table] = _tier3_tables([check, {**check, "target": "u", "metrics": {"max_change": 0.05, "outputs": 1}}])
+    [table] = _tier3_tables([Tier3Check.model_validate(check),
+                             Tier3Check.model_validate({**check, "target": "u", "metrics": {"max_change": 0.05, "outputs": 1}})])
     assert [[c["low"] for c in row["cells"]] for row in table["rows"]] == [[True, False], [False, False]]
     assert table["columns"][0]["threshold"] == 0.1
 
-    assert headline_figures(check) == "max_change 0.5"
-    assert headline_figures({**check, "task": "not-installed", "metrics": {"score": 0.25, "items": 3}}) == "score 0.25, items 3"
+    assert headline_figures(Tier3Check.model_validate(check)) == "max_change 0.5"
+    assert headline_figures(Tier3Check.model_validate({**check, "task": "not-installed", "metrics": {"score": 0.25, "items": 3}})) \
+        == "score 0.25, items 3"
 
 
 def test_a_third_party_source_task_and_backend_run_through_parity_run(demo, write_yaml, tmp_path, capsys):
@@ -221,13 +224,14 @@ def test_how_images_are_batched_is_the_task_s_default_unless_the_model_says():
 
 def test_the_html_reads_a_threshold_from_records_of_either_spelling():
     """Records written before tasks were plugins hold the flat thresholds (`detection_f1`)."""
+    from parity.records.models import Tier3Check
     from parity.report.html import _tier3_tables
 
     check = {"kind": "check", "tier": 3, "model": "m", "inputs": "i", "reference": "eager-cpu", "target": "t",
              "task": "detection", "status": "ok", "passed": False, "failure_class": "decision_flip", "detail": None,
              "metrics": {"f1": 0.5}, "same_set": False}
     for thresholds in ({"iou": 0.5, "f1": 0.9}, {"detection_iou": 0.5, "detection_f1": 0.9, "top1_agreement": 0.99}):
-        [table] = _tier3_tables([{**check, "thresholds": thresholds}])
+        [table] = _tier3_tables([Tier3Check.model_validate({**check, "thresholds": thresholds})])
         assert table["columns"][0]["threshold"] == 0.9 and table["rows"][0]["cells"][0]["low"] is True
 
 

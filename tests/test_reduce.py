@@ -279,7 +279,7 @@ def test_a_repo_model_s_folder_is_held_to_the_same_rule(tmp_path):
     from parity.reduce import code_problem
 
     run_dir, base = tmp_path / "run", tmp_path / "base"
-    run = {"base_dir": str(base), "config": {"models": []}}
+    run = SimpleNamespace(base_dir=str(base), file=None, config=SimpleNamespace(models=[]))
     exp = SimpleNamespace(resolve=lambda p: base / p)
     repo = SimpleNamespace(source="repo", path="../their-repo", name="net")
     assert f"name model code in {base / '../their-repo'} (repo model 'net')" in code_problem(run, run_dir, exp, repo, [])

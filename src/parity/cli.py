@@ -115,9 +115,9 @@ def _print_tracebacks(records: list[dict]) -> None:
     from parity.records.view import RunView
 
     for r in RunView.of(records).executions():
-        if r.get("traceback"):
-            print(f"\n--- {r['model']} / {r['inputs']} / {r['backend']} (repeat {r['repeat']}): {r.get('error')}\n"
-                  f"{r['traceback']}", file=sys.stderr)
+        if r.traceback:
+            print(f"\n--- {r.model} / {r.inputs} / {r.backend} (repeat {r.repeat}): {r.error}\n{r.traceback}",
+                  file=sys.stderr)
 
 
 def _executor_options(exp, args: argparse.Namespace) -> None:
@@ -178,7 +178,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     view = RunView.read(out_dir)
     missing = view.unfinished()
     if missing:  # no summary.json (the mark of a finished run, which a continued run reads), no junit that passes
-        file = shlex.quote(view.run["file"]) if isinstance(view.run.get("file"), str) else "EXPERIMENT"
+        file = shlex.quote(view.run.file) if view.run.file else "EXPERIMENT"
         raise ParityError(f"RUN_DIR {out_dir}: the run ended early: {missing}; no report is written, so that none reads "
                           f"as a pass. Continue it (parity run {file} --out {shlex.quote(str(out_dir))}), then report")
     prepare(out_dir, "RUN_DIR")  # where the reports go: no link, no folder in a report's place
@@ -274,12 +274,13 @@ def cmd_localize(args: argparse.Namespace) -> int:
     the `parity reduce` command that cuts the culprit out (its record is in --out)."""
     from rich.markup import escape
 
+    from parity.records.io import typed
     from parity.report.console import render_layers
     from parity.report.next_steps import reduce_step, single_culprit
 
     exp, model_spec, target, input_spec = _one_check(args)
     with library_logs(_log_file(args), getattr(args, "verbose", False)):
-        record = _runner(args, exp).localize(model_spec, target, input_spec)
+        record = typed({"kind": "layers", **_runner(args, exp).localize(model_spec, target, input_spec)})
     console = _console()
     render_layers(record, console)
     _said_records(args)
@@ -288,7 +289,7 @@ def cmd_localize(args: argparse.Namespace) -> int:
             console.print(escape(reduce_step(args.out, model_spec.name, input_spec.name, target.id)), soft_wrap=True)
         else:
             console.print("parity reduce cuts a repro from this localization's record: run it again with --out DIR")
-    return EXIT_OK if not record.get("error") else EXIT_FAILED
+    return EXIT_OK if not record.error else EXIT_FAILED
 
 
 def cmd_fallback(args: argparse.Namespace) -> int:

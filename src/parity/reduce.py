@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from parity.errors import ParityError
+from parity.records.models import GateVerdict, Layers, Run, Tier1Check
 from parity.report.next_steps import single_culprit
 
 FILES = ("inputs.safetensors", "weights.safetensors", "module.pt", "module.txt", "repro.py", "README.txt")
@@ -49,9 +50,9 @@ FILES = ("inputs.safetensors", "weights.safetensors", "module.pt", "module.txt",
 class Found:
     """What the records say about one check: the run record, the tier-1 verdict and the localization."""
 
-    run: dict[str, Any]
-    check: dict[str, Any]
-    layers: dict[str, Any]
+    run: Run
+    check: Tier1Check | GateVerdict  # the run's check, or the verdict `parity localize --out` recorded with its layers
+    layers: Layers
     model: str
     inputs: str
     target: str
@@ -72,59 +73,58 @@ def find_check(records, run_dir: Path, which: str) -> Found:
 
     model, inputs, target = parse_check(which)
     view = RunView.of(records)
-    run, wanted = view.run, {"model": model, "inputs": inputs, "target": target}
-    found = view.layers_for(wanted)
-    check = next(iter(view.checks(1, **wanted)), None) or (found.get("tier1") if found else None)  # localize --out
+    run = view.run
+    found = view.layers_for((model, inputs, target))
+    check = next(iter(view.checks(1, model=model, inputs=inputs, target=target)), None) or (
+        found.tier1 if found else None)  # localize --out
     if check is None:
         known = sorted({"/".join(view.identity(r)) for r in [*view.checks(1), *view.layers]})
         raise ParityError(f"{run_dir}: no check {which} in its records (it has: {', '.join(known) or 'none'})")
-    if check.get("passed"):
-        raise ParityError(f"{run_dir}: check {which} passed (required atol {check.get('required_atol')}, gate "
-                          f"{check.get('gate')}); there is no divergence to reduce")
-    if check.get("status", "ok") != "ok":
-        raise ParityError(f"{run_dir}: check {which} has no verdict ({check.get('status')}: "
-                          f"{check.get('detail')}); there is no divergence to reduce")
+    if check.passed:
+        raise ParityError(f"{run_dir}: check {which} passed (required atol {check.required_atol}, gate "
+                          f"{check.gate}); there is no divergence to reduce")
+    if isinstance(check, Tier1Check) and not view.judged(check):
+        raise ParityError(f"{run_dir}: check {which} has no verdict ({check.status}: "
+                          f"{check.detail}); there is no divergence to reduce")
     if found is None:
-        file = shlex.quote(run["file"]) if run.get("file") else "EXPERIMENT.yaml"
+        file = shlex.quote(run.file) if run.file else "EXPERIMENT.yaml"
         raise ParityError(f"{run_dir}: check {which} was not localized (no layers record): run `parity localize "
                           f"{file} --model {model} --target {target} --inputs {inputs} --out DIR` first, then "
                           f"`parity reduce DIR --check {which}`")
-    if found.get("error") or not found.get("culprit"):
-        why = found.get("error") or found.get("verdict") or "no culprit"
+    if found.error or not found.culprit:
+        why = found.error or found.verdict or "no culprit"
         raise ParityError(f"{run_dir}: the localization of {which} names no culprit module to reduce to: {why}")
-    if found.get("specialized"):  # the module re-traced alone on the captured inputs takes their branch: it agrees
+    if found.specialized:  # the module re-traced alone on the captured inputs takes their branch: it agrees
         raise ParityError(f"{run_dir}: {which} diverges because the target's trace is specialised at "
-                          f"{found['specialized']['where']}: {found.get('culprit')} alone, traced on its captured inputs, "
+                          f"{found.specialized['where']}: {found.culprit} alone, traced on its captured inputs, "
                           "takes their branch and agrees, so reduce writes no repro of it; the warned line is the report")
     if not single_culprit(found):  # every layer drifts alike: one module alone shows only its share
         raise ParityError(f"{run_dir}: the localization of {which} found no single culprit, so reduce writes no repro of "
-                          f"one module: {found.get('verdict')}")
+                          f"one module: {found.verdict}")
     return Found(run, check, found, model, inputs, target)
 
 
-def experiment_of(run: dict[str, Any], run_dir: Path):
+def experiment_of(run: Run, run_dir: Path):
     """The experiment as the run resolved it, its relative paths against the run's base folder."""
     from parity.experiment import experiment_from_dict
 
-    exp = experiment_from_dict(run["config"], run_dir / "records.jsonl", Path(run["base_dir"]))
-    exp._file = run.get("file")
+    exp = experiment_from_dict(run.config.model_dump(exclude_unset=True), run_dir / "records.jsonl", Path(run.base_dir))
+    exp._file = run.file
     return exp
 
 
 MAX_EXPERIMENT_FILES = 100  # the YAML files of base_dir read to find the run's own experiment file
 
 
-def experiment_folder(run: dict[str, Any]) -> Path | None:
+def experiment_folder(run: Run) -> Path | None:
     """`base_dir` when it holds the experiment file the run ran: the file the run record names, else one of
     the folder's own .yaml/.yml files, that loads into the models the records hold (the code they name;
     localize records its own tiers, so the rest may differ). None when none does."""
     from parity.experiment import load_experiment
 
-    if not isinstance(run.get("base_dir"), str) or not isinstance(run.get("config"), dict):
-        return None
-    folder = Path(run["base_dir"])
-    recorded = run["config"].get("models")
-    named = [folder / Path(run["file"]).name] if isinstance(run.get("file"), str) else []
+    folder = Path(run.base_dir)
+    recorded = [m.model_dump(exclude_unset=True) for m in run.config.models]
+    named = [folder / Path(run.file).name] if run.file else []
     try:
         candidates = named or sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))[:MAX_EXPERIMENT_FILES]
     except OSError:
@@ -139,13 +139,13 @@ def experiment_folder(run: dict[str, Any]) -> Path | None:
     return None
 
 
-def code_problem(run: dict[str, Any], run_dir: Path, exp, model_spec, trusted: list[Path]) -> str | None:
+def code_problem(run: Run, run_dir: Path, exp, model_spec, trusted: list[Path]) -> str | None:
     """Why the code the records name for `model_spec` may not be run here, or None: a `python` entry is
     imported from `base_dir` first, a `repo` model from its folder; each must lie in RUN_DIR, the
     experiment's own folder or a `--trust-code` folder."""
     source = getattr(model_spec, "source", None)
     if source == "python":
-        code = Path(run["base_dir"])
+        code = Path(run.base_dir)
     elif source == "repo":
         code = exp.resolve(model_spec.path)
     else:
@@ -208,12 +208,12 @@ def reduce_check(run_dir: Path, which: str, out: Path | None, trusted: list[Path
     model, _ = prepared_model(model_spec, exp)
     inputs = build_inputs(input_spec, exp, model_spec.batch_mode)
     configured = configured_model(model, target, model_spec.name)  # the model localize ran on the target
-    name = "" if found.layers["culprit"] == MODEL else found.layers["culprit"]
+    name = "" if found.layers.culprit == MODEL else found.layers.culprit
     calls = capture(exp.reference, configured, inputs, [name]).get(name)
     if not calls:
-        raise ParityError(f"the culprit {found.layers['culprit']} was not called when the reference ran the rebuilt "
+        raise ParityError(f"the culprit {found.layers.culprit} was not called when the reference ran the rebuilt "
                           "model: the model or its inputs differ from the run's")
-    call = calls[_worst_call(target, configured.get_submodule(name), calls, found.check["rtol"]) if len(calls) > 1 else 0]
+    call = calls[_worst_call(target, configured.get_submodule(name), calls, found.check.rtol) if len(calls) > 1 else 0]
     module = configured.get_submodule(name)
     payload = _payload(module, call.inputs, found, exp, target, snippets, len(calls), call.index)
     _write(out, payload)
@@ -273,9 +273,9 @@ def _payload(module, inputs, found: Found, exp, target, snippets: dict[str, str]
     try:
         torch.save(module, pickled)
     except Exception as exc:  # a lambda or a local class among its attributes
-        raise ParityError(f"the culprit {found.layers['culprit']} ({type(module).__qualname__}) cannot be pickled "
+        raise ParityError(f"the culprit {found.layers.culprit} ({type(module).__qualname__}) cannot be pickled "
                           f"with torch.save, so no script can load it: {type(exc).__name__}: {exc}") from exc
-    code = code_reference(module, found.layers["culprit"])
+    code = code_reference(module, found.layers.culprit)
     call = f"call {index + 1} of {n_calls} in one forward (the one that differs most on the target)" if n_calls > 1 else ""
     script = repro_script(code, found, exp.reference, target, snippets, f"[{', '.join(args)}]",
                           f"{{{', '.join(kwargs)}}}")
@@ -416,12 +416,12 @@ def repro_script(code: dict[str, str], found: Found, reference, target, snippets
     path_line = (f"sys.path.insert(0, {root!r})  # {code['class'].rpartition('.')[0]} (the module's class) imports from here"
                  if root else "# the module's class is torch's own")
     check = found.check
-    required = check.get("required_atol")
+    required = check.required_atol
     return SCRIPT.format(
-        culprit=found.layers["culprit"], cls=code["class"], source=code["source"], model=found.model,
+        culprit=found.layers.culprit, cls=code["class"], source=code["source"], model=found.model,
         culprit_as="the whole model" if code["name"] == "(model)" else f"'{code['name']}'",
-        check=f"{found.model}/{found.inputs}/{found.target}", failure=check.get("failure_class"),
-        required=f"{required:.3g}" if isinstance(required, float) else required, gate=check["gate"], rtol=check["rtol"],
+        check=f"{found.model}/{found.inputs}/{found.target}", failure=check.failure_class,
+        required=f"{required:.3g}" if isinstance(required, float) else required, gate=check.gate, rtol=check.rtol,
         reference=reference.id, target=_described(target), path_line=path_line, args=args, kwargs=kwargs,
         reference_snippet=textwrap.indent(snippets["reference"], "    "),
         target_snippet=textwrap.indent(snippets["target"], "    "))
@@ -434,17 +434,17 @@ def _described(spec) -> str:
 
 def readme(found: Found, exp, target, code: dict[str, str], call: str) -> str:
     check, layers = found.check, found.layers
-    required = check.get("required_atol")
+    required = check.required_atol
     lines = [
         f"parity reduce: check {found.model}/{found.inputs}/{found.target} of experiment '{exp.name}'",
         "",
         f"The check: the target {_described(target)} against the reference {exp.reference.id}.",
-        f"The run recorded: {check.get('failure_class')}, required atol "
-        f"{f'{required:.3g}' if isinstance(required, float) else required} against the gate {check['gate']:g} "
-        f"at rtol {check['rtol']:g}: {check.get('detail')}",
-        f"Tier 2 (localization): {layers.get('verdict')}",
+        f"The run recorded: {check.failure_class}, required atol "
+        f"{f'{required:.3g}' if isinstance(required, float) else required} against the gate {check.gate:g} "
+        f"at rtol {check.rtol:g}: {check.detail}",
+        f"Tier 2 (localization): {layers.verdict}",
         "",
-        f"The culprit: {code['class']} ({code['source']}), named '{layers['culprit']}' in the model"
+        f"The culprit: {code['class']} ({code['source']}), named '{layers.culprit}' in the model"
         + (f"; {call}" if call else "") + ".",
         "",
         "Files:",

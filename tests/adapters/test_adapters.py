@@ -99,20 +99,20 @@ def test_the_adapter_turns_a_detectors_decision_flip_into_agreement(tmp_path):
     from parity.api import run_experiment
 
     records = run_experiment(adapter_experiment(), tmp_path / "out")
-    tier3 = {r["model"]: r for r in RunView(records).checks(3)}
-    tier1 = {r["model"]: r for r in RunView(records).checks(1)}
-    assert tier3["frcnn"]["passed"] is False and tier3["frcnn"]["failure_class"] == "decision_flip"
-    assert tier3["frcnn"]["metrics"]["f1"] < 0.9
-    assert tier1["frcnn"]["passed"] is False and tier1["frcnn"]["failure_class"] != "ordering"  # other boxes
+    tier3 = {r.model: r for r in RunView(records).checks(3)}
+    tier1 = {r.model: r for r in RunView(records).checks(1)}
+    assert tier3["frcnn"].passed is False and tier3["frcnn"].failure_class == "decision_flip"
+    assert tier3["frcnn"].metrics["f1"] < 0.9
+    assert tier1["frcnn"].passed is False and tier1["frcnn"].failure_class != "ordering"  # other boxes
     # every score is tied: the flips are tie-order flips (most in the proposal network's top-k), and a label
     # change where the two classes' tied scores went the other way
-    flips = tier3["frcnn"]["flips"]
-    assert flips["candidates"] == "both" and set(flips["counts"]) <= {"tie_order", "label_change"}
-    assert flips["counts"]["tie_order"] >= 0.9 * sum(flips["counts"].values())
-    assert tier3["frcnn_nms"]["passed"] is True and tier3["frcnn_nms"]["metrics"]["f1"] == 1.0
-    assert tier3["frcnn_nms"]["same_set"] is True
-    assert tier1["frcnn_nms"]["passed"] is True, tier1["frcnn_nms"]["detail"]  # only the scores' jitter is left
-    notes = {r["model"]: r["adapters"] for r in RunView(records).models}
+    flips = tier3["frcnn"].flips
+    assert flips.candidates == "both" and set(flips.counts) <= {"tie_order", "label_change"}
+    assert flips.counts["tie_order"] >= 0.9 * sum(flips.counts.values())
+    assert tier3["frcnn_nms"].passed is True and tier3["frcnn_nms"].metrics["f1"] == 1.0
+    assert tier3["frcnn_nms"].same_set is True
+    assert tier1["frcnn_nms"].passed is True, tier1["frcnn_nms"].detail  # only the scores' jitter is left
+    notes = {r.model: r.adapters for r in RunView(records).models}
     assert notes["frcnn"] == [] and "proposal network" in notes["frcnn_nms"][0]
 
 

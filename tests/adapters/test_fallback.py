@@ -111,7 +111,7 @@ def test_fallback_command_writes_its_record(tmp_path, capsys):
     path.write_text(yaml.safe_dump(data))
     assert main(["fallback", str(path), "--out", str(tmp_path / "out")]) == 0
     [record] = RunView.read(tmp_path / "out").fallbacks
-    assert record["runs_in"] == "float32" and record["passed"] and record["modules"] == []
+    assert record.runs_in == "float32" and record.passed and record.modules == []
 
 
 def test_localize_and_fallback_keep_their_exports_in_the_artifact_cache(tmp_path, capsys):
@@ -180,8 +180,8 @@ def test_a_set_that_is_the_whole_model_is_no_partial_fallback(tmp_path, capsys):
     assert "no partial fallback exists; this is the whole model at the reference's precision (float32)" in out
     assert "apply it" not in out
     [record] = RunView.read(tmp_path / "out").fallbacks
-    assert record["passed"] and record["whole_model"] and sorted(record["modules"]) == ["bn", "conv", "head"]
-    assert f"next: {record['next_step']}" in out and "widen the gate" in record["next_step"]
+    assert record.passed and record.whole_model and sorted(record.modules) == ["bn", "conv", "head"]
+    assert f"next: {record.next_step}" in out and "widen the gate" in record.next_step
 
 
 def test_what_counts_as_the_whole_model():

@@ -127,8 +127,8 @@ def test_an_int8_target_has_a_verdict_fails_a_tight_gate_and_is_offered_a_fallba
     assert main(["run", str(write_yaml(data)), "--out", str(tmp_path / "run"), "--quiet", "--no-report"]) == 1
     printed = capsys.readouterr().out.replace("\n  ", " ")
     [check] = RunView.read(tmp_path / "run").checks(1)
-    assert (check["target"], check["passed"], check["failure_class"]) == ("eager-cpu-int8-pt2e-x86", False, "numeric_drift")
-    assert check["required_atol"] > 1e-4
+    assert (check.target, check.passed, check.failure_class) == ("eager-cpu-int8-pt2e-x86", False, "numeric_drift")
+    assert check.required_atol > 1e-4
     assert "diverges at b (Conv2d (" in printed and "parity reduce" not in printed  # an int8 culprit alone has no repro
     assert "next: parity fallback " in printed and "--target eager-cpu-int8-pt2e-x86" in printed
     assert main(["reduce", str(tmp_path / "run"), "--check", "tiny/noise/eager-cpu-int8-pt2e-x86"]) == 2  # asked anyway: refused in one line, nothing written
@@ -232,11 +232,11 @@ def test_a_tier3_fallback_keeps_the_flipping_layer_in_float_and_times_int8_again
     assert main(["fallback", str(path), "--tier", "3", "--out", str(tmp_path / "out")]) == 0
     printed = " ".join(capsys.readouterr().out.split())
     [record] = RunView.read(tmp_path / "out").fallbacks
-    assert record["aim"] == "tier 3" and record["runs_in"] == "float"
-    assert record["task_before"]["top1_flips"] == 5 and record["task_after"]["top1_flips"] == 0
-    assert record["passed"] and record["modules"] == ["b"] and not record["whole_model"]
-    assert record["tried"] == 1  # [b] alone: no shrink trial of the empty set, which ran first and failed
-    assert all(record[k] > 0 for k in ("latency_before_s", "latency_after_s", "latency_float_s"))
+    assert record.aim == "tier 3" and record.runs_in == "float"
+    assert record.task_before["top1_flips"] == 5 and record.task_after["top1_flips"] == 0
+    assert record.passed and record.modules == ["b"] and not record.whole_model
+    assert record.tried == 1  # [b] alone: no shrink trial of the empty set, which ran first and failed
+    assert all(getattr(record, k) > 0 for k in ("latency_before_s", "latency_after_s", "latency_float_s"))
     assert "fallback: [b]; median latency" in printed and "the float model on the same backend: " in printed
     assert "apply it: in the target's entry, fallback: [tiny:b]" in printed
 
@@ -248,8 +248,8 @@ def test_a_tier3_fallback_that_no_module_set_restores_fails(write_yaml, tmp_path
     assert main(["fallback", str(path), "--tier", "3", "--out", str(tmp_path / "out")]) == 1
     printed = " ".join(capsys.readouterr().out.split())
     [record] = RunView.read(tmp_path / "out").fallbacks
-    assert not record["passed"] and record["task_after"]["top1_flips"] == 5 and set(record["modules"]) == {"a", "head"}
-    assert record["latency_float_s"] is None
+    assert not record.passed and record.task_after["top1_flips"] == 5 and set(record.modules) == {"a", "head"}
+    assert record.latency_float_s is None
     assert "no fallback among the localized layers makes the check pass" in printed and "apply it" not in printed
     assert "next: lower the thresholds in tiers.tasks" in printed
 

@@ -47,8 +47,8 @@ def _run(write_yaml, tmp_path, name: str, *extra: str, targets=EXPORTERS, **over
     assert main(["run", str(path), "--out", str(out), "--quiet", *extra]) == 0
     records = read_records(out / "records.jsonl")
     executions = {r["backend"]: r for r in records if r["kind"] == "execution" and r["repeat"] == 0}
-    checks = {r["target"]: r for r in RunView(records).checks(1)}
-    assert all(c["passed"] for c in checks.values()), checks
+    checks = {r.target: r for r in RunView(records).checks(1)}
+    assert all(c.passed for c in checks.values()), checks
     return {"executions": executions, "checks": checks}
 
 
@@ -60,7 +60,7 @@ def test_a_second_run_reuses_every_export_and_gets_the_same_results(write_yaml, 
     for target in ("onnxruntime-cpu", "torchscript-cpu", "openvino-cpu"):
         assert cold["executions"][target]["cached"] is False
         assert warm["executions"][target]["cached"] is True
-        assert warm["checks"][target]["required_atol"] == cold["checks"][target]["required_atol"]
+        assert warm["checks"][target].required_atol == cold["checks"][target].required_atol
     assert warm["executions"]["eager-cpu"]["cached"] is None  # eager exports nothing
     assert len(list((tmp_path / "cache" / "artifacts").iterdir())) == 3
 
@@ -166,7 +166,7 @@ def _outcome(write_yaml, tmp_path, name: str, models: list[dict], targets: list[
                  "--cache-dir", str(tmp_path / "cache")])
     records = read_records(tmp_path / name / "records.jsonl")
     executions = {r["backend"]: r for r in records if r["kind"] == "execution" and r["repeat"] == 0}
-    checks = {r["target"]: r for r in RunView(records).checks(1)}
+    checks = {r.target: r for r in RunView(records).checks(1)}
     return code, executions, checks
 
 
@@ -181,20 +181,20 @@ def test_a_regression_in_forward_is_exported_afresh_and_fails(write_yaml, tmp_pa
     """The bug of issue 11: the export of the old forward was compared, and the check passed."""
     targets = [{"backend": "onnxruntime"}, {"backend": "torchscript"}]
     code, executions, checks = _repo_run(write_yaml, tmp_path, "good", GOOD, targets)
-    assert code == 0 and all(c["passed"] for c in checks.values())
+    assert code == 0 and all(c.passed for c in checks.values())
     code, executions, checks = _repo_run(write_yaml, tmp_path, "regression", REGRESSION, targets)
     for target in ("onnxruntime-cpu", "torchscript-cpu"):
         assert executions[target]["cached"] is False
-        assert not checks[target]["passed"] and checks[target]["required_atol"] == pytest.approx(10, rel=1e-3)
+        assert not checks[target].passed and checks[target].required_atol == pytest.approx(10, rel=1e-3)
     assert code == 1
 
 
 def test_a_fix_in_forward_is_exported_afresh_and_passes(write_yaml, tmp_path, fresh_imports):
     targets = [{"backend": "torchscript"}]
     code, _, checks = _repo_run(write_yaml, tmp_path, "regression", REGRESSION, targets)
-    assert code == 1 and not checks["torchscript-cpu"]["passed"]
+    assert code == 1 and not checks["torchscript-cpu"].passed
     code, executions, checks = _repo_run(write_yaml, tmp_path, "fixed", FIXED, targets)
-    assert code == 0 and checks["torchscript-cpu"]["passed"] and executions["torchscript-cpu"]["cached"] is False
+    assert code == 0 and checks["torchscript-cpu"].passed and executions["torchscript-cpu"]["cached"] is False
 
 
 # -- a cache entry is verified before it is used ---------------------------------------------------
@@ -208,14 +208,14 @@ def test_a_tampered_entry_is_rebuilt_with_a_warning_and_a_real_failure_still_fai
     shutil.rmtree(tmp_path / "cache")
     forget_modules()
     code, executions, checks = _repo_run(write_yaml, tmp_path, "first", REGRESSION, targets)
-    assert code == 1 and not checks["torchscript-cpu"]["passed"] and executions["torchscript-cpu"]["cached"] is False
+    assert code == 1 and not checks["torchscript-cpu"].passed and executions["torchscript-cpu"]["cached"] is False
     [entry] = (tmp_path / "cache" / "artifacts").iterdir()
     (entry / "model.pt").write_bytes(honest)
     forget_modules()
     with caplog.at_level("WARNING", logger="parity.execute.cache"):
         code, executions, checks = _repo_run(write_yaml, tmp_path, "second", REGRESSION, targets)
-    assert code == 1 and not checks["torchscript-cpu"]["passed"]
-    assert checks["torchscript-cpu"]["required_atol"] == pytest.approx(10, rel=1e-3)  # judged, not charged as an error
+    assert code == 1 and not checks["torchscript-cpu"].passed
+    assert checks["torchscript-cpu"].required_atol == pytest.approx(10, rel=1e-3)  # judged, not charged as an error
     execution = executions["torchscript-cpu"]
     assert execution["status"] == "ok" and execution["cached"] is False
     notes = [n for r in read_records(tmp_path / "second" / "records.jsonl") if r["kind"] == "execution" for n in r.get("warnings") or []]
@@ -290,7 +290,7 @@ def test_a_helper_edited_alone_in_another_file_is_exported_afresh(write_yaml, tm
     (good, first, _), (again, second, _), (regression, third, checks) = outcomes
     assert (good, again) == (0, 0) and first["torchscript-cpu"]["cached"] is False
     assert second["torchscript-cpu"]["cached"] is True  # nothing changed: the export is reused
-    assert third["torchscript-cpu"]["cached"] is False and regression == 1 and not checks["torchscript-cpu"]["passed"]
+    assert third["torchscript-cpu"]["cached"] is False and regression == 1 and not checks["torchscript-cpu"].passed
 
 
 def _key(model: torch.nn.Module, backend_name: str = "torchscript", identity: str = "net") -> str | None:

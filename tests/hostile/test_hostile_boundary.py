@@ -45,7 +45,7 @@ def run_case(tmp_path: Path, data: dict, *flags: str):
 
 def checks(out: Path) -> dict[str, dict]:
     lines = (out / "records.jsonl").read_text().splitlines()
-    return {r["target"]: r for r in RunView(map(json.loads, lines)).checks(1)}
+    return {r.target: r for r in RunView(map(json.loads, lines)).checks(1)}
 
 
 def assert_crash_verdict(result, out: Path, said: str) -> None:
@@ -56,9 +56,9 @@ def assert_crash_verdict(result, out: Path, said: str) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert summary["totals"] == {"checks": 2, "passed": 1, "failed": 1, "skipped": 0, "errors": 0}
     got = checks(out)
-    assert got["same"]["passed"] is True
-    assert got["armed"]["passed"] is False and got["armed"]["failure_class"] == "crash", got["armed"]
-    assert said in got["armed"]["detail"], got["armed"]["detail"]
+    assert got["same"].passed is True
+    assert got["armed"].passed is False and got["armed"].failure_class == "crash", got["armed"]
+    assert said in got["armed"].detail, got["armed"].detail
 
 
 @pytest.mark.parametrize("action", IN_PROCESS)

@@ -291,9 +291,11 @@ def test_huge_sizes_in_a_record_make_no_huge_canvas(tmp_path, size, boxes, prepr
 def test_pictures_a_record_holds_that_cannot_be_drawn_are_said_not_raised(pictures):
     """A tier-3 record's `pictures` edited by hand (a key missing, lists of other lengths or types): the report
     says the check's pictures cannot be drawn, and renders the rest; before, a KeyError was exit 3."""
+    from parity.records.models import Tier3Check
     from parity.report.html import _detections
 
-    [entry] = _detections([{"model": "m", "inputs": "i", "target": "t", "passed": True, "metrics": {"f1": 1.0},
-                            "pictures": pictures}])
+    [entry] = _detections([Tier3Check.model_validate({
+        "kind": "check", "tier": 3, "model": "m", "inputs": "i", "target": "t", "task": "detection", "status": "ok",
+        "passed": True, "failure_class": None, "detail": None, "metrics": {"f1": 1.0}, "pictures": pictures})])
     [image] = entry["images"]
     assert image["uri"] is None and image["note"].startswith("this check's pictures cannot be drawn")

@@ -48,6 +48,6 @@ def test_parity_check_takes_a_timm_model(tmp_path, capsys):
                  "--quiet", "--no-report"])
     assert code == 0, capsys.readouterr().err
     [check] = RunView.read(out).checks(1)
-    assert check["model"] == "test_resnet" and check["passed"] is True
-    assert RunView.read(out).run["config"]["models"][0] == {**RunView.read(out).run["config"]["models"][0],
-                                                            "source": "timm", "architecture": "test_resnet"}
+    assert check.model == "test_resnet" and check.passed is True
+    model = RunView.read(out).run.config.models[0].model_dump()
+    assert model == {**model, "source": "timm", "architecture": "test_resnet"}

@@ -42,12 +42,12 @@ def test_docs_records_md_is_generated_from_the_models():
 def test_the_archived_study_records_are_valid_records(tmp_path):
     (tmp_path / "records.jsonl").write_bytes(gzip.decompress((ROOT / "docs" / "study-v1-records.jsonl.gz").read_bytes()))
     view = RunView.read(tmp_path)
-    assert len(view) == 432 and view.run["experiment"] and view.checks(1) and view.checks(3)
+    assert len(view) == 432 and view.run.experiment and view.checks(1) and view.checks(3)
     (tmp_path / "records.jsonl").write_bytes(
         gzip.decompress((ROOT / "docs" / "study-trained-records.jsonl.gz").read_bytes()))
     trained = RunView.read(tmp_path)
-    assert len(trained.checks(1)) == 66 and all("reference_rms" in leaf for c in trained.checks(1)
-                                                  for leaf in c.get("leaves") or [] if leaf.get("max_abs") is not None)
+    assert len(trained.checks(1)) == 66 and all("reference_rms" in leaf.model_fields_set for c in trained.checks(1)
+                                                  for leaf in c.leaves if leaf.max_abs is not None)
     (tmp_path / "records.jsonl").write_bytes(gzip.decompress((ROOT / "docs" / "study-records.jsonl.gz").read_bytes()))
     study = RunView.read(tmp_path)  # the v2 run: 32 entries reached x 7 targets
     assert len(study) == 927 and len(study.checks(1)) == 224 and study.checks(3)
@@ -145,15 +145,15 @@ def test_the_arithmetic_says_one_pair_and_one_target_in_the_singular():
 
 def test_the_view_selects_names_and_orders_once():
     view = RunView(records_of_a_run())
-    assert [(c["target"], c["inputs"]) for c in view.checks(1)] == [("a", "x"), ("b", "x"), ("a", "y"), ("b", "y")]
-    assert [c["tier"] for c in view.checks(target="b", inputs="x")] == [1, 3]
+    assert [(c.target, c.inputs) for c in view.checks(1)] == [("a", "x"), ("b", "x"), ("a", "y"), ("b", "y")]
+    assert [c.tier for c in view.checks(target="b", inputs="x")] == [1, 3]
     assert view.targets() == ["a", "b"] and view.pairs() == [("m", "x"), ("m", "y")]
     [failed] = view.failed(1)
     assert view.key(failed) == "m / x / b" and view.key(view.warnings[0]) == "m / y"
-    assert [leaf["name"] for leaf in view.worst_leaves(failed, 5)] == ["large", "small", "unknown"]
-    assert [leaf["name"] for leaf in view.worst_leaves(failed, 1)] == ["large"]
-    assert view.layers_for(failed)["error"] == "e" and view.layers_for(view.checks(1)[0]) is None
-    assert view.run["experiment"] == "x" and RunView.of(view) is view
+    assert [leaf.name for leaf in view.worst_leaves(failed, 5)] == ["large", "small", "unknown"]
+    assert [leaf.name for leaf in view.worst_leaves(failed, 1)] == ["large"]
+    assert view.layers_for(failed).error == "e" and view.layers_for(view.checks(1)[0]) is None
+    assert view.run.experiment == "x" and RunView.of(view) is view
 
 
 def test_the_summary_counts_the_tier_1_checks_and_names_each_by_its_key():
@@ -163,6 +163,24 @@ def test_the_summary_counts_the_tier_1_checks_and_names_each_by_its_key():
     assert summary["tier3"]["checks"] == 1 and list(summary["tier3"]["metrics"]) == ["m / x / b"]
     assert list(summary["localized"]) == ["m / x / b"] and summary["warnings"] == ["m / y: constant"]
     assert exit_code(summary) == 1 and exit_code(summary, allow_unavailable=True) == 1
+
+
+def test_a_record_without_the_fields_later_versions_added_reads_as_their_defaults():
+    """Records written before tolerance_source, gated_by, max_abs, a note's count or a setting the schema leaves
+    open: the view's models read them as their defaults, and the summary and the reports say what those mean
+    (the experiment's tolerances, gated by tier 1), never a string key's KeyError."""
+    from parity.report.console import describe_note
+
+    config = {**RUN["config"], "seed": 0, "tiers": {"tasks": {"enabled": True}}}
+    view = RunView([{"kind": "run", **RUN, "config": config}, check("a", warnings=[{"kind": "graph_break", "message": "m"}])])
+    [c] = view.checks(1)
+    assert (c.max_abs, c.tolerance_source, c.gated_by, c.oracle, c.fingerprints) == (None,) * 5
+    info = summarize(view)["per_target"]["a"]
+    assert (info["tolerance_source"], info["gated_by"], info["noise_floor"]) == ("experiment", "tier1", None)
+    setting = view.run.config.setting
+    assert setting("seed", default="?") == 0 and setting("tiers", "tasks", "enabled") is True
+    assert setting("tiers", "activations", "enabled") is None and setting("repeats", default="?") == "?"
+    assert describe_note(c.warnings[0]) == "graph_break: m"
 
 
 def test_the_environment_records_the_libraries_it_is_given(tmp_path):

@@ -33,13 +33,13 @@ def test_a_culprit_whose_relative_rmse_is_below_the_threshold_is_said_by_its_req
     left, op, right = _stated(verdict)
     assert (left, op, right) == (3e-4, ">", THRESHOLD) and left > right
     assert "which exceeds" not in verdict
-    assert _stated(suspect_words(error.__dict__, THRESHOLD)) == (left, op, right)
+    assert _stated(suspect_words(error, THRESHOLD)) == (left, op, right)
 
 
 def test_a_culprit_with_nan_says_no_atol_passes_not_a_max_abs_of_zero():
     """NaN where the reference has a number: max abs over the finite rest is 0, and no atol passes."""
     error = LayerError("head", max_abs=0.0, rel_rmse=math.inf, required_atol=None)
-    for text in (_culprit(error).verdict(), suspect_words(error.__dict__, THRESHOLD)):
+    for text in (_culprit(error).verdict(), suspect_words(error, THRESHOLD)):
         assert "NaN/Inf where the reference has numbers: no atol passes" in text
         assert "above the threshold 0.0001" in text and "max abs 0" not in text
 

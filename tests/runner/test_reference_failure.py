@@ -21,7 +21,7 @@ def _run(write_yaml, tmp_path, exp, *extra):
 
 
 def _tier1(records):
-    return {r["target"]: r for r in RunView(records).checks(1)}
+    return {r.target: r for r in RunView(records).checks(1)}
 
 
 def test_a_model_that_raises_on_its_inputs_is_a_user_error_and_no_target_is_charged(write_yaml, tmp_path, capsys):
@@ -38,9 +38,9 @@ def test_a_model_that_raises_on_its_inputs_is_a_user_error_and_no_target_is_char
     checks = _tier1(records)
     assert set(checks) == {"same", "perturbed"}
     for check in checks.values():
-        assert check["status"] == "error" and check["passed"] is None
-        assert check["failure_class"] == "reference_error" and check["user_error"] is True
-        assert check["verdicts"] == {}
+        assert check.status == "error" and check.passed is None
+        assert check.failure_class == "reference_error" and check.user_error is True
+        assert check.verdicts == {}
     assert {r["backend"] for r in records if r["kind"] == "execution"} == {"eager-cpu"}  # no target ran
     summary = json.loads((out / "summary.json").read_text())
     assert summary["totals"] == {"checks": 2, "passed": 0, "failed": 0, "skipped": 0, "errors": 2}
@@ -64,8 +64,8 @@ def test_a_reference_backend_that_fails_gives_no_verdict_and_exit_1(write_yaml, 
     assert code == 1
     assert "error:" not in capsys.readouterr().err
     for check in _tier1(records).values():
-        assert check["status"] == "error" and check["failure_class"] == "reference_error"
-        assert check["user_error"] is False and "boom" in check["detail"]
+        assert check.status == "error" and check.failure_class == "reference_error"
+        assert check.user_error is False and "boom" in check.detail
 
 
 def test_other_pairs_are_still_judged_when_one_reference_fails(write_yaml, tmp_path):
@@ -90,9 +90,9 @@ def test_an_oracle_that_fails_is_said_and_the_target_is_still_judged(write_yaml,
     code, _, records = _run(write_yaml, tmp_path, exp)
     checks = _tier1(records)
     assert code == 1  # the perturbed target fails on its own merits
-    assert checks["same"]["passed"] is True and checks["same"]["oracle"] is None
-    assert "the float64 oracle could not run" in checks["same"]["oracle_error"] and "boom" in checks["same"]["oracle_error"]
-    assert checks["perturbed"]["failure_class"] == "numeric_drift"
+    assert checks["same"].passed is True and checks["same"].oracle is None
+    assert "the float64 oracle could not run" in checks["same"].oracle_error and "boom" in checks["same"].oracle_error
+    assert checks["perturbed"].failure_class == "numeric_drift"
 
 
 def test_reference_errors_are_judgements_a_resumed_run_does_not_repeat(write_yaml, tmp_path):

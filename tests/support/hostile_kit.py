@@ -109,7 +109,7 @@ def assert_failed_with(outcome: Outcome, failure_class: str, *words: str) -> Non
     assert outcome.code == 1, f"exit {outcome.code}:\n{outcome.err}\n{outcome.out[-2000:]}"
     assert "Traceback" not in outcome.err, outcome.err
     checks = RunView(outcome.records).checks(1)
-    assert checks and all(not c["passed"] and c["failure_class"] == failure_class for c in checks), checks
+    assert checks and all(not c.passed and c.failure_class == failure_class for c in checks), checks
     for w in words:
-        assert any(w in (c["detail"] or "") for c in checks), [c["detail"] for c in checks]
+        assert any(w in (c.detail or "") for c in checks), [c.detail for c in checks]
     assert outcome.written_outside == [], outcome.written_outside

@@ -254,13 +254,13 @@ def test_a_run_classes_a_score_threshold_crossing_and_records_it(tmp_path):
     out = tmp_path / "out"
     records = run_experiment(exp, out, reports=("report.md", "report.html", "junit.xml"))
     tier3 = RunView(records).checks(3)[0]
-    assert tier3["passed"] is False and tier3["failure_class"] == "decision_flip"
-    n = tier3["metrics"]["reference_boxes"]
-    assert tier3["metrics"]["target_boxes"] == 0 and n > 0
-    assert tier3["flips"]["candidates"] == "both"
-    assert tier3["flips"]["counts"] == {"score_threshold": n}
-    example = tier3["flips"]["examples"][0]
-    assert example["detail"] == "score 0.333333 in the reference, 0.274069 in the target: threshold 0.3"
+    assert tier3.passed is False and tier3.failure_class == "decision_flip"
+    n = tier3.metrics["reference_boxes"]
+    assert tier3.metrics["target_boxes"] == 0 and n > 0
+    assert tier3.flips.candidates == "both"
+    assert tier3.flips.counts == {"score_threshold": n}
+    example = tier3.flips.examples[0]
+    assert example.detail == "score 0.333333 in the reference, 0.274069 in the target: threshold 0.3"
     # every report shows it beside the tier-3 verdict
     line = f"flips: {n} score_threshold (from the post-processing inputs of both sides)"
     console = Console(file=io.StringIO(), width=300, highlight=False, color_system=None)
@@ -458,6 +458,6 @@ def test_a_passing_check_with_an_unmatched_box_classes_it_too(tmp_path):
     out = tmp_path / "out"
     records = run_experiment(exp, out)
     tier3 = RunView(records).checks(3)[0]
-    assert tier3["passed"] is True and tier3["metrics"]["target_boxes"] == 19
-    assert tier3["flips"]["counts"] == {"score_threshold": 1} and tier3["flips"]["candidates"] == "both"
+    assert tier3.passed is True and tier3.metrics["target_boxes"] == 19
+    assert tier3.flips.counts == {"score_threshold": 1} and tier3.flips.candidates == "both"
     assert "agrees; flips: 1 score_threshold (from the post-processing inputs of both sides)" in (out / "report.md").read_text()

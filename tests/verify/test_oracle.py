@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from parity.records.models import Oracle
 from parity.report.next_steps import oracle_finding
 from parity.verify.tensors import compare, oracle_verdict
 from tests.support import tiny_experiment
@@ -27,10 +28,10 @@ def _run(write_yaml, tmp_path, capsys, exp, *extra):
     return ran.code, ran.out, ran.said
 
 
-def _checks(out) -> dict[str, dict]:
+def _checks(out) -> dict:
     from parity.records.view import RunView
 
-    return {c["target"]: c for c in RunView.read(out).checks(1)}
+    return {c.target: c for c in RunView.read(out).checks(1)}
 
 
 def _verdict(reference, target, oracle, multiplier=2.0, floor=1e-8):
@@ -43,8 +44,8 @@ def test_a_forward_that_casts_to_float32_still_gets_a_float64_run(write_yaml, tm
     exp = tiny_experiment([PERTURBED], oracle=True, models=_model("casts_in_forward"))
     code, out, printed = _run(write_yaml, tmp_path, capsys, exp, "--no-report")
     check = _checks(out)["perturbed"]
-    assert code == 1 and check.get("oracle_error") is None, check.get("oracle_error")
-    assert check["oracle"]["worse"] == "target"
+    assert code == 1 and check.oracle_error is None, check.oracle_error
+    assert check.oracle.worse == "target"
     assert "oracle: the target is worse than the reference at out" in printed
     assert torch.get_default_dtype() == torch.float32  # the float64 default is the oracle's run's alone
 
@@ -54,7 +55,7 @@ def test_an_oracle_that_cannot_run_says_why_beside_the_check_and_in_every_report
     code, out, printed = _run(write_yaml, tmp_path, capsys, exp)
     why = "the float64 oracle could not run (backend_error): TypeError: this model runs in float32 only"
     checks = _checks(out)
-    assert code == 1 and all(why in c["oracle_error"] for c in checks.values())
+    assert code == 1 and all(why in c.oracle_error for c in checks.values())
     assert f"oracle: no verdict: {why}" in printed  # beside the failed check
     assert f"oracle tiny / noise / same: no verdict: {why}" in printed  # the passing one: once per line
     assert "the oracle oracle" not in printed
@@ -68,7 +69,7 @@ def test_nan_in_the_target_where_float64_has_a_number_is_the_targets():
     verdict = _verdict(reference, target, oracle)
     assert verdict["worse"] == "target" and verdict["target_worse"]
     assert (verdict["target_nonfinite_off"], verdict["reference_nonfinite_off"]) == (1, 0)
-    assert oracle_finding({"passed": False, "oracle": verdict}) == [
+    assert oracle_finding(Oracle.model_validate(verdict), False) == [
         "oracle: float64 has the reference's NaN/Inf pattern, not the target's: the target's NaN/Inf are its own "
         "(differing from float64 at 1 element(s) in the target, 0 in the reference)"]
 
@@ -90,9 +91,9 @@ def test_inf_in_the_reference_that_float64_lacks_makes_the_target_the_faithful_s
                           models=_model("overflow"))
     code, out, printed = _run(write_yaml, tmp_path, capsys, exp, "--no-report")
     check = _checks(out)["wide"]
-    assert code == 1 and check["failure_class"] == "nonfinite"
-    assert check["oracle"]["worse"] == "reference" and not check["oracle"]["target_worse"]
-    assert check["oracle"]["target_nonfinite_off"] == 0 < check["oracle"]["reference_nonfinite_off"]
+    assert code == 1 and check.failure_class == "nonfinite"
+    assert check.oracle.worse == "reference" and not check.oracle.target_worse
+    assert check.oracle.target_nonfinite_off == 0 < check.oracle.reference_nonfinite_off
     assert ("oracle: float64 has the target's NaN/Inf pattern, not the reference's: the reference's values there "
             "are the artefact, the target is right") in printed
 
@@ -106,7 +107,7 @@ def test_which_side_is_farther_from_float64_takes_a_factor_of_the_multiplier(tar
     target = oracle + 1e-3 * target_over_reference
     verdict = _verdict(reference, target, oracle, floor=0.0)
     assert verdict["worse"] == worse and verdict["target_worse"] == (worse == "target")
-    [line] = oracle_finding({"passed": False, "oracle": verdict})
+    [line] = oracle_finding(Oracle.model_validate(verdict), False)
     assert line.startswith({"target": "oracle: the target is worse than the reference at out",
                             "reference": "oracle: the reference is the imprecise one",
                             "neither": "oracle: both sides are equally far from float64"}[worse])
@@ -119,7 +120,7 @@ def test_a_passing_target_much_farther_from_float64_is_said_relative_to_the_outp
     oracle = torch.linspace(-1, 1, 64, dtype=torch.float64)
     verdict = _verdict(oracle.clone(), oracle + error * oracle.square().mean().sqrt(), oracle)
     assert verdict["worse"] == "target" and verdict["notable"] is notable
-    lines = oracle_finding({"passed": True, "oracle": verdict})
+    lines = oracle_finding(Oracle.model_validate(verdict), True)
     assert bool(lines) is notable
     assert not lines or lines[0].startswith("oracle: passes, but the target is much farther from float64")
 
@@ -141,8 +142,8 @@ def test_a_target_that_returned_nothing_has_no_oracle_verdict_and_says_why(write
     exp = tiny_experiment([{"backend": "tests.fixtures.tiny:FailingEager", "name": "failing"}], oracle=True)
     code, out, printed = _run(write_yaml, tmp_path, capsys, exp, "--no-report")
     check = _checks(out)["failing"]
-    assert code == 1 and check["oracle"] is None
-    assert check["oracle_error"] == "the target returned no output to hold against float64's"
+    assert code == 1 and check.oracle is None
+    assert check.oracle_error == "the target returned no output to hold against float64's"
     assert "oracle: no verdict: the target returned no output to hold against float64's" in printed
 
 

@@ -115,9 +115,9 @@ def test_run_writes_tier3_checks_and_fails_on_a_flip(tmp_path):
                            tiers={"tasks": {"classification": {"top1_agreement": 1.0}}})
     data["models"][0]["task"] = "classification"
     records = run_experiment(data, out=tmp_path)
-    tier3 = {r["target"]: r for r in RunView(records).checks(3)}
-    assert tier3["same"]["passed"] and tier3["same"]["metrics"]["top1_agreement"] == 1.0
-    assert set(tier3["perturbed"]["metrics"]) >= {"top1_agreement", "top5_overlap", "kl_divergence", "rank_distance"}
+    tier3 = {r.target: r for r in RunView(records).checks(3)}
+    assert tier3["same"].passed and tier3["same"].metrics["top1_agreement"] == 1.0
+    assert set(tier3["perturbed"].metrics) >= {"top1_agreement", "top5_overlap", "kl_divergence", "rank_distance"}
 
 
 def test_detections_in_another_order_fail_tier1_as_ordering_and_agree_in_tier3(tmp_path):
@@ -144,7 +144,7 @@ def test_class_scores_among_several_outputs_are_named_not_guessed(tmp_path, caps
     data["inputs"] = [{"name": "x", "synthetic": {"shape": [4, 3, 2, 2]}}]
     records = run_experiment(data, out=tmp_path / "guess")
     [tier3] = RunView(records).checks(3)
-    assert tier3["failure_class"] == "structure_mismatch" and "tiers.tasks.output" in tier3["detail"]
+    assert tier3.failure_class == "structure_mismatch" and "tiers.tasks.output" in tier3.detail
     data["tiers"] = {"tasks": {"output": "out[1]"}}
     path = tmp_path / "named.yaml"
     import yaml

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ValidationError
 
 from parity.errors import ParityError
 from parity.records.keys import record_key
-from parity.records.models import KINDS, RECORDS, SCHEMA_VERSION, TIERS
+from parity.records.models import KINDS, RECORDS, SCHEMA_VERSION, TIERS, Record
 
 log = logging.getLogger(__name__)
 
@@ -66,24 +66,37 @@ def experiment_digest(config: dict[str, Any], base_dir: str) -> str:
 def record_problem(record: Any) -> str | None:
     """Why `record` is not a record parity can read (a missing field, a list where a string belongs), or None.
     Raises NewerRecords for a record of a newer schema than this parity's."""
+    try:
+        typed(record)
+    except RecordProblem as exc:
+        return str(exc)
+    return None
+
+
+class RecordProblem(ValueError):
+    """Why a mapping is not a record parity can read, in words."""
+
+
+def typed(record: Any) -> Record:
+    """`record` as its model of records/models.py; a RecordProblem saying why it is not a record parity can
+    read, NewerRecords for a record of a newer schema than this parity's."""
     if not isinstance(record, dict) or "kind" not in record:
-        return "not a parity record (no 'kind')"
+        raise RecordProblem("not a parity record (no 'kind')")
     kind = record["kind"]
     if not isinstance(kind, str) or kind not in KINDS:
-        return f"unknown kind of record {str(kind)[:40]!r} (parity writes {', '.join(KINDS)})"
+        raise RecordProblem(f"unknown kind of record {str(kind)[:40]!r} (parity writes {', '.join(KINDS)})")
     version = record.get("schema_version", SCHEMA_VERSION)
     if type(version) is int and version > SCHEMA_VERSION:
         raise NewerRecords(f"a '{kind}' record of schema version {version}: written by a newer parity (this one reads "
                            f"version {SCHEMA_VERSION} and older); upgrade parity to read it")
     tier = record.get("tier")
     if kind == "check" and (type(tier) is not int or tier not in TIERS):
-        return f"a 'check' record: tier: {'missing' if 'tier' not in record else f'expected 1 or 3, got {tier!r}'}"
+        raise RecordProblem(f"a 'check' record: tier: {'missing' if 'tier' not in record else f'expected 1 or 3, got {tier!r}'}")
+    model = RECORDS[kind, tier if kind == "check" else None]
     try:
-        RECORDS[kind, tier if kind == "check" else None].model_validate(record)
+        return model.model_validate(record)
     except ValidationError as exc:
-        model = RECORDS[kind, tier if kind == "check" else None]
-        return f"a '{kind}' record: {_said(exc.errors(include_url=False)[0], model)}"
-    return None
+        raise RecordProblem(f"a '{kind}' record: {_said(exc.errors(include_url=False)[0], model)}") from None
 
 
 class NewerRecords(ParityError):
@@ -151,22 +164,21 @@ def undeclared_fields(model: BaseModel, where: str = "") -> list[str]:
 def validated(record: dict[str, Any]) -> dict[str, Any]:
     """`record` unchanged when its model declares every field and each has its type; a RuntimeError (a bug in
     what parity writes, found where it is written) otherwise."""
-    problem = record_problem(record)
-    if problem is None:
-        model = RECORDS[record["kind"], record.get("tier") if record["kind"] == "check" else None]
-        extra = undeclared_fields(model.model_validate(record))
-        problem = f"a '{record['kind']}' record: undeclared field(s) {', '.join(extra)} (declare them in records/models.py)" \
-            if extra else None
-    if problem:
-        raise RuntimeError(f"parity would write an invalid record: {problem}")
+    try:
+        extra = undeclared_fields(typed(record))
+    except RecordProblem as exc:
+        raise RuntimeError(f"parity would write an invalid record: {exc}") from None
+    if extra:
+        raise RuntimeError(f"parity would write an invalid record: a '{record['kind']}' record: undeclared field(s) "
+                           f"{', '.join(extra)} (declare them in records/models.py)")
     return record
 
 
-
-def _parse(data: bytes, path: Path) -> list[dict[str, Any]]:
-    """The records in `data` up to its last newline: what follows is a torn line, not a record yet. Every
-    line is checked (record_problem); a record whose key an earlier line has is dropped when the two are
-    identical (said on stderr) and an error when they differ: no check is ever counted twice."""
+def _parse(data: bytes, path: Path) -> list[tuple[dict[str, Any], Record]]:
+    """The records in `data` up to its last newline, each as read and as its model (records/models.py): what
+    follows is a torn line, not a record yet. Every line is checked (typed); a record whose key an earlier line
+    has is dropped when the two are identical (said on stderr) and an error when they differ: no check is ever
+    counted twice."""
     records = []
     seen: dict[tuple, tuple[int, dict]] = {}
     dropped = []
@@ -178,11 +190,11 @@ def _parse(data: bytes, path: Path) -> list[dict[str, Any]]:
         except (ValueError, RecursionError) as exc:
             raise ParityError(f"{path}:{number}: not a JSON record ({getattr(exc, 'msg', exc)})") from exc
         try:
-            problem = record_problem(record)
+            model = typed(record)
         except NewerRecords as exc:
             raise NewerRecords(f"{path}:{number}: {exc.problems[0]}") from None
-        if problem:
-            raise ParityError(f"{path}:{number}: {problem}")
+        except RecordProblem as exc:
+            raise ParityError(f"{path}:{number}: {exc}") from None
         key = record_key(record)
         if key in seen:
             first, earlier = seen[key]
@@ -193,7 +205,7 @@ def _parse(data: bytes, path: Path) -> list[dict[str, Any]]:
             continue
         if key is not None:
             seen[key] = number, record
-        records.append(record)
+        records.append((record, model))
     if dropped:
         log.warning("%s: line(s) %s%s repeat a record of an earlier line exactly; each is counted once", path,
                     ", ".join(map(str, dropped[:10])), " ..." if len(dropped) > 10 else "")
@@ -226,7 +238,7 @@ class RecordWriter:
                 data = self._file.read()
                 self.torn = len(data) - (data.rfind(b"\n") + 1)
                 try:
-                    self.records = _parse(data, path)
+                    self.records = [record for record, _ in _parse(data, path)]
                 except NewerRecords:
                     raise
                 except ParityError as exc:
@@ -315,7 +327,7 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if path.is_dir():
         path = path / "records.jsonl"
-    return _parse(_read(path), path)
+    return [record for record, _ in _parse(_read(path), path)]
 
 
 def _read(path: Path) -> bytes:
@@ -326,8 +338,17 @@ def _read(path: Path) -> bytes:
 
 
 def read_run(folder: str | Path) -> list[dict[str, Any]]:
-    """The records of the run in `folder` (an `--out` folder), for rendering reports. A missing file, a
-    line that is not JSON or a file without its `run` record is a ParityError that says which."""
+    """The records of the run in `folder` (an `--out` folder), as the mappings read. A missing file, a line that
+    is not JSON or a file without its `run` record is a ParityError that says which."""
+    return [record for record, _ in _read_run(folder)]
+
+
+def read_typed_run(folder: str | Path) -> list[Record]:
+    """The same records as read_run, each as its model (records/models.py): what RunView.read reads."""
+    return [model for _, model in _read_run(folder)]
+
+
+def _read_run(folder: str | Path) -> list[tuple[dict[str, Any], Record]]:
     folder = Path(folder)
     path = folder / "records.jsonl" if folder.suffix != ".jsonl" else folder
     try:
@@ -337,8 +358,6 @@ def read_run(folder: str | Path) -> list[dict[str, Any]]:
     except OSError as exc:  # a name too long, a folder parity may not enter
         raise ParityError(f"{folder}: cannot read it: {exc.strerror or exc}") from exc
     records = _parse(_read(path), path)  # a torn last line (a run in progress, or killed) is left out
-    if not any(r["kind"] == "run" for r in records):
+    if not any(record["kind"] == "run" for record, _ in records):
         raise ParityError(f"{path}: no 'run' record (the first line of every parity run); is this a parity records file?")
     return records
-
-

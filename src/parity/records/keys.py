@@ -27,11 +27,12 @@ def record_key(record: dict[str, Any]) -> tuple | None:
         return ("warning", record["model"], record["inputs"], record["message"])
     return None
 
-def check_key(record: dict[str, Any]) -> str:
-    """What a check (or its `layers`, tier-3 or fallback record) is about, as reports and the summary name
-    it: "model / inputs / target"; an execution by its backend, a warning by its input set alone."""
-    side = record.get("target", record.get("backend"))
-    return " / ".join([record["model"], record["inputs"], *([side] if side is not None else [])])
+def check_key(record: Any) -> str:
+    """What a check (or its `layers`, tier-3 or fallback record, as records/models.py's models) is about, as
+    reports and the summary name it: "model / inputs / target"; an execution by its backend, a warning by its
+    input set alone."""
+    side = getattr(record, "target", None) or getattr(record, "backend", None)
+    return " / ".join([record.model, record.inputs, *([side] if side is not None else [])])
 
 
 def tolerance_key(atol: float) -> str:

@@ -41,6 +41,8 @@ class Tolerances(Part):
     open: ClassVar[bool] = True
     atol: list[float] = Field(description="The atol sweep: every check gets a verdict at each.")
     rtol: float = Field(description="The relative tolerance of every verdict.")
+    gate: float | str | None = Field(None, description="The atol of the verdicts, or tier3; null: the default gate "
+                                                       "of the sweep.")
 
 
 class PlannedModel(Part):
@@ -49,6 +51,7 @@ class PlannedModel(Part):
     open: ClassVar[bool] = True
     name: str = Field(description="The model's name.")
     inputs: list[str] | None = Field(None, description="The input sets it runs on; null: every one.")
+    task: str | None = Field(None, description="Its task (classification, detection, ...), when it has one.")
 
 
 class RunConfig(Part):
@@ -59,6 +62,17 @@ class RunConfig(Part):
     models: list[PlannedModel] = Field(description="The models: with `inputs` and `targets`, the checks the run plans.")
     inputs: list[dict[str, Any]] = Field(description="The input sets.")
     targets: list[dict[str, Any]] = Field(description="The targets.")
+
+    def setting(self, *path: str, default: Any = None) -> Any:
+        """A setting of the experiment that this schema leaves to config/schema.py, by its path
+        (`setting("tiers", "tasks", "enabled")`); `default` where the record has none (records of earlier
+        versions, or written by hand)."""
+        value: Any = self.model_extra or {}
+        for key in path:
+            if not isinstance(value, dict) or key not in value:
+                return default
+            value = value[key]
+        return value
 
 
 class Run(Record):
@@ -99,6 +113,17 @@ class ModelBuilt(Record):
                                                       "(transformers: a decoder's cache turned off).")
 
 
+class Note(Part):
+    """What a backend said while preparing or running (execute/notes.py): a warning it raised (a trace fixed to
+    one branch, a graph break) or a note it kept (backends/base.py `note`)."""
+
+    kind: str = Field(description="What it is: trace_specialized, graph_break, exporter, or a backend's own kind.")
+    message: str | None = Field(None, description="What it said (clipped).")
+    where: str | None = Field(None, description="The file:line it points at.")
+    code: str | None = Field(None, description="The source line there.")
+    count: int | None = Field(None, description="How many times it was said, when more than once (graph breaks).")
+
+
 class Execution(Record):
     """One timed run (repeat) of one backend on one model and input set; a failure has one record, at the
     repeat that failed."""
@@ -123,7 +148,7 @@ class Execution(Record):
                                                                "backends' of its model and input set (the local "
                                                                "executor); false: timed alone (process and ray "
                                                                "executors, or a backend alone in its turn).")
-    warnings: list[dict[str, Any]] | None = Field(None, description="What the backend said while preparing and "
+    warnings: list[Note] | None = Field(None, description="What the backend said while preparing and "
                                                                     "running (trace specializations, graph breaks); "
                                                                     "complete on the last repeat.")
     traceback: str | None = Field(None, description="The whole traceback of a failure (`--verbose` prints it).")
@@ -233,7 +258,7 @@ class Check(Record):
     passed: bool | None = Field(description="The verdict; null when not judged.")
     failure_class: str | None = Field(description="Why it failed (taxonomy.py), or null.")
     detail: str | None = Field(description="The failure or the reason it was not judged, in words.")
-    warnings: list[dict[str, Any]] | None = Field(None, description="What the target's backend said while running "
+    warnings: list[Note] | None = Field(None, description="What the target's backend said while running "
                                                                     "(its execution's warnings).")
 
 
@@ -343,6 +368,17 @@ class Level(Part):
     own_code: LayerError | None = Field(None, description="The parent's own operations, its submodules replayed.")
 
 
+class GateVerdict(Part):
+    """`parity localize`: the tier-1 verdict at the gate of the check it explains."""
+
+    passed: bool | None = Field(None, description="Whether the check passes at the gate.")
+    failure_class: str | None = Field(None, description="Why it fails (taxonomy.py), or null.")
+    detail: str | None = Field(None, description="The failure, in words.")
+    required_atol: float | None = Field(None, description="The smallest atol it passes at; null: none.")
+    gate: float | None = Field(None, description="The gate's atol.")
+    rtol: float | None = Field(None, description="The rtol it was judged at.")
+
+
 class Layers(Record):
     """Tier 2 for one failing check: which layer introduces the difference."""
 
@@ -368,7 +404,7 @@ class Layers(Record):
     skipped: list[Any] | None = Field(None, description="Layers that could not be compared, and why.")
     levels: list[Level] | None = Field(None, description="Each level looked at, from the top down.")
     elapsed_s: float | None = Field(None, description="Seconds spent localizing.")
-    tier1: dict[str, Any] | None = Field(None, description="`parity localize`: the check's tier-1 verdict at the gate.")
+    tier1: GateVerdict | None = Field(None, description="`parity localize`: the check's tier-1 verdict at the gate.")
     specialized: dict[str, Any] | None = Field(
         None, description="The target's trace took one branch of a data-dependent condition: the warned line (`where`, "
                           "`code`) and the innermost module whose class holds it (`module`, `module_code`).")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.records.keys import gate_atol, tolerance_key
-from parity.records.models import Tier1Check
+from parity.records.models import LeafTolerance, Tier1Check, Tier3Check
 from parity.records.view import RunView
 
 judged = RunView.judged
@@ -21,9 +21,9 @@ def _latency(view: RunView) -> dict[str, dict[str, Any]]:
     runs: dict[str, list[float]] = defaultdict(list)
     prepares: dict[str, list[float]] = defaultdict(list)
     for r in view.executions(status="ok"):
-        runs[r["backend"]].append(r["run_s"])
-        if r["repeat"] == 0 and r["prepare_s"] is not None:
-            prepares[r["backend"]].append(r["prepare_s"])
+        runs[r.backend].append(r.run_s)
+        if r.repeat == 0 and r.prepare_s is not None:
+            prepares[r.backend].append(r.prepare_s)
     return {b: {"executions": len(v), "run_s_median": statistics.median(v), "run_s_min": min(v),
                 "prepare_s_total": sum(prepares[b])} for b, v in runs.items()}
 
@@ -35,18 +35,17 @@ def latency_rows(records: RunView | list[dict]) -> list[dict[str, Any]]:
     status and error instead of times."""
     rows: dict[tuple[str, str, str], dict[str, Any]] = {}
     for r in RunView.of(records).executions():
-        key = (r["model"], r["inputs"], r["backend"])
-        row = rows.setdefault(key, {"model": r["model"], "inputs": r["inputs"], "backend": r["backend"],
-                                    "device": r["device"], "dtype": r["dtype"], "status": "ok", "error": None,
-                                    "run_s": [], "prepare_s": None, "interleaved": None})
-        if r["status"] != "ok":
-            row["status"], row["error"] = r["status"], r.get("error")
-        elif r["run_s"] is not None:
-            row["run_s"].append(r["run_s"])
-        if r["repeat"] == 0 and r.get("prepare_s") is not None:
-            row["prepare_s"] = r["prepare_s"]
-        if r["repeat"] == 0 and r["status"] == "ok":  # None: records from before it was recorded
-            row["interleaved"] = r.get("latency_interleaved")
+        row = rows.setdefault((r.model, r.inputs, r.backend), {
+            "model": r.model, "inputs": r.inputs, "backend": r.backend, "device": r.device, "dtype": r.dtype,
+            "status": "ok", "error": None, "run_s": [], "prepare_s": None, "interleaved": None})
+        if r.status != "ok":
+            row["status"], row["error"] = r.status, r.error
+        elif r.run_s is not None:
+            row["run_s"].append(r.run_s)
+        if r.repeat == 0 and r.prepare_s is not None:
+            row["prepare_s"] = r.prepare_s
+        if r.repeat == 0 and r.status == "ok":  # None: records from before it was recorded
+            row["interleaved"] = r.latency_interleaved
     for row in rows.values():
         runs = row["run_s"]
         row["median_s"] = statistics.median(runs) if runs else None
@@ -62,35 +61,35 @@ def _count(n: int, what: str) -> str:
 def summarize(records: RunView | list[dict]) -> dict[str, Any]:
     view = RunView.of(records)
     run = view.run
-    tol = run["config"]["tolerances"]
-    checks = view.checks(1)
-    keys = [tolerance_key(a) for a in tol["atol"]]
+    tol = run.config.tolerances
+    checks: list[Tier1Check] = view.checks(1)
+    keys = [tolerance_key(a) for a in tol.atol]
     pairs = view.pairs()
     targets = view.targets()
     ran = [c for c in checks if judged(c)]
-    errors = [c for c in checks if c["status"] == "error"]
+    errors = [c for c in checks if c.status == "error"]
     per_target: dict[str, Any] = {}
     for t in targets:
-        mine = [c for c in checks if c["target"] == t]
+        mine = [c for c in checks if c.target == t]
         done = [c for c in mine if judged(c)]
         per_target[t] = {
             "checks": len(mine),
-            "passed": sum(bool(c["passed"]) for c in done),
-            "failed": sum(not c["passed"] for c in done),
-            "skipped": sum(c["status"] == "skipped" for c in mine),
-            "errors": sum(c["status"] == "error" for c in mine),
-            "max_abs": max((c.get("max_abs") or 0.0 for c in done), default=None),
-            "per_tolerance": {k: sum(bool(c["verdicts"].get(k)) for c in done) for k in keys},
-            "reason": next((c["detail"] for c in mine if c["status"] == "skipped"), None),
-            **_tolerance(mine, tol),
+            "passed": sum(bool(c.passed) for c in done),
+            "failed": sum(not c.passed for c in done),
+            "skipped": sum(c.status == "skipped" for c in mine),
+            "errors": sum(c.status == "error" for c in mine),
+            "max_abs": max((c.max_abs or 0.0 for c in done), default=None),
+            "per_tolerance": {k: sum(bool(c.verdicts.get(k)) for c in done) for k in keys},
+            "reason": next((c.detail for c in mine if c.status == "skipped"), None),
+            **_tolerance(mine),
         }
     n_checks = len(checks)
     return {
-        "experiment": run["experiment"],
-        "rtol": tol["rtol"],
-        "gate": gate_atol(tol.get("gate"), tol["atol"]) if checks else None,
-        "uniform_tolerance": len({(c["gate"], c["rtol"], c.get("gated_by")) for c in checks}) <= 1,
-        "tolerances": tol["atol"],
+        "experiment": run.experiment,
+        "rtol": tol.rtol,
+        "gate": gate_atol(tol.gate, tol.atol) if checks else None,
+        "uniform_tolerance": len({(c.gate, c.rtol, c.gated_by) for c in checks}) <= 1,
+        "tolerances": tol.atol,
         "arithmetic": {
             "model_input_pairs": len(pairs),
             "targets": len(targets),
@@ -103,66 +102,66 @@ def summarize(records: RunView | list[dict]) -> dict[str, Any]:
         },
         "totals": {
             "checks": n_checks,
-            "passed": sum(bool(c["passed"]) for c in ran),
-            "failed": sum(not c["passed"] for c in ran),
-            "skipped": sum(c["status"] == "skipped" for c in checks),
+            "passed": sum(bool(c.passed) for c in ran),
+            "failed": sum(not c.passed for c in ran),
+            "skipped": sum(c.status == "skipped" for c in checks),
             "errors": len(errors),
         },
         "reference_errors": _reference_errors(errors),
         "per_target": per_target,
-        "per_tolerance": {k: {"passed": sum(bool(c["verdicts"].get(k)) for c in ran),
-                              "failed": sum(not c["verdicts"].get(k) for c in ran)} for k in keys},
-        "failure_classes": dict(Counter(c["failure_class"] for c in ran if c["failure_class"])),
+        "per_tolerance": {k: {"passed": sum(bool(c.verdicts.get(k)) for c in ran),
+                              "failed": sum(not c.verdicts.get(k) for c in ran)} for k in keys},
+        "failure_classes": dict(Counter(c.failure_class for c in ran if c.failure_class)),
         "tier3": _tier3(view),
         "localized": {view.key(r):
-                      {"culprit": r.get("culprit"), "evenly_spread": r.get("evenly_spread"), "error": r.get("error"),
-                       "whole_graph": r.get("whole_graph"), "as_a_whole": r.get("as_a_whole"),
-                       "first_divergent": r.get("first_divergent"), "specialized": r.get("specialized"),
-                       "compiler_pass": r.get("compiler_pass")}
+                      {"culprit": r.culprit, "evenly_spread": r.evenly_spread, "error": r.error,
+                       "whole_graph": r.whole_graph, "as_a_whole": r.as_a_whole, "first_divergent": r.first_divergent,
+                       "specialized": r.specialized, "compiler_pass": r.compiler_pass}
                       for r in view.layers},
         "latency": _latency(view),
-        "warnings": [f"{view.key(r)}: {r['message']}" for r in view.warnings],
+        "warnings": [f"{view.key(r)}: {r.message}" for r in view.warnings],
     }
 
 
-def _tolerance(checks: list[dict], experiment: dict[str, Any]) -> dict[str, Any]:
+def _tolerance(checks: list[Tier1Check]) -> dict[str, Any]:
     """What a target's checks were judged at (every check of a target shares it) and the largest noise
-    floor its checks found: the reference's own error, below which no gate can be met."""
-    first = checks[0] if checks else {}
-    floors = [c["noise_floor"] for c in checks if c.get("noise_floor") and c["noise_floor"].get("atol") is not None]
-    return {"gate": first.get("gate"), "rtol": first.get("rtol", experiment["rtol"]),
-            "tolerance_source": first.get("tolerance_source", "experiment"),
-            "gated_by": first.get("gated_by", "tier1"),
-            "noise_floor": max(floors, key=lambda f: f["atol"]) if floors else None,
-            "output_rules": sorted({_rule(leaf["tolerance"]) for c in checks for leaf in c.get("leaves") or []
-                                    if leaf.get("tolerance")})}
+    floor its checks found: the reference's own error, below which no gate can be met. Records written before
+    the tolerance source and the task gate: the experiment's tolerances, gated by tier 1."""
+    first = checks[0]
+    floors = [c.noise_floor for c in checks if c.noise_floor]
+    floor = max(floors, key=lambda f: f.atol) if floors else None
+    return {"gate": first.gate, "rtol": first.rtol,
+            "tolerance_source": first.tolerance_source or "experiment",
+            "gated_by": first.gated_by or "tier1",
+            "noise_floor": floor.model_dump(exclude_unset=True) if floor else None,
+            "output_rules": sorted({_rule(leaf.tolerance) for c in checks for leaf in c.leaves if leaf.tolerance})}
 
 
-def _rule(tolerance: dict[str, Any]) -> str:
-    atol = "the gate" if tolerance.get("atol") is None else f"atol {tolerance['atol']:g}"
-    return f"{tolerance['rule']}: {atol}, rtol {tolerance['rtol']:g}"
+def _rule(tolerance: LeafTolerance) -> str:
+    atol = "the gate" if tolerance.atol is None else f"atol {tolerance.atol:g}"
+    return f"{tolerance.rule}: {atol}, rtol {tolerance.rtol:g}"
 
 
-def _reference_errors(errors: list[dict]) -> list[dict[str, Any]]:
+def _reference_errors(errors: list[Tier1Check]) -> list[dict[str, Any]]:
     """One entry per (model, input set) whose reference failed: what failed and whether it is the user's
     to fix (the model as written raised on its inputs)."""
     seen: dict[tuple[str, str], dict[str, Any]] = {}
     for c in errors:
-        seen.setdefault((c["model"], c["inputs"]), {
-            "model": c["model"], "inputs": c["inputs"], "reference": c["reference"], "detail": c["detail"],
-            "failure_class": c.get("reference_failure_class"), "user_error": bool(c.get("user_error")),
-            "targets": []})["targets"].append(c["target"])
+        seen.setdefault((c.model, c.inputs), {
+            "model": c.model, "inputs": c.inputs, "reference": c.reference, "detail": c.detail,
+            "failure_class": c.reference_failure_class, "user_error": bool(c.user_error),
+            "targets": []})["targets"].append(c.target)
     return list(seen.values())
 
 
 def _tier3(view: RunView) -> dict[str, Any]:
-    checks = view.checks(3)
+    checks: list[Tier3Check] = view.checks(3)
     return {
         "checks": len(checks),
-        "passed": sum(bool(c["passed"]) for c in checks),
-        "failed": sum(not c["passed"] for c in checks),
-        "failure_classes": dict(Counter(c["failure_class"] for c in checks if c["failure_class"])),
-        "metrics": {view.key(c): c["metrics"] for c in checks},
+        "passed": sum(bool(c.passed) for c in checks),
+        "failed": sum(not c.passed for c in checks),
+        "failure_classes": dict(Counter(c.failure_class for c in checks if c.failure_class)),
+        "metrics": {view.key(c): c.metrics for c in checks},
     }
 
 
@@ -233,7 +232,7 @@ class RunResult(list):
     @property
     def checks(self) -> list[Tier1Check]:
         """The tier-1 checks, typed (records/models.py), in the order written."""
-        return [Tier1Check.model_validate(c) for c in RunView(self).checks(1)]
+        return RunView(self).checks(1)
 
     @property
     def failures(self) -> list[Tier1Check]:

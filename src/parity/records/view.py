@@ -2,11 +2,10 @@
 records through it, so the selectors (the tier-1 checks, a check's `layers`), the name of a check
 ("model / inputs / target") and the order of a check's worst leaves are written once, here.
 
-The records stay the dicts read from (or written to) records.jsonl, validated against records/models.py:
-the summary and the reports are built from those dicts, and the archived study records must render
-byte for byte, which a round trip through the models (defaults filled in, ints made floats) would not
-promise; the dicts are also what `parity.api` returns to users. The models are the schema, the view the
-reader.
+The view holds each record as its model of records/models.py (Run, Execution, Tier1Check, Layers, ...): readers
+use attributes, and a field that records written by earlier versions lack reads as its default (None). The
+dicts stay what records.jsonl holds and what `parity.api` returns to users; reading validates every line
+into its model anyway (records/io.py), so the view keeps the models it was given.
 """
 
 from __future__ import annotations
@@ -15,29 +14,42 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from parity.records.io import read_run
+from parity.records.io import read_typed_run, typed
 from parity.records.keys import check_key
+from parity.records.models import (
+    Execution,
+    Fallback,
+    InputWarning,
+    Layers,
+    Leaf,
+    ModelBuilt,
+    Record,
+    Run,
+    Tier1Check,
+    Tier3Check,
+)
 
-Record = dict[str, Any]
+Check = Tier1Check | Tier3Check
 
 
 class RunView:
     """The records of one run, selected by kind. `RunView(records)` over records in memory (the writer's),
     `RunView.read(folder)` over an `--out` folder; `RunView.of(x)` accepts either a view or a list."""
 
-    def __init__(self, records: Iterable[Record]):
-        self.records: list[Record] = list(records)
-        self._by_kind: dict[str, list[Record]] = {}
+    def __init__(self, records: Iterable[Record | dict[str, Any]]):
+        """`records` as models, or as the dicts a writer wrote (validated into their models here)."""
+        self.records: list[Record] = [r if isinstance(r, Record) else typed(r) for r in records]
+        self._by_kind: dict[str, list[Any]] = {}
         for r in self.records:
-            self._by_kind.setdefault(r["kind"], []).append(r)
+            self._by_kind.setdefault(r.kind, []).append(r)
         self._layers = {self.identity(r): r for r in self._by_kind.get("layers", [])}
 
     @classmethod
     def read(cls, folder: str | Path) -> RunView:
-        return cls(read_run(folder))
+        return cls(read_typed_run(folder))
 
     @classmethod
-    def of(cls, records: RunView | Iterable[Record]) -> RunView:
+    def of(cls, records: RunView | Iterable[Record | dict[str, Any]]) -> RunView:
         return records if isinstance(records, RunView) else cls(records)
 
     def __iter__(self):
@@ -46,61 +58,61 @@ class RunView:
     def __len__(self) -> int:
         return len(self.records)
 
-    def of_kind(self, kind: str) -> list[Record]:
+    def of_kind(self, kind: str) -> list[Any]:
         return list(self._by_kind.get(kind, []))
 
     @property
-    def run(self) -> Record:
+    def run(self) -> Run:
         """The `run` record (read_run refuses a file without one)."""
         return self._by_kind["run"][0]
 
     @property
-    def models(self) -> list[Record]:
+    def models(self) -> list[ModelBuilt]:
         return self.of_kind("model")
 
     @property
-    def warnings(self) -> list[Record]:
+    def warnings(self) -> list[InputWarning]:
         """`warning` records: input sets that came out constant."""
         return self.of_kind("warning")
 
     @property
-    def fallbacks(self) -> list[Record]:
+    def fallbacks(self) -> list[Fallback]:
         return self.of_kind("fallback")
 
     @property
-    def layers(self) -> list[Record]:
+    def layers(self) -> list[Layers]:
         """Every `layers` record (tier 2), in the order written."""
         return self.of_kind("layers")
 
     def checks(self, tier: int | None = None, *, model: str | None = None, inputs: str | None = None,
-               target: str | None = None, status: str | None = None) -> list[Record]:
+               target: str | None = None, status: str | None = None) -> list[Any]:
         """The `check` records, in the order written: of one tier (1: the verdicts every total counts), and
         of one model, input set, target or status when given."""
         wanted = {"tier": tier, "model": model, "inputs": inputs, "target": target, "status": status}
         wanted = {k: v for k, v in wanted.items() if v is not None}
-        return [c for c in self._by_kind.get("check", []) if all(c[k] == v for k, v in wanted.items())]
+        return [c for c in self._by_kind.get("check", []) if all(getattr(c, k) == v for k, v in wanted.items())]
 
-    def failed(self, tier: int | None = None) -> list[Record]:
+    def failed(self, tier: int | None = None) -> list[Any]:
         """The judged checks whose verdict is a failure (not those skipped or without a verdict)."""
-        return [c for c in self.checks(tier, status="ok") if not c["passed"]]
+        return [c for c in self.checks(tier, status="ok") if not c.passed]
 
     def executions(self, *, model: str | None = None, inputs: str | None = None, backend: str | None = None,
-                   status: str | None = None, repeat: int | None = None) -> list[Record]:
+                   status: str | None = None, repeat: int | None = None) -> list[Execution]:
         """The `execution` records, in the order written, narrowed as asked."""
         wanted = {"model": model, "inputs": inputs, "backend": backend, "status": status, "repeat": repeat}
         wanted = {k: v for k, v in wanted.items() if v is not None}
-        return [r for r in self._by_kind.get("execution", []) if all(r[k] == v for k, v in wanted.items())]
+        return [r for r in self._by_kind.get("execution", []) if all(getattr(r, k) == v for k, v in wanted.items())]
 
     def targets(self) -> list[str]:
         """The targets of the tier-1 checks, in the order first judged."""
-        return list(dict.fromkeys(c["target"] for c in self.checks(1)))
+        return list(dict.fromkeys(c.target for c in self.checks(1)))
 
     def planned_checks(self) -> int:
         """How many tier-1 checks the experiment of the `run` record plans: every target on every (model, input
         set) pair, as runner/plan.py pairs them."""
-        config = self.run["config"]
-        sets = len(config["inputs"])
-        return len(config["targets"]) * sum(sets if m.get("inputs") is None else len(m["inputs"]) for m in config["models"])
+        config = self.run.config
+        sets = len(config.inputs)
+        return len(config.targets) * sum(sets if m.inputs is None else len(m.inputs) for m in config.models)
 
     def unfinished(self) -> str | None:
         """What a run that ended early (killed, stopped by an error, or model code that ended the process) lacks,
@@ -111,16 +123,16 @@ class RunView:
 
     def pairs(self) -> list[tuple[str, str]]:
         """The (model, input set) pairs of the tier-1 checks, in the order first judged."""
-        return list(dict.fromkeys((c["model"], c["inputs"]) for c in self.checks(1)))
+        return list(dict.fromkeys((c.model, c.inputs) for c in self.checks(1)))
 
     @staticmethod
-    def identity(record: Record) -> tuple[str, str, str]:
+    def identity(record: Check | Layers | Fallback) -> tuple[str, str, str]:
         """(model, input set, target): what a check, its `layers` and its tier-3 check share."""
-        return record["model"], record["inputs"], record["target"]
+        return record.model, record.inputs, record.target
 
-    def layers_for(self, check: Record) -> Record | None:
-        """The `layers` record that localizes `check`, if the run localized it."""
-        return self._layers.get(self.identity(check))
+    def layers_for(self, check: Check | tuple[str, str, str]) -> Layers | None:
+        """The `layers` record that localizes `check` (or the check of that identity), if the run localized it."""
+        return self._layers.get(check if isinstance(check, tuple) else self.identity(check))
 
     @staticmethod
     def key(record: Record) -> str:
@@ -129,13 +141,15 @@ class RunView:
         return check_key(record)
 
     @staticmethod
-    def worst_leaves(check: Record, n: int = 5) -> list[Record]:
-        """A check's failing leaves, largest absolute difference first (a leaf without one, last), at most `n`."""
-        failing = [leaf for leaf in check.get("leaves") or [] if leaf.get("failure_class")]
-        return sorted(failing, key=lambda leaf: -(leaf.get("max_abs") or 0.0))[:n]
+    def worst_leaves(check: Check, n: int = 5) -> list[Leaf]:
+        """A check's failing leaves, largest absolute difference first (a leaf without one, last), at most `n`;
+        none for a tier-3 check."""
+        failing = [leaf for leaf in getattr(check, "leaves", None) or [] if leaf.failure_class]
+        return sorted(failing, key=lambda leaf: -(leaf.max_abs or 0.0))[:n]
 
     @staticmethod
-    def judged(check: Record) -> bool:
+    def judged(check: Check | dict[str, Any]) -> bool:
         """Whether a check holds a verdict about its target: not when the target could not run here
-        (`skipped`) nor when the reference failed (`error`)."""
-        return check["status"] == "ok"
+        (`skipped`) nor when the reference failed (`error`). A check as read is judged alike: the study's
+        tables (benchmarks/study_tables.py) count the archived records as read."""
+        return (check["status"] if isinstance(check, dict) else check.status) == "ok"

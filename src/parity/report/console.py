@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from parity.records.models import GateVerdict, LayerError, Layers, Note, Tier1Check, Tier3Check
 from parity.records.summary import exit_code
-from parity.records.view import RunView
+from parity.records.view import Check, RunView
 from parity.report.next_steps import next_steps, oracle_finding
 from parity.verify.localize import pass_path
 from parity.verify.tasks import headline_of
@@ -14,18 +15,18 @@ from parity.verify.tasks import headline_of
 NOT_RUN = "not run here"  # a target that cannot run on this machine: the one name every view gives that state
 
 
-def _cell(checks: list[dict]) -> str:
-    if all(c["status"] == "skipped" for c in checks):
+def _cell(checks: list[Tier1Check]) -> str:
+    if all(c.status == "skipped" for c in checks):
         return f"[dim]{NOT_RUN}[/dim]"
-    if any(c["status"] == "error" for c in checks):
+    if any(c.status == "error" for c in checks):
         return "[magenta]ERROR[/magenta] reference"
-    done = [c for c in checks if c["status"] == "ok"]
-    failed = [c for c in done if not c["passed"]]
-    max_abs = max((c.get("max_abs") or 0.0 for c in done), default=0.0)
+    done = [c for c in checks if c.status == "ok"]
+    failed = [c for c in done if not c.passed]
+    max_abs = max((c.max_abs or 0.0 for c in done), default=0.0)
     if not failed:
         return f"[green]pass[/green] {max_abs:.1e}"
-    classes = sorted({c["failure_class"] for c in failed})
-    number = f" {max_abs:.1e}" if any(c.get("leaves") for c in failed) else ""
+    classes = sorted({c.failure_class for c in failed})
+    number = f" {max_abs:.1e}" if any(c.leaves for c in failed) else ""
     return f"[red]FAIL[/red]{number} {','.join(classes)}"
 
 
@@ -79,18 +80,18 @@ def environment_line(env: dict[str, Any]) -> str:
             f"CUDA: {env['cuda']['devices'] if env['cuda'] else 'none'}")
 
 
-def describe_note(note: dict[str, Any]) -> str:
+def describe_note(note: Note) -> str:
     """One line for what a backend warned of: `trace_specialized: "if x.mean() > 0:" at model.py:12`."""
-    where = f" at {note['where']}" if note.get("where") else ""
-    what = f'"{note["code"]}"' if note.get("code") else note["message"]
-    count = f" ({note['count']}x)" if note.get("count", 1) > 1 else ""
-    return f"{note['kind']}: {what}{where}{count}"
+    where = f" at {note.where}" if note.where else ""
+    what = f'"{note.code}"' if note.code else note.message
+    count = f" ({note.count}x)" if (note.count or 1) > 1 else ""
+    return f"{note.kind}: {what}{where}{count}"
 
 
-def warned(checks: list[dict]) -> list[tuple[dict, list[str]]]:
+def warned(checks: list[Tier1Check]) -> list[tuple[Tier1Check, list[str]]]:
     """The checks whose target warned while it prepared or ran (a trace fixed to one branch, a graph
     break), each with its lines, whatever the check's verdict: a pass can rest on such a trace."""
-    return [(c, [describe_note(n) for n in c["warnings"]]) for c in checks if c.get("warnings")]
+    return [(c, [describe_note(n) for n in c.warnings]) for c in checks if c.warnings]
 
 
 def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, console, reports=(),
@@ -112,8 +113,8 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
     for t in targets:
         table.add_column(t)
     for model, inputs in rows:
-        mine = [c for c in checks if (c["model"], c["inputs"]) == (model, inputs)]
-        table.add_row(escape(f"{model} / {inputs}"), *[_cell([c for c in mine if c["target"] == t]) for t in targets])
+        mine = [c for c in checks if (c.model, c.inputs) == (model, inputs)]
+        table.add_row(escape(f"{model} / {inputs}"), *[_cell([c for c in mine if c.target == t]) for t in targets])
     console.print(table if rows else "no checks: no (model, input set) was judged")
     for line in tolerance_lines(summary):
         console.print(escape(line), soft_wrap=True)
@@ -128,7 +129,7 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
         console.print("[magenta]reference failed[/magenta] " + escape(f"{e['model']} / {e['inputs']}: {e['reference']}: "
                                                                       f"{e['detail']} ({why})"), soft_wrap=True)
     for c in view.failed(1):
-        console.print("[red]failed[/red] " + escape(f"{view.key(c)}: {c['failure_class']}: {c['detail']}"), soft_wrap=True)
+        console.print("[red]failed[/red] " + escape(f"{view.key(c)}: {c.failure_class}: {c.detail}"), soft_wrap=True)
         for line in next_steps(c, view, out_dir):
             console.print("  " + escape(line), soft_wrap=True)
     for line, keys in passing_oracle_lines(view).items():
@@ -140,10 +141,10 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
                                                                + (more if i == 2 else "")), soft_wrap=True)
     for c in view.checks(3):
         figures = headline_figures(c)
-        verdict = "[green]agrees[/green]" if c["passed"] else f"[red]{c['failure_class']}[/red]"
+        verdict = "[green]agrees[/green]" if c.passed else f"[red]{c.failure_class}[/red]"
         console.print(f"tier 3 {verdict} " + escape(f"{view.key(c)}: {figures}"
-                                                    + (f" ({c['detail']})" if c["detail"] else "")), soft_wrap=True)
-        for line in [flips_line(c), *(next_steps(c, view, out_dir) if not c["passed"] else ())]:
+                                                    + (f" ({c.detail})" if c.detail else "")), soft_wrap=True)
+        for line in [flips_line(c), *(next_steps(c, view, out_dir) if not c.passed else ())]:
             if line:
                 console.print("  " + escape(line), soft_wrap=True)
     for key, loc in summary.get("localized", {}).items():
@@ -184,29 +185,29 @@ def passing_oracle_lines(view: RunView) -> dict[str, list[str]]:
     verdict), each line once with the checks it concerns: an oracle that could not run says so once per job."""
     lines: dict[str, list[str]] = {}
     for c in view.checks(1):
-        if c["status"] == "ok" and c["passed"]:
-            for line in oracle_finding(c):
+        if c.status == "ok" and c.passed:
+            for line in oracle_finding(c.oracle, c.passed, c.oracle_error):
                 lines.setdefault(line, []).append(view.key(c))
     return lines
 
 
-def headline_figures(check: dict[str, Any]) -> str:
+def headline_figures(check: Tier3Check) -> str:
     """A tier-3 check's figures for the console: its task's headline metrics, or every metric the record
     has when the task is not installed here (reports render from the records alone)."""
-    m = check["metrics"]
-    headline = headline_of(check["task"])
+    m = check.metrics
+    headline = headline_of(check.task)
     shown = [h.metric for h in headline] if headline is not None else list(m)
     return ", ".join(f"{k} {m[k]:.4g}" if isinstance(m[k], int | float) else f"{k} {m[k]}" for k in shown if k in m)
 
 
-def flips_line(check: dict[str, Any]) -> str | None:
+def flips_line(check: Check) -> str | None:
     """A detection check's unmatched boxes by mechanism, in words ('flips: 2 tie_order, 1
     score_threshold (from the post-processing inputs of both sides)'), or None when the record has none."""
-    flips = check.get("flips")
+    flips = getattr(check, "flips", None)  # tier 3 only
     if not flips:
         return None
-    counts = ", ".join(f"{n} {mechanism}" for mechanism, n in flips["counts"].items()) or "none"
-    source = ("the post-processing inputs of both sides" if flips["candidates"] == "both"
+    counts = ", ".join(f"{n} {mechanism}" for mechanism, n in flips.counts.items()) or "none"
+    source = ("the post-processing inputs of both sides" if flips.candidates == "both"
               else "the outputs alone: a side has no captured post-processing inputs")
     return f"flips: {counts} (from {source})"
 
@@ -230,65 +231,65 @@ def _num(x: Any, fmt: str = ".2e") -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def render_layers(record: dict[str, Any], console) -> None:
+def render_layers(record: Layers, console) -> None:
     """One table per level of a `layers` record (the last level holds the culprit), then the verdict."""
     from rich.markup import escape
     from rich.table import Table
 
-    if record.get("tier1"):
-        console.print(escape(gate_line(record["tier1"])), soft_wrap=True)
-    if record.get("error"):
-        console.print(f"[red]localization failed[/red] for {escape(record['target'])}: {escape(record['error'])}")
+    if record.tier1:
+        console.print(escape(gate_line(record.tier1)), soft_wrap=True)
+    if record.error:
+        console.print(f"[red]localization failed[/red] for {escape(record.target)}: {escape(record.error)}")
         return
-    suspects = {s["name"] for s in record["suspects"]}
-    for level in record["levels"]:
-        title = f"{RunView.key(record)}: layers of {level['parent'] or 'the model'}"
+    suspects = {s.name for s in record.suspects}
+    for level in record.levels:
+        title = f"{RunView.key(record)}: layers of {level.parent or 'the model'}"
         table = Table(title=escape(title))
         for col in ("layer", "local max abs", "local rel rmse", "local SQNR dB", "propagated rel rmse", "R"):
             table.add_column(col, justify="left" if col == "layer" else "right")
-        for layer in level["layers"]:
-            local, prop = layer["local"] or {}, layer["propagated"] or {}
-            prop_text = "n/a" if prop.get("error") else _num(prop.get("rel_rmse"))
-            name = escape(layer["name"])
-            if layer["name"] in suspects:
+        for layer in level.layers:
+            local, prop = layer.local, layer.propagated  # either may be missing: a layer that did not run
+            prop_text = "n/a" if prop and prop.error else _num(prop and prop.rel_rmse)
+            name = escape(layer.name)
+            if layer.name in suspects:
                 name = f"[bold red]{name}[/bold red]"
-            if local.get("error"):
-                table.add_row(name, escape(local["error"][:60]), "", "", prop_text, "")
+            if local and local.error:
+                table.add_row(name, escape(local.error[:60]), "", "", prop_text, "")
                 continue
-            table.add_row(name, _num(local.get("max_abs")), _num(local.get("rel_rmse")), _num(local.get("sqnr_db"), ".1f"),
-                          prop_text, _num(layer["introduction_rate"], ".2g"))
+            table.add_row(name, _num(local and local.max_abs), _num(local and local.rel_rmse),
+                          _num(local and local.sqnr_db, ".1f"), prop_text, _num(layer.introduction_rate, ".2g"))
         console.print(table)
-        unseen = {layer["name"]: layer["propagated"]["error"] for layer in level["layers"]
-                  if layer["propagated"] and layer["propagated"].get("error")}
+        unseen = {layer.name: layer.propagated.error for layer in level.layers
+                  if layer.propagated and layer.propagated.error}
         if unseen:
             console.print("propagated n/a: " + escape("; ".join(f"{n}: {why}" for n, why in unseen.items())))
-    console.print(f"[bold]verdict:[/bold] {escape(record['verdict'])}")
-    if record["suspects"]:
-        console.print("suspects: " + escape("; ".join(suspect_words(s, record["threshold"]) for s in record["suspects"])))
-    if record.get("first_divergent"):
-        which = "propagated error" if record.get("first_divergent_by") == "propagated" else "own error"
-        console.print(f"first layer whose {which} exceeds {record['threshold']:g}: {escape(record['first_divergent'])}")
-    console.print(f"localized in {record['elapsed_s']:.1f} s")
+    console.print(f"[bold]verdict:[/bold] {escape(record.verdict)}")
+    if record.suspects:
+        console.print("suspects: " + escape("; ".join(suspect_words(s, record.threshold) for s in record.suspects)))
+    if record.first_divergent:
+        which = "propagated error" if record.first_divergent_by == "propagated" else "own error"
+        console.print(f"first layer whose {which} exceeds {record.threshold:g}: {escape(record.first_divergent)}")
+    console.print(f"localized in {record.elapsed_s:.1f} s")
 
 
-def suspect_words(suspect: dict[str, Any], threshold: float) -> str:
+def suspect_words(suspect: LayerError, threshold: float) -> str:
     """A suspect layer with the number that made it one: `layer1 (required atol 3.10e-04 > threshold 0.0001, ...)`."""
     from parity.verify.localize import against_threshold
 
-    return f"{suspect['name']} ({against_threshold(suspect.get('required_atol'), threshold, suspect['rel_rmse'], suspect['max_abs'])})"
+    return f"{suspect.name} ({against_threshold(suspect.required_atol, threshold, suspect.rel_rmse, suspect.max_abs)})"
 
 
-def gate_line(tier1: dict[str, Any]) -> str:
+def gate_line(tier1: GateVerdict) -> str:
     """What `parity localize` says before its tables: whether the check it explains passes at the gate."""
-    required, gate = tier1["required_atol"], tier1["gate"]
-    if tier1["passed"]:
+    required, gate = tier1.required_atol, tier1.gate
+    if tier1.passed:
         return (f"the check passes at the gate (required atol {required:.3g} <= gate {gate:g}); the tables below "
                 "show where the small differences are")
     if required is None:
-        return f"the check fails at the gate: no atol passes it ({tier1['failure_class']}: {tier1['detail']})"
+        return f"the check fails at the gate: no atol passes it ({tier1.failure_class}: {tier1.detail})"
     times = f", {required / gate:.3g}x the gate" if gate > 0 else ""
     return (f"the check fails at the gate: required atol {required:.3g} > gate {gate:g}{times} "
-            f"({tier1['failure_class']}: {tier1['detail']})")
+            f"({tier1.failure_class}: {tier1.detail})")
 
 
 def fallback_lines(result, record: dict[str, Any], gate: float, by_task: bool, model: str,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.records import tolerance_key
+from parity.records.models import Layers, Run, Tier1Check, Tier3Check
 from parity.records.summary import latency_rows
 from parity.records.view import RunView
 from parity.report import ReportWriter, pictures, plots
@@ -69,8 +70,8 @@ def _seconds(x: float | None) -> str:
 _key = RunView.key
 
 
-def _environment(run: dict[str, Any]) -> list[tuple[str, str]]:
-    env = run.get("environment") or {}
+def _environment(run: Run) -> list[tuple[str, str]]:
+    env = run.environment
     cpu = env.get("cpu") or {}
     cuda = env.get("cuda")
     libraries = env.get("libraries", ("torch", "torchvision", "onnx", "onnxruntime", "openvino", "numpy"))  # older records
@@ -81,28 +82,26 @@ def _environment(run: dict[str, Any]) -> list[tuple[str, str]]:
         ("threads", env.get("threads")),
         ("cuda", f"{cuda['version']}: {', '.join(cuda['devices'])}" if cuda else "none"),
         ("git commit", env.get("git_commit")),
-        ("experiment folder", run.get("base_dir")),
+        ("experiment folder", run.base_dir),
     ]
     return [(k, "not installed" if v is None and k in libraries else str(v if v is not None else "–")) for k, v in rows]
 
 
-def _setup(run: dict[str, Any], summary: dict[str, Any]) -> list[tuple[str, str]]:
-    config = run.get("config") or {}
-    ref = config.get("reference") or {}
-    oracle = config.get("oracle") or {}
-    tiers = config.get("tiers") or {}
+def _setup(run: Run, summary: dict[str, Any]) -> list[tuple[str, str]]:
+    setting = run.config.setting
+    ref = [setting("reference", key, default="?") for key in ("backend", "device", "dtype")]
     return [
-        ("reference", f"{ref.get('backend', '?')} on {ref.get('device', '?')}, {ref.get('dtype', '?')}"),
+        ("reference", "{} on {}, {}".format(*ref)),
         ("gate", "–" if summary["gate"] is None else tolerance_title(summary).removeprefix("tier 1 ")),
         *[("tolerance", line.removeprefix("tolerance ")) for line in tolerance_lines(summary) if line.startswith("tolerance ")],
         *[(kind, line.removeprefix(kind + " ")) for line in tolerance_lines(summary)
           for kind in ("noise floor", "output rules") if line.startswith(kind + " ")],
         ("tolerance sweep", ", ".join(f"{a:g}" for a in summary["tolerances"])),
-        ("repeats", str(config.get("repeats", "?"))),
-        ("seed", str(config.get("seed", "?"))),
-        ("oracle (eager float64)", "on" if oracle.get("enabled") else "off"),
-        ("tier 2 (localize failures)", "on" if (tiers.get("activations") or {}).get("enabled") else "off"),
-        ("tier 3 (task metrics)", "on" if (tiers.get("tasks") or {}).get("enabled") else "off"),
+        ("repeats", str(setting("repeats", default="?"))),
+        ("seed", str(setting("seed", default="?"))),
+        ("oracle (eager float64)", "on" if setting("oracle", "enabled") else "off"),
+        ("tier 2 (localize failures)", "on" if setting("tiers", "activations", "enabled") else "off"),
+        ("tier 3 (task metrics)", "on" if setting("tiers", "tasks", "enabled") else "off"),
     ]
 
 
@@ -115,39 +114,40 @@ def _gates(summary: dict[str, Any]) -> dict[float, list[str]]:
     return gates
 
 
-def _gate_table(checks: list[dict], tier3: list[dict], layers: list[dict], targets: list[str]) -> list[dict]:
+def _gate_table(checks: list[Tier1Check], tier3: list[Tier3Check], layers: list[Layers],
+                targets: list[str]) -> list[dict]:
     """Rows (model, input set), one cell per target: the tier-1 verdict at the gate and its numbers."""
     tier3_by = {_key(c): c for c in tier3}
-    culprit_by = {_key(r): r.get("culprit") for r in layers if not r.get("error")}
-    whole_graph = {_key(r) for r in layers if r.get("whole_graph")}
+    culprit_by = {_key(r): r.culprit for r in layers if not r.error}
+    whole_graph = {_key(r) for r in layers if r.whole_graph}
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for c in checks:
-        row = rows.setdefault((c["model"], c["inputs"]), {"model": c["model"], "inputs": c["inputs"], "cells": {}})
-        state = {"skipped": "skip", "error": "error"}.get(c["status"]) or ("pass" if c["passed"] else "fail")
+        row = rows.setdefault((c.model, c.inputs), {"model": c.model, "inputs": c.inputs, "cells": {}})
+        state = {"skipped": "skip", "error": "error"}.get(c.status) or ("pass" if c.passed else "fail")
         task = tier3_by.get(_key(c))
-        row["cells"][c["target"]] = {
-            "state": state, "max_abs": c.get("max_abs"), "required_atol": c.get("required_atol"),
-            "failure_class": c.get("failure_class"), "detail": c.get("detail") or "",
+        row["cells"][c.target] = {
+            "state": state, "max_abs": c.max_abs, "required_atol": c.required_atol,
+            "failure_class": c.failure_class, "detail": c.detail or "",
             "whole_graph": _key(c) in whole_graph,
-            "tier3": None if task is None else ("agrees" if task["passed"] else task["failure_class"]),
+            "tier3": None if task is None else ("agrees" if task.passed else task.failure_class),
             "culprit": culprit_by.get(_key(c)),
-            "warnings": [describe_note(n) for n in c.get("warnings") or []],
-            "ran": c["status"] == "ok" and c.get("max_abs") is not None,
+            "warnings": [describe_note(n) for n in c.warnings or []],
+            "ran": c.status == "ok" and c.max_abs is not None,
         }
     return [{**row, "cells": [row["cells"].get(t) for t in targets]} for row in rows.values()]
 
 
-def _pass_rates(checks: list[dict], keys: list[str]) -> tuple[list[str], dict[tuple[str, str], float | None]]:
+def _pass_rates(checks: list[Tier1Check], keys: list[str]) -> tuple[list[str], dict[tuple[str, str], float | None]]:
     """Per model and target: the share of verdicts that pass, over every tolerance and input set."""
     passed: dict[tuple[str, str], int] = Counter()
     total: dict[tuple[str, str], int] = Counter()
-    models = list(dict.fromkeys(c["model"] for c in checks))
+    models = list(dict.fromkeys(c.model for c in checks))
     for c in checks:
-        cell = (c["model"], c["target"])
+        cell = (c.model, c.target)
         total.setdefault(cell, 0)
-        if c["status"] != "ok":
+        if c.status != "ok":
             continue
-        passed[cell] += sum(bool(c["verdicts"].get(k)) for k in keys)
+        passed[cell] += sum(bool(c.verdicts.get(k)) for k in keys)
         total[cell] += len(keys)
     return models, {cell: (passed[cell] / n if n else None) for cell, n in total.items()}
 
@@ -156,20 +156,20 @@ def _failures(view: RunView, run_dir: str | Path) -> list[dict[str, Any]]:
     out = []
     for c in [*view.failed(1), *view.failed(3)]:
         worst = view.worst_leaves(c, 5)
-        out.append({"key": _key(c), "tier": c["tier"], "failure_class": c["failure_class"], "detail": c.get("detail") or "",
+        out.append({"key": _key(c), "tier": c.tier, "failure_class": c.failure_class, "detail": c.detail or "",
                     "next": next_steps(c, view, run_dir),
-                    "leaves": [{"name": leaf["name"], "failure_class": leaf["failure_class"],
-                                "max_abs": _sci(leaf.get("max_abs")), "max_rel": _sci(leaf.get("max_rel")),
-                                "cosine": cosine(leaf.get("cosine"), none="–"), "mismatch": percent(leaf.get("mismatch_fraction"), none="–"),
-                                "detail": leaf.get("detail") or ""} for leaf in worst]})
+                    "leaves": [{"name": leaf.name, "failure_class": leaf.failure_class,
+                                "max_abs": _sci(leaf.max_abs), "max_rel": _sci(leaf.max_rel),
+                                "cosine": cosine(leaf.cosine, none="–"), "mismatch": percent(leaf.mismatch_fraction, none="–"),
+                                "detail": leaf.detail or ""} for leaf in worst]})
     return out
 
 
-def _taxonomy(checks: list[dict], tier3: list[dict]) -> tuple[list[dict], str | None]:
+def _taxonomy(checks: list[Tier1Check], tier3: list[Tier3Check]) -> tuple[list[dict], str | None]:
     counts: dict[str, dict[int, int]] = defaultdict(dict)
     for c in [*checks, *tier3]:
-        if c["status"] == "ok" and not c["passed"] and c.get("failure_class"):
-            counts[c["failure_class"]][c["tier"]] = counts[c["failure_class"]].get(c["tier"], 0) + 1
+        if c.status == "ok" and not c.passed and c.failure_class:
+            counts[c.failure_class][c.tier] = counts[c.failure_class].get(c.tier, 0) + 1
     ordered = sorted(counts, key=lambda k: SEVERITY.index(k) if k in SEVERITY else len(SEVERITY))
     rows = [{"name": k, "meaning": MEANINGS.get(k, ""), "tier1": counts[k].get(1, 0), "tier3": counts[k].get(3, 0)}
             for k in ordered]
@@ -192,64 +192,63 @@ def _bound(task: str, metric: str, thresholds: dict[str, Any]) -> dict[str, Any]
     return {"threshold": value, "higher_is_better": h.higher_is_better}
 
 
-def _tier3_tables(tier3: list[dict]) -> list[dict[str, Any]]:
+def _tier3_tables(tier3: list[Tier3Check]) -> list[dict[str, Any]]:
     """One table per task: rows checks, columns the metrics, each metric with its threshold if it has one."""
     tables = []
-    for task in dict.fromkeys(c["task"] for c in tier3):
-        mine = [c for c in tier3 if c["task"] == task]
-        metrics = list(dict.fromkeys(k for c in mine for k in c["metrics"]))
-        columns = [{"name": m, "title": m.replace("_", " "), **_bound(task, m, mine[0].get("thresholds") or {})}
+    for task in dict.fromkeys(c.task for c in tier3):
+        mine = [c for c in tier3 if c.task == task]
+        metrics = list(dict.fromkeys(k for c in mine for k in c.metrics))
+        columns = [{"name": m, "title": m.replace("_", " "), **_bound(task, m, mine[0].thresholds or {})}
                    for m in metrics]
         rows = []
         for c in mine:
             cells = []
             for col in columns:
-                value = c["metrics"].get(col["name"])
+                value = c.metrics.get(col["name"])
                 low = col["threshold"] is not None and isinstance(value, int | float) and (
                     value < col["threshold"] if col["higher_is_better"] else value > col["threshold"])
                 cells.append({"text": _num(value), "low": low})
-            rows.append({"key": _key(c), "passed": c["passed"], "failure_class": c.get("failure_class"),
-                         "detail": c.get("detail") or "", "same_set": c.get("same_set"), "cells": cells,
-                         "flips": flips_line(c)})
+            rows.append({"key": _key(c), "passed": c.passed, "failure_class": c.failure_class,
+                         "detail": c.detail or "", "same_set": c.same_set, "cells": cells, "flips": flips_line(c)})
         tables.append({"task": task, "columns": columns, "rows": rows})
     return tables
 
 
-def _tier2(layers: list[dict]) -> list[dict[str, Any]]:
+def _tier2(layers: list[Layers]) -> list[dict[str, Any]]:
     out = []
     for r in layers:
-        entry = {"key": _key(r), "error": r.get("error")}
-        if not r.get("error"):
+        entry = {"key": _key(r), "error": r.error}
+        if not r.error:
             entry.update(
-                verdict=r["verdict"], mode=r["mode"], threshold=r["threshold"],
-                descent=" › ".join(level["parent"] for level in r["levels"] if level["parent"]),
-                suspects=[suspect_words(s, r["threshold"]) for s in r["suspects"]],
-                first_divergent=r.get("first_divergent"), whole_graph=r.get("whole_graph"),
-                first_divergent_by="propagated" if r.get("first_divergent_by") == "propagated" else "own",
-                skipped=r.get("skipped") or [],
-                elapsed=_seconds(r.get("elapsed_s")), plot=plots.depth_plot(r),
+                verdict=r.verdict, mode=r.mode, threshold=r.threshold,
+                descent=" › ".join(level.parent for level in r.levels if level.parent),
+                suspects=[suspect_words(s, r.threshold) for s in r.suspects],
+                first_divergent=r.first_divergent, whole_graph=r.whole_graph,
+                first_divergent_by="propagated" if r.first_divergent_by == "propagated" else "own",
+                skipped=r.skipped or [],
+                elapsed=_seconds(r.elapsed_s), plot=plots.depth_plot(r),
             )
         out.append(entry)
     return out
 
 
-def _detections(tier3: list[dict]) -> list[dict[str, Any]]:
+def _detections(tier3: list[Tier3Check]) -> list[dict[str, Any]]:
     out = []
     for c in tier3:
-        pics = c.get("pictures")
+        pics = c.pictures  # as recorded (maybe edited by hand): pictures.py checks what it draws
         if not pics:
             continue
         try:
             drawn = []
             for i, image in enumerate(pics["images"][:PICTURED_IMAGES]):
-                uri, note = pictures.side_by_side(pics, i, c["target"])
+                uri, note = pictures.side_by_side(pics, i, c.target)
                 drawn.append({"label": pictures.image_label(image), "uri": uri, "note": note})
             more = max(0, len(pics["images"]) - PICTURED_IMAGES)
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:  # a record edited by hand
             drawn, more = [{"label": "not drawn", "uri": None, "note": f"this check's pictures cannot be drawn "
                             f"(records edited by hand?): {type(exc).__name__}: {exc}"[:300]}], 0
-        out.append({"key": _key(c), "passed": c["passed"], "failure_class": c.get("failure_class"),
-                    "flips": flips_line(c), "metrics": c["metrics"], "images": drawn, "more": more})
+        out.append({"key": _key(c), "passed": c.passed, "failure_class": c.failure_class,
+                    "flips": flips_line(c), "metrics": c.metrics, "images": drawn, "more": more})
     return out
 
 
@@ -263,7 +262,7 @@ def _latency(records: RunView) -> tuple[list[dict], str | None]:
     return table, plots.latency_chart(timed) if timed else None
 
 
-def render_html(records: RunView | list[dict], summary: dict[str, Any], run_dir: str | Path) -> str:
+def render_html(records: RunView | list[dict[str, Any]], summary: dict[str, Any], run_dir: str | Path) -> str:
     """The whole page as one string."""
     import jinja2
 
@@ -288,7 +287,7 @@ def render_html(records: RunView | list[dict], summary: dict[str, Any], run_dir:
         "experiment": summary["experiment"],
         # the navigation bar leads only to what the run has: no empty tier 2, tier 3 or detection sections
         "sections": [(i, title) for i, title in SECTIONS if {
-            "tier2": bool(layers), "tier3": bool(tier3), "detections": any(c["task"] == "detection" for c in tier3),
+            "tier2": bool(layers), "tier3": bool(tier3), "detections": any(c.task == "detection" for c in tier3),
         }.get(i, True)],
         "totals": totals,
         "tier3_totals": summary["tier3"],
@@ -323,8 +322,8 @@ def render_html(records: RunView | list[dict], summary: dict[str, Any], run_dir:
         "tier2": _tier2(layers),
         "tier3_tables": _tier3_tables(tier3),
         "detections": _detections(tier3),
-        "detection_models": [c for c in tier3 if c["task"] == "detection"],
-        "parity_version": (run.get("environment") or {}).get("parity"),
+        "detection_models": [c for c in tier3 if c.task == "detection"],
+        "parity_version": run.environment.get("parity"),
     }
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(sci=_sci, num=_num, seconds=_seconds)

@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from parity.records.view import RunView
+from parity.records.view import Check, RunView
 from parity.report import ReportWriter
 from parity.report.console import describe_note, flips_line
 from parity.report.next_steps import next_steps
@@ -26,36 +26,36 @@ def _clean(text: Any) -> str:
     return _NOT_XML.sub("?", str(text))
 
 
-def _time(view: RunView, check: dict) -> float:
+def _time(view: RunView, check: Check) -> float:
     """The target's own execution time on this model and input set: prepare plus every repeat."""
-    return sum((r.get("prepare_s") or 0.0) + (r.get("run_s") or 0.0)
-               for r in view.executions(model=check["model"], inputs=check["inputs"], backend=check["target"]))
+    return sum((r.prepare_s or 0.0) + (r.run_s or 0.0)
+               for r in view.executions(model=check.model, inputs=check.inputs, backend=check.target))
 
 
-def _body(check: dict[str, Any], steps: list[str]) -> str:
+def _body(check: Check, steps: list[str]) -> str:
     """The failure's text: the detail, what to do next, then the worst failing leaves (tier 1) or the
     metrics (tier 3)."""
-    lines = [f"{check['failure_class']}: {check['detail']}", *steps]
-    if check["tier"] == 1:
-        if check.get("required_atol") is not None:
-            lines.append(f"required atol {check['required_atol']:.3g} at rtol {check['rtol']:g} (gate {check['gate']:g})")
+    lines = [f"{check.failure_class}: {check.detail}", *steps]
+    if check.tier == 1:
+        if check.required_atol is not None:
+            lines.append(f"required atol {check.required_atol:.3g} at rtol {check.rtol:g} (gate {check.gate:g})")
         for leaf in RunView.worst_leaves(check, 5):
-            lines.append(f"  {leaf['name']}: {leaf['failure_class']}"
-                         + (f", max abs {leaf['max_abs']:.3g}" if leaf.get("max_abs") is not None else "")
-                         + (f" ({leaf['detail']})" if leaf.get("detail") else ""))
+            lines.append(f"  {leaf.name}: {leaf.failure_class}"
+                         + (f", max abs {leaf.max_abs:.3g}" if leaf.max_abs is not None else "")
+                         + (f" ({leaf.detail})" if leaf.detail else ""))
     else:
-        lines += [f"  {k}: {v:.4g}" if isinstance(v, float) else f"  {k}: {v}" for k, v in check["metrics"].items()]
-        lines += [f"  {e['side']} box {e['index']} (image {e['image']}, label {e['label']}, score {e['score']:.4g}): "
-                  f"{e['mechanism']}: {e['detail']}" for e in (check.get("flips") or {}).get("examples", [])]
+        lines += [f"  {k}: {v:.4g}" if isinstance(v, float) else f"  {k}: {v}" for k, v in check.metrics.items()]
+        lines += [f"  {e.side} box {e.index} (image {e.image}, label {e.label}, score {e.score:.4g}): "
+                  f"{e.mechanism}: {e.detail}" for e in (check.flips.examples if check.flips else [])]
     return "\n".join(lines)
 
 
-def render_junit(records: RunView | list[dict], summary: dict[str, Any], run_dir: str | Path) -> str:
+def render_junit(records: RunView | list[dict[str, Any]], summary: dict[str, Any], run_dir: str | Path) -> str:
     view = RunView.of(records)
     run, checks = view.run, view.checks()
-    suite = ET.Element("testsuite", name=f"parity.{run['experiment']}")
+    suite = ET.Element("testsuite", name=f"parity.{run.experiment}")
     props = ET.SubElement(suite, "properties")
-    env = run.get("environment") or {}
+    env = run.environment
     libraries = env.get("libraries", ("torch", "torchvision", "onnxruntime", "openvino"))  # older records: these
     for key in (*libraries, "python", "platform", "git_commit"):
         if env.get(key):
@@ -66,31 +66,31 @@ def render_junit(records: RunView | list[dict], summary: dict[str, Any], run_dir
     failures = skipped = errors = 0
     total_time = 0.0
     for check in checks:
-        seconds = _time(view, check) if check["tier"] == 1 else 0.0
+        seconds = _time(view, check) if check.tier == 1 else 0.0
         total_time += seconds
-        case = ET.SubElement(suite, "testcase", classname=_clean(f"{check['model']}/{check['inputs']}"),
-                             name=_clean(f"{check['target']} tier {check['tier']}"), time=f"{seconds:.3f}")
-        if check["tier"] == 1 and check.get("gate") is not None:  # the tolerance this check is judged at
+        case = ET.SubElement(suite, "testcase", classname=_clean(f"{check.model}/{check.inputs}"),
+                             name=_clean(f"{check.target} tier {check.tier}"), time=f"{seconds:.3f}")
+        if check.tier == 1:  # the tolerance this check is judged at
             judged_at = ET.SubElement(case, "properties")
-            ET.SubElement(judged_at, "property", name="gate_atol", value=f"{check['gate']:g}")
-            ET.SubElement(judged_at, "property", name="rtol", value=f"{check['rtol']:g}")
-        if check["status"] == "skipped":
+            ET.SubElement(judged_at, "property", name="gate_atol", value=f"{check.gate:g}")
+            ET.SubElement(judged_at, "property", name="rtol", value=f"{check.rtol:g}")
+        if check.status == "skipped":
             skipped += 1
-            ET.SubElement(case, "skipped", message=_clean(check.get("detail") or "not run"))
-        elif check["status"] == "error":
+            ET.SubElement(case, "skipped", message=_clean(check.detail or "not run"))
+        elif check.status == "error":
             errors += 1
-            error = ET.SubElement(case, "error", type=_clean(check["failure_class"]),
-                                  message=_clean(f"{check['failure_class']}: {check['detail']}"))
-            error.text = _clean("\n".join([check["detail"], *next_steps(check, view, run_dir)]))
-        elif not check["passed"]:
+            error = ET.SubElement(case, "error", type=_clean(check.failure_class),
+                                  message=_clean(f"{check.failure_class}: {check.detail}"))
+            error.text = _clean("\n".join([check.detail, *next_steps(check, view, run_dir)]))
+        elif not check.passed:
             failures += 1
             flips = flips_line(check)
-            failure = ET.SubElement(case, "failure", type=_clean(check["failure_class"]),
-                                    message=_clean(f"{check['failure_class']}: {check['detail']}"
+            failure = ET.SubElement(case, "failure", type=_clean(check.failure_class),
+                                    message=_clean(f"{check.failure_class}: {check.detail}"
                                                    + (f"; {flips}" if flips else "")))
             failure.text = _clean(_body(check, next_steps(check, view, run_dir)))
-        if check.get("warnings"):  # what the target warned of, whatever the verdict
-            ET.SubElement(case, "system-out").text = _clean("\n".join(describe_note(n) for n in check["warnings"]))
+        if check.warnings:  # what the target warned of, whatever the verdict
+            ET.SubElement(case, "system-out").text = _clean("\n".join(describe_note(n) for n in check.warnings))
     counts = {"tests": str(len(checks)), "failures": str(failures), "errors": str(errors), "skipped": str(skipped),
               "time": f"{total_time:.3f}"}
     suite.attrib.update(counts)
@@ -100,7 +100,7 @@ def render_junit(records: RunView | list[dict], summary: dict[str, Any], run_dir
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
-def write_junit(records: list[dict], summary: dict[str, Any], path: Path) -> None:
+def write_junit(records: RunView | list[dict[str, Any]], summary: dict[str, Any], path: Path) -> None:
     from parity.outdir import write_text
 
     write_text(path, render_junit(records, summary, path.parent))  # whole or not at all

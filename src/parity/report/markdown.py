@@ -31,7 +31,7 @@ def _fmt(x: Any) -> str:
     return f"{x:.2e}" if isinstance(x, float) else str(x)
 
 
-def render_markdown(records: RunView | list[dict], summary: dict[str, Any], run_dir: str | Path) -> str:
+def render_markdown(records: RunView | list[dict[str, Any]], summary: dict[str, Any], run_dir: str | Path) -> str:
     view = RunView.of(records)
     checks = view.checks(1)
     keys = [tolerance_key(a) for a in summary["tolerances"]]
@@ -46,7 +46,7 @@ def render_markdown(records: RunView | list[dict], summary: dict[str, Any], run_
         + (f" Tier 3: **{summary['tier3']['passed']} agree, {summary['tier3']['failed']} differ**."
            if summary["tier3"]["checks"] else ""),
         "",
-        environment_line(view.run["environment"]),
+        environment_line(view.run.environment),
         "",
         *[f"- {line}" for line in tolerance_lines(summary)],
         "",
@@ -57,12 +57,11 @@ def render_markdown(records: RunView | list[dict], summary: dict[str, Any], run_
     ]
     rows = []
     for c in checks:
-        verdict = {"skipped": NOT_RUN, "error": "ERROR (reference)"}.get(c["status"]) or ("pass" if c["passed"] else "FAIL")
-        oracle = c.get("oracle")
-        worse = oracle_side(oracle) if oracle else ("no verdict" if c.get("oracle_error") else "")
-        rows.append(f"| {c['model']} | {c['inputs']} | {c['target']} | {verdict} | {c['failure_class'] or ''} | "
-                    f"{_fmt(c.get('max_abs')) if c['status'] == 'ok' else ''} | "
-                    f"{_fmt(c['required_atol']) if c['status'] == 'ok' else ''} | {worse} |")
+        verdict = {"skipped": NOT_RUN, "error": "ERROR (reference)"}.get(c.status) or ("pass" if c.passed else "FAIL")
+        worse = oracle_side(c.oracle) if c.oracle else ("no verdict" if c.oracle_error else "")
+        rows.append(f"| {c.model} | {c.inputs} | {c.target} | {verdict} | {c.failure_class or ''} | "
+                    f"{_fmt(c.max_abs) if c.status == 'ok' else ''} | "
+                    f"{_fmt(c.required_atol) if c.status == 'ok' else ''} | {worse} |")
     lines += _table(["model", "inputs", "target", "verdict", "class", "max abs", "required atol", "oracle: farther from float64"],
                     rows, "No tier-1 checks in these records.")
     lines += ["", "## Tolerance sweep (checks passing at each atol)", ""]
@@ -82,13 +81,13 @@ def render_markdown(records: RunView | list[dict], summary: dict[str, Any], run_
     if failed:
         lines += ["", "## Failures", ""]
         for c in failed:
-            lines.append(f"- **{view.key(c)}**: `{c['failure_class']}`: {c['detail']}")
+            lines.append(f"- **{view.key(c)}**: `{c.failure_class}`: {c.detail}")
             lines += [f"  - {line.split(': ', 1)[0]}: `{line.split(': ', 1)[1]}`" if line.startswith("next: ")
                       else f"  - {line}" for line in next_steps(c, view, run_dir)]
             for leaf in view.worst_leaves(c, 5):
-                lines.append(f"  - `{leaf['name']}`: max abs {_fmt(leaf.get('max_abs'))}, max rel {_fmt(leaf.get('max_rel'))}, "
-                             f"cosine {cosine(leaf.get('cosine'))}, mismatched {percent(leaf.get('mismatch_fraction'))}"
-                             + (f" ({leaf['detail']})" if leaf.get("detail") else ""))
+                lines.append(f"  - `{leaf.name}`: max abs {_fmt(leaf.max_abs)}, max rel {_fmt(leaf.max_rel)}, "
+                             f"cosine {cosine(leaf.cosine)}, mismatched {percent(leaf.mismatch_fraction)}"
+                             + (f" ({leaf.detail})" if leaf.detail else ""))
     notes = passing_oracle_lines(view)
     if notes:
         lines += ["", "## The float64 oracle on passing checks", ""]
@@ -98,37 +97,37 @@ def render_markdown(records: RunView | list[dict], summary: dict[str, Any], run_
         lines += ["", "## Task-level agreement (tier 3)", "", "| model | inputs | target | task | verdict | metrics |",
                   "|---|---|---|---|---|---|"]
         for c in tier3:
-            metrics = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in c["metrics"].items())
+            metrics = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in c.metrics.items())
             flips = flips_line(c)
-            verdict = ("agrees" if c["passed"] else f"{c['failure_class']}: {c['detail']}")
+            verdict = ("agrees" if c.passed else f"{c.failure_class}: {c.detail}")
             verdict = (verdict + (f"; {flips}" if flips else "")).replace("|", "\\|")
-            lines.append(f"| {c['model']} | {c['inputs']} | {c['target']} | {c['task']} | {verdict} | {metrics} |")
+            lines.append(f"| {c.model} | {c.inputs} | {c.target} | {c.task} | {verdict} | {metrics} |")
     layers = view.layers
     if layers:
         lines += ["", "## Where the failing checks diverge (tier 2)", ""]
         for r in layers:
             head = f"- **{view.key(r)}**: "
-            if r.get("error"):
-                lines.append(head + f"localization failed: {r['error']}")
+            if r.error:
+                lines.append(head + f"localization failed: {r.error}")
                 continue
-            path = " > ".join(level["parent"] for level in r["levels"] if level["parent"])
-            lines.append(head + r["verdict"] + (f" (descent: {path})" if path else ""))
-            if r.get("whole_graph"):
+            path = " > ".join(level.parent for level in r.levels if level.parent)
+            lines.append(head + r.verdict + (f" (descent: {path})" if path else ""))
+            if r.whole_graph:
                 lines.append("  - whole graph: no layer's own error exceeds the threshold "
-                             f"{r['threshold']:g}; the drift is not one layer's")
-            if r["suspects"]:
-                lines.append("  - suspects: " + "; ".join(suspect_words(s, r['threshold']) for s in r['suspects']))
-            if r.get("first_divergent"):
-                which = "propagated" if r.get("first_divergent_by") == "propagated" else "own"
-                lines.append(f"  - first layer whose {which} error exceeds the threshold: `{r['first_divergent']}`")
+                             f"{r.threshold:g}; the drift is not one layer's")
+            if r.suspects:
+                lines.append("  - suspects: " + "; ".join(suspect_words(s, r.threshold) for s in r.suspects))
+            if r.first_divergent:
+                which = "propagated" if r.first_divergent_by == "propagated" else "own"
+                lines.append(f"  - first layer whose {which} error exceeds the threshold: `{r.first_divergent}`")
     if warned(checks):
         lines += ["", "## What the targets warned of", "",
                   "A trace that took one branch of a data-dependent `if` is right only for inputs that take the same "
                   "branch, whatever this run's verdict.", ""]
         for c, notes in warned(checks):
-            lines += [f"- **{view.key(c)}** ({'pass' if c['passed'] else 'FAIL'}): {n}"
+            lines += [f"- **{view.key(c)}** ({'pass' if c.passed else 'FAIL'}): {n}"
                       for n in notes]
-    skipped = {c["target"]: c["detail"] for c in checks if c["status"] == "skipped"}
+    skipped = {c.target: c.detail for c in checks if c.status == "skipped"}
     if skipped:
         lines += ["", "## Targets not run here", ""] + [f"- {t}: {why}" for t, why in skipped.items()]
     latency = latency_rows(view)
@@ -155,7 +154,7 @@ def _table(columns: list[str], rows: list[str], empty: str) -> list[str]:
     return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns), *rows]
 
 
-def write_markdown(records: RunView | list[dict], summary: dict[str, Any], path: Path) -> None:
+def write_markdown(records: RunView | list[dict[str, Any]], summary: dict[str, Any], path: Path) -> None:
     from parity.outdir import write_text
 
     write_text(path, render_markdown(records, summary, path.parent))  # whole or not at all

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from parity import taxonomy as tx
-from parity.records.view import RunView
+from parity.records.models import Layers, Oracle, Run
+from parity.records.view import Check, RunView
 from parity.verify.localize import LOCALIZABLE as RUN_LOCALIZES
 from parity.verify.localize import pass_path, switch_words
 from parity.verify.tasks import headline_of
@@ -16,46 +17,47 @@ from parity.verify.tasks import headline_of
 LOCALIZABLE = (*RUN_LOCALIZES, tx.ORDERING)  # tier-1 failures that a layer's numbers can explain
 
 
-def _targets(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The run's targets by id, as the experiment wrote them."""
+def _targets(run: Run) -> dict[str, Any]:
+    """The run's targets by id, as config/schema.py reads the experiment's entries (BackendSpec)."""
     from parity.config.schema import BackendSpec
 
     out = {}
-    for entry in (run.get("config") or {}).get("targets") or []:
+    for entry in run.config.targets:
         try:
-            out[BackendSpec.model_validate(entry).id] = entry
+            spec = BackendSpec.model_validate(entry)
         except ValueError:  # records written by hand: no command rather than a wrong one
             continue
+        out[spec.id] = spec
     return out
 
 
-def oracle_side(oracle: dict[str, Any]) -> str:
+def oracle_side(oracle: Oracle) -> str:
     """The side farther from float64 (verify.tensors.oracle_verdict); records written before `worse` have the
     target's side and the worst leaf's numbers, from which the rule gives the rest."""
-    if oracle.get("worse"):
-        return oracle["worse"]
-    t, r = oracle.get("target_rmse"), oracle.get("reference_rmse")
-    if oracle["target_worse"] or t is None or r is None:
-        return "target" if oracle["target_worse"] else "neither"
-    return "reference" if r > oracle["multiplier"] * t + oracle["floor"] else "neither"
+    if oracle.worse:
+        return oracle.worse
+    t, r = oracle.target_rmse, oracle.reference_rmse
+    if oracle.target_worse or t is None or r is None:
+        return "target" if oracle.target_worse else "neither"
+    return "reference" if r > oracle.multiplier * t + oracle.floor else "neither"
 
 
-def oracle_finding(check: dict[str, Any]) -> list[str]:
-    """What the float64 oracle says of a check: for a failed one, which side is off or why it cannot say; for
-    a passing one, a target much farther from float64 than the reference (`notable`), or why it cannot say."""
-    oracle, error = check.get("oracle"), check.get("oracle_error")
+def oracle_finding(oracle: Oracle | None, passed: bool | None, error: str | None = None) -> list[str]:
+    """What the float64 oracle (`oracle`, or `error`: why it has no verdict) says of a check that `passed` or
+    not: for a failed one, which side is off or why it cannot say; for a passing one, a target much farther from
+    float64 than the reference (`notable`), or why it cannot say."""
     if not oracle:
         return [f"oracle: no verdict: {error}"] if error else []
-    t, r = oracle.get("target_rmse"), oracle.get("reference_rmse")
+    t, r = oracle.target_rmse, oracle.reference_rmse
     rmse = f"rmse from float64: target {t:.3g}, reference {r:.3g}" if t is not None and r is not None else ""
-    if check.get("passed"):
-        if not oracle.get("notable"):
+    if passed:
+        if not oracle.notable:
             return []
         times = f"{t / r:.3g}x" if r else "much"
         return [f"oracle: passes, but the target is {times} farther from float64 than the reference ({rmse}; "
-                f"output rms {oracle['scale']:.3g})"]
+                f"output rms {oracle.scale:.3g})"]
     worse = oracle_side(oracle)
-    t_off, r_off = oracle.get("target_nonfinite_off"), oracle.get("reference_nonfinite_off")
+    t_off, r_off = oracle.target_nonfinite_off, oracle.reference_nonfinite_off
     if t_off is not None and worse != "neither":  # NaN/Inf on one side only: the non-finite patterns decided
         counts = f"differing from float64 at {t_off} element(s) in the target, {r_off} in the reference"
         return [{"target": f"oracle: float64 has the reference's NaN/Inf pattern, not the target's: the target's "
@@ -64,20 +66,19 @@ def oracle_finding(check: dict[str, Any]) -> list[str]:
                               f"reference's values there are the artefact, the target is right ({counts})",
                  "both": f"oracle: float64 has neither side's NaN/Inf pattern ({counts})"}[worse]]
     if worse == "target":
-        leaves = ", ".join(oracle.get("leaves_target_worse") or [])
+        leaves = ", ".join(oracle.leaves_target_worse)
         return [f"oracle: the target is worse than the reference{f' at {leaves}' if leaves else ''} ({rmse})"]
     if worse == "reference":
         return [f"oracle: the reference is the imprecise one: the target is closer to float64 ({rmse})"]
     return [f"oracle: both sides are equally far from float64 ({rmse}; neither is beyond "
-            f"{oracle['multiplier']:g}x the other's + {oracle['floor']:g})"]
+            f"{oracle.multiplier:g}x the other's + {oracle.floor:g})"]
 
 
-def single_culprit(layers: dict[str, Any] | None) -> bool:
+def single_culprit(layers: Layers | None) -> bool:
     """Did the localization name one module that a standalone repro of it alone reproduces? Not when every layer
     drifts alike (evenly spread), nor for a specialised trace (the module re-traced alone on the captured inputs
     takes their branch): `parity reduce` refuses those, and no next step offers it."""
-    return bool(layers and not layers.get("error") and layers.get("culprit") and not layers.get("evenly_spread")
-                and not layers.get("specialized"))
+    return bool(layers and not layers.error and layers.culprit and not layers.evenly_spread and not layers.specialized)
 
 
 def localize_out(run_dir: str | Path, model: str, inputs: str, target: str) -> str:
@@ -92,45 +93,45 @@ def reduce_step(run_dir: str | Path, model: str, inputs: str, target: str) -> st
     return f"next: parity reduce {shlex.quote(str(run_dir))} --check {which} (a standalone repro script)"
 
 
-def next_steps(check: dict[str, Any], view: RunView, run_dir: str | Path) -> list[str]:
+def next_steps(check: Check, view: RunView, run_dir: str | Path) -> list[str]:
     """Lines for a failed (or errored) check of the run in `run_dir`: the culprit tier 2 named, then the
     commands that help, each runnable as printed (a run without an experiment file is told to save one)."""
-    if check["status"] == "skipped" or check.get("passed"):
+    if check.status == "skipped" or check.passed:
         return []
-    if check["status"] == "error":
+    if check.status == "error":
         return ["fix the model or the input set so that the reference runs; no target was judged"]
     run = view.run
     found = view.layers_for(check)
-    config = run.get("config") or {}
-    task = next((m.get("task") for m in config.get("models") or [] if m.get("name") == check["model"]), None)
-    file = shlex.quote(run["file"]) if run.get("file") else None
-    which = f"--model {shlex.quote(check['model'])} --target {shlex.quote(check['target'])} --inputs {shlex.quote(check['inputs'])}"
-    lines = oracle_finding(check)
-    target = _targets(run).get(check["target"], {})
+    task = next((m.task for m in run.config.models if m.name == check.model), None)
+    file = shlex.quote(run.file) if run.file else None
+    which = f"--model {shlex.quote(check.model)} --target {shlex.quote(check.target)} --inputs {shlex.quote(check.inputs)}"
+    lines = oracle_finding(check.oracle, check.passed, check.oracle_error) if check.tier == 1 else []
+    target = _targets(run).get(check.target)
+    quantized = bool(target and target.quantize)
     single = single_culprit(found)
-    if found and not found.get("error") and found.get("culprit"):
-        where = f" ({found['culprit_code']})" if found.get("culprit_code") else ""
+    if found and not found.error and found.culprit:
+        where = f" ({found.culprit_code})" if found.culprit_code else ""
         spread = " (the largest relative error of its own, but every layer drifts alike: no single culprit)" \
-            if found.get("evenly_spread") else ""
-        lines.append(f"diverges at {found['culprit']}{where}{spread}")
-    if found and found.get("specialized"):
-        s = found["specialized"]
+            if found.evenly_spread else ""
+        lines.append(f"diverges at {found.culprit}{where}{spread}")
+    if found and found.specialized:
+        s = found.specialized
         lines.append(f"the target's trace is specialised at {s['where']}" + (f": {s['code']}" if s.get("code") else "")
                      + "; trace it on inputs that take this input set's branch (the model's export_inputs), or make the branch "
                      "traceable (torch.where; torch.cond under torch.export)")
-    found_pass = (found or {}).get("compiler_pass") or {}
+    found_pass = (found.compiler_pass if found else None) or {}
     if found_pass.get("switch"):
         lines.append(f"next: try the target with options: {{inductor_config: {{{switch_words(found_pass['switch'])}}}}} "
                      f"(torch's compiler bisector: with it, {pass_path(found_pass)} no longer makes the drift)")
-    if single and not target.get("quantize"):  # no int8 repro
-        lines.append(reduce_step(run_dir, check["model"], check["inputs"], check["target"]))
-    failure = check.get("failure_class")
-    reduced = target.get("dtype") in ("bfloat16", "float16") or target.get("quantize")
+    if single and not quantized:  # no int8 repro
+        lines.append(reduce_step(run_dir, check.model, check.inputs, check.target))
+    failure = check.failure_class
+    reduced = bool(target and (target.dtype in ("bfloat16", "float16") or quantized))
     commands = []
     if failure in LOCALIZABLE and not found:
-        out = shlex.quote(localize_out(run_dir, check["model"], check["inputs"], check["target"]))
+        out = shlex.quote(localize_out(run_dir, check.model, check.inputs, check.target))
         commands.append(("localize", f"parity localize {file} {which} --out {out}"))
-    if failure in (*LOCALIZABLE, tx.DECISION_FLIP) and (reduced or target.get("backend") == "compile"):
+    if failure in (*LOCALIZABLE, tx.DECISION_FLIP) and (reduced or (target and target.backend == "compile")):
         tier = " --tier 3" if task and headline_of(task) is not None else ""
         commands.append(("fallback", f"parity fallback {file} {which}{tier}"))
     if commands and file is None:  # parity check without --save-experiment, the Python API on a dict

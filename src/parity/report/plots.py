@@ -1,7 +1,8 @@
 """The report's charts, drawn with matplotlib (no pyplot, so no global state or display) and returned as
 `data:` URIs of SVG images: the HTML embeds them and fetches nothing.
 
-Every function takes plain numbers already read from the records and returns one image.
+Every function takes plain numbers already read from the records (depth_plot: a `layers` record, as its model)
+and returns one image.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ import io
 import logging
 import math
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from parity.records.models import Layers
 
 PASS, FAIL, NEUTRAL = "#1a7f37", "#cf222e", "#8c959f"
 
@@ -159,27 +163,27 @@ def latency_chart(rows: list[dict[str, Any]]) -> str:
     return data_uri(fig)
 
 
-def depth_plot(record: dict[str, Any]) -> str | None:
+def depth_plot(record: Layers) -> str | None:
     """Tier 2: each layer's relative RMSE against its place in the forward (call order), one panel per
     level of the descent (the layer descended into is marked), local (own) and propagated errors."""
-    levels = [lv for lv in record.get("levels") or [] if lv["layers"]]
+    levels = [lv for lv in record.levels or [] if lv.layers]
     if not levels:
         return None
-    suspects = {s["name"] for s in record.get("suspects") or []}
-    chosen = [lv["parent"] for lv in levels[1:]] + [record.get("culprit")]
-    widest = max(len(lv["layers"]) for lv in levels)
+    suspects = {s.name for s in record.suspects or []}
+    chosen = [lv.parent for lv in levels[1:]] + [record.culprit]
+    widest = max(len(lv.layers) for lv in levels)
     fig = _figure(min(max(8.0, 0.3 * widest + 4.0), 12.0), 2.4 * len(levels) + 0.4)
     axes = fig.subplots(len(levels), 1, squeeze=False)[:, 0]
     floor = 1e-12  # a layer with no error at all is drawn at the bottom of the log axis, not dropped
     for ax, level, picked in zip(axes, levels, chosen, strict=True):
-        layers = level["layers"]
+        layers = level.layers
         xs = list(range(len(layers)))
 
         def values(mode: str, layers=layers) -> list[float]:
             out = []
             for layer in layers:
-                stats = layer.get(mode) or {}
-                v = None if stats.get("error") else stats.get("rel_rmse")
+                stats = getattr(layer, mode)  # local or propagated: a LayerError, or None
+                v = None if stats is None or stats.error else stats.rel_rmse
                 out.append(float("nan") if v is None else max(v, floor))
             return out
 
@@ -189,28 +193,28 @@ def depth_plot(record: dict[str, Any]) -> str | None:
         if not all(math.isnan(v) for v in local):
             ax.plot(xs, local, color="#0969da", marker="o", markersize=4, linewidth=1.2, label="local (own error)")
         for x, layer in zip(xs, layers, strict=True):
-            if layer["name"] == picked:
+            if layer.name == picked:
                 ax.axvspan(x - 0.3, x + 0.3, color="#ffd8b5", alpha=0.7, zorder=0)
-        prefix = f"{level['parent']}." if level["parent"] else ""
+        prefix = f"{level.parent}." if level.parent else ""
         # names relative to the parent, unless that leaves a bare index (layer3.0 -> "0" says nothing)
         names = [n[len(prefix):] if n.startswith(prefix) and not n[len(prefix):].isdigit() else n
-                 for n in (layer["name"] for layer in layers)]
+                 for n in (layer.name for layer in layers)]
         ax.set_xticks(xs, [_short(n, 18) for n in names], rotation=45 if len(xs) > 6 else 0,
                       ha="right" if len(xs) > 6 else "center", fontsize=7)
         ax.set_xlim(-0.6, len(xs) - 0.4)
         for tick, layer in zip(ax.get_xticklabels(), layers, strict=True):
-            if layer["name"] in suspects:
+            if layer.name in suspects:
                 tick.set_color(FAIL)
                 tick.set_fontweight("bold")
         if ax.has_data():
             ax.set_yscale("log")
         ax.set_ylabel("relative RMSE", fontsize=8)
         ax.tick_params(axis="y", labelsize=7)
-        ax.set_title(f"layers of {level['parent'] or 'the model'} (call order)", fontsize=9, loc="left")
+        ax.set_title(f"layers of {level.parent or 'the model'} (call order)", fontsize=9, loc="left")
         ax.grid(True, axis="y", alpha=0.3)
-        own = level.get("own_code")
-        if own and not own.get("error") and own.get("rel_rmse") is not None:
-            ax.axhline(max(own["rel_rmse"], floor), color="#bf8700", linestyle=":", linewidth=1,
+        own = level.own_code
+        if own and not own.error and own.rel_rmse is not None:
+            ax.axhline(max(own.rel_rmse, floor), color="#bf8700", linestyle=":", linewidth=1,
                        label="the parent's own code")
         ax.plot([], [], color="#ffd8b5", linewidth=8, label="descended into / culprit")
     handles: dict[str, Any] = {}

@@ -24,6 +24,7 @@ import torch
 from parity import fingerprint
 from parity.execute.cache import inputs_digest, weights_digest
 from parity.inputs import Inputs
+from parity.records.models import Tier1Check
 
 Record = dict[str, Any]
 # The parts compared, and how a change of each is said (model, inputs: the check's names).
@@ -64,19 +65,19 @@ def check_fingerprints(model_part: dict[str, Any], inputs: Inputs, example: Inpu
             "libraries": {name: None if v is None else f"{v} ({files})" for name, (v, files) in found.items()}}
 
 
-def changes(recorded: Record, now: dict[str, Any]) -> list[str]:
+def changes(recorded: Tier1Check, now: dict[str, Any]) -> list[str]:
     """Why the recorded tier-1 check `recorded` no longer holds for what would run now (`now`, its
     check_fingerprints), in words; [] when it still holds."""
-    old = recorded.get("fingerprints")
-    names = {"model": recorded["model"], "inputs": recorded["inputs"], "target": recorded["target"]}
+    old = recorded.fingerprints
+    names = {"model": recorded.model, "inputs": recorded.inputs, "target": recorded.target}
     if not old:
         return [UNRECORDED]
     found = [UNVERIFIABLE.format(**names)] if now["model_code"] is None else []
     if now["backend_code"] is None:
         found.append(f"the code of {names['target']}'s backend cannot be fingerprinted, so it cannot be told unchanged")
     found += [said.format(**names) + " changed" for part, said in SAID.items()
-              if now[part] is not None and old.get(part) != now[part]]
-    libraries = old.get("libraries") or {}
+              if now[part] is not None and getattr(old, part) != now[part]]
+    libraries = old.libraries
     moved = [f"{name} {_version(libraries.get(name))} -> {_version(v)}" for name, v in now["libraries"].items()
              if libraries.get(name) != v]
     if moved:

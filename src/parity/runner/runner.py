@@ -174,7 +174,7 @@ def _stale(writer: RecordWriter, exp: Experiment, jobs: list[Job]) -> dict[tuple
                 check = recorded.get((job.model.name, job.inputs.name, spec.id))
                 why = check and changes(check, _fingerprints(exp, part, inputs, example, spec))
                 if why:
-                    stale[RunView.identity(check)] = why, (check.get("fingerprints") or {}).get("recorded_at", "")
+                    stale[RunView.identity(check)] = why, check.fingerprints.recorded_at if check.fingerprints else ""
     return stale
 
 
