@@ -289,7 +289,7 @@ def test_a_structural_failure_has_no_oracle_verdict(tmp_path, capsys):
     """An output that cannot be compared fails `uncomparable` whatever the numbers: the float64 oracle says
     nothing of it, never "the reference is the imprecise one"."""
     data = {"name": "opaque", "seed": 0, "repeats": 1, "oracle": True,
-            "models": [{"name": "m", "source": "python", "entry": "tests.test_transformers:OpaqueOutput"}],
+            "models": [{"name": "m", "source": "python", "entry": "tests.models.test_transformers:OpaqueOutput"}],
             "inputs": [{"name": "x", "synthetic": {"shape": [2, 4]}}], "targets": [{"backend": "eager", "dtype": "float64"}]}
     path = tmp_path / "opaque.yaml"
     path.write_text(yaml.safe_dump(data))

@@ -245,10 +245,10 @@ def test_a_run_classes_a_score_threshold_crossing_and_records_it(tmp_path):
     from parity.report.console import render
 
     exp = {"name": "flips", "seed": 0,
-           "models": [{"name": "frcnn", "source": "python", "entry": "tests.test_flips:threshold_detector",
+           "models": [{"name": "frcnn", "source": "python", "entry": "tests.verify.test_flips:threshold_detector",
                        "task": "detection"}],
            "inputs": [{"name": "photo", "images": ["sample:astronaut"], "preprocess": {"resize": 64}}],
-           "targets": [{"backend": "tests.test_flips:BelowThreshold", "name": "below"}],
+           "targets": [{"backend": "tests.verify.test_flips:BelowThreshold", "name": "below"}],
            "tolerances": {"atol": [1e-3], "rtol": 1e-5}, "tiers": {"tasks": True},
            "executor": "process"}  # captured in the worker, sent back (the adapter's test runs locally)
     out = tmp_path / "out"
@@ -451,9 +451,9 @@ def test_a_passing_check_with_an_unmatched_box_classes_it_too(tmp_path):
     from parity.records.view import RunView
 
     exp = {"name": "pass-flips", "seed": 0,
-           "models": [{"name": "grid", "source": "python", "entry": "tests.test_flips:GridDetector", "task": "detection"}],
+           "models": [{"name": "grid", "source": "python", "entry": "tests.verify.test_flips:GridDetector", "task": "detection"}],
            "inputs": [{"name": "photo", "images": ["sample:astronaut"], "preprocess": {"resize": 32}}],
-           "targets": [{"backend": "tests.test_flips:OneBelowThreshold", "name": "one-below"}],
+           "targets": [{"backend": "tests.verify.test_flips:OneBelowThreshold", "name": "one-below"}],
            "tolerances": {"atol": [1e-3], "rtol": 1e-5}, "tiers": {"tasks": True}}
     out = tmp_path / "out"
     records = run_experiment(exp, out)

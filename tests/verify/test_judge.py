@@ -194,23 +194,23 @@ def case(tmp_path_factory):
     exp = experiment_from_dict(data)
     model, _ = prepared_model(exp.models[0], exp)
     inputs = build_inputs(exp.inputs[0], exp, exp.models[0].batch_mode)
-    return {c["target"]: c for c in RunView(records).checks(1)}, model, inputs.args, folder
+    return {c.target: c for c in RunView(records).checks(1)}, model, inputs.args, folder
 
 
 def test_the_api_gives_the_runners_verdict(case):
     from parity.api import Disagreement, assert_backends_agree
 
     checks, model, args, _ = case
-    assert checks["same"]["passed"] is True and checks["offset"]["passed"] is False  # the case has both verdicts
+    assert checks["same"].passed is True and checks["offset"].passed is False  # the case has both verdicts
     with pytest.raises(Disagreement) as info:
         assert_backends_agree(model, args, targets=TARGETS)
     for name, found in info.value.result.targets.items():
         check = checks[name]
         assert (found.passed, found.failure_class, found.required_atol, found.max_abs) == \
-               (check["passed"], check["failure_class"], check["required_atol"], check["max_abs"]), name
-        assert (found.atol, found.rtol) == (check["gate"], check["rtol"]), name
+               (check.passed, check.failure_class, check.required_atol, check.max_abs), name
+        assert (found.atol, found.rtol) == (check.gate, check.rtol), name
         assert [(leaf["name"], leaf["required_atol"]) for leaf in found.leaves] == \
-               [(leaf["name"], leaf["required_atol"]) for leaf in check["leaves"]], name
+               [(leaf.name, leaf.required_atol) for leaf in check.leaves], name
     assert {t.atol for t in info.value.result.targets.values()} == {1e-4, 1e-5}  # float32's gate, bfloat16's
 
 
@@ -233,9 +233,9 @@ def test_the_pytest_plugin_gives_the_runners_verdict(case, pytester, monkeypatch
     result.assert_outcomes(failed=1)
     props = {p.get("name"): p.get("value") for p in ET.parse(pytester.path / "junit.xml").getroot().iter("property")}
     for name, check in checks.items():
-        assert props[f"parity.{name}.passed"] == str(check["passed"]), name
-        assert props.get(f"parity.{name}.failure_class") == check["failure_class"], name
-        assert float(props[f"parity.{name}.required_atol"]) == check["required_atol"], name
+        assert props[f"parity.{name}.passed"] == str(check.passed), name
+        assert props.get(f"parity.{name}.failure_class") == check.failure_class, name
+        assert float(props[f"parity.{name}.required_atol"]) == check.required_atol, name
 
 
 @pytest.mark.parametrize(("tolerances", "gate"), [
@@ -257,5 +257,5 @@ def test_the_default_gate_is_one_rule_that_the_schema_the_resolution_and_the_sum
     tol = exp.tolerance_for(exp.targets[0])
     check = judge(Execution(exp.reference, "ok", outputs=[torch.tensor([1.0])]),
                   Execution(exp.targets[0], "ok", outputs=[torch.tensor([1.0])]), tol, model="tiny", inputs="noise")
-    run = {"kind": "run", "experiment": exp.name, "config": exp.model_dump(mode="json"), "base_dir": "."}
+    run = {"kind": "run", "experiment": exp.name, "config": exp.model_dump(mode="json"), "base_dir": ".", "environment": {}}
     assert exp.tolerances.gate_atol == tol.gate == summarize([run, {"kind": "check", **check.record()}])["gate"] == gate

@@ -98,7 +98,7 @@ def test_a_decoder_with_the_text_generation_task_gets_tier_3_in_every_report(tmp
             "inputs": [{"name": "tokens", "synthetic": {
                 "input_ids": {"shape": [2, 8], "dtype": "int64", "distribution": "randint", "high": 100}}}],
             "targets": [{"backend": "eager", "dtype": "float64"},
-                        {"backend": "tests.test_text_generation:NegatedLogits", "name": "negated"}],
+                        {"backend": "tests.verify.test_text_generation:NegatedLogits", "name": "negated"}],
             "tiers": {"tasks": {"text-generation": {"top1_agreement": 0.9}}}}
     records = run_experiment(data, out=tmp_path / "out")
     tier3 = {r["target"]: r for r in records if r["kind"] == "check" and r["tier"] == 3}
