@@ -1214,7 +1214,7 @@ def block_se_blocks(x: Experiments) -> str:
     columns = list(dict.fromkeys((r["variant"], r["target"]) for r in x.se))
     cells = {(r["model"], r["block"], r["variant"], r["target"]): r for r in x.se}
     out = []
-    for model, block, se in dict.fromkeys((r["model"], r["block"], r["se"]) for r in x.se if r["variant"] == "as-built"):
+    for model, block, se in dict.fromkeys((r["model"], r["block"], r["se"]) for r in x.se):
         out.append([model, block, "SE" if se else "", *(sci(cells[(model, block, *c)]["relative_rmse"])
                                                        if (model, block, *c) in cells else "-" for c in columns)])
     return ("Relative RMSE at each block's output, per variant and target (`SE`: the block holds an SE block as "

@@ -309,14 +309,14 @@ def test_trained_blocks_render_from_their_own_run_and_are_required_only_with_it(
 
 
 def test_docs_study_md_is_what_its_archived_records_render():
-    """Every generated block of docs/study.md, the trained models' and the first run's included, is what the
-    archives give: a table edited by hand, or records archived without re-rendering, fails here."""
+    """Every generated block of docs/study.md, the trained models', the first run's and the study/ experiments'
+    included, is what the archives give: a table edited by hand, or records archived without re-rendering, fails here."""
     study = st.Study(st.load_records(st.ARCHIVE), st.wall_time(st.TIME_ARCHIVE.read_text()),
                      st.load_records(st.SURVEY_ARCHIVE), st.load_records(st.FIDELITY_ARCHIVE))
     trained = st.Study(st.load_records(st.TRAINED_ARCHIVE), st.wall_time(st.TRAINED_TIME_ARCHIVE.read_text()))
     first = st.Study(st.load_records(st.FIRST_ARCHIVE), st.wall_time(st.FIRST_TIME_ARCHIVE.read_text()))
     doc = st.DOC.read_text(encoding="utf-8")
-    assert st.render(doc, study, trained, first) == doc
+    assert st.render(doc, study, trained, first, st.load_experiments()) == doc
 
 
 def test_first_run_blocks_render_from_their_own_run_and_are_required_only_with_it(records):
@@ -637,10 +637,11 @@ def test_detector_scale_counts_changed_images_with_intervals_over_photos():
 
 def test_detector_mechanisms_count_images_not_boxes():
     rows = [_image("ort", "a0", "a", 0.5, nms_iou=3), _image("ort", "a1", "a", 1.0), _image("ort", "b0", "b", 0.9, nms_iou=1),
-            _image("ort", "b1", "b", 1.0), _image("ort", "b2", "b", 0.5, nms_iou=2, threads=2)]
+            _image("ort", "b1", "b", 0.5, score_threshold=1), _image("ort", "b2", "b", 0.5, nms_iou=2, threads=2)]
     table = rows_of(st.block_detector_mechanisms(st.Experiments(detector=rows)).split("\n\n", 1)[1])
-    assert table == [["nms_iou", "ort", "4", "2/4", st.ci(2, 4), table[0][5]]]  # one thread only: b2 at two is not counted
-    assert table[0][5].endswith("(2)")
+    # one thread only (b2 at two is not counted); an image counts under each mechanism it has a box of
+    assert [r[:5] for r in table] == [["score_threshold", "ort", "1", "1/4", st.ci(1, 4)], ["nms_iou", "ort", "4", "2/4", st.ci(2, 4)]]
+    assert table[1][5].endswith("(2)")
 
 
 def test_se_steps_are_ratios_of_consecutive_blocks_split_by_the_as_built_flag():
