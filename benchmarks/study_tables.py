@@ -1445,7 +1445,7 @@ def main(argv: list[str] | None = None) -> int:
             if given:
                 with gzip.open(archived, "wt", encoding="utf-8", compresslevel=9) as f:
                     f.writelines(json.dumps(r) + "\n" for r in load_records(given))
-        for run_dir, archived in zip(args.repro or (), REPRO_ARCHIVES, strict=True):
+        for run_dir, archived in zip(args.repro, REPRO_ARCHIVES, strict=True) if args.repro else ():
             archive(Path(run_dir), archived, archived.with_name(archived.name.replace("-records.jsonl.gz", "-time.txt")))
         args.detector = args.se = args.repro = None
         if fidelity_source != FIDELITY_ARCHIVE:

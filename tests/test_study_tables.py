@@ -607,10 +607,11 @@ def test_compare_runs_names_the_decisions_that_differ_between_two_runs(records, 
     (tmp_path / "second" / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in flipped))
     assert compare.unstable(compare.decisions(first), compare.decisions(tmp_path / "second")) == [
         (1, "tiny", check["inputs"], check["target"])]
-    rows = [{"target": "onnxruntime", "image": "0000.png", "f1": 1.0}, {"target": "onnxruntime", "image": "0001.png", "f1": 0.9}]
+    rows = [{"target": "onnxruntime", "image": "0000.png", "f1": 1.0, "threads": 1},
+            {"target": "onnxruntime", "image": "0001.png", "f1": 0.9, "threads": 1}]
     one, two = tmp_path / "t1.jsonl", tmp_path / "t2.jsonl"
     one.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    two.write_text("".join(json.dumps({**r, "f1": 1.0}) + "\n" for r in rows))
+    two.write_text("".join(json.dumps({**r, "f1": 1.0, "threads": 2}) + "\n" for r in rows))
     assert compare.unstable(compare.decisions(one), compare.decisions(two)) == [("onnxruntime", "0001.png")]
 
 
