@@ -15,7 +15,9 @@ execution judged at another gate (bfloat16 at two gates) is counted once where t
 Four sources, each with its own blocks: the study's run (examples/study.yaml, the v2 design of issue #17;
 blocks without a prefix), its per-layer survey (benchmarks/study_localize.py) and the adapter's fidelity
 rows (benchmarks/adapter_fidelity.py --json), the trained models' run (study/trained.yaml; `trained-*`) and
-the first run of the four-target design (`first-*`, archived, for comparison). `--archive` copies a run
+the first run of the four-target design (`first-*`, archived, for comparison); beside them the study/
+experiments of issue #27 (Experiments: the trained detector at scale, the SE control, 1 vs 2 threads).
+`--archive` copies a run
 folder's records into docs/ (compressed, the detection pictures' box lists dropped: the tables do not use
 them) with its `time.txt` (GNU time's report of the run) and its survey, so the document can be regenerated
 from the repository.

@@ -18,7 +18,8 @@ threshold and with fan-in-init weights. This control asks it with the confounds 
 
 The SE reading predicts that the steps at blocks holding an SE block are larger than at the others, on every
 model (not at features.11-15 of one), and that `no-se` removes the difference while `sigmoid` changes it;
-steps alike with and without SE, or drift as large without SE, refute it. One JSON line per (model, variant, target, block) goes to
+steps alike with and without SE, or drift as large without SE, refute it. A jump at one SE block followed by
+steps alike shows in the per-block rows, not in the medians: read both. One JSON line per (model, variant, target, block) goes to
 `--json`: the per-layer tables the survey lacked, archived beside the study (docs/study-se-control.jsonl).
 Targets: onnxruntime (the TorchScript exporter), openvino (f32), compile.
 
