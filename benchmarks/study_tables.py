@@ -15,7 +15,9 @@ execution judged at another gate (bfloat16 at two gates) is counted once where t
 Four sources, each with its own blocks: the study's run (examples/study.yaml, the v2 design of issue #17;
 blocks without a prefix), its per-layer survey (benchmarks/study_localize.py) and the adapter's fidelity
 rows (benchmarks/adapter_fidelity.py --json), the trained models' run (study/trained.yaml; `trained-*`) and
-the first run of the four-target design (`first-*`, archived, for comparison). `--archive` copies a run
+the first run of the four-target design (`first-*`, archived, for comparison); beside them the study/
+experiments of issue #27 (Experiments: the trained detector at scale, the SE control, 1 vs 2 threads).
+`--archive` copies a run
 folder's records into docs/ (compressed, the detection pictures' box lists dropped: the tables do not use
 them) with its `time.txt` (GNU time's report of the run) and its survey, so the document can be regenerated
 from the repository.
@@ -61,6 +63,12 @@ SURVEY_FIELDS = ("model", "inputs", "target", "error", "threshold", "verdict", "
 # The trained models' run (study/trained.yaml): its own records and time, its own blocks (`trained-*`).
 TRAINED_ARCHIVE = ROOT / "docs" / "study-trained-records.jsonl.gz"
 TRAINED_TIME_ARCHIVE = ROOT / "docs" / "study-trained-time.txt"
+# The study/ experiments of issue #27 (Experiments): the trained detector at scale (study/detector_at_scale.py's rows
+# at one and two threads), the SE control's per-block rows (study/se_control.py) and the records of
+# study/repro_threads.sh's two runs (one thread, two threads).
+DETECTOR_ARCHIVE = ROOT / "docs" / "study-detector-scale.jsonl.gz"
+SE_ARCHIVE = ROOT / "docs" / "study-se-control.jsonl.gz"
+REPRO_ARCHIVES = (ROOT / "docs" / "study-repro-t1-records.jsonl.gz", ROOT / "docs" / "study-repro-t2-records.jsonl.gz")
 
 # The published study's figures, as issue #6 quotes them: 672 checks pooled over its tolerance sweep,
 # 72.0% passing, each tolerance between 71.4% and 73.8%. They are the comparison, not a result of ours.
@@ -1073,6 +1081,199 @@ def block_localize(s: Study) -> str:
             + table(["model", "target", "first divergent", "culprit", "required atol", "seconds", "note"], per_check))
 
 
+# ---------------------------------------------------------------------------------------------------
+# the experiments of issue #27 (study/): the trained detector at scale, the SE control, decisions at 1 and 2 threads
+
+
+class Experiments:
+    """The rows of the study/ experiments, each archived beside the study: `detector` (study/detector_at_scale.py
+    --json: one line per target and image, at `--threads` 1 and 2), `se` (study/se_control.py --json: one line
+    per model, variant, target and block) and `repro` (the records of study/repro_threads.sh's two runs, one
+    thread then two)."""
+
+    def __init__(self, detector: list[dict] | None = None, se: list[dict] | None = None,
+                 repro: tuple[list[dict], list[dict]] | None = None):
+        self.detector, self.se, self.repro = detector or [], se or [], repro
+
+
+def decision_changed(row: dict) -> bool:
+    """An image whose detections differ from the reference's (F1 below 1, boxes matched within a label at IoU 0.5)."""
+    return "error" not in row and row["f1"] < 1.0
+
+
+def _proportion(rows: list[dict], flag) -> list[str]:
+    """How many rows `flag` holds for, Wilson's interval, and the BCa interval over source photos (images made
+    from one photo are not independent), with the number of photos."""
+    per_photo: dict[str, list[bool]] = defaultdict(list)
+    for r in rows:
+        per_photo[r["photo"]].append(bool(flag(r)))
+    k = sum(sum(v) for v in per_photo.values())
+    low, high = bca_bootstrap([(sum(v), len(v)) for v in per_photo.values()])
+    return [f"{k}/{len(rows)}", ci(k, len(rows)), f"{100 * low:.1f}% to {100 * high:.1f}% ({len(per_photo)})"]
+
+
+def _spread(values: list[float]) -> str:
+    return f"{sci(statistics.median(values))} ({sci(min(values))} to {sci(max(values))})" if values else "-"
+
+
+def detector_scale_table(rows: list[dict]) -> str:
+    """Per thread count and target: the images whose decision changed with their intervals, the unmatched boxes
+    by mechanism, and the raw head's drift over its RMS (median and range)."""
+    out = []
+    for threads in sorted({r["threads"] for r in rows}):
+        for target in dict.fromkeys(r["target"] for r in rows if r["threads"] == threads):
+            mine = [r for r in rows if r["threads"] == threads and r["target"] == target]
+            ran = [r for r in mine if "error" not in r]
+            if not ran:
+                out.append([threads, target, len(mine), f"could not run: {mine[0]['error']}", "", "", "", "", "", ""])
+                continue
+            mechanisms = sum((Counter(r["flips"]) for r in ran), Counter())
+            boxes = sum(r["boxes_reference"] for r in ran)
+            out.append([threads, target, f"{len(ran)}" + (f" ({len(mine) - len(ran)} failed)" if len(ran) < len(mine) else ""),
+                        *_proportion(ran, decision_changed), boxes,
+                        ", ".join(f"{k} {n}" for k, n in mechanisms.items() if n) or "none",
+                        _spread([r["max_abs_over_rms"] for r in ran]), _spread([r["relative_rmse"] for r in ran])])
+    return table(["threads", "target", "images", "decision changed", "Wilson 95%", "BCa by photo (photos)",
+                  "reference boxes", "unmatched boxes by mechanism", "max abs / RMS of the raw head",
+                  "relative RMSE of the raw head"], out)
+
+
+def block_detector_scale(x: Experiments) -> str:
+    if not x.detector:
+        return "No rows of study/detector_at_scale.py came with the study."
+    images = len({r["image"] for r in x.detector})
+    photos = len({r["photo"] for r in x.detector})
+    note = (f"nudenet's YOLOv8n on {images} images made from {photos} bundled photos (study/make_detector_inputs.py): "
+            "each target's raw head against onnx2torch's PyTorch graph in eager float32, both behind the same eager "
+            "torch post-processing (score threshold, class-agnostic NMS at IoU 0.45, at most 100 boxes). Decision "
+            "changed: the image's boxes differ (F1 below 1, matched within a label at IoU 0.5). Mechanisms: every "
+            "unmatched box of both sides, attributed with both sides' candidates (docs/tiers.md). The raw head's "
+            "drift: its largest absolute difference and its RMS difference over the reference head's RMS, median "
+            "(min to max) over the images.")
+    return note + "\n\n" + detector_scale_table(x.detector)
+
+
+def block_detector_mechanisms(x: Experiments) -> str:
+    """Per mechanism and target (one thread): the images with at least one unmatched box of that mechanism."""
+    rows = [r for r in x.detector if r["threads"] == min(r["threads"] for r in x.detector) and "error" not in r]
+    targets = list(dict.fromkeys(r["target"] for r in rows))
+    used = [k for k in FLIP_CLASSES if any(r["flips"].get(k) for r in rows)]
+    if not used:
+        return "No unmatched box on any target: no mechanism to count."
+    out = []
+    for k in used:
+        for t in targets:
+            mine = [r for r in rows if r["target"] == t]
+            out.append([k, t, sum(r["flips"].get(k, 0) for r in mine), *_proportion(mine, lambda r, k=k: r["flips"].get(k))])
+    return ("Images with at least one unmatched box of each mechanism (one thread), with Wilson's interval and "
+            "the BCa interval over source photos:\n\n"
+            + table(["mechanism", "target", "boxes", "images", "Wilson 95%", "BCa by photo (photos)"], out))
+
+
+def se_steps(rows: list[dict]) -> dict[bool, list[float]]:
+    """A profile's steps (a block's relative RMSE over the previous block's: how much the block multiplies the
+    relative error it is given), split by whether the block holds an SE block in the model as built; the first
+    block, the whole model's row and a step from an exact previous block (relative RMSE 0) have none."""
+    blocks = [r for r in rows if r["block"].startswith("features.")]
+    blocks.sort(key=lambda r: int(r["block"].split(".")[1]))
+    steps: dict[bool, list[float]] = {True: [], False: []}
+    for before, after in zip(blocks[:-1], blocks[1:], strict=True):
+        if before["relative_rmse"] > 0:
+            steps[bool(after["se"])].append(after["relative_rmse"] / before["relative_rmse"])
+    return steps
+
+
+def _median_of(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ({len(values)})" if values else "-"
+
+
+def block_se_control(x: Experiments) -> str:
+    if not x.se:
+        return "No rows of study/se_control.py came with the study."
+    out = []
+    groups = dict.fromkeys((r["model"], r["variant"], r["target"]) for r in x.se)
+    for model, variant, target in groups:
+        mine = [r for r in x.se if (r["model"], r["variant"], r["target"]) == (model, variant, target)]
+        steps = se_steps(mine)
+        whole = next(r for r in mine if r["block"] == "whole model")
+        worst = max((r for r in mine if r["block"] != "whole model"), key=lambda r: r["relative_rmse"])
+        out.append([model, variant, target, _median_of(steps[True]), _median_of(steps[False]),
+                    f"{worst['block']} {sci(worst['relative_rmse'])}", sci(whole["relative_rmse"]),
+                    sci(whole["max_abs_over_rms"])])
+    note = ("Per model, variant and target: the median step (a block's relative RMSE over the previous block's) "
+            "at the blocks that hold an SE block in the model as built and at the other blocks (how many steps in "
+            "brackets; in `no-se` the same blocks, their SE removed), the block with the largest relative RMSE, and "
+            "the whole model's relative RMSE and largest difference over its output's RMS.")
+    return note + "\n\n" + table(["model", "variant", "target", "median step, SE blocks", "median step, other blocks",
+                                  "largest block relative RMSE", "whole model relative RMSE",
+                                  "whole model max abs / RMS"], out)
+
+
+def block_se_blocks(x: Experiments) -> str:
+    """The per-block table (the per-layer profile the v2 survey did not archive): relative RMSE per variant."""
+    if not x.se:
+        return "No rows of study/se_control.py came with the study."
+    columns = list(dict.fromkeys((r["variant"], r["target"]) for r in x.se))
+    cells = {(r["model"], r["block"], r["variant"], r["target"]): r for r in x.se}
+    out = []
+    for model, block, se in dict.fromkeys((r["model"], r["block"], r["se"]) for r in x.se):
+        out.append([model, block, "SE" if se else "", *(sci(cells[(model, block, *c)]["relative_rmse"])
+                                                       if (model, block, *c) in cells else "-" for c in columns)])
+    return ("Relative RMSE at each block's output, per variant and target (`SE`: the block holds an SE block as "
+            "built):\n\n" + table(["model", "block", "SE", *(f"{v} {t}" for v, t in columns)], out))
+
+
+def check_decisions(records: list[dict]) -> dict[tuple, tuple]:
+    """Each check's (passed, failure class), by (tier, model, input set, target)."""
+    return {(c["tier"], c["model"], c["inputs"], c["target"]): (bool(c["passed"]), c.get("failure_class"))
+            for c in records if c["kind"] == "check"}
+
+
+def image_decisions(rows: list[dict], threads: int) -> dict[tuple, tuple]:
+    """Each image's (decision changed, error) by (target, image), among detector_at_scale.py's rows at `threads`."""
+    return {(r["target"], r["image"]): (decision_changed(r), r.get("error")) for r in rows if r["threads"] == threads}
+
+
+def unstable(first: dict[tuple, tuple], second: dict[tuple, tuple]) -> list[tuple]:
+    """The keys both runs decided whose decisions differ, in the first run's order."""
+    return [key for key, decided in first.items() if key in second and second[key] != decided]
+
+
+def block_repro(x: Experiments) -> str:
+    lines = []
+    if x.repro:
+        first, second = (check_decisions(r) for r in x.repro)
+        keys = unstable(first, second)
+        rows = []
+        for key in dict.fromkeys(k[1:] for k in first):
+            for tier in (1, 3):
+                k = (tier, *key)
+                if k in first and k in second:
+                    word = {True: "pass", False: "FAIL"}
+                    rows.append([key[0], key[2], tier, f"{word[first[k][0]]} {first[k][1] or ''}".strip(),
+                                 f"{word[second[k][0]]} {second[k][1] or ''}".strip(),
+                                 "**unstable**" if k in keys else "stable"])
+        lines += [f"study/detectors_float32.yaml at one thread and at two, one commit: {len(keys)} of "
+                  f"{len(first.keys() & second.keys())} decisions differ.", "",
+                  table(["model", "target", "tier", "one thread", "two threads", ""], rows)]
+    else:
+        lines.append("study/repro_threads.sh's two runs did not come with the study.")
+    threads = sorted({r["threads"] for r in x.detector})
+    if len(threads) == 2:
+        first, second = (image_decisions(x.detector, t) for t in threads)
+        rows = []
+        for target in dict.fromkeys(k[0] for k in first):
+            both = [k for k in first if k[0] == target and k in second]
+            keys = [k for k in unstable(first, second) if k[0] == target]
+            rows.append([target, len(both), sum(first[k][0] for k in both), sum(second[k][0] for k in both), len(keys),
+                         ", ".join(k[1] for k in keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")])
+        lines += ["", f"The trained detector at scale (study/detector_at_scale.py) at {threads[0]} and {threads[1]} threads: "
+                      "an image whose decision changed in one run and not in the other is unstable.", "",
+                  table(["target", "images in both runs", f"changed at {threads[0]}", f"changed at {threads[1]}",
+                         "unstable", "which"], rows)]
+    return "\n".join(lines)
+
+
 BLOCKS = {
     "design": block_design,
     "headline": block_headline,
@@ -1116,14 +1317,25 @@ TRAINED_BLOCKS = {
     "trained-adapter": block_adapter,
     "trained-run": block_run,
 }
+# Blocks rendered from the study/ experiments' rows (Experiments).
+EXPERIMENT_BLOCKS = {
+    "detector-scale": block_detector_scale,
+    "detector-mechanisms": block_detector_mechanisms,
+    "se-control": block_se_control,
+    "se-blocks": block_se_blocks,
+    "repro": block_repro,
+}
 MARKER = re.compile(r"<!-- study:([\w-]+) -->\n.*?<!-- /study:\1 -->", re.S)
 
 
-def render(doc: str, study: Study, trained: Study | None = None, first: Study | None = None) -> str:
+def render(doc: str, study: Study, trained: Study | None = None, first: Study | None = None,
+           experiments: Experiments | None = None) -> str:
     """`doc` with every generated block rewritten (the `trained-*` blocks from `trained`, the `first-*` ones from
-    `first`, when given); a block the document lacks, or one this script does not know, is an error (a table
-    would go stale or missing without anyone noticing)."""
+    `first`, the study/ experiments' from `experiments`, when given); a block the document lacks, or one this
+    script does not know, is an error (a table would go stale or missing without anyone noticing)."""
     blocks = {name: (fn, study) for name, fn in BLOCKS.items()}
+    if experiments is not None:
+        blocks.update({name: (fn, experiments) for name, fn in EXPERIMENT_BLOCKS.items()})
     if trained is not None:
         blocks.update({name: (fn, trained) for name, fn in TRAINED_BLOCKS.items()})
     if first is not None:
@@ -1178,6 +1390,18 @@ def _timing(source: Path, archived: Path, archived_time: Path, told: str | None 
     return wall_time(time_file.read_text(encoding="utf-8")) if time_file.is_file() else None
 
 
+def load_experiments(detector: str | None = None, se: str | None = None,
+                     repro: list[str] | None = None) -> Experiments:
+    """The study/ experiments' rows: the files given, else the archived ones (an experiment with neither is empty)."""
+    def rows(given: str | None, archived: Path) -> list[dict] | None:
+        path = Path(given) if given else archived
+        return load_records(path) if path.is_file() else None
+
+    runs = [Path(r) for r in repro] if repro else list(REPRO_ARCHIVES)
+    return Experiments(rows(detector, DETECTOR_ARCHIVE), rows(se, SE_ARCHIVE),
+                       tuple(load_records(r) for r in runs) if all(r.exists() for r in runs) else None)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("records", nargs="?", default=str(ARCHIVE),
@@ -1191,6 +1415,11 @@ def main(argv: list[str] | None = None) -> int:
                                           "(default: docs/study-trained-records.jsonl.gz)")
     parser.add_argument("--first", help="the first run, the four-target design: a folder or records "
                                         "(default: docs/study-v1-records.jsonl.gz)")
+    parser.add_argument("--detector", help="study/detector_at_scale.py --json's rows, both thread counts in one file "
+                                           f"(default: {DETECTOR_ARCHIVE.relative_to(ROOT)})")
+    parser.add_argument("--se", help=f"study/se_control.py --json's rows (default: {SE_ARCHIVE.relative_to(ROOT)})")
+    parser.add_argument("--repro", nargs=2, metavar=("ONE_THREAD", "TWO_THREADS"),
+                        help="study/repro_threads.sh's two run folders (default: the archived records)")
     parser.add_argument("--doc", default=str(DOC), help="the document to rewrite (default: docs/study.md; "
                                                         "-: print the tables instead)")
     parser.add_argument("--archive", action="store_true",
@@ -1201,8 +1430,10 @@ def main(argv: list[str] | None = None) -> int:
     trained_source = Path(args.trained) if args.trained else TRAINED_ARCHIVE
     first_source = Path(args.first) if args.first else FIRST_ARCHIVE
     if args.archive:
-        if not (source.is_dir() or trained_source.is_dir() or first_source.is_dir() or fidelity_source != FIDELITY_ARCHIVE):
-            parser.error("--archive takes a run folder (the study's, --trained's, --first's) or --fidelity rows")
+        if not (source.is_dir() or trained_source.is_dir() or first_source.is_dir() or fidelity_source != FIDELITY_ARCHIVE
+                or args.detector or args.se or args.repro):
+            parser.error("--archive takes a run folder (the study's, --trained's, --first's, --repro's), --fidelity, "
+                         "--detector or --se rows")
         if source.is_dir():
             archive(source, ARCHIVE, TIME_ARCHIVE, SURVEY_ARCHIVE)
             source = ARCHIVE
@@ -1212,6 +1443,13 @@ def main(argv: list[str] | None = None) -> int:
         if first_source.is_dir():
             archive(first_source, FIRST_ARCHIVE, FIRST_TIME_ARCHIVE)
             first_source = FIRST_ARCHIVE
+        for given, archived in ((args.detector, DETECTOR_ARCHIVE), (args.se, SE_ARCHIVE)):
+            if given:
+                with gzip.open(archived, "wt", encoding="utf-8", compresslevel=9) as f:
+                    f.writelines(json.dumps(r) + "\n" for r in load_records(given))
+        for run_dir, archived in zip(args.repro, REPRO_ARCHIVES, strict=True) if args.repro else ():
+            archive(Path(run_dir), archived, archived.with_name(archived.name.replace("-records.jsonl.gz", "-time.txt")))
+        args.detector = args.se = args.repro = None
         if fidelity_source != FIDELITY_ARCHIVE:
             FIDELITY_ARCHIVE.write_text(fidelity_source.read_text(encoding="utf-8"), encoding="utf-8")
             fidelity_source = FIDELITY_ARCHIVE
@@ -1221,15 +1459,17 @@ def main(argv: list[str] | None = None) -> int:
                if trained_source.exists() else None)
     first = (Study(load_records(first_source), _timing(first_source, FIRST_ARCHIVE, FIRST_TIME_ARCHIVE))
              if first_source.exists() else None)
+    experiments = load_experiments(args.detector, args.se, args.repro)
     if args.doc == "-":
         blocks = [(name, block, study) for name, block in BLOCKS.items()]
         blocks += [(name, block, trained) for name, block in TRAINED_BLOCKS.items()] if trained else []
         blocks += [(name, block, first) for name, block in FIRST_BLOCKS.items()] if first else []
+        blocks += [(name, block, experiments) for name, block in EXPERIMENT_BLOCKS.items()]
         for name, block, source_study in blocks:
             print(f"## {name}\n\n{block(source_study)}\n")
         return 0
     doc = Path(args.doc)
-    doc.write_text(render(doc.read_text(encoding="utf-8"), study, trained, first), encoding="utf-8")
+    doc.write_text(render(doc.read_text(encoding="utf-8"), study, trained, first, experiments), encoding="utf-8")
     print(f"{doc}: blocks from {source}" + (f", {trained_source}" if trained else "") + (f", {first_source}" if first else ""),
           file=sys.stderr)
     return 0

@@ -17,22 +17,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from study_tables import load_records  # noqa: E402
+from study_tables import check_decisions, image_decisions, load_records, unstable  # noqa: E402
 
 
 def decisions(path: Path) -> dict[tuple, tuple]:
-    """Each check's (passed, failure class) by (tier, model, inputs, target); for detector_at_scale.py's rows,
-    each image's (decision changed, error) by (target, image)."""
+    """Each check's (passed, failure class) by (tier, model, inputs, target); for detector_at_scale.py's rows
+    (one thread count per file), each image's (decision changed, error) by (target, image)."""
     rows = load_records(path)
     if rows and "kind" not in rows[0]:  # detector_at_scale.py's rows, not a run's records
-        return {(r["target"], r["image"]): ("error" not in r and r["f1"] < 1.0, r.get("error")) for r in rows}
-    return {(c["tier"], c["model"], c["inputs"], c["target"]): (bool(c["passed"]), c.get("failure_class"))
-            for c in rows if c["kind"] == "check"}
-
-
-def unstable(first: dict[tuple, tuple], second: dict[tuple, tuple]) -> list[tuple]:
-    """The keys both runs decided, whose decisions differ (in the first run's order)."""
-    return [key for key, decided in first.items() if key in second and second[key] != decided]
+        return image_decisions(rows, rows[0]["threads"])
+    return check_decisions(rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,9 +1,11 @@
 """The trained detector in float32 at scale (issue #27): nudenet's YOLOv8n on many inputs, each backend's head
-behind one post-processing. Prepared; docs/study.md says it has not run.
+behind one post-processing. Its rows are archived as docs/study-detector-scale.jsonl.gz (docs/study.md).
 
 The heads, each fed the same 320 x 320 images (study/make_detector_inputs.py):
 
-- `eager`: onnx2torch's conversion of nudenet's shipped `320n.onnx`, eager PyTorch float32 (the reference);
+- `eager`: onnx2torch's conversion of nudenet's shipped `320n.onnx`, eager PyTorch float32 (the reference),
+  with the values computed from the input's shape alone folded into constants (`fold_shapes`: torch.compile
+  cannot trace onnx2torch's shape arithmetic; the folded graph's eager output is checked equal to the unfolded);
 - `compile`: that module under torch.compile (the PyTorch graph);
 - `onnxruntime`: the shipped `320n.onnx` itself on ONNX Runtime's CPUExecutionProvider;
 - `openvino`: the shipped `320n.onnx` on OpenVINO's CPU plugin, inference precision pinned to f32.
@@ -28,9 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -43,18 +43,63 @@ from parity.verify.tasks.flips import attribute
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from study_tables import bca_bootstrap, wilson  # noqa: E402  (the study's own statistics)
+from study_tables import detector_scale_table  # noqa: E402  (the study's own table)
 from trained_models import NudenetDetector, nudenet_yolov8n, package_file  # noqa: E402
 
 HEADS = ("eager", "compile", "onnxruntime", "openvino")
 MATCH_IOU = 0.5
 
 
-def make_heads(names: list[str], threads: int) -> dict:
+def fold_shapes(module: torch.fx.GraphModule, example: torch.Tensor) -> torch.fx.GraphModule:
+    """onnx2torch's graph with every value computed from the input's shape alone (the detect head's anchors and
+    strides: Shape, Gather, Range, Expand...) stored as a constant for `example`'s shape. torch.compile cannot
+    trace onnx2torch's Shape-then-Gather (a torch.Size of FakeTensors); every input here is 1 x 3 x 320 x 320,
+    and the constants are the values eager computes, so eager's output does not change (main checks it)."""
+    from onnx2torch.node_converters.reshape import OnnxReshape
+    from onnx2torch.node_converters.shape import OnnxShape
+
+    static: set[torch.fx.Node] = set()
+    values: dict[torch.fx.Node, object] = {}
+    shapes: dict[torch.fx.Node, tuple[int, ...]] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, node: torch.fx.Node) -> object:
+            result = super().run_node(node)
+            if node.op == "call_module" and isinstance(self.module.get_submodule(node.target), OnnxReshape):
+                shapes[node] = tuple(result.shape)
+            if node.op == "get_attr" or (node.op == "call_module" and isinstance(self.module.get_submodule(node.target), OnnxShape)) \
+                    or (node.op in ("call_module", "call_function", "call_method")
+                        and all(n in static for n in node.all_input_nodes)):
+                static.add(node)
+                values[node] = result
+            return result
+
+    with torch.inference_mode():
+        Recorder(module).run(example)
+    graph = module.graph
+    for i, node in enumerate(n for n in list(graph.nodes) if n in static and n.op != "get_attr"):
+        if isinstance(values[node], torch.Tensor) and any(user not in static for user in node.users):
+            module.register_buffer(f"_folded_{i}", values[node].clone())
+            with graph.inserting_before(node):
+                constant = graph.get_attr(f"_folded_{i}")
+            node.replace_all_uses_with(constant)
+    for node in list(graph.nodes):  # a Reshape to a folded shape: torch.reshape to that shape's ints
+        if node.op == "call_module" and isinstance(module.get_submodule(node.target), OnnxReshape) \
+                and node.args[1].op == "get_attr" and node in shapes:
+            with graph.inserting_before(node):
+                reshaped = graph.call_function(torch.reshape, (node.args[0], shapes[node]))
+            node.replace_all_uses_with(reshaped)
+            graph.erase_node(node)
+    graph.eliminate_dead_code()
+    module.recompile()
+    return module
+
+
+def make_heads(names: list[str], threads: int, example: torch.Tensor) -> dict:
     """Each head as a function from an image batch (1, 3, 320, 320) to the raw output, a float32 tensor."""
     torch.set_num_threads(threads)
     path = str(package_file("nudenet", "320n.onnx"))
-    module = nudenet_yolov8n()
+    module = fold_shapes(nudenet_yolov8n(), example)
     heads = {"eager": module}
     if "compile" in names:
         heads["compile"] = torch.compile(module)
@@ -75,6 +120,12 @@ def make_heads(names: list[str], threads: int) -> dict:
     return heads
 
 
+def load(path: Path) -> torch.Tensor:
+    """An image as nudenet's input, (1, 3, H, W) RGB in [0, 1]."""
+    pixels = np.asarray(Image.open(path).convert("RGB"), dtype=np.float32) / 255
+    return torch.from_numpy(pixels).permute(2, 0, 1)[None].contiguous()
+
+
 def decide(post: NudenetDetector, raw: torch.Tensor, size: tuple[int, int]) -> tuple[dict, object]:
     """The post-processing's detections of one image and the candidates it recorded."""
     with watching() as recorded:
@@ -92,11 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sources = json.loads((args.images / "source.json").read_text(encoding="utf-8"))
     post = NudenetDetector(torch.nn.Identity(), score_thresh=args.score_thresh).eval()
-    heads = make_heads(args.targets, args.threads)
+    batches = {file: load(args.images / file) for file in sorted(sources)}
+    heads = make_heads(args.targets, args.threads, next(iter(batches.values())))
+    with torch.inference_mode():
+        unfolded, folded = nudenet_yolov8n(), heads["eager"]
+        if not all(torch.equal(unfolded(b), folded(b)) for b in list(batches.values())[:5]):
+            raise SystemExit("folding the shapes changed eager's output: the reference would not be the shipped graph's")
     rows = []
-    for file, photo in sorted(sources.items()):
-        pixels = np.asarray(Image.open(args.images / file).convert("RGB"), dtype=np.float32) / 255
-        batch = torch.from_numpy(pixels).permute(2, 0, 1)[None].contiguous()
+    for file, batch in batches.items():
+        photo = sources[file]
         with torch.inference_mode():
             raw_ref = heads["eager"](batch)
             ref, ref_candidates = decide(post, raw_ref, batch.shape[-2:])
@@ -114,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                 rms = float(raw_ref.pow(2).mean().sqrt())
                 rows.append({**row, "boxes_reference": len(ref["labels"]), "boxes_target": len(tgt["labels"]),
                              "matched": len(pairs), "f1": 1.0 if total == 0 else 2 * len(pairs) / total,
-                             "flips": flips["counts"], "max_abs_over_rms": float((raw - raw_ref).abs().max()) / rms})
+                             "flips": flips["counts"], "max_abs_over_rms": float((raw - raw_ref).abs().max()) / rms,
+                             "relative_rmse": float((raw - raw_ref).pow(2).mean().sqrt()) / rms})
     if args.json is not None:
         with open(args.json, "a", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
@@ -123,26 +179,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def summarize(rows: list[dict]) -> None:
-    """Per target: images with a changed decision, with Wilson's and the photo-clustered BCa interval."""
-    print("| target | images | decision changed | Wilson 95% | BCa by photo (clusters) | mechanisms | median max abs / RMS |")
-    print("|---|---|---|---|---|---|---|")
-    for target in dict.fromkeys(r["target"] for r in rows):
-        mine = [r for r in rows if r["target"] == target]
-        failed = [r for r in mine if "error" in r]
-        if failed:
-            print(f"| {target} | {len(mine)} | could not run: {failed[0]['error']} | | | | |")
-            continue
-        changed = [r["f1"] < 1.0 for r in mine]
-        per_photo: dict[str, list[bool]] = defaultdict(list)
-        for r, c in zip(mine, changed, strict=True):
-            per_photo[r["photo"]].append(c)
-        low, high = wilson(sum(changed), len(changed))
-        b_low, b_high = bca_bootstrap([(sum(v), len(v)) for v in per_photo.values()])
-        mechanisms = sum((Counter(r["flips"]) for r in mine), Counter())
-        print(f"| {target} | {len(mine)} | {sum(changed)} | {100 * low:.1f}% to {100 * high:.1f}% | "
-              f"{100 * b_low:.1f}% to {100 * b_high:.1f}% ({len(per_photo)}) | "
-              f"{', '.join(f'{k} {n}' for k, n in mechanisms.items()) or 'none'} | "
-              f"{statistics.median(r['max_abs_over_rms'] for r in mine):.1e} |")
+    """Per target: images with a changed decision, Wilson's and the photo-clustered BCa interval, mechanisms."""
+    print(detector_scale_table(rows))
 
 
 if __name__ == "__main__":

@@ -10,17 +10,18 @@ threshold and with fan-in-init weights. This control asks it with the confounds 
 - models: MobileNetV3-large and -small (Hardsigmoid-gated SE) and EfficientNet-B0 (Sigmoid-gated SE);
 - ablations, each calibrated again: `sigmoid` (MobileNetV3's Hardsigmoid gate replaced by Sigmoid) and `no-se`
   (every SE block replaced by the identity);
-- a per-block profile: for each prefix `features[:k+1]` and the whole model, the target's output against eager
-  float32, as its largest difference over the eager output's RMS and as relative RMSE, each prefix run by
-  the target as a whole graph; a block's *step* is its relative RMSE over the previous block's (how much the
-  block multiplies the relative error it is given).
+- a per-block profile: each block's output (features.0 .. features.N-1) and the model's, the target's against
+  eager float32, as the largest difference over the eager output's RMS and as relative RMSE; the target runs
+  one graph per model whose outputs are every block's (as Polygraphy's `mark all`: a marked output may keep a
+  compiler from fusing across it, which a prefix run alone would not); a block's *step* is its relative RMSE
+  over the previous block's (how much the block multiplies the relative error it is given).
 
 The SE reading predicts that the steps at blocks holding an SE block are larger than at the others, on every
 model (not at features.11-15 of one), and that `no-se` removes the difference while `sigmoid` changes it;
-steps alike with and without SE, or drift as large without SE, refute it. One JSON line per (model, variant, target, block) goes to
-`--json`: the per-layer tables the survey lacked, to archive beside the study. Prepared; docs/study.md says
-it has not run. Targets: onnxruntime (the TorchScript exporter), openvino (f32), compile (slow: one compile per
-prefix).
+steps alike with and without SE, or drift as large without SE, refute it. A jump at one SE block followed by
+steps alike shows in the per-block rows, not in the medians: read both. One JSON line per (model, variant, target, block) goes to
+`--json`: the per-layer tables the survey lacked, archived beside the study (docs/study-se-control.jsonl).
+Targets: onnxruntime (the TorchScript exporter), openvino (f32), compile.
 
     .venv/bin/python study/se_control.py --json parity-out/se-control.jsonl
 """
@@ -40,7 +41,9 @@ from torch import nn
 from torchvision.ops.misc import SqueezeExcitation
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from make_detector_inputs import PHOTOS, photo, variant  # noqa: E402
+from study_tables import se_steps  # noqa: E402  (the study's own statistic)
 
 MODELS = ("mobilenet_v3_large", "mobilenet_v3_small", "efficientnet_b0")
 VARIANTS = ("as-built", "sigmoid", "no-se")
@@ -85,31 +88,48 @@ def build(name: str, which: str, seed: int, calibration: torch.Tensor) -> nn.Mod
     return model.eval()
 
 
-def prefixes(model: nn.Module) -> list[tuple[str, nn.Module, bool]]:
-    """(name, module, holds an SE block) for each prefix features[:k+1] and for the whole model."""
-    out = []
-    for k, block in enumerate(model.features):
-        has_se = any(isinstance(m, SqueezeExcitation) for m in block.modules())
-        out.append((f"features.{k}", nn.Sequential(*list(model.features)[: k + 1]).eval(), has_se))
-    out.append(("whole model", model, False))
-    return out
+class Blocks(nn.Module):
+    """The model returning every block's output (features.0 .. features.N-1) and its own output: one graph per
+    target whose marked outputs are the blocks' (as Polygraphy's `mark all`), not one graph per prefix."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        outputs = []
+        for block in self.model.features:
+            x = block(x)
+            outputs.append(x)
+        x = self.model.avgpool(x).flatten(1)
+        return (*outputs, self.model.classifier(x))
 
 
-def run_on(target: str, module: nn.Module, x: torch.Tensor, folder: Path) -> torch.Tensor:
-    """`module` on `x` as the target runs it, a whole graph."""
+def block_names(name: str) -> list[tuple[str, str, bool]]:
+    """(name, type, holds an SE block in the model as built) of each output of Blocks(model), in order: an
+    ablation's blocks are named by the model as built, so that `no-se` compares the same blocks."""
+    model = getattr(torchvision.models, name)(weights=None)
+    out = [(f"features.{k}", type(block).__name__, any(isinstance(m, SqueezeExcitation) for m in block.modules()))
+           for k, block in enumerate(model.features)]
+    return out + [("whole model", type(model).__name__, False)]
+
+
+def run_on(target: str, module: nn.Module, x: torch.Tensor, folder: Path) -> list[torch.Tensor]:
+    """`module`'s outputs on `x` as the target runs it, one graph."""
     if target == "compile":
-        return torch.compile(module)(x)
+        return list(torch.compile(module)(x))
     if target == "onnxruntime":
         import onnxruntime as ort
 
-        path = folder / "prefix.onnx"
+        path = folder / "blocks.onnx"
         torch.onnx.export(module, (x,), str(path), dynamo=False, input_names=["x"])
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        return torch.from_numpy(session.run(None, {"x": x.numpy()})[0])
+        return [torch.from_numpy(y) for y in session.run(None, {"x": x.numpy()})]
     import openvino as ov
 
     compiled = ov.Core().compile_model(ov.convert_model(module, example_input=x), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-    return torch.from_numpy(np.asarray(compiled([x.numpy()])[compiled.output(0)]))
+    results = compiled([x.numpy()])
+    return [torch.from_numpy(np.asarray(results[port])) for port in compiled.outputs]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,27 +154,23 @@ def main(argv: list[str] | None = None) -> int:
                 model = build(name, which, args.seed, calibration)
                 if model is None:
                     continue
-                stages = prefixes(model)
+                blocks = Blocks(model).eval()
                 with torch.no_grad():
-                    references = [module(x) for _, module, _ in stages]
+                    references = blocks(x)
                 for target in args.targets:
+                    with torch.no_grad():
+                        outputs = run_on(target, blocks, x, Path(tmp))
                     rows = []
-                    for (block, module, has_se), ref in zip(stages, references, strict=True):
-                        with torch.no_grad():
-                            out = run_on(target, module, x, Path(tmp)).float()
+                    for (block, kind, has_se), ref, out in zip(block_names(name), references, outputs, strict=True):
                         rms = float(ref.pow(2).mean().sqrt())
-                        rows.append({"model": name, "variant": which, "target": target, "block": block,
-                                     "type": type(model.features[int(block.split(".")[1])]).__name__
-                                     if block.startswith("features.") else type(model).__name__, "se": has_se,
-                                     "max_abs_over_rms": float((out - ref).abs().max()) / rms,
+                        out = out.float()
+                        rows.append({"model": name, "variant": which, "target": target, "block": block, "type": kind,
+                                     "se": has_se, "max_abs_over_rms": float((out - ref).abs().max()) / rms,
                                      "relative_rmse": float((out - ref).pow(2).mean().sqrt()) / rms})
                     if args.json is not None:
                         with open(args.json, "a", encoding="utf-8") as f:
                             f.writelines(json.dumps(r) + "\n" for r in rows)
-                    steps = {True: [], False: []}
-                    for before, after in zip(rows[:-2], rows[1:-1], strict=True):  # the blocks, not the whole model
-                        if before["relative_rmse"] > 0:
-                            steps[after["se"]].append(after["relative_rmse"] / before["relative_rmse"])
+                    steps = se_steps(rows)
                     print(f"| {name} | {which} | {target} | {_median(steps[True])} | {_median(steps[False])} | "
                           f"{rows[-1]['relative_rmse']:.1e} | {rows[-1]['max_abs_over_rms']:.1e} |", flush=True)
     return 0

@@ -309,14 +309,14 @@ def test_trained_blocks_render_from_their_own_run_and_are_required_only_with_it(
 
 
 def test_docs_study_md_is_what_its_archived_records_render():
-    """Every generated block of docs/study.md, the trained models' and the first run's included, is what the
-    archives give: a table edited by hand, or records archived without re-rendering, fails here."""
+    """Every generated block of docs/study.md, the trained models', the first run's and the study/ experiments'
+    included, is what the archives give: a table edited by hand, or records archived without re-rendering, fails here."""
     study = st.Study(st.load_records(st.ARCHIVE), st.wall_time(st.TIME_ARCHIVE.read_text()),
                      st.load_records(st.SURVEY_ARCHIVE), st.load_records(st.FIDELITY_ARCHIVE))
     trained = st.Study(st.load_records(st.TRAINED_ARCHIVE), st.wall_time(st.TRAINED_TIME_ARCHIVE.read_text()))
     first = st.Study(st.load_records(st.FIRST_ARCHIVE), st.wall_time(st.FIRST_TIME_ARCHIVE.read_text()))
     doc = st.DOC.read_text(encoding="utf-8")
-    assert st.render(doc, study, trained, first) == doc
+    assert st.render(doc, study, trained, first, st.load_experiments()) == doc
 
 
 def test_first_run_blocks_render_from_their_own_run_and_are_required_only_with_it(records):
@@ -607,8 +607,86 @@ def test_compare_runs_names_the_decisions_that_differ_between_two_runs(records, 
     (tmp_path / "second" / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in flipped))
     assert compare.unstable(compare.decisions(first), compare.decisions(tmp_path / "second")) == [
         (1, "tiny", check["inputs"], check["target"])]
-    rows = [{"target": "onnxruntime", "image": "0000.png", "f1": 1.0}, {"target": "onnxruntime", "image": "0001.png", "f1": 0.9}]
+    rows = [{"target": "onnxruntime", "image": "0000.png", "f1": 1.0, "threads": 1},
+            {"target": "onnxruntime", "image": "0001.png", "f1": 0.9, "threads": 1}]
     one, two = tmp_path / "t1.jsonl", tmp_path / "t2.jsonl"
     one.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    two.write_text("".join(json.dumps({**r, "f1": 1.0}) + "\n" for r in rows))
+    two.write_text("".join(json.dumps({**r, "f1": 1.0, "threads": 2}) + "\n" for r in rows))
     assert compare.unstable(compare.decisions(one), compare.decisions(two)) == [("onnxruntime", "0001.png")]
+
+
+def _image(target: str, image: str, photo: str, f1: float, threads: int = 1, **flips) -> dict:
+    return {"target": target, "image": image, "photo": photo, "threads": threads, "boxes_reference": 3,
+            "boxes_target": 3, "matched": 3 if f1 == 1.0 else 2, "f1": f1, "flips": flips,
+            "max_abs_over_rms": 1e-6, "relative_rmse": 1e-7}
+
+
+def test_detector_scale_counts_changed_images_with_intervals_over_photos():
+    rows = [_image("ort", f"a{i}", "a", 0.8 if i < 2 else 1.0, **({"tie_order": 1} if i < 2 else {})) for i in range(4)]
+    rows += [_image("ort", f"b{i}", "b", 1.0) for i in range(4)]
+    rows.append({"target": "ort", "image": "c0", "photo": "c", "threads": 1, "error": "RuntimeError: no"})
+    table = rows_of(st.detector_scale_table(rows))
+    assert len(table) == 1
+    threads, target, images, changed, wilson, bca, boxes, mechanisms = table[0][:8]
+    assert (threads, target, images, changed, boxes, mechanisms) == ("1", "ort", "8 (1 failed)", "2/8", "24", "tie_order 2")
+    assert wilson == st.ci(2, 8)
+    low, high = st.bca_bootstrap([(2, 4), (0, 4)])  # two photos, not eight images
+    assert bca == f"{100 * low:.1f}% to {100 * high:.1f}% (2)"
+    assert not st.decision_changed({"f1": 1.0}) and st.decision_changed({"f1": 0.99})
+    assert not st.decision_changed({"error": "x", "f1": 0.0})  # a head that failed has no decision
+
+
+def test_detector_mechanisms_count_images_not_boxes():
+    rows = [_image("ort", "a0", "a", 0.5, nms_iou=3), _image("ort", "a1", "a", 1.0), _image("ort", "b0", "b", 0.9, nms_iou=1),
+            _image("ort", "b1", "b", 0.5, score_threshold=1), _image("ort", "b2", "b", 0.5, nms_iou=2, threads=2)]
+    table = rows_of(st.block_detector_mechanisms(st.Experiments(detector=rows)).split("\n\n", 1)[1])
+    # one thread only (b2 at two is not counted); an image counts under each mechanism it has a box of
+    assert [r[:5] for r in table] == [["score_threshold", "ort", "1", "1/4", st.ci(1, 4)], ["nms_iou", "ort", "4", "2/4", st.ci(2, 4)]]
+    assert table[1][5].endswith("(2)")
+
+
+def test_se_steps_are_ratios_of_consecutive_blocks_split_by_the_as_built_flag():
+    def row(k, rel, se):
+        return {"block": f"features.{k}", "relative_rmse": rel, "se": se}
+
+    rows = [row(0, 0.0, False), row(1, 1e-6, True), row(2, 2e-6, False), row(3, 8e-6, True), row(10, 4e-6, True),
+            {"block": "whole model", "relative_rmse": 1.0, "se": False}]
+    steps = st.se_steps(list(reversed(rows)))  # sorted by block number, not by name or order given
+    assert steps[True] == pytest.approx([4.0, 0.5]) and steps[False] == pytest.approx([2.0])  # features.1 follows an exact block
+
+
+def test_se_control_table_takes_each_profile_apart():
+    def row(variant, k, rel, se):
+        return {"model": "m", "variant": variant, "target": "ort", "block": f"features.{k}", "type": "B",
+                "se": se, "relative_rmse": rel, "max_abs_over_rms": 10 * rel}
+
+    rows = []
+    for variant, factor in (("as-built", 4.0), ("no-se", 1.0)):
+        rows += [row(variant, 0, 1e-6, False), row(variant, 1, factor * 1e-6, True), row(variant, 2, factor * 2e-6, False)]
+        rows.append({**row(variant, 0, 3e-6, False), "block": "whole model"})
+    table = rows_of(st.block_se_control(st.Experiments(se=rows)).split("\n\n", 1)[1])
+    assert [r[:5] for r in table] == [["m", "as-built", "ort", "4.00 (1)", "2.00 (1)"],
+                                      ["m", "no-se", "ort", "1.00 (1)", "2.00 (1)"]]
+    assert table[0][5] == "features.2 8.0e-06" and table[0][6] == "3.0e-06" and table[0][7] == "3.0e-05"
+    blocks = rows_of(st.block_se_blocks(st.Experiments(se=rows)).split("\n\n", 1)[1])
+    assert blocks[1] == ["m", "features.1", "SE", "4.0e-06", "1.0e-06"]
+
+
+def test_a_decision_that_differs_between_thread_counts_is_unstable():
+    def check(tier, model, passed, cls=None):
+        return {"kind": "check", "tier": tier, "model": model, "inputs": "x", "target": "compile", "passed": passed,
+                "failure_class": cls}
+
+    one = [check(1, "a", False, "numeric_drift"), check(3, "a", True), check(1, "b", False, "numeric_drift"),
+           check(3, "b", False, "decision_flip")]
+    two = [check(1, "a", False, "numeric_drift"), check(3, "a", False, "decision_flip"),
+           check(1, "b", False, "nonfinite"), check(3, "b", False, "decision_flip")]
+    assert st.unstable(st.check_decisions(one), st.check_decisions(two)) == [(3, "a", "x", "compile"), (1, "b", "x", "compile")]
+    images = [_image("ort", "i0", "p", 1.0), _image("ort", "i1", "p", 0.5), _image("ort", "i2", "p", 0.5),
+              _image("ort", "i0", "p", 0.5, threads=2), _image("ort", "i1", "p", 0.5, threads=2),
+              _image("ort", "i2", "p", 0.5, threads=2)]
+    text = st.block_repro(st.Experiments(detector=images, repro=(one, two)))
+    assert text.startswith("study/detectors_float32.yaml at one thread and at two, one commit: 2 of 4 decisions differ.")
+    runs, scale = text.split("\n\n")[1], text.split("\n\n")[3]
+    assert [r[-1] for r in rows_of(runs)] == ["stable", "**unstable**", "**unstable**", "stable"]
+    assert rows_of(scale) == [["ort", "3", "2", "3", "1", "i0"]]
