@@ -260,7 +260,7 @@ def test_a_target_that_flips_one_decision_diverges_at_that_new_token(tmp_path, e
     """8 positions, 4 new tokens: prompts of 4 tokens, the new tokens read positions 3, 4, 5, 6; the target flips the
     decision at position 5, so each continuation first differs at new token 2, computed by the target's own
     artifact (in a worker process too)."""
-    records = run_experiment(_successor_experiment(executor), out=tmp_path / "out")
+    records = run_experiment(_successor_experiment(executor), out=tmp_path / "out", reports=("report.md", "report.html"))
     tier3 = {r["target"]: r for r in records if r["kind"] == "check" and r["tier"] == 3}
     same, swapped = tier3["eager-cpu-float64"], tier3["swaps-at-5"]
     assert same["generation"]["exact_match"] == 1.0 and "first_divergence" not in same["metrics"]
@@ -269,3 +269,6 @@ def test_a_target_that_flips_one_decision_diverges_at_that_new_token(tmp_path, e
     assert {p["flip"] for p in swapped["generation"]["prompts"]} == {"real"}
     assert swapped["metrics"]["first_divergence"] == 2 and swapped["metrics"]["exact_match"] == 0.0
     assert swapped["generation"]["prompts"][0]["target"][0] == 0  # the target's own choice at the divergence
+    line = "free-running: 0 of 2 continuations of 4 tokens match exactly; first divergence: prompt 0 at new token 2"
+    for report in ("report.md", "report.html"):
+        assert line in (tmp_path / "out" / report).read_text()

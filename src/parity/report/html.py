@@ -20,6 +20,7 @@ from parity.report.console import (
     cosine,
     describe_note,
     flips_line,
+    generation_line,
     passing_oracle_lines,
     percent,
     suspect_words,
@@ -210,7 +211,7 @@ def _tier3_tables(tier3: list[dict]) -> list[dict[str, Any]]:
                 cells.append({"text": _num(value), "low": low})
             rows.append({"key": _key(c), "passed": c["passed"], "failure_class": c.get("failure_class"),
                          "detail": c.get("detail") or "", "same_set": c.get("same_set"), "cells": cells,
-                         "flips": flips_line(c)})
+                         "flips": flips_line(c) or generation_line(c)})
         tables.append({"task": task, "columns": columns, "rows": rows})
     return tables
 
