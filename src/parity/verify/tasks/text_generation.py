@@ -168,8 +168,8 @@ def generate(run, inputs, new_tokens: int, leaf: str | None = None) -> dict[str,
         if scores.dim() != 3 or scores.shape[:2] != ids.shape:
             return {"error": f"next-token scores of shape {list(scores.shape)} for token ids {list(ids.shape)}"}
         known = positions < prompt[:, None]  # the prompt's positions: a causal decoder's scores there never move
-        if before is not None and not torch.allclose(scores[known], before, rtol=CAUSAL_RTOL,
-                                                     atol=CAUSAL_RTOL * float(before.abs().max())):
+        if before is not None and not torch.allclose(scores[known], before, rtol=CAUSAL_RTOL, equal_nan=True,
+                                                     atol=CAUSAL_RTOL * float(before.nan_to_num(0, 0, 0).abs().max())):
             return {"error": "not a causal decoder: its scores at the prompt's positions change when a later token "
                              "is written, so no continuation can be generated in a buffer of fixed length"}
         before = scores[known]
