@@ -129,7 +129,7 @@ def execute_together(backends: list[tuple[BackendSpec, torch.nn.Module]], inputs
                     run.repeat(repeat, last=repeat == repeats - 1)
                 if not first.ok:
                     break
-            for run in timed if follow_up.active() is not None else ():
+            for run in timed if first.ok and follow_up.active() is not None else ():  # nothing is judged without the first
                 say(f"{run.result.backend.id}: the task's follow-up")
                 run.follow_up()
         finally:
