@@ -3,7 +3,8 @@
 Tuples and lists give `[i]`, mappings (dicts, OrderedDicts, Hugging Face ModelOutput) give `['key']`,
 namedtuples and dataclasses give `.field`: a detection model's list of dicts becomes `out[0]['boxes']`. A
 key-value cache (transformers' `DynamicCache`: `.layers`, each with `.keys` and `.values` tensors) gives
-`.layers[i].keys` and `.layers[i].values`.
+`.layers[i].keys` and `.layers[i].values`; an encoder-decoder's (`EncoderDecoderCache`) gives
+`.self_attention_cache.layers[i].keys`, ... and `.cross_attention_cache.layers[i].keys`, ....
 Tensors, numpy arrays, numbers, strings, booleans and None are leaves; anything else is an *opaque*
 leaf that cannot be compared, which the verifier turns into a failure with its reason.
 """
@@ -32,11 +33,23 @@ def _is_namedtuple(obj: Any) -> bool:
     return isinstance(obj, tuple) and hasattr(obj, "_fields")
 
 
+def _is_transformers_cache(obj: Any) -> bool:
+    """A `transformers.cache_utils.Cache`, found by its classes' module, so that transformers is never imported here."""
+    return any(cls.__module__ == "transformers.cache_utils" and cls.__name__ == "Cache" for cls in type(obj).__mro__)
+
+
+# An encoder-decoder's cache (transformers' `EncoderDecoderCache`, T5's): two caches, compared each by its layers.
+ENCODER_DECODER_CACHES = ("self_attention_cache", "cross_attention_cache")
+
+
+def _is_encoder_decoder_cache(obj: Any) -> bool:
+    return _is_transformers_cache(obj) and all(_is_cache(getattr(obj, part, None)) for part in ENCODER_DECODER_CACHES)
+
+
 def _is_cache(obj: Any) -> bool:
-    """A transformers key-value cache (`transformers.cache_utils.Cache`, found by its classes' module, so that
-    transformers is never imported here) whose layers hold keys and values: compared by them. Another object
+    """A transformers key-value cache whose layers hold keys and values: compared by them. Another object
     with a `layers` list is no cache: its other fields would go uncompared, so it stays opaque."""
-    if not any(cls.__module__ == "transformers.cache_utils" and cls.__name__ == "Cache" for cls in type(obj).__mro__):
+    if not _is_transformers_cache(obj):
         return False
     layers = getattr(obj, "layers", None)
     return isinstance(layers, list) and all(isinstance(getattr(layer, "keys", None), torch.Tensor)
@@ -57,6 +70,8 @@ def _children(obj: Any) -> list[tuple[str, Any]] | None:
         return [(f".{f.name}", getattr(obj, f.name)) for f in dataclasses.fields(obj)]
     if _is_cache(obj):
         return [(f".layers[{i}].{part}", getattr(layer, part)) for i, layer in enumerate(obj.layers) for part in ("keys", "values")]
+    if _is_encoder_decoder_cache(obj):
+        return [(f".{part}", getattr(obj, part)) for part in ENCODER_DECODER_CACHES]
     return None
 
 

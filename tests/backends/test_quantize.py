@@ -43,8 +43,8 @@ class Mlp(nn.Module):
         return self.b(torch.relu(self.a(x)))
 
 
-def run_on(spec: BackendSpec, model: nn.Module, inputs: Inputs, calib: list[Inputs] | None = None):
-    backend = EagerBackend(spec)
+def run_on(spec: BackendSpec, model: nn.Module, inputs: Inputs, calib: list[Inputs] | None = None, cls=EagerBackend):
+    backend = cls(spec)
     backend.calibration = calib
     backend.prepare(model, inputs)
     try:
@@ -205,6 +205,30 @@ def test_executorch_runs_the_int8_program_not_the_float_one():
     quantization_error = float((deployed - float_out).abs().max())
     assert quantization_error > 1e-3
     assert float((deployed - reference_int8).abs().max()) < 0.5 * quantization_error
+
+
+def test_executorch_runs_torchao_int8_weight_only_linears():
+    """A weight-only ExecuTorch target (torchao's linears exported, lowered with the portable kernels) is far from
+    the float model and close to eager's torchao model, the reference numerics of that program."""
+    pytest.importorskip("executorch")
+    pytest.importorskip("torchao")
+    from parity.backends.executorch import ExecuTorchBackend
+
+    model, x = Mlp().eval(), Inputs((torch.randn(8, 16),))
+    spec = BackendSpec(backend="executorch", options={"delegate": "none"}, quantize={"scheme": "torchao-int8-weight"})
+    deployed = run_on(spec, copy.deepcopy(model), x, [], ExecuTorchBackend)
+    eager_quantized = run_on(BackendSpec(backend="eager", quantize=spec.quantize), copy.deepcopy(model), x, [])
+    with torch.no_grad():
+        quantization_error = float((eager_quantized - model(*x.args)).abs().max())
+    assert quantization_error > 1e-4
+    assert float((deployed - eager_quantized).abs().max()) < 0.1 * quantization_error
+
+
+def test_executorch_refuses_int4_weight_only_in_one_line(write_yaml):
+    problems = problems_of(write_yaml, [{"backend": "executorch", "quantize": {"scheme": "torchao-int4-weight"}}])
+    assert len(problems) == 1 and problems[0].endswith(
+        "targets[0].quantize.scheme: backend 'executorch' cannot run quantize scheme torchao-int4-weight "
+        "(it runs pt2e-xnnpack, torchao-int8-weight)")
 
 
 def test_executorch_int8_needs_its_xnnpack_delegate(write_yaml):

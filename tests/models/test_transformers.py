@@ -312,3 +312,30 @@ def test_openvino_is_not_fed_an_input_the_model_never_reads(tmp_path, caplog):
     assert _passed(run_experiment(data, out=tmp_path / "out")) == {"openvino-cpu": ["out['logits']"]}
     said = [r.getMessage() for r in caplog.records if "never reads" in r.getMessage()]
     assert said == ["openvino-cpu: the model never reads token_type_ids (its forward takes and ignores it): not fed to OpenVINO"]
+
+
+T5 = {"model_type": "t5", "vocab_size": 32, "d_model": 16, "d_kv": 8, "d_ff": 32, "num_layers": 1,
+      "num_decoder_layers": 1, "num_heads": 2, "decoder_start_token_id": 0, "pad_token_id": 0}
+T5_TOKENS = {"input_ids": {"shape": [2, 6], "dtype": "int64", "distribution": "randint", "high": 32},
+             "decoder_input_ids": {"shape": [2, 6], "dtype": "int64", "distribution": "randint", "high": 32}}
+
+
+def test_an_encoder_decoder_cache_is_compared_by_its_self_and_cross_attention_layers(tmp_path):
+    """T5 with `params: {use_cache: true}` returns an EncoderDecoderCache: two caches, each flattened by its layers."""
+    data = _data({"config": T5, "architecture": "T5ForConditionalGeneration", "params": {"use_cache": True}},
+                 {"name": "tokens", "synthetic": T5_TOKENS}, targets=[{"backend": "eager", "dtype": "float64"}])
+    leaves = _passed(run_experiment(data, out=tmp_path / "out"))["eager-cpu-float64"]
+    assert {f"out['cache'].{part}.layers[0].{kv}" for part in ("self_attention_cache", "cross_attention_cache")
+            for kv in ("keys", "values")} <= set(leaves)
+
+
+def test_t5_continues_its_decoder_input_ids_free_running(tmp_path):
+    """An encoder-decoder generates into `decoder_input_ids`, its encoder's inputs unchanged: 6 decoder positions and
+    3 new tokens leave 3-token prompts."""
+    data = _data({"config": T5, "architecture": "T5ForConditionalGeneration", "task": "text-generation"},
+                 {"name": "tokens", "synthetic": T5_TOKENS}, targets=[{"backend": "eager", "dtype": "float64"}])
+    data["tiers"] = {"tasks": {"text-generation": {"new_tokens": 3}}}
+    records = run_experiment(data, out=tmp_path / "out")
+    generation = next(r for r in records if r["kind"] == "check" and r["tier"] == 3)["generation"]
+    assert generation["new_tokens"] == 3 and generation["exact_match"] == 1.0
+    assert [p["prompt_tokens"] for p in generation["prompts"]] == [3, 3]

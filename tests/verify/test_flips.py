@@ -284,7 +284,7 @@ def test_a_workers_execution_brings_what_it_captured_back():
     captured = [{"kind": "torchvision_roi_heads", "class_logits": torch.ones(2, 3)}]
     remote = RemoteExecution(SimpleNamespace(), None, "digest", None)
     remote.receive(("repeat", 0, 0.1, [{"boxes": torch.zeros(0, 4)}], 0.2, None, [], 0))
-    remote.receive(("done", "ok", None, None, 0.2, None, [], 0, None, [], captured))
+    remote.receive(("done", "ok", None, None, 0.2, None, [], 0, None, [], captured, None))
     assert remote.execution.captured is captured and remote.finished
 
 
@@ -340,7 +340,8 @@ def test_an_explanation_that_raises_leaves_the_verdict(monkeypatch, caplog):
     monkeypatch.setattr(detection, "flips", broken)
     dets = side([[0.0, 0, 10, 10]], [0.9])[0]
     none = {"boxes": torch.zeros(0, 4), "scores": torch.zeros(0), "labels": torch.zeros(0, dtype=torch.int64)}
-    ran = lambda out: SimpleNamespace(ok=True, outputs=[out], captured=[], backend=SimpleNamespace(id="t"))  # noqa: E731
+    ran = lambda out: SimpleNamespace(ok=True, outputs=[out], captured=[], follow_up=None,  # noqa: E731
+                                      backend=SimpleNamespace(id="t"))
     job = SimpleNamespace(model=SimpleNamespace(task="detection", name="m"), inputs=SimpleNamespace(name="i"),
                           reference=SimpleNamespace(id="r"))
     experiment = SimpleNamespace(tiers=SimpleNamespace(tasks=tasks_spec({})),

@@ -154,3 +154,121 @@ def test_the_llm_example_is_valid(tmp_path, capsys):
     assert tokenizer(["a fish"])["input_ids"] == [[3, 5]] and "token_type_ids" not in tokenizer(["a"])
     assert main(["validate", str(example)]) == 0
     assert "valid" in capsys.readouterr().out
+
+
+# -- free-running: each side's greedy continuation by its own artifact ---------------------------------------
+
+VOCABULARY = 10
+
+
+class Successor(torch.nn.Module):
+    """A causal 'language model' whose next token is always the current one plus 1 (mod 10), sure of it."""
+
+    def forward(self, input_ids, attention_mask=None):
+        return {"logits": 5.0 * torch.nn.functional.one_hot((input_ids + 1) % VOCABULARY, VOCABULARY).float()}
+
+
+class Bidirectional(torch.nn.Module):
+    """Not causal: every position's scores read every token of the sequence (their sum)."""
+
+    def forward(self, input_ids):
+        total = input_ids.sum(-1, keepdim=True)
+        return {"logits": torch.nn.functional.one_hot((input_ids + total) % VOCABULARY, VOCABULARY).float()}
+
+
+class SwapsAtPosition5(EagerBackend):
+    """A target that prefers token 0 at position 5 (by 5 logits over the model's choice): every decision read
+    there flips, a real flip (the reference is sure of its token)."""
+
+    name = "swaps-at-5"
+
+    def run(self, inputs):
+        out = super().run(inputs)
+        out["logits"][:, 5, 0] += 10.0
+        return out
+
+
+def _run(model):
+    from parity.inputs import Inputs
+
+    return lambda inputs: model(*inputs.args, **inputs.kwargs) if isinstance(inputs, Inputs) else None
+
+
+def test_a_continuation_is_generated_greedily_in_a_buffer_of_the_inputs_shape():
+    """Each new token is the model's choice after the previous one it chose (fed back), written after a prompt that
+    leaves room for the new tokens: 8 positions, 3 new tokens, so prompts of up to 5 tokens; a right-padded
+    sequence of 3 tokens keeps all 3."""
+    from parity.inputs import Inputs
+    from parity.verify.tasks.text_generation import generate
+
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8], [7, 8, 9, 0, 0, 0, 0, 0]])
+    mask = torch.tensor([[1] * 8, [1, 1, 1, 0, 0, 0, 0, 0]])
+    found = generate(_run(Successor()), Inputs((), {"input_ids": ids, "attention_mask": mask}), new_tokens=3)
+    assert found["new_tokens"] == 3 and found["prompts"] == [[1, 2, 3, 4, 5], [7, 8, 9]]
+    assert found["tokens"] == [[6, 7, 8], [0, 1, 2]]
+    assert all(m > 0.9 for row in found["margins"] for m in row)
+    assert generate(_run(Successor()), Inputs((), {"input_ids": ids}), new_tokens=20)["new_tokens"] == 7  # 1-token prompts
+
+
+def test_a_model_that_is_not_a_causal_decoder_or_left_padding_gets_no_continuation_and_says_why():
+    from parity.inputs import Inputs
+    from parity.verify.tasks.text_generation import generate
+
+    ids = torch.tensor([[1, 2, 3, 4, 5, 7]])  # the first new token (5) is not the 4 that was there
+    assert "not a causal decoder" in generate(_run(Bidirectional()), Inputs((), {"input_ids": ids}), 3)["error"]
+    left = {"input_ids": ids, "attention_mask": torch.tensor([[0, 0, 1, 1, 1, 1]])}
+    assert "right-padded" in generate(_run(Successor()), Inputs((), left), 3)["error"]
+    assert "input_ids" in generate(_run(Successor()), Inputs((ids,), {}), 3)["error"]  # ids given by position
+
+
+def test_continuations_are_judged_by_their_first_divergence_and_exact_match():
+    """Prompt 0 matches; prompt 1 diverges at new token 2 where the reference was sure (a real flip); prompt 2 at
+    new token 0 on a near tie. exact_match 1/3, first_divergence 0; reported, not judged, unless exact_match is set."""
+    from parity.verify.tasks.text_generation import judge_continuations
+
+    reference = {"new_tokens": 3, "prompts": [[1], [2, 3], [4]], "tokens": [[5, 6, 7], [4, 5, 6], [8, 8, 8]],
+                 "margins": [[0.9] * 3, [0.9, 0.9, 0.8], [0.001, 0.5, 0.5]]}
+    target = {**reference, "tokens": [[5, 6, 7], [4, 5, 9], [9, 8, 8]]}
+    result = evaluate(_logits([1.0, 0.0]), _logits([1.0, 0.0]), DEFAULTS, 1e-4)
+    fields = judge_continuations(result, reference, target, DEFAULTS)
+    prompts = fields["generation"]["prompts"]
+    assert [p["first_divergence"] for p in prompts] == [None, 2, 0]
+    assert (prompts[1]["flip"], prompts[2]["flip"]) == ("real", "near_tie")
+    assert (prompts[1]["context"], prompts[1]["reference"], prompts[1]["target"]) == ([2, 3, 4, 5], [6], [9])
+    assert result.metrics["exact_match"] == pytest.approx(1 / 3) and result.metrics["first_divergence"] == 0
+    assert result.passed
+    strict = TextGenerationThresholds(exact_match=0.5)
+    judge_continuations(result, reference, target, strict)
+    assert not result.passed and result.failure_class == "decision_flip" and "exact match" in result.detail
+    broken = judge_continuations(result, reference, {"error": "not a causal decoder: ..."}, DEFAULTS)
+    assert broken == {"generation": {"error": "the target: not a causal decoder: ..."}}
+
+
+def _successor_experiment(executor: str = "local") -> dict:
+    return {"name": "gen", "seed": 0, "repeats": 1, "executor": {"kind": executor},
+            "models": [{"name": "succ", "source": "python", "entry": "tests.verify.test_text_generation:Successor",
+                        "task": "text-generation"}],
+            "inputs": [{"name": "tokens", "synthetic": {
+                "input_ids": {"shape": [2, 8], "dtype": "int64", "distribution": "randint", "high": VOCABULARY}}}],
+            "targets": [{"backend": "eager", "dtype": "float64"},
+                        {"backend": "tests.verify.test_text_generation:SwapsAtPosition5", "name": "swaps-at-5"}],
+            "tiers": {"tasks": {"text-generation": {"new_tokens": 4}}}}
+
+
+@pytest.mark.parametrize("executor", ["local", "process"])
+def test_a_target_that_flips_one_decision_diverges_at_that_new_token(tmp_path, executor):
+    """8 positions, 4 new tokens: prompts of 4 tokens, the new tokens read positions 3, 4, 5, 6; the target flips the
+    decision at position 5, so each continuation first differs at new token 2, computed by the target's own
+    artifact (in a worker process too)."""
+    records = run_experiment(_successor_experiment(executor), out=tmp_path / "out", reports=("report.md", "report.html"))
+    tier3 = {r["target"]: r for r in records if r["kind"] == "check" and r["tier"] == 3}
+    same, swapped = tier3["eager-cpu-float64"], tier3["swaps-at-5"]
+    assert same["generation"]["exact_match"] == 1.0 and "first_divergence" not in same["metrics"]
+    assert swapped["generation"]["new_tokens"] == 4
+    assert [p["first_divergence"] for p in swapped["generation"]["prompts"]] == [2, 2]
+    assert {p["flip"] for p in swapped["generation"]["prompts"]} == {"real"}
+    assert swapped["metrics"]["first_divergence"] == 2 and swapped["metrics"]["exact_match"] == 0.0
+    assert swapped["generation"]["prompts"][0]["target"][0] == 0  # the target's own choice at the divergence
+    line = "free-running: 0 of 2 continuations of 4 tokens match exactly; first divergence: prompt 0 at new token 2"
+    for report in ("report.md", "report.html"):
+        assert line in (tmp_path / "out" / report).read_text()

@@ -56,13 +56,17 @@ class ExecuTorchBackend(Backend):
     libraries = ("torch", "executorch")
     Options = ExecuTorchOptions
     # int8 as ExecuTorch deploys it: PT2E with the XNNPACK quantizer, the converted graph exported again and
-    # lowered to the XNNPACK delegate, which runs the quantized patterns as int8 kernels.
-    quantize_schemes = ("pt2e-xnnpack",)
+    # lowered to the XNNPACK delegate, which runs the quantized patterns as int8 kernels. Weight-only int8 as a
+    # language model is deployed: torchao's linears (their weights dequantized in the graph), exported and lowered
+    # with the delegate asked for. Not int4 weight-only: the portable kernels have no torchao::dequantize_affine
+    # for its groups (the lowering raises), and XNNPACK's lowering of it computed wrong logits (docs/backends.md).
+    quantize_schemes = ("pt2e-xnnpack", "torchao-int8-weight")
 
     @classmethod
     def spec_problem(cls, spec) -> str | None:
-        if spec.quantize and cls.options_of(spec).delegate != "xnnpack":
-            return "quantize: ExecuTorch runs int8 through its XNNPACK delegate (leave 'delegate' at xnnpack)"
+        if (spec.quantize and spec.quantize.scheme == "pt2e-xnnpack"
+                and cls.options_of(spec).delegate != "xnnpack"):
+            return "quantize pt2e-xnnpack: ExecuTorch runs int8 through its XNNPACK delegate (leave 'delegate' at xnnpack)"
         return None
 
     @classmethod
@@ -101,8 +105,8 @@ class ExecuTorchBackend(Backend):
             self.method = self.program.load_method("forward")
 
     def _program(self, model: torch.nn.Module, example: Inputs) -> torch.export.ExportedProgram:
-        """The exported program to lower: the model's, or for an int8 target its PT2E-quantized graph exported
-        again (what ExecuTorch's XNNPACK flow lowers)."""
+        """The exported program to lower: the model's; for a pt2e-xnnpack target its PT2E-quantized graph exported
+        again (what ExecuTorch's XNNPACK flow lowers); for a weight-only target torchao's quantized model."""
         if self.spec.quantize is None:
             return export_program(model, example, ExportOptions())
         with torch.no_grad():

@@ -17,7 +17,7 @@ import torch
 from parity import taxonomy as tx
 from parity.backends import backend_class
 from parity.config.schema import BackendSpec
-from parity.execute import cache, calibration, capture, notes
+from parity.execute import cache, calibration, capture, follow_up, notes
 from parity.inputs import Inputs
 from parity.taxonomy import classify_exception
 
@@ -40,6 +40,7 @@ class Execution:
     warmup_outputs: list[Any] = field(default_factory=list)  # judged with the repeats: a first call is a call
     captured: list[Any] = field(default_factory=list)  # what instrumented code recorded in the first repeat (capture.py)
     interleaved: bool = False  # its timed runs took turns with other backends' (execute_together)
+    follow_up: dict[str, Any] | None = None  # what the task asked of the prepared backend afterwards (follow_up.py)
 
     @property
     def ok(self) -> bool:
@@ -139,6 +140,9 @@ def execute_together(backends: list[tuple[BackendSpec, OwnCopy]], inputs: Inputs
                     run.repeat(repeat, last=repeat == repeats - 1)
                 if not first.ok:
                     break
+            for run in timed if first.ok and follow_up.active() is not None else ():  # nothing is judged without the first
+                say(f"{run.result.backend.id}: the task's follow-up")
+                run.follow_up()
         finally:
             for run in group:
                 run.close()
@@ -229,6 +233,22 @@ class _Run:
             if last:
                 result.notes = self.collector.notes()  # complete for the last repeat's record
             self.on_run(result, repeat)
+
+    def follow_up(self) -> None:
+        """What the task asks of the prepared backend after the timed runs (follow_up.py): its failure is the
+        follow-up's (kept as its `error`), never the execution's, whose outputs are already judged as they are."""
+        ask = follow_up.active()
+        if ask is None or not self.result.ok:
+            return
+        try:
+            with self.collector.step():
+                self.result.follow_up = ask(self.backend.run, self.inputs.clone())
+        except Exception as exc:
+            self.result.follow_up = {"error": describe(exc)}
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # model code that ends the program
+            self.result.follow_up = {"error": ends_the_program(exc)}
 
     @contextlib.contextmanager
     def _step(self, phase: str) -> Iterator[None]:

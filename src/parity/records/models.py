@@ -315,6 +315,34 @@ class Flips(Part):
     examples: list[FlipExample] = Field(description="The first few unmatched boxes, classed, with their numbers.")
 
 
+class GeneratedPrompt(Part):
+    """One prompt's greedy continuations (text generation's free-running), the reference's against the target's."""
+
+    prompt_tokens: int = Field(description="The prompt's length in tokens: the sequence's first tokens, as many as "
+                                           "leave room for the new tokens in the input set's sequence length.")
+    first_divergence: int | None = Field(description="The first new token (0-based) at which the continuations "
+                                                     "differ; null: they match to the last.")
+    margin: float | None = Field(None, description="The reference's top-2 probability margin at that token (both "
+                                                   "sides read the same tokens up to it).")
+    flip: str | None = Field(None, description="What the divergence is: near_tie (the margin within near_tie_margin) "
+                                               "or real.")
+    context: list[int] | None = Field(None, description="The token ids before the divergence (its last few).")
+    reference: list[int] | None = Field(None, description="The reference's token ids from the divergence on (a few).")
+    target: list[int] | None = Field(None, description="The target's token ids from the divergence on (a few).")
+    text: dict[str, str] | None = Field(None, description="context, reference and target decoded with the input "
+                                                          "set's tokenizer, when it has one.")
+
+
+class Generation(Part):
+    """Text generation's free-running: each side's greedy continuation of every prompt, by its own artifact."""
+
+    new_tokens: int | None = Field(None, description="The tokens each side generated per prompt.")
+    exact_match: float | None = Field(None, description="The share of prompts whose continuations match exactly.")
+    prompts: list[GeneratedPrompt] | None = Field(None, description="Per prompt, where the continuations differ.")
+    error: str | None = Field(None, description="Why no continuation was compared (a side that could not generate: "
+                                                "not a causal decoder, left padding, a backend that raised).")
+
+
 class Tier3Check(Check):
     """Tier 3: the task-level verdict (same top-k, same boxes, ...) from the task's evaluator."""
 
@@ -329,6 +357,8 @@ class Tier3Check(Check):
         None, description="Text generation, when a next-token decision differs: up to 20 positions ([sequence, "
                           "position]), real flips first, each with both sides' tokens, the reference's top-2 "
                           "probability margin and its class (near_tie or real).")
+    generation: Generation | None = Field(None, description="Text generation with `new_tokens`: the free-running "
+                                                            "greedy continuations of both sides compared.")
     flips: Flips | None = Field(None, description="Detection, when a box is unmatched (a failed check, or a pass "
                                                   "short of every box): its unmatched boxes classed by mechanism "
                                                   "(`tiers.tasks.detection.attribution`).")

@@ -144,7 +144,7 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
         verdict = "[green]agrees[/green]" if c.passed else f"[red]{c.failure_class}[/red]"
         console.print(f"tier 3 {verdict} " + escape(f"{view.key(c)}: {figures}"
                                                     + (f" ({c.detail})" if c.detail else "")), soft_wrap=True)
-        for line in [flips_line(c), *(next_steps(c, view, out_dir) if not c.passed else ())]:
+        for line in [flips_line(c), generation_line(c), *(next_steps(c, view, out_dir) if not c.passed else ())]:
             if line:
                 console.print("  " + escape(line), soft_wrap=True)
     for key, loc in summary.get("localized", {}).items():
@@ -210,6 +210,27 @@ def flips_line(check: Check) -> str | None:
     source = ("the post-processing inputs of both sides" if flips.candidates == "both"
               else "the outputs alone: a side has no captured post-processing inputs")
     return f"flips: {counts} (from {source})"
+
+
+def generation_line(check: Tier3Check) -> str | None:
+    """A text-generation check's free-running continuations in words (how many match, and the earliest divergence
+    with the tokens around it), or None when the record has none."""
+    gen = check.generation
+    if gen is None:
+        return None
+    if gen.error:
+        return f"free-running: not compared ({gen.error})"
+    prompts = gen.prompts or []
+    line = (f"free-running: {sum(p.first_divergence is None for p in prompts)} of {len(prompts)} continuations of "
+            f"{gen.new_tokens} tokens match exactly")
+    diverged = [(p.first_divergence, i) for i, p in enumerate(prompts) if p.first_divergence is not None]
+    if diverged:
+        k, i = min(diverged)
+        p = prompts[i]
+        words = p.text or {"context": str(p.context), "reference": str(p.reference), "target": str(p.target)}
+        line += (f"; first divergence: prompt {i} at new token {k}, after '{words['context']}': reference "
+                 f"'{words['reference']}', target '{words['target']}' (reference margin {p.margin:.3g}, {p.flip})")
+    return line
 
 
 def percent(share: float | None, none: str = "-") -> str:

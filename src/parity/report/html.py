@@ -21,6 +21,7 @@ from parity.report.console import (
     cosine,
     describe_note,
     flips_line,
+    generation_line,
     passing_oracle_lines,
     percent,
     suspect_words,
@@ -209,7 +210,7 @@ def _tier3_tables(tier3: list[Tier3Check]) -> list[dict[str, Any]]:
                     value < col["threshold"] if col["higher_is_better"] else value > col["threshold"])
                 cells.append({"text": _num(value), "low": low})
             rows.append({"key": _key(c), "passed": c.passed, "failure_class": c.failure_class,
-                         "detail": c.detail or "", "same_set": c.same_set, "cells": cells, "flips": flips_line(c)})
+                         "detail": c.detail or "", "same_set": c.same_set, "cells": cells, "flips": flips_line(c) or generation_line(c)})
         tables.append({"task": task, "columns": columns, "rows": rows})
     return tables
 

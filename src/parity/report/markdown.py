@@ -15,6 +15,7 @@ from parity.report.console import (
     cosine,
     environment_line,
     flips_line,
+    generation_line,
     passing_oracle_lines,
     percent,
     suspect_words,
@@ -98,7 +99,7 @@ def render_markdown(records: RunView | list[dict[str, Any]], summary: dict[str, 
                   "|---|---|---|---|---|---|"]
         for c in tier3:
             metrics = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in c.metrics.items())
-            flips = flips_line(c)
+            flips = flips_line(c) or generation_line(c)
             verdict = ("agrees" if c.passed else f"{c.failure_class}: {c.detail}")
             verdict = (verdict + (f"; {flips}" if flips else "")).replace("|", "\\|")
             lines.append(f"| {c.model} | {c.inputs} | {c.target} | {c.task} | {verdict} | {metrics} |")

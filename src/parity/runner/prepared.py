@@ -19,7 +19,7 @@ from parity.execute import calibration
 from parity.execute.execution import ends_the_program
 from parity.inputs import build_inputs
 from parity.models import build_model, source_fingerprint
-from parity.verify.tasks import instrument
+from parity.verify.tasks import follow_up_of, instrument
 
 
 def configured_model(model: torch.nn.Module, spec: BackendSpec, model_name: str) -> torch.nn.Module:
@@ -75,6 +75,13 @@ def model_scope(cache, spec, exp) -> Iterator[None]:
 
     with cache.for_model(*model_identity(spec, exp)), calibration.providing(calibration_set):
         yield
+
+
+def task_follow_up(spec, exp):
+    """What the task of model `spec` asks of each backend of a run after its timed runs (execute/follow_up.py:
+    text-generation's greedy continuations), or None. A run's executions only: tier 2 and a fallback search's
+    trials are judged on their outputs."""
+    return follow_up_of(spec.task, exp.tiers.tasks) if exp.tiers.evaluate_tasks else None
 
 
 def build_model_or_explain(spec, exp):

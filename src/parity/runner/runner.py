@@ -33,6 +33,7 @@ from typing import Any
 from parity.backends import fallback_kind
 from parity.config.schema import Activations, BackendSpec, Experiment, InputSetSpec, ModelSpec, tasks_spec
 from parity.errors import ParityError
+from parity.execute import follow_up
 from parity.execute.cache import ArtifactCache
 from parity.execute.execution import Execution
 from parity.inputs import Inputs, build_inputs
@@ -44,7 +45,13 @@ from parity.records.view import RunView
 from parity.runner.base import Executor
 from parity.runner.executors import make_executor
 from parity.runner.plan import Job, example_for, plan
-from parity.runner.prepared import built_model_problems, configured_model, model_scope, prepared_model
+from parity.runner.prepared import (
+    built_model_problems,
+    configured_model,
+    model_scope,
+    prepared_model,
+    task_follow_up,
+)
 from parity.runner.resume import (
     changes,
     check_fingerprints,
@@ -200,8 +207,9 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
         advanced += 1
         progress.advance(1)
 
-    done = executor.execute_together(job, specs, model, inputs, example=example, on_run=on_run,
-                                     on_step=lambda text: progress.describe(f"{job.model.name} / {job.inputs.name} / {text}"))
+    with follow_up.asking(task_follow_up(job.model, exp)):  # a worker asks the same of its own executions
+        done = executor.execute_together(job, specs, model, inputs, example=example, on_run=on_run,
+                                         on_step=lambda text: progress.describe(f"{job.model.name} / {job.inputs.name} / {text}"))
     reference = done[0]
     for ex in done if reference.ok else done[:1]:
         if not ex.ok:

@@ -8,7 +8,8 @@ weights, which the parent checks against its own build (the `built` message carr
 
 Messages, in order: `("built", digest)`, then `("repeat", index, run_s, outputs, prepare_s, cached, notes,
 warmup)` after each repeat, then `("done", status, error, failure_class, prepare_s, cached, notes, warmup,
-traceback, warmup_outputs, captured)` (captured: what instrumented model code recorded, execute/capture.py).
+traceback, warmup_outputs, captured, follow_up)` (captured: what instrumented model code recorded, execute/capture.py;
+follow_up: what the model's task asked of the prepared backend afterwards, execute/follow_up.py).
 Outputs are CPU tensors in the model's own structure (backends return them so), judged by the parent as the
 local executor would.
 
@@ -34,11 +35,12 @@ import torch
 
 from parity import taxonomy as tx
 from parity.config.schema import BackendSpec, Experiment, ModelSpec
+from parity.execute import follow_up
 from parity.execute.cache import ArtifactCache, model_digest
 from parity.execute.execution import describe, ends_the_program, execute_together, format_traceback
 from parity.inputs import Inputs
 from parity.offline import die_with_parent
-from parity.runner.prepared import model_scope, own_copy, prepared_model
+from parity.runner.prepared import model_scope, own_copy, prepared_model, task_follow_up
 from parity.taxonomy import PREPARE, classify_exception
 
 
@@ -88,24 +90,24 @@ def run_execution(exp: Experiment, models: ModelCache, model_name: str, inputs: 
         model, digest = models.get(model_spec, exp)
     except Exception as exc:  # the parent built it; a worker that cannot is this execution's failure
         send(("done", "error", f"rebuilding the model in the worker failed: {describe(exc)}", classify_exception(exc, PREPARE),
-              None, None, [], 0, format_traceback(exc), [], []))
+              None, None, [], 0, format_traceback(exc), [], [], None))
         return
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # its builder ends the program here only (the parent's build returned)
         send(("done", "error", f"rebuilding the model in the worker failed: {ends_the_program(exc)}", tx.CRASH,
-              None, None, [], 0, format_traceback(exc), [], []))
+              None, None, [], 0, format_traceback(exc), [], [], None))
         return
     send(("built", digest))
 
     def on_run(ex, repeat: int) -> None:
         send(("repeat", repeat, ex.run_s[repeat], ex.outputs[repeat], ex.prepare_s, ex.cached, ex.notes, ex.warmup))
 
-    with model_scope(ARTIFACTS, model_spec, exp):
+    with model_scope(ARTIFACTS, model_spec, exp), follow_up.asking(task_follow_up(model_spec, exp)):
         [ex] = execute_together([(spec, functools.partial(own_copy, model, spec, model_name))], inputs, repeats,
                                 on_run=on_run, warmup=exp.warmup, example=example)
     send(("done", ex.status, ex.error, ex.failure_class, ex.prepare_s, ex.cached, ex.notes, ex.warmup, ex.traceback,
-          ex.warmup_outputs, ex.captured))
+          ex.warmup_outputs, ex.captured, ex.follow_up))
 
 
 def send(conn, message: Any) -> None:

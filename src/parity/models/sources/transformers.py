@@ -7,9 +7,10 @@ Every model is built with `attn_implementation="eager"`: the plain matmul-softma
 one exporter to the next. The model returns its `ModelOutput`, whose leaves are named by field
 (`out['last_hidden_state']`, `out['logits']`).
 
-A decoder's key-value cache (`use_cache`, a `DynamicCache` among its outputs) is turned off unless the model's
-`params` set `use_cache`: no exporter takes the cache object as an output, and a single forward over the whole
-sequence computes the same logits without it. The model record says so (`notes`).
+A decoder's key-value cache (`use_cache`, a `DynamicCache` among its outputs, an `EncoderDecoderCache` for T5) is
+turned off unless the model's `params` set `use_cache`: no exporter takes the cache object as an output, and a
+single forward over the whole sequence computes the same logits without it. The model record says so (`notes`).
+With `use_cache: true` the cache is compared leaf by leaf (outputs.py) wherever a backend returns it.
 """
 
 from __future__ import annotations
@@ -152,9 +153,12 @@ def build_transformers(spec, folder: Path | None):
         except (OSError, ValueError) as exc:  # no weights file, a config the class does not take
             raise ParityError(f"transformers could not load {folder} as {spec.architecture}: {exc}") from exc
     keep = bool(spec.params.get("use_cache", False))
+    # An encoder-decoder's encoder has no cache (T5's encoder stack refuses use_cache): off on its modules' configs.
+    encoder = model.get_encoder() if getattr(model.config, "is_encoder_decoder", False) else None
+    encoder_configs = set() if encoder is None else {id(getattr(m, "config", None)) for m in encoder.modules()}
     for module in model.modules():  # an encoder-decoder's stacks have configs of their own (T5's decoder)
         if getattr(getattr(module, "config", None), "use_cache", None) is not None:
-            module.config.use_cache = keep
+            module.config.use_cache = keep and id(module.config) not in encoder_configs
     return model
 
 

@@ -68,6 +68,17 @@ class Task(ABC):
         """Prepare a built model to record what `explain` needs while it runs (execute/capture.py), without
         changing what it returns. Called on every model of this task, before any backend copies it."""
 
+    def follow_up(self, thresholds: Any, output: str | None):
+        """What this task asks of every backend's prepared artifact after its timed runs, each on its own
+        (execute/follow_up.py: a callable `(run, inputs) -> dict`), or None. text-generation: greedy continuations.
+        `output`: the leaf that holds the task's result (tiers.tasks.output), as in `evaluate`."""
+        return None
+
+    def judge_follow_ups(self, result: TaskResult, reference: dict[str, Any], target: dict[str, Any], thresholds: Any,
+                         input_spec, experiment) -> dict[str, Any]:
+        """Fields both sides' follow-ups add to the tier-3 record; metrics and failures (`fail`) go into `result`."""
+        return {}
+
     def explain(self, reference: Any, target: Any, thresholds: Any, reference_captured: list[Any],
                 target_captured: list[Any]) -> dict[str, Any]:
         """Fields a verdict whose decisions differ adds to its tier-3 record (a failed one, decision_flip, or a
@@ -90,6 +101,11 @@ def headline_of(task: str) -> tuple[Headline, ...] | None:
         return None
 
 
+def follow_up_of(task: str | None, tasks_spec):
+    """What `task` asks of each backend of a run after its timed runs (`Task.follow_up`), or None."""
+    return TASKS.get(task).follow_up(tasks_spec.thresholds_for(task), tasks_spec.output) if task in evaluated() else None
+
+
 def evaluate(task: str, reference: Any, target: Any, tasks_spec, gate: float) -> TaskResult:
     """`task`'s verdict at its thresholds in `tasks_spec` (an experiment's `tiers.tasks`)."""
     try:
@@ -103,9 +119,15 @@ class OutputsNotUnderstood(ValueError):
 
 
 def verdict(result: TaskResult, failures: list[str]) -> TaskResult:
-    if failures:
-        result.passed, result.failure_class, result.detail = False, tx.DECISION_FLIP, "; ".join(failures)
+    for failure in failures:
+        fail(result, failure)
     return result
+
+
+def fail(result: TaskResult, failure: str) -> None:
+    """`result` fails for `failure` too: a decision flip, its detail the failures so far joined."""
+    result.passed, result.failure_class = False, result.failure_class or tx.DECISION_FLIP
+    result.detail = f"{result.detail}; {failure}" if result.detail else failure
 
 
 def task_check(job, target_exec, reference_exec, experiment, inputs=None) -> dict[str, Any] | None:
@@ -118,10 +140,14 @@ def task_check(job, target_exec, reference_exec, experiment, inputs=None) -> dic
     tasks_spec = experiment.tiers.tasks
     result = evaluate(task, reference_exec.outputs[0], target_exec.outputs[0], tasks_spec,
                       experiment.tolerance_for(target_exec.backend).gate)
+    followed = {}
+    if result.failure_class != tx.STRUCTURE_MISMATCH and None not in (reference_exec.follow_up, target_exec.follow_up):
+        followed = TASKS.get(task).judge_follow_ups(result, reference_exec.follow_up, target_exec.follow_up,
+                                                    tasks_spec.thresholds_for(task), job.inputs, experiment)
     record = {"tier": 3, "model": job.model.name, "inputs": job.inputs.name, "reference": job.reference.id,
               "target": target_exec.backend.id, "task": task, "status": "ok", "passed": result.passed,
               "failure_class": result.failure_class, "detail": result.detail, "metrics": result.metrics,
-              "thresholds": tasks_spec.thresholds_for(task).model_dump(), "same_set": result.same_set}
+              "thresholds": tasks_spec.thresholds_for(task).model_dump(), "same_set": result.same_set, **followed}
     if result.failure_class != tx.STRUCTURE_MISMATCH:
         record.update(TASKS.get(task).record_fields(job.inputs, reference_exec.outputs[0], target_exec.outputs[0],
                                                     experiment, inputs))

@@ -12,13 +12,27 @@ position of the logits `[batch, positions, vocabulary]` is one next-token decisi
   probability difference): a flip within `near_tie_margin` is a near tie, where any rounding may swap the two;
   beyond it, a real flip.
 
-Free-running greedy decoding (each side generating from its own tokens) is not evaluated: a check sees one
-execution's outputs.
+Free-running (`new_tokens`, default 16): each side generates a continuation greedily with its own artifact
+(`follow_up`, run in the execution after its timed runs: execute/follow_up.py). Artifacts are prepared at a fixed
+sequence length and run here without a cache, so each continuation is written into a buffer of the input set's own
+shape: each sequence keeps its first tokens as the prompt (at most its length less `new_tokens`), and every step
+re-runs the whole buffer and reads the scores at the last written position. A causal decoder's scores at a
+position depend only on the tokens up to it, so what the buffer holds beyond (the rest of the text, padding)
+changes nothing; this is verified (the prompt's scores must stay put when a token is written after them), and a
+model that fails it (an encoder reading both ways) gets no continuation, with that reason. An encoder-decoder
+(T5) generates into its `decoder_input_ids`, its encoder inputs unchanged. Reported per prompt: the first
+divergent new token, the tokens around it (decoded with the input set's tokenizer where it has one) and the
+reference's top-2 margin there (a near tie or a real flip); over prompts, `exact_match` (the share of continuations
+that match to the last token) and `first_divergence` (the earliest divergent new token, 0-based; absent when every
+continuation matches). `exact_match` is reported, not judged, unless its threshold is set: one near tie early on
+changes everything after it, so over a handful of prompts it is a coarse count, where the teacher-forced
+statistics judge every decision on the same prefix.
 """
 
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import torch
@@ -26,15 +40,20 @@ from pydantic import Field
 
 from parity.config.schema import Strict
 from parity.outputs import flatten
-from parity.verify.tasks import Headline, OutputsNotUnderstood, Task, TaskResult, verdict
+from parity.verify.tasks import Headline, OutputsNotUnderstood, Task, TaskResult, fail, verdict
 
 MAX_FLIPS = 20  # flips a record lists, real ones first, then by margin
+CONTEXT = 6  # tokens a divergence is shown after
+SHOWN = 4  # tokens of each side's continuation shown from a divergence on
+CAUSAL_RTOL = 1e-3  # how far a prompt's scores may move when a later token is written (a backend's own jitter)
 
 
 class TextGenerationThresholds(Strict):
     top1_agreement: float = Field(default=0.99, ge=0, le=1)
     kl_mean: float = Field(default=1e-3, ge=0)
     near_tie_margin: float = Field(default=0.01, ge=0, le=1)  # a flip whose reference top-2 margin is within it
+    new_tokens: int = Field(default=16, ge=0)  # free-running: tokens each side generates greedily (0: none)
+    exact_match: float | None = Field(default=None, ge=0, le=1)  # fail below this share of matching continuations
 
 
 def scores_of(output: Any, leaf: str | None = None) -> torch.Tensor:
@@ -58,12 +77,17 @@ def kl_per_position(ref: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
     return (log_p.exp() * (log_p - log_q)).sum(-1).clamp_min(0.0)
 
 
+def _margins(scores: torch.Tensor) -> torch.Tensor:
+    """The difference of the two largest probabilities of each row of next-token scores [..., vocabulary]."""
+    p = scores.softmax(-1)
+    top2 = p.topk(2, dim=-1).values if p.shape[-1] > 1 else torch.cat([p, torch.zeros_like(p)], -1)
+    return top2[..., 0] - top2[..., 1]
+
+
 def flips(ref: torch.Tensor, tgt: torch.Tensor, near_tie: float) -> list[dict[str, Any]]:
     """Every position whose top-1 differs ([sequence, position]), with the reference's top-2 margin (the
     difference of its two largest probabilities) and its class: near_tie within `near_tie`, else real."""
-    p = ref.softmax(-1)
-    top2 = p.topk(2, dim=-1).values if p.shape[-1] > 1 else torch.cat([p, torch.zeros_like(p)], -1)
-    margin = top2[..., 0] - top2[..., 1]
+    margin = _margins(ref)
     chosen_r, chosen_t = ref.argmax(-1), tgt.argmax(-1)
     out = []
     for where in (chosen_r != chosen_t).nonzero().tolist():
@@ -108,6 +132,101 @@ def evaluate(reference: Any, target: Any, thresholds: TextGenerationThresholds, 
     return result
 
 
+def _buffer_keys(inputs) -> tuple[str, str]:
+    """The token ids a continuation is written into, and their attention mask's key: an encoder-decoder's decoder
+    inputs when it is given them, else the input ids."""
+    return (("decoder_input_ids", "decoder_attention_mask") if "decoder_input_ids" in inputs.kwargs
+            else ("input_ids", "attention_mask"))
+
+
+def generate(run, inputs, new_tokens: int, leaf: str | None = None) -> dict[str, Any]:
+    """Each sequence's greedy continuation by `run` (a prepared backend), in a buffer of the inputs' own shape (see
+    the module's docstring). Returns the prompts, each side's new tokens and its top-2 margin at each, or an
+    `error` saying why no continuation can be generated."""
+    from parity.inputs import Inputs
+
+    key, mask_key = _buffer_keys(inputs)
+    ids, mask = inputs.kwargs.get(key), inputs.kwargs.get(mask_key)
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.shape[1] < 2:
+        return {"error": f"free-running needs the token ids as a keyword input '{key}' [batch, positions >= 2]"}
+    batch, length = ids.shape
+    positions = torch.arange(length)
+    lengths = torch.full((batch,), length) if mask is None else mask.sum(-1).long()
+    if mask is not None and not torch.equal(mask.bool(), positions < lengths[:, None]):
+        return {"error": f"free-running needs right-padded sequences ('{mask_key}' ones, then zeros); the tokenizer "
+                         "pads on the left"}
+    n = min(new_tokens, length - 1)
+    prompt = lengths.clamp(1, length - n)  # room for n tokens after each prompt
+    rows = torch.arange(batch)
+    buffer = ids.clone()
+    tokens, margins, before = [], [], None
+    for step in range(n):
+        kwargs = {**inputs.kwargs, key: buffer.clone()}
+        if mask is not None:
+            kwargs[mask_key] = (positions < (prompt + step)[:, None]).to(mask.dtype)
+        scores = scores_of(run(Inputs(inputs.args, kwargs)), leaf)
+        if scores.dim() != 3 or scores.shape[:2] != ids.shape:
+            return {"error": f"next-token scores of shape {list(scores.shape)} for token ids {list(ids.shape)}"}
+        known = positions < prompt[:, None]  # the prompt's positions: a causal decoder's scores there never move
+        if before is not None and not torch.allclose(scores[known], before, rtol=CAUSAL_RTOL, equal_nan=True,
+                                                     atol=CAUSAL_RTOL * float(before.nan_to_num(0, 0, 0).abs().max())):
+            return {"error": "not a causal decoder: its scores at the prompt's positions change when a later token "
+                             "is written, so no continuation can be generated in a buffer of fixed length"}
+        before = scores[known]
+        read = scores[rows, prompt + step - 1]
+        chosen = read.argmax(-1)
+        buffer[rows, prompt + step] = chosen
+        tokens.append(chosen)
+        margins.append(_margins(read))
+    return {"new_tokens": n, "prompts": [ids[i, :int(prompt[i])].tolist() for i in range(batch)],
+            "tokens": torch.stack(tokens, -1).tolist(), "margins": torch.stack(margins, -1).tolist()}
+
+
+def first_divergence(reference: list[int], target: list[int]) -> int | None:
+    """The first new token at which two continuations differ (0-based), or None when they match."""
+    return next((k for k, (a, b) in enumerate(zip(reference, target, strict=True)) if a != b), None)
+
+
+def _decoder(input_spec, experiment):
+    """Token ids to text with the input set's tokenizer (None: the input set has none, ids are shown)."""
+    if getattr(input_spec, "tokenizer", None) is None:
+        return None
+    from parity.inputs.text import load_tokenizer
+
+    tokenizer = load_tokenizer(experiment.resolve(input_spec.tokenizer))
+    return lambda ids: tokenizer.decode(ids)
+
+
+def judge_continuations(result: TaskResult, reference: dict[str, Any], target: dict[str, Any],
+                        thresholds: TextGenerationThresholds, decode=None) -> dict[str, Any]:
+    """The `generation` field of a tier-3 record, from both sides' `generate`: per prompt, where the continuations
+    first differ and the tokens around it; `exact_match` and `first_divergence` into the metrics, and a failure
+    when `exact_match` is below its threshold (when one is set)."""
+    for side, found in (("reference", reference), ("target", target)):
+        if "error" in found:
+            return {"generation": {"error": f"the {side}: {found['error']}"}}
+    prompts = []
+    for i, (prompt, ref, tgt) in enumerate(zip(reference["prompts"], reference["tokens"], target["tokens"], strict=True)):
+        k = first_divergence(ref, tgt)
+        entry: dict[str, Any] = {"prompt_tokens": len(prompt), "first_divergence": k}
+        if k is not None:
+            margin = reference["margins"][i][k]
+            entry.update(margin=margin, flip="near_tie" if margin <= thresholds.near_tie_margin else "real",
+                         context=(prompt + ref[:k])[-CONTEXT:], reference=ref[k:k + SHOWN], target=tgt[k:k + SHOWN])
+            if decode is not None:
+                entry["text"] = {part: decode(entry[part]) for part in ("context", "reference", "target")}
+        prompts.append(entry)
+    diverged = [p["first_divergence"] for p in prompts if p["first_divergence"] is not None]
+    exact = 1.0 - len(diverged) / len(prompts) if prompts else 1.0
+    result.metrics["exact_match"] = exact
+    if diverged:
+        result.metrics["first_divergence"] = min(diverged)
+    if thresholds.exact_match is not None and exact < thresholds.exact_match:
+        fail(result, f"exact match of the continuations {exact:.3g} < {thresholds.exact_match} ({len(diverged)} of "
+                     f"{len(prompts)} greedy continuations of {reference['new_tokens']} tokens differ)")
+    return {"generation": {"new_tokens": reference["new_tokens"], "exact_match": exact, "prompts": prompts}}
+
+
 class TextGeneration(Task):
     name = "text-generation"
     Thresholds = TextGenerationThresholds
@@ -115,10 +234,17 @@ class TextGeneration(Task):
                 Headline("kl_mean", higher_is_better=False, threshold="kl_mean"),
                 Headline("kl_p99", higher_is_better=False), Headline("delta_p_rms", higher_is_better=False),
                 Headline("perplexity_ratio", higher_is_better=None), Headline("real_flips", higher_is_better=False),
-                Headline("near_tie_flips", higher_is_better=False))
+                Headline("near_tie_flips", higher_is_better=False), Headline("exact_match", threshold="exact_match"),
+                Headline("first_divergence"))
 
     def evaluate(self, reference, target, thresholds, gate, output):
         return evaluate(reference, target, thresholds, gate, output)
+
+    def follow_up(self, thresholds, output):
+        return partial(generate, new_tokens=thresholds.new_tokens, leaf=output) if thresholds.new_tokens else None
+
+    def judge_follow_ups(self, result, reference, target, thresholds, input_spec, experiment):
+        return judge_continuations(result, reference, target, thresholds, _decoder(input_spec, experiment))
 
     def explain(self, reference, target, thresholds, reference_captured, target_captured):
         """The flips, real ones first, then by the reference's margin (largest first): what a reader looks at."""
