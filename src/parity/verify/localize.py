@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,14 +33,14 @@ from parity import taxonomy as tx
 from parity.backends.base import Backend
 from parity.config.schema import BackendSpec
 from parity.errors import ParityError, did_you_mean
-from parity.execute import calibration
 from parity.inputs import Inputs
 from parity.verify.activations import (
     LayerError,
     LevelResult,
     calibration_inputs,
     capture,
-    local_error,
+    local_errors,
+    looking_inside,
     observes_layers,
     own_code_error,
     propagated_errors,
@@ -97,10 +96,7 @@ def evaluate(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module
     result = LevelResult(names=list(calls), shared=[n for n, c in calls.items() if len(c) > 1])
     if mode in ("local", "both"):
         observed = calibration_inputs(reference, target, model, list(calls))  # a quantized target's, per layer
-        for name, layer_calls in calls.items():
-            own = observed[name] if observed is not None else None
-            with calibration.providing(lambda _set, own=own: own) if own is not None else nullcontext():
-                result.local[name] = local_error(target, model.get_submodule(name), layer_calls, rtol)
+        result.local = local_errors(target, model, calls, rtol, example if example is not None else inputs, observed)
     if mode in ("propagated", "both") and observes_layers(target):
         result.propagated = propagated_errors(target, model, inputs, calls, rtol, example)
     del calls
@@ -336,6 +332,11 @@ def _ranked(level: LevelResult, threshold: float) -> list[LayerError]:
 def localize(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, rtol: float,
              threshold: float, granularity: str | list[str] = "blocks", mode: str = "both",
              example: Inputs | None = None) -> Localization:
+    with looking_inside(target):
+        return _localize(reference, target, model, inputs, rtol, threshold, granularity, mode, example)
+
+
+def _localize(reference, target, model, inputs, rtol, threshold, granularity, mode, example) -> Localization:
     start = time.perf_counter()
     if granularity != "blocks":
         level = LevelResult(names=[])
@@ -380,7 +381,7 @@ def _descend(reference, target, model, inputs, rtol, threshold, mode, example) -
         ranked = _ranked(level, threshold)
         skipped = [e.name for e in level.local.values() if e.error]
         loc.skipped += skipped
-        own = own_code_error(reference, target, model, inputs, parent, names, rtol) if level.local else None
+        own = own_code_error(reference, target, model, inputs, parent, names, rtol, example) if level.local else None
         if own is not None and not own.error:
             level.own_code = own
             if not within(own, threshold) and (not ranked or size(own) > size(ranked[0])):
