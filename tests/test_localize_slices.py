@@ -132,3 +132,16 @@ def test_the_graph_is_exported_once_and_its_cache_entry_stays_intact(tmp_path, m
     entries = [p for p in (tmp_path / "artifacts").iterdir() if not p.name.startswith(".")]
     assert entries and all(entry_problem(p, p.name, json.loads((p / ENTRY_FILE).read_text())["parts"]) is None
                            for p in entries)
+
+
+def test_a_localization_says_where_it_is():
+    """Progress: each level, each layer k of n, the parent's own code, the target's end-to-end run."""
+    from tests.fixtures.tiny import DeepCNN
+
+    torch.manual_seed(0)
+    heard: list[str] = []
+    loc = localize(EAGER, BackendSpec(backend="tests.fixtures.faults:FaultyEager", name="faulty"),
+                   inject(DeepCNN().eval(), "block2.0.0", 1e-2), IMAGE, 1e-5, 1e-4, on_step=heard.append)
+    assert loc.culprit == "block2.0.0"
+    assert "top level: layer 2 of 4, block1" in heard and "block2.0: layer 1 of 3, block2.0.0" in heard
+    assert "top level: its own code" in heard and "block2 (2 layers): inside the target's run" in heard
