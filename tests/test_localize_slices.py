@@ -50,15 +50,16 @@ class Sliced(nn.Module):
 
 
 class ExportedOwnCode(nn.Module):
-    """The model's own code between two clean layers scales by 1.01 in the exported graph only."""
+    """The model's own code between two clean layers scales by 1.01 in the exported graph only; a Dropout (in eval
+    mode: no node of its own in the graph) stands between them."""
 
     def __init__(self):
         super().__init__()
-        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.a, self.drop, self.b = nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 4)
 
     def forward(self, x):
         y = self.a(x)
-        return self.b(y * 1.01 if torch.compiler.is_exporting() else y)
+        return self.b(self.drop(y * 1.01 if torch.compiler.is_exporting() else y))
 
 
 def faulted(fault: str) -> nn.Module:
@@ -112,7 +113,9 @@ def test_the_own_code_slice_finds_a_fault_between_layers():
     assert loc.culprit == MODEL and loc.in_own_code, loc.verdict()
     own = loc.levels[0][1].own_code
     assert own.measured_by == "slice" and own.rel_rmse > 1e-3
-    assert all(e.rel_rmse < 1e-5 and e.measured_by == "slice" for e in loc.levels[0][1].local.values())
+    layers = loc.levels[0][1].local
+    assert all(layers[n].rel_rmse < 1e-5 and layers[n].measured_by == "slice" for n in ("a", "b"))
+    assert layers["drop"].measured_by.startswith("export (not in the exported graph")
 
 
 def test_the_graph_is_exported_once_and_its_cache_entry_stays_intact(tmp_path, monkeypatch):

@@ -342,6 +342,9 @@ class OnnxRuntimeBackend(Backend):
         whole = onnx.load(str(folder / "model.onnx"), load_external_data=False)
         graph, types = whole.graph, _ValueTypes(whole)
         edges = {parent: module_slice(graph, parent), **{m: module_slice(graph, m) for m in members}}
+        # A member with no node of its own (an Identity, a Dropout in eval mode) has no edge: its output is its input.
+        edges = {name: piece for name, piece in edges.items() if name == parent or piece != NOT_IN_GRAPH}
+        members = {m: calls for m, calls in members.items() if m in edges}
         reference: dict[str, Any] = {}  # the reference's value of each graph value at these modules' edges
         for name, piece in edges.items():
             known = piece if isinstance(piece, str) else self._recorded(piece, [call] if name == parent else members[name], types)
