@@ -148,3 +148,6 @@ def test_a_localization_says_where_it_is():
     assert loc.culprit == "block2.0.0"
     assert "top level: layer 2 of 4, block1" in heard and "block2.0: layer 1 of 3, block2.0.0" in heard
     assert "top level: its own code" in heard and "block2 (2 layers): inside the target's run" in heard
+    sliced = []
+    localize(EAGER, ORT, faulted("head"), IMAGE, 1e-5, 1e-4, on_step=sliced.append)
+    assert "top level: 5 layers as slices of the whole model's artifact" in sliced and "top level: layer 4 of 5, mix (not sliced)" in sliced

@@ -277,16 +277,17 @@ def local_error(spec: BackendSpec, module: torch.nn.Module, calls: list[Call], r
 
 def local_errors(spec: BackendSpec, model: torch.nn.Module, calls: dict[str, list[Call]], rtol: float,
                  example: Inputs, own: dict[str, list[Inputs]] | None = None,
-                 on_layer: Callable[[str, int, int], None] | None = None) -> dict[str, LayerError]:
+                 say: Callable[[str], None] = lambda text: None) -> dict[str, LayerError]:
     """Each layer's own error (`local_error`), in call order. A backend that slices layers (`slices_layers`: ONNX
     Runtime) runs them all as slices of one artifact of the whole model, prepared from `example` as the run prepared
     it, so a level costs one export rather than one per layer; a layer it cannot slice (or every layer of a quantized
     target, calibrated per layer on `own`, its inputs in the calibration runs) is prepared alone, and says why.
-    `on_layer(name, k, n)` hears of each layer before it is measured."""
+    `say` hears what is measured next (the slices; each layer prepared alone, k of n), for progress."""
     from parity.execute import calibration
 
     sliced: dict[str, list | str] = {}
     if backend_class(spec.backend).slices_layers and own is None:
+        say(f"{len(calls)} layers as slices of the whole model's artifact")
         try:
             with _backend_inside(spec) as backend:
                 sliced = backend.slice_layers(model, example.clone(),
@@ -296,13 +297,12 @@ def local_errors(spec: BackendSpec, model: torch.nn.Module, calls: dict[str, lis
             sliced = dict.fromkeys(calls, why)
     out = {}
     for k, (name, layer) in enumerate(calls.items()):
-        if on_layer is not None:
-            on_layer(name, k, len(calls))
         got = sliced.get(name)
         if isinstance(got, list):
             out[name] = worst([layer_error(name, c.output, t, rtol) for c, t in zip(layer, got, strict=True)])
             out[name].measured_by = "slice"
             continue
+        say(f"layer {k + 1} of {len(calls)}, {name}" + (" (not sliced)" if got else ""))
         mine = own[name] if own is not None else None
         with calibration.providing(lambda _set, mine=mine: mine) if mine is not None else nullcontext():
             out[name] = local_error(spec, model.get_submodule(name), layer, rtol)

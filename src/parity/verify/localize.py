@@ -104,7 +104,7 @@ def evaluate(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module
     if mode in ("local", "both"):
         observed = calibration_inputs(reference, target, model, list(calls))  # a quantized target's, per layer
         result.local = local_errors(target, model, calls, rtol, example if example is not None else inputs, observed,
-                                    on_layer=lambda name, k, n: say(f"{parent or 'top level'}: layer {k + 1} of {n}, {name}"))
+                                    say=lambda text: say(f"{parent or 'top level'}: {text}"))
     if mode in ("propagated", "both") and observes_layers(target):
         say(f"{where}: inside the target's run")
         result.propagated = propagated_errors(target, model, inputs, calls, rtol, example)
