@@ -342,11 +342,11 @@ def localize(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module
              threshold: float, granularity: str | list[str] = "blocks", mode: str = "both",
              example: Inputs | None = None, on_step: Callable[[str], None] | None = None) -> Localization:
     """Where `target` starts to differ from `reference` (the module docstring). `on_step` hears what is being done
-    (the level, the layer k of n), which is also logged with the time spent so far."""
+    (the level, the layer k of n), which is also logged (debug: --verbose) with the time spent so far."""
     start = time.perf_counter()
 
     def say(text: str) -> None:
-        log.info("localizing %s: %s (%.1f s)", target.id, text, time.perf_counter() - start)
+        log.debug("localizing %s: %s (%.1f s)", target.id, text, time.perf_counter() - start)
         if on_step is not None:
             on_step(text)
 
