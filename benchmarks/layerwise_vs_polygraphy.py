@@ -28,8 +28,9 @@ divergence into the exported graph and nowhere else, so eager PyTorch stays clea
   parity rounds likewise find their export in parity's artifact cache (a fresh cache folder, filled by
   one cold run first, which is shown on its own line with its ratios, for information). The export for
   Polygraphy (one process that exports both graphs and saves the input) is shown on its own line and not
-  counted. A last parity run, `--granularity blocks --mode both` (the hierarchical default, which also
-  exports each candidate layer alone), is extra information.
+  counted. A last parity run, `--granularity blocks --mode both` (the hierarchical default, the mode
+  `parity localize` and tier 2 use), starts from an empty cache of its own (its exports included) and is
+  compared with Polygraphy's export + save + compare, and its memory with Polygraphy's compare.
 
 Both run in this interpreter's environment, where torch is installed; Polygraphy then imports torch too
 (its JSON loader registers torch tensor (de)serializers whenever torch is importable), which is most of its
@@ -37,6 +38,11 @@ memory. Tolerances: atol 1e-4, rtol 1e-5 for both. Peak memory is the maximum re
 process and its children (os.wait4). The two Polygraphy runs and the parity run alternate for --rounds
 rounds; each row shows the median wall time and the median peak memory of its rounds.
 Goals: parity's wall time <= Polygraphy's, its peak memory <= 1.2 x Polygraphy's.
+
+Then, unless --no-compile, the same faulted ResNet-18 against a torch.compile target, the fault injected while
+compiling (`inject(..., "compiling")`), as a new user meets it: `parity run` of the experiment (tier 1, which fails
+and names the `parity localize` command) and that `parity localize` (default mode: blocks, both), each a whole
+process with an empty artifact cache of its own; it prints localize / run (goal <= 1.2).
 
 Run it from the repository root (about two minutes on a small machine; needs `pip install polygraphy`):
 
@@ -61,6 +67,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 ATOL, RTOL = 1e-4, 1e-5
 WALL_GOAL, MEMORY_GOAL = 1.0, 1.2
+COMPILED_GOAL = 1.2  # parity localize / parity run of the same check on a compile target
 
 BUILDER = '''"""The faulted ResNet-18 for parity (`build`), and the export for Polygraphy (run as a script)."""
 import sys
@@ -73,9 +80,9 @@ import torchvision
 from tests.fixtures.faults import inject
 
 
-def build(fault: str, magnitude: float) -> torch.nn.Module:
+def build(fault: str, magnitude: float, condition: str = "exporting") -> torch.nn.Module:
     torch.manual_seed(0)
-    return inject(torchvision.models.resnet18(weights=None).eval(), fault, magnitude, "exporting")
+    return inject(torchvision.models.resnet18(weights=None).eval(), fault, magnitude, condition)
 
 
 def values(path):
@@ -138,6 +145,18 @@ class Run:
     names: str = ""
 
 
+COMPILED = """name: compiled
+seed: 0
+models:
+  - {{name: resnet18, source: python, entry: "faulted:build", params: {{fault: {fault}, magnitude: {magnitude}, condition: compiling}}}}
+inputs:
+  - {{name: noise, synthetic: {{shape: [1, 3, {size}, {size}], seed: {seed}}}}}
+targets:
+  - {{backend: compile}}
+tolerances: {{atol: {atol}, rtol: {rtol}}}
+"""
+
+
 def measure(tool: str, cmd: list[str], cwd: Path) -> Run:
     """Run `cmd` as its own process: wall time, and the peak RSS of it and its children (os.wait4)."""
     log = cwd / f"{re.sub(r'[^a-z0-9]+', '-', tool.lower()).strip('-')}.log"
@@ -184,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="runs of each measured command; medians (default 3)")
     parser.add_argument("--fail-fast", action="store_true", help="Polygraphy stops comparing at the first failure")
     parser.add_argument("--keep", metavar="DIR", help="work in DIR and keep the files and logs there")
+    parser.add_argument("--no-compile", action="store_true", help="skip localize / run on a compile target")
     args = parser.parse_args(argv)
 
     bin_dir = Path(sys.executable).parent
@@ -221,15 +241,17 @@ def main(argv: list[str] | None = None) -> int:
         poly = Run("polygraphy (both runs)", ref.wall_s + cmp.wall_s, max(ref.peak_mb, cmp.peak_mb), cmp.rc, cmp.log)
         poly.names = polygraphy_first(cmp, values)
         leaf.names = f"{parity_first(leaf)} {leaf.names}"
-        blocks = measure("parity blocks, both (extra)", [*localize, "--granularity", "blocks", "--mode", "both"], work)
+        blocks = measure("parity default, cold cache", [*localize[:-1], "blocks-cache", "--granularity", "blocks",
+                                                         "--mode", "both"], work)
         blocks.names = parity_first(blocks)
+        compiled = None if args.no_compile else compiled_runs(work, args)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
     print(f"ResNet-18, input [1, 3, {args.size}, {args.size}] seed {args.seed}, fault {args.fault} x {args.magnitude:g} "
           f"on the ONNX side, atol {ATOL:g}, rtol {RTOL:g}")
-    print(f"(medians of {args.rounds} round(s), except the export, the cold run and the blocks run: one each)")
+    print(f"(medians of {args.rounds} round(s), except the export and the cold runs: one each)")
     print(f"{'':30s} {'wall s':>7s} {'peak MB':>8s}  first divergent layer named")
     for run in (export, ref, cmp, poly, cold, leaf, blocks):
         print(f"{run.tool:30s} {run.wall_s:7.2f} {run.peak_mb:8.0f}  {run.names}")
@@ -240,8 +262,31 @@ def main(argv: list[str] | None = None) -> int:
           f"peak memory {cold.peak_mb / poly.peak_mb:.2f}; with Polygraphy's export counted too: wall "
           f"{cold.wall_s / (poly.wall_s + export.wall_s):.2f}, peak memory "
           f"{cold.peak_mb / max(poly.peak_mb, export.peak_mb):.2f} (information)")
+    print(f"default parity localize (blocks, both), cold / polygraphy with its export: wall "
+          f"{blocks.wall_s / (poly.wall_s + export.wall_s):.2f} (goal <= 1), peak memory "
+          f"{blocks.peak_mb / cmp.peak_mb:.2f} of polygraphy's compare (goal <= {MEMORY_GOAL:g})")
     met = leaf.wall_s <= WALL_GOAL * poly.wall_s and leaf.peak_mb <= MEMORY_GOAL * poly.peak_mb
+    if compiled is not None:
+        run, loc = compiled
+        ratio = loc.wall_s / run.wall_s
+        print(f"compile target: parity run {run.wall_s:.2f} s (exit {run.rc}), parity localize {loc.wall_s:.2f} s "
+              f"({loc.names}): localize / run {ratio:.2f} (goal <= {COMPILED_GOAL:g}): "
+              f"{'met' if ratio <= COMPILED_GOAL else 'NOT met'}")
+        met = met and ratio <= COMPILED_GOAL
     return 0 if met else 1
+
+
+def compiled_runs(work: Path, args: argparse.Namespace) -> tuple[Run, Run]:
+    """`parity run` (tier 1) and `parity localize` of the compile target's failing check, each cold."""
+    (work / "compiled.yaml").write_text(COMPILED.format(fault=args.fault, magnitude=args.magnitude, size=args.size,
+                                                        seed=args.seed, atol=ATOL, rtol=RTOL))
+    cli = [sys.executable, "-m", "parity.cli"]
+    run = measure("parity run, compile", [*cli, "run", "compiled.yaml", "--out", "compiled-run", "--quiet",
+                                          "--no-report", "--cache-dir", "compiled-run-cache"], work)
+    loc = measure("parity localize, compile", [*cli, "localize", "compiled.yaml", "--cache-dir",
+                                               "compiled-localize-cache"], work)
+    loc.names = parity_first(loc)
+    return run, loc
 
 
 if __name__ == "__main__":

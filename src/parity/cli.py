@@ -280,7 +280,8 @@ def cmd_localize(args: argparse.Namespace) -> int:
 
     exp, model_spec, target, input_spec = _one_check(args)
     with library_logs(_log_file(args), getattr(args, "verbose", False)):
-        record = typed({"kind": "layers", **_runner(args, exp).localize(model_spec, target, input_spec)})
+        record = typed({"kind": "layers", **_runner(args, exp).localize(model_spec, target, input_spec,
+                                                                        progress=sys.stderr.isatty())})
     console = _console()
     render_layers(record, console)
     _said_records(args)

@@ -86,6 +86,9 @@ class Backend(ABC):
     # Whether `capture_layers` is implemented: tier 2's propagated mode then reads layer outputs from inside
     # this backend's own run (a backend that `runs_module_hooks` is read through hooks instead).
     captures_layers: ClassVar[bool] = False
+    # Whether `slice_layers` is implemented: tier 2's local mode then runs each layer as a slice of the one artifact
+    # of the whole model instead of preparing every layer alone (which stays the fallback for layers it cannot slice).
+    slices_layers: ClassVar[bool] = False
     # The devices on which an experiment in the published tool's format (experiment/legacy.py), which names no
     # targets, checks this backend when it is available here.
     legacy_devices: ClassVar[tuple[str, ...]] = ()
@@ -157,6 +160,22 @@ class Backend(ABC):
         `example`), prepared from `example` as `prepare` is, or a string saying why that module's cannot be
         seen. Optional: a backend that implements it sets `captures_layers`."""
         raise NotImplementedError(f"backend '{self.name}' cannot show layer outputs from inside its own run")
+
+    def slice_layers(self, model: torch.nn.Module, example: Inputs,
+                     layers: dict[str, list[tuple[Inputs, Any]]]) -> dict[str, list[Any] | str]:
+        """Each named module alone on this backend, cut from the artifact of the whole `model` prepared from `example`:
+        for each of its calls (the inputs it was fed, the output whose structure the result takes), its output; or a
+        string saying why that module cannot be cut out (the caller then prepares it alone). Optional: a backend that
+        implements it sets `slices_layers`."""
+        raise NotImplementedError(f"backend '{self.name}' cannot run a layer as a slice of the whole model")
+
+    def slice_own_code(self, model: torch.nn.Module, example: Inputs, parent: str, call: tuple[Inputs, Any],
+                       members: dict[str, list[tuple[Inputs, Any]]]) -> dict[str, list[tuple[Any, Any]]] | str:
+        """The own code of `parent` (what it computes between its `members`) cut from the same artifact, fed the
+        parent's recorded call and each member's recorded outputs: (reference, target) pairs of what it returns (under
+        `parent`) and hands each member (under the member's name); or why it cannot be cut out. With
+        `slices_layers`."""
+        raise NotImplementedError(f"backend '{self.name}' cannot run a module's own code as a slice of the whole model")
 
     @classmethod
     def compiler_pass(cls, spec, passes: Callable[[], bool], budget_s: float) -> dict[str, Any] | None:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
-import os
 import re
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -137,6 +137,7 @@ class OnnxRuntimeBackend(Backend):
     libraries = ("torch", "onnx", "onnxscript", "onnx-ir", "onnxruntime", "numpy")  # the dynamo exporter's
     devices = ("cpu", "cuda")
     captures_layers = True
+    slices_layers = True
     legacy_devices = ("cpu", "cuda")
     dtypes = ("float32", "float16")
     Options = OnnxRuntimeOptions
@@ -232,14 +233,19 @@ class OnnxRuntimeBackend(Backend):
         folder = self.artifact("onnx", model, example, export)
         self._open_session(folder / "model.onnx")
 
-    def _open_session(self, path: Path) -> None:
+    def _open_session(self, graph: Path | bytes, weights: Path | None = None) -> None:
+        """A session with this target's options of the graph file, or of a graph in memory whose weights are in a
+        side file in the folder `weights` (tier 2's edited graphs: the artifact's folder is never written to)."""
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
         opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[self.options.graph_optimization_level])
         opts.intra_op_num_threads = runtime_threads(self.options.threads)
+        if weights is not None:
+            opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(weights))
+            opts.log_severity_level = 3  # errors only: what it warns of concerns the edited graph, not the user's model
         providers = self.providers(self.spec, self.options)
-        self.session = ort.InferenceSession(str(path), opts, providers=providers)
+        self.session = ort.InferenceSession(graph if isinstance(graph, bytes) else str(graph), opts, providers=providers)
         wanted, used = _provider_name(providers[0]), self.session.get_providers()
         if not used or used[0] != wanted:
             # ONNX Runtime's Python API retries on other providers when one fails to start (a CUDA or TensorRT
@@ -268,43 +274,157 @@ class OnnxRuntimeBackend(Backend):
 
         The dynamo exporter tags every ONNX node with the module scopes it came from. A module's outputs
         are the values its nodes produce and nodes outside it (or the graph's outputs) consume; they are
-        added as graph outputs and read in one run. This graph is exported without the exporter's own
-        optimizer, whose rewrites (folding a convolution into the batch norm after it, cancelling
-        transposes across a module's edge) would move or remove module boundaries; ONNX Runtime still
-        optimizes the session and keeps every requested output. A module with no value of its own
-        (an Identity, a Dropout in eval mode) is reported, not guessed. `model` is not changed: with the
-        export in the artifact cache, no copy of it is made at all."""
-        import hashlib
-
+        added as graph outputs and read in one run. The graph is `_layers_graph`'s, without the exporter's own
+        optimizer; ONNX Runtime still optimizes the session and keeps every requested output. A module with no
+        value of its own (an Identity, a Dropout in eval mode) is reported, not guessed."""
         import onnx
 
         if self.options.exporter == "torchscript":
-            why = "the TorchScript exporter keeps no module scopes in the graph (exporter: dynamo does)"
-            return dict.fromkeys(names, why)
+            return dict.fromkeys(names, NO_SCOPES)
         example = example.to("cpu", self.dtype)
         inputs = example if inputs is None else inputs.to("cpu", self.dtype)
-
-        def export(folder: Path) -> None:  # a copy is cast and exported: `model` is the caller's
-            # Weights go to a side file and stay there: the graph is edited (and shape-inferred) without them.
-            cast = copy.deepcopy(model).to(self.dtype)
-            export_onnx(cast, example, folder / "model.onnx", self.options.opset, optimize=False, external_data=True,
-                        dynamic_shapes=self.options.shapes_for(cast, example))
-
-        folder = self.artifact("onnx-layers", model, example, export)
+        folder = self._layers_graph(model, example)
         graph_model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
         boundary = module_boundaries(graph_model.graph, names)
         wanted = sorted({v for values in boundary.values() if isinstance(values, list) for v in values})
         add_outputs(graph_model, wanted)
-        # Beside the weights file it refers to; named by its outputs, written whole or not at all.
-        path = folder / f"observed-{hashlib.sha256(' '.join(wanted).encode()).hexdigest()[:16]}.onnx"
-        if not path.exists():
-            partial = path.with_suffix(f".{os.getpid()}.partial")
-            onnx.save(graph_model, str(partial))
-            os.replace(partial, path)
+        self._open_session(graph_model.SerializeToString(), folder)
         del graph_model
-        self._open_session(path)
         values = dict(zip(wanted, _run_without_copies(self.session, wanted, self._feed(inputs)), strict=True)) if wanted else {}
+        self.session = None
         return {name: ([values[v] for v in found] if isinstance(found, list) else found) for name, found in boundary.items()}
+
+    def slice_layers(self, model: torch.nn.Module, example: Inputs,
+                     layers: dict[str, list[tuple[Inputs, Any]]]) -> dict[str, list[Any] | str]:
+        """Each named module cut out of the whole model's exported graph (the one `capture_layers` reads, exported
+        once from `example` and kept in the artifact cache): the nodes the exporter tagged with the module's scope,
+        with the weights and constants they read, fed each call's recorded inputs. What the slice cannot say for
+        sure is refused and said, so that the layer is exported alone instead: a module holding control flow, inputs
+        or outputs that do not pair one to one with the recorded call's tensors by dtype and shape (a tensor passed
+        through untouched, an unused input, two inputs of one shape), a module called several times (its calls'
+        nodes share one scope) unless each call takes and gives one tensor (`_recorded`)."""
+        import onnx
+
+        if self.options.exporter == "torchscript":
+            return dict.fromkeys(layers, NO_SCOPES)
+        folder = self._layers_graph(model, example.to("cpu", self.dtype))
+        whole = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+        types = _ValueTypes(whole)
+        out: dict[str, list[Any] | str] = {}
+        for name, calls in layers.items():
+            piece = module_slice(whole.graph, name)
+            edges = piece if isinstance(piece, str) else self._recorded(piece, calls, types)
+            if isinstance(edges, str):
+                out[name] = edges
+                continue
+            known, leaves = edges
+            self._open_session(piece.model(whole, types, name).SerializeToString(), folder)
+            try:
+                got = dict(zip(piece.outputs, self.session.run(piece.outputs, {
+                    v: self._cast(known[v]).contiguous().numpy() for v in piece.inputs}), strict=True))
+            finally:
+                self.session = None
+            out[name] = [as_structure(reference, [torch.from_numpy(got[v]) for v in values])
+                         for (_, reference), values in zip(calls, leaves, strict=True)]
+        return out
+
+    def slice_own_code(self, model: torch.nn.Module, example: Inputs, parent: str, call: tuple[Inputs, Any],
+                       members: dict[str, list[tuple[Inputs, Any]]]) -> dict[str, list[tuple[Any, Any]]] | str:
+        """The parent's own code (its nodes outside every member's scope) cut out of the whole model's graph
+        (`slice_layers`'), fed the parent's recorded inputs and each member's recorded outputs: (reference, target)
+        pairs of the values it computes that the parent returns (under `parent`) and that it hands each member (under
+        the member's name); or why it cannot be cut out (the caller then exports the parent with replays)."""
+        import onnx
+
+        if self.options.exporter == "torchscript":
+            return NO_SCOPES
+        folder = self._layers_graph(model, example.to("cpu", self.dtype))
+        whole = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+        graph, types = whole.graph, _ValueTypes(whole)
+        edges = {parent: module_slice(graph, parent), **{m: module_slice(graph, m) for m in members}}
+        # A member with no node of its own (an Identity, a Dropout in eval mode) has no edge: its output is its input.
+        edges = {name: piece for name, piece in edges.items() if name == parent or piece != NOT_IN_GRAPH}
+        members = {m: calls for m, calls in members.items() if m in edges}
+        reference: dict[str, Any] = {}  # the reference's value of each graph value at these modules' edges
+        for name, piece in edges.items():
+            known = piece if isinstance(piece, str) else self._recorded(piece, [call] if name == parent else members[name], types)
+            if isinstance(known, str):
+                return f"{name}: {known}"
+            reference.update(known[0])
+        scoped = set(members)
+        own = [i for i in _inside(graph, parent) if not scoped & set(_scopes(graph.node[i])[:-1])]
+        made = {v for i in own for v in graph.node[i].output}
+        handed = {name: [v for v in edges[name].inputs if v in made] for name in [parent, *members]}
+        handed[parent] = [v for v in edges[parent].outputs if v in made]  # what the parent returns, from its own code
+        wanted = list(dict.fromkeys(v for values in handed.values() for v in values))
+        if not wanted:  # its own code computes nothing that leaves it: nothing of its own to differ
+            return {}
+        piece = _cut(graph, own, wanted)
+        if isinstance(piece, str):
+            return piece
+        unknown = [v for v in piece.inputs if v not in reference]
+        if unknown:
+            return f"its own code reads '{unknown[0]}', neither the parent's input nor a member's output"
+        self._open_session(piece.model(whole, types, f"{parent or 'the model'}'s own code").SerializeToString(), folder)
+        try:
+            got = dict(zip(wanted, self.session.run(wanted, {v: self._cast(reference[v]).contiguous().numpy()
+                                                               for v in piece.inputs}), strict=True))
+        finally:
+            self.session = None
+        return {name: [(reference[v], torch.from_numpy(got[v])) for v in values] for name, values in handed.items() if values}
+
+    def _recorded(self, piece: Slice, calls: list[tuple[Inputs, Any]],
+                  types: _ValueTypes) -> tuple[dict[str, Any], list[list[str]]] | str:
+        """The recorded tensor at each edge value of a module's slice (its inputs and outputs), and for each call the
+        value of each tensor leaf of its output; or why they do not pair. A module called once: paired by dtype and
+        shape, one to one. One called several times: one input and one output tensor a call, paired call by call in
+        graph order (the exporter writes the calls' nodes in the order they ran)."""
+        known: dict[str, Any] = {}
+        leaves: list[list[str]] = []
+        for what, values, recorded in (("inputs", piece.inputs, [c[0].tensors() for c in calls]),
+                                       ("outputs", piece.outputs, [flatten_values(c[1]) for c in calls])):
+            infos = types.of(values)
+            if len(calls) == 1:
+                order = pair([[j for j, t in enumerate(recorded[0]) if fits(info, self._cast(t))] for info in infos],
+                             len(recorded[0]))
+                if isinstance(order, str):
+                    return f"its slice's {what} {order}"
+                known.update({v: recorded[0][j] for v, j in zip(values, order, strict=True)})
+                by_leaf = [[values[order.index(j)] for j in range(len(recorded[0]))]]
+            else:
+                if any(len(r) != 1 for r in recorded) or len(values) != len(calls):
+                    return (f"called {len(calls)} times in one forward, its slice's {what} are {len(values)} value(s) "
+                            f"of the graph for {sum(map(len, recorded))} recorded tensor(s): not one a call")
+                if not all(fits(info, self._cast(r[0])) for info, r in zip(infos, recorded, strict=True)):
+                    return f"called {len(calls)} times in one forward, its slice's {what} differ call by call in dtype or shape"
+                known.update({v: r[0] for v, r in zip(values, recorded, strict=True)})
+                by_leaf = [[v] for v in values]
+            if what == "outputs":
+                leaves = by_leaf
+        return known, leaves
+
+    def _cast(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A recorded tensor as the graph takes it: floating ones in the target's dtype."""
+        return tensor.to(self.dtype) if tensor.is_floating_point() else tensor
+
+    def _layers_graph(self, model: torch.nn.Module, example: Inputs) -> Path:
+        """The folder of the graph tier 2 looks inside (`model.onnx`, its weights in a side file): the whole model
+        exported from `example` (already cast) with the target's dynamic dims, without the exporter's own optimizer,
+        whose rewrites (folding a convolution into the batch norm after it, cancelling transposes across a module's
+        edge) would move or remove module boundaries. `model` is not changed: a copy is cast and exported, and with
+        the export in the artifact cache no copy is made at all."""
+
+        def export(folder: Path) -> None:
+            cast = copy.deepcopy(model).to(self.dtype)
+            export_onnx(cast, example, folder / "model.onnx", self.options.opset, optimize=False, external_data=True,
+                        dynamic_shapes=self.options.shapes_for(cast, example))
+
+        made = getattr(self, "_layers_graphs", None)
+        if made is None:
+            made = self._layers_graphs = {}
+        if id(model) not in made:  # one backend looks inside one model (verify/activations.py's `looking_inside`)
+            made[id(model)] = self.artifact("onnx-layers", model, example, export)
+        return made[id(model)]
 
     def close(self) -> None:
         self.session = None
@@ -377,6 +497,10 @@ def _run_without_copies(session, names: list[str], feed: dict) -> list[torch.Ten
         return [torch.from_numpy(v.numpy()) for v in values]
 
 
+NO_SCOPES = "the TorchScript exporter keeps no module scopes in the graph (exporter: dynamo does)"
+NOT_IN_GRAPH = "not in the exported graph (no computation of its own, or folded away)"
+
+
 def _scopes(node) -> list[str]:
     import ast
 
@@ -388,20 +512,35 @@ def _scopes(node) -> list[str]:
 
 def module_boundaries(graph, names: list[str]) -> dict[str, list[str] | str]:
     """For each module path, the ONNX values at its output boundary, in graph order (one per call of a
-    single-output module), or the reason there are none."""
+    single-output module), or the reason there are none. A constant made inside the module and read outside it
+    too (the exporter makes a scalar once and reuses it) is not an output."""
     scopes = [set(_scopes(node)[:-1]) for node in graph.node]  # the last entry is the node's own name
     graph_outputs = {o.name for o in graph.output}
+    constant = _constant_nodes(graph)
     out: dict[str, list[str] | str] = {}
     for name in names:
         inside = [i for i, s in enumerate(scopes) if name in s]
         if not inside:
-            out[name] = "not in the exported graph (no computation of its own, or folded away)"
+            out[name] = NOT_IN_GRAPH
             continue
         inside_set = set(inside)
         consumed_outside = {v for i, node in enumerate(graph.node) if i not in inside_set for v in node.input}
-        values = [v for i in inside for v in graph.node[i].output if v and (v in consumed_outside or v in graph_outputs)]
-        out[name] = values
+        out[name] = [v for i in inside if i not in constant for v in graph.node[i].output
+                     if v and (v in consumed_outside or v in graph_outputs)]
     return out
+
+
+def _constant_nodes(graph) -> set[int]:
+    """The nodes that read only weights and constants (a Constant, a reshape of a weight): in graph order, a node's
+    producers come before it."""
+    weights = {w.name for w in graph.initializer}
+    constant_values: set[str] = set()
+    found = set()
+    for i, node in enumerate(graph.node):
+        if all(not v or v in weights or v in constant_values for v in node.input):
+            found.add(i)
+            constant_values.update(node.output)
+    return found
 
 
 def add_outputs(model, names: list[str]) -> None:
@@ -420,3 +559,133 @@ def add_outputs(model, names: list[str]) -> None:
         if name not in known:
             raise RuntimeError(f"the ONNX value '{name}' has no type information")
         model.graph.output.append(known[name])
+
+
+class _ValueTypes:
+    """The type (ValueInfoProto) of every value of a graph: its inputs', outputs' and those the exporter wrote, the
+    rest inferred once when first asked for."""
+
+    def __init__(self, model):
+        graph = model.graph
+        self.model, self.known = model, {v.name: v for v in [*graph.input, *graph.value_info, *graph.output]}
+        self.inferred = False
+
+    def of(self, names: list[str]) -> list:
+        import onnx
+
+        if not self.inferred and any(n not in self.known for n in names):
+            inferred = onnx.shape_inference.infer_shapes(self.model).graph.value_info
+            self.known.update({v.name: v for v in inferred if v.name not in self.known})
+            self.inferred = True
+        missing = [n for n in names if n not in self.known]
+        if missing:
+            raise RuntimeError(f"the ONNX value '{missing[0]}' has no type information")
+        return [self.known[n] for n in names]
+
+
+@dataclass
+class Slice:
+    """Nodes of a graph (in graph order) that compute `outputs` from `inputs` and the graph's weights."""
+
+    nodes: list
+    inputs: list[str]
+    outputs: list[str]
+
+    def model(self, whole, types: _ValueTypes, name: str):
+        """The slice as a model of its own: the whole graph's opsets, functions and the weights its nodes read (their
+        side-file references kept, so that nothing is copied)."""
+        import onnx
+
+        read = {v for node in self.nodes for v in node.input}
+        graph = onnx.helper.make_graph(self.nodes, f"slice of {name}", types.of(self.inputs), types.of(self.outputs),
+                                       initializer=[w for w in whole.graph.initializer if w.name in read])
+        return onnx.helper.make_model(graph, opset_imports=whole.opset_import, ir_version=whole.ir_version,
+                                      functions=whole.functions)
+
+
+def _inside(graph, name: str) -> list[int]:
+    """The nodes the exporter tagged with the module scope `name` (every node for the model itself, "")."""
+    return [i for i, node in enumerate(graph.node) if name in _scopes(node)[:-1]]
+
+
+def module_slice(graph, name: str) -> Slice | str:
+    """The nodes of the module `name` giving the values at its output boundary (`module_boundaries`), or why the
+    module cannot be cut out that way (`_cut`)."""
+    inside = _inside(graph, name)
+    return _cut(graph, inside, module_boundaries(graph, [name])[name]) if inside else NOT_IN_GRAPH
+
+
+def _cut(graph, indices: list[int], outputs: list[str]) -> Slice | str:
+    """The nodes `indices`, with the outside nodes that compute constants they read (a Constant, a reshape of a
+    weight), fed the values that flow in from the rest of the graph; or why they cannot be cut out."""
+    import onnx
+
+    producer = {v: i for i, node in enumerate(graph.node) for v in node.output if v}
+    weights = {w.name for w in graph.initializer}
+    constant = _constant_nodes(graph)
+    chosen, stack = set(indices), list(indices)
+    while stack:  # pull in the constants the nodes read, and theirs
+        for v in graph.node[stack.pop()].input:
+            j = producer.get(v)
+            if j is not None and j not in chosen and j in constant:
+                chosen.add(j)
+                stack.append(j)
+    nodes = [graph.node[i] for i in sorted(chosen)]
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for node in nodes for a in node.attribute):
+        return "it holds control flow (If, Loop, Scan), whose bodies a slice does not cut"
+    made = {v for node in nodes for v in node.output}
+    inputs = list(dict.fromkeys(v for node in nodes for v in node.input if v and v not in made and v not in weights))
+    return Slice(nodes, inputs, outputs)
+
+
+def _dims(info) -> tuple[int | None, ...] | None:
+    """A value's dims (None: a dim of any size), None when its rank is unknown."""
+    tensor = info.type.tensor_type
+    if not tensor.HasField("shape"):
+        return None
+    return tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
+
+
+def fits(info, tensor: torch.Tensor) -> bool:
+    """Whether `tensor` can be fed as the graph value `info`: its element type, and its shape within the dims."""
+    import onnx
+
+    dims = _dims(info)
+    if dims is not None and (len(dims) != tensor.dim() or any(d not in (None, s) for d, s in zip(dims, tensor.shape, strict=True))):
+        return False
+    try:
+        element = onnx.helper.np_dtype_to_tensor_dtype(torch.empty(0, dtype=tensor.dtype).numpy().dtype)
+    except (TypeError, KeyError):  # a dtype numpy has no name for
+        return False
+    return info.type.tensor_type.elem_type == element
+
+
+def pair(fits: list[list[int]], count: int) -> list[int] | str:
+    """For each graph value, the one recorded tensor it is (`fits[i]`: the indices of the `count` tensors whose dtype
+    and shape fit value i), every tensor used once; or why they do not pair one to one."""
+    if len(fits) != count:
+        return f"are {len(fits)} value(s) of the graph, the recorded call has {count} tensor(s)"
+    order = [f[0] for f in fits if len(f) == 1]
+    if len(order) == count and len(set(order)) == count:
+        return order
+    if any(not f for f in fits):
+        return "differ in dtype or shape from the recorded call's tensors"
+    return "cannot be told apart from each other by dtype and shape"
+
+
+def flatten_values(output: Any) -> list[torch.Tensor]:
+    """The tensor leaves of a recorded output, in flatten order."""
+    from parity.outputs import flatten
+
+    return [leaf for leaf in flatten(output).values() if isinstance(leaf, torch.Tensor)]
+
+
+def as_structure(reference: Any, tensors: list[torch.Tensor]) -> Any:
+    """The slice's output tensors (in the flatten order of the reference's tensor leaves) in the structure of the
+    reference's recorded output, its non-tensor leaves kept (as an exported graph's are): a tensor, or its leaves."""
+    from parity.outputs import flatten
+
+    if isinstance(reference, torch.Tensor):
+        return tensors[0]
+    given = iter(tensors)
+    return [next(given) if isinstance(leaf, torch.Tensor) else leaf for leaf in flatten(reference).values()]

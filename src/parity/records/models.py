@@ -377,6 +377,10 @@ class LayerError(Part):
     sqnr_db: float | None = Field(None, description="Signal to quantization noise, dB; null when identical.")
     required_atol: float | None = Field(None, description="The atol it passes at; null: none.")
     error: str | None = Field(None, description="Why it could not be run or compared on the target.")
+    measured_by: str | None = Field(None, description="An own (local) error: how the layer alone ran on the target, "
+                                                      "`slice` (cut from the artifact of the whole model) or `export` "
+                                                      "(prepared alone; with why it was not sliced, in brackets, when "
+                                                      "the target slices); null for a propagated error.")
 
 
 class Layer(Part):

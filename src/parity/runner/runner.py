@@ -74,8 +74,9 @@ WIDTH = 56  # the progress description: the rest of an 80-column line holds the 
 class _Progress:
     """A rich progress bar over executions; silent when not wanted."""
 
-    def __init__(self, total: int, enabled: bool):
-        """`enabled`: a bar on stderr, its description WIDTH characters (an 80-column terminal keeps the bar)."""
+    def __init__(self, total: int | None, enabled: bool):
+        """`enabled`: a bar on stderr, its description WIDTH characters (an 80-column terminal keeps the bar); `total`
+        None: a bar with no end (a localization's steps are not known ahead)."""
         self.enabled = enabled
         if enabled:
             from rich.console import Console
@@ -237,7 +238,8 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
                 "layers", job.model.name, job.inputs.name, spec.id):
             progress.describe(f"localizing {job.model.name} / {job.inputs.name} / {spec.id}")
             writer.write("layers", **localize_check(job, spec, configured_model(model, spec, job.model.name), inputs, exp,
-                                                    example, target.notes))
+                                                    example, target.notes,
+                                                    on_step=lambda text, spec=spec: progress.describe(f"localizing {spec.id}: {text}")))
         writer.write("check", **check.record(), fingerprints=fingerprints[spec.id])  # last: the judgement is complete
 
 
@@ -451,17 +453,22 @@ class Runner:
             raise ParityError(f"target {spec.id} cannot run here: {reason}")
         return model_spec, spec, input_spec
 
-    def localize(self, model_spec: ModelSpec, target: BackendSpec, input_spec: InputSetSpec) -> dict[str, Any]:
+    def localize(self, model_spec: ModelSpec, target: BackendSpec, input_spec: InputSetSpec,
+                 progress: bool = False) -> dict[str, Any]:
         """The `layers` record of one model x target x input set, without running the whole experiment, with
-        the tier-1 verdict it explains (`tier1`: does the check pass at the gate at all?)."""
+        the tier-1 verdict it explains (`tier1`: does the check pass at the gate at all?). `progress`: a bar on stderr
+        says what it does (the level, the layer k of n) and the time spent, as the run's does."""
         exp = self._tier2()
         model, _ = prepared_model(model_spec, exp)
         job, inputs, example = self._one_job(model_spec, target, input_spec)
-        with model_scope(self.cache, model_spec, exp):
+        bar = _Progress(None, progress)
+        with model_scope(self.cache, model_spec, exp), bar.running():
+            bar.describe(f"{target.id}: the check at the gate")
             tier1, notes = gate_check(job, target, lambda spec: configured_model(model, spec, model_spec.name), inputs,
                                       exp, example)
             configured = configured_model(model, target, model_spec.name)  # localize the target as it runs
-            record = {**localize_check(job, target, configured, inputs, exp, example, notes), "tier1": tier1}
+            record = {**localize_check(job, target, configured, inputs, exp, example, notes,
+                                       on_step=lambda text: bar.describe(f"{target.id}: {text}")), "tier1": tier1}
         self._write_record("layers", record)
         return record
 

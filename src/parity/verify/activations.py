@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +53,9 @@ class LayerError:
     sqnr_db: float | None = None  # 10 log10(|ref|^2 / |target - ref|^2); None when identical
     required_atol: float | None = 0.0  # None: nothing passes (NaN introduced, shapes differ)
     error: str | None = None  # the layer could not be run or compared on the target
+    # A local error: how the layer alone was run on the target ("slice": cut from the artifact of the whole model,
+    # "export": prepared alone, and why not sliced); None for a propagated error.
+    measured_by: str | None = None
 
     def as_record(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items()}
@@ -186,21 +192,52 @@ def calibration_inputs(reference: BackendSpec, target: BackendSpec, model: torch
     return seen
 
 
+_INSIDE: ContextVar[Any] = ContextVar("parity_tier2_backend", default=None)
+
+
+@contextmanager
+def looking_inside(spec: BackendSpec) -> Iterator[None]:
+    """Within, tier 2 looks inside the target `spec` (reads its layers' outputs, slices its layers) through one
+    backend, so that the artifact of the whole model it looks inside (ONNX Runtime's graph) is made once for a whole
+    localization, not once per level, even when nothing is cached."""
+    from parity.execute.execution import new_backend
+
+    backend = new_backend(spec)
+    token = _INSIDE.set(backend)
+    try:
+        yield
+    finally:
+        _INSIDE.reset(token)
+        backend.close()
+
+
+@contextmanager
+def _backend_inside(spec: BackendSpec) -> Iterator[Any]:
+    """The backend `looking_inside` holds for `spec`, else one of its own, closed afterwards."""
+    from parity.execute.execution import new_backend
+
+    held = _INSIDE.get()
+    if held is not None and held.spec == spec:
+        yield held
+        return
+    backend = new_backend(spec)
+    try:
+        yield backend
+    finally:
+        backend.close()
+
+
 def _observed(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, names: list[str],
               example: Inputs | None) -> dict[str, list | str]:
     """Outputs per call of each named layer in one target run on `inputs`, prepared from `example` (None:
     `inputs`): through module hooks, or the backend's own `capture_layers` (ONNX Runtime: intermediate values
     made graph outputs). A string says why not."""
-    cls = backend_class(spec.backend)
-    if cls.runs_module_hooks:
+    if backend_class(spec.backend).runs_module_hooks:
         return {name: [c.output for c in calls]
                 for name, calls in capture(spec, model, inputs, names, with_inputs=False, example=example).items()}
-    backend = cls(spec)
-    try:  # it copies what it changes
+    with _backend_inside(spec) as backend:  # it copies what it changes
         return backend.capture_layers(model, (example if example is not None else inputs).clone(), names,
                                       inputs=inputs.clone())
-    finally:
-        backend.close()
 
 
 def propagated_errors(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs,
@@ -226,7 +263,7 @@ def propagated_errors(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs,
 
 
 def local_error(spec: BackendSpec, module: torch.nn.Module, calls: list[Call], rtol: float) -> LayerError:
-    """The layer alone on the target, fed the reference's inputs to it: its own error."""
+    """The layer alone on the target, prepared alone and fed the reference's inputs to it: its own error."""
     from parity.execute.execution import execute
 
     errors = []
@@ -236,6 +273,41 @@ def local_error(spec: BackendSpec, module: torch.nn.Module, calls: list[Call], r
             return LayerError(call.name, required_atol=None, error=f"{result.status}: {result.error}")
         errors.append(layer_error(call.name, call.output, result.outputs[0], rtol))
     return worst(errors) if errors else LayerError(calls[0].name if calls else "?", error="never called")
+
+
+def local_errors(spec: BackendSpec, model: torch.nn.Module, calls: dict[str, list[Call]], rtol: float,
+                 example: Inputs, own: dict[str, list[Inputs]] | None = None,
+                 say: Callable[[str], None] = lambda text: None) -> dict[str, LayerError]:
+    """Each layer's own error (`local_error`), in call order. A backend that slices layers (`slices_layers`: ONNX
+    Runtime) runs them all as slices of one artifact of the whole model, prepared from `example` as the run prepared
+    it, so a level costs one export rather than one per layer; a layer it cannot slice (or every layer of a quantized
+    target, calibrated per layer on `own`, its inputs in the calibration runs) is prepared alone, and says why.
+    `say` hears what is measured next (the slices; each layer prepared alone, k of n), for progress."""
+    from parity.execute import calibration
+
+    sliced: dict[str, list | str] = {}
+    if backend_class(spec.backend).slices_layers and own is None:
+        say(f"{len(calls)} layers as slices of the whole model's artifact")
+        try:
+            with _backend_inside(spec) as backend:
+                sliced = backend.slice_layers(model, example.clone(),
+                                              {name: [(c.inputs, c.output) for c in layer] for name, layer in calls.items()})
+        except Exception as exc:  # the whole graph could not be exported: every layer is exported alone
+            why = f"the whole model's graph could not be sliced: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+            sliced = dict.fromkeys(calls, why)
+    out = {}
+    for k, (name, layer) in enumerate(calls.items()):
+        got = sliced.get(name)
+        if isinstance(got, list):
+            out[name] = worst([layer_error(name, c.output, t, rtol) for c, t in zip(layer, got, strict=True)])
+            out[name].measured_by = "slice"
+            continue
+        say(f"layer {k + 1} of {len(calls)}, {name}" + (" (not sliced)" if got else ""))
+        mine = own[name] if own is not None else None
+        with calibration.providing(lambda _set, mine=mine: mine) if mine is not None else nullcontext():
+            out[name] = local_error(spec, model.get_submodule(name), layer, rtol)
+        out[name].measured_by = "export" + (f" ({got})" if got else "")
+    return out
 
 
 class Replay(torch.nn.Module):
@@ -258,16 +330,34 @@ class Replay(torch.nn.Module):
 
 
 def own_code_error(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module, inputs: Inputs,
-                   parent: str, members: list[str], rtol: float) -> LayerError | None:
+                   parent: str, members: list[str], rtol: float, example: Inputs | None = None) -> LayerError | None:
     """The error of `parent`'s own code (the operations between its submodules): the parent runs on the
     target with every submodule replaced by a replay of the reference's outputs, fed the reference's
-    input. None when the parent is called more than once (replays would not line up), and for a quantized
-    target."""
+    input. A backend that slices layers runs the parent's own code as a slice of the whole model's artifact
+    (prepared from `example`, None: `inputs`) instead, fed the same, and exports the parent with replays only
+    when it cannot. None when the parent is called more than once (replays would not line up), and for a
+    quantized target."""
     if target.quantize is not None:  # a parent of replays would be quantized without its layers' ranges
         return None
     calls = capture(reference, model, inputs, [parent, *members])
     if len(calls.get(parent, [])) != 1:
         return None
+    name = f"{parent or 'the model'} (own code)"
+    why = None
+    if backend_class(target.backend).slices_layers:
+        try:
+            with _backend_inside(target) as backend:
+                got = backend.slice_own_code(model, (example if example is not None else inputs).clone(), parent,
+                                             (calls[parent][0].inputs, calls[parent][0].output),
+                                             {m: [(c.inputs, c.output) for c in calls[m]] for m in members if m in calls})
+        except Exception as exc:
+            got = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        if not isinstance(got, str):
+            errors = [layer_error(n, ref, tgt, rtol) for n, pairs in got.items() for ref, tgt in pairs]
+            error = worst(errors) if errors else LayerError(name)  # nothing computed of its own: nothing differs
+            error.name, error.measured_by = name, "slice"
+            return error
+        why = got
     block = copy.deepcopy(model.get_submodule(parent))
     prefix = f"{parent}." if parent else ""
     replays: dict[str, Replay] = {}
@@ -284,7 +374,7 @@ def own_code_error(reference: BackendSpec, target: BackendSpec, model: torch.nn.
             errors += [layer_error(name, (c.inputs.args, c.inputs.kwargs), r, rtol)
                        for c, r in zip(calls[name], got, strict=True)]
     error = worst(errors)
-    error.name = f"{parent or 'the model'} (own code)"
+    error.name, error.measured_by = name, "export" + (f" ({why})" if why else "")
     return error
 
 

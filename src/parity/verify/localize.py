@@ -20,10 +20,10 @@ replays has no ranges of its own) nor its propagated errors (the exported int8 g
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,19 +34,21 @@ from parity import taxonomy as tx
 from parity.backends.base import Backend
 from parity.config.schema import BackendSpec
 from parity.errors import ParityError, did_you_mean
-from parity.execute import calibration
 from parity.inputs import Inputs
 from parity.verify.activations import (
     LayerError,
     LevelResult,
     calibration_inputs,
     capture,
-    local_error,
+    local_errors,
+    looking_inside,
     observes_layers,
     own_code_error,
     propagated_errors,
 )
 from parity.verify.judge import judge
+
+log = logging.getLogger(__name__)
 
 FLAT_CHUNK = 24  # layers per end-to-end run in a flat (leaf, depth:N, list) comparison; 96 in propagated mode
 MODEL = "(model)"  # the culprit when the model's own top-level code is at fault
@@ -87,22 +89,25 @@ def layer_names(model: torch.nn.Module, granularity: str | list[str]) -> list[st
 
 
 def evaluate(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module, inputs: Inputs,
-             names: list[str], rtol: float, mode: str, parent: str = "", example: Inputs | None = None) -> LevelResult:
+             names: list[str], rtol: float, mode: str, parent: str = "", example: Inputs | None = None,
+             say: Callable[[str], None] = lambda text: None) -> LevelResult:
     """Local and/or propagated errors of `names`, in call order. Holds the reference's inputs and
     outputs of these layers only, and each target output only while it is compared. End to end, both sides
     are prepared from `example` (the run's example inputs; None: `inputs`) and run `inputs`, as the run
-    did: the target's layers are seen inside the artifact that failed. A layer alone (local mode) is
-    prepared from its own inputs: no run made an artifact of it."""
+    did: the target's layers are seen inside the artifact that failed. A layer alone (local mode) is a slice of
+    the whole model's artifact where the target slices (`local_errors`), else prepared from its own inputs.
+    `say` hears what is being done (for progress)."""
+    where = f"{parent or 'top level'} ({len(names)} layers)"
+    say(f"{where}: the reference")
     calls = capture(reference, model, inputs, names, with_inputs=mode != "propagated",  # only local mode needs them
                     example=example)
     result = LevelResult(names=list(calls), shared=[n for n, c in calls.items() if len(c) > 1])
     if mode in ("local", "both"):
         observed = calibration_inputs(reference, target, model, list(calls))  # a quantized target's, per layer
-        for name, layer_calls in calls.items():
-            own = observed[name] if observed is not None else None
-            with calibration.providing(lambda _set, own=own: own) if own is not None else nullcontext():
-                result.local[name] = local_error(target, model.get_submodule(name), layer_calls, rtol)
+        result.local = local_errors(target, model, calls, rtol, example if example is not None else inputs, observed,
+                                    say=lambda text: say(f"{parent or 'top level'}: {text}"))
     if mode in ("propagated", "both") and observes_layers(target):
+        say(f"{where}: inside the target's run")
         result.propagated = propagated_errors(target, model, inputs, calls, rtol, example)
     del calls
     return result
@@ -336,14 +341,30 @@ def _ranked(level: LevelResult, threshold: float) -> list[LayerError]:
 
 def localize(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, rtol: float,
              threshold: float, granularity: str | list[str] = "blocks", mode: str = "both",
-             example: Inputs | None = None) -> Localization:
+             example: Inputs | None = None, on_step: Callable[[str], None] | None = None) -> Localization:
+    """Where `target` starts to differ from `reference` (the module docstring). `on_step` hears what is being done
+    (the level, the layer k of n), which is also logged (debug: --verbose) with the time spent so far."""
     start = time.perf_counter()
+
+    def say(text: str) -> None:
+        log.debug("localizing %s: %s (%.1f s)", target.id, text, time.perf_counter() - start)
+        if on_step is not None:
+            on_step(text)
+
+    with looking_inside(target):
+        loc = _localize(reference, target, model, inputs, rtol, threshold, granularity, mode, example, say)
+    loc.elapsed_s = time.perf_counter() - start
+    return loc
+
+
+def _localize(reference, target, model, inputs, rtol, threshold, granularity, mode, example, say) -> Localization:
     if granularity != "blocks":
         level = LevelResult(names=[])
         names = layer_names(model, granularity)
         chunk = FLAT_CHUNK if mode != "propagated" else 4 * FLAT_CHUNK  # outputs only: four times the layers
         for i in range(0, len(names), chunk):  # a chunk at a time: memory bounded however many layers
-            part = evaluate(reference, target, model, inputs, names[i:i + chunk], rtol, mode, example=example)
+            say(f"layers {i + 1}-{min(i + chunk, len(names))} of {len(names)}")
+            part = evaluate(reference, target, model, inputs, names[i:i + chunk], rtol, mode, example=example, say=say)
             level.names += part.names
             level.shared += part.shared
             level.local.update(part.local)
@@ -358,13 +379,12 @@ def localize(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module
         loc.first_divergent = _first_divergent(level, threshold, basis)
         loc.first_divergent_by = basis if loc.first_divergent else None
     else:
-        loc = _descend(reference, target, model, inputs, rtol, threshold, mode, example)
+        loc = _descend(reference, target, model, inputs, rtol, threshold, mode, example, say)
         loc.mode_used = mode
-    loc.elapsed_s = time.perf_counter() - start
     return loc
 
 
-def _descend(reference, target, model, inputs, rtol, threshold, mode, example) -> Localization:
+def _descend(reference, target, model, inputs, rtol, threshold, mode, example, say) -> Localization:
     """Top-level modules first, then inside the one with the largest own error, down to a leaf. At each
     level the parent's own code (its operations between submodules, measured with the submodules
     replayed from the reference) competes with its submodules: when it is the worst, the search stops
@@ -376,12 +396,14 @@ def _descend(reference, target, model, inputs, rtol, threshold, mode, example) -
         names = children(model, parent)
         if not names:
             break
-        level = evaluate(reference, target, model, inputs, names, rtol, mode, parent, example)
+        level = evaluate(reference, target, model, inputs, names, rtol, mode, parent, example, say)
         loc.levels.append((parent, level))
         ranked = _ranked(level, threshold)
         skipped = [e.name for e in level.local.values() if e.error]
         loc.skipped += skipped
-        own = own_code_error(reference, target, model, inputs, parent, names, rtol) if level.local else None
+        if level.local:
+            say(f"{parent or 'top level'}: its own code")
+        own = own_code_error(reference, target, model, inputs, parent, names, rtol, example) if level.local else None
         if own is not None and not own.error:
             level.own_code = own
             if not within(own, threshold) and (not ranked or size(own) > size(ranked[0])):
@@ -391,7 +413,7 @@ def _descend(reference, target, model, inputs, rtol, threshold, mode, example) -
         if not ranked:
             if loc.culprit is None:  # the top level: no layer exceeds the threshold alone
                 loc.whole_graph = bool(level.local) and not skipped
-                _follow_propagated(loc, reference, target, model, inputs, rtol, threshold, example)
+                _follow_propagated(loc, reference, target, model, inputs, rtol, threshold, example, say)
             else:
                 loc.as_a_whole = bool(level.local) and not skipped
             break
@@ -405,7 +427,7 @@ def _descend(reference, target, model, inputs, rtol, threshold, mode, example) -
     return loc
 
 
-def _follow_propagated(loc: Localization, reference, target, model, inputs, rtol, threshold, example) -> None:
+def _follow_propagated(loc: Localization, reference, target, model, inputs, rtol, threshold, example, say) -> None:
     """No own error names a layer: from the top level down, the first layer in call order whose
     propagated error (its output inside the target's own end-to-end run) exceeds the threshold."""
     level = loc.levels[0][1]
@@ -414,24 +436,25 @@ def _follow_propagated(loc: Localization, reference, target, model, inputs, rtol
         names = children(model, first)
         if not names:
             break
-        level = evaluate(reference, target, model, inputs, names, rtol, "propagated", first, example)
+        level = evaluate(reference, target, model, inputs, names, rtol, "propagated", first, example, say)
         loc.levels.append((first, level))
 
 
 def localize_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, experiment,
                    example: Inputs | None = None, notes: list[dict[str, Any]] = (),
-                   bisect: bool = True) -> dict[str, Any]:
+                   bisect: bool = True, on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The fields of a `layers` record for one failing check; end to end, each side is prepared from `example`
     (the job's example inputs; None: `inputs`), as the run prepared it. `notes`: what the target warned of in the
     run (execute/notes.py); a `trace_specialized` note names the warned line and its module. `bisect`: look for the
-    compiler pass when no layer makes an error of its own (a fallback search, which wants only the layers, does not)."""
+    compiler pass when no layer makes an error of its own (a fallback search, which wants only the layers, does not).
+    `on_step`: hears what is being done, for progress."""
     settings = experiment.tiers.activations
     tol = experiment.tolerance_for(target)
     threshold = settings.threshold if settings.threshold is not None else tol.gate
     base = {"tier": 2, "model": job.model.name, "inputs": job.inputs.name, "reference": job.reference.id}
     try:
         loc = localize(job.reference, target, model, inputs, tol.rtol, threshold,
-                       settings.granularity, settings.mode, example)
+                       settings.granularity, settings.mode, example, on_step)
     except ParityError:
         raise
     except Exception as exc:  # localization is evidence; a failure to gather it must not end the run
@@ -440,6 +463,8 @@ def localize_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inp
     if loc.specialized and not loc.suspects:
         loc.culprit, loc.whole_graph = loc.specialized.get("module"), False
     if bisect and not loc.suspects and not loc.specialized and any(e.error is None for _, lv in loc.levels for e in lv.local.values()):
+        if on_step is not None:
+            on_step("torch's compiler bisector")
         loc.compiler_pass = compiler_pass_of(job, target, model, inputs, experiment, example)
     return {**base, **loc.record(), "culprit_code": module_code(model, loc.culprit), "error": None}
 
