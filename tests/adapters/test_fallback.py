@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import yaml
 
 from parity.adapters.fallback import apply_fallback
 from parity.api import run_experiment
+from parity.backends.eager import EagerBackend
 from parity.cli import main
 from parity.config.schema import BackendSpec
 from parity.errors import ParityError
 from parity.inputs import Inputs
+from parity.outputs import map_tensors
 from parity.runner.search import candidates_from, is_whole_model, next_step, search_fallback
 from parity.verify.localize import localize
 from tests.fixtures.faults import inject
@@ -150,6 +154,26 @@ def test_a_task_level_fallback_restores_the_decision_where_no_set_reaches_a_tigh
     assert aimed.aim == "tier 3" and aimed.task_before["top1_agreement"] < 0.99
     assert aimed.passed and aimed.modules == ["head"] and aimed.task_after["top1_agreement"] == 1.0
     assert aimed.required_atol_after > 1e-7  # tier 1 still fails: only the decisions were the aim
+
+
+class NaNEager(EagerBackend):
+    """A target whose outputs are NaN wherever the reference's are negative: what no tier-3 agreement excuses."""
+
+    def run(self, inputs):
+        return map_tensors(lambda t: t.masked_fill(t < 0, float("nan")), super().run(inputs))
+
+
+def test_a_task_level_fallback_never_passes_a_trial_that_tier_1_finds_nan_in(monkeypatch):
+    """The fallback search judges a trial as the run's `gate: tier3` does: tier 3 decides numeric drift only, so
+    a target with NaN in its outputs finds no fallback, whatever the task's evaluator says of its decisions."""
+    import parity.runner.search as search
+    from parity.config.schema import tasks_spec
+
+    monkeypatch.setattr(search, "evaluate", lambda *args: SimpleNamespace(passed=True, metrics={}))
+    target = BackendSpec(backend="tests.adapters.test_fallback:NaNEager", dtype="bfloat16")
+    result = search_fallback(EAGER, target, faulty("bfloat16", 0.0), IMAGE, ["head"], 1e-5, 1e-4,
+                             task=("classification", tasks_spec()))
+    assert not result.passed and result.required_atol_before == float("inf")
 
 
 def test_localize_and_fallback_never_write_over_a_runs_records(tmp_path, capsys):
