@@ -149,8 +149,8 @@ def fallback_rows(photos: list[str], gate: float) -> list[tuple]:
         layers = localize_check(Job(exp.models[0], exp.inputs[0], exp.reference, None, (target,), 1), target, model,
                                 inputs, exp)
         for aim in (None, (task, tasks_spec())):
-            found = search_fallback(exp.reference, target, model, inputs, candidates_from(layers), exp.tolerances.rtol,
-                                  gate, task=aim)
+            found = search_fallback(exp.reference, target, model, inputs, candidates_from(layers),
+                                    exp.tolerance_for(target), task=aim)
             rows.append((name, target.id, found))
     return rows
 

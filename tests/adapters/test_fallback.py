@@ -13,6 +13,7 @@ from parity.api import run_experiment
 from parity.backends.eager import EagerBackend
 from parity.cli import main
 from parity.config.schema import BackendSpec
+from parity.config.tolerances import Tolerance
 from parity.errors import ParityError
 from parity.inputs import Inputs
 from parity.outputs import map_tensors
@@ -24,6 +25,11 @@ from tests.support import tiny_experiment
 
 EAGER = BackendSpec(backend="eager")
 IMAGE = Inputs((torch.randn(2, 3, 10, 10, generator=torch.Generator().manual_seed(0)),))
+
+
+def at(gate: float, rtol: float = 1e-5) -> Tolerance:
+    """A target's tolerance with this gate, as the experiment resolves one."""
+    return Tolerance((gate,), rtol, gate)
 
 
 def faulty(condition: str, magnitude: float):
@@ -38,7 +44,7 @@ def faulty(condition: str, magnitude: float):
 def test_the_faulty_module_is_the_minimal_fallback(target, condition, magnitude, gate):
     model = faulty(condition, magnitude)
     loc = localize(EAGER, target, model, IMAGE, 1e-5, 1e-4)
-    result = search_fallback(EAGER, target, model, IMAGE, candidates_from(loc.record()), 1e-5, gate)
+    result = search_fallback(EAGER, target, model, IMAGE, candidates_from(loc.record()), at(gate))
     assert result.required_atol_before > gate
     assert result.passed and result.modules == ["head"] and result.required_atol_after <= gate
     assert result.latency_before_s > 0 and result.latency_after_s > 0
@@ -49,7 +55,7 @@ def test_a_module_the_check_passes_without_is_dropped_from_the_set():
     """The search grows the set in the candidates' order, then shrinks it: an innocent module tried before
     the faulty one is left out of the answer (two trials to grow, one to shrink)."""
     target = BackendSpec(backend="eager", dtype="bfloat16")
-    result = search_fallback(EAGER, target, faulty("bfloat16", 0.3), IMAGE, ["stem", "head"], 1e-5, 5e-2,
+    result = search_fallback(EAGER, target, faulty("bfloat16", 0.3), IMAGE, ["stem", "head"], at(5e-2),
                              latency_runs=1)
     assert result.passed and result.modules == ["head"] and result.tried == 3
 
@@ -61,7 +67,7 @@ def test_no_fallback_when_the_drift_has_no_single_source():
     torch.manual_seed(0)
     model = DeepCNN().eval()
     target = BackendSpec(backend="eager", dtype="bfloat16")
-    result = search_fallback(EAGER, target, model, IMAGE, ["stem", "block1", "block2", "head"], 1e-5, 1e-7)
+    result = search_fallback(EAGER, target, model, IMAGE, ["stem", "block1", "block2", "head"], at(1e-7))
     assert not result.passed and not result.whole_model
     widen = next_step(result, "parity fallback exp.yaml", None)
     assert f"passes from atol {result.required_atol_before:.3g}: widen the gate" in widen
@@ -100,10 +106,10 @@ def test_a_check_that_already_passes_is_not_localized():
         return ["head"]
 
     loose = search_fallback(EAGER, BackendSpec(backend="eager", dtype="bfloat16"), model, IMAGE, candidates,
-                          rtol=0.0, gate=10.0, latency_runs=1)
+                          at(10.0, rtol=0.0), latency_runs=1)
     assert loose.passed and loose.modules == [] and asked == []
     tight = search_fallback(EAGER, BackendSpec(backend="eager", dtype="bfloat16"), model, IMAGE, candidates,
-                          rtol=0.0, gate=0.0, latency_runs=1)
+                          at(0.0, rtol=0.0), latency_runs=1)
     assert asked == [True] and tight.tried >= 1
 
 
@@ -148,9 +154,9 @@ def test_a_task_level_fallback_restores_the_decision_where_no_set_reaches_a_tigh
     model = faulty("bfloat16", 30.0)
     target = BackendSpec(backend="eager", dtype="bfloat16")
     candidates = ["block2", "head", "block1", "stem"]
-    strict = search_fallback(EAGER, target, model, images, candidates, 1e-5, 1e-7)
+    strict = search_fallback(EAGER, target, model, images, candidates, at(1e-7))
     assert not strict.passed
-    aimed = search_fallback(EAGER, target, model, images, candidates, 1e-5, 1e-7, task=("classification", tasks_spec()))
+    aimed = search_fallback(EAGER, target, model, images, candidates, at(1e-7), task=("classification", tasks_spec()))
     assert aimed.aim == "tier 3" and aimed.task_before["top1_agreement"] < 0.99
     assert aimed.passed and aimed.modules == ["head"] and aimed.task_after["top1_agreement"] == 1.0
     assert aimed.required_atol_after > 1e-7  # tier 1 still fails: only the decisions were the aim
@@ -169,9 +175,10 @@ def test_a_task_level_fallback_never_passes_a_trial_that_tier_1_finds_nan_in(mon
     import parity.runner.search as search
     from parity.config.schema import tasks_spec
 
-    monkeypatch.setattr(search, "evaluate", lambda *args: SimpleNamespace(passed=True, metrics={}))
+    monkeypatch.setattr(search, "evaluate", lambda *args: SimpleNamespace(passed=True, metrics={}, same_set=None,
+                                                                            failure_class=None, detail=""))
     target = BackendSpec(backend="tests.adapters.test_fallback:NaNEager", dtype="bfloat16")
-    result = search_fallback(EAGER, target, faulty("bfloat16", 0.0), IMAGE, ["head"], 1e-5, 1e-4,
+    result = search_fallback(EAGER, target, faulty("bfloat16", 0.0), IMAGE, ["head"], at(1e-4),
                              task=("classification", tasks_spec()))
     assert not result.passed and result.required_atol_before == float("inf")
 

@@ -14,6 +14,7 @@ from parity.adapters.fallback import apply_fallback
 from parity.backends.eager import EagerBackend
 from parity.cli import main
 from parity.config.schema import BackendSpec
+from parity.config.tolerances import Tolerance
 from parity.errors import ParityError
 from parity.execute import calibration
 from parity.execute.cache import ArtifactCache
@@ -178,7 +179,8 @@ def test_tier2_ranks_layers_by_their_own_quantization_error(ranked):
 def test_fallback_keeps_the_sensitive_layer_in_float(ranked):
     model, loc = ranked
     with calibration.providing(lambda name: [CALIB]):
-        result = search_fallback(EAGER, PT2E, model, IMAGE, candidates_from(loc.record()), 1e-5, 0.05, latency_runs=2)
+        result = search_fallback(EAGER, PT2E, model, IMAGE, candidates_from(loc.record()), Tolerance((0.05,), 1e-5, 0.05),
+                                 latency_runs=2)
     assert result.runs_in == "float" and result.required_atol_before > 0.05
     assert result.passed and result.modules == ["b"] and result.required_atol_after <= 0.05
     assert result.latency_before_s > 0 and result.latency_after_s > 0

@@ -496,8 +496,8 @@ class Runner:
             return candidates_from(layers)
 
         with model_scope(self.cache, model_spec, exp):  # the trials' exports are cached as a run's
-            result = search_fallback(exp.reference, target, model, inputs, candidates, tol.rtol, tol.gate,
-                                     task=task, leaf_tolerance=tol.for_leaf, example=example)
+            result = search_fallback(exp.reference, target, model, inputs, candidates, tol, task=task,
+                                     example=example)
         if command is not None:
             result.next_step = next_step(result, command, model_spec.task if model_spec.task in evaluated() else None)
         record = {"model": model_spec.name, "inputs": input_spec.name, "reference": exp.reference.id, **result.record()}

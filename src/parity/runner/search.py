@@ -12,6 +12,7 @@ what to try instead, as it does when no set passes.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
@@ -23,13 +24,13 @@ import torch
 from parity.adapters.fallback import apply_fallback
 from parity.backends import fallback_kind
 from parity.config.schema import BackendSpec
+from parity.config.tolerances import Tolerance
 from parity.errors import ParityError
 from parity.execute.execution import execute, new_backend
 from parity.inputs import Inputs
-from parity.verify.judge import EXCUSABLE
+from parity.verify.judge import judge
 from parity.verify.localize import children
 from parity.verify.tasks import evaluate
-from parity.verify.tensors import compare
 
 
 @dataclass
@@ -91,11 +92,11 @@ def _latencies(runs_on: list[tuple[BackendSpec, torch.nn.Module]], inputs, runs:
 
 
 def search_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module, inputs: Inputs,
-                  candidates: list[str] | Callable[[], list[str]], rtol: float, gate: float, latency_runs: int = 7,
-                  task: tuple[str, Any] | None = None, leaf_tolerance=None,
-                  example: Inputs | None = None) -> FallbackResult:
-    """The smallest set of `candidates` (tried in the order given) whose fallback makes the check pass:
-    tier 1 at `gate`, or with `task` = (task name, tier-3 thresholds) the task-level verdict, which a
+                    candidates: list[str] | Callable[[], list[str]], tolerance: Tolerance, latency_runs: int = 7,
+                    task: tuple[str, Any] | None = None, example: Inputs | None = None) -> FallbackResult:
+    """The smallest set of `candidates` (tried in the order given) whose fallback makes the check pass, each
+    trial judged by the run's judge at the target's `tolerance`: tier 1 at its gate, or with `task` = (task
+    name, tier-3 thresholds) as under `gate: tier3` (the task-level verdict decides numeric drift), which a
     reduced-precision target can often regain where no set brings every output within a tight gate.
     `candidates` may be a function that finds them (tier 2, minutes on a large model): it is called only
     when the check fails without fallback. Every trial is prepared from `example` (the run's example inputs;
@@ -106,20 +107,21 @@ def search_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn
         raise ParityError(f"the reference {reference.id} failed: {ref.error}")
     reference_out = ref.outputs[0]
 
-    def judge(modules: list[str]) -> Trial:
+    aimed = dataclasses.replace(tolerance, by_task=task is not None)
+
+    def run_trial(modules: list[str]) -> Trial:
         ran = execute(target, apply_fallback(model, modules, target) if modules else model, inputs, 1, example=example)
         if not ran.ok:
             return Trial(False, float("inf"))
-        compared = compare(reference_out, ran.outputs[0], rtol, gate, leaf_tolerance=leaf_tolerance)
-        required = compared.required_atol
-        if task is None:
-            return Trial(required <= gate, required)
-        verdict = evaluate(task[0], reference_out, ran.outputs[0], task[1], gate)
-        # as under the run's `gate: tier3`: tier 3 decides numeric drift only, never NaN or a changed structure
-        return Trial(verdict.passed and compared.failure_class in EXCUSABLE, required, verdict.metrics)
+        verdict = evaluate(task[0], reference_out, ran.outputs[0], task[1], tolerance.gate) if task else None
+        tier3 = verdict and {"task": task[0], "passed": verdict.passed, "same_set": verdict.same_set,
+                             "failure_class": verdict.failure_class, "detail": verdict.detail}
+        check = judge(ref, ran, aimed, task=tier3)
+        required = check.required_atol if check.required_atol is not None else float("inf")
+        return Trial(bool(check.passed), required, verdict.metrics if verdict else None)
 
     result = FallbackResult(target.id, kind, aim="tier 3" if task else "tier 1")
-    trial = judge([])
+    trial = run_trial([])
     result.required_atol_before, result.task_before = trial.required_atol, trial.task
     if callable(candidates):
         candidates = [] if trial.passed else candidates()
@@ -130,7 +132,7 @@ def search_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn
         if any(name.startswith(c + ".") for c in chosen):
             continue
         chosen = [c for c in chosen if not c.startswith(name + ".")] + [name]
-        trial = judge(chosen)
+        trial = run_trial(chosen)
         result.tried += 1
     if not trial.passed:
         result.modules, result.required_atol_after, result.task_after = chosen, trial.required_atol, trial.task
@@ -138,7 +140,7 @@ def search_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn
     for name in list(chosen):  # shrink: drop each module the check passes without
         if len(chosen) == 1:  # without it, no module: the check ran so first, and failed
             break
-        smaller = judge([c for c in chosen if c != name])
+        smaller = run_trial([c for c in chosen if c != name])
         result.tried += 1
         if smaller.passed:
             chosen, trial = [c for c in chosen if c != name], smaller
