@@ -471,6 +471,8 @@ class Fallback(Record):
     passed: bool = Field(description="Whether the check passes with them.")
     required_atol_before: float | None = Field(description="The target's required atol without fallback.")
     required_atol_after: float | None = Field(description="... and with it.")
+    tier1_passed_after: bool | None = Field(None, description="Whether tier 1 alone passes with them (the judge's "
+                                                                 "verdict; the tier-3 aim may pass without it).")
     task_before: dict[str, Any] | None = Field(description="Tier-3 metrics without fallback (aim tier 3).")
     task_after: dict[str, Any] | None = Field(description="... and with it.")
     latency_before_s: float | None = Field(description="Median run time without fallback.")

@@ -325,7 +325,7 @@ def fallback_lines(result, record: dict[str, Any], gate: float, by_task: bool, m
     if result.aim == "tier 3":
         shown = lambda metrics: ", ".join(f"{k} {v:.4g}" for k, v in (metrics or {}).items() if isinstance(v, float))  # noqa: E731
         lines.append(("", f"tier 3 ({task}): {shown(result.task_before)} -> {shown(result.task_after)}"))
-    tier1_fails = after is None or after > gate
+    tier1_fails = not result.tier1_passed_after  # the judge's verdict, as the search recorded it
     gated_on_task = ("" if by_task or not tier1_fails else
                      "; gate this check on them: set `tolerances: {gate: tier3}` in the target's entry (tier 1's numbers "
                      "stay recorded)")

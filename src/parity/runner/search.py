@@ -42,6 +42,7 @@ class FallbackResult:
     passed: bool = False
     required_atol_before: float | None = None
     required_atol_after: float | None = None
+    tier1_passed_after: bool | None = None  # the judge's tier-1 verdict with the set found (or the last set tried)
     task_before: dict[str, Any] | None = None  # tier-3 metrics, when the aim is tier 3
     task_after: dict[str, Any] | None = None
     latency_before_s: float | None = None
@@ -64,6 +65,7 @@ class Trial:
     passed: bool
     required_atol: float
     task: dict[str, Any] | None = None
+    tier1_passed: bool = False  # tier 1's own verdict, which the tier-3 aim does not need
 
 
 def _latencies(runs_on: list[tuple[BackendSpec, torch.nn.Module]], inputs, runs: int, example=None) -> list[float]:
@@ -118,7 +120,8 @@ def search_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn
                              "failure_class": verdict.failure_class, "detail": verdict.detail}
         check = judge(ref, ran, aimed, task=tier3)
         required = check.required_atol if check.required_atol is not None else float("inf")
-        return Trial(bool(check.passed), required, verdict.metrics if verdict else None)
+        tier1 = check.passed if check.tier1_passed is None else check.tier1_passed
+        return Trial(bool(check.passed), required, verdict.metrics if verdict else None, bool(tier1))
 
     result = FallbackResult(target.id, kind, aim="tier 3" if task else "tier 1")
     trial = run_trial([])
@@ -136,6 +139,7 @@ def search_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn
         result.tried += 1
     if not trial.passed:
         result.modules, result.required_atol_after, result.task_after = chosen, trial.required_atol, trial.task
+        result.tier1_passed_after = trial.tier1_passed
         return result
     for name in list(chosen):  # shrink: drop each module the check passes without
         if len(chosen) == 1:  # without it, no module: the check ran so first, and failed
@@ -147,6 +151,7 @@ def search_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn
     result.modules, result.passed = chosen, True
     result.whole_model = is_whole_model(model, chosen)
     result.required_atol_after, result.task_after = trial.required_atol, trial.task
+    result.tier1_passed_after = trial.tier1_passed
     timed = [(target, model), (target, apply_fallback(model, chosen, target))]
     if target.quantize is not None:  # what int8 saves at all: the float model on the same backend
         timed.append((target.model_copy(update={"quantize": None}), model))
