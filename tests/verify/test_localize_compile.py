@@ -74,12 +74,17 @@ def test_a_level_is_one_compilation_and_the_compile_only_fault_is_named(compilat
     assert top["b2"].rel_rmse > 1e-3 and all(top[n].rel_rmse < 1e-6 for n in ("stem", "act", "b0", "b1", "b3", "head"))
 
 
-def test_layers_that_cannot_be_compiled_together_are_compiled_alone_and_say_why(monkeypatch):
+def test_layers_that_cannot_be_compiled_together_are_compiled_alone_say_why_and_give_the_same_errors(monkeypatch):
+    together = localize(EAGER, COMPILE, faulted(), VECTORS, 1e-5, 1e-4)
+
     def refuse(self, model, layers):
         raise RuntimeError("no")
 
     monkeypatch.setattr(CompileBackend, "run_layers_together", refuse)
-    loc = localize(EAGER, COMPILE, faulted(), VECTORS, 1e-5, 1e-4)
-    assert loc.culprit == "b2.lin", loc.verdict()
-    measured = {e.measured_by for _, level in loc.levels for e in level.local.values()}
+    alone = localize(EAGER, COMPILE, faulted(), VECTORS, 1e-5, 1e-4)
+    assert alone.culprit == "b2.lin", alone.verdict()
+    measured = {e.measured_by for _, level in alone.levels for e in level.local.values()}
     assert measured == {"export (the layers could not be prepared together: RuntimeError: no)"}
+    for (_, a), (_, t) in zip(alone.levels, together.levels, strict=True):  # each layer computes as it does alone
+        assert {n: e.rel_rmse for n, e in t.local.items()} == pytest.approx({n: e.rel_rmse for n, e in a.local.items()},
+                                                                             rel=1e-3, abs=1e-7)

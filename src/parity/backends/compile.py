@@ -147,8 +147,9 @@ class CompileBackend(EagerBackend):
     def run_layers_together(self, model: torch.nn.Module, layers: dict[str, list[Inputs]]) -> dict[str, list]:
         """The layers side by side in one module (`_Side`), compiled once and run once on every recorded call. Each
         call's inputs are inputs of the graph, as they are of a layer compiled alone, and no value flows between
-        layers, so inductor has nothing to fuse across them: each computes as it would alone, and the C++ and
-        inductor's work is done once for the level. A layer called twice is one module called twice."""
+        layers, so no layer's operations are fused into another's computation: each computes as it would alone (on
+        ResNet-18 to the last digit), and dynamo's and inductor's work is done once for the level. A layer called
+        twice is one module called twice."""
         import copy
 
         names = list(layers)
