@@ -89,6 +89,9 @@ class Backend(ABC):
     # Whether `slice_layers` is implemented: tier 2's local mode then runs each layer as a slice of the one artifact
     # of the whole model instead of preparing every layer alone (which stays the fallback for layers it cannot slice).
     slices_layers: ClassVar[bool] = False
+    # Whether `run_layers_together` is implemented: tier 2's local mode then prepares a level's layers as one artifact
+    # in which each is fed its own recorded inputs (compile: one compilation instead of one per layer).
+    runs_layers_together: ClassVar[bool] = False
     # The devices on which an experiment in the published tool's format (experiment/legacy.py), which names no
     # targets, checks this backend when it is available here.
     legacy_devices: ClassVar[tuple[str, ...]] = ()
@@ -168,6 +171,13 @@ class Backend(ABC):
         string saying why that module cannot be cut out (the caller then prepares it alone). Optional: a backend that
         implements it sets `slices_layers`."""
         raise NotImplementedError(f"backend '{self.name}' cannot run a layer as a slice of the whole model")
+
+    def run_layers_together(self, model: torch.nn.Module, layers: dict[str, list[Inputs]]) -> dict[str, list[Any]]:
+        """Each named module of `model` on this backend, prepared side by side with the others as one artifact in which
+        nothing flows from one to another: for each of its calls (the inputs it was fed), its output. Raises when they
+        cannot be prepared together (the caller then prepares each alone). Optional: a backend that implements it sets
+        `runs_layers_together`."""
+        raise NotImplementedError(f"backend '{self.name}' cannot prepare layers together")
 
     def slice_own_code(self, model: torch.nn.Module, example: Inputs, parent: str, call: tuple[Inputs, Any],
                        members: dict[str, list[tuple[Inputs, Any]]]) -> dict[str, list[tuple[Any, Any]]] | str:

@@ -378,9 +378,11 @@ class LayerError(Part):
     required_atol: float | None = Field(None, description="The atol it passes at; null: none.")
     error: str | None = Field(None, description="Why it could not be run or compared on the target.")
     measured_by: str | None = Field(None, description="An own (local) error: how the layer alone ran on the target, "
-                                                      "`slice` (cut from the artifact of the whole model) or `export` "
-                                                      "(prepared alone; with why it was not sliced, in brackets, when "
-                                                      "the target slices); null for a propagated error.")
+                                                      "`slice` (cut from the artifact of the whole model), `together` "
+                                                      "(compile: prepared side by side with its level's other layers as "
+                                                      "one graph, each fed its own inputs) or `export` (prepared alone; "
+                                                      "with why it was not sliced or together, in brackets, when the "
+                                                      "target does either); null for a propagated error.")
 
 
 class Layer(Part):

@@ -54,7 +54,8 @@ class LayerError:
     required_atol: float | None = 0.0  # None: nothing passes (NaN introduced, shapes differ)
     error: str | None = None  # the layer could not be run or compared on the target
     # A local error: how the layer alone was run on the target ("slice": cut from the artifact of the whole model,
-    # "export": prepared alone, and why not sliced); None for a propagated error.
+    # "together": prepared side by side with its level's other layers as one artifact, "export": prepared alone, and
+    # why not sliced or together); None for a propagated error.
     measured_by: str | None = None
 
     def as_record(self) -> dict[str, Any]:
@@ -280,13 +281,27 @@ def local_errors(spec: BackendSpec, model: torch.nn.Module, calls: dict[str, lis
                  say: Callable[[str], None] = lambda text: None) -> dict[str, LayerError]:
     """Each layer's own error (`local_error`), in call order. A backend that slices layers (`slices_layers`: ONNX
     Runtime) runs them all as slices of one artifact of the whole model, prepared from `example` as the run prepared
-    it, so a level costs one export rather than one per layer; a layer it cannot slice (or every layer of a quantized
-    target, calibrated per layer on `own`, its inputs in the calibration runs) is prepared alone, and says why.
+    it, so a level costs one export rather than one per layer; a backend that runs layers together
+    (`runs_layers_together`: compile) prepares them side by side as one artifact, each fed its own recorded inputs,
+    so a level costs one compilation. A layer it cannot slice, layers that cannot be prepared together (and every
+    layer of a quantized target, calibrated per layer on `own`, its inputs in the calibration runs) are prepared
+    alone, and say why.
     `say` hears what is measured next (the slices; each layer prepared alone, k of n), for progress."""
     from parity.execute import calibration
 
+    cls = backend_class(spec.backend)
     sliced: dict[str, list | str] = {}
-    if backend_class(spec.backend).slices_layers and own is None:
+    how = "slice"
+    if cls.runs_layers_together and own is None and spec.quantize is None and len(calls) > 1:
+        say(f"{len(calls)} layers prepared together")
+        how = "together"
+        try:
+            with _backend_inside(spec) as backend:
+                sliced = backend.run_layers_together(model, {name: [c.inputs for c in layer] for name, layer in calls.items()})
+        except Exception as exc:  # one layer the backend cannot take: each is prepared alone
+            why = f"the layers could not be prepared together: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+            sliced = dict.fromkeys(calls, why)
+    elif cls.slices_layers and own is None:
         say(f"{len(calls)} layers as slices of the whole model's artifact")
         try:
             with _backend_inside(spec) as backend:
@@ -300,7 +315,7 @@ def local_errors(spec: BackendSpec, model: torch.nn.Module, calls: dict[str, lis
         got = sliced.get(name)
         if isinstance(got, list):
             out[name] = worst([layer_error(name, c.output, t, rtol) for c, t in zip(layer, got, strict=True)])
-            out[name].measured_by = "slice"
+            out[name].measured_by = how
             continue
         say(f"layer {k + 1} of {len(calls)}, {name}" + (" (not sliced)" if got else ""))
         mine = own[name] if own is not None else None
