@@ -1,4 +1,4 @@
-"""Selective fallback: the faulty module is found, run outside the fast path, and the check passes."""
+"""The fallback search (runner/search.py) and its transform (adapters/fallback.py): the faulty module is found, run outside the fast path, and the check passes."""
 
 from __future__ import annotations
 
@@ -177,7 +177,7 @@ def test_a_task_level_fallback_never_passes_a_trial_that_tier_1_finds_nan_in(mon
 
     monkeypatch.setattr(search, "evaluate", lambda *args: SimpleNamespace(passed=True, metrics={}, same_set=None,
                                                                             failure_class=None, detail=""))
-    target = BackendSpec(backend="tests.adapters.test_fallback:NaNEager", dtype="bfloat16")
+    target = BackendSpec(backend="tests.runner.test_search:NaNEager", dtype="bfloat16")
     result = search_fallback(EAGER, target, faulty("bfloat16", 0.0), IMAGE, ["head"], at(1e-4),
                              task=("classification", tasks_spec()))
     assert not result.passed and result.required_atol_before == float("inf")
