@@ -69,6 +69,8 @@ TRAINED_TIME_ARCHIVE = ROOT / "docs" / "study-trained-time.txt"
 DETECTOR_ARCHIVE = ROOT / "docs" / "study-detector-scale.jsonl.gz"
 SE_ARCHIVE = ROOT / "docs" / "study-se-control.jsonl.gz"
 REPRO_ARCHIVES = (ROOT / "docs" / "study-repro-t1-records.jsonl.gz", ROOT / "docs" / "study-repro-t2-records.jsonl.gz")
+# The trained small language model's run (examples/llm.yaml, `make llm-demo`): tier 1 and text generation's tier 3.
+LLM_ARCHIVE = ROOT / "docs" / "study-llm-records.jsonl.gz"
 
 # The published study's figures, as issue #6 quotes them: 672 checks pooled over its tolerance sweep,
 # 72.0% passing, each tolerance between 71.4% and 73.8%. They are the comparison, not a result of ours.
@@ -1088,12 +1090,12 @@ def block_localize(s: Study) -> str:
 class Experiments:
     """The rows of the study/ experiments, each archived beside the study: `detector` (study/detector_at_scale.py
     --json: one line per target and image, at `--threads` 1 and 2), `se` (study/se_control.py --json: one line
-    per model, variant, target and block) and `repro` (the records of study/repro_threads.sh's two runs, one
-    thread then two)."""
+    per model, variant, target and block), `repro` (the records of study/repro_threads.sh's two runs, one
+    thread then two) and `llm` (the records of examples/llm.yaml's run)."""
 
     def __init__(self, detector: list[dict] | None = None, se: list[dict] | None = None,
-                 repro: tuple[list[dict], list[dict]] | None = None):
-        self.detector, self.se, self.repro = detector or [], se or [], repro
+                 repro: tuple[list[dict], list[dict]] | None = None, llm: list[dict] | None = None):
+        self.detector, self.se, self.repro, self.llm = detector or [], se or [], repro, llm or []
 
 
 def decision_changed(row: dict) -> bool:
@@ -1239,6 +1241,32 @@ def unstable(first: dict[tuple, tuple], second: dict[tuple, tuple]) -> list[tupl
     return [key for key, decided in first.items() if key in second and second[key] != decided]
 
 
+def block_llm(x: Experiments) -> str:
+    """The trained language model on every target: tier 1's verdict and required atol beside text generation's
+    tier 3 (teacher-forced next-token statistics, then each side's own greedy continuations)."""
+    checks = [r for r in x.llm if r.get("kind") == "check"]
+    if not checks:
+        return "examples/llm.yaml's run did not come with the study."
+    tier1 = {c["target"]: c for c in checks if c["tier"] == 1}
+    rows = []
+    for c in (c for c in checks if c["tier"] == 3):
+        m, gen, one = c["metrics"], c.get("generation") or {}, tier1.get(c["target"], {})
+        diverged = [p["first_divergence"] for p in gen.get("prompts") or [] if p["first_divergence"] is not None]
+        rows.append([c["target"], ("pass" if one.get("passed") else "FAIL") + f" {one.get('required_atol') or 0:.1e}",
+                     "agrees" if c["passed"] else c["failure_class"], f"{m['top1_agreement']:.4f}",
+                     f"{m['kl_mean']:.1e}", f"{m['kl_p99']:.1e}", f"{m['delta_p_rms']:.1e}", f"{m['perplexity_ratio']:.4f}",
+                     f"{m['real_flips']} / {m['near_tie_flips']}",
+                     f"{len(gen.get('prompts') or []) - len(diverged)}/{len(gen.get('prompts') or [])}",
+                     min(diverged) if diverged else "-"])
+    positions = next((c["metrics"].get("positions") for c in checks if c["tier"] == 3), None)
+    return (f"examples/llm.yaml: tier 1 (verdict and required atol at the gate) and text generation's tier 3 on "
+            f"{positions} next-token decisions (teacher-forced) and each side's greedy continuations "
+            f"(free-running: prompts whose continuation matches the reference's exactly; the earliest new token at "
+            f"which one differs).\n\n"
+            + table(["target", "tier 1", "tier 3", "top-1 agreement", "mean KL", "p99 KL", "delta p RMS",
+                     "perplexity ratio", "real / near-tie flips", "continuations equal", "first divergence"], rows))
+
+
 def block_repro(x: Experiments) -> str:
     lines = []
     if x.repro:
@@ -1324,6 +1352,7 @@ EXPERIMENT_BLOCKS = {
     "se-control": block_se_control,
     "se-blocks": block_se_blocks,
     "repro": block_repro,
+    "llm": block_llm,
 }
 MARKER = re.compile(r"<!-- study:([\w-]+) -->\n.*?<!-- /study:\1 -->", re.S)
 
@@ -1391,7 +1420,7 @@ def _timing(source: Path, archived: Path, archived_time: Path, told: str | None 
 
 
 def load_experiments(detector: str | None = None, se: str | None = None,
-                     repro: list[str] | None = None) -> Experiments:
+                     repro: list[str] | None = None, llm: str | None = None) -> Experiments:
     """The study/ experiments' rows: the files given, else the archived ones (an experiment with neither is empty)."""
     def rows(given: str | None, archived: Path) -> list[dict] | None:
         path = Path(given) if given else archived
@@ -1399,7 +1428,8 @@ def load_experiments(detector: str | None = None, se: str | None = None,
 
     runs = [Path(r) for r in repro] if repro else list(REPRO_ARCHIVES)
     return Experiments(rows(detector, DETECTOR_ARCHIVE), rows(se, SE_ARCHIVE),
-                       tuple(load_records(r) for r in runs) if all(r.exists() for r in runs) else None)
+                       tuple(load_records(r) for r in runs) if all(r.exists() for r in runs) else None,
+                       rows(llm, LLM_ARCHIVE))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1420,6 +1450,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--se", help=f"study/se_control.py --json's rows (default: {SE_ARCHIVE.relative_to(ROOT)})")
     parser.add_argument("--repro", nargs=2, metavar=("ONE_THREAD", "TWO_THREADS"),
                         help="study/repro_threads.sh's two run folders (default: the archived records)")
+    parser.add_argument("--llm", help="examples/llm.yaml's run: a folder or records (default: the archived records)")
     parser.add_argument("--doc", default=str(DOC), help="the document to rewrite (default: docs/study.md; "
                                                         "-: print the tables instead)")
     parser.add_argument("--archive", action="store_true",
@@ -1431,7 +1462,7 @@ def main(argv: list[str] | None = None) -> int:
     first_source = Path(args.first) if args.first else FIRST_ARCHIVE
     if args.archive:
         if not (source.is_dir() or trained_source.is_dir() or first_source.is_dir() or fidelity_source != FIDELITY_ARCHIVE
-                or args.detector or args.se or args.repro):
+                or args.detector or args.se or args.repro or args.llm):
             parser.error("--archive takes a run folder (the study's, --trained's, --first's, --repro's), --fidelity, "
                          "--detector or --se rows")
         if source.is_dir():
@@ -1449,7 +1480,9 @@ def main(argv: list[str] | None = None) -> int:
                     f.writelines(json.dumps(r) + "\n" for r in load_records(given))
         for run_dir, archived in zip(args.repro, REPRO_ARCHIVES, strict=True) if args.repro else ():
             archive(Path(run_dir), archived, archived.with_name(archived.name.replace("-records.jsonl.gz", "-time.txt")))
-        args.detector = args.se = args.repro = None
+        if args.llm:
+            archive(Path(args.llm), LLM_ARCHIVE, LLM_ARCHIVE.with_name("study-llm-time.txt"))
+        args.detector = args.se = args.repro = args.llm = None
         if fidelity_source != FIDELITY_ARCHIVE:
             FIDELITY_ARCHIVE.write_text(fidelity_source.read_text(encoding="utf-8"), encoding="utf-8")
             fidelity_source = FIDELITY_ARCHIVE
@@ -1459,7 +1492,7 @@ def main(argv: list[str] | None = None) -> int:
                if trained_source.exists() else None)
     first = (Study(load_records(first_source), _timing(first_source, FIRST_ARCHIVE, FIRST_TIME_ARCHIVE))
              if first_source.exists() else None)
-    experiments = load_experiments(args.detector, args.se, args.repro)
+    experiments = load_experiments(args.detector, args.se, args.repro, args.llm)
     if args.doc == "-":
         blocks = [(name, block, study) for name, block in BLOCKS.items()]
         blocks += [(name, block, trained) for name, block in TRAINED_BLOCKS.items()] if trained else []

@@ -690,3 +690,25 @@ def test_a_decision_that_differs_between_thread_counts_is_unstable():
     runs, scale = text.split("\n\n")[1], text.split("\n\n")[3]
     assert [r[-1] for r in rows_of(runs)] == ["stable", "**unstable**", "**unstable**", "stable"]
     assert rows_of(scale) == [["ort", "3", "2", "3", "1", "i0"]]
+
+
+def test_the_language_model_table_reads_tier_1_beside_tier_3_and_the_earliest_divergence():
+    def tier1(target, passed, atol):
+        return {"kind": "check", "tier": 1, "target": target, "passed": passed, "required_atol": atol}
+
+    def tier3(target, passed, top1, first):
+        prompts = [{"first_divergence": d} for d in first]
+        return {"kind": "check", "tier": 3, "target": target, "passed": passed,
+                "failure_class": None if passed else "decision_flip", "generation": {"prompts": prompts},
+                "metrics": {"positions": 40, "top1_agreement": top1, "kl_mean": 1e-3, "kl_p99": 2e-3,
+                            "delta_p_rms": 1e-2, "perplexity_ratio": 1.01, "real_flips": 1, "near_tie_flips": 2}}
+
+    records = [tier1("a", True, 5e-7), tier3("a", True, 1.0, [None, None]),
+               tier1("b", False, 0.5), tier3("b", False, 0.95, [None, 5, 2, None])]
+    text = st.block_llm(st.Experiments(llm=records))
+    assert "on 40 next-token decisions" in text
+    rows = rows_of(text.split("\n\n", 1)[1])
+    assert rows[0] == ["a", "pass 5.0e-07", "agrees", "1.0000", "1.0e-03", "2.0e-03", "1.0e-02", "1.0100", "1 / 2",
+                       "2/2", "-"]
+    assert rows[1][:3] == ["b", "FAIL 5.0e-01", "decision_flip"] and rows[1][-2:] == ["2/4", "2"]
+    assert st.block_llm(st.Experiments()) == "examples/llm.yaml's run did not come with the study."
