@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from parity import taxonomy as tx
+from parity.dtypes import REDUCED
 from parity.records.models import Layers, Oracle, Run
 from parity.records.view import Check, RunView
 from parity.verify.localize import LOCALIZABLE as RUN_LOCALIZES
@@ -126,7 +127,7 @@ def next_steps(check: Check, view: RunView, run_dir: str | Path) -> list[str]:
     if single and not quantized:  # no int8 repro
         lines.append(reduce_step(run_dir, check.model, check.inputs, check.target))
     failure = check.failure_class
-    reduced = bool(target and (target.dtype in ("bfloat16", "float16") or quantized))
+    reduced = bool(target and (target.dtype in REDUCED or quantized))
     commands = []
     if failure in LOCALIZABLE and not found:
         out = shlex.quote(localize_out(run_dir, check.model, check.inputs, check.target))
