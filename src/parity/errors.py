@@ -27,6 +27,11 @@ def clip(text: str, limit: int = VALUE_LIMIT) -> str:
     return f"{text[:head]}...[{len(text) - head - tail} characters]...{text[-tail:]}"
 
 
+def exception_words(exc: BaseException, limit: int = 200) -> str:
+    """An exception in one line for a record's `why`: its type, then its message's words, cut at `limit`."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:limit]}"
+
+
 def clip_problem(problem: str) -> str:
     """Every run of more than VALUE_LIMIT non-space characters clipped (a value quoted in full), then the
     whole problem to PROBLEM_LIMIT."""

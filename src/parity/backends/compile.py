@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from parity.backends.base import MODULE_KINDS
 from parity.backends.eager import EagerBackend, call_lines, placement_lines
-from parity.errors import did_you_mean
+from parity.errors import did_you_mean, exception_words
 from parity.inputs import Inputs
 
 # Inductor imports torch.utils.cpp_extension, which warns "No CUDA runtime is found" on every CPU-only
@@ -195,7 +195,7 @@ class CompileBackend(EagerBackend):
             except _OutOfTime:
                 stopped = f"stopped after {budget_s:g} s ({steps} compilations) before it named a pass"
             except Exception as exc:  # evidence, not the run
-                stopped = f"the bisection failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+                stopped = f"the bisection failed: {exception_words(exc)}"
             else:
                 stopped = None
         if stopped is not None:

@@ -24,6 +24,7 @@ import torch
 
 from parity.backends import backend_class
 from parity.config.schema import BackendSpec
+from parity.errors import exception_words
 from parity.inputs import Inputs
 from parity.outputs import flatten, map_tensors
 from parity.verify.tensors import error_stats
@@ -247,7 +248,7 @@ def propagated_errors(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs,
     try:
         target = _observed(spec, model, inputs, list(reference), example)
     except Exception as exc:  # the end-to-end run failed: every layer says so, local results stand
-        why = f"the target's end-to-end run failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        why = f"the target's end-to-end run failed: {exception_words(exc)}"
         return {name: LayerError(name, required_atol=None, error=why) for name in reference}
     out = {}
     for name, ref_calls in reference.items():
@@ -299,7 +300,7 @@ def local_errors(spec: BackendSpec, model: torch.nn.Module, calls: dict[str, lis
             with _backend_inside(spec) as backend:
                 sliced = backend.run_layers_together(model, {name: [c.inputs for c in layer] for name, layer in calls.items()})
         except Exception as exc:  # one layer the backend cannot take: each is prepared alone
-            why = f"the layers could not be prepared together: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+            why = f"the layers could not be prepared together: {exception_words(exc)}"
             sliced = dict.fromkeys(calls, why)
     elif cls.slices_layers and own is None:
         say(f"{len(calls)} layers as slices of the whole model's artifact")
@@ -308,7 +309,7 @@ def local_errors(spec: BackendSpec, model: torch.nn.Module, calls: dict[str, lis
                 sliced = backend.slice_layers(model, example.clone(),
                                               {name: [(c.inputs, c.output) for c in layer] for name, layer in calls.items()})
         except Exception as exc:  # the whole graph could not be exported: every layer is exported alone
-            why = f"the whole model's graph could not be sliced: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+            why = f"the whole model's graph could not be sliced: {exception_words(exc)}"
             sliced = dict.fromkeys(calls, why)
     out = {}
     for k, (name, layer) in enumerate(calls.items()):
@@ -366,7 +367,7 @@ def own_code_error(reference: BackendSpec, target: BackendSpec, model: torch.nn.
                                              (calls[parent][0].inputs, calls[parent][0].output),
                                              {m: [(c.inputs, c.output) for c in calls[m]] for m in members if m in calls})
         except Exception as exc:
-            got = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+            got = exception_words(exc)
         if not isinstance(got, str):
             errors = [layer_error(n, ref, tgt, rtol) for n, pairs in got.items() for ref, tgt in pairs]
             error = worst(errors) if errors else LayerError(name)  # nothing computed of its own: nothing differs

@@ -33,7 +33,7 @@ import torch
 from parity import taxonomy as tx
 from parity.backends.base import Backend
 from parity.config.schema import BackendSpec
-from parity.errors import ParityError, did_you_mean
+from parity.errors import ParityError, did_you_mean, exception_words
 from parity.inputs import Inputs
 from parity.verify.activations import (
     LayerError,
@@ -506,7 +506,7 @@ def compiler_pass_of(job, target: BackendSpec, model: torch.nn.Module, inputs: I
     try:
         return cls.compiler_pass(target, passes, COMPILER_PASS_BUDGET_S)
     except Exception as exc:  # evidence, not the run: say why there is none
-        return {"found": False, "why": f"the bisection failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"}
+        return {"found": False, "why": f"the bisection failed: {exception_words(exc)}"}
 
 
 def specialized_at(model: torch.nn.Module, notes) -> dict[str, Any] | None:
