@@ -78,3 +78,14 @@ def test_an_oracle_verdict_of_a_record_without_a_side_follows_the_rule():
     assert oracle_finding(Oracle.model_validate({**old, "target_rmse": 2e-7, "reference_rmse": 3e-6}), None)[0].startswith(
         "oracle: the reference is the imprecise one: the target is closer to float64")
     assert oracle_finding(None, None) == []
+
+
+def test_a_run_given_a_cache_names_it_in_its_next_commands(write_yaml, tmp_path, capsys):
+    """A run with --cache-dir kept its exports and compiled kernels there: the localize it prints must look there,
+    or it starts from nothing (a compile target compiles the whole model again)."""
+    cache = tmp_path / "my cache"
+    code, path, out, printed = _run(write_yaml, tmp_path, capsys, tiny_experiment([PERTURBED]), "--cache-dir", str(cache))
+    command = (f"parity localize {path} --model tiny --target perturbed --inputs noise --cache-dir '{cache}' "
+               f"--out {out}/localize-tiny-noise-perturbed")
+    assert code == 1 and f"next: {command}" in printed.replace("\n  ", " ")
+    assert main(shlex.split(command)[1:]) in (0, 1)

@@ -104,6 +104,17 @@ class ArtifactCache:
     def __init__(self, root: Path | None = None):
         self.root = Path(root) if root is not None else None
 
+    def given(self) -> str | None:
+        """The folder when it is not the default one (a --cache-dir): what a later command must be told to find this
+        cache's artifacts. None for the default and for no cache (a later command finds, or makes, its own)."""
+        if self.root is None:
+            return None
+        try:
+            default = default_root()
+        except ParityError:  # an unusable $PARITY_CACHE_DIR: this folder is not it
+            default = None
+        return None if default is not None and self.root.resolve() == default.resolve() else str(self.root.resolve())
+
     def open(self) -> ArtifactCache:
         """Tag the folder as parity's and point torch.compile's caches into it (once per process: inductor
         reads its folder from the environment). Returns self."""

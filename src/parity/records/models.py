@@ -85,6 +85,9 @@ class Run(Record):
     config: RunConfig = Field(description="The resolved experiment, every default filled in.")
     file: str | None = Field(None, description="The experiment file, when it came from one.")
     base_dir: str = Field(description="The folder the experiment's relative paths start from.")
+    cache_dir: str | None = Field(None, description="The artifact cache the run was given instead of the default "
+                                                    "(--cache-dir): its next: commands name it again, so that they "
+                                                    "find the run's exports and compiled kernels.")
     environment: dict[str, Any] = Field(description="What the numbers depend on: python, platform, the versions of "
                                                     "parity and of every library the backends use, cpu, threads, "
                                                     "tf32, cuda, git_commit (records/environment.py).")

@@ -106,6 +106,8 @@ def next_steps(check: Check, view: RunView, run_dir: str | Path) -> list[str]:
     task = next((m.task for m in run.config.models if m.name == check.model), None)
     file = shlex.quote(run.file) if run.file else None
     which = f"--model {shlex.quote(check.model)} --target {shlex.quote(check.target)} --inputs {shlex.quote(check.inputs)}"
+    if run.cache_dir:  # the run's exports and compiled kernels: the next command starts from them
+        which += f" --cache-dir {shlex.quote(run.cache_dir)}"
     lines = oracle_finding(check.oracle, check.passed, check.oracle_error) if check.tier == 1 else []
     target = _targets(run).get(check.target)
     quantized = bool(target and target.quantize)

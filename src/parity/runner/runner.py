@@ -341,7 +341,7 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool, fresh: boo
         executor.on_status = bar.describe
         if not writer.records:
             writer.write("run", experiment=exp.name, digest=digest, config=config, file=exp.file,
-                         base_dir=str(exp.base_dir), environment=run_environment(exp))
+                         base_dir=str(exp.base_dir), cache_dir=cache.given(), environment=run_environment(exp))
         elif todo:
             writer.write("resume", records=len(writer.records), checks_recorded=checks - sum(
                 not judged(writer, j, t) for j in todo for t in j.targets), environment=run_environment(exp))
