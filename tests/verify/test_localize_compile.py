@@ -1,7 +1,8 @@
 """Tier 2's local mode on torch.compile without a compilation per layer: a level's layers are compiled side by side
 as one graph, each fed the reference's recorded inputs (`runs_layers_together`), so a level costs one compilation;
 every local error says so (`measured_by: together`), and layers that cannot be compiled together are compiled alone
-and say why."""
+and say why. The propagated errors of every level come from one compiled run observing every layer a descent can reach
+(`observe_at_once`), unless their outputs would take too much memory."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from torch import nn
 from parity.backends.compile import CompileBackend
 from parity.config.schema import BackendSpec
 from parity.inputs import Inputs
+from parity.verify import activations
 from parity.verify.localize import localize
 from tests.fixtures.faults import inject
 
@@ -68,8 +70,9 @@ def test_a_level_is_one_compilation_and_the_compile_only_fault_is_named(compilat
     local = [e for _, level in loc.levels for e in level.local.values()]
     assert len(local) == 9  # stem, act, b0-b3, head; then lin, act inside b2
     assert {e.measured_by for e in local} == {"together"}
-    # per level: the layers together, the target's run with hooks (propagated), the parent's own code
-    assert compilations["n"] == 3 * len(loc.levels) < len(local)
+    # one run with hooks on every layer a descent can reach (propagated), then per level: the layers together and the
+    # parent's own code
+    assert compilations["n"] == 1 + 2 * len(loc.levels) < len(local)
     top = loc.levels[0][1].local
     assert top["b2"].rel_rmse > 1e-3 and all(top[n].rel_rmse < 1e-6 for n in ("stem", "act", "b0", "b1", "b3", "head"))
 
@@ -88,3 +91,18 @@ def test_layers_that_cannot_be_compiled_together_are_compiled_alone_say_why_and_
     for (_, a), (_, t) in zip(alone.levels, together.levels, strict=True):  # each layer computes as it does alone
         assert {n: e.rel_rmse for n, e in t.local.items()} == pytest.approx({n: e.rel_rmse for n, e in a.local.items()},
                                                                              rel=1e-3, abs=1e-7)
+
+
+def test_every_level_reads_one_observed_run_and_each_level_its_own_run_past_the_budget(monkeypatch, compilations):
+    at_once = localize(EAGER, COMPILE, faulted(), VECTORS, 1e-5, 1e-4)
+    n_at_once = compilations["n"]
+    monkeypatch.setattr(activations, "OBSERVED_AT_ONCE_BYTES", 8 * 3 * 4 - 1)  # less than the head's output alone
+    compilations["n"] = 0
+    per_level = localize(EAGER, COMPILE, faulted(), VECTORS, 1e-5, 1e-4)
+    assert (n_at_once, compilations["n"]) == (1 + 2 * len(at_once.levels), 3 * len(per_level.levels))
+    assert per_level.culprit == at_once.culprit == "b2.lin"
+    for (pa, a), (pp, p) in zip(at_once.levels, per_level.levels, strict=True):
+        assert pa == pp and list(a.propagated) == list(p.propagated) == a.names
+        assert {n: e.rel_rmse for n, e in a.propagated.items()} == pytest.approx(
+            {n: e.rel_rmse for n, e in p.propagated.items()}, rel=1e-3, abs=1e-7)
+    assert at_once.levels[1][1].propagated["b2.lin"].rel_rmse > 1e-3

@@ -194,7 +194,21 @@ def calibration_inputs(reference: BackendSpec, target: BackendSpec, model: torch
     return seen
 
 
-_INSIDE: ContextVar[Any] = ContextVar("parity_tier2_backend", default=None)
+OBSERVED_AT_ONCE_BYTES = 512 * 2**20  # the most layer outputs one hooked run of the target keeps for every level
+
+
+@dataclass
+class _Inside:
+    """What tier 2 holds while it looks inside one target: its backend, and the layer outputs of one end-to-end run
+    of it that observed every layer a descent can reach (`observe_at_once`), with the inputs they were read on."""
+
+    backend: Any
+    seen: dict[str, list] | None = None
+    names: frozenset[str] = frozenset()
+    inputs: Inputs | None = None
+
+
+_INSIDE: ContextVar[_Inside | None] = ContextVar("parity_tier2_target", default=None)
 
 
 @contextmanager
@@ -204,13 +218,13 @@ def looking_inside(spec: BackendSpec) -> Iterator[None]:
     localization, not once per level, even when nothing is cached."""
     from parity.execute.execution import new_backend
 
-    backend = new_backend(spec)
-    token = _INSIDE.set(backend)
+    inside = _Inside(new_backend(spec))
+    token = _INSIDE.set(inside)
     try:
         yield
     finally:
         _INSIDE.reset(token)
-        backend.close()
+        inside.backend.close()
 
 
 @contextmanager
@@ -219,8 +233,8 @@ def _backend_inside(spec: BackendSpec) -> Iterator[Any]:
     from parity.execute.execution import new_backend
 
     held = _INSIDE.get()
-    if held is not None and held.spec == spec:
-        yield held
+    if held is not None and held.backend.spec == spec:
+        yield held.backend
         return
     backend = new_backend(spec)
     try:
@@ -229,11 +243,54 @@ def _backend_inside(spec: BackendSpec) -> Iterator[Any]:
         backend.close()
 
 
+def output_bytes(model: torch.nn.Module, inputs: Inputs, names: list[str]) -> int:
+    """How many bytes the named modules' outputs take over one eager forward of `model` on `inputs`."""
+    total = 0
+
+    def count(mod, args, output) -> None:
+        nonlocal total
+        total += sum(v.numel() * v.element_size() for v in flatten(output).values() if isinstance(v, torch.Tensor))
+
+    handles = [model.get_submodule(name).register_forward_hook(count) for name in names]
+    try:
+        with torch.inference_mode():
+            model(*inputs.clone().args, **inputs.clone().kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return total
+
+
+def observe_at_once(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, names: list[str],
+                    example: Inputs | None) -> bool:
+    """Within `looking_inside(spec)`, for a target read through module hooks: one end-to-end run on `inputs` with every
+    layer in `names` (all a descent can reach) observed, kept for each level's propagated errors, so that a compile
+    target is compiled with hooks once per localization instead of once per level. Not when their outputs would take
+    more than OBSERVED_AT_ONCE_BYTES (counted on an eager run), nor when that run fails: each level then observes its
+    own layers. A layer observed beside more layers is read where the target materializes more values, as a flat
+    leaf-level comparison reads it. Returns whether the outputs are kept."""
+    held = _INSIDE.get()
+    if (held is None or held.backend.spec != spec or not backend_class(spec.backend).runs_module_hooks
+            or not observes_layers(spec) or output_bytes(model, inputs, names) > OBSERVED_AT_ONCE_BYTES):
+        return False
+    try:
+        calls = capture(spec, model, inputs, names, with_inputs=False, example=example)
+    except Exception:  # each level runs the target itself, and records why it failed
+        return False
+    held.seen = {name: [c.output for c in layer] for name, layer in calls.items()}
+    held.names, held.inputs = frozenset(names), inputs
+    return True
+
+
 def _observed(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, names: list[str],
               example: Inputs | None) -> dict[str, list | str]:
     """Outputs per call of each named layer in one target run on `inputs`, prepared from `example` (None:
-    `inputs`): through module hooks, or the backend's own `capture_layers` (ONNX Runtime: intermediate values
-    made graph outputs). A string says why not."""
+    `inputs`): through module hooks (read from the run `observe_at_once` kept, when it observed them), or the
+    backend's own `capture_layers` (ONNX Runtime: intermediate values made graph outputs). A string says why not."""
+    held = _INSIDE.get()
+    if held is not None and held.seen is not None and held.backend.spec == spec and held.inputs is inputs \
+            and held.names.issuperset(names):
+        return {name: held.seen[name] for name in names if name in held.seen}  # a module never called is left out
     if backend_class(spec.backend).runs_module_hooks:
         return {name: [c.output for c in calls]
                 for name, calls in capture(spec, model, inputs, names, with_inputs=False, example=example).items()}

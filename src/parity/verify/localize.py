@@ -42,6 +42,7 @@ from parity.verify.activations import (
     capture,
     local_errors,
     looking_inside,
+    observe_at_once,
     observes_layers,
     own_code_error,
     propagated_errors,
@@ -69,6 +70,11 @@ def children(model: torch.nn.Module, parent: str) -> list[str]:
         else:
             out.append(name)
     return out
+
+
+def descendants(model: torch.nn.Module, parent: str) -> list[str]:
+    """Every layer a descent from `parent` can reach: its `children`, theirs, and so on, depth first."""
+    return [n for child in children(model, parent) for n in (child, *descendants(model, child))]
 
 
 def layer_names(model: torch.nn.Module, granularity: str | list[str]) -> list[str]:
@@ -392,6 +398,10 @@ def _descend(reference, target, model, inputs, rtol, threshold, mode, example, s
     drift belongs to the whole graph; when none inside a block does, to the block as a whole."""
     loc = Localization(target.id, "hierarchical", threshold)
     parent = ""
+    if mode in ("propagated", "both"):
+        reachable = descendants(model, "")
+        say(f"every level's layers ({len(reachable)}) inside one run of the target")
+        observe_at_once(target, model, inputs, reachable, example)
     while True:
         names = children(model, parent)
         if not names:
