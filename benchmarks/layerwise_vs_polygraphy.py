@@ -291,28 +291,36 @@ def compile_only(args: argparse.Namespace) -> int:
 
 
 def compiled_verdict(run: Run, loc: Run) -> bool:
-    """Prints the compile target's line; whether localize / run meets its goal."""
+    """Prints the compile target's line; whether localize / run meets its goal (and localize ran to its end)."""
     ratio = loc.wall_s / run.wall_s
-    print(f"compile target: parity run {run.wall_s:.2f} s (exit {run.rc}, peak {run.peak_mb:.0f} MB), parity localize "
+    print(f"compile target: parity run {run.wall_s:.2f} s (exit {run.rc}, peak {run.peak_mb:.0f} MB{run.names and ' '}"
+          f"{run.names}), parity localize "
           f"{loc.wall_s:.2f} s (peak {loc.peak_mb:.0f} MB; {loc.names}): localize / run {ratio:.2f} "
           f"(goal <= {COMPILED_GOAL:g}): {'met' if ratio <= COMPILED_GOAL else 'NOT met'}")
-    return ratio <= COMPILED_GOAL
+    return ratio <= COMPILED_GOAL and loc.rc == 0
 
 
 def compiled_runs(work: Path, args: argparse.Namespace) -> tuple[Run, Run]:
     """`parity run` (tier 1) of the compile target's failing check from an empty cache, then the `parity localize`
-    it prints as its next step, run as printed."""
+    it prints as its next step, run as printed; --rounds times (each from an empty cache), medians."""
     (work / "compiled.yaml").write_text(COMPILED.format(fault=args.fault, magnitude=args.magnitude, size=args.size,
                                                         seed=args.seed, atol=ATOL, rtol=RTOL))
     cli = [sys.executable, "-m", "parity.cli"]
-    shutil.rmtree(work / "compiled-cache", ignore_errors=True)
-    run = measure("parity run, compile", [*cli, "run", "compiled.yaml", "--out", "compiled-run", "--quiet",
-                                          "--no-report", "--fresh", "--cache-dir", "compiled-cache"], work)
-    printed = re.search(r"next: parity (localize .*)", run.log.replace("\n  ", " "))
-    if printed is None:
-        raise SystemExit(f"parity run printed no localize command (exit {run.rc}):\n{run.log}")
-    loc = measure("parity localize, compile", [*cli, *shlex.split(printed.group(1))], work)
-    loc.names = parity_first(loc)
+    runs, locs = [], []
+    for _ in range(args.rounds):
+        for folder in ("compiled-cache", "compiled-run"):
+            shutil.rmtree(work / folder, ignore_errors=True)
+        run = measure("parity run, compile", [*cli, "run", "compiled.yaml", "--out", "compiled-run", "--quiet",
+                                              "--no-report", "--fresh", "--cache-dir", "compiled-cache"], work)
+        printed = re.search(r"^\s*next: parity (localize .*)$", run.log, re.MULTILINE)
+        if printed is None:
+            raise SystemExit(f"parity run printed no localize command (exit {run.rc}):\n{run.log}")
+        loc = measure("parity localize, compile", [*cli, *shlex.split(printed.group(1))], work)
+        loc.names = parity_first(loc)
+        runs.append(run)
+        locs.append(loc)
+    run, loc = median_run(runs), median_run(locs)
+    loc.names = f"{locs[-1].names} {loc.names}".strip()
     return run, loc
 
 
