@@ -8,6 +8,8 @@ own structure, so that the verifier flattens every backend's outputs the same wa
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import gc
 import importlib.util
 import json
 import tempfile
@@ -310,6 +312,18 @@ class OutputSpec:
         for i, tensor in zip(self.tensor_positions, tensors, strict=True):
             leaves[i] = tensor
         return tree_unflatten(leaves, self.spec)
+
+
+def release_memory() -> None:
+    """Hand memory that is free but still held back to the system: what a closed backend freed (an ONNX Runtime
+    session's weights and buffers, an export's graphs) stays in the C allocator's heap, where it still counts in
+    the process's resident memory, and the next step's peak starts above it (docs/benchmarks.md, issue 29: 170 MB
+    after the gate check's session). Objects in reference cycles (an exported graph's nodes and their graph) are
+    collected first; glibc's malloc_trim returns the free pages (no-op on other C libraries). A few hundred
+    milliseconds at most: for the steps that free hundreds of MB (an export, a closed session), not for every call."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def cuda_reason(device: str) -> str | None:

@@ -14,6 +14,7 @@ import contextlib
 import copy
 import io
 import re
+import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from parity.backends.base import (
     cuda_reason,
     not_installed,
     onnx_file,
+    release_memory,
     runtime_threads,
 )
 from parity.backends.shapes import DynamicShapeOptions
@@ -84,9 +86,13 @@ def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, opset: int 
                                   opset_version=opset, verbose=False)
             return None
         # verbose=None (the exporter's default) prints one line per capture it tries, into `progress`
-        torch.onnx.export(model, example.args, str(path), kwargs=example.kwargs or None, dynamo=True,
-                          opset_version=opset, external_data=external_data, verbose=None, optimize=optimize,
-                          dynamic_shapes=dynamic_shapes)
+        try:
+            torch.onnx.export(model, example.args, str(path), kwargs=example.kwargs or None, dynamo=True,
+                              opset_version=opset, external_data=external_data, verbose=None, optimize=optimize,
+                              dynamic_shapes=dynamic_shapes)
+        finally:
+            forget_last_match()
+            release_memory()  # the exporter's graphs (cycles) and buffers, before a session is opened beside them
         fallback = capture_fallback(progress.getvalue())
         if fallback is None:
             return None
@@ -94,6 +100,28 @@ def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, opset: int 
         why = _capture_error(model, example, dynamic_shapes, failed)
     return (f"the ONNX exporter fell back: {failed} failed ({why}); the graph comes from {used}, not from "
             "the exporter's default capture")
+
+
+def forget_last_match() -> None:
+    """onnxscript's optimizer rules are module-level objects whose matchers keep the last node and graph they
+    matched: the whole exported graph, and through it the weights of the model it was exported from (a backend's
+    copy), stay alive until the next export (86 MB for ResNet-18, measured: docs/benchmarks.md, issue 29). Each
+    matcher is reset as it resets itself before a match. A version of onnxscript without these attributes keeps
+    what it keeps."""
+    matcher = sys.modules.get("onnxscript.rewriter._matcher")
+    if matcher is None:
+        return
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith("onnxscript."):
+            continue
+        for value in list(vars(module).values()):
+            rules = getattr(value, "rules", None)  # a RewriteRuleSet, else perhaps a rule
+            for rule in rules if isinstance(rules, list) else [value]:
+                found = getattr(rule, "_matcher", None)
+                if isinstance(found, matcher.SimplePatternMatcher):
+                    with contextlib.suppress(AttributeError, TypeError):
+                        found._init_match(0)
+                        found._graph = None
 
 
 # The exporter's progress line for each way it tries to capture the model (torch/onnx/_internal/exporter/
@@ -231,6 +259,7 @@ class OnnxRuntimeBackend(Backend):
                 self.note("exporter", fallback)
 
         folder = self.artifact("onnx", model, example, export)
+        model = export = None  # this backend's copy of the model is not run again: freed before the session holds the graph
         self._open_session(folder / "model.onnx")
 
     def _open_session(self, graph: Path | bytes, weights: Path | None = None) -> None:
