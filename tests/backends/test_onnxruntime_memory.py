@@ -5,8 +5,10 @@ sessions. Each test watches the object itself (a weak reference), never a memory
 
 from __future__ import annotations
 
+import copy
 import gc
 import weakref
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -64,3 +66,35 @@ def test_the_backends_copy_is_freed_before_its_session(monkeypatch):
     assert alive_at_session == [False]
     with torch.no_grad():
         torch.testing.assert_close(backend.run(X), model(*X.args))
+
+
+def test_the_run_graphs_weights_are_in_a_side_file():
+    """The run's graph is exported with its weights in model.onnx.data, written one by one (no whole graph in memory
+    as a proto and as bytes at once), and computes the model. (The exporter keeps tensors under 1 kB in the graph.)"""
+    model = nn.Sequential(nn.Linear(4, 300)).eval()
+    backend = OnnxRuntimeBackend(ORT)
+    backend.prepare(copy.deepcopy(model), X)
+    folder = Path(backend._scratch.name) / "onnx"
+    assert (folder / "model.onnx.data").stat().st_size >= model[0].weight.numel() * 4
+    with torch.no_grad():
+        torch.testing.assert_close(backend.run(X), model(*X.args))
+
+
+def test_a_looked_inside_graphs_session_keeps_no_arena(monkeypatch):
+    """The sessions of tier 2's edited graphs, each run once, keep no memory arena nor a one-block plan; the run's
+    session keeps ONNX Runtime's defaults (the artifact is run as the run ran it)."""
+    import onnxruntime as ort
+
+    seen = []
+    made = ort.InferenceSession
+
+    def session(graph, options, **kwargs):
+        seen.append((options.enable_cpu_mem_arena, options.enable_mem_pattern))
+        return made(graph, options, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", session)
+    model = Net().eval()
+    backend = OnnxRuntimeBackend(ORT)
+    backend.prepare(copy.deepcopy(model), X)
+    backend.capture_layers(model, X, ["fc"])
+    assert seen == [(True, True), (False, False)]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import gc
 import importlib.util
 import json
 import tempfile
@@ -318,10 +317,9 @@ def release_memory() -> None:
     """Hand memory that is free but still held back to the system: what a closed backend freed (an ONNX Runtime
     session's weights and buffers, an export's graphs) stays in the C allocator's heap, where it still counts in
     the process's resident memory, and the next step's peak starts above it (docs/benchmarks.md, issue 29: 170 MB
-    after the gate check's session). Objects in reference cycles (an exported graph's nodes and their graph) are
-    collected first; glibc's malloc_trim returns the free pages (no-op on other C libraries). A few hundred
-    milliseconds at most: for the steps that free hundreds of MB (an export, a closed session), not for every call."""
-    gc.collect()
+    after the gate check's session). glibc's malloc_trim returns the free pages (no-op on other C libraries); it
+    takes well under a millisecond. What is freed only by the cycle collector must be collected first
+    (gc.collect, about 0.2 s with torch loaded: after an export, whose graph is made of cycles)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
