@@ -1,6 +1,6 @@
-"""`parity localize`'s gate check hands back what each side's run freed (the reference's copy of the model, the
-target's closed session) before the next step builds on it (issue 29): watched as the order of the calls, never as a
-memory figure."""
+"""`parity localize`'s memory (issue 29): its gate check hands back what each side's run freed (the reference's copy
+of the model, the target's closed session) before the next step builds on it, and its front end imports no model or
+exporter library. Watched as the order of the calls and the imported modules, never as a memory figure."""
 
 from __future__ import annotations
 
@@ -36,3 +36,18 @@ def test_the_gate_check_releases_memory_after_each_side(monkeypatch):
     verdict, _ = localize.gate_check(SimpleNamespace(reference=EAGER), ORT, lambda spec: model, inputs, experiment)
     assert verdict["passed"] is True
     assert said == ["executed eager", "released", "executed onnxruntime", "released"]
+
+
+def test_localizes_front_end_imports_no_model_or_exporter_library():
+    """What `parity localize` imports before it builds the model (the CLI, the runner, tier 2, the report) pulls in
+    none of the libraries a model or a backend brings when it needs them: torchvision alone is 167 MB of resident
+    memory (with torch._dynamo, torch._inductor and sympy), onnx, onnxruntime and onnxscript 50 more."""
+    import subprocess
+    import sys
+
+    code = ("import sys, parity.cli, parity.runner.runner, parity.verify.localize, parity.report.console, "
+            "parity.records.io; print(sorted(m for m in ('torchvision', 'onnx', 'onnxruntime', 'onnxscript', "
+            "'torch._dynamo', 'torch._inductor', 'sympy') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
