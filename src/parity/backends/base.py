@@ -8,6 +8,7 @@ own structure, so that the verifier flattens every backend's outputs the same wa
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib.util
 import json
 import tempfile
@@ -310,6 +311,17 @@ class OutputSpec:
         for i, tensor in zip(self.tensor_positions, tensors, strict=True):
             leaves[i] = tensor
         return tree_unflatten(leaves, self.spec)
+
+
+def release_memory() -> None:
+    """Hand memory that is free but still held back to the system: what a closed backend freed (an ONNX Runtime
+    session's weights and buffers, an export's graphs) stays in the C allocator's heap, where it still counts in
+    the process's resident memory, and the next step's peak starts above it (docs/benchmarks.md, issue 29: 170 MB
+    after the gate check's session). glibc's malloc_trim returns the free pages (no-op on other C libraries); it
+    takes well under a millisecond. What is freed only by the cycle collector must be collected first
+    (gc.collect, about 0.2 s with torch loaded: after an export, whose graph is made of cycles)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def cuda_reason(device: str) -> str | None:

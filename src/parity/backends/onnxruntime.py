@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import io
 import re
+import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,7 @@ from parity.backends.base import (
     cuda_reason,
     not_installed,
     onnx_file,
+    release_memory,
     runtime_threads,
 )
 from parity.backends.shapes import DynamicShapeOptions
@@ -84,9 +87,14 @@ def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, opset: int 
                                   opset_version=opset, verbose=False)
             return None
         # verbose=None (the exporter's default) prints one line per capture it tries, into `progress`
-        torch.onnx.export(model, example.args, str(path), kwargs=example.kwargs or None, dynamo=True,
-                          opset_version=opset, external_data=external_data, verbose=None, optimize=optimize,
-                          dynamic_shapes=dynamic_shapes)
+        try:
+            torch.onnx.export(model, example.args, str(path), kwargs=example.kwargs or None, dynamo=True,
+                              opset_version=opset, external_data=external_data, verbose=None, optimize=optimize,
+                              dynamic_shapes=dynamic_shapes)
+        finally:
+            forget_last_match()
+            gc.collect()  # the exporter's graphs are cycles (a node and its graph)
+            release_memory()  # before a session is opened beside them
         fallback = capture_fallback(progress.getvalue())
         if fallback is None:
             return None
@@ -94,6 +102,28 @@ def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, opset: int 
         why = _capture_error(model, example, dynamic_shapes, failed)
     return (f"the ONNX exporter fell back: {failed} failed ({why}); the graph comes from {used}, not from "
             "the exporter's default capture")
+
+
+def forget_last_match() -> None:
+    """onnxscript's optimizer rules are module-level objects whose matchers keep the last node and graph they
+    matched: the whole exported graph, and through it the weights of the model it was exported from (a backend's
+    copy), stay alive until the next export (86 MB for ResNet-18, measured: docs/benchmarks.md, issue 29). Each
+    matcher is reset as it resets itself before a match. A version of onnxscript without these attributes keeps
+    what it keeps."""
+    matcher = sys.modules.get("onnxscript.rewriter._matcher")
+    if matcher is None:
+        return
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith("onnxscript."):
+            continue
+        for value in list(vars(module).values()):
+            rules = getattr(value, "rules", None)  # a RewriteRuleSet, else perhaps a rule
+            for rule in rules if isinstance(rules, list) else [value]:
+                found = getattr(rule, "_matcher", None)
+                if isinstance(found, matcher.SimplePatternMatcher):
+                    with contextlib.suppress(AttributeError, TypeError):
+                        found._init_match(0)
+                        found._graph = None
 
 
 # The exporter's progress line for each way it tries to capture the model (torch/onnx/_internal/exporter/
@@ -225,12 +255,16 @@ class OnnxRuntimeBackend(Backend):
         self.outputs = OutputSpec(model, example)
 
         def export(folder: Path) -> None:
-            fallback = export_onnx(model, example, folder / "model.onnx", self.options.opset,
+            # The weights in a side file (model.onnx.data): the exporter writes them one by one instead of building the
+            # whole graph in memory twice (a proto, then its bytes), and the session reads them without a proto's copy
+            # (ResNet-18: the export's peak 150 MB lower, the session's 60 MB; the same outputs to the bit).
+            fallback = export_onnx(model, example, folder / "model.onnx", self.options.opset, external_data=True,
                                    dynamic_shapes=self.options.shapes_for(model, example), exporter=self.options.exporter)
             if fallback is not None:  # kept with the artifact: a cached one says it too (Backend.artifact)
                 self.note("exporter", fallback)
 
         folder = self.artifact("onnx", model, example, export)
+        model = export = None  # this backend's copy of the model is not run again: freed before the session holds the graph
         self._open_session(folder / "model.onnx")
 
     def _open_session(self, graph: Path | bytes, weights: Path | None = None) -> None:
@@ -244,6 +278,10 @@ class OnnxRuntimeBackend(Backend):
         if weights is not None:
             opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(weights))
             opts.log_severity_level = 3  # errors only: what it warns of concerns the edited graph, not the user's model
+            # Run once: no arena kept for a next run, nor a plan of one block for every value (with every layer's
+            # output a graph output, most values outlive the run anyway). Allocation only: the kernels are the same.
+            opts.enable_cpu_mem_arena = False
+            opts.enable_mem_pattern = False
         providers = self.providers(self.spec, self.options)
         self.session = ort.InferenceSession(graph if isinstance(graph, bytes) else str(graph), opts, providers=providers)
         wanted, used = _provider_name(providers[0]), self.session.get_providers()
@@ -418,6 +456,8 @@ class OnnxRuntimeBackend(Backend):
             cast = copy.deepcopy(model).to(self.dtype)
             export_onnx(cast, example, folder / "model.onnx", self.options.opset, optimize=False, external_data=True,
                         dynamic_shapes=self.options.shapes_for(cast, example))
+            cast = None
+            release_memory()  # the copy's weights: the layers' sessions are opened next
 
         made = getattr(self, "_layers_graphs", None)
         if made is None:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from parity import taxonomy as tx
-from parity.backends.base import Backend
+from parity.backends.base import Backend, release_memory
 from parity.config.schema import BackendSpec
 from parity.errors import ParityError, did_you_mean, exception_words
 from parity.inputs import Inputs
@@ -572,7 +572,9 @@ def gate_check(job, target: BackendSpec, model_for: Callable[[BackendSpec], torc
     reference = execute(job.reference, model_for(job.reference), inputs, 1, example=example)
     if not reference.ok:  # nothing to localize against, as find_fallback says too
         raise ParityError(f"the reference {job.reference.id} failed: {reference.error}")
+    release_memory()  # what the reference's run freed: the target's session starts from what is in use
     ran = execute(target, model_for(target), inputs, 1, example=example)
+    release_memory()  # the target's closed session: the localization's own sessions start from what is in use
     verdict = judge(reference, ran, experiment.tolerance_for(target)).record()
     return {k: verdict[k] for k in ("passed", "failure_class", "detail", "required_atol", "gate", "rtol")}, ran.notes
 
