@@ -37,7 +37,9 @@ Both run in this interpreter's environment, where torch is installed; Polygraphy
 memory. Tolerances: atol 1e-4, rtol 1e-5 for both. Peak memory is the maximum resident set size of the
 process and its children (os.wait4). The two Polygraphy runs and the parity run alternate for --rounds
 rounds; each row shows the median wall time and the median peak memory of its rounds.
-Goals: parity's wall time <= Polygraphy's, its peak memory <= 1.2 x Polygraphy's.
+Goals (issue 29): the warm leaf run's wall time <= 0.6 x Polygraphy's save + compare, its peak memory <= 1.2 x
+theirs; the default mode from an empty cache <= Polygraphy's export + save + compare, its peak memory <= 1.2 x
+Polygraphy's compare.
 
 Then, unless --no-compile, the same faulted ResNet-18 against a torch.compile target, the fault injected while
 compiling (`inject(..., "compiling")`), as a user meets it: `parity run` of the experiment from an empty artifact
@@ -69,7 +71,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ATOL, RTOL = 1e-4, 1e-5
-WALL_GOAL, MEMORY_GOAL = 1.0, 1.2
+LEAF_WALL_GOAL, DEFAULT_WALL_GOAL, MEMORY_GOAL = 0.6, 1.0, 1.2  # issue 29's
 COMPILED_GOAL = 1.2  # parity localize / parity run of the same check on a compile target
 
 BUILDER = '''"""The faulted ResNet-18 for parity (`build`), and the export for Polygraphy (run as a script)."""
@@ -261,17 +263,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'':30s} {'wall s':>7s} {'peak MB':>8s}  first divergent layer named")
     for run in (export, ref, cmp, poly, cold, leaf, blocks):
         print(f"{run.tool:30s} {run.wall_s:7.2f} {run.peak_mb:8.0f}  {run.names}")
-    for name, value, goal in (("wall", leaf.wall_s / poly.wall_s, WALL_GOAL),
+    for name, value, goal in (("wall", leaf.wall_s / poly.wall_s, LEAF_WALL_GOAL),
                               ("peak memory", leaf.peak_mb / poly.peak_mb, MEMORY_GOAL)):
         print(f"parity / polygraphy {name}: {value:.2f} (goal <= {goal:g}): {'met' if value <= goal else 'NOT met'}")
     print(f"cold parity (its own export included) / polygraphy: wall {cold.wall_s / poly.wall_s:.2f}, "
           f"peak memory {cold.peak_mb / poly.peak_mb:.2f}; with Polygraphy's export counted too: wall "
           f"{cold.wall_s / (poly.wall_s + export.wall_s):.2f}, peak memory "
           f"{cold.peak_mb / max(poly.peak_mb, export.peak_mb):.2f} (information)")
-    print(f"default parity localize (blocks, both), cold / polygraphy with its export: wall "
-          f"{blocks.wall_s / (poly.wall_s + export.wall_s):.2f} (goal <= 1), peak memory "
-          f"{blocks.peak_mb / cmp.peak_mb:.2f} of polygraphy's compare (goal <= {MEMORY_GOAL:g})")
-    met = leaf.wall_s <= WALL_GOAL * poly.wall_s and leaf.peak_mb <= MEMORY_GOAL * poly.peak_mb
+    default_wall, default_memory = blocks.wall_s / (poly.wall_s + export.wall_s), blocks.peak_mb / cmp.peak_mb
+    print(f"default parity localize (blocks, both), cold / polygraphy with its export: wall {default_wall:.2f} "
+          f"(goal <= {DEFAULT_WALL_GOAL:g}), peak memory {default_memory:.2f} of polygraphy's compare "
+          f"(goal <= {MEMORY_GOAL:g}): {'met' if default_wall <= DEFAULT_WALL_GOAL and default_memory <= MEMORY_GOAL else 'NOT met'}")
+    met = (leaf.wall_s <= LEAF_WALL_GOAL * poly.wall_s and leaf.peak_mb <= MEMORY_GOAL * poly.peak_mb
+           and default_wall <= DEFAULT_WALL_GOAL and default_memory <= MEMORY_GOAL)
     if compiled is not None:
         met = compiled_verdict(*compiled) and met
     return 0 if met else 1
