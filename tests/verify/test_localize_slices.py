@@ -137,6 +137,28 @@ def test_the_graph_is_exported_once_and_its_cache_entry_stays_intact(tmp_path, m
                            for p in entries)
 
 
+def test_a_cached_observed_graph_is_read_not_edited_again(tmp_path, monkeypatch):
+    """The graph with each level's boundary values made outputs is an artifact of its own: a second localization
+    from the cache neither parses the layers graph nor edits it, and reads the same propagated errors."""
+    from parity.backends import onnxruntime
+
+    cache = ArtifactCache(tmp_path).open()
+    with cache.for_model("observed"):
+        first = localize(EAGER, ORT, faulted("block.0"), IMAGE, 1e-5, 1e-4)
+
+    def no_edit(*args, **kwargs):
+        raise AssertionError("the observed graph was edited again")
+
+    monkeypatch.setattr(onnxruntime, "module_boundaries", no_edit)
+    monkeypatch.setattr(onnxruntime, "add_outputs", no_edit)
+    with cache.for_model("observed"):
+        again = localize(EAGER, ORT, faulted("block.0"), IMAGE, 1e-5, 1e-4)
+    assert again.culprit == first.culprit == "block.0"
+    for (_, a), (_, f) in zip(again.levels, first.levels, strict=True):
+        assert a.propagated and {n: e.rel_rmse for n, e in a.propagated.items()} == {
+            n: e.rel_rmse for n, e in f.propagated.items()}
+
+
 def test_a_localization_says_where_it_is():
     """Progress: each level, each layer k of n, the parent's own code, the target's end-to-end run."""
     from tests.fixtures.tiny import DeepCNN

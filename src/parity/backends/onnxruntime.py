@@ -14,6 +14,7 @@ import contextlib
 import copy
 import gc
 import io
+import json
 import re
 import sys
 import warnings
@@ -314,23 +315,43 @@ class OnnxRuntimeBackend(Backend):
         are the values its nodes produce and nodes outside it (or the graph's outputs) consume; they are
         added as graph outputs and read in one run. The graph is `_layers_graph`'s, without the exporter's own
         optimizer; ONNX Runtime still optimizes the session and keeps every requested output. A module with no
-        value of its own (an Identity, a Dropout in eval mode) is reported, not guessed."""
-        import onnx
-
+        value of its own (an Identity, a Dropout in eval mode) is reported, not guessed. The edited graph (without
+        its weights, which it reads from the layers graph's side file) and the boundaries are an artifact of their
+        own, one per set of names: from the cache, a run neither parses nor edits a graph."""
         if self.options.exporter == "torchscript":
             return dict.fromkeys(names, NO_SCOPES)
         example = example.to("cpu", self.dtype)
         inputs = example if inputs is None else inputs.to("cpu", self.dtype)
         folder = self._layers_graph(model, example)
-        graph_model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
-        boundary = module_boundaries(graph_model.graph, names)
+        observed = self._observed_graph(model, example, folder, names)
+        boundary = json.loads((observed / OBSERVED_BOUNDARIES).read_text())
         wanted = sorted({v for values in boundary.values() if isinstance(values, list) for v in values})
-        add_outputs(graph_model, wanted)
-        self._open_session(graph_model.SerializeToString(), folder)
-        del graph_model
+        self._open_session((observed / "model.onnx").read_bytes(), folder)
         values = dict(zip(wanted, _run_without_copies(self.session, wanted, self._feed(inputs)), strict=True)) if wanted else {}
         self.session = None
         return {name: ([values[v] for v in found] if isinstance(found, list) else found) for name, found in boundary.items()}
+
+    def _observed_graph(self, model: torch.nn.Module, example: Inputs, layers: Path, names: list[str]) -> Path:
+        """The folder of the layers graph with the named modules' boundary values made graph outputs (`model.onnx`,
+        no weights) and those values per module (OBSERVED_BOUNDARIES)."""
+        import hashlib
+
+        def observe(folder: Path) -> None:
+            import onnx
+
+            graph_model = onnx.load(str(layers / "model.onnx"), load_external_data=False)
+            boundary = module_boundaries(graph_model.graph, names)
+            add_outputs(graph_model, sorted({v for values in boundary.values() if isinstance(values, list) for v in values}))
+            (folder / "model.onnx").write_bytes(graph_model.SerializeToString())
+            (folder / OBSERVED_BOUNDARIES).write_text(json.dumps(boundary))
+
+        kind = "onnx-observed-" + hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+        made = getattr(self, "_observed_graphs", None)
+        if made is None:
+            made = self._observed_graphs = {}
+        if (id(model), kind) not in made:  # a scratch folder is made once per kind
+            made[id(model), kind] = self.artifact(kind, model, example, observe)
+        return made[id(model), kind]
 
     def slice_layers(self, model: torch.nn.Module, example: Inputs,
                      layers: dict[str, list[tuple[Inputs, Any]]]) -> dict[str, list[Any] | str]:
@@ -539,6 +560,7 @@ def _run_without_copies(session, names: list[str], feed: dict) -> list[torch.Ten
 
 NO_SCOPES = "the TorchScript exporter keeps no module scopes in the graph (exporter: dynamo does)"
 NOT_IN_GRAPH = "not in the exported graph (no computation of its own, or folded away)"
+OBSERVED_BOUNDARIES = "boundaries.json"  # an observed graph's values per module (`capture_layers`)
 
 
 def _scopes(node) -> list[str]:
