@@ -327,11 +327,17 @@ def test_a_run_without_checks_prints_no_empty_table():
     assert "no checks: no (model, input set) was judged" in text and "┏" not in text
 
 
-def test_a_share_of_mismatched_elements_reads_as_a_percentage_and_stays_a_fraction_in_the_records():
+def _drifting(max_abs: float, cosine: float, mismatch_fraction: float) -> list[dict]:
+    """The quickstart's resnet18 records, its last check failing with numeric drift on one leaf, `out`."""
     records = quickstart_records(models=("resnet18",))
-    leaf = {"name": "out", "failure_class": "numeric_drift", "max_abs": 0.02, "max_rel": 0.5, "cosine": 0.99,
-            "mismatch_fraction": 0.138}
-    records[-1].update(passed=False, failure_class="numeric_drift", detail="drift", max_abs=0.02, leaves=[leaf])
+    leaf = {"name": "out", "failure_class": "numeric_drift", "max_abs": max_abs, "max_rel": 0.5, "cosine": cosine,
+            "mismatch_fraction": mismatch_fraction}
+    records[-1].update(passed=False, failure_class="numeric_drift", detail="drift", max_abs=max_abs, leaves=[leaf])
+    return records
+
+
+def test_a_share_of_mismatched_elements_reads_as_a_percentage_and_stays_a_fraction_in_the_records():
+    records = _drifting(max_abs=0.02, cosine=0.99, mismatch_fraction=0.138)
     assert "mismatched 13.8%" in render_markdown(records, summarize(records), "run")
     assert '<td class="num">13.8%</td>' in render_html(records, summarize(records), "run")
     assert records[-1]["leaves"][0]["mismatch_fraction"] == 0.138
@@ -344,10 +350,7 @@ def test_the_navigation_bar_leads_only_to_sections_the_run_has():
 
 
 def test_a_cosine_near_1_reads_as_its_distance_from_1_in_both_reports():
-    records = quickstart_records(models=("resnet18",))
-    leaf = {"name": "out", "failure_class": "numeric_drift", "max_abs": 1.7, "max_rel": 0.5, "cosine": 0.999971,
-            "mismatch_fraction": 0.598}
-    records[-1].update(passed=False, failure_class="numeric_drift", detail="drift", max_abs=1.7, leaves=[leaf])
+    records = _drifting(max_abs=1.7, cosine=0.999971, mismatch_fraction=0.598)
     assert "cosine 1 − 2.9e-05, mismatched 59.8%" in render_markdown(records, summarize(records), "run")
     assert "1 − 2.9e-05" in render_html(records, summarize(records), "run")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,14 @@ def experiment(module: str, inputs: dict | None = None, **model: object) -> dict
 
 def tier1(out: Path) -> list[dict]:
     return [r for r in read_records(out) if r["kind"] == "check" and r["tier"] == 1]
+
+
+def rewrite_records(out: Path, edit: Callable[[dict], dict]) -> list[dict]:
+    """`out`'s records.jsonl written again with `edit` applied to each record (as an older or another parity wrote
+    them); the records written."""
+    records = [edit(r) for r in read_records(out)]
+    (out / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return records
 
 
 def said(caplog) -> list[str]:
@@ -216,9 +225,7 @@ def test_records_without_fingerprints_are_re_run(tmp_path, monkeypatch, caplog):
     data = experiment("net_old")
     out = tmp_path / "out"
     run_experiment(data, out=out, reports=())
-    path = out / "records.jsonl"
-    records = [json.loads(line) for line in path.read_text().splitlines()]
-    path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "fingerprints"}) + "\n" for r in records))
+    rewrite_records(out, lambda r: {k: v for k, v in r.items() if k != "fingerprints"})
     with caplog.at_level(logging.INFO, logger="parity"):
         run_experiment(data, out=out, reports=())
     assert "re-running 1 check of 1: recorded by a parity that did not fingerprint its checks" in said(caplog)
@@ -271,12 +278,13 @@ def test_a_rerun_after_parity_or_a_library_changed_starts_over(tmp_path, monkeyp
     data = experiment("net_libs")
     out = tmp_path / "out"
     run_experiment(data, out=out, reports=())
-    path = out / "records.jsonl"
-    records = [json.loads(line) for line in path.read_text().splitlines()]
-    for r in records:
+
+    def recorded_by_another(r: dict) -> dict:
         if r["kind"] == "check":
             r["fingerprints"][part] = {**r["fingerprints"][part], **value} if isinstance(value, dict) else value
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        return r
+
+    records = rewrite_records(out, recorded_by_another)
     with caplog.at_level(logging.INFO, logger="parity"):
         run_experiment(data, out=out, reports=())
     assert any(m.startswith(f"re-running 1 check of 1: {reason} since ") for m in said(caplog)), said(caplog)
