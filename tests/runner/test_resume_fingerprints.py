@@ -52,6 +52,16 @@ def tier1(out: Path) -> list[dict]:
     return [r for r in read_records(out) if r["kind"] == "check" and r["tier"] == 1]
 
 
+def first_run(folder: Path, monkeypatch, module: str) -> tuple[dict, Path]:
+    """`module`.py in `folder` holding Net with a drifting activation, importable here, and its experiment run once
+    into folder/out: the experiment and that folder."""
+    monkeypatch.syspath_prepend(str(folder))
+    (folder / f"{module}.py").write_text(NET.format(activation=DRIFTS))
+    data, out = experiment(module), folder / "out"
+    run_experiment(data, out=out, reports=())
+    return data, out
+
+
 def rewrite_records(out: Path, edit: Callable[[dict], dict]) -> list[dict]:
     """`out`'s records.jsonl written again with `edit` applied to each record (as an older or another parity wrote
     them); the records written."""
@@ -193,12 +203,8 @@ def test_a_rerun_after_an_onnx_file_edit_re_runs_its_checks(tmp_path, caplog):
 
 
 def test_model_code_that_cannot_be_fingerprinted_is_re_run_every_time(tmp_path, monkeypatch, caplog):
-    monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "net_large.py").write_text(NET.format(activation=DRIFTS))
     monkeypatch.setattr("parity.fingerprint.MAX_OBJECTS", 0)  # as if past the walk's bounds
-    data = experiment("net_large")
-    out = tmp_path / "out"
-    run_experiment(data, out=out, reports=())
+    data, out = first_run(tmp_path, monkeypatch, "net_large")
     assert tier1(out)[0]["fingerprints"]["model_code"] is None
     with caplog.at_level(logging.INFO, logger="parity"):
         run_experiment(data, out=out, reports=())
@@ -206,11 +212,7 @@ def test_model_code_that_cannot_be_fingerprinted_is_re_run_every_time(tmp_path, 
 
 
 def test_an_unchanged_rerun_re_runs_nothing_and_says_so(tmp_path, monkeypatch, caplog):
-    monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "net_same.py").write_text(NET.format(activation=DRIFTS))
-    data = experiment("net_same")
-    out = tmp_path / "out"
-    run_experiment(data, out=out, reports=())
+    data, out = first_run(tmp_path, monkeypatch, "net_same")
     before = (out / "records.jsonl").read_bytes()
     with caplog.at_level(logging.INFO, logger="parity"):
         run_experiment(data, out=out, reports=())
@@ -220,11 +222,7 @@ def test_an_unchanged_rerun_re_runs_nothing_and_says_so(tmp_path, monkeypatch, c
 
 def test_records_without_fingerprints_are_re_run(tmp_path, monkeypatch, caplog):
     """Checks an older parity recorded carry no fingerprints: nothing says they still hold, so they run again."""
-    monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "net_old.py").write_text(NET.format(activation=DRIFTS))
-    data = experiment("net_old")
-    out = tmp_path / "out"
-    run_experiment(data, out=out, reports=())
+    data, out = first_run(tmp_path, monkeypatch, "net_old")
     rewrite_records(out, lambda r: {k: v for k, v in r.items() if k != "fingerprints"})
     with caplog.at_level(logging.INFO, logger="parity"):
         run_experiment(data, out=out, reports=())
@@ -273,11 +271,7 @@ def test_a_target_settings_change_re_runs_that_targets_checks_only(tmp_path, mon
 def test_a_rerun_after_parity_or_a_library_changed_starts_over(tmp_path, monkeypatch, caplog, part, value, reason):
     """What another parity or torch recorded (edited into the records here) holds for none of the checks: every
     one is re-run, and the run starts over with this process's `run` record."""
-    monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "net_libs.py").write_text(NET.format(activation=DRIFTS))
-    data = experiment("net_libs")
-    out = tmp_path / "out"
-    run_experiment(data, out=out, reports=())
+    data, out = first_run(tmp_path, monkeypatch, "net_libs")
 
     def recorded_by_another(r: dict) -> dict:
         if r["kind"] == "check":
