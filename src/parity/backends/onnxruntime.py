@@ -325,7 +325,7 @@ class OnnxRuntimeBackend(Backend):
         folder = self._layers_graph(model, example)
         observed = self._observed_graph(model, example, folder, names)
         boundary = json.loads((observed / OBSERVED_BOUNDARIES).read_text())
-        wanted = sorted({v for values in boundary.values() if isinstance(values, list) for v in values})
+        wanted = _boundary_values(boundary)
         self._open_session((observed / "model.onnx").read_bytes(), folder)
         values = dict(zip(wanted, _run_without_copies(self.session, wanted, self._feed(inputs)), strict=True)) if wanted else {}
         self.session = None
@@ -341,17 +341,12 @@ class OnnxRuntimeBackend(Backend):
 
             graph_model = onnx.load(str(layers / "model.onnx"), load_external_data=False)
             boundary = module_boundaries(graph_model.graph, names)
-            add_outputs(graph_model, sorted({v for values in boundary.values() if isinstance(values, list) for v in values}))
+            add_outputs(graph_model, _boundary_values(boundary))
             (folder / "model.onnx").write_bytes(graph_model.SerializeToString())
             (folder / OBSERVED_BOUNDARIES).write_text(json.dumps(boundary))
 
         kind = "onnx-observed-" + hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
-        made = getattr(self, "_observed_graphs", None)
-        if made is None:
-            made = self._observed_graphs = {}
-        if (id(model), kind) not in made:  # a scratch folder is made once per kind
-            made[id(model), kind] = self.artifact(kind, model, example, observe)
-        return made[id(model), kind]
+        return self._artifact_once(kind, model, example, observe)
 
     def slice_layers(self, model: torch.nn.Module, example: Inputs,
                      layers: dict[str, list[tuple[Inputs, Any]]]) -> dict[str, list[Any] | str]:
@@ -480,12 +475,16 @@ class OnnxRuntimeBackend(Backend):
             cast = None
             release_memory()  # the copy's weights: the layers' sessions are opened next
 
-        made = getattr(self, "_layers_graphs", None)
-        if made is None:
-            made = self._layers_graphs = {}
-        if id(model) not in made:  # one backend looks inside one model (verify/activations.py's `looking_inside`)
-            made[id(model)] = self.artifact("onnx-layers", model, example, export)
-        return made[id(model)]
+        return self._artifact_once("onnx-layers", model, example, export)
+
+    def _artifact_once(self, kind: str, model: torch.nn.Module, example: Inputs, build) -> Path:
+        """`artifact`, looked up once per model and kind by this backend: one backend looks inside one model for a
+        whole localization (verify/activations.py's `looking_inside`), and without a cache a scratch folder is made
+        once per kind."""
+        made = self.__dict__.setdefault("_artifacts_made", {})
+        if (id(model), kind) not in made:
+            made[id(model), kind] = self.artifact(kind, model, example, build)
+        return made[id(model), kind]
 
     def close(self) -> None:
         self.session = None
@@ -590,6 +589,11 @@ def module_boundaries(graph, names: list[str]) -> dict[str, list[str] | str]:
         out[name] = [v for i in inside if i not in constant for v in graph.node[i].output
                      if v and (v in consumed_outside or v in graph_outputs)]
     return out
+
+
+def _boundary_values(boundary: dict[str, list[str] | str]) -> list[str]:
+    """Every value `module_boundaries` found, once each, sorted: the outputs the observed graph adds."""
+    return sorted({v for values in boundary.values() if isinstance(values, list) for v in values})
 
 
 def _constant_nodes(graph) -> set[int]:
