@@ -71,6 +71,9 @@ SE_ARCHIVE = ROOT / "docs" / "study-se-control.jsonl.gz"
 REPRO_ARCHIVES = (ROOT / "docs" / "study-repro-t1-records.jsonl.gz", ROOT / "docs" / "study-repro-t2-records.jsonl.gz")
 # The trained small language model's run (examples/llm.yaml, `make llm-demo`): tier 1 and text generation's tier 3.
 LLM_ARCHIVE = ROOT / "docs" / "study-llm-records.jsonl.gz"
+# Every BCa interval docs/study.md prints, with the clusters, draws and seed it was drawn from (render() writes it
+# beside the document; `--recompute` draws each again and compares the bits).
+INTERVALS_ARCHIVE = ROOT / "docs" / "study-intervals.jsonl"
 
 # The published study's figures, as issue #6 quotes them: 672 checks pooled over its tolerance sweep,
 # 72.0% passing, each tolerance between 71.4% and 73.8%. They are the comparison, not a result of ours.
@@ -153,12 +156,37 @@ def wilson(passed: int, total: int, z: float = Z95) -> tuple[float, float]:
 
 def bca_bootstrap(clusters: list[tuple[int, int]], resamples: int = BOOTSTRAP_RESAMPLES,
                   seed: int = BOOTSTRAP_SEED, level: float = 0.95) -> tuple[float, float]:
+    """bca_interval's bounds; while render() runs, each interval is also logged with its clusters, draws and seed
+    (the intervals archive), so that every bound the document prints re-computes bit for bit from those alone."""
+    low, high = bca_interval(clusters, resamples, seed, level)
+    if _drawn is not None:
+        _drawn.append({"clusters": [[int(p), int(n)] for p, n in clusters], "resamples": resamples, "seed": seed,
+                       "level": level, "low": low, "high": high})
+    return low, high
+
+
+def bca_cell(clusters: list[tuple[int, int]], count: bool = True) -> str:
+    """A BCa interval as the tables print it, its seed beside it (and the number of clusters, with `count`)."""
+    low, high = bca_bootstrap(clusters)
+    return f"{100 * low:.1f}% to {100 * high:.1f}% ({f'{len(clusters)}; ' if count else ''}seed {BOOTSTRAP_SEED})"
+
+
+# Every BCa interval drawn while render() runs (None otherwise): INTERVALS_ARCHIVE's lines.
+_drawn: list[dict[str, Any]] | None = None
+
+
+def bca_interval(clusters: list[tuple[int, int]], resamples: int = BOOTSTRAP_RESAMPLES,
+                 seed: int = BOOTSTRAP_SEED, level: float = 0.95) -> tuple[float, float]:
     """A bias-corrected and accelerated (BCa) 95% interval of a pass rate whose independent units are clusters,
     each (passes, checks): whole clusters are drawn with replacement, each draw's rate is its passes over its
     checks; the bias correction comes from the draws, the acceleration from the jackknife over clusters (Efron
     1987), which is what keeps the interval honest with the 14 to 21 clusters a study has, where a percentile
     interval under-covers. Seeded (numpy), so the document regenerates byte for byte. A single cluster, or
-    every cluster at one rate, has nothing to vary: the interval is the point. (0, 1) with no checks."""
+    every cluster at one rate, has nothing to vary: the interval is the point. (0, 1) with no checks. The draws are
+    numpy's default generator (PCG64) seeded with `seed`, one `integers` call of shape (resamples, clusters), and
+    the bounds are `np.quantile`'s default (linear) at BCa's adjusted levels: with the same clusters, draws and seed,
+    any machine gets the same bits. The bounds move with the seed where the draws' rates are few (14 clusters), so
+    a bound is quoted with its seed."""
     passes = np.array([p for p, n in clusters if n], dtype=float)
     counts = np.array([n for _p, n in clusters if n], dtype=float)
     if not counts.size:
@@ -408,40 +436,58 @@ def judged_at(checks: list[dict]) -> str:
     return "; ".join(f"rtol {rtol:g}, gate {gate:g} ({source})" for rtol, gate, source in seen)
 
 
-def gates_note(s: Study) -> str:
-    """The targets judged at other tolerances than the experiment's, for the sentences that say 'the gate'."""
-    other = [t for t in s.targets if any((c.get("tolerance_source") or "experiment") != "experiment"
+def gates_note(s: Study, targets: list[str] | None = None) -> str:
+    """The targets (default: the run's) judged at other tolerances than the experiment's, for the sentences that
+    say 'the gate'."""
+    other = [t for t in targets or s.targets if any((c.get("tolerance_source") or "experiment") != "experiment"
                                          for c in s.ran if c["target"] == t)]
     return "".join(f"; {t} at {judged_at([c for c in s.ran if c['target'] == t])}" for t in other)
 
 
 def block_headline(s: Study) -> str:
-    a, t = s.summary["arithmetic"], s.summary["totals"]
-    passed, total = s.rate(s.ran)
-    pooled_passed, pooled_total = s.pooled()
+    """The run's rates, each execution counted once (a target that is another's execution judged at another gate,
+    bfloat16 at two gates, is named and left out), each with the family-clustered BCa interval beside Wilson's:
+    the checks of one backbone are not independent trials, so Wilson's width is a lower bound on the honest one."""
+    a = s.summary["arithmetic"]
+    distinct = set(s.distinct_targets())
+    twins = [t for t in s.targets if t not in distinct]
+    once = [c for c in s.tier1 if c["target"] in distinct]
+    judged_once = [c for c in once if judged(c)]
+    passed, total = s.rate(judged_once)
+    pooled = sum(s.rate(judged_once, k)[0] for k in s.keys)
     tasks = Counter(s.task(m) for m in s.models)
-    t3 = s.summary["tier3"]
     parts = ", ".join(f"{n} {task}" for task, n in sorted(tasks.items()))
     adapted = sum(1 for m in s.models.values() if m["task"] == "detection" and m.get("adapters"))
+    t3_once = [c for c in s.tier3.values() if c["target"] in distinct]
+    counted = (f"; {len(once)} distinct executions, counted once below ({', '.join(twins)}: another target's "
+               f"execution judged at another gate, left out)" if twins else "")
+
+    def rate(p: int, n: int, clusters: list[tuple[int, int]]) -> str:
+        return (f"{pct(p, n)}; 95% BCa by backbone family {bca_cell(clusters)}, the width to read; Wilson "
+                f"{ci(p, n)}, checks as independent trials, a lower bound on that width")
+
     lines = [
-        f"- **Checks counted:** {a['formula']}. Model entries: {len(s.models)} ({parts}; {adapted} of the "
+        f"- **Checks counted:** {a['formula']}{counted}. Model entries: {len(s.models)} ({parts}; {adapted} of the "
         f"detection entries run with an adapter).",
-        f"- **At the gate** (atol {s.summary['gate']:g}, rtol {s.summary['rtol']:g}{gates_note(s)}): **{t['passed']} of {total} checks "
-        f"pass ({pct(passed, total)}, 95% CI {ci(passed, total)})**, {t['failed']} fail, {t['skipped']} could not run here.",
-        f"- **Pooled over the {len(s.keys)} tolerances** (the published study's unit): {pooled_passed} of "
-        f"{pooled_total} verdicts pass ({pct(pooled_passed, pooled_total)}).",
-        f"- **Tier 3** (does the target decide the same?): {t3['passed']} of {t3['checks']} task checks agree; "
-        f"a tier-3 check exists only where both sides produced outputs.",
+        f"- **At the gate** (atol {s.summary['gate']:g}, rtol {s.summary['rtol']:g}{gates_note(s, s.distinct_targets())}): "
+        f"**{passed} of "
+        f"{total} checks pass ({rate(passed, total, s.clusters(judged_once))})**, {total - passed} fail, "
+        f"{len(once) - total} could not run here.",
     ]
-    distinct = set(s.distinct_targets())
-    if distinct != set(s.targets):
-        once = [c for c in s.ran if c["target"] in distinct]
-        p1, n1 = s.rate(once)
-        t3_once = [c for c in s.tier3.values() if c["target"] in distinct]
-        twins = ", ".join(t for t in s.targets if t not in distinct)
-        lines.append(f"- **Each execution once** ({twins} left out: another target's execution judged at another "
-                     f"gate): {p1} of {n1} checks pass at their gate ({pct(p1, n1)}); tier 3 "
-                     f"{sum(bool(c['passed']) for c in t3_once)} of {len(t3_once)} agree.")
+    float32 = [c for c in judged_once if c["target"] in s.float32_targets()]
+    if any(scale_free(c) is not None for c in float32):
+        p32 = sum(scale_free_verdict(c) for c in float32)
+        lines.append(f"- **Scale-free, the primary verdict** (float32 targets, max abs at most {SCALE_FREE_GATE:g} of "
+                     f"the reference output's RMS): **{p32} of {len(float32)} checks pass "
+                     f"({rate(p32, len(float32), s.clusters(float32, verdict=scale_free_verdict))})**.")
+    lines += [
+        f"- **Pooled over the {len(s.keys)} tolerances** (the published study's unit): {pooled} of "
+        f"{total * len(s.keys)} verdicts pass ({pct(pooled, total * len(s.keys))})"
+        + (f"; {s.pooled()[0]} of {s.pooled()[1]} with {', '.join(twins)}'s copies (the comparison's count)"
+           if twins else "") + ".",
+        f"- **Tier 3** (does the target decide the same?): {sum(bool(c['passed']) for c in t3_once)} of {len(t3_once)} "
+        f"task checks agree; a tier-3 check exists only where both sides produced outputs.",
+    ]
     return "\n".join(lines)
 
 
@@ -777,12 +823,12 @@ def block_like_for_like(s: Study) -> str:
     for label, checks in subsets:
         passed, total = s.rate(checks)
         pooled = sum(s.rate(checks, k)[0] for k in s.keys)
-        low, high = bca_bootstrap(s.clusters(checks))
-        rows.append([label, f"{passed}/{total}", pct(passed, total), f"{100 * low:.1f}% to {100 * high:.1f}%",
+        rows.append([label, f"{passed}/{total}", pct(passed, total), bca_cell(s.clusters(checks), count=False),
                      f"{pooled}/{total * len(s.keys)}", pct(pooled, total * len(s.keys))])
     rows.append(["published study (pooled over its sweep)", "", "", "", str(PUBLISHED["checks"]),
                  f"{100 * PUBLISHED['pass_rate']:.1f}%"])
-    return table(["checks", "at the gate", "rate", "BCa 95% by family", "pooled over the sweep", "pooled rate"], rows)
+    return table(["checks", "at the gate", "rate", "BCa 95% by family (seed)", "pooled over the sweep", "pooled rate"],
+                 rows)
 
 
 def block_run(s: Study) -> str:
@@ -849,13 +895,12 @@ def _interval_cells(s: Study, checks: list[dict], verdict=None) -> list[Any]:
     passed = sum(bool(verdict(c)) for c in done)
     cells = [f"{passed}/{len(done)}", pct(passed, len(done)), ci(passed, len(done))]
     for by in ("family", "family-target"):
-        clusters = s.clusters(done, by, verdict)
-        low, high = bca_bootstrap(clusters)
-        cells.append(f"{100 * low:.1f}% to {100 * high:.1f}% ({len(clusters)})")
+        cells.append(bca_cell(s.clusters(done, by, verdict)))
     return cells
 
 
-INTERVAL_HEADER = ["checks", "passed", "rate", "Wilson 95%", "BCa by family (clusters)", "BCa by family and target (clusters)"]
+INTERVAL_HEADER = ["checks", "passed", "rate", "Wilson 95%", "BCa by family (clusters; seed)",
+                   "BCa by family and target (clusters; seed)"]
 
 
 def _intervals_note() -> str:
@@ -976,21 +1021,35 @@ def block_seeds(s: Study) -> str:
             positive = [x for x in required if x > 0]
             spread = f"{max(positive) / min(positive):.1f}x" if positive and len(positive) == len(mine) else "-"
             agree = [tier3[(c["model"], target)] for c in mine if (c["model"], target) in tier3]
+            float32 = target in s.float32_targets()
+            drift = " ".join(sci(scale_free(c)) for c in mine) if float32 else "-"
             rows.append([first, target, ", ".join(str(s.seed(c["model"])) for c in mine),
                          f"{sum(at_gate(c) for c in mine)}/{len(mine)}", " ".join("pass" if at_gate(c) else "FAIL" for c in mine),
                          f"{sci(min(required))} to {sci(max(required))}" if required else "-", spread,
                          f"{sci(min(scaled))} to {sci(max(scaled))}" if scaled else "-",
+                         " ".join("pass" if scale_free_verdict(c) else "FAIL" for c in mine) if float32 else "-", drift,
                          f"{sum(bool(c['passed']) for c in agree)}/{len(agree)}" if agree else "-"])
     note = ("Per model drawn with several seeds (the same entry, its weights drawn again) and per target: the "
             "verdict at the target's gate for each seed in seed order, the required atol's range over the seeds "
             "and its spread (largest over smallest; `-` where one is 0 or missing), the same over the reference "
-            "output's RMS, and the tier-3 checks that agree.")
+            f"output's RMS, the scale-free verdict (float32: max abs at most {SCALE_FREE_GATE:g} of the reference "
+            "output's RMS, the primary axis) and that max abs / RMS for each seed in seed order, and the tier-3 "
+            "checks that agree.")
     return note + "\n\n" + table(["model", "target", "seeds", "pass at the gate", "per seed", "required atol",
-                                  "spread", "required atol / RMS", "tier 3 agree"], rows)
+                                  "spread", "required atol / RMS", f"per seed at {SCALE_FREE_GATE:g} of RMS",
+                                  "max abs / RMS per seed", "tier 3 agree"], rows)
 
 
 FLIP_CLASSES = ("tie_order", "score_threshold", "nms_iou", "top_k", "score_order", "label_change", "geometry",
                 "unattributed")
+# The study's names for parity's flip classes where the class's own name says more than the records show:
+# `geometry` from the outputs alone is a same-label box that is each side's best overlap below the match IoU,
+# which a box that moved and another (tied) candidate kept in its place both make.
+FLIP_NAMES = {"geometry": "moved or replaced"}
+
+
+def flip_name(mechanism: str) -> str:
+    return FLIP_NAMES.get(mechanism, mechanism)
 
 
 def _flip_cell(c: dict | None, check: dict | None) -> str:
@@ -1002,7 +1061,7 @@ def _flip_cell(c: dict | None, check: dict | None) -> str:
         return f"agree ({f1})"
     if not flips:
         return f"{c['failure_class']} ({f1}); not attributed"
-    counts = ", ".join(f"{k} {n}" for k, n in flips["counts"].items() if n)
+    counts = ", ".join(f"{flip_name(k)} {n}" for k, n in flips["counts"].items() if n)
     return (f"{'agree, ' if c['passed'] else ''}{f1}: {counts}"
             + ("" if flips.get("candidates") == "both" else " (outputs only)"))
 
@@ -1025,7 +1084,8 @@ def block_flips(s: Study) -> str:
         rows.append([model, *cells])
     used = [k for k in FLIP_CLASSES if any(totals[t][k] for t in s.targets)]
     used += sorted({k for t in s.targets for k in totals[t]} - set(FLIP_CLASSES))
-    total_rows = [[k, *(totals[t][k] for t in s.targets), sum(totals[t][k] for t in s.targets)] for k in used]
+    total_rows = [[flip_name(k), *(totals[t][k] for t in s.targets), sum(totals[t][k] for t in s.targets)]
+                  for k in used]
     total_rows.append(["**all**", *(sum(totals[t].values()) for t in s.targets),
                        sum(sum(x.values()) for x in totals.values())])
     distinct = s.distinct_targets()
@@ -1036,7 +1096,8 @@ def block_flips(s: Study) -> str:
     note = ("Each cell: F1 and the unmatched boxes of both sides by mechanism, `agree` first where tier 3 passes "
             "(a passing check's unmatched boxes are attributed in records from commit 2ea5107 on; before, `agree` "
             "alone); `(outputs only)` where a side had no captured post-processing inputs; `no outputs` where a "
-            "side failed.")
+            "side failed. `moved or replaced`: parity's class `geometry` (a same-label box that is each side's best "
+            "overlap, below the match IoU), which a box that moved and another candidate kept in its place both make.")
     return (note + "\n\n" + table(["detector entry", *s.targets], rows)
             + "\n\nUnmatched boxes per mechanism, summed over the detection checks that attribute theirs:\n\n"
             + table(["mechanism", *s.targets, "all"], total_rows))
@@ -1110,8 +1171,7 @@ def _proportion(rows: list[dict], flag) -> list[str]:
     for r in rows:
         per_photo[r["photo"]].append(bool(flag(r)))
     k = sum(sum(v) for v in per_photo.values())
-    low, high = bca_bootstrap([(sum(v), len(v)) for v in per_photo.values()])
-    return [f"{k}/{len(rows)}", ci(k, len(rows)), f"{100 * low:.1f}% to {100 * high:.1f}% ({len(per_photo)})"]
+    return [f"{k}/{len(rows)}", ci(k, len(rows)), bca_cell([(sum(v), len(v)) for v in per_photo.values()])]
 
 
 def _spread(values: list[float]) -> str:
@@ -1135,7 +1195,7 @@ def detector_scale_table(rows: list[dict]) -> str:
                         *_proportion(ran, decision_changed), boxes,
                         ", ".join(f"{k} {n}" for k, n in mechanisms.items() if n) or "none",
                         _spread([r["max_abs_over_rms"] for r in ran]), _spread([r["relative_rmse"] for r in ran])])
-    return table(["threads", "target", "images", "decision changed", "Wilson 95%", "BCa by photo (photos)",
+    return table(["threads", "target", "images", "decision changed", "Wilson 95%", "BCa by photo (photos; seed)",
                   "reference boxes", "unmatched boxes by mechanism", "max abs / RMS of the raw head",
                   "relative RMSE of the raw head"], out)
 
@@ -1271,6 +1331,8 @@ def block_repro(x: Experiments) -> str:
     lines = []
     if x.repro:
         first, second = (check_decisions(r) for r in x.repro)
+        f1 = [{(c["model"], c["inputs"], c["target"]): (c.get("metrics") or {}).get("f1") for c in r
+               if c["kind"] == "check" and c["tier"] == 3} for r in x.repro]
         keys = unstable(first, second)
         rows = []
         for key in dict.fromkeys(k[1:] for k in first):
@@ -1278,11 +1340,18 @@ def block_repro(x: Experiments) -> str:
                 k = (tier, *key)
                 if k in first and k in second:
                     word = {True: "pass", False: "FAIL"}
-                    rows.append([key[0], key[2], tier, f"{word[first[k][0]]} {first[k][1] or ''}".strip(),
-                                 f"{word[second[k][0]]} {second[k][1] or ''}".strip(),
-                                 "**unstable**" if k in keys else "stable"])
-        lines += [f"study/detectors_float32.yaml at one thread and at two, one commit: {len(keys)} of "
-                  f"{len(first.keys() & second.keys())} decisions differ.", "",
+                    cells = [f"{word[run[k][0]]} {run[k][1] or ''}".strip()
+                             + (f" (F1 {f[key]:.3f})" if tier == 3 and f.get(key) is not None else "")
+                             for run, f in ((first, f1[0]), (second, f1[1]))]
+                    rows.append([key[0], key[2], tier, *cells, "**differs**" if k in keys else "same"])
+        runs = [next((r for r in records if r["kind"] == "run"), {}).get("environment") or {} for records in x.repro]
+        said = [f"{e.get('threads')} thread{'' if e.get('threads') == 1 else 's'} at parity {(e.get('git_commit') or 'unknown')[:10]}"
+                f" on {(e.get('cpu') or {}).get('model')} ({', '.join((e.get('cpu') or {}).get('flags') or [])})"
+                for e in runs]
+        lines += [f"study/detectors_float32.yaml, one run each: {said[0]}; {said[1]}. {len(keys)} of "
+                  f"{len(first.keys() & second.keys())} decisions differ between the two runs"
+                  + ("" if runs[0].get("git_commit") == runs[1].get("git_commit") else
+                     ", which differ in commit as well as in threads") + ".", "",
                   table(["model", "target", "tier", "one thread", "two threads", ""], rows)]
     else:
         lines.append("study/repro_threads.sh's two runs did not come with the study.")
@@ -1358,10 +1427,12 @@ MARKER = re.compile(r"<!-- study:([\w-]+) -->\n.*?<!-- /study:\1 -->", re.S)
 
 
 def render(doc: str, study: Study, trained: Study | None = None, first: Study | None = None,
-           experiments: Experiments | None = None) -> str:
+           experiments: Experiments | None = None, intervals: list[dict[str, Any]] | None = None) -> str:
     """`doc` with every generated block rewritten (the `trained-*` blocks from `trained`, the `first-*` ones from
     `first`, the study/ experiments' from `experiments`, when given); a block the document lacks, or one this
-    script does not know, is an error (a table would go stale or missing without anyone noticing)."""
+    script does not know, is an error (a table would go stale or missing without anyone noticing). `intervals`,
+    when given, receives every BCa interval the blocks drew, in the document's order, each with its block, clusters,
+    draws, seed and exact bounds (INTERVALS_ARCHIVE's lines)."""
     blocks = {name: (fn, study) for name, fn in BLOCKS.items()}
     if experiments is not None:
         blocks.update({name: (fn, experiments) for name, fn in EXPERIMENT_BLOCKS.items()})
@@ -1374,11 +1445,42 @@ def render(doc: str, study: Study, trained: Study | None = None, first: Study | 
     if missing or unknown:
         raise SystemExit(f"study document blocks out of step: missing {missing}, unknown {unknown}")
 
+    global _drawn
+    drawn: list[dict[str, Any]] = []
+
     def rewrite(m: re.Match) -> str:
         fn, source = blocks[m.group(1)]
-        return f"<!-- study:{m.group(1)} -->\n{fn(source)}\n<!-- /study:{m.group(1)} -->"
+        start = len(drawn)
+        text = fn(source)
+        drawn[start:] = [{"block": m.group(1), **line} for line in drawn[start:]]
+        return f"<!-- study:{m.group(1)} -->\n{text}\n<!-- /study:{m.group(1)} -->"
 
-    return MARKER.sub(rewrite, doc)
+    _drawn = drawn
+    try:
+        out = MARKER.sub(rewrite, doc)
+    finally:
+        _drawn = None
+    if intervals is not None:
+        intervals.extend(drawn)
+    return out
+
+
+def interval_lines(intervals: list[dict[str, Any]]) -> str:
+    """INTERVALS_ARCHIVE's text: one JSON line per interval (floats as Python writes them: exact)."""
+    return "".join(json.dumps(line) + "\n" for line in intervals)
+
+
+def recompute_intervals(path: Path = None) -> list[str]:
+    """Each archived interval drawn again from its own clusters, draws and seed: the lines whose bounds differ in
+    any bit (none, when the document's intervals are reproducible)."""
+    path = path or INTERVALS_ARCHIVE
+    wrong = []
+    for i, line in enumerate(load_records(path)):
+        bounds = bca_interval([tuple(c) for c in line["clusters"]], line["resamples"], line["seed"], line["level"])
+        if bounds != (line["low"], line["high"]):
+            wrong.append(f"{path.name}:{i + 1} ({line['block']}): archived {line['low']!r} to {line['high']!r}, "
+                         f"drawn again {bounds[0]!r} to {bounds[1]!r}")
+    return wrong
 
 
 def archive(run_dir: Path, records_out: Path = ARCHIVE, time_out: Path = TIME_ARCHIVE,
@@ -1453,9 +1555,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--llm", help="examples/llm.yaml's run: a folder or records (default: the archived records)")
     parser.add_argument("--doc", default=str(DOC), help="the document to rewrite (default: docs/study.md; "
                                                         "-: print the tables instead)")
+    parser.add_argument("--recompute", action="store_true",
+                        help=f"draw every interval of {INTERVALS_ARCHIVE.relative_to(ROOT)} again from its clusters, "
+                             "draws and seed, and say which bounds differ (exit 1 if any)")
     parser.add_argument("--archive", action="store_true",
                         help="first copy the runs given as folders (and the fidelity rows) into docs/ (see above)")
     args = parser.parse_args(argv)
+    if args.recompute:
+        wrong = recompute_intervals()
+        print("\n".join(wrong) or f"{INTERVALS_ARCHIVE.relative_to(ROOT)}: every interval drawn again, bit for bit")
+        return 1 if wrong else 0
     source = Path(args.records)
     fidelity_source = Path(args.fidelity)
     trained_source = Path(args.trained) if args.trained else TRAINED_ARCHIVE
@@ -1502,7 +1611,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"## {name}\n\n{block(source_study)}\n")
         return 0
     doc = Path(args.doc)
-    doc.write_text(render(doc.read_text(encoding="utf-8"), study, trained, first, experiments), encoding="utf-8")
+    intervals: list[dict[str, Any]] = []
+    doc.write_text(render(doc.read_text(encoding="utf-8"), study, trained, first, experiments, intervals),
+                   encoding="utf-8")
+    if doc.resolve() == DOC:
+        INTERVALS_ARCHIVE.write_text(interval_lines(intervals), encoding="utf-8")
     print(f"{doc}: blocks from {source}" + (f", {trained_source}" if trained else "") + (f", {first_source}" if first else ""),
           file=sys.stderr)
     return 0

@@ -9,6 +9,9 @@ import gzip
 import importlib.util
 import json
 import math
+import re
+import subprocess
+import sys
 import threading
 from statistics import NormalDist
 
@@ -268,7 +271,23 @@ def test_clusters_are_backbone_families_and_one_execution_counts_once():
     assert len(study.clusters(once, "family-target")) == 14 * 6
     totals = {r[0]: r[-1] for r in rows_of(st.block_flips(study).split("\n\n")[3])}
     assert totals["**all**"] == "1064" and totals["**all, each execution once**"] == "880"
-    assert "- **Each execution once** (eager-cpu-bfloat16-f32gate left out" in st.block_headline(study)
+    assert totals["moved or replaced"] == "242" and "geometry" not in totals  # parity's `geometry`, named as read
+    headline = st.block_headline(study)
+    assert "144 distinct executions, counted once below (eager-cpu-bfloat16-f32gate:" in headline
+    assert ("**70 of 144 checks pass (48.6%; 95% BCa by backbone family 21.9% to 76.0% (14; seed 0), the width to "
+            "read; Wilson 40.6% to 56.7%") in headline
+    assert "**88 of 120 checks pass (73.3%; 95% BCa by backbone family 51.4% to" in headline
+    assert "70 of 168" not in headline and "105 of 113 task checks agree" in headline
+
+
+def test_the_seed_table_gives_each_seed_s_scale_free_verdict_beside_the_absolute_one():
+    """The archived seed replicas: MobileNetV3-large fails the absolute gate on compile with every seed, and the
+    scale-free gate (1e-4 of RMS) with seed 2 only; a reduced-precision target has no scale-free verdict."""
+    rows = {(r[0], r[1]): r for r in rows_of(st.block_seeds(st.Study(st.load_records(st.ARCHIVE))).split("\n\n")[1])}
+    compile_ = rows[("mobilenet_v3_large", "compile-cpu")]
+    assert compile_[4] == "FAIL FAIL FAIL FAIL FAIL" and compile_[8] == "pass pass FAIL pass pass"
+    assert compile_[9] == "5.0e-05 4.1e-05 1.7e-04 3.4e-05 5.5e-06"
+    assert rows[("resnet50", "eager-cpu-bfloat16")][8:10] == ["-", "-"]
 
 
 def test_like_for_like_drops_reduced_precision_targets_and_adapter_entries(records):
@@ -285,9 +304,9 @@ def test_like_for_like_drops_reduced_precision_targets_and_adapter_entries(recor
     assert len(once_checks) < len(kept) < len(study.ran)
     assert published[4] == "672" and published[5] == "72.0%"
     intervals = rows_of(st.block_intervals(study).split("\n\n", 1)[1])
-    assert intervals[0][4].endswith(" (2)")  # tiny and det (det+nms is det's architecture, its own family)
+    assert intervals[0][4].endswith(" (2; seed 0)")  # tiny and det (det+nms is det's architecture, its own family)
     ran_on = {c["target"] for c in study.ran if st.judged(c)}  # the targets that ran here (`never` cannot)
-    assert intervals[0][5].endswith(f" ({2 * len(ran_on)})")  # each family on each of them
+    assert intervals[0][5].endswith(f" ({2 * len(ran_on)}; seed 0)")  # each family on each of them
 
 
 def test_scale_free_difference_is_the_worst_leaf_over_its_reference_rms():
@@ -310,13 +329,41 @@ def test_trained_blocks_render_from_their_own_run_and_are_required_only_with_it(
 
 def test_docs_study_md_is_what_its_archived_records_render():
     """Every generated block of docs/study.md, the trained models', the first run's and the study/ experiments'
-    included, is what the archives give: a table edited by hand, or records archived without re-rendering, fails here."""
+    included, is what the archives give: a table edited by hand, or records archived without re-rendering, fails here.
+    So is docs/study-intervals.jsonl: every BCa interval the document prints, with what it was drawn from, in the
+    document's order, each printed with its seed."""
     study = st.Study(st.load_records(st.ARCHIVE), st.wall_time(st.TIME_ARCHIVE.read_text()),
                      st.load_records(st.SURVEY_ARCHIVE), st.load_records(st.FIDELITY_ARCHIVE))
     trained = st.Study(st.load_records(st.TRAINED_ARCHIVE), st.wall_time(st.TRAINED_TIME_ARCHIVE.read_text()))
     first = st.Study(st.load_records(st.FIRST_ARCHIVE), st.wall_time(st.FIRST_TIME_ARCHIVE.read_text()))
     doc = st.DOC.read_text(encoding="utf-8")
-    assert st.render(doc, study, trained, first, st.load_experiments()) == doc
+    intervals: list[dict] = []
+    assert st.render(doc, study, trained, first, st.load_experiments(), intervals) == doc
+    assert st.interval_lines(intervals) == st.INTERVALS_ARCHIVE.read_text(encoding="utf-8")
+    printed = re.findall(r"\d+\.\d% to \d+\.\d% \((?:\d+; )?seed (\d+)\)", doc)
+    assert len(printed) == len(intervals) > 60 and {int(x) for x in printed} == {line["seed"] for line in intervals}
+
+
+def test_every_archived_interval_is_drawn_again_bit_for_bit_from_its_seed(tmp_path):
+    """docs/study-intervals.jsonl re-computes from its own clusters, draws and seed with no bit changed (the
+    published family bounds were not reproducible in an independent recomputation); a bound changed in its last
+    bit is named."""
+    assert st.recompute_intervals() == []
+    lines = st.load_records(st.INTERVALS_ARCHIVE)
+    lines[3]["high"] = math.nextafter(lines[3]["high"], 2.0)
+    (tmp_path / "intervals.jsonl").write_text(st.interval_lines(lines))
+    wrong = st.recompute_intervals(tmp_path / "intervals.jsonl")
+    assert len(wrong) == 1 and wrong[0].startswith("intervals.jsonl:4 (")
+
+
+def test_two_runs_draw_identical_bounds():
+    """The same clusters in two fresh processes give the same bounds to the last bit: the seed fixes the draws."""
+    code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('st', sys.argv[1]); "
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
+            "print(repr(m.bca_bootstrap([(4, 5), (10, 15), (19, 45)] + [(5, 5)] * 11, resamples=2000)))")
+    runs = [subprocess.run([sys.executable, "-c", code, str(ROOT / "benchmarks" / "study_tables.py")],
+                           capture_output=True, text=True, check=True).stdout for _ in range(2)]
+    assert runs[0] == runs[1] and runs[0].startswith("(0.")
 
 
 def test_first_run_blocks_render_from_their_own_run_and_are_required_only_with_it(records):
@@ -631,7 +678,7 @@ def test_detector_scale_counts_changed_images_with_intervals_over_photos():
     assert (threads, target, images, changed, boxes, mechanisms) == ("1", "ort", "8 (1 failed)", "2/8", "24", "tie_order 2")
     assert wilson == st.ci(2, 8)
     low, high = st.bca_bootstrap([(2, 4), (0, 4)])  # two photos, not eight images
-    assert bca == f"{100 * low:.1f}% to {100 * high:.1f}% (2)"
+    assert bca == f"{100 * low:.1f}% to {100 * high:.1f}% (2; seed 0)"
     assert not st.decision_changed({"f1": 1.0}) and st.decision_changed({"f1": 0.99})
     assert not st.decision_changed({"error": "x", "f1": 0.0})  # a head that failed has no decision
 
@@ -642,7 +689,7 @@ def test_detector_mechanisms_count_images_not_boxes():
     table = rows_of(st.block_detector_mechanisms(st.Experiments(detector=rows)).split("\n\n", 1)[1])
     # one thread only (b2 at two is not counted); an image counts under each mechanism it has a box of
     assert [r[:5] for r in table] == [["score_threshold", "ort", "1", "1/4", st.ci(1, 4)], ["nms_iou", "ort", "4", "2/4", st.ci(2, 4)]]
-    assert table[1][5].endswith("(2)")
+    assert table[1][5].endswith("(2; seed 0)")
 
 
 def test_se_steps_are_ratios_of_consecutive_blocks_split_by_the_as_built_flag():
@@ -685,10 +732,19 @@ def test_a_decision_that_differs_between_thread_counts_is_unstable():
     images = [_image("ort", "i0", "p", 1.0), _image("ort", "i1", "p", 0.5), _image("ort", "i2", "p", 0.5),
               _image("ort", "i0", "p", 0.5, threads=2), _image("ort", "i1", "p", 0.5, threads=2),
               _image("ort", "i2", "p", 0.5, threads=2)]
+    cpu = {"model": "AMD EPYC", "flags": ["avx2", "avx512f"]}
+    one.insert(0, {"kind": "run", "environment": {"threads": 1, "git_commit": "f775e1720f9a", "cpu": cpu}})
+    two.insert(0, {"kind": "run", "environment": {"threads": 2, "git_commit": "2cdf1ba4112461", "cpu": cpu}})
+    one[2]["metrics"], two[2]["metrics"] = {"f1": 0.99}, {"f1": 0.235}
     text = st.block_repro(st.Experiments(detector=images, repro=(one, two)))
-    assert text.startswith("study/detectors_float32.yaml at one thread and at two, one commit: 2 of 4 decisions differ.")
+    assert text.startswith("study/detectors_float32.yaml, one run each: 1 thread at parity f775e1720f on AMD EPYC "
+                           "(avx2, avx512f); 2 threads at parity 2cdf1ba411 on AMD EPYC (avx2, avx512f). 2 of 4 "
+                           "decisions differ between the two runs, which differ in commit as well as in threads.")
     runs, scale = text.split("\n\n")[1], text.split("\n\n")[3]
-    assert [r[-1] for r in rows_of(runs)] == ["stable", "**unstable**", "**unstable**", "stable"]
+    assert [r[-1] for r in rows_of(runs)] == ["same", "**differs**", "**differs**", "same"]
+    assert rows_of(runs)[1][3:5] == ["pass (F1 0.990)", "FAIL decision_flip (F1 0.235)"]
+    two[0]["environment"]["git_commit"] = "f775e1720f9a"
+    assert "decisions differ between the two runs." in st.block_repro(st.Experiments(repro=(one, two)))
     assert rows_of(scale) == [["ort", "3", "2", "3", "1", "i0"]]
 
 
