@@ -1365,9 +1365,9 @@ def block_repro(x: Experiments) -> str:
             rows.append([target, len(both), sum(first[k][0] for k in both), sum(second[k][0] for k in both), len(keys),
                          ", ".join(k[1] for k in keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")])
         lines += ["", f"The trained detector at scale (study/detector_at_scale.py) at {threads[0]} and {threads[1]} threads: "
-                      "an image whose decision changed in one run and not in the other is unstable.", "",
+                      "an image whose decision changed in one run and not in the other differs (one run each).", "",
                   table(["target", "images in both runs", f"changed at {threads[0]}", f"changed at {threads[1]}",
-                         "unstable", "which"], rows)]
+                         "differs", "which"], rows)]
     return "\n".join(lines)
 
 
