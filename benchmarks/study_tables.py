@@ -167,8 +167,11 @@ def bca_bootstrap(clusters: list[tuple[int, int]], resamples: int = BOOTSTRAP_RE
 
 def bca_cell(clusters: list[tuple[int, int]], count: bool = True) -> str:
     """A BCa interval as the tables print it, its seed beside it (and the number of clusters, with `count`)."""
-    low, high = bca_bootstrap(clusters)
-    return f"{100 * low:.1f}% to {100 * high:.1f}% ({f'{len(clusters)}; ' if count else ''}seed {BOOTSTRAP_SEED})"
+    return _bca_text(*bca_bootstrap(clusters), len(clusters) if count else None)
+
+
+def _bca_text(low: float, high: float, clusters: int | None) -> str:
+    return f"{100 * low:.1f}% to {100 * high:.1f}% ({'' if clusters is None else f'{clusters}; '}seed {BOOTSTRAP_SEED})"
 
 
 # Every BCa interval drawn while render() runs (None otherwise): INTERVALS_ARCHIVE's lines.
@@ -444,6 +447,19 @@ def gates_note(s: Study, targets: list[str] | None = None) -> str:
     return "".join(f"; {t} at {judged_at([c for c in s.ran if c['target'] == t])}" for t in other)
 
 
+def rate_with_intervals(p: int, n: int, clusters: list[tuple[int, int]]) -> str:
+    """A rate as the headlines quote it: the family-clustered BCa interval first (the honest width), Wilson's after
+    it (checks as independent trials: a lower bound on that width); where the bootstrap collapses to a point,
+    Wilson's is the one to read."""
+    low, high = bca_bootstrap(clusters)
+    bca = _bca_text(low, high, len(clusters))
+    if low == high:  # every family at one rate: the bootstrap has nothing to vary
+        return (f"{pct(p, n)}; 95% BCa by backbone family {bca}, a point: every family at one rate, so Wilson's "
+                f"{ci(p, n)} is the interval to read")
+    return (f"{pct(p, n)}; 95% BCa by backbone family {bca}, the width to read; Wilson {ci(p, n)}, checks as "
+            f"independent trials, a lower bound on that width")
+
+
 def block_headline(s: Study) -> str:
     """The run's rates, each execution counted once (a target that is another's execution judged at another gate,
     bfloat16 at two gates, is named and left out), each with the family-clustered BCa interval beside Wilson's:
@@ -462,10 +478,7 @@ def block_headline(s: Study) -> str:
     counted = (f"; {len(once)} distinct executions, counted once below ({', '.join(twins)}: another target's "
                f"execution judged at another gate, left out)" if twins else "")
 
-    def rate(p: int, n: int, clusters: list[tuple[int, int]]) -> str:
-        return (f"{pct(p, n)}; 95% BCa by backbone family {bca_cell(clusters)}, the width to read; Wilson "
-                f"{ci(p, n)}, checks as independent trials, a lower bound on that width")
-
+    rate = rate_with_intervals
     lines = [
         f"- **Checks counted:** {a['formula']}{counted}. Model entries: {len(s.models)} ({parts}; {adapted} of the "
         f"detection entries run with an adapter).",
@@ -976,13 +989,19 @@ def block_trained(s: Study) -> str:
              f"{row['passed']}/{row['judged']}"] for row in model_rows(s)]
     float32 = s.float32_targets()
     passing = [(ratio, c) for c in s.ran if at_gate(c) and c["target"] in float32 and (ratio := scale_free(c)) is not None]
-    passed, judged_n = s.rate(s.ran)
-    lines = [f"- **At the gate** (atol {s.summary['gate']:g}, rtol {s.config['tolerances']['rtol']:g}{gates_note(s)}): "
-             f"{passed} of {judged_n} checks pass ({pct(passed, judged_n)}, 95% CI {ci(passed, judged_n)})."]
-    for label, targets in (("float32 targets", float32), ("reduced-precision targets", set(s.targets) - float32)):
-        p, n = s.rate([c for c in s.ran if c["target"] in targets])
-        if n and targets != set(s.targets):
-            lines.append(f"  - {label}: {p} of {n} ({pct(p, n)}, 95% CI {ci(p, n)}).")
+    distinct = s.distinct_targets()
+    once = [c for c in s.ran if c["target"] in distinct]
+    passed, judged_n = s.rate(once)
+    twins = [t for t in s.targets if t not in distinct]
+    lines = [f"- **At the gate** (atol {s.summary['gate']:g}, rtol {s.config['tolerances']['rtol']:g}"
+             f"{gates_note(s, distinct)}), each execution once"
+             + (f" ({', '.join(twins)} left out: another target's execution judged at another gate)" if twins else "")
+             + f": {passed} of {judged_n} checks pass ({rate_with_intervals(passed, judged_n, s.clusters(once))})."]
+    for label, targets in (("float32 targets", float32), ("reduced-precision targets", set(distinct) - float32)):
+        mine = [c for c in once if c["target"] in targets]
+        p, n = s.rate(mine)
+        if n and targets != set(distinct):
+            lines.append(f"  - {label}: {p} of {n} ({rate_with_intervals(p, n, s.clusters(mine))}).")
     if passing:
         worst, c = max(passing, key=lambda pair: pair[0])
         lines.append(f"- The largest difference of a passing float32 check, over its output's RMS: {sci(worst)} "

@@ -290,6 +290,21 @@ def test_the_seed_table_gives_each_seed_s_scale_free_verdict_beside_the_absolute
     assert rows[("resnet50", "eager-cpu-bfloat16")][8:10] == ["-", "-"]
 
 
+def test_a_headline_rate_leads_with_the_clustered_interval_and_reads_wilson_where_it_collapses():
+    varied = st.rate_with_intervals(3, 6, [(3, 3), (0, 3)])
+    assert varied.startswith("50.0%; 95% BCa by backbone family ") and varied.endswith(
+        f"(2; seed 0), the width to read; Wilson {st.ci(3, 6)}, checks as independent trials, a lower bound on that width")
+    assert st.rate_with_intervals(0, 6, [(0, 3), (0, 3)]) == (
+        f"0.0%; 95% BCa by backbone family 0.0% to 0.0% (2; seed 0), a point: every family at one rate, so "
+        f"Wilson's {st.ci(0, 6)} is the interval to read")
+
+
+def test_the_trained_models_rates_count_bfloat16_s_one_execution_once():
+    text = st.block_trained(st.Study(st.load_records(st.TRAINED_ARCHIVE)))
+    assert "each execution once (eager-cpu-bfloat16-f32gate left out" in text and ": 34 of 55 checks pass (61.8%;" in text
+    assert "  - float32 targets: 34 of 44 (77.3%;" in text and "  - reduced-precision targets: 0 of 11 (0.0%;" in text
+
+
 def test_like_for_like_drops_reduced_precision_targets_and_adapter_entries(records):
     """The restricted rows count exactly the float32 targets' checks of entries without adapters."""
     study = st.Study(with_adapter_twin(records))
