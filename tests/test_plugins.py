@@ -63,7 +63,7 @@ def test_the_builtins_are_registered_through_parity_s_own_entry_points():
 def test_without_parity_s_entry_points_every_lookup_says_to_install_it(monkeypatch, write_yaml, capsys):
     """parity on PYTHONPATH only (no installed metadata, or metadata older than the source): one message."""
     monkeypatch.setattr("parity.registry.entry_points", lambda group: [])
-    registry = Registry("model source", "parity.sources")
+    registry = Registry("model source", "parity.sources", "parity.models.sources:Source")
     with pytest.raises(ParityError, match=r"'parity.sources' entry points.*pip install -e \."):
         registry.names()
     plugins.refresh()
@@ -253,7 +253,39 @@ def test_a_plugin_that_cannot_be_imported_is_named(monkeypatch):
         raise ModuleNotFoundError("No module named 'theirlib'")
 
     own = SimpleNamespace(metadata={"Name": "parity"})
-    found = [SimpleNamespace(name="theirs", load=missing, dist=own)]
+    found = [SimpleNamespace(name="theirs", value="theirlib.parity:TASK", load=missing, dist=own)]
     monkeypatch.setattr("parity.registry.entry_points", lambda group: found)
     with pytest.raises(ParityError, match=r"cannot load task 'theirs' \(entry point in 'parity.tasks'\): No module named 'theirlib'"):
-        Registry("task", "parity.tasks").get("theirs")
+        Registry("task", "parity.tasks", "parity.verify.tasks:Task").get("theirs")
+
+
+def _registered(monkeypatch, group: str, name: str, value: str):
+    """The group's real entry points and one more, `name = value`, as a package of its own would register it."""
+    from importlib.metadata import EntryPoint
+    from importlib.metadata import entry_points as real
+
+    monkeypatch.setattr("parity.registry.entry_points",
+                        lambda group: [*real(group=group), EntryPoint(name, value, group)])
+
+
+@pytest.mark.parametrize("registry, value, wanted", [
+    (plugins.BACKENDS, "tests.fixtures.tiny:TinyCNN", "a subclass of parity.backends.base.Backend"),
+    (plugins.BACKENDS, "parity.backends.eager:call_lines", "a subclass of parity.backends.base.Backend"),
+    (plugins.TASKS, "parity.verify.tasks.classification:Classification", "an instance of parity.verify.tasks.Task"),
+    (plugins.SOURCES, "parity.verify.tasks.classification:TASK", "an instance of parity.models.sources.Source"),
+    (plugins.REPORTS, "parity.adapters.nms:ADAPTER", "an instance of parity.report.ReportWriter"),
+])
+def test_a_plugin_that_is_not_what_its_registry_holds_is_refused_naming_its_entry_point(monkeypatch, registry,
+                                                                                       value, wanted):
+    _registered(monkeypatch, registry.group, "impostor", value)
+    registry.refresh()
+    try:
+        with pytest.raises(ParityError) as raised:
+            registry.get("impostor")
+        assert registry.get(next(n for n in registry.names() if n != "impostor"))  # the group's own still load
+    finally:
+        monkeypatch.undo()
+        registry.refresh()
+    message = str(raised.value)
+    assert "\n" not in message and f"entry point 'impostor = {value}' in '{registry.group}'" in message, message
+    assert message.endswith(f"not {wanted}"), message

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import Generic, TypeVar
 
-from parity.errors import ParityError, did_you_mean
+from parity.errors import ParityError, clip, did_you_mean
 
 T = TypeVar("T")
 
@@ -48,29 +47,36 @@ class Registry(Generic[T]):
     """Names to objects, from the entry-point group `group`: parity registers its built-ins there exactly as a
     third-party package registers its plugins (pyproject.toml), and an entry point is imported only when its
     name is first looked up, so that listing names stays cheap. `package.module:Name` references import
-    directly. `refresh` rescans the entry points (a package put on sys.path after the first lookup)."""
+    directly. `refresh` rescans the entry points (a package put on sys.path after the first lookup).
 
-    def __init__(self, kind: str, group: str):
+    Each registry holds one kind of object: `base` (a `package.module:Class` reference, read as entry points are,
+    since the bases live in the layers above this one) and `classes` (the registry holds subclasses of it, else
+    instances). What a lookup loads is checked against it before anything uses it: anything else is refused in
+    one line that names where it came from."""
+
+    def __init__(self, kind: str, group: str, base: str, classes: bool = False):
         self.kind = kind
         self.group = group
-        self._loaders: dict[str, Callable[[], T]] | None = None
+        self.base = base
+        self.classes = classes
+        self._entry_points: dict[str, EntryPoint] | None = None
         self._loaded: dict[str, T] = {}
 
     def refresh(self) -> None:
         """Forget what was scanned and loaded: the next lookup reads the entry points again."""
-        self._loaders = None
+        self._entry_points = None
         self._loaded.clear()
 
-    def _scan(self) -> dict[str, Callable[[], T]]:
-        if self._loaders is None:
+    def _scan(self) -> dict[str, EntryPoint]:
+        if self._entry_points is None:
             found = entry_points(group=self.group)
             if not any(_distribution(ep) == OWN_DISTRIBUTION for ep in found):
                 raise ParityError(
                     f"parity's built-in {self.kind}s are not registered (no '{self.group}' entry points from an "
                     "installed parity): parity registers them through its installed metadata, which is missing or "
                     "older than this source; run `pip install -e .` in parity's folder")
-            self._loaders = {ep.name: ep.load for ep in found}
-        return self._loaders
+            self._entry_points = {ep.name: ep for ep in found}
+        return self._entry_points
 
     def names(self) -> list[str]:
         return sorted(self._scan())
@@ -78,19 +84,32 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         if name in self._loaded:
             return self._loaded[name]
-        loaders = self._scan()
-        if name in loaders:
+        found = self._scan()
+        if name in found:
+            origin = f"entry point '{name} = {found[name].value}' in '{self.group}'"
             try:
-                obj = loaders[name]()
+                obj = found[name].load()
             except ImportError as exc:  # a plugin whose package or a library it needs is not installed here
                 raise ParityError(f"cannot load {self.kind} '{name}' (entry point in '{self.group}'): {exc}") from exc
         elif ":" in name:
+            origin = "imported by reference"
             obj = import_object(name, self.kind)
         else:
             known = ", ".join(self.names())
             raise ParityError(f"unknown {self.kind} '{name}'{did_you_mean(name, self.names())} (known: {known})")
-        self._loaded[name] = obj
+        self._loaded[name] = self._checked(name, obj, origin)
         return obj
+
+    def _checked(self, name: str, obj, origin: str) -> T:
+        """`obj` when it is what this registry holds; else a ParityError naming `name` and where it came from."""
+        base = import_object(self.base, f"{self.kind} base class")
+        if self.classes and isinstance(obj, type) and issubclass(obj, base):
+            return obj
+        if not self.classes and isinstance(obj, base):
+            return obj
+        named = self.base.replace(":", ".")
+        wanted = f"a subclass of {named}" if self.classes else f"an instance of {named}"
+        raise ParityError(f"{self.kind} '{name}' ({origin}) is {clip(repr(obj))}, not {wanted}")
 
 
 def _distribution(ep) -> str | None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from parity.inputs import Inputs
+from parity.inputs.base import Inputs
+from parity.inputs.images import constant_value
 
 RANDOM = ("normal", "uniform", "randint")
 
@@ -29,8 +30,6 @@ def _one(spec, seed: int) -> torch.Tensor:
 def _drawn(name: str, spec, seed: int, notes: list[str]) -> torch.Tensor:
     """One tensor; a random draw whose values all came out the same (randint over one value, a
     uniform range narrower than the dtype's resolution) is noted: zeros and ones are asked for."""
-    from parity.inputs.images import constant_value
-
     t = _one(spec, seed)
     value = constant_value(t) if spec.distribution in RANDOM else None
     if value is not None:

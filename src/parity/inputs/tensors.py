@@ -17,12 +17,12 @@ from __future__ import annotations
 import re
 import warnings
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from parity.config.schema import MAX_ELEMENTS
 from parity.files import file_problem
+from parity.inputs.base import Inputs
 
 SUFFIXES = (".npy", ".npz", ".safetensors", ".pt", ".pth")
 MAX_BYTES = MAX_ELEMENTS * 8 + 2**20  # the most elements of the widest dtype, and the file's own headers
@@ -118,9 +118,7 @@ def tensors_problem(path: Path) -> str | None:
     return None
 
 
-def load_tensors(path: Path) -> Any:
+def load_tensors(path: Path) -> Inputs:
     """The input set's Inputs: the file's tensors, positional and keyword, as saved."""
-    from parity.inputs import Inputs
-
     args, kwargs = read_tensors(path)
     return Inputs(tuple(args), kwargs)

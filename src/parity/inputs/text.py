@@ -8,8 +8,9 @@ from pathlib import Path
 
 from parity.errors import ParityError
 from parity.files import file_problem
-from parity.inputs import Inputs
+from parity.inputs.base import Inputs
 from parity.offline import quiet_library_imports
+from parity.remote_code import remote_code_problem
 
 MAX_ENTRIES = 1000  # a save_pretrained folder holds a handful of files
 
@@ -33,8 +34,6 @@ def load_tokenizer(folder: Path):
             from transformers import AutoTokenizer
     except ImportError as exc:
         raise ParityError("text inputs need the transformers package: pip install 'parity[transformers]'") from exc
-    from parity.models.sources.transformers import remote_code_problem
-
     remote = remote_code_problem(folder, ("tokenizer_config.json", "config.json"))
     if remote:
         raise ParityError(remote)

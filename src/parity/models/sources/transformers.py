@@ -16,7 +16,6 @@ With `use_cache: true` the cache is compared leaf by leaf (outputs.py) wherever 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 from pathlib import Path
@@ -25,9 +24,10 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from parity.config.schema import LocalPath, ModelSpecBase
-from parity.errors import ParityError, clip, did_you_mean
+from parity.errors import ParityError, did_you_mean
 from parity.models.sources import Source
 from parity.offline import quiet_library_imports
+from parity.remote_code import remote_code_problem
 
 ATTENTION = "eager"
 # What from_pretrained reads weights from: one file, or the index of a sharded checkpoint.
@@ -95,25 +95,6 @@ def model_config(mapping: dict[str, Any]):
         return transformers.AutoConfig.for_model(model_type, **rest)
     except (TypeError, ValueError) as exc:
         raise ParityError(f"transformers config for model_type '{model_type}': {exc}") from exc
-
-
-def remote_code_problem(folder: Path, names: tuple[str, ...] = ("config.json",)) -> str | None:
-    """Why `folder` needs code of its own (an `auto_map` in one of its config files `names`: classes in the
-    folder's .py files, which transformers runs under trust_remote_code), or None. parity always loads with
-    trust_remote_code=False; the folder is refused by name rather than left to transformers' prompt."""
-    for name in names:
-        path = folder / name
-        if not path.is_file():
-            continue
-        try:
-            config = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):
-            continue  # transformers says what it cannot read
-        if isinstance(config, dict) and "auto_map" in config:
-            named = clip(json.dumps(config["auto_map"]))
-            return (f"{path} has an auto_map ({named}): it names code in the folder that transformers would run "
-                    "(trust_remote_code); parity loads only transformers' own classes, never a folder's code")
-    return None
 
 
 def folder_problem(folder: Path) -> str | None:

@@ -1,0 +1,40 @@
+"""What a model is called with, the value every input set becomes (its own module, so that the input kinds
+can import it without importing the package's `build_inputs`, which imports them)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from parity.outputs import flatten, map_tensors
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """What a model is called with: `model(*args, **kwargs)`. `notes` are warnings about how the input
+    set came out (a constant image), for the console and the records."""
+
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def map(self, fn) -> Inputs:
+        return Inputs(map_tensors(self.args, fn), map_tensors(self.kwargs, fn))
+
+    def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> Inputs:
+        """Move to `device`; cast floating tensors to `dtype` when given (integer inputs keep theirs)."""
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            if dtype is not None and t.is_floating_point():
+                t = t.to(dtype)
+            return t.to(device)
+
+        return self.map(move)
+
+    def clone(self) -> Inputs:
+        return self.map(lambda t: t.detach().clone())
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [v for v in flatten((self.args, self.kwargs)).values() if isinstance(v, torch.Tensor)]
