@@ -16,7 +16,9 @@ Four sources, each with its own blocks: the study's run (examples/study.yaml, th
 blocks without a prefix), its per-layer survey (benchmarks/study_localize.py) and the adapter's fidelity
 rows (benchmarks/adapter_fidelity.py --json), the trained models' run (study/trained.yaml; `trained-*`) and
 the first run of the four-target design (`first-*`, archived, for comparison); beside them the study/
-experiments of issue #27 (Experiments: the trained detector at scale, the SE control, 1 vs 2 threads).
+experiments of issue #27 (Experiments: the trained detector at scale, the SE control and some of its rows
+measured again, one run at 1 and one at 2 threads). Every BCa interval is printed with its seed and written to
+docs/study-intervals.jsonl with the clusters and draws it came from; `--recompute` draws each again.
 `--archive` copies a run
 folder's records into docs/ (compressed, the detection pictures' box lists dropped: the tables do not use
 them) with its `time.txt` (GNU time's report of the run) and its survey, so the document can be regenerated
