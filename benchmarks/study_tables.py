@@ -16,7 +16,9 @@ Four sources, each with its own blocks: the study's run (examples/study.yaml, th
 blocks without a prefix), its per-layer survey (benchmarks/study_localize.py) and the adapter's fidelity
 rows (benchmarks/adapter_fidelity.py --json), the trained models' run (study/trained.yaml; `trained-*`) and
 the first run of the four-target design (`first-*`, archived, for comparison); beside them the study/
-experiments of issue #27 (Experiments: the trained detector at scale, the SE control, 1 vs 2 threads).
+experiments of issue #27 (Experiments: the trained detector at scale, the SE control and some of its rows
+measured again, one run at 1 and one at 2 threads). Every BCa interval is printed with its seed and written to
+docs/study-intervals.jsonl with the clusters and draws it came from; `--recompute` draws each again.
 `--archive` copies a run
 folder's records into docs/ (compressed, the detection pictures' box lists dropped: the tables do not use
 them) with its `time.txt` (GNU time's report of the run) and its survey, so the document can be regenerated
@@ -68,6 +70,7 @@ TRAINED_TIME_ARCHIVE = ROOT / "docs" / "study-trained-time.txt"
 # study/repro_threads.sh's two runs (one thread, two threads).
 DETECTOR_ARCHIVE = ROOT / "docs" / "study-detector-scale.jsonl.gz"
 SE_ARCHIVE = ROOT / "docs" / "study-se-control.jsonl.gz"
+SE_REPLICA_ARCHIVE = ROOT / "docs" / "study-se-replica.jsonl.gz"  # some of SE_ARCHIVE's rows measured again (v4)
 REPRO_ARCHIVES = (ROOT / "docs" / "study-repro-t1-records.jsonl.gz", ROOT / "docs" / "study-repro-t2-records.jsonl.gz")
 # The trained small language model's run (examples/llm.yaml, `make llm-demo`): tier 1 and text generation's tier 3.
 LLM_ARCHIVE = ROOT / "docs" / "study-llm-records.jsonl.gz"
@@ -1171,11 +1174,14 @@ class Experiments:
     """The rows of the study/ experiments, each archived beside the study: `detector` (study/detector_at_scale.py
     --json: one line per target and image, at `--threads` 1 and 2), `se` (study/se_control.py --json: one line
     per model, variant, target and block), `repro` (the records of study/repro_threads.sh's two runs, one
-    thread then two) and `llm` (the records of examples/llm.yaml's run)."""
+    thread then two), `llm` (the records of examples/llm.yaml's run) and `se_replica` (study/se_control.py's rows
+    measured again in a later session, for rows `se` already holds: how far its numbers move between runs)."""
 
     def __init__(self, detector: list[dict] | None = None, se: list[dict] | None = None,
-                 repro: tuple[list[dict], list[dict]] | None = None, llm: list[dict] | None = None):
+                 repro: tuple[list[dict], list[dict]] | None = None, llm: list[dict] | None = None,
+                 se_replica: list[dict] | None = None):
         self.detector, self.se, self.repro, self.llm = detector or [], se or [], repro, llm or []
+        self.se_replica = se_replica or []
 
 
 def decision_changed(row: dict) -> bool:
@@ -1302,6 +1308,23 @@ def block_se_blocks(x: Experiments) -> str:
                                                        if (model, block, *c) in cells else "-" for c in columns)])
     return ("Relative RMSE at each block's output, per variant and target (`SE`: the block holds an SE block as "
             "built):\n\n" + table(["model", "block", "SE", *(f"{v} {t}" for v, t in columns)], out))
+
+
+def block_se_replica(x: Experiments) -> str:
+    """The SE control's rows measured again against the archived ones (same script, seed and images, another
+    session): how much of a row is the run's own, which a comparison between rows must exceed."""
+    if not x.se_replica:
+        return "No second measurement of the SE control's rows came with the study."
+    archived = {(r["model"], r["variant"], r["target"], r["block"]): r for r in x.se}
+    pairs = [(archived[key], r) for r in x.se_replica if (key := (r["model"], r["variant"], r["target"], r["block"])) in archived]
+    rows = [[a["model"], a["variant"], a["target"], f"{sci(a['relative_rmse'])} / {sci(b['relative_rmse'])}",
+             f"{sci(a['max_abs_over_rms'])} / {sci(b['max_abs_over_rms'])}"] for a, b in pairs if a["block"] == "whole model"]
+    moved = {k: [abs(b[k] / a[k] - 1) for a, b in pairs if a[k]] for k in ("relative_rmse", "max_abs_over_rms")}
+    said = "; ".join(f"{name} by at most {100 * max(v):.1f}% (median {100 * statistics.median(v):.1f}%)"
+                     for name, v in (("relative RMSE", moved["relative_rmse"]), ("max abs / RMS", moved["max_abs_over_rms"])) if v)
+    return (f"The SE control's rows measured again (the same script, seed and images, another session), {len(pairs)} "
+            f"block rows matched to the archived ones: {said}. The whole model, archived / again:\n\n"
+            + table(["model", "variant", "target", "relative RMSE", "max abs / RMS"], rows))
 
 
 def check_decisions(records: list[dict]) -> dict[tuple, tuple]:
@@ -1439,6 +1462,7 @@ EXPERIMENT_BLOCKS = {
     "detector-mechanisms": block_detector_mechanisms,
     "se-control": block_se_control,
     "se-blocks": block_se_blocks,
+    "se-replica": block_se_replica,
     "repro": block_repro,
     "llm": block_llm,
 }
@@ -1541,7 +1565,7 @@ def _timing(source: Path, archived: Path, archived_time: Path, told: str | None 
 
 
 def load_experiments(detector: str | None = None, se: str | None = None,
-                     repro: list[str] | None = None, llm: str | None = None) -> Experiments:
+                     repro: list[str] | None = None, llm: str | None = None, se_replica: str | None = None) -> Experiments:
     """The study/ experiments' rows: the files given, else the archived ones (an experiment with neither is empty)."""
     def rows(given: str | None, archived: Path) -> list[dict] | None:
         path = Path(given) if given else archived
@@ -1550,7 +1574,7 @@ def load_experiments(detector: str | None = None, se: str | None = None,
     runs = [Path(r) for r in repro] if repro else list(REPRO_ARCHIVES)
     return Experiments(rows(detector, DETECTOR_ARCHIVE), rows(se, SE_ARCHIVE),
                        tuple(load_records(r) for r in runs) if all(r.exists() for r in runs) else None,
-                       rows(llm, LLM_ARCHIVE))
+                       rows(llm, LLM_ARCHIVE), rows(se_replica, SE_REPLICA_ARCHIVE))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1569,6 +1593,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--detector", help="study/detector_at_scale.py --json's rows, both thread counts in one file "
                                            f"(default: {DETECTOR_ARCHIVE.relative_to(ROOT)})")
     parser.add_argument("--se", help=f"study/se_control.py --json's rows (default: {SE_ARCHIVE.relative_to(ROOT)})")
+    parser.add_argument("--se-replica", help="study/se_control.py --json's rows for rows --se has, measured again "
+                                             f"(default: {SE_REPLICA_ARCHIVE.relative_to(ROOT)})")
     parser.add_argument("--repro", nargs=2, metavar=("ONE_THREAD", "TWO_THREADS"),
                         help="study/repro_threads.sh's two run folders (default: the archived records)")
     parser.add_argument("--llm", help="examples/llm.yaml's run: a folder or records (default: the archived records)")
@@ -1590,7 +1616,7 @@ def main(argv: list[str] | None = None) -> int:
     first_source = Path(args.first) if args.first else FIRST_ARCHIVE
     if args.archive:
         if not (source.is_dir() or trained_source.is_dir() or first_source.is_dir() or fidelity_source != FIDELITY_ARCHIVE
-                or args.detector or args.se or args.repro or args.llm):
+                or args.detector or args.se or args.se_replica or args.repro or args.llm):
             parser.error("--archive takes a run folder (the study's, --trained's, --first's, --repro's), --fidelity, "
                          "--detector or --se rows")
         if source.is_dir():
@@ -1602,7 +1628,8 @@ def main(argv: list[str] | None = None) -> int:
         if first_source.is_dir():
             archive(first_source, FIRST_ARCHIVE, FIRST_TIME_ARCHIVE)
             first_source = FIRST_ARCHIVE
-        for given, archived in ((args.detector, DETECTOR_ARCHIVE), (args.se, SE_ARCHIVE)):
+        for given, archived in ((args.detector, DETECTOR_ARCHIVE), (args.se, SE_ARCHIVE),
+                                (args.se_replica, SE_REPLICA_ARCHIVE)):
             if given:
                 with gzip.open(archived, "wt", encoding="utf-8", compresslevel=9) as f:
                     f.writelines(json.dumps(r) + "\n" for r in load_records(given))
@@ -1610,7 +1637,7 @@ def main(argv: list[str] | None = None) -> int:
             archive(Path(run_dir), archived, archived.with_name(archived.name.replace("-records.jsonl.gz", "-time.txt")))
         if args.llm:
             archive(Path(args.llm), LLM_ARCHIVE, LLM_ARCHIVE.with_name("study-llm-time.txt"))
-        args.detector = args.se = args.repro = args.llm = None
+        args.detector = args.se = args.se_replica = args.repro = args.llm = None
         if fidelity_source != FIDELITY_ARCHIVE:
             FIDELITY_ARCHIVE.write_text(fidelity_source.read_text(encoding="utf-8"), encoding="utf-8")
             fidelity_source = FIDELITY_ARCHIVE
@@ -1620,7 +1647,7 @@ def main(argv: list[str] | None = None) -> int:
                if trained_source.exists() else None)
     first = (Study(load_records(first_source), _timing(first_source, FIRST_ARCHIVE, FIRST_TIME_ARCHIVE))
              if first_source.exists() else None)
-    experiments = load_experiments(args.detector, args.se, args.repro, args.llm)
+    experiments = load_experiments(args.detector, args.se, args.repro, args.llm, args.se_replica)
     if args.doc == "-":
         blocks = [(name, block, study) for name, block in BLOCKS.items()]
         blocks += [(name, block, trained) for name, block in TRAINED_BLOCKS.items()] if trained else []

@@ -21,7 +21,9 @@ model (not at features.11-15 of one), and that `no-se` removes the difference wh
 steps alike with and without SE, or drift as large without SE, refute it. A jump at one SE block followed by
 steps alike shows in the per-block rows, not in the medians: read both. One JSON line per (model, variant, target, block) goes to
 `--json`: the per-layer tables the survey lacked, archived beside the study (docs/study-se-control.jsonl).
-Targets: onnxruntime (the TorchScript exporter), openvino (f32), compile.
+Targets: onnxruntime (the TorchScript exporter's graph), openvino (f32, converting the module), compile, and to
+tell the ONNX path's exporter from its runtime, onnxruntime-dynamo (the dynamo exporter's graph) and openvino-onnx
+(OpenVINO reading the TorchScript exporter's graph).
 
     .venv/bin/python study/se_control.py --json parity-out/se-control.jsonl
 """
@@ -114,22 +116,34 @@ def block_names(name: str) -> list[tuple[str, str, bool]]:
     return out + [("whole model", type(model).__name__, False)]
 
 
+# The targets: compile; ONNX Runtime on the TorchScript exporter's graph (`onnxruntime`) and on the dynamo
+# exporter's (`onnxruntime-dynamo`); OpenVINO converting the module itself (`openvino`) and reading the TorchScript
+# exporter's graph (`openvino-onnx`). The last two pairs set one graph on two runtimes and two graphs on one, so
+# the ONNX path's exporter and runtime are told apart.
+TARGETS = ("onnxruntime", "openvino", "compile", "onnxruntime-dynamo", "openvino-onnx")
+
+
 def run_on(target: str, module: nn.Module, x: torch.Tensor, folder: Path) -> list[torch.Tensor]:
     """`module`'s outputs on `x` as the target runs it, one graph."""
     if target == "compile":
         return list(torch.compile(module)(x))
-    if target == "onnxruntime":
-        import onnxruntime as ort
-
-        path = folder / "blocks.onnx"
-        torch.onnx.export(module, (x,), str(path), dynamo=False, input_names=["x"])
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        return [torch.from_numpy(y) for y in session.run(None, {"x": x.numpy()})]
     import openvino as ov
 
-    compiled = ov.Core().compile_model(ov.convert_model(module, example_input=x), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-    results = compiled([x.numpy()])
-    return [torch.from_numpy(np.asarray(results[port])) for port in compiled.outputs]
+    f32 = {"INFERENCE_PRECISION_HINT": "f32"}
+    if target == "openvino":
+        compiled = ov.Core().compile_model(ov.convert_model(module, example_input=x), "CPU", f32)
+        results = compiled([x.numpy()])
+        return [torch.from_numpy(np.asarray(results[port])) for port in compiled.outputs]
+    path = folder / "blocks.onnx"
+    torch.onnx.export(module, (x,), str(path), dynamo=target == "onnxruntime-dynamo", input_names=["x"])
+    if target == "openvino-onnx":
+        compiled = ov.Core().compile_model(str(path), "CPU", f32)
+        results = compiled([x.numpy()])
+        return [torch.from_numpy(np.asarray(results[port])) for port in compiled.outputs]
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return [torch.from_numpy(y) for y in session.run(None, {"x": x.numpy()})]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--targets", nargs="+", default=["onnxruntime", "openvino"],
-                        choices=["onnxruntime", "openvino", "compile"])
+                        choices=TARGETS)
     parser.add_argument("--calibration", type=int, default=64, help="images the BatchNorm statistics are taken on")
     parser.add_argument("--inputs", type=int, default=8, help="images the profile is measured on (others)")
     parser.add_argument("--seed", type=int, default=0)

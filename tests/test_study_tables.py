@@ -734,6 +734,21 @@ def test_se_control_table_takes_each_profile_apart():
     assert blocks[1] == ["m", "features.1", "SE", "4.0e-06", "1.0e-06"]
 
 
+def test_the_se_replica_says_how_far_each_row_moved_between_two_measurements():
+    def row(block, rmse, max_abs, target="ort"):
+        return {"model": "m", "variant": "as-built", "target": target, "block": block, "type": "T", "se": False,
+                "relative_rmse": rmse, "max_abs_over_rms": max_abs}
+
+    archived = [row("features.0", 1e-6, 1e-5), row("whole model", 2e-6, 2e-5), row("whole model", 1e-6, 1e-5, "ov")]
+    again = [row("features.0", 1.1e-6, 1e-5), row("whole model", 2e-6, 3e-5)]
+    text = st.block_se_replica(st.Experiments(se=archived, se_replica=again))
+    assert text.startswith("The SE control's rows measured again (the same script, seed and images, another session), "
+                           "2 block rows matched to the archived ones: relative RMSE by at most 10.0% (median 5.0%); "
+                           "max abs / RMS by at most 50.0% (median 25.0%).")
+    assert rows_of(text.split("\n\n", 1)[1]) == [["m", "as-built", "ort", "2.0e-06 / 2.0e-06", "2.0e-05 / 3.0e-05"]]
+    assert st.block_se_replica(st.Experiments(se=archived)).startswith("No second measurement")
+
+
 def test_a_decision_that_differs_between_thread_counts_is_unstable():
     def check(tier, model, passed, cls=None):
         return {"kind": "check", "tier": tier, "model": model, "inputs": "x", "target": "compile", "passed": passed,
