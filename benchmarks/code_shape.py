@@ -10,6 +10,10 @@ see before and after.
   `layers` contract of pyproject.toml's import-linter section (the top-level one and each folder's, within its
   `containers`), read at that commit or, with `--contracts REF`, at one commit for all (the later contracts
   judge the earlier code); its `ignore_imports` are what let such edges through;
+- string-key reads: `x["k"]` (a subscript by a string constant, read) and `x.get("k", ...)`, in src/parity and in
+  report/ alone (issue 40: readers use attributes);
+- twin types: a class name (or a type alias: a capitalized name bound at module level to a subscripted type, a
+  union or a class) defined in more than one module, and how many modules define each;
 - circles per folder: in each package, its `__init__` and its direct children (a subpackage standing for all
   its modules), an arrow where one imports the other; a circle is a strongly connected set of two or more
   (`inputs/__init__` importing `inputs/text` inside a function, which imports `Inputs` from `inputs/__init__`).
@@ -164,6 +168,28 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
     return out
 
 
+def string_keys(tree: ast.Module) -> int:
+    """`x["k"]` read and `x.get("k"...)` calls in `tree`."""
+    found = 0
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load)
+                and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str)):
+            found += 1
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            found += 1
+    return found
+
+
+def type_names(tree: ast.Module) -> set[str]:
+    """The classes and type aliases a module defines at its top level."""
+    names = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+    for n in tree.body:
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Subscript | ast.BinOp | ast.Name | ast.Attribute):
+            names |= {t.id for t in n.targets if isinstance(t, ast.Name) and t.id[:1].isupper() and not t.id.isupper()}
+    return names
+
+
 def shape(root: Path, contracts_root: Path) -> dict:
     contracts = tomllib.loads((contracts_root / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
     found = modules(root)
@@ -175,8 +201,13 @@ def shape(root: Path, contracts_root: Path) -> dict:
             if mine is not None and theirs is not None and theirs < mine:
                 upward.add((a, b))
     lines: Counter[str] = Counter()
+    keys: Counter[str] = Counter()
+    defined: dict[str, list[str]] = {}
     functions, nested = [], []
     for name, (path, tree) in found.items():
+        keys[name] = string_keys(tree)
+        for type_name in type_names(tree):
+            defined.setdefault(type_name, []).append(name)
         top = name.split(".")[:2] if "." in name else ["-"]
         package = ".".join(top) if (root / "src" / Path(*top)).is_dir() else "parity (top level)"
         lines[package] += len(path.read_text().splitlines())
@@ -190,6 +221,8 @@ def shape(root: Path, contracts_root: Path) -> dict:
     return {"lines": lines, "total": sum(lines.values()), "modules": len(found),
             "longest": sorted(functions, reverse=True)[:5], "nested": Counter(nested), "upward": sorted(upward),
             "circles": circles(found, arrows),
+            "keys": sum(keys.values()), "report_keys": sum(n for m, n in keys.items() if m.startswith("parity.report")),
+            "twins": {t: ms for t, ms in sorted(defined.items()) if len(ms) > 1},
             "ignored": sum(len(c.get("ignore_imports", [])) for c in contracts)}
 
 
@@ -213,6 +246,10 @@ def main() -> None:
     print("| function-level imports of parity in library code | "
           + " | ".join(str(sum(shapes[r]["nested"].values())) for r in refs) + " |")
     print("| upward import edges | " + " | ".join(str(len(shapes[r]["upward"])) for r in refs) + " |")
+    print("| string-key reads in src/parity | " + " | ".join(str(shapes[r]["keys"]) for r in refs) + " |")
+    print("| string-key reads in report/ | " + " | ".join(str(shapes[r]["report_keys"]) for r in refs) + " |")
+    print("| twin type names (modules defining them) | " + " | ".join(
+        f"{len(shapes[r]['twins'])} ({sum(map(len, shapes[r]['twins'].values()))})" for r in refs) + " |")
     print("| circles per folder | " + " | ".join(str(len(shapes[r]["circles"])) for r in refs) + " |")
     print("| ignore_imports lines | " + " | ".join(str(shapes[r]["ignored"]) for r in refs) + " |")
     for ref in refs:
@@ -221,6 +258,8 @@ def main() -> None:
         print(f"{ref}: function-level imports by module: "
               + ", ".join(f"{m} {n}" for m, n in shapes[ref]["nested"].most_common(6)))
         print(f"{ref}: upward edges: " + (", ".join(f"{a} -> {b}" for a, b in shapes[ref]["upward"]) or "none"))
+        print(f"{ref}: twin types: " + ("; ".join(f"{t} ({', '.join(ms)})" for t, ms in shapes[ref]["twins"].items())
+                                             or "none"))
         print(f"{ref}: circles: " + ("; ".join(" <-> ".join(c) for c in shapes[ref]["circles"]) or "none"))
 
 

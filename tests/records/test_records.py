@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from parity.errors import ParityError
 from parity.experiment import experiment_from_dict
@@ -154,6 +155,17 @@ def test_the_view_selects_names_and_orders_once():
     assert [leaf.name for leaf in view.worst_leaves(failed, 1)] == ["large"]
     assert view.layers_for(failed).error == "e" and view.layers_for(view.checks(1)[0]) is None
     assert view.run.experiment == "x" and RunView.of(view) is view
+
+
+def test_a_record_as_read_is_frozen_one_value_for_every_reader():
+    """Every report reads the same models from one view: none can change a verdict or a leaf for the next."""
+    view = RunView(records_of_a_run())
+    [failed] = view.failed(1)
+    for record, field, value in ((failed, "passed", True), (failed.leaves[0], "max_abs", 0.0),
+                                 (view.run, "experiment", "y"), (view.layers_for(failed), "error", None)):
+        with pytest.raises(ValidationError, match="frozen"):
+            setattr(record, field, value)
+    assert not view.failed(1)[0].passed and view.layers_for(failed).error == "e"
 
 
 def test_the_summary_counts_the_tier_1_checks_and_names_each_by_its_key():

@@ -25,6 +25,7 @@ from pydantic import Field
 
 from parity.adapters import Adapter
 from parity.config.schema import AdapterSpec
+from parity.errors import ParityError
 
 _ORIGINAL_BATCHED_NMS = box_ops.batched_nms
 
@@ -102,8 +103,6 @@ def _deterministic_top_n_idx(self, objectness: torch.Tensor, num_anchors_per_lev
 
 
 def apply_deterministic_nms(model: torch.nn.Module, score_grid: float, box_grid: float) -> str:
-    from parity.errors import ParityError
-
     has_nms_head = any(hasattr(m, "postprocess_detections") or hasattr(m, "filter_proposals") for m in model.modules())
     if not has_nms_head:
         raise ParityError(f"adapter deterministic_nms: {type(model).__name__} has no torchvision detection head "

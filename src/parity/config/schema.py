@@ -166,7 +166,7 @@ class ModelSpecBase(Strict):
     inputs: list[str] | None = Field(default=None, min_length=1)
     export_inputs: str | None = None  # the input set every backend is prepared from; None: the model's first
     batch: Literal["stack", "list"] | None = None
-    adapters: list[Adapter] | None = None  # this model's own; None: the experiment's
+    adapters: list[AnyAdapterSpec] | None = None  # this model's own; None: the experiment's
 
     @field_validator("adapters", mode="before")
     @classmethod
@@ -617,7 +617,7 @@ class AdapterSpec(Strict):
 
 
 # An adapter spec: validated by the spec of the adapter it names.
-Adapter = Annotated[SerializeAsAny[AdapterSpec], _dispatched(ADAPTERS, "name", None, AdapterSpec)]
+AnyAdapterSpec = Annotated[SerializeAsAny[AdapterSpec], _dispatched(ADAPTERS, "name", None, AdapterSpec)]
 
 
 def adapter_names(value: Any) -> Any:
@@ -625,7 +625,7 @@ def adapter_names(value: Any) -> Any:
     return [{"name": v} if isinstance(v, str) else v for v in value] if isinstance(value, list) else value
 
 
-ModelSpecBase.model_rebuild()  # its `adapters` names Adapter, defined after it
+ModelSpecBase.model_rebuild()  # its `adapters` names AnyAdapterSpec, defined after it
 
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -677,7 +677,7 @@ class Experiment(Strict):
     targets: list[BackendSpec] = Field(min_length=1)
     tolerances: Tolerances = Field(default_factory=Tolerances)
     tiers: Tiers = Field(default_factory=Tiers)
-    adapters: list[Adapter] = Field(default_factory=list)
+    adapters: list[AnyAdapterSpec] = Field(default_factory=list)
     executor: SerializeAsAny[ExecutorSpec] = Field(default_factory=lambda: ExecutorSpec.model_validate("local"))
 
     @field_validator("adapters", mode="before")
@@ -706,7 +706,7 @@ class Experiment(Strict):
         p = user_path(path, what)
         return p if p.is_absolute() else self._base_dir / p
 
-    def adapters_for(self, model: ModelSpec) -> list[Adapter]:
+    def adapters_for(self, model: ModelSpec) -> list[AnyAdapterSpec]:
         """A model's own adapters when it lists some (an empty list: none), else the experiment's."""
         return self.adapters if model.adapters is None else model.adapters
 

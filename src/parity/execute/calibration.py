@@ -15,12 +15,12 @@ from collections.abc import Callable, Iterator
 from parity.config.schema import BackendSpec
 from parity.inputs import Inputs
 
-Source = Callable[[str], list[Inputs]]  # an input set's name -> the calls it makes
-_active: contextvars.ContextVar[Source | None] = contextvars.ContextVar("parity_calibration", default=None)
+CalibrationSource = Callable[[str], list[Inputs]]  # an input set's name -> the calls it makes
+_active: contextvars.ContextVar[CalibrationSource | None] = contextvars.ContextVar("parity_calibration", default=None)
 
 
 @contextlib.contextmanager
-def providing(source: Source) -> Iterator[None]:
+def providing(source: CalibrationSource) -> Iterator[None]:
     """Executions inside this block calibrate on `source(name)` for a target calibrated on the input set `name`."""
     token = _active.set(source)
     try:

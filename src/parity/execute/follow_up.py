@@ -21,8 +21,8 @@ from typing import Any
 
 from parity.inputs import Inputs
 
-Run = Callable[[Inputs], Any]  # the prepared backend's run
-FollowUp = Callable[[Run, Inputs], dict[str, Any]]
+Forward = Callable[[Inputs], Any]  # the prepared backend's run: one forward pass
+FollowUp = Callable[[Forward, Inputs], dict[str, Any]]
 _active: contextvars.ContextVar[FollowUp | None] = contextvars.ContextVar("parity_follow_up", default=None)
 
 

@@ -17,11 +17,9 @@ from parity.inputs.audio import audio_problem
 from parity.inputs.images import image_problem
 from parity.inputs.tensors import tensors_problem
 from parity.inputs.text import tokenizer_problem
-from parity.models.sources import MODEL_KINDS
+from parity.models.sources import MODEL_KINDS, Problem
 from parity.models.weights import weights_problem
 from parity.plugins import BACKENDS, SOURCES
-
-Problem = tuple[tuple, str]
 
 
 def _unique(names: list[str], key: str, what: str) -> list[Problem]:

@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from parity.errors import ParityError
+from parity.outdir import open_records, reason, write_bytes
 from parity.records.keys import record_key
 from parity.records.models import KINDS, RECORDS, SCHEMA_VERSION, TIERS, Record
 
@@ -221,8 +222,6 @@ class RecordWriter:
     key is already in the file."""
 
     def __init__(self, path: Path, resume: bool = False):
-        from parity.outdir import open_records, reason
-
         self.path = path
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -276,8 +275,6 @@ class RecordWriter:
     def keep_only(self, records: list[dict[str, Any]]) -> None:
         """Rewrite the file with `records` alone (some of `self.records`: a resume removing the judgements it
         makes again), whole or not at all: written beside it and renamed over it, then locked again."""
-        from parity.outdir import open_records, write_bytes
-
         write_bytes(self.path, b"".join((json.dumps(r, allow_nan=False) + "\n").encode("utf-8") for r in records))
         old, self._file = self._file, open_records(self.path)
         old.close()

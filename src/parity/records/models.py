@@ -20,7 +20,7 @@ SCHEMA_VERSION = 1
 class Part(BaseModel):
     """A part of a record: strict types; fields it does not declare are kept on reading."""
 
-    model_config = ConfigDict(strict=True, extra="allow")
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
     # A part whose fields are another module's (the experiment's settings): not checked for undeclared ones.
     open: ClassVar[bool] = False
 

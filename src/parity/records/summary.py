@@ -10,6 +10,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from parity.outdir import write_text
 from parity.records.keys import gate_atol, tolerance_key
 from parity.records.models import LeafTolerance, Tier1Check, Tier3Check
 from parity.records.view import RunView
@@ -167,8 +168,6 @@ def _tier3(view: RunView) -> dict[str, Any]:
 
 def write_summary(summary: dict[str, Any], path: Path) -> None:
     """Whole or not at all (outdir.write_text): a summary.json on disk is the mark of a finished run."""
-    from parity.outdir import write_text
-
     write_text(path, json.dumps(summary, indent=2) + "\n")
 
 

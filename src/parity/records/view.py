@@ -17,6 +17,7 @@ from typing import Any
 from parity.records.io import read_typed_run, typed
 from parity.records.keys import check_key
 from parity.records.models import (
+    Check,
     Execution,
     Fallback,
     InputWarning,
@@ -25,11 +26,7 @@ from parity.records.models import (
     ModelBuilt,
     Record,
     Run,
-    Tier1Check,
-    Tier3Check,
 )
-
-Check = Tier1Check | Tier3Check
 
 
 class RunView:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from parity.records.models import GateVerdict, LayerError, Layers, Note, Tier1Check, Tier3Check
+from parity.records.models import Check, GateVerdict, LayerError, Layers, Note, Tier1Check, Tier3Check
 from parity.records.summary import exit_code
-from parity.records.view import Check, RunView
+from parity.records.view import RunView
 from parity.report.next_steps import next_steps, oracle_finding
 from parity.verify.localize import pass_path
 from parity.verify.tasks import headline_of

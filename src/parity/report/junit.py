@@ -14,7 +14,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from parity.records.view import Check, RunView
+from parity.records.models import Check
+from parity.records.view import RunView
 from parity.report import ReportWriter
 from parity.report.console import describe_note, flips_line
 from parity.report.next_steps import next_steps

@@ -9,8 +9,8 @@ from typing import Any
 
 from parity import taxonomy as tx
 from parity.dtypes import REDUCED
-from parity.records.models import Layers, Oracle, Run
-from parity.records.view import Check, RunView
+from parity.records.models import Check, Layers, Oracle, Run
+from parity.records.view import RunView
 from parity.verify.localize import LOCALIZABLE as RUN_LOCALIZES
 from parity.verify.localize import pass_path, switch_words
 from parity.verify.tasks import headline_of

@@ -26,7 +26,7 @@ from parity.execute.cache import inputs_digest, weights_digest
 from parity.inputs import Inputs
 from parity.records.models import Tier1Check
 
-Record = dict[str, Any]
+Line = dict[str, Any]  # one record as records.jsonl holds it (without_stale rewrites the file's lines)
 # The parts compared, and how a change of each is said (model, inputs: the check's names).
 SAID = {"model_code": "model code of {model}", "model_weights": "weights of {model}",
         "inputs": "input set {inputs} of {model}", "target": "settings of target {target}",
@@ -117,8 +117,8 @@ def re_running(stale: dict[tuple[str, str, str], tuple[list[str], str]], total: 
     return f"re-running {_checks(len(stale))} of {total}: {'; '.join(parts)}"
 
 
-def without_stale(records: list[Record], stale: set[tuple[str, str, str]],
-                  planned: dict[tuple[str, str], list[str]]) -> list[Record]:
+def without_stale(records: list[Line], stale: set[tuple[str, str, str]],
+                  planned: dict[tuple[str, str], list[str]]) -> list[Line]:
     """`records` less those of the `stale` judgements (model, inputs, target): their checks, layers, fallback
     records and the target's executions; a (model, input set) whose judgements are all stale also loses its
     baselines' executions and its warnings, a model whose judgements are all stale its `model` record, and
@@ -129,7 +129,7 @@ def without_stale(records: list[Record], stale: set[tuple[str, str, str]],
         return []
     models = {m for m, _ in planned} - {m for m, i in planned if (m, i) not in pairs}
 
-    def stale_record(r: Record) -> bool:
+    def stale_record(r: Line) -> bool:
         kind = r["kind"]
         if kind in ("check", "layers", "fallback"):
             return (r["model"], r["inputs"], r["target"]) in stale
