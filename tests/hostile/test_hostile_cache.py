@@ -153,3 +153,31 @@ def test_an_entry_removed_by_hand_under_a_run_is_rebuilt_or_exit_2_naming_the_ca
     else:
         assert_user_error(result, f"cache folder {root}", "removed twice")
         assert "backend_error" not in (out / "records.jsonl").read_text()
+
+
+def test_a_build_records_warning_category_is_never_imported(tmp_path):
+    """A cache entry's build-record.json names the category of each warning its build gave, as module:Class. A
+    shared cache could name a module planted on sys.path: it is looked up among imported modules only."""
+    import json
+    import warnings
+
+    from parity.backends.base import BUILD_RECORD
+    from parity.backends.eager import EagerBackend
+    from parity.config.schema import BackendSpec
+
+    (tmp_path / "planted_category.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n"
+                                                  "class Warn(Warning):\n    pass\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        (tmp_path / BUILD_RECORD).write_text(json.dumps({"notes": [], "warnings": [
+            {"message": "planted", "category": "planted_category:Warn", "filename": "x.py", "lineno": 1},
+            {"message": "not a warning", "category": "os:system", "filename": "x.py", "lineno": 2},
+            {"message": "torch's own", "category": "torch.jit:TracerWarning", "filename": "x.py", "lineno": 3}]}))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            EagerBackend(BackendSpec(backend="eager"))._say_again(tmp_path)
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert not (tmp_path / "ran").exists() and "planted_category" not in sys.modules
+    assert [(w.category.__name__, str(w.message)) for w in caught] == [
+        ("UserWarning", "planted"), ("UserWarning", "not a warning"), ("TracerWarning", "torch's own")]

@@ -211,3 +211,59 @@ def test_an_onnx_file_or_its_external_data_as_a_fifo_is_named(onnx_files, tmp_pa
     assert_user_error(result, what, "FIFO")
     if what == "m.onnx":  # `parity check m.onnx` names the FIFO (it once said "no such file here")
         assert_user_error(checked, "m.onnx", "FIFO")
+
+
+def _no_pad_tokenizer(folder: Path, eos: str | None) -> None:
+    """A word-level tokenizer without a pad token (as GPT-2's), with `eos` as its end-of-sequence token or none."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(["[UNK]", "<eos>", *WORDS])}
+    inner = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    inner.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokens = {"eos_token": eos} if eos else {}
+    transformers.PreTrainedTokenizerFast(tokenizer_object=inner, unk_token="[UNK]", **tokens).save_pretrained(folder)
+
+
+@pytest.mark.parametrize("eos, texts, outcome", [
+    ("<eos>", ["the cat"], "no padding"),
+    (None, ["the cat"], "no padding"),
+    ("<eos>", ["the cat", "the cat sat"], "eos as pad"),
+    (None, ["the cat", "the cat sat"], "refused"),
+])
+def test_a_tokenizer_without_a_pad_token(saved, tmp_path, eos, texts, outcome):
+    """A single sentence needs no padding; several are padded with the end-of-sequence token, said in a note; a
+    tokenizer with neither is refused, by validate as by run."""
+    from parity.errors import ParityError
+    from parity.inputs.text import make_text, tokenizer_problem
+
+    _no_pad_tokenizer(tmp_path / "tok", eos)
+    problem = tokenizer_problem(tmp_path / "tok", len(texts))
+    if outcome == "refused":
+        assert "has no pad token and no end-of-sequence token" in problem
+        with pytest.raises(ParityError, match="has no pad token"):
+            make_text(texts, tmp_path / "tok")
+        return
+    assert problem is None
+    inputs = make_text(texts, tmp_path / "tok")
+    ids = inputs.kwargs["input_ids"]
+    assert ids.shape[0] == len(texts)
+    if outcome == "eos as pad":
+        assert ids[0, -1].item() == 1 and inputs.kwargs["attention_mask"][0, -1].item() == 0  # <eos> pads, masked
+        assert inputs.notes and "padded with its end-of-sequence token '<eos>'" in inputs.notes[0]
+    else:
+        assert inputs.notes == ()
+
+
+def test_a_transformers_error_is_one_clipped_line(saved, tmp_path, monkeypatch):
+    from parity.errors import ParityError
+    from parity.models.sources import transformers as source
+
+    def refuse(*args, **kwargs):
+        raise OSError("first line of the error\n\n" + "advice " * 200 + "\nthird line")
+
+    monkeypatch.setattr(transformers.AutoModel, "from_pretrained", refuse)
+    spec = type("Spec", (), {"architecture": "AutoModel", "params": {}, "config": None})()
+    with pytest.raises(ParityError) as raised:
+        source.build_transformers(spec, saved / "model")
+    [problem] = raised.value.problems
+    assert problem.endswith(": first line of the error") and "\\n" not in problem and len(problem) < 300

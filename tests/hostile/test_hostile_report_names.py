@@ -159,3 +159,23 @@ def test_md_and_md_code_render_as_the_text_itself(text):
     item = f"- {md_code(text)}\n"
     assert_inert(item)
     assert [(t.type, t.content) for t in _inline(item, "paragraph_open")] == [("code_inline", visible(text))]
+
+
+def test_report_on_a_run_in_progress_says_so(passing_run, tmp_path):
+    """A run holds its records.jsonl's lock while it writes: `parity report` on it says the run is in progress
+    (it once said "the run ended early")."""
+    import fcntl
+    import os
+
+    out = tmp_path / "out"
+    shutil.copytree(passing_run, out)
+    (out / "summary.json").unlink()
+    fd = os.open(out / "records.jsonl", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as RecordWriter holds it
+    try:
+        result = run_parity(["report", str(out)], tmp_path, tmp_path, [])
+    finally:
+        os.close(fd)
+    assert_user_error(result, str(out), "still in progress")
+    result = run_parity(["report", str(out)], tmp_path, tmp_path, [])  # once it has ended: what it lacks
+    assert result.code == 0 and "still in progress" not in result.err, result.err
