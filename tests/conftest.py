@@ -43,3 +43,17 @@ def write_yaml(tmp_path):
         return path
 
     return write
+
+
+@pytest.fixture(autouse=True)
+def _folder_left_as_found():
+    """A test that leaves the process in a folder that is gone (a temporary folder removed while the process
+    was in it) breaks every later test that asks for the working directory: it fails itself instead, and the
+    process goes back to the folder it started in."""
+    start = os.getcwd()
+    yield
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        os.chdir(start)
+        pytest.fail("the test left the process in a folder that was removed")

@@ -58,13 +58,15 @@ def _repro(folder, tmp_path) -> subprocess.CompletedProcess:
 
 def test_the_script_reproduces_a_fault_only_the_target_sees_and_agrees_without_it(write_yaml, tmp_path, capsys):
     code, run_dir, printed = _run(write_yaml, tmp_path, capsys, CHAIN)
-    assert code == 1 and f"next: parity reduce {run_dir} --check {CHECK}" in printed.replace("\n  ", " ")
+    experiment = tmp_path / "exp.yaml"
+    assert code == 1 and (f"next: parity reduce {run_dir} --check {CHECK} --experiment {experiment}"
+                          in printed.replace("\n  ", " "))
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("")
     assert main(["reduce", str(run_dir), "--check", CHECK, "--out", str(tmp_path / "full")]) == 2
     assert "exists and is not empty" in capsys.readouterr().err
     folder = tmp_path / "repro"
-    assert main(["reduce", str(run_dir), "--check", CHECK, "--out", str(folder)]) == 0
+    assert main(["reduce", str(run_dir), "--check", CHECK, "--out", str(folder), "--experiment", str(experiment)]) == 0
     assert sorted(p.name for p in folder.iterdir()) == sorted(
         ["inputs.safetensors", "weights.safetensors", "module.pt", "module.txt", "repro.py", "README.txt"])
     described = (folder / "module.txt").read_text()
@@ -233,60 +235,61 @@ def test_the_onnx_repro_exports_with_the_targets_exporter_and_dynamic_dims(tmp_p
     assert "dynamo=False, opset_version=17" in torchscript and "dynamic_shapes" not in torchscript
 
 
-def test_reduce_runs_no_code_from_outside_run_dir_and_the_experiment_s_folder(write_yaml, tmp_path, capsys):
-    """A RUN_DIR may be someone else's (a CI artifact): records that name model code elsewhere on this
-    machine are refused before anything is imported, unless the user names that folder; and the default
-    repro folder planted as a link to elsewhere is refused, never written through."""
+def test_reduce_imports_nothing_its_records_name(write_yaml, tmp_path, capsys):
+    """A RUN_DIR may be someone else's (a CI artifact): records that name model code are refused before anything
+    is imported, unless the user passes the experiment file that holds the same model (its folder's code is
+    then the one imported) or says --trust-records; and the default repro folder planted as a link to elsewhere
+    is refused, never written through. tests/hostile/test_hostile_reduce.py holds the attacks."""
     code, run_dir, _ = _run(write_yaml, tmp_path, capsys, CHAIN)
     assert code == 1
-    records = run_dir / "records.jsonl"
-    original = records.read_text()
+    experiment = tmp_path / "exp.yaml"
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     planted = run_dir / "reduce-chain-noise-compile-cpu"
     planted.symlink_to(elsewhere, target_is_directory=True)
-    assert main(["reduce", str(run_dir), "--check", CHECK]) == 2
+    assert main(["reduce", str(run_dir), "--check", CHECK, "--experiment", str(experiment)]) == 2
     assert capsys.readouterr().err == (f"error: {planted}: is a symbolic link; parity writes the repro into a folder of "
                                        "RUN_DIR, never through a link to elsewhere: remove it, or give --out\n")
     assert list(elsewhere.iterdir()) == []
     planted.unlink()
 
-    (tmp_path / "exp.yaml").write_text((tmp_path / "exp.yaml").read_text() + "# edited\n")  # comments: same experiment
-    assert main(["reduce", str(run_dir), "--check", CHECK, "--out", str(tmp_path / "r1")]) == 0
+    assert main(["reduce", str(run_dir), "--check", CHECK, "--out", str(tmp_path / "r1")]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {run_dir / 'records.jsonl'}: names code that rebuilding its model would import (python model 'chain' "
+        "(tests.fixtures.culprit:chain)); reduce imports nothing a records file names: pass the experiment file the "
+        "run ran (--experiment FILE), or --trust-records if you wrote these records\n")
+    assert not (tmp_path / "r1").exists()
+    experiment.write_text(experiment.read_text() + "# edited\n")  # comments: the same experiment
+    assert main(["reduce", str(run_dir), "--check", CHECK, "--out", str(tmp_path / "r2"), "--experiment", str(experiment)]) == 0
+    assert main(["reduce", str(run_dir), "--check", CHECK, "--out", str(tmp_path / "r3"), "--trust-records"]) == 0
     capsys.readouterr()
-    other = tmp_path / "their-code"
-    other.mkdir()
-    records.write_text(original.replace(f'"base_dir": "{tmp_path}"', f'"base_dir": "{other}"', 1))
-    assert main(["reduce", str(run_dir), "--check", CHECK, "--out", str(tmp_path / "r2")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"error: {run_dir}: its records name model code in {other} (python model 'chain'), outside "
-                          f"RUN_DIR and the experiment's own folder") and f"--trust-code {other}" in err
-    assert not (tmp_path / "r2").exists()
-    assert main(["reduce", str(run_dir), "--check", CHECK, "--out", str(tmp_path / "r3"), "--trust-code", str(other)]) == 0
-    records.write_text(original)
-    edited = yaml.safe_load((tmp_path / "exp.yaml").read_text())
-    edited["models"][0]["seed"] = 1  # not the run's model: the folder holds no experiment of it
-    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(edited))
-    assert main(["reduce", str(run_dir), "--check", CHECK, "--out", str(tmp_path / "r4")]) == 2
-    assert "outside RUN_DIR and the experiment's own folder" in capsys.readouterr().err
+    edited = yaml.safe_load(experiment.read_text())
+    edited["models"][0]["seed"] = 1  # not the run's model
+    other = write_yaml(edited, "other.yaml")
+    assert main(["reduce", str(run_dir), "--check", CHECK, "--out", str(tmp_path / "r4"), "--experiment", str(other)]) == 2
+    assert (f"--experiment {other}: differs from the records' in the model 'chain' the records ran"
+            in capsys.readouterr().err)
+    assert not (tmp_path / "r4").exists()
 
 
-def test_a_repo_model_s_folder_is_held_to_the_same_rule(tmp_path):
-    """A `repo` model's folder (resolved against base_dir) must lie in RUN_DIR, the experiment's folder or a
-    --trust-code folder, as a python entry's base_dir must; a torchvision model names no code of the user's."""
-    from types import SimpleNamespace
+def test_records_code_names_every_model_and_backend_that_would_be_imported():
+    from parity.records.io import typed
+    from parity.reduce import records_code
 
-    from parity.reduce import code_problem
+    def run(models, targets, reference=None):
+        return typed({"kind": "run", "experiment": "x", "base_dir": "/", "environment": {},
+                      "config": {"tolerances": {"atol": [1e-4], "rtol": 1e-5}, "models": models, "inputs": [], "targets": targets,
+                                 "reference": reference or {"backend": "eager"}}})
 
-    run_dir, base = tmp_path / "run", tmp_path / "base"
-    run = SimpleNamespace(base_dir=str(base), file=None, config=SimpleNamespace(models=[]))
-    exp = SimpleNamespace(resolve=lambda p: base / p)
-    repo = SimpleNamespace(source="repo", path="../their-repo", name="net")
-    assert f"name model code in {base / '../their-repo'} (repo model 'net')" in code_problem(run, run_dir, exp, repo, [])
-    assert code_problem(run, run_dir, exp, repo, [tmp_path / "their-repo"]) is None
-    inside = SimpleNamespace(source="repo", path="../run/vendored", name="net")
-    assert code_problem(run, run_dir, exp, inside, []) is None
-    assert code_problem(run, run_dir, exp, SimpleNamespace(source="torchvision", name="r"), []) is None
+    named = records_code(run([{"name": "p", "source": "python", "entry": "os:system"},
+                              {"name": "r", "source": "repo", "path": "../theirs", "hubconf": "net"},
+                              {"name": "t", "source": "torchvision", "builder": "resnet18"},
+                              {"name": "h", "source": "transformers", "path": "m"},
+                              {"name": "u", "source": "their_source"}],
+                             [{"backend": "eager"}, {"backend": "evil:Backend"}], {"backend": "x.y:Ref"}))
+    assert named == ["python model 'p' (os:system)", "repo model 'r' (../theirs)", "their_source model 'u'",
+                     "backend 'x.y:Ref'", "backend 'evil:Backend'"]
+    assert records_code(run([{"name": "t", "source": "torchvision", "builder": "resnet18"}], [{"backend": "onnxruntime"}])) == []
 
 
 def test_a_torch_class_gets_no_sys_path_line_and_the_readme_says_so():

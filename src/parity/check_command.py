@@ -60,8 +60,9 @@ def model_entry(ref: str, entry: str | None = None, hubconf: str | None = None,
     if HF.match(ref):
         spec = hf_entry(ref)
     elif suffix in MODEL_FILES:
-        if not folder.is_file():
-            raise ParityError(f"MODEL '{ref}': no such file here")
+        problem = file_problem(folder, "MODEL")  # a FIFO is said to be one, never "no such file"
+        if problem:
+            raise ParityError(problem)
         if weights is not None:
             raise ParityError(f"--weights: the model file '{ref}' holds its own weights")
         return {"name": plain_name(folder.stem, "model"), "source": MODEL_FILES[suffix], "path": str(folder.absolute())}

@@ -24,7 +24,7 @@ import traceback
 from pathlib import Path
 
 from parity.dtypes import DTYPES, QUANTIZE_SCHEMES
-from parity.errors import ParityError, clip_problem, did_you_mean
+from parity.errors import ParityError, clip, clip_problem, did_you_mean
 from parity.files import user_path
 from parity.offline import STATE_ENV, die_with_parent, keep_state_in
 from parity.outdir import prepare
@@ -169,6 +169,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     """Render summary.json, report.md, report.html and junit.xml again from a run's records.jsonl alone, and
     print the table the run printed."""
+    from parity.records.io import being_written
     from parity.records.summary import summarize, write_summary
     from parity.records.view import RunView
     from parity.report import write_reports
@@ -176,6 +177,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     out_dir = user_path(args.run_dir, "RUN_DIR")
     view = RunView.read(out_dir)
+    refused = _name_problem(view, out_dir / "records.jsonl")
+    if refused:
+        raise ParityError(refused)
+    if being_written(out_dir / "records.jsonl"):
+        raise ParityError(f"RUN_DIR {out_dir}: the run is still in progress (a parity process is writing its "
+                          "records.jsonl); report it once that run has ended")
     missing = view.unfinished()
     if missing:  # no summary.json (the mark of a finished run, which a continued run reads), no junit that passes
         file = shlex.quote(view.run.file) if view.run.file else "EXPERIMENT"
@@ -186,6 +193,25 @@ def cmd_report(args: argparse.Namespace) -> int:
     write_summary(summary, out_dir / "summary.json")
     render(view, summary, out_dir, _console(), write_reports(out_dir, view, summary))
     return EXIT_OK
+
+
+def _name_problem(view, path: Path) -> str | None:
+    """Why the records at `path` hold a name no experiment file could (config.schema.check_name: a `<script>`,
+    a newline, a pipe), or None: such records were not written by parity, and their report is not rendered."""
+    from parity.config.schema import check_name
+
+    named = [("model", m.name) for m in view.run.config.models]
+    named += [("input set", i.get("name")) for i in view.run.config.inputs]
+    for record in view:
+        named += [(what, getattr(record, what, None)) for what in ("model", "inputs", "target")]
+    for what, name in named:
+        if name is None:
+            continue
+        try:
+            check_name(name) if isinstance(name, str) else check_name("")
+        except ValueError as exc:
+            return f"{path}: names {what} {clip(repr(name), 80)}, which no experiment file can name ({exc}); not written by parity"
+    return None
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -272,10 +298,8 @@ def _said_records(args: argparse.Namespace) -> None:
 def cmd_localize(args: argparse.Namespace) -> int:
     """Localize one model x target without running the whole experiment; print the per-layer tables, and
     the `parity reduce` command that cuts the culprit out (its record is in --out)."""
-    from rich.markup import escape
-
     from parity.records.io import typed
-    from parity.report.console import render_layers
+    from parity.report.console import escape, render_layers
     from parity.report.next_steps import reduce_step, single_culprit
 
     exp, model_spec, target, input_spec = _one_check(args)
@@ -287,7 +311,7 @@ def cmd_localize(args: argparse.Namespace) -> int:
     _said_records(args)
     if single_culprit(record) and target.quantize is None:  # reduce cuts one float module, as next_steps offers it
         if args.out:
-            console.print(escape(reduce_step(args.out, model_spec.name, input_spec.name, target.id)), soft_wrap=True)
+            console.print(escape(reduce_step(args.out, model_spec.name, input_spec.name, target.id, args.file)), soft_wrap=True)
         else:
             console.print("parity reduce cuts a repro from this localization's record: run it again with --out DIR")
     return EXIT_OK if not record.error else EXIT_FAILED
@@ -312,9 +336,8 @@ def cmd_reduce(args: argparse.Namespace) -> int:
     """Cut a failing check down to its culprit module: a folder with a standalone repro script."""
     from parity.reduce import reduce_check
 
-    trusted = [user_path(folder, "--trust-code") for folder in args.trust_code or []]
     out = reduce_check(user_path(args.run_dir, "RUN_DIR"), args.check, user_path(args.out, "--out") if args.out else None,
-                       trusted)
+                       user_path(args.experiment, "--experiment") if args.experiment else None, args.trust_records)
     print(f"repro: {out} (python {out / 'repro.py'}: exit 1 when it diverges; README.txt says what it is)")
     return EXIT_OK
 
@@ -372,6 +395,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
     left = [*found["foreign"], *found.get("left", [])]
     if left:
         print(f"not parity's, left alone: {', '.join(left)}")
+    if found.get("in_use"):
+        print(f"in use by a running parity process, left for it: {', '.join(found['in_use'])}")
     return EXIT_OK
 
 
@@ -455,9 +480,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the failing check, as the table names it, e.g. resnet18/cat/compile-cpu")
     reduce.add_argument("--out", metavar="DIR",
                         help="a new or empty folder for the repro (default: RUN_DIR/reduce-MODEL-INPUTS-TARGET)")
-    reduce.add_argument("--trust-code", action="append", metavar="DIR",
-                        help="a folder whose model code reduce may import though it lies outside RUN_DIR and the "
-                             "experiment's own folder (repeatable); without it such records are refused")
+    reduce.add_argument("--experiment", metavar="FILE",
+                        help="the experiment file the run ran: the model is rebuilt from it (its code is yours), and "
+                             "it must hold the check's model, inputs, reference and target as the records do")
+    reduce.add_argument("--trust-records", action="store_true",
+                        help="import the code RUN_DIR's records name (a python entry, a repo folder, a backend "
+                             "module) without an experiment file: only for records you wrote")
     reduce.set_defaults(func=cmd_reduce)
 
     backends = sub.add_parser("backends", help="list every backend and whether it can run here")

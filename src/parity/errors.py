@@ -35,7 +35,20 @@ def exception_words(exc: BaseException, limit: int = 200) -> str:
 def clip_problem(problem: str) -> str:
     """Every run of more than VALUE_LIMIT non-space characters clipped (a value quoted in full), then the
     whole problem to PROBLEM_LIMIT."""
-    return clip(_LONG_WORD.sub(lambda m: clip(m.group()), problem), PROBLEM_LIMIT)
+    return clip(_LONG_WORD.sub(lambda m: clip(m.group()), visible(problem)), PROBLEM_LIMIT)
+
+
+# Control characters (every C0 character, DEL and C1) as a reader sees them: \x00, \n, \x1b. A name or a quoted
+# text from a file (a records.jsonl, a model's output keys, a runtime's error) may hold NUL, a backspace that
+# rubs out what came before, an escape sequence that recolours a terminal, a newline that starts a table row.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_SHOWN = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def visible(text: str) -> str:
+    """`text` with every control character written out as its escape: the one helper through which the
+    console, report.html and report.md show a name or a quoted text (and every user error, clip_problem)."""
+    return _CONTROL.sub(lambda m: _SHOWN.get(m.group(), f"\\x{ord(m.group()):02x}"), text)
 
 
 class ParityError(Exception):
@@ -46,9 +59,21 @@ class ParityError(Exception):
         super().__init__("\n".join(self.problems))
 
 
+class CacheLost(ParityError):
+    """The artifact cache failed under a running job (an entry removed as it was built): exit 2 naming the
+    cache, never a failure charged to the target (execute/execution.py lets it through)."""
+
+
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """' (did you mean 'x'?)' for the closest choice, or '' when nothing is close."""
     if len(str(name)) > VALUE_LIMIT:  # nothing a user meant is that long, and comparing it costs seconds
         return ""
     close = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=0.6)
     return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def first_line(exc: BaseException) -> str:
+    """A transformers error in one line: its first non-empty line, clipped (its messages run to several lines
+    of advice and hundreds of characters)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return clip(lines[0] if lines else type(exc).__name__)

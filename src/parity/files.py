@@ -51,6 +51,32 @@ def file_problem(path: Path, what: str) -> str | None:
     return f"{what} {path}: is {kind_of(mode)}, not a file"
 
 
+MAX_FOLDER_ENTRIES = 10_000  # the entries of a model folder looked at for special files
+
+
+def special_file_problem(folder: Path, what: str) -> str | None:
+    """The first entry below `folder` that would block or never end when opened, as '{what} {path}: is a FIFO
+    (named pipe), not a file', or None. A library reads a model folder's side files by name
+    (transformers: generation_config.json, adapter_config.json, the tokenizer's files, ...), so every entry is
+    checked before any library opens one: what it would read is never left to it. Links are followed (a
+    link to /dev/zero is a device), folders are walked (without following links to folders), at most
+    MAX_FOLDER_ENTRIES entries."""
+    seen = 0
+    for here, dirs, names in os.walk(folder):
+        for name in sorted(names) + sorted(d for d in dirs if os.path.islink(os.path.join(here, d))):
+            seen += 1
+            if seen > MAX_FOLDER_ENTRIES:
+                return None
+            path = Path(here, name)
+            try:
+                mode = os.stat(path).st_mode
+            except OSError:  # a dangling link: whatever reads it by name says it is missing
+                continue
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                return f"{what} {path}: is {kind_of(mode)}, not a file"
+    return None
+
+
 def is_regular(path: str | Path) -> bool:
     """Whether `path` is a regular file (a link is followed); False for anything that cannot be stat'ed."""
     try:

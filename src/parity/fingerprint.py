@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from parity.files import is_regular
+
 MAX_OBJECTS = 5000  # user classes, functions and modules one walk may visit
 MAX_FILES = 1000  # user source files one fingerprint may read (a repository folder's .py files, too)
 MAX_BYTES = 64 * 2**20  # and their size in all
@@ -175,6 +177,8 @@ def folder_digest(folder: Path) -> str | None:
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
         for name in sorted(f for f in files if f.endswith(".py")):
             path = Path(here, name)
+            if not is_regular(path):  # a FIFO would block the read: such a folder is never cached
+                return None
             count += 1
             size += path.stat().st_size
             if count > MAX_FILES or size > MAX_BYTES:

@@ -18,11 +18,13 @@ hook (`verify.activations.capture`), and the folder gets:
   a snippet gets no script at all: never one that silently compares eager with eager,
 - `README.txt`: the check, the numbers the run recorded, how to run the script.
 
-Rebuilding the model runs the code its records name (a `python` entry imported from `base_dir`, a `repo`
-folder), and a RUN_DIR may come from someone else (a CI artifact). So that code must lie inside RUN_DIR,
-inside the experiment's own folder (`base_dir` when an experiment file there still holds the very
-models the records ran), or inside a folder the user names with `--trust-code`;
-anything else is refused before any import (`code_problem`).
+Rebuilding the model runs the code its records name (a `python` entry, a `repo` folder, a backend
+`module:Class`), and a RUN_DIR may come from someone else (a CI artifact, "here is my failing run"): its
+records.jsonl could name `os:system`. So reduce imports nothing a records file names: records that name code
+(`records_code`) are refused in one line before any import, unless the user passes the experiment file that
+holds the same model, input set, reference and target (`--experiment FILE`: the model is then rebuilt from
+that file, its folder and its code, never from the records'), or says `--trust-records`, a flag no printed
+`next:` line holds.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from typing import Any
 
 import torch
 
-from parity.errors import ParityError
+from parity.errors import ParityError, clip
 from parity.records.models import GateVerdict, Layers, Run, Tier1Check
 from parity.report.next_steps import single_culprit
 
@@ -113,49 +115,63 @@ def experiment_of(run: Run, run_dir: Path):
     return exp
 
 
-MAX_EXPERIMENT_FILES = 100  # the YAML files of base_dir read to find the run's own experiment file
+def records_code(run: Run) -> list[str]:
+    """What rebuilding the records' experiment would import or run, in words: every model whose source names
+    code (`Source.names_code`: a `python` entry, a `repo` folder; an unknown source too) and every backend
+    named `module:Class`. Read from the record alone: looking a source up imports only installed plugins."""
+    from parity.plugins import SOURCES
+
+    named = []
+    for model in run.config.models:
+        spec = model.model_dump(exclude_unset=True)
+        source = spec.get("source")
+        known = isinstance(source, str) and ":" not in source and source in SOURCES.names()
+        if not known or SOURCES.get(source).names_code:
+            what = spec.get("entry") or spec.get("path") or spec.get("hubconf") or spec.get("file")
+            named.append(f"{source} model '{model.name}'" + (f" ({what})" if isinstance(what, str) else ""))
+    runs = [run.config.setting("reference", default={}), run.config.setting("oracle", default={}), *run.config.targets]
+    for spec in runs:
+        backend = spec.get("backend") if isinstance(spec, dict) else None
+        if isinstance(backend, str) and ":" in backend:  # not a registered name: a module to import
+            named.append(f"backend {backend!r}")
+    return named
 
 
-def experiment_folder(run: Run) -> Path | None:
-    """`base_dir` when it holds the experiment file the run ran: the file the run record names, else one of
-    the folder's own .yaml/.yml files, that loads into the models the records hold (the code they name;
-    localize records its own tiers, so the rest may differ). None when none does."""
+def vouched_experiment(path: Path, run: Run, found: Found):
+    """The experiment file the user passed, when it holds the model, input set, reference and target the
+    records ran exactly as they ran them (the rest may differ: localize records its own tiers); its code is
+    the user's. A ParityError names the first that differs."""
     from parity.experiment import load_experiment
+    from parity.files import file_problem
 
-    folder = Path(run.base_dir)
-    recorded = [m.model_dump(exclude_unset=True) for m in run.config.models]
-    named = [folder / Path(run.file).name] if run.file else []
-    try:
-        candidates = named or sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))[:MAX_EXPERIMENT_FILES]
-    except OSError:
-        return None
-    for path in candidates:
+    problem = file_problem(path, "--experiment")
+    if problem:
+        raise ParityError(problem)
+    exp = load_experiment(path)
+    mine = exp.model_dump(mode="json")
+    theirs = run.config.model_dump(exclude_unset=True)
+    target_class = type(exp.reference)
+
+    def target_id(spec: dict) -> str | None:  # as the schema names a target (its id is no key of the dump)
         try:
-            exp = load_experiment(path)
-        except (ParityError, OSError, ValueError):
-            continue
-        if exp.base_dir == folder and exp.model_dump(mode="json")["models"] == recorded:
-            return folder
-    return None
+            return target_class.model_validate(spec).id
+        except ValueError:
+            return None
 
-
-def code_problem(run: Run, run_dir: Path, exp, model_spec, trusted: list[Path]) -> str | None:
-    """Why the code the records name for `model_spec` may not be run here, or None: a `python` entry is
-    imported from `base_dir` first, a `repo` model from its folder; each must lie in RUN_DIR, the
-    experiment's own folder or a `--trust-code` folder."""
-    source = getattr(model_spec, "source", None)
-    if source == "python":
-        code = Path(run.base_dir)
-    elif source == "repo":
-        code = exp.resolve(model_spec.path)
-    else:
-        return None  # no code of the user's: a library's model, or a model file (data)
-    roots = [run_dir, *trusted, *filter(None, [experiment_folder(run)])]
-    resolved = code.resolve()
-    if any(resolved == root.resolve() or resolved.is_relative_to(root.resolve()) for root in roots):
-        return None
-    return (f"{run_dir}: its records name model code in {code} ({source} model '{model_spec.name}'), outside RUN_DIR "
-            f"and the experiment's own folder; reduce would import it: pass --trust-code {code} if it is yours")
+    pairs = [("model", found.model, "models", lambda d: d.get("name")),
+             ("input set", found.inputs, "inputs", lambda d: d.get("name")),
+             ("target", found.target, "targets", target_id)]
+    for what, name, key, name_of in pairs:
+        ours = next((d for d in mine[key] if name_of(d) == name), None)
+        recorded = next((d for d in theirs.get(key, []) if isinstance(d, dict) and name_of(d) == name), None)
+        if ours is None or ours != recorded:
+            how = "does not have" if ours is None else "differs from the records' in"
+            raise ParityError(f"--experiment {path}: {how} the {what} '{name}' the records ran; reduce rebuilds "
+                              "only what the file you pass holds exactly as it ran")
+    if mine["reference"] != theirs.get("reference"):
+        raise ParityError(f"--experiment {path}: its reference differs from the records'; reduce rebuilds only what "
+                          "the file you pass holds exactly as it ran")
+    return exp
 
 
 def _named(items, name_of, name: str, what: str, run_dir: Path):
@@ -167,9 +183,10 @@ def _named(items, name_of, name: str, what: str, run_dir: Path):
     return found
 
 
-def reduce_check(run_dir: Path, which: str, out: Path | None, trusted: list[Path] | None = None) -> Path:
-    """Write the repro folder of check `which` (MODEL/INPUTS/TARGET) of the run in `run_dir`; return it. The
-    model's code must lie in `run_dir`, the experiment's folder or one of `trusted` (`code_problem`)."""
+def reduce_check(run_dir: Path, which: str, out: Path | None, experiment: Path | None = None,
+                 trust_records: bool = False) -> Path:
+    """Write the repro folder of check `which` (MODEL/INPUTS/TARGET) of the run in `run_dir`; return it. Code
+    is imported only from `experiment` (the user's file) or, with `trust_records`, from what the records name."""
     from parity.backends import backend_class
     from parity.inputs import build_inputs
     from parity.outdir import prepare
@@ -185,11 +202,17 @@ def reduce_check(run_dir: Path, which: str, out: Path | None, trusted: list[Path
             raise ParityError(f"{out}: is a symbolic link; parity writes the repro into a folder of RUN_DIR, never "
                               "through a link to elsewhere: remove it, or give --out")
     _refuse_nonempty(out)
-    exp = experiment_of(found.run, run_dir)
+    if experiment is not None:
+        exp = vouched_experiment(experiment, found.run, found)
+    else:
+        named = [] if trust_records else records_code(found.run)
+        if named:
+            more = f" and {len(named) - 1} more" if len(named) > 1 else ""
+            raise ParityError(f"{run_dir / 'records.jsonl'}: names code that rebuilding its model would import "
+                              f"({clip(named[0], 120)}{more}); reduce imports nothing a records file names: pass the "
+                              "experiment file the run ran (--experiment FILE), or --trust-records if you wrote these records")
+        exp = experiment_of(found.run, run_dir)
     model_spec = _named(exp.models, lambda m: m.name, found.model, "model", run_dir)
-    problem = code_problem(found.run, run_dir, exp, model_spec, trusted or [])
-    if problem:
-        raise ParityError(problem)
     input_spec = _named(exp.inputs_for(model_spec), lambda s: s.name, found.inputs, "input set", run_dir)
     target = _named(exp.targets, lambda t: t.id, found.target, "target", run_dir)
     if target.quantize is not None:

@@ -132,7 +132,7 @@ def test_an_int8_target_has_a_verdict_fails_a_tight_gate_and_is_offered_a_fallba
     assert check.required_atol > 1e-4
     assert "diverges at b (Conv2d (" in printed and "parity reduce" not in printed  # an int8 culprit alone has no repro
     assert "next: parity fallback " in printed and "--target eager-cpu-int8-pt2e-x86" in printed
-    assert main(["reduce", str(tmp_path / "run"), "--check", "tiny/noise/eager-cpu-int8-pt2e-x86"]) == 2  # asked anyway: refused in one line, nothing written
+    assert main(["reduce", str(tmp_path / "run"), "--check", "tiny/noise/eager-cpu-int8-pt2e-x86", "--trust-records"]) == 2  # asked anyway: refused in one line, nothing written
     assert "is int8 (quantize: pt2e-x86)" in capsys.readouterr().err
     assert not list((tmp_path / "run").glob("reduce-*"))
 

@@ -118,5 +118,6 @@ def test_reduce_on_records_naming_what_the_config_lacks(tmp_path, edit):
     else:
         run_record["config"]["targets"][0]["name"] = "renamed"
     (out / "records.jsonl").write_text("\n".join([json.dumps(run_record), *lines[1:]]) + "\n")
-    result = run_parity(["reduce", str(out), "--check", "tiny/noise/perturbed"], tmp_path, tmp_path, ["out"])
+    result = run_parity(["reduce", str(out), "--check", "tiny/noise/perturbed", "--trust-records"], tmp_path, tmp_path,
+                        ["out"])
     assert_user_error(result, "records.jsonl", f"{edit} '", "does not have")

@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import importlib.util
 import json
+import sys
 import tempfile
 import warnings
 from abc import ABC, abstractmethod
@@ -259,15 +260,13 @@ class Backend(ABC):
     def _say_again(self, folder: Path) -> None:
         """What building the artifact in `folder` warned of, warned again where it was warned first, and what
         it noted, noted again."""
-        import importlib
-
         path = folder / BUILD_RECORD
         record = json.loads(path.read_text()) if path.exists() else {}
         for w in record.get("warnings", []):
             module, _, name = w["category"].partition(":")
-            try:
-                category = getattr(importlib.import_module(module), name)
-            except (ImportError, AttributeError):
+            # a name read from a cache entry: looked up among the modules imported already, never imported
+            category = getattr(sys.modules.get(module), name, None)
+            if not (isinstance(category, type) and issubclass(category, Warning)):
                 category = UserWarning
             warnings.warn_explicit(w["message"], category, w["filename"], w["lineno"])
         for note in record.get("notes", []):

@@ -28,12 +28,20 @@ holds), and a hit is used only when the manifest matches the key and every file 
 none missing and none added. Anything else is rebuilt, with a warning and a note on the execution: a
 damaged entry is never loaded, so it can neither pass a check nor fail one as the target's error. The
 manifest is also what `parity cache clear` removes: only the files it names.
+
+A cache is shared between processes too: a run holds a shared lock (flock) on every entry it writes (the
+`.partial` folder, from its first file) or uses, until its model's executions end (`for_model`), and
+`parity cache clear` takes each entry's lock without waiting and leaves the entries a live process holds
+(the kernel drops a dead process's locks, so a killed export's `.partial` is removed). An entry that still
+vanishes under a build (removed by hand) is built once more; when it vanishes again the run stops with exit 2
+naming the cache (`CacheLost`), never a failure charged to the target.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import hashlib
 import json
 import logging
@@ -49,10 +57,15 @@ import torch
 
 from parity import fingerprint
 from parity.digest import feed_tensor
-from parity.errors import ParityError
-from parity.files import user_path
+from parity.errors import CacheLost, ParityError
+from parity.files import is_regular, user_path
 from parity.inputs import Inputs
 from parity.outdir import write_text
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no locks, as records.jsonl has none there
+    fcntl = None
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +159,7 @@ class ArtifactCache:
             yield artifacts
         finally:
             _active.reset(token)
+            artifacts.release()
 
     def key(self, kind: str, model: torch.nn.Module, backend: Any, example: Inputs, identity: str | None) -> str | None:
         """The key of an artifact that `backend` makes of `model`, or None when it may not be cached: no cache,
@@ -171,25 +185,49 @@ class ArtifactCache:
                  "python": sys.version, "parity": fingerprint.parity_digest(), "kernels": kernel_tag()}
         return json.dumps(parts, sort_keys=True, default=str)
 
-    def fetch_or_build(self, parts: str, build: Callable[[Path], None]) -> tuple[Path, bool, str | None]:
+    def fetch_or_build(self, parts: str, build: Callable[[Path], None],
+                       held: list[int] | None = None) -> tuple[Path, bool, str | None]:
         """The folder of the artifact whose key is made of `parts` (`key_parts`), built by `build(folder)` when it
         is not there yet or is damaged; whether it was there intact (a hit); and what was wrong with the entry
-        found under its key (None: nothing, or no entry)."""
+        found under its key (None: nothing, or no entry). The entry's lock is added to `held` (`clear` leaves
+        it alone until the holder releases it). A build whose folder was removed under it is built once more;
+        twice is `CacheLost`."""
+        for attempt in (1, 2):
+            try:
+                return self._fetch_or_build(parts, build, held)
+            except _Vanished as gone:
+                if attempt == 2:
+                    raise CacheLost(f"cache folder {self.root}: the entry {gone.folder.name} being built was removed "
+                                    "twice while this run wrote it (another process clearing the cache?): use the "
+                                    "cache alone, or give another --cache-dir (or --no-cache)") from gone.__cause__
+                log.warning("cache entry %s was removed while it was being built: building it again", gone.folder)
+        raise AssertionError("unreachable")
+
+    def _fetch_or_build(self, parts: str, build: Callable[[Path], None],
+                        held: list[int] | None) -> tuple[Path, bool, str | None]:
         assert self.root is not None
         key = digest_key(parts)
         final = self.root / ARTIFACTS / key
         damage = None
         if final.is_dir() or final.is_symlink():
+            lock = _hold(final, held)  # before it is checked: a clear that holds it first finishes first
             damage = entry_problem(final, key, parts)
             if damage is None:
                 return final, True, None
+            _unhold(lock, held)
         final.parent.mkdir(parents=True, exist_ok=True)
         partial = final.parent / f".{key}.{os.getpid()}.partial"
         _discard(partial)
         partial.mkdir()
+        _hold(partial, held)  # the lock stays with the folder when it is renamed into place
         try:
-            (partial / ENTRY_FILE).write_text(json.dumps({"key": key, "parts": parts, "files": None}))
-            build(partial)
+            try:
+                (partial / ENTRY_FILE).write_text(json.dumps({"key": key, "parts": parts, "files": None}))
+                build(partial)
+            except Exception as exc:
+                if not (partial / ENTRY_FILE).is_file():  # removed under the build: not the target's failure
+                    raise _Vanished(partial) from exc
+                raise
             (partial / ENTRY_FILE).write_text(json.dumps({"key": key, "parts": parts, "files": _digests(partial)}))
             if damage is not None:  # set aside and removed, never loaded
                 aside = final.parent / f".{key}.{os.getpid()}.damaged"
@@ -197,20 +235,80 @@ class ArtifactCache:
                     os.replace(final, aside)
                 _discard(aside)
             os.replace(partial, final)
-        except OSError:  # another process finished the same entry first: keep theirs
+        except OSError as exc:  # another process finished the same entry first: keep theirs
             if not final.is_dir() or entry_problem(final, key, parts) is not None:
+                if not partial.is_dir():  # removed under the build, between its files
+                    raise _Vanished(partial) from exc
                 raise
         finally:
             _discard(partial)
         return final, False, damage
 
 
+class _Vanished(Exception):
+    """The `.partial` folder of an entry being built was removed under the build."""
+
+    def __init__(self, folder: Path):
+        super().__init__(str(folder))
+        self.folder = folder
+
+
+def _hold(folder: Path, held: list[int] | None) -> int | None:
+    """A shared lock on the entry `folder` (its folder's own descriptor, which a rename keeps), added to `held`
+    (None: no lock is taken)."""
+    if fcntl is None or held is None:
+        return None
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return None  # a link or gone: entry_problem says so
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except OSError:
+        os.close(fd)
+        return None
+    held.append(fd)
+    return fd
+
+
+def _unhold(fd: int | None, held: list[int] | None) -> None:
+    if fd is not None and held is not None and fd in held:
+        held.remove(fd)
+        os.close(fd)
+
+
+def in_use(entry: Path) -> Callable[[], None] | None:
+    """None when a live process holds the entry's lock (a run writing or using it); else the release of the
+    exclusive lock now taken (a no-op where there are no locks), to call once the entry is removed."""
+    if fcntl is None:
+        return lambda: None
+    try:
+        fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return lambda: None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return None
+        raise
+    return lambda: os.close(fd)
+
+
 class ModelArtifacts:
     """One model's artifacts in a cache: what `Backend.artifact` is given (backends/base.py's
-    `ArtifactStore`)."""
+    `ArtifactStore`). It holds the lock of every entry it wrote or used until `release` (the end of the
+    model's `for_model` block)."""
 
     def __init__(self, cache: ArtifactCache, identity: str | None):
         self.cache, self.identity = cache, identity
+        self.held: list[int] = []
+
+    def release(self) -> None:
+        for fd in self.held:
+            os.close(fd)
+        self.held = []
 
     def fetch(self, kind: str, model: torch.nn.Module, backend: Any, example: Inputs,
               build: Callable[[Path], None]) -> tuple[Path, bool] | None:
@@ -220,7 +318,7 @@ class ModelArtifacts:
         parts = self.cache.key_parts(kind, model, backend, example, self.identity)
         if parts is None:
             return None
-        folder, hit, damage = self.cache.fetch_or_build(parts, build)
+        folder, hit, damage = self.cache.fetch_or_build(parts, build, self.held)
         if damage is not None:
             message = f"cache entry {folder} was damaged ({damage}): rebuilt, the damaged one not used"
             log.warning(message)
@@ -261,6 +359,9 @@ def entry_problem(folder: Path, key: str, parts: str) -> str | None:
     matches them and every file it holds is the one it had when written (sha256), none missing, none added."""
     if folder.is_symlink():
         return "it is a symbolic link"
+    manifest_path = folder / ENTRY_FILE
+    if manifest_path.is_symlink() or (os.path.lexists(manifest_path) and not is_regular(manifest_path)):
+        return f"{ENTRY_FILE} is not a regular file"  # a FIFO would block the read
     try:
         manifest = json.loads((folder / ENTRY_FILE).read_text())
     except (OSError, ValueError) as exc:
@@ -376,7 +477,7 @@ def tagged(root: Path) -> bool:
 def _made(root: Path) -> list[str]:
     """The folders of the cache at `root` that parity made (MADE), [] when it says none or cannot be read."""
     try:
-        made = json.loads((root / MADE).read_text()) if not (root / MADE).is_symlink() else []
+        made = json.loads((root / MADE).read_text()) if is_regular(root / MADE) and not (root / MADE).is_symlink() else []
     except (OSError, ValueError):
         return []
     return [name for name in made if name in (ARTIFACTS, INDUCTOR)] if isinstance(made, list) else []
@@ -414,9 +515,11 @@ def clear(root: Path) -> dict[str, Any]:
     manifest names them (then its folders, when empty), `artifacts/` when parity made it and nothing else is
     left in it, and `inductor/` when parity made it (MADE). Never `root` itself, and no symbolic link is
     followed or removed (parity never makes one). A folder without parity's own tag is not a parity cache and
-    is left as it is. Returns what was there (`usage`), with `left`: what was left, and why, and `freed`: bytes."""
+    is left as it is, and so is an entry a live process holds (a run writing or using it: `in_use`). Returns what
+    was there (`usage`), with `left`: what was left, and why, `in_use`: the entries left for their process, and
+    `freed`: bytes."""
     found = usage(root)
-    found["left"], found["freed"] = [], 0
+    found["left"], found["in_use"], found["freed"] = [], [], 0
     if not root.exists():
         return found
     if not found["tagged"]:
@@ -427,7 +530,14 @@ def clear(root: Path) -> dict[str, Any]:
         if artifacts.is_dir() and not artifacts.is_symlink():
             for child in sorted(artifacts.iterdir()):
                 if ENTRY.fullmatch(child.name):
-                    found["freed"] += _clear_entry(child, found["left"])
+                    release = in_use(child)
+                    if release is None:
+                        found["in_use"].append(f"{ARTIFACTS}/{child.name}")
+                        continue
+                    try:
+                        found["freed"] += _clear_entry(child, found["left"])
+                    finally:
+                        release()
             if ARTIFACTS in made and not any(artifacts.iterdir()):
                 artifacts.rmdir()
         inductor = root / INDUCTOR
@@ -452,6 +562,8 @@ def _clear_entry(entry: Path, left: list[str]) -> int:
         left.append(f"{name} (not a folder parity wrote)")
         return 0
     try:
+        if (entry / ENTRY_FILE).is_symlink() or not is_regular(entry / ENTRY_FILE):
+            raise ValueError("not a regular file")  # a FIFO would block the read
         manifest = json.loads((entry / ENTRY_FILE).read_text())
         files = manifest.get("files") if manifest.get("key") == entry.name.removeprefix(".").split(".")[0] else False
     except (OSError, ValueError, AttributeError):

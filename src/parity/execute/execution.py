@@ -17,6 +17,7 @@ import torch
 from parity import taxonomy as tx
 from parity.backends import backend_class
 from parity.config.schema import BackendSpec
+from parity.errors import CacheLost
 from parity.execute import cache, calibration, capture, follow_up, notes
 from parity.inputs import Inputs
 from parity.taxonomy import classify_exception
@@ -259,6 +260,8 @@ class _Run:
         try:
             with self.collector.step():
                 yield
+        except CacheLost:  # the cache failed under the run, not the target: exit 2 naming it
+            raise
         except Exception as exc:
             result.status = "error"
             result.error = describe(exc)

@@ -185,7 +185,9 @@ def _tensor_files(exp: Experiment) -> list[Problem]:
 def _tokenizers(exp: Experiment) -> list[Problem]:
     out = []
     for i, spec in enumerate(exp.inputs):
-        problem = _path_problem(exp, spec.tokenizer, "tokenizer", tokenizer_problem) if spec.tokenizer is not None else None
+        count = len(spec.text or ())
+        problem = (_path_problem(exp, spec.tokenizer, "tokenizer", lambda path, n=count: tokenizer_problem(path, n))
+                   if spec.tokenizer is not None else None)
         if problem:
             out.append((("inputs", i, "tokenizer"), problem))
     return out

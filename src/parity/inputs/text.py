@@ -6,13 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from parity.errors import ParityError
-from parity.files import file_problem
+from parity.errors import ParityError, first_line
+from parity.files import special_file_problem
 from parity.inputs.base import Inputs
 from parity.offline import quiet_library_imports
 from parity.remote_code import remote_code_problem
-
-MAX_ENTRIES = 1000  # a save_pretrained folder holds a handful of files
 
 
 def load_tokenizer(folder: Path):
@@ -22,13 +20,11 @@ def load_tokenizer(folder: Path):
     if not folder.is_dir():
         raise ParityError(f"tokenizer folder not found: {folder} (a local save_pretrained folder; nothing is downloaded)")
     try:
-        entries = sorted(folder.iterdir())[:MAX_ENTRIES]
+        problem = special_file_problem(folder, "tokenizer file")
     except OSError as exc:
         raise ParityError(f"tokenizer folder {folder}: cannot be read ({exc.strerror or exc})") from exc
-    for entry in entries:
-        problem = None if entry.is_dir() else file_problem(entry, "tokenizer file")
-        if problem:
-            raise ParityError(problem)
+    if problem:
+        raise ParityError(problem)
     try:
         with quiet_library_imports():  # transformers imports torchao, when installed
             from transformers import AutoTokenizer
@@ -41,19 +37,41 @@ def load_tokenizer(folder: Path):
         return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:  # no tokenizer files, a class it does
         # not know, a JSON file nested deeper than Python's parser recurses
-        raise ParityError(f"no tokenizer transformers can read in {folder}: {str(exc).splitlines()[0]}") from exc
+        raise ParityError(f"no tokenizer transformers can read in {folder}: {first_line(exc)}") from exc
 
 
-def tokenizer_problem(folder: Path) -> str | None:
-    """What `parity validate` says of a `tokenizer:` folder: it loads, or why not."""
+def tokenizer_problem(folder: Path, sentences: int = 1) -> str | None:
+    """What `parity validate` says of a `tokenizer:` folder for `sentences` sentences: it loads and can pad
+    them (`padding`), or why not: the run's own answer, given before it."""
     try:
-        load_tokenizer(folder)
+        padding(load_tokenizer(folder), sentences, folder)
     except ParityError as exc:
         return exc.problems[0]
     return None
 
 
+def padding(tokenizer, sentences: int, folder: Path) -> tuple[str | bool, str | None]:
+    """How `sentences` sentences are padded, and a note when parity chose the pad token: one sentence needs no
+    padding; several are padded to the longest with the tokenizer's pad token or, when it has none, with its
+    end-of-sequence token (what a decoder such as GPT-2 is usually padded with; the attention mask hides it).
+    A tokenizer with neither cannot pad several: a ParityError."""
+    if sentences <= 1:
+        return False, None
+    if tokenizer.pad_token is not None:
+        return "longest", None
+    if tokenizer.eos_token is None:
+        raise ParityError(f"tokenizer {folder}: has no pad token and no end-of-sequence token, so {sentences} "
+                          "sentences of different lengths cannot be padded into one batch; give one sentence per "
+                          "input set, or save the tokenizer with a pad_token")
+    return "longest", (f"the tokenizer has no pad token: the {sentences} sentences are padded with its "
+                       f"end-of-sequence token {tokenizer.eos_token!r} (the attention mask hides it)")
+
+
 def make_text(texts: list[str], folder: Path) -> Inputs:
-    """The keyword tensors of `texts`, padded to the longest, in the tokenizer's order."""
-    encoded = load_tokenizer(folder)(list(texts), padding="longest", return_tensors="pt")
-    return Inputs((), dict(encoded))
+    """The keyword tensors of `texts`, padded to the longest (`padding`), in the tokenizer's order."""
+    tokenizer = load_tokenizer(folder)
+    pad, note = padding(tokenizer, len(texts), folder)
+    if note:
+        tokenizer.pad_token = tokenizer.eos_token
+    encoded = tokenizer(list(texts), padding=pad, return_tensors="pt")
+    return Inputs((), dict(encoded), notes=(note,) if note else ())

@@ -36,16 +36,29 @@ def _value(info) -> GraphValue:
     return GraphValue(info.name, dtype, dims)
 
 
-def read_graph(path: Path) -> tuple[list[GraphValue], list[str], bool]:
+def read_graph(path: Path) -> tuple[list[GraphValue], list[str], list[str]]:
     """The graph's inputs (initializers listed as inputs by older exporters left out), its output names, and
-    whether its weights are in external data files (read without loading them)."""
+    the external data files its tensors name (`location`, relative to the file's folder as written; read
+    without loading them; [] when the weights are in the file)."""
     import onnx
 
     proto = onnx.load(str(path), load_external_data=False)
     initialized = {i.name for i in proto.graph.initializer}
     inputs = [_value(i) for i in proto.graph.input if i.name not in initialized]
-    external = any(i.data_location == onnx.TensorProto.EXTERNAL for i in proto.graph.initializer)
+    external = sorted({entry.value for tensor in _tensors(proto.graph) if tensor.data_location == onnx.TensorProto.EXTERNAL
+                       for entry in tensor.external_data if entry.key == "location"})
     return inputs, [o.name for o in proto.graph.output], external
+
+
+def _tensors(graph) -> list:
+    """Every tensor a graph holds: its initializers, and its nodes' tensor attributes and subgraphs' (If, Loop)."""
+    found = list(graph.initializer) + [s.values for s in graph.sparse_initializer]
+    for node in graph.node:
+        for attribute in node.attribute:
+            found += [attribute.t, *attribute.tensors] if attribute.HasField("t") else list(attribute.tensors)
+            for sub in [*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs]:
+                found += _tensors(sub)
+    return found
 
 
 class OnnxFileModel(torch.nn.Module):

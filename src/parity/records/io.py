@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from parity.errors import ParityError
+from parity.files import file_problem
 from parity.outdir import open_records, reason, write_bytes
 from parity.records.keys import record_key
 from parity.records.models import KINDS, RECORDS, SCHEMA_VERSION, TIERS, Record
@@ -328,10 +329,33 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
 
 
 def _read(path: Path) -> bytes:
+    problem = file_problem(path, "records file")  # a FIFO would block the read: said for what it is
+    if problem and os.path.exists(path):
+        raise ParityError(problem)
     try:
         return path.read_bytes()
     except OSError as exc:
         raise ParityError(f"{path}: cannot read it: {exc.strerror or exc}") from exc
+
+
+def being_written(path: Path) -> bool:
+    """Whether a live parity process is writing the records file `path` (it holds the file's lock while it
+    runs: RecordWriter); False where there are no locks or the file cannot be opened."""
+    if fcntl is None:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return False
 
 
 def read_run(folder: str | Path) -> list[dict[str, Any]]:

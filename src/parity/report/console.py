@@ -5,12 +5,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from parity.errors import visible
 from parity.records.models import Check, GateVerdict, LayerError, Layers, Note, Tier1Check, Tier3Check
 from parity.records.summary import exit_code
 from parity.records.view import RunView
 from parity.report.next_steps import next_steps, oracle_finding
 from parity.verify.localize import pass_path
 from parity.verify.tasks import headline_of
+
+
+def escape(text: str) -> str:
+    """Text for a rich console: its markup escaped, its control characters shown (errors.visible), so a name
+    from a records file can neither style the console nor rub out what is printed before it."""
+    from rich.markup import escape as markup_escape
+
+    return markup_escape(visible(text))
+
 
 NOT_RUN = "not run here"  # a target that cannot run on this machine: the one name every view gives that state
 
@@ -98,7 +108,6 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
            allow_unavailable: bool = False) -> None:
     """The table and the findings, the totals with why the exit code is 1 when only a check not run here
     makes it so; then where the records, the summary and `reports` (paths) are."""
-    from rich.markup import escape
     from rich.table import Table
 
     view = RunView.of(records)
@@ -111,7 +120,7 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
     table = Table(title=escape(title), caption="cells: verdict, max abs difference", min_width=len(title))
     table.add_column("model / inputs")
     for t in targets:
-        table.add_column(t)
+        table.add_column(escape(t))
     for model, inputs in rows:
         mine = [c for c in checks if (c.model, c.inputs) == (model, inputs)]
         table.add_row(escape(f"{model} / {inputs}"), *[_cell([c for c in mine if c.target == t]) for t in targets])
@@ -254,7 +263,6 @@ def _num(x: Any, fmt: str = ".2e") -> str:
 
 def render_layers(record: Layers, console) -> None:
     """One table per level of a `layers` record (the last level holds the culprit), then the verdict."""
-    from rich.markup import escape
     from rich.table import Table
 
     if record.tier1:
@@ -364,7 +372,6 @@ def _whole_model_note(result) -> str:
 
 
 def render_fallback(lines: list[tuple[str, str]], console) -> None:
-    from rich.markup import escape
 
     for style, text in lines:
         console.print(f"[{style}]{escape(text)}[/{style}]" if style else escape(text), soft_wrap=True)

@@ -12,6 +12,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from parity.errors import visible
 from parity.records import tolerance_key
 from parity.records.models import Layers, Run, Tier1Check, Tier3Check
 from parity.records.summary import latency_rows
@@ -326,10 +327,19 @@ def render_html(records: RunView | list[dict[str, Any]], summary: dict[str, Any]
         "detection_models": [c for c in tier3 if c.task == "detection"],
         "parity_version": run.environment.get("parity"),
     }
-    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             finalize=_shown)
     env.filters.update(sci=_sci, num=_num, seconds=_seconds)
     template = env.from_string((files("parity.report") / "report.html.j2").read_text(encoding="utf-8"))
     return template.render(**context)
+
+
+def _shown(value: Any) -> Any:
+    """Every text the template prints with its control characters shown (errors.visible); markup parity made
+    (a chart's SVG) as it is."""
+    import markupsafe
+
+    return visible(value) if isinstance(value, str) and not isinstance(value, markupsafe.Markup) else value
 
 
 def write_html(records: list[dict], summary: dict[str, Any], path: Path) -> None:

@@ -1,11 +1,20 @@
 """A Markdown report rendered from the records alone: verdicts, the tolerance sweep, failures with
-their worst leaves, the oracle's opinion and latency per backend."""
+their worst leaves, the oracle's opinion and latency per backend.
+
+report.md is pasted into pull requests and issue trackers, and the names and texts in it come from files
+(a model's output keys, an .onnx output name, a runtime's error quoting an op type, a records.jsonl written
+by anyone): every one goes through `md` (Markdown and HTML characters backslash-escaped) or `md_code` (a code
+span whose fence no backtick inside can close), both after errors.visible, so a CommonMark render holds no
+element parity did not write and no table cell splits.
+"""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
+from parity.errors import visible
 from parity.records import tolerance_key
 from parity.records.summary import latency_rows
 from parity.records.view import RunView
@@ -25,6 +34,27 @@ from parity.report.console import (
 )
 from parity.report.next_steps import next_steps, oracle_side
 
+# What could start an element or end a table cell inside a line: emphasis, code, links and images, raw HTML
+# and entities, autolinks, strikethrough, maths, table pipes, and the backslash itself (an underscore only
+# where it could open or close emphasis). CommonMark lets a
+# backslash escape any ASCII punctuation, and a line never starts with a name, so block syntax cannot arise.
+_ACTIVE = re.compile(r"([\\`*\[\]<>&|~$!#])")
+_UNDERSCORE = re.compile(r"(?<![^\W_])_|_(?![^\W_])")  # one between two letters or digits opens no emphasis
+
+
+def md(text: Any) -> str:
+    """`text` as inert Markdown, fit for a table cell: control characters shown, active characters escaped."""
+    return _UNDERSCORE.sub(r"\\_", _ACTIVE.sub(r"\\\1", visible(str(text))))
+
+
+def md_code(text: Any) -> str:
+    """`text` as one code span: a fence longer than any run of backticks inside it, padded when the text
+    starts or ends with one (CommonMark strips one space each side). Not for table cells: a pipe would split."""
+    shown = visible(str(text))
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", shown)), default=0) + 1)
+    pad = " " if shown.startswith(("`", " ")) or shown.endswith(("`", " ")) or not shown else ""
+    return f"{fence}{pad}{shown}{pad}{fence}"
+
 
 def _fmt(x: Any) -> str:
     if x is None:
@@ -37,19 +67,19 @@ def render_markdown(records: RunView | list[dict[str, Any]], summary: dict[str, 
     checks = view.checks(1)
     keys = [tolerance_key(a) for a in summary["tolerances"]]
     t = summary["totals"]
-    gate = "" if summary["gate"] is None else " " + tolerance_title(summary).removeprefix("tier 1 ")
+    gate = "" if summary["gate"] is None else " " + md(tolerance_title(summary).removeprefix("tier 1 "))
     lines = [
-        f"# parity report: {summary['experiment']}",
+        f"# parity report: {md(summary['experiment'])}",
         "",
         f"**{t['passed']} passed, {t['failed']} failed, {t['skipped']} {NOT_RUN}"
         + (f", {t['errors']} without a verdict (reference failed)" if t["errors"] else "")
-        + f"**{gate}. {summary['arithmetic']['formula']}."
+        + f"**{gate}. {md(summary['arithmetic']['formula'])}."
         + (f" Tier 3: **{summary['tier3']['passed']} agree, {summary['tier3']['failed']} differ**."
            if summary["tier3"]["checks"] else ""),
         "",
-        environment_line(view.run.environment),
+        md(environment_line(view.run.environment)),
         "",
-        *[f"- {line}" for line in tolerance_lines(summary)],
+        *[f"- {md(line)}" for line in tolerance_lines(summary)],
         "",
         "Charts, tier-2 plots and detection pictures: `report.html` next to this file; CI results: `junit.xml`.",
         "",
@@ -60,39 +90,39 @@ def render_markdown(records: RunView | list[dict[str, Any]], summary: dict[str, 
     for c in checks:
         verdict = {"skipped": NOT_RUN, "error": "ERROR (reference)"}.get(c.status) or ("pass" if c.passed else "FAIL")
         worse = oracle_side(c.oracle) if c.oracle else ("no verdict" if c.oracle_error else "")
-        rows.append(f"| {c.model} | {c.inputs} | {c.target} | {verdict} | {c.failure_class or ''} | "
+        rows.append(f"| {md(c.model)} | {md(c.inputs)} | {md(c.target)} | {verdict} | {md(c.failure_class or '')} | "
                     f"{_fmt(c.max_abs) if c.status == 'ok' else ''} | "
-                    f"{_fmt(c.required_atol) if c.status == 'ok' else ''} | {worse} |")
+                    f"{_fmt(c.required_atol) if c.status == 'ok' else ''} | {md(worse)} |")
     lines += _table(["model", "inputs", "target", "verdict", "class", "max abs", "required atol", "oracle: farther from float64"],
                     rows, "No tier-1 checks in these records.")
     lines += ["", "## Tolerance sweep (checks passing at each atol)", ""]
     rows = []
     for target, info in summary["per_target"].items():
         ran = info["checks"] - info["skipped"] - info["errors"]
-        rows.append(f"| {target} | " + " | ".join(f"{info['per_tolerance'][k]}/{ran}" for k in keys) + " |")
-    lines += _table(["target", *keys], rows, "No tier-1 check ran, so there is no sweep.")
+        rows.append(f"| {md(target)} | " + " | ".join(f"{info['per_tolerance'][k]}/{ran}" for k in keys) + " |")
+    lines += _table(["target", *map(md, keys)], rows, "No tier-1 check ran, so there is no sweep.")
     if summary["reference_errors"]:
         lines += ["", "## Reference failures (no verdict about the targets)", ""]
         for e in summary["reference_errors"]:
             why = ("the model as written raised on these inputs: fix the model or the input set" if e["user_error"]
                    else "the reference could not run")
-            lines.append(f"- **{e['model']} / {e['inputs']}**: {why}; targets not run: {', '.join(e['targets'])}. "
-                         f"{e['detail']}")
+            lines.append(f"- **{md(e['model'])} / {md(e['inputs'])}**: {why}; targets not run: "
+                         f"{md(', '.join(e['targets']))}. {md(e['detail'])}")
     failed = view.failed(1)
     if failed:
         lines += ["", "## Failures", ""]
         for c in failed:
-            lines.append(f"- **{view.key(c)}**: `{c.failure_class}`: {c.detail}")
-            lines += [f"  - {line.split(': ', 1)[0]}: `{line.split(': ', 1)[1]}`" if line.startswith("next: ")
-                      else f"  - {line}" for line in next_steps(c, view, run_dir)]
+            lines.append(f"- **{md(view.key(c))}**: {md_code(c.failure_class)}: {md(c.detail)}")
+            lines += [f"  - {line.split(': ', 1)[0]}: {md_code(line.split(': ', 1)[1])}" if line.startswith("next: ")
+                      else f"  - {md(line)}" for line in next_steps(c, view, run_dir)]
             for leaf in view.worst_leaves(c, 5):
-                lines.append(f"  - `{leaf.name}`: max abs {_fmt(leaf.max_abs)}, max rel {_fmt(leaf.max_rel)}, "
+                lines.append(f"  - {md_code(leaf.name)}: max abs {_fmt(leaf.max_abs)}, max rel {_fmt(leaf.max_rel)}, "
                              f"cosine {cosine(leaf.cosine)}, mismatched {percent(leaf.mismatch_fraction)}"
-                             + (f" ({leaf.detail})" if leaf.detail else ""))
+                             + (f" ({md(leaf.detail)})" if leaf.detail else ""))
     notes = passing_oracle_lines(view)
     if notes:
         lines += ["", "## The float64 oracle on passing checks", ""]
-        lines += [f"- **{', '.join(keys)}**: {line}" for line, keys in notes.items()]
+        lines += [f"- **{md(', '.join(keys))}**: {md(line)}" for line, keys in notes.items()]
     tier3 = view.checks(3)
     if tier3:
         lines += ["", "## Task-level agreement (tier 3)", "", "| model | inputs | target | task | verdict | metrics |",
@@ -101,47 +131,47 @@ def render_markdown(records: RunView | list[dict[str, Any]], summary: dict[str, 
             metrics = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in c.metrics.items())
             flips = flips_line(c) or generation_line(c)
             verdict = ("agrees" if c.passed else f"{c.failure_class}: {c.detail}")
-            verdict = (verdict + (f"; {flips}" if flips else "")).replace("|", "\\|")
-            lines.append(f"| {c.model} | {c.inputs} | {c.target} | {c.task} | {verdict} | {metrics} |")
+            verdict = verdict + (f"; {flips}" if flips else "")
+            lines.append(f"| {md(c.model)} | {md(c.inputs)} | {md(c.target)} | {md(c.task)} | {md(verdict)} | {md(metrics)} |")
     layers = view.layers
     if layers:
         lines += ["", "## Where the failing checks diverge (tier 2)", ""]
         for r in layers:
-            head = f"- **{view.key(r)}**: "
+            head = f"- **{md(view.key(r))}**: "
             if r.error:
-                lines.append(head + f"localization failed: {r.error}")
+                lines.append(head + f"localization failed: {md(r.error)}")
                 continue
             path = " > ".join(level.parent for level in r.levels if level.parent)
-            lines.append(head + r.verdict + (f" (descent: {path})" if path else ""))
+            lines.append(head + md(r.verdict) + (f" (descent: {md(path)})" if path else ""))
             if r.whole_graph:
                 lines.append("  - whole graph: no layer's own error exceeds the threshold "
                              f"{r.threshold:g}; the drift is not one layer's")
             if r.suspects:
-                lines.append("  - suspects: " + "; ".join(suspect_words(s, r.threshold) for s in r.suspects))
+                lines.append("  - suspects: " + md("; ".join(suspect_words(s, r.threshold) for s in r.suspects)))
             if r.first_divergent:
                 which = "propagated" if r.first_divergent_by == "propagated" else "own"
-                lines.append(f"  - first layer whose {which} error exceeds the threshold: `{r.first_divergent}`")
+                lines.append(f"  - first layer whose {which} error exceeds the threshold: {md_code(r.first_divergent)}")
     if warned(checks):
         lines += ["", "## What the targets warned of", "",
                   "A trace that took one branch of a data-dependent `if` is right only for inputs that take the same "
                   "branch, whatever this run's verdict.", ""]
         for c, notes in warned(checks):
-            lines += [f"- **{view.key(c)}** ({'pass' if c.passed else 'FAIL'}): {n}"
+            lines += [f"- **{md(view.key(c))}** ({'pass' if c.passed else 'FAIL'}): {md(n)}"
                       for n in notes]
     skipped = {c.target: c.detail for c in checks if c.status == "skipped"}
     if skipped:
-        lines += ["", "## Targets not run here", ""] + [f"- {t}: {why}" for t, why in skipped.items()]
+        lines += ["", "## Targets not run here", ""] + [f"- {md(t)}: {md(why)}" for t, why in skipped.items()]
     latency = latency_rows(view)
     lines += ["", "## Latency per model, input set and backend", "",
               "Timed repeats only (the warm-up runs before them are not timed); prepare (export, compile, load) apart."
-              + _interleaving(latency), ""]
+              + md(_interleaving(latency)), ""]
     rows = []
     for row in latency:
         if row["median_s"] is None:
-            rows.append(f"| {row['model']} | {row['inputs']} | {row['backend']} | {row['status']} | | | | |")
+            rows.append(f"| {md(row['model'])} | {md(row['inputs'])} | {md(row['backend'])} | {md(row['status'])} | | | | |")
             continue
         prepare = "" if row["prepare_s"] is None else f"{row['prepare_s']:.2f}"
-        rows.append(f"| {row['model']} | {row['inputs']} | {row['backend']} | {len(row['run_s'])} | {row['median_s']:.4f} | "
+        rows.append(f"| {md(row['model'])} | {md(row['inputs'])} | {md(row['backend'])} | {len(row['run_s'])} | {row['median_s']:.4f} | "
                     f"{row['min_s']:.4f} | {row['max_s']:.4f} | {prepare} |")
     lines += _table(["model", "inputs", "backend", "repeats", "median run s", "min", "max", "prepare s"], rows,
                     "No execution records in this run.")

@@ -88,10 +88,13 @@ def localize_out(run_dir: str | Path, model: str, inputs: str, target: str) -> s
     return str(Path(run_dir) / f"localize-{model}-{inputs}-{target}")
 
 
-def reduce_step(run_dir: str | Path, model: str, inputs: str, target: str) -> str:
-    """The `parity reduce` line for a localized check whose record is in `run_dir`."""
+def reduce_step(run_dir: str | Path, model: str, inputs: str, target: str, file: str | Path | None = None) -> str:
+    """The `parity reduce` line for a localized check whose record is in `run_dir`; it names the experiment
+    `file` the run ran, as the localize and fallback lines do: reduce imports model code only from a file
+    the user passes (never one its records name)."""
     which = shlex.quote("/".join((model, inputs, target)))
-    return f"next: parity reduce {shlex.quote(str(run_dir))} --check {which} (a standalone repro script)"
+    experiment = f" --experiment {shlex.quote(str(file))}" if file else ""
+    return f"next: parity reduce {shlex.quote(str(run_dir))} --check {which}{experiment} (a standalone repro script)"
 
 
 def next_steps(check: Check, view: RunView, run_dir: str | Path) -> list[str]:
@@ -127,7 +130,7 @@ def next_steps(check: Check, view: RunView, run_dir: str | Path) -> list[str]:
         lines.append(f"next: try the target with options: {{inductor_config: {{{switch_words(found_pass['switch'])}}}}} "
                      f"(torch's compiler bisector: with it, {pass_path(found_pass)} no longer makes the drift)")
     if single and not quantized:  # no int8 repro
-        lines.append(reduce_step(run_dir, check.model, check.inputs, check.target))
+        lines.append(reduce_step(run_dir, check.model, check.inputs, check.target, run.file))
     failure = check.failure_class
     reduced = bool(target and (target.dtype in REDUCED or quantized))
     commands = []

@@ -46,6 +46,11 @@ class Source(ABC):
     # submodules, is what every backend runs and tier 2 hooks; a module that runs a file ("torchscript",
     # "exported", "onnx") is run only by the backends that take that kind, and runs no module hooks.
     kind: ClassVar[str] = "module"
+    # Whether building a spec of this source imports or runs code the spec names (a `python` entry, a `repo`
+    # folder, a TorchScript program). `parity reduce` rebuilds a model from a records file only when its
+    # source names none, unless the user vouches for that code (reduce.records_code). A source that does not
+    # say is taken to name code.
+    names_code: ClassVar[bool] = True
 
     @abstractmethod
     def build(self, spec: Any, experiment: Any) -> torch.nn.Module:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from parity.errors import ParityError
+from parity.files import file_problem
 from parity.models.sources import Source, file_digest, model_file_problem
 from parity.models.sources.saved import FileSpecBase
 
@@ -67,8 +68,20 @@ def fit_problem(inputs: list[GraphValue], input_set, experiment) -> str | None:
     return None
 
 
+def external_data_problem(path: Path, location: str) -> str | None:
+    """Why the external data file `location` that the graph `path` names may not be read, or None: it must lie
+    in the graph's own folder (below it), and be a regular file (a FIFO would block every loader)."""
+    folder = path.parent.resolve()
+    target = (folder / location).resolve()
+    if not target.is_relative_to(folder):
+        return (f"{path} names external data {location!r}, which lies outside the model's folder {folder}; "
+                "parity reads a graph's weights from its own folder only")
+    return file_problem(target, f"{path}: its external data file")
+
+
 class OnnxSource(Source):
     name = "onnx"
+    names_code = False
     Spec = OnnxSpec
     kind = "onnx"
     libraries = ("onnx", "onnxruntime")
@@ -87,11 +100,15 @@ class OnnxSource(Source):
         from parity.models.onnx_graph import read_graph
 
         try:
-            return read_graph(path)
+            graph = read_graph(path)
         except Exception as exc:  # not a protobuf, or not an ONNX model
             first = (str(exc).strip().splitlines() or [""])[0]
             raise ParityError(f"model '{spec.name}': {path} is not an ONNX model the onnx package can read "
                               f"({type(exc).__name__}: {first})") from exc
+        problem = next(filter(None, (external_data_problem(path, location) for location in graph[2])), None)
+        if problem:  # every backend's to refuse alike (ONNX Runtime's and OpenVINO's loaders differ): here, first
+            raise ParityError(f"model '{spec.name}': {problem}")
+        return graph
 
     def files_digest(self, spec, experiment):
         """The .onnx file's bytes; None (never cached) when its weights are in external data files."""

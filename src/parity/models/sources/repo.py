@@ -13,6 +13,7 @@ from pydantic import model_validator
 from parity import fingerprint
 from parity.config.schema import LocalPath, ModelSpecBase
 from parity.errors import ParityError, did_you_mean
+from parity.files import special_file_problem
 from parity.models.sources import Source, call_factory, isolated_import_path
 from parity.registry import import_object
 
@@ -33,6 +34,9 @@ class RepoSpec(ModelSpecBase):
 def build_repo(folder: Path, entry: str | None, hubconf: str | None, params: dict):
     if not folder.is_dir():
         raise ParityError(f"repository folder not found: {folder}")
+    special = special_file_problem(folder, "repository folder: file")  # digested, imported: never a FIFO
+    if special:
+        raise ParityError(special)
     with isolated_import_path(folder):
         if hubconf is not None:
             module = importlib.import_module("hubconf")
@@ -62,6 +66,9 @@ class RepoSource(Source):
         repo = experiment.resolve(spec.path)
         if not repo.is_dir():
             return [(("path",), f"repository folder not found: {repo}")]
+        special = special_file_problem(repo, "repository folder: file")
+        if special:
+            return [(("path",), special)]
         if spec.hubconf is not None and not (repo / "hubconf.py").is_file():
             return [(("hubconf",), f"no hubconf.py in {repo}")]
         return []

@@ -96,6 +96,7 @@ class ExportedSpec(FileSpecBase):
 
 class ExportedSource(FileSource):
     name = "exported"
+    names_code = False
     Spec = ExportedSpec
     kind = "exported"
     suffixes = (".pt2",)

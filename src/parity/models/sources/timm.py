@@ -42,6 +42,7 @@ def architecture_problem(name: str) -> str | None:
 
 class TimmSource(Source):
     name = "timm"
+    names_code = False
     Spec = TimmSpec
     libraries = ("timm",)
 

@@ -72,6 +72,7 @@ def build_torchvision(builder: str, params: dict, pretrained: bool):
 
 class TorchvisionSource(Source):
     name = "torchvision"
+    names_code = False
     Spec = TorchvisionSpec
     libraries = ("torchvision",)
     default_weights = True

@@ -24,7 +24,8 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from parity.config.schema import LocalPath, ModelSpecBase
-from parity.errors import ParityError, did_you_mean
+from parity.errors import ParityError, did_you_mean, first_line
+from parity.files import special_file_problem
 from parity.models.sources import Source
 from parity.offline import quiet_library_imports
 from parity.remote_code import remote_code_problem
@@ -73,7 +74,7 @@ def model_class(name: str):
         with quiet_library_imports():  # a model class's module imports transformers' quantizers, torchao among them
             cls = getattr(transformers, name, None) if name.isidentifier() else None
     except (ImportError, RuntimeError) as exc:  # a class whose own dependencies are not installed here
-        raise ParityError(f"transformers class '{name}' cannot be imported here: {str(exc).splitlines()[0]}") from exc
+        raise ParityError(f"transformers class '{name}' cannot be imported here: {first_line(exc)}") from exc
     if not isinstance(cls, type) or not (hasattr(cls, "from_config") or issubclass(cls, transformers.PreTrainedModel)):
         raise ParityError(f"unknown transformers model class '{name}'{did_you_mean(name, _model_classes(transformers))}")
     return cls
@@ -94,13 +95,16 @@ def model_config(mapping: dict[str, Any]):
     try:
         return transformers.AutoConfig.for_model(model_type, **rest)
     except (TypeError, ValueError) as exc:
-        raise ParityError(f"transformers config for model_type '{model_type}': {exc}") from exc
+        raise ParityError(f"transformers config for model_type '{model_type}': {first_line(exc)}") from exc
 
 
 def folder_problem(folder: Path) -> str | None:
     """Why `folder` is not a save_pretrained folder parity can read, or None."""
     if not folder.is_dir():
         return f"transformers model folder not found: {folder} (a local save_pretrained folder; nothing is downloaded)"
+    special = special_file_problem(folder, "transformers model folder: file")  # before any file is opened
+    if special:
+        return special
     if not (folder / "config.json").is_file():
         return f"no config.json in {folder}: not a save_pretrained folder"
     remote = remote_code_problem(folder)
@@ -132,7 +136,7 @@ def build_transformers(spec, folder: Path | None):
             model = cls.from_pretrained(folder, local_files_only=True, trust_remote_code=False,
                                         attn_implementation=ATTENTION, **params)
         except (OSError, ValueError) as exc:  # no weights file, a config the class does not take
-            raise ParityError(f"transformers could not load {folder} as {spec.architecture}: {exc}") from exc
+            raise ParityError(f"transformers could not load {folder} as {spec.architecture}: {first_line(exc)}") from exc
     keep = bool(spec.params.get("use_cache", False))
     # An encoder-decoder's encoder has no cache (T5's encoder stack refuses use_cache): off on its modules' configs.
     encoder = model.get_encoder() if getattr(model.config, "is_encoder_decoder", False) else None
@@ -184,6 +188,7 @@ def _drop_loss_notice() -> None:
 
 class TransformersSource(Source):
     name = "transformers"
+    names_code = False
     Spec = TransformersSpec
     libraries = ("transformers",)
 
