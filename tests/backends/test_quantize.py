@@ -121,7 +121,8 @@ def test_calibration_decides_the_activation_ranges():
 
 
 def test_an_int8_target_has_a_verdict_fails_a_tight_gate_and_is_offered_a_fallback(write_yaml, tmp_path, capsys):
-    data = tiny_experiment([PT2E.model_dump(exclude_defaults=True)], tolerances={"atol": [1e-6], "gate": 1e-6},
+    data = tiny_experiment([{**PT2E.model_dump(exclude_defaults=True), "tolerances": {"gate": 1e-6}}],
+                           tolerances={"atol": [1e-6]},
                            inputs=[{"name": "noise", "synthetic": {"shape": [2, 3, 16, 16]}},
                                    {"name": "calib", "synthetic": {"shape": [2, 3, 16, 16]}}], tiers={"activations": True})
     data["models"][0].update(entry="tests.fixtures.tiny:Sensitive", inputs=["noise"])
@@ -261,7 +262,7 @@ def test_a_tier3_fallback_keeps_the_flipping_layer_in_float_and_times_int8_again
     assert record.aim == "tier 3" and record.runs_in == "float"
     assert record.task_before["top1_flips"] == 5 and record.task_after["top1_flips"] == 0
     assert record.passed and record.modules == ["b"] and not record.whole_model
-    assert record.tried == 1  # [b] alone: no shrink trial of the empty set, which ran first and failed
+    assert record.tried == 2  # the ceiling, then [b] alone: no shrink trial of the empty set, which ran first and failed
     assert all(getattr(record, k) > 0 for k in ("latency_before_s", "latency_after_s", "latency_float_s"))
     assert "fallback: [b]; median latency" in printed and "the float model on the same backend: " in printed
     assert "apply it: in the target's entry, fallback: [tiny:b]" in printed
@@ -276,8 +277,10 @@ def test_a_tier3_fallback_that_no_module_set_restores_fails(write_yaml, tmp_path
     [record] = RunView.read(tmp_path / "out").fallbacks
     assert not record.passed and record.task_after["top1_flips"] == 5 and set(record.modules) == {"a", "head"}
     assert record.latency_float_s is None
-    assert "no fallback among the localized layers makes the check pass" in printed and "apply it" not in printed
-    assert "next: lower the thresholds in tiers.tasks" in printed
+    assert record.tried == 1 and record.ceiling_modules == 2  # every candidate in float at once: the ceiling failed
+    assert ("no fallback can pass: with all 2 candidate module(s) in float at once, the classification decisions "
+            "still disagree") in printed and "apply it" not in printed
+    assert "lower the thresholds in tiers.tasks" in printed and "next: lower" not in printed
 
 
 def test_executorch_int8_keeps_a_fallback_module_in_float():

@@ -10,7 +10,8 @@ facts: dtypes.py `QUANTIZE_SCHEMES`).
   layers: int8 weights; dynamic: activations too, their scale computed per call). Modules are kept.
 - `torchao-int4-weight`: the same with int4 weights in groups of 32 along the input features (torchao's
   `IntxWeightOnlyConfig`, the CPU and ExecuTorch form: its `Int4WeightOnlyConfig` kernels need CUDA or mslk),
-  as language models are deployed; activations stay float.
+  as language models are deployed; activations stay float. A linear layer whose input features are no multiple
+  of the group (`Linear(16, ...)`) stays float, and a warning (the execution's note) names it.
 
 A module marked with `keep_float` (what `parity fallback` keeps in float) is left out of quantization: PT2E
 annotates none of its ops (X86: `set_module_name_qconfig(name, None)`; XNNPACK, whose `set_module_name` refuses
@@ -20,6 +21,7 @@ backend that exports for itself (ExecuTorch) can quantize its own program.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -79,8 +81,25 @@ def quantize(model: torch.nn.Module, scheme: str, example: Inputs, calibration: 
     config = {"torchao-int8-dynamic": Int8DynamicActivationInt8WeightConfig, "torchao-int8-weight": Int8WeightOnlyConfig,
               "torchao-int4-weight": lambda: IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(INT4_GROUP)),
               }[scheme]()
-    quantize_(model, config, filter_fn=lambda module, fqn: isinstance(module, torch.nn.Linear) and not _inside(fqn, keep))
+    ungrouped = _ungrouped(model, keep) if scheme == "torchao-int4-weight" else []
+    linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and not _inside(n, keep)]
+    if ungrouped and len(ungrouped) == len(linear):  # an int4 id on a float model would be a false verdict
+        raise ValueError(f"int4 weight-only quantizes linear layers in groups of {INT4_GROUP} input features, and none "
+                         f"of this model's {len(linear)} has a multiple of {INT4_GROUP}: nothing would be int4")
+    if ungrouped:  # torchao would raise an AssertionError on them; they stay float, and the note says so
+        warnings.warn(f"int4 weight-only: {len(ungrouped)} linear layer(s) kept in float, their input features not a "
+                      f"multiple of the group size {INT4_GROUP}: {', '.join(ungrouped[:8])}"
+                      + (", ..." if len(ungrouped) > 8 else ""), UserWarning, stacklevel=2)
+    quantize_(model, config, filter_fn=lambda module, fqn: isinstance(module, torch.nn.Linear)
+              and not _inside(fqn, keep) and fqn not in ungrouped)
     return model
+
+
+def _ungrouped(model: torch.nn.Module, keep: list[str]) -> list[str]:
+    """The linear layers whose input features do not split into int4 groups (`Linear(16, ...)`): torchao's
+    grouping needs a multiple of the group size."""
+    return [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and not _inside(name, keep)
+            and m.in_features % INT4_GROUP]
 
 
 def quantize_pt2e(program: Any, scheme: str, calibration: list[Inputs], keep: list[str] = ()) -> torch.fx.GraphModule:
