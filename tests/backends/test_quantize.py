@@ -331,3 +331,24 @@ def test_the_trained_int8_example_is_valid(tmp_path, capsys):
     torch.save({}, digits / "resnet18_digits.pt")
     assert main(["validate", str(example)]) == 0
     assert "valid" in capsys.readouterr().out
+
+
+def test_int4_keeps_a_linear_it_cannot_group_in_float_and_says_so():
+    """`Linear(16, 32)` has 16 input features, no multiple of int4's group of 32 (torchao raised an AssertionError
+    on it): it stays float and the execution's notes name it; `Linear(32, 4)` is int4. A model where no linear
+    groups is refused in one line rather than run as float under an int4 id."""
+    int4 = BackendSpec(backend="eager", quantize={"scheme": "torchao-int4-weight"})
+    model, x = Mlp().eval(), Inputs((torch.randn(4, 16, generator=torch.Generator().manual_seed(2)),))
+    backend = EagerBackend(int4)
+    backend.prepare(copy.deepcopy(model), x)  # quantize_ works in place
+    try:
+        out = backend.run(x)
+    finally:
+        backend.close()
+    assert backend.notes == ({"kind": "quantize", "message": "int4 weight-only: 1 linear layer(s) kept in float, their "
+                                                             "input features not a multiple of the group size 32: a"},)
+    with torch.no_grad():
+        assert not torch.equal(out, model(*x.args))  # b is int4
+    ungroupable = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    with pytest.raises(ValueError, match="none of this model's 2 has a multiple of 32: nothing would be int4"):
+        run_on(int4, ungroupable, x)

@@ -87,3 +87,11 @@ def test_every_command_finds_an_experiments_target_by_any_spelling_check_takes()
     with pytest.raises(ParityError, match=r"--target compile: the experiment has no such target \(it has: "
                                           r"onnxruntime-cpu, eager-cpu-bfloat16, eager-cpu-int8-weight\)"):
         choose("compile", targets)
+
+
+def test_a_scheme_alone_is_refused_with_the_ids_that_run_it():
+    with pytest.raises(ParityError) as info:
+        parse_target("int8")
+    said = info.value.problems[0]
+    assert said.startswith("unknown target 'int8': a quantized target names its backend first: eager-int8-pt2e-x86, ")
+    assert "eager-int8-weight" in said and "compile-int4-weight" in said

@@ -254,6 +254,7 @@ def test_a_fallback_past_its_ceiling_says_so_and_prints_the_target_entry_that_pa
     so no fallback can pass. The command measures that ceiling first, says so in one line with its number, and
     prints the target's own entry with the gate at which the target as it is passes; that entry, put in the file
     as printed, makes `parity run` pass (the gate was verified by judging the run again)."""
+    from parity.config.tolerances import rounded_up
     from parity.records.view import RunView
 
     target = {"backend": "eager", "dtype": "bfloat16", "tolerances": {"gate": 1e-7, "rtol": 0.0}}
@@ -265,7 +266,7 @@ def test_a_fallback_past_its_ceiling_says_so_and_prints_the_target_entry_that_pa
     [record] = RunView.read(tmp_path / "out").fallbacks
     said = " ".join(out.split())
     assert (f"no fallback can pass: with all {record.ceiling_modules} candidate module(s) in float32 at once, the "
-            f"check still needs atol {record.ceiling_atol:.3g} > gate 1e-07") in said
+            f"check still needs atol {rounded_up(record.ceiling_atol):.3g} > gate 1e-07") in said
     assert record.tried == 1 and not record.passed and record.passing_gate > 1e-7
     lines = out.splitlines()
     start = lines.index("  targets:")

@@ -22,6 +22,7 @@ backend that exports for itself (ExecuTorch) can quantize its own program.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -55,9 +56,11 @@ def scheme_problem(scheme: str) -> str | None:
     return None
 
 
-def quantize(model: torch.nn.Module, scheme: str, example: Inputs, calibration: list[Inputs] | None) -> torch.nn.Module:
+def quantize(model: torch.nn.Module, scheme: str, example: Inputs, calibration: list[Inputs] | None,
+             note: Callable[[str], None] | None = None) -> torch.nn.Module:
     """`model` (float32, eval mode) quantized by `scheme`; the PT2E schemes export it for inputs like `example`
-    and observe `calibration` (each an Inputs the model is called with)."""
+    and observe `calibration` (each an Inputs the model is called with). `note`: told what stayed float and why
+    (the backend keeps it with the execution; without it, a warning)."""
     keep = float_modules(model)
     if QUANTIZE_SCHEMES[scheme].calibrated:  # the PT2E flow
         if not calibration:
@@ -87,9 +90,12 @@ def quantize(model: torch.nn.Module, scheme: str, example: Inputs, calibration: 
         raise ValueError(f"int4 weight-only quantizes linear layers in groups of {INT4_GROUP} input features, and none "
                          f"of this model's {len(linear)} has a multiple of {INT4_GROUP}: nothing would be int4")
     if ungrouped:  # torchao would raise an AssertionError on them; they stay float, and the note says so
-        warnings.warn(f"int4 weight-only: {len(ungrouped)} linear layer(s) kept in float, their input features not a "
-                      f"multiple of the group size {INT4_GROUP}: {', '.join(ungrouped[:8])}"
-                      + (", ..." if len(ungrouped) > 8 else ""), UserWarning, stacklevel=2)
+        said = (f"int4 weight-only: {len(ungrouped)} linear layer(s) kept in float, their input features not a "
+                f"multiple of the group size {INT4_GROUP}: {', '.join(ungrouped[:8])}" + (", ..." if len(ungrouped) > 8 else ""))
+        if note is not None:
+            note(said)
+        else:
+            warnings.warn(said, UserWarning, stacklevel=2)
     quantize_(model, config, filter_fn=lambda module, fqn: isinstance(module, torch.nn.Linear)
               and not _inside(fqn, keep) and fqn not in ungrouped)
     return model

@@ -67,6 +67,11 @@ def parse_target(text: str) -> dict[str, Any]:
         if _CLASS_REF.match(text) and not _qualifier(text.rpartition(":")[2]):
             return {"backend": text}
         head = re.split(r"[-:]", text, maxsplit=1)[0]
+        if re.fullmatch(r"u?int\d+", head):  # a scheme alone (`int8`): which backend runs it is the user's to say
+            ids = ", ".join(f"{n}-{s.word}" for n in ("eager", "compile") for s in QUANTIZE_SCHEMES.values()
+                            if s.name in _runs(n))
+            raise ParityError(f"unknown target '{text}': a quantized target names its backend first: {ids} "
+                              "(`parity backends` lists every backend's schemes)")
         hint = did_you_mean(head, names) or did_you_mean(text, _ids(names))
         raise ParityError(f"unknown target '{text}': no backend '{head}'{hint} (a target is {GRAMMAR}; "
                           f"backends: {', '.join(names)})")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from parity.config.tolerances import rounded_up
 from parity.dtypes import QUANTIZE_SCHEMES
 from parity.records import tolerance_key
 from parity.records.models import GateVerdict, LayerError, Layers, Note, Tier1Check, Tier3Check
@@ -346,7 +347,8 @@ def fallback_lines(result, record: dict[str, Any], gate: float, by_task: bool, m
     """What `parity fallback` prints, as (style, text) lines: the numbers before and after with the modules named,
     then what the search found. A check that fails at tier 1 while its task decisions agree is said to, with the
     `gate: tier3` line that gates it on them: never "the check already passes" for a check the table calls FAIL."""
-    before, after = result.required_atol_before, result.required_atol_after
+    before, after = (rounded_up(a) if a is not None else a for a in (result.required_atol_before,
+                                                                      result.required_atol_after))
     named = f" ({', '.join(result.modules)})" if result.modules else ""
     lines = [("", f"{result.target}: required atol {before:.3g} -> {after:.3g} (gate {gate:g}) with "
                   f"{len(result.modules)} module(s) in {result.runs_in}{named}, {result.tried} trial run(s)")]
@@ -380,7 +382,7 @@ def fallback_lines(result, record: dict[str, Any], gate: float, by_task: bool, m
     elif result.ceiling_atol is not None:  # the ceiling failed: the search stopped there (search_fallback)
         where = {"eager": "run eager", "float": "in float"}.get(result.runs_in, f"in {result.runs_in}")
         needs = (f"the {task} decisions still disagree" if result.aim == "tier 3" else
-                 f"the check still needs atol {result.ceiling_atol:.3g} > gate {gate:g}")
+                 f"the check still needs atol {rounded_up(result.ceiling_atol):.3g} > gate {gate:g}")
         lines.append(("red", f"no fallback can pass: with all {result.ceiling_modules} candidate module(s) {where} at "
                              f"once, {needs}"))
     else:
