@@ -179,3 +179,27 @@ def test_an_hf_folder_whose_config_json_is_no_json_object_is_one_line(tmp_path, 
     assert main(["check", f"hf:{folder}", "--target", "compile"]) == 2
     err = capsys.readouterr().err
     assert f"{folder / 'config.json'}" in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+
+
+def test_an_onnx_file_is_checked_on_its_graphs_input_shapes_and_says_onnx_runtime_is_the_reference(tmp_path, capsys):
+    """No --input: the graph declares float32[2, 3, 16, 16]; the console says so, and that the reference is ONNX
+    Runtime; the experiment it ran is in the output folder, as its next: lines would name it."""
+    onnx = ROOT / "examples" / "models" / "tiny_cnn.onnx"
+    assert check_experiment(str(onnx), ["onnxruntime"])["inputs"] == [
+        {"name": "graph_shapes", "synthetic": {"x": {"shape": [2, 3, 16, 16], "dtype": "float32"}}}]
+    assert main(["check", str(onnx), "--target", "onnxruntime", "--out", str(tmp_path / "o"), "--quiet",
+                 "--no-report"]) == 0
+    err = capsys.readouterr().err
+    assert "reference: ONNX Runtime (CPU, float32)" in err
+    assert "inputs: seeded random tensors of the graph's declared shapes (x float32[2x3x16x16]" in err
+    saved = yaml.safe_load((tmp_path / "o" / "experiment.yaml").read_text())
+    assert saved["models"][0]["source"] == "onnx" and saved["inputs"][0]["name"] == "graph_shapes"
+
+
+def test_a_check_writes_the_experiment_it_ran_into_its_folder_each_time(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args = ["check", TINY, "--target", "torchscript", "--input", "1x3x8x8", "--out", "o", "--quiet", "--no-report"]
+    assert main(args) == 0 and main(args) == 0  # again into the same folder: its own file is replaced
+    assert "experiment: o/experiment.yaml (parity run o/experiment.yaml runs it again)" in capsys.readouterr().err
+    assert main(["run", "o/experiment.yaml", "--out", "again", "--quiet", "--no-report"]) == 0
+    assert checks(tmp_path / "o") == checks(tmp_path / "again")

@@ -192,6 +192,19 @@ def test_parity_targets_chooses_the_targets_from_the_command_line(isolated):
     assert wrong.ret != 0 and "did you mean 'onnxruntime'?" in wrong.stdout.str() + wrong.stderr.str()
 
 
+def test_a_typo_in_parity_targets_is_one_line_naming_the_flag(isolated):
+    """Before collection, as a usage error: one line that names --parity-targets, not a collection error's
+    traceback blaming the marker of each test."""
+    isolated.makepyfile(test_ci=CI_TESTS)
+    wrong = isolated.runpytest("-p", "parity.pytest_plugin", "--parity-targets", "torchscript,onnxruntme")
+    said = [line for line in (wrong.stdout.str() + wrong.stderr.str()).splitlines() if line.strip()]
+    assert wrong.ret == pytest.ExitCode.USAGE_ERROR
+    assert len(said) == 1, said
+    assert said[0].startswith("ERROR: --parity-targets onnxruntme: unknown target 'onnxruntme': no backend "
+                              "'onnxruntme'; did you mean 'onnxruntime'?")
+    assert "@pytest.mark.parity" not in said[0]
+
+
 def test_a_failing_check_shows_the_test_and_the_numbers_not_paritys_source(isolated):
     isolated.makepyfile(test_ci=CI_TESTS)
     result = isolated.runpytest("-p", "parity.pytest_plugin", "-k", "test_drifts")

@@ -12,13 +12,16 @@ import subprocess
 import sys
 
 from parity.cli import main
+from tests.report.test_next_lines import is_parity_command
 
-NEXT = re.compile(r"^\s*next: (parity \S.*?)(?: \(a standalone repro script\))?$", re.MULTILINE)
+NEXT = re.compile(r"^\s*next: (.*)$", re.MULTILINE)
 
 
 def _commands(printed: str) -> list[str]:
-    """The commands among the `next:` lines (some next: lines are advice in words, not commands)."""
-    return NEXT.findall(printed)
+    """The `next:` lines' commands: each line is a command and nothing else (tests/report/test_next_lines.py)."""
+    found = NEXT.findall(printed)
+    assert all(is_parity_command(f"next: {line}") for line in found), found
+    return found
 
 
 def _run(command: str, capsys) -> tuple[int, str]:
@@ -58,11 +61,17 @@ def test_every_printed_next_command_runs_as_printed_down_to_the_repro(tmp_path, 
     assert repro.returncode == 1 and "DIVERGES" in repro.stdout  # exit 1 when the culprit diverges
 
 
-def test_a_check_without_a_saved_experiment_says_to_save_one(tmp_path, monkeypatch, capsys):
+def test_a_check_without_a_saved_experiment_writes_it_into_its_folder_and_its_next_lines_run(tmp_path, monkeypatch,
+                                                                                              capsys):
+    """No --save-experiment: the check still writes the experiment it ran (run/experiment.yaml), its next:
+    lines name that file, and the first runs as printed (it used to say to save one and re-run the check)."""
     monkeypatch.chdir(tmp_path)
     code = main(["check", "tests.fixtures.tiny:tiny_cnn", "--input", "2x3x16x16", "--target", "eager-cpu-bfloat16",
                  "--gate", "1e-4", "--rtol", "1e-5", "--out", "run", "--quiet", "--no-report"])
     printed = capsys.readouterr().out
-    assert code == 1 and not _commands(printed) and "EXPERIMENT.yaml" not in printed
-    assert ("next: save the experiment (parity check --save-experiment FILE): parity localize and parity fallback "
-            "start from an experiment file") in printed
+    assert code == 1 and (tmp_path / "run" / "experiment.yaml").is_file()
+    localize, fallback = _commands(printed)
+    assert localize.startswith("parity localize run/experiment.yaml --model tiny_cnn ")
+    assert fallback.startswith("parity fallback run/experiment.yaml ")
+    code, printed = _run(localize, capsys)
+    assert code == 0, printed

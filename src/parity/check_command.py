@@ -192,6 +192,8 @@ def input_entry(model: dict[str, Any], shapes: list[str], images: list[str], pre
     task = model.get("task", "other")
     if not images and model.get("source") == "transformers":
         return token_input(model)
+    if not images and model.get("source") == "onnx":
+        return graph_input(model)
     if not images:
         if task not in DEFAULT_PREPROCESS:
             raise ParityError(f"model '{model['name']}' has no default input: give --input SHAPE (a seeded random "
@@ -204,6 +206,37 @@ def input_entry(model: dict[str, Any], shapes: list[str], images: list[str], pre
         settings["center_crop"] = [crop]
     refs = [ref if ref.startswith("sample:") else str(user_path(ref, "--images").absolute()) for ref in images]
     return {"name": "images", "images": refs, "preprocess": settings}
+
+
+def graph_input(model: dict[str, Any]) -> dict[str, Any]:
+    """An ONNX file's default input: seeded random tensors of the shapes its graph declares (a dimension it
+    leaves open, such as the batch, is 1); integer inputs need their bound, which no graph declares."""
+    from parity.models.onnx_graph import read_graph
+
+    inputs, _, _ = read_graph(Path(model["path"]))
+    declared = "; ".join(map(str, inputs)) or "none"
+    floats = ("float32", "float16", "float64", "bfloat16")
+    if not inputs or any(i.dims is None or i.dtype not in floats for i in inputs):
+        raise ParityError(f"model '{model['name']}': the ONNX graph's inputs are {declared}; give --input for each "
+                          "(SHAPE, or SHAPE:int64:HIGH for integers in [0, HIGH); NAME=SHAPE by name)")
+    tensors = {i.name: {"shape": [d or 1 for d in i.dims], "dtype": i.dtype} for i in inputs}
+    return {"name": "graph_shapes", "synthetic": tensors}
+
+
+def check_notes(data: dict[str, Any]) -> list[str]:
+    """What `parity check` says before it runs about an experiment it chose for the user: an ONNX file's
+    reference and the input shapes it read from the graph."""
+    model, inputs = data["models"][0], data["inputs"][0]
+    if model["source"] != "onnx":
+        return []
+    notes = ["reference: ONNX Runtime (CPU, float32): an .onnx model is run by ONNX Runtime, so eager (the "
+             "reference's backend) runs the graph there"]
+    if inputs["name"] == "graph_shapes":
+        shapes = ", ".join(f"{name} {t['dtype']}[{'x'.join(map(str, t['shape']))}]"
+                           for name, t in inputs["synthetic"].items())
+        notes.append(f"inputs: seeded random tensors of the graph's declared shapes ({shapes}; an open dimension is 1); "
+                     "--input sets others")
+    return notes
 
 
 def target_entries(targets: list[str], reference: str | None,
@@ -260,20 +293,34 @@ def check_experiment(model: str, targets: list[str], *, reference: str | None = 
     return data
 
 
-def save_experiment(data: dict[str, Any], path: Path) -> None:
+RAN = "experiment.yaml"  # the experiment a check ran, in its output folder: what its next: lines start from
+
+
+def save_ran(data: dict[str, Any], out_dir: Path) -> Path:
+    """Write the experiment a check ran into its output folder (`RAN`), replacing the one an earlier check in that
+    folder wrote, so that every `next:` line the check prints runs as printed."""
+    path = out_dir / RAN
+    if path.is_file() and not path.is_symlink():
+        path.unlink()
+    save_experiment(data, path, "the output folder's " + RAN)
+    return path
+
+
+def save_experiment(data: dict[str, Any], path: Path, what: str | None = None) -> None:
     """Write `data` as an experiment file at `path`, its paths relative to the file's folder (so that the
     folder can move with the file); never over an existing file (it may be one the user grew)."""
     import yaml
 
+    what = what or f"--save-experiment {path}"
     if path.is_symlink():  # a dangling one too: writing would create its target, wherever it points
-        raise ParityError(f"--save-experiment {path}: is a symbolic link; parity writes a new file, never through "
+        raise ParityError(f"{what}: is a symbolic link; parity writes a new file, never through "
                           "a link: name another file")
     if path.exists():
-        raise ParityError(f"--save-experiment {path}: the file exists; remove it or name another (it is never "
+        raise ParityError(f"{what}: the file exists; remove it or name another (it is never "
                           "overwritten: it may be an experiment you grew)")
     folder = path.expanduser().absolute().parent
     if not folder.is_dir():
-        raise ParityError(f"--save-experiment {path}: no folder {folder}")
+        raise ParityError(f"{what}: no folder {folder}")
 
     def relative(p: str) -> str:
         return p if p.startswith("sample:") or p == "DEFAULT" else os.path.relpath(p, folder)
@@ -294,6 +341,6 @@ def save_experiment(data: dict[str, Any], path: Path) -> None:
     try:  # O_EXCL: a file or link that appeared since is not written through; O_NOFOLLOW says so
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
     except OSError as exc:
-        raise ParityError(f"--save-experiment {path}: cannot create it: {exc.strerror or exc}") from exc
+        raise ParityError(f"{what}: cannot create it: {exc.strerror or exc}") from exc
     with os.fdopen(fd, "w", encoding="utf-8") as file:
         file.write(text)

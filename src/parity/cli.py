@@ -90,9 +90,13 @@ def _narrow(exp, args: argparse.Namespace) -> None:
 
     where = f"{exp.file}: " if exp.file else ""
     chosen = {}
+    from parity.experiment.targets import choose
+
     for option, names in (("--model", [m.name for m in exp.models]), ("--target", [t.id for t in exp.targets]),
                           ("--inputs", [s.name for s in exp.inputs])):
         given = getattr(args, option.removeprefix("--") + "_filter") or []
+        if option == "--target":  # the grammar `parity check --target` takes: `onnxruntime` is onnxruntime-cpu
+            given = [choose(text, exp.targets, f"{where}--target").id for text in given]
         for name in given:
             if name not in names:
                 raise ParityError(f"{where}{option} {name}: the experiment has no such {option[2:]}"
@@ -151,7 +155,8 @@ def _executor_options(exp, args: argparse.Namespace) -> None:
 def cmd_check(args: argparse.Namespace) -> int:
     """One model against one or more targets from the command line alone: the experiment it makes is run
     as `parity run` runs a file (same table, records, reports and exit codes)."""
-    from parity.check_command import check_experiment, save_experiment
+    from parity.api import default_out_dir
+    from parity.check_command import RAN, check_experiment, check_notes, save_experiment, save_ran
     from parity.experiment import experiment_from_dict
 
     data = check_experiment(args.model, args.target, reference=args.reference, entry=args.entry,
@@ -159,10 +164,15 @@ def cmd_check(args: argparse.Namespace) -> int:
                             images=args.images or [], preprocess=args.preprocess, resize=args.resize,
                             crop=args.crop, gate=args.gate, rtol=args.rtol, seed=args.seed, name=args.name)
     exp = experiment_from_dict(data, "parity check", Path.cwd())
-    if args.save_experiment:
+    for note in check_notes(data):
+        print(note, file=sys.stderr)
+    if args.save_experiment:  # refused (an existing file) before the output folder is made
         save_experiment(data, Path(args.save_experiment))
-        exp._file = args.save_experiment  # as typed: the next: lines name it, to run from here
-        print(f"experiment: {args.save_experiment} (parity run {args.save_experiment} runs it again)", file=sys.stderr)
+    args.out = args.out or str(default_out_dir(exp))  # the experiment goes in it: the next: lines start from it
+    prepare(user_path(args.out, "--out"))
+    save_ran(data, user_path(args.out, "--out"))
+    exp._file = args.save_experiment or str(Path(args.out) / RAN)  # as typed: the next: lines name it, to run from here
+    print(f"experiment: {exp._file} (parity run {shlex.quote(exp._file)} runs it again)", file=sys.stderr)
     return cmd_run(args, [exp])
 
 
@@ -246,11 +256,13 @@ def _one_check(args: argparse.Namespace):
 
     from parity.config.schema import Activations
     from parity.experiment import load_experiment
+    from parity.experiment.targets import choose
     from parity.runner.runner import Runner
 
     _refuse_existing_records(args.out)
     exp = load_experiment(args.file)
-    model_spec, target, input_spec = Runner(exp).one_check(args.model, args.target, args.inputs)
+    chosen = choose(args.target, exp.targets).id if args.target else None  # the grammar every command takes
+    model_spec, target, input_spec = Runner(exp).one_check(args.model, chosen, args.inputs)
     settings = (exp.tiers.activations or Activations()).model_dump()
     if getattr(args, "granularity", None):
         named = args.granularity not in ("blocks", "leaf") and not args.granularity.startswith("depth:")
@@ -311,7 +323,8 @@ def cmd_localize(args: argparse.Namespace) -> int:
     _said_records(args)
     if single_culprit(record) and target.quantize is None:  # reduce cuts one float module, as next_steps offers it
         if args.out:
-            console.print(escape(reduce_step(args.out, model_spec.name, input_spec.name, target.id, args.file)), soft_wrap=True)
+            for line in reduce_step(args.out, model_spec.name, input_spec.name, target.id, args.file):
+                console.print(escape(line), soft_wrap=True)
         else:
             console.print("parity reduce cuts a repro from this localization's record: run it again with --out DIR")
     return EXIT_OK if not record.error else EXIT_FAILED
@@ -343,26 +356,11 @@ def cmd_reduce(args: argparse.Namespace) -> int:
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
-    from rich.markup import escape
-    from rich.table import Table
+    from parity.backends_command import backends_tables
 
-    from parity.backends import BACKENDS, backend_class
-    from parity.config.schema import BackendSpec
-
-    table = Table(title="parity backends")
-    for col in ("backend", "device", "available", "dtypes", "options"):
-        table.add_column(col)
-    for name in BACKENDS.names():
-        try:
-            cls = backend_class(name)
-        except ParityError as exc:
-            table.add_row(name, "", f"[red]no[/red]: {escape(exc.problems[0])}", "", "")
-            continue
-        for device in cls.devices:
-            reason = cls.available(BackendSpec(backend=name, device=device))
-            status = "[green]yes[/green]" if reason is None else f"[red]no[/red]: {escape(reason)}"
-            table.add_row(name, device, status, ", ".join(cls.dtypes), ", ".join(cls.Options.model_fields) or "-")
-    _console().print(table)
+    console = _console()
+    for table in backends_tables():
+        console.print(table)
     return EXIT_OK
 
 

@@ -42,12 +42,19 @@ class QuantizeScheme:
     # False: torchao's quantize_ on the module tree, nothing observed.
     calibrated: bool
     libraries: tuple[str, ...]  # the distributions it needs (found without importing them)
+    # Its default gate, scale-aware: this fraction of the reference output's RMS (each check's own), since an atol
+    # meant for float32 rounding (1e-4) fails every quantized model whatever its quality; the sweep keeps
+    # float32's atols, so the verdict at 1e-4 is still reported. A target's own gate wins.
+    relative_gate: float = 0.05
 
 
+# Set from one measurement (a seeded CNN with attention, 2x3x16x16, torchao weight-only): the largest error was 0.8% of
+# the output's rms in int8 and 11% in int4, so these pass that model with room, and fail a layer gone wrong.
+INT8_GATE, INT4_GATE = 0.05, 0.2
 QUANTIZE_SCHEMES = {s.name: s for s in (
-    QuantizeScheme("pt2e-x86", "int8-pt2e-x86", True, ("torchao",)),
-    QuantizeScheme("pt2e-xnnpack", "int8-pt2e-xnnpack", True, ("torchao", "executorch")),
-    QuantizeScheme("torchao-int8-dynamic", "int8-dynamic", False, ("torchao",)),
-    QuantizeScheme("torchao-int8-weight", "int8-weight", False, ("torchao",)),
-    QuantizeScheme("torchao-int4-weight", "int4-weight", False, ("torchao",)),
+    QuantizeScheme("pt2e-x86", "int8-pt2e-x86", True, ("torchao",), INT8_GATE),
+    QuantizeScheme("pt2e-xnnpack", "int8-pt2e-xnnpack", True, ("torchao", "executorch"), INT8_GATE),
+    QuantizeScheme("torchao-int8-dynamic", "int8-dynamic", False, ("torchao",), INT8_GATE),
+    QuantizeScheme("torchao-int8-weight", "int8-weight", False, ("torchao",), INT8_GATE),
+    QuantizeScheme("torchao-int4-weight", "int4-weight", False, ("torchao",), INT4_GATE),
 )}

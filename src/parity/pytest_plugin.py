@@ -65,6 +65,27 @@ def pytest_configure(config: pytest.Config) -> None:
                    "target (BACKEND[-DEVICE][-DTYPE], e.g. eager-cpu-bfloat16); its `parity` fixture checks that "
                    "target against the reference; a target that cannot run here is skipped")
     config.stash[_REFERENCES] = {}
+    _option_targets(config)  # a typo in --parity-targets: one line naming the flag now, not a collection error
+
+
+def _option_targets(config: pytest.Config) -> list[Any] | None:
+    """The targets --parity-targets gives (None: the option is absent), each read by the target grammar; one
+    it cannot read is a usage error naming the flag, with the grammar's did-you-mean."""
+    chosen = config.getoption("parity_targets")
+    if not chosen:
+        return None
+    from parity.api import target_spec
+    from parity.errors import ParityError
+
+    specs = []
+    for text in (t.strip() for given in chosen for t in given.split(",")):
+        if not text:
+            continue
+        try:
+            specs.append(target_spec(text))
+        except ParityError as exc:
+            raise pytest.UsageError(f"--parity-targets {text}: {exc.problems[0]}") from None
+    return specs
 
 
 def _settings(marker) -> dict[str, Any]:
@@ -94,12 +115,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     from parity.api import target_spec
     from parity.errors import ParityError
 
-    chosen = metafunc.config.getoption("parity_targets")
-    targets = [t for given in chosen for t in given.split(",") if t] if chosen else _settings(marker)["targets"]
-    try:
-        specs = [target_spec(t) for t in targets]
-    except ParityError as exc:
-        raise pytest.UsageError(f"{metafunc.definition.nodeid}: @pytest.mark.parity: {exc.problems[0]}") from None
+    specs = _option_targets(metafunc.config)
+    if specs is None:
+        try:
+            specs = [target_spec(t) for t in _settings(marker)["targets"]]
+        except ParityError as exc:
+            raise pytest.UsageError(f"{metafunc.definition.nodeid}: @pytest.mark.parity: {exc.problems[0]}") from None
     metafunc.parametrize("parity", specs, ids=[s.id for s in specs], indirect=True)
 
 

@@ -121,7 +121,8 @@ def test_calibration_decides_the_activation_ranges():
 
 
 def test_an_int8_target_has_a_verdict_fails_a_tight_gate_and_is_offered_a_fallback(write_yaml, tmp_path, capsys):
-    data = tiny_experiment([PT2E.model_dump(exclude_defaults=True)], tolerances={"atol": [1e-6], "gate": 1e-6},
+    data = tiny_experiment([{**PT2E.model_dump(exclude_defaults=True), "tolerances": {"gate": 1e-6}}],
+                           tolerances={"atol": [1e-6]},
                            inputs=[{"name": "noise", "synthetic": {"shape": [2, 3, 16, 16]}},
                                    {"name": "calib", "synthetic": {"shape": [2, 3, 16, 16]}}], tiers={"activations": True})
     data["models"][0].update(entry="tests.fixtures.tiny:Sensitive", inputs=["noise"])
@@ -261,7 +262,7 @@ def test_a_tier3_fallback_keeps_the_flipping_layer_in_float_and_times_int8_again
     assert record.aim == "tier 3" and record.runs_in == "float"
     assert record.task_before["top1_flips"] == 5 and record.task_after["top1_flips"] == 0
     assert record.passed and record.modules == ["b"] and not record.whole_model
-    assert record.tried == 1  # [b] alone: no shrink trial of the empty set, which ran first and failed
+    assert record.tried == 2  # the ceiling, then [b] alone: no shrink trial of the empty set, which ran first and failed
     assert all(getattr(record, k) > 0 for k in ("latency_before_s", "latency_after_s", "latency_float_s"))
     assert "fallback: [b]; median latency" in printed and "the float model on the same backend: " in printed
     assert "apply it: in the target's entry, fallback: [tiny:b]" in printed
@@ -276,8 +277,10 @@ def test_a_tier3_fallback_that_no_module_set_restores_fails(write_yaml, tmp_path
     [record] = RunView.read(tmp_path / "out").fallbacks
     assert not record.passed and record.task_after["top1_flips"] == 5 and set(record.modules) == {"a", "head"}
     assert record.latency_float_s is None
-    assert "no fallback among the localized layers makes the check pass" in printed and "apply it" not in printed
-    assert "next: lower the thresholds in tiers.tasks" in printed
+    assert record.tried == 1 and record.ceiling_modules == 2  # every candidate in float at once: the ceiling failed
+    assert ("no fallback can pass: with all 2 candidate module(s) in float at once, the classification decisions "
+            "still disagree") in printed and "apply it" not in printed
+    assert "lower the thresholds in tiers.tasks" in printed and "next: lower" not in printed
 
 
 def test_executorch_int8_keeps_a_fallback_module_in_float():
@@ -328,3 +331,24 @@ def test_the_trained_int8_example_is_valid(tmp_path, capsys):
     torch.save({}, digits / "resnet18_digits.pt")
     assert main(["validate", str(example)]) == 0
     assert "valid" in capsys.readouterr().out
+
+
+def test_int4_keeps_a_linear_it_cannot_group_in_float_and_says_so():
+    """`Linear(16, 32)` has 16 input features, no multiple of int4's group of 32 (torchao raised an AssertionError
+    on it): it stays float and the execution's notes name it; `Linear(32, 4)` is int4. A model where no linear
+    groups is refused in one line rather than run as float under an int4 id."""
+    int4 = BackendSpec(backend="eager", quantize={"scheme": "torchao-int4-weight"})
+    model, x = Mlp().eval(), Inputs((torch.randn(4, 16, generator=torch.Generator().manual_seed(2)),))
+    backend = EagerBackend(int4)
+    backend.prepare(copy.deepcopy(model), x)  # quantize_ works in place
+    try:
+        out = backend.run(x)
+    finally:
+        backend.close()
+    assert backend.notes == ({"kind": "quantize", "message": "int4 weight-only: 1 linear layer(s) kept in float, their "
+                                                             "input features not a multiple of the group size 32: a"},)
+    with torch.no_grad():
+        assert not torch.equal(out, model(*x.args))  # b is int4
+    ungroupable = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    with pytest.raises(ValueError, match="none of this model's 2 has a multiple of 32: nothing would be int4"):
+        run_on(int4, ungroupable, x)

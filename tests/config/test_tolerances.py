@@ -226,3 +226,60 @@ def test_a_metric_that_is_not_a_number_does_not_crash_the_report(write_yaml, tmp
     code, checks, _ = _run(write_yaml, tmp_path, exp)
     assert code == 1 and checks["t", 1]["failure_class"] == "nonfinite"
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_an_experiment_gate_that_a_default_overrides_warns_where_to_put_it(caplog):
+    """The experiment's gate does not reach a bfloat16 target (its dtype's default wins): loading says so, with
+    the target's own entry as the place where it takes effect; a float32 target's gate says nothing."""
+    with caplog.at_level("WARNING", logger="parity"):
+        experiment_from_dict(tiny_experiment([{"backend": "eager", "dtype": "bfloat16"}, {"backend": "eager", "name": "f"}],
+                                             tolerances={"gate": 0.000104}))
+    [warning] = [r.getMessage() for r in caplog.records if "does not apply" in r.getMessage()]
+    assert ("tolerances.gate 0.000104 does not apply to target eager-cpu-bfloat16: it is judged at its bfloat16 "
+            "default (atol 1e-05); to judge it at 0.000104, set `tolerances: {gate: 0.000104}` in that target's own "
+            "entry") in warning
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="parity"):
+        experiment_from_dict(tiny_experiment([{"backend": "eager", "dtype": "bfloat16", "tolerances": {"gate": 1e-4}}],
+                                             tolerances={"gate": 0.000104}))
+    assert not [r for r in caplog.records if "does not apply" in r.getMessage()]
+
+
+def _quantized(**extra):
+    from parity.config.schema import BackendSpec
+
+    return BackendSpec(backend="eager", quantize={"scheme": "torchao-int8-weight"}, **extra)
+
+
+def test_a_quantized_target_is_judged_at_a_scale_aware_gate_and_the_sweep_keeps_float32s():
+    """int8 at float32's 1e-4 fails whatever its quality: by default it is judged at 5% of the reference output's
+    rms (rms 2 here: atol 0.1), the check records that atol, and the sweep's 1e-4 still reports its verdict."""
+    import torch
+
+    from parity.config.schema import BackendSpec, Tolerances
+    from parity.config.tolerances import resolve
+    from parity.execute.execution import Execution
+    from parity.records import tolerance_key
+    from parity.verify.judge import judge
+
+    tol = resolve(Tolerances(), _quantized(), "float32")
+    assert (tol.relative, tol.source) == (0.05, "default-for-int8-weight")
+    ref = Execution(BackendSpec(backend="eager"), "ok", outputs=[torch.tensor([2.0, -2.0, 2.0, -2.0])])
+    near = judge(ref, Execution(_quantized(), "ok", outputs=[torch.tensor([2.0625, -2.0, 2.0, -2.0])]), tol)
+    far = judge(ref, Execution(_quantized(), "ok", outputs=[torch.tensor([2.125, -2.0, 2.0, -2.0])]), tol)
+    assert near.passed is True and near.record()["gate"] == 0.1 and near.record()["tolerance_source"] == tol.source
+    assert near.verdicts[tolerance_key(1e-4)] is False  # float32's gate, still reported
+    assert far.passed is False and far.failure_class == "numeric_drift"
+    own = resolve(Tolerances(), _quantized(tolerances={"gate": 1e-4}), "float32")
+    assert (own.relative, own.gate, own.source) == (None, 1e-4, "target")  # the target's own gate wins
+
+
+def test_the_tolerance_line_states_a_quantized_default_and_the_verdict_at_float32s_gate():
+    from parity.records import tolerance_key
+    from parity.report.console import tolerance_lines
+
+    info = {"gate": 0.1, "rtol": 1e-5, "tolerance_source": "default-for-int8-weight", "gated_by": "tier1",
+            "passed": 1, "failed": 0, "per_tolerance": {tolerance_key(1e-4): 0, tolerance_key(1e-3): 0}}
+    [line] = tolerance_lines({"gate": 1e-4, "uniform_tolerance": False, "per_target": {"eager-cpu-int8-weight": info}})
+    assert line == ("tolerance eager-cpu-int8-weight: atol 0.05 x the reference output's rms (each check's own; 0.1 on "
+                    "the first), rtol 1e-05 (default-for-int8-weight); at the experiment's gate 0.0001: 0/1 pass")

@@ -7,6 +7,7 @@ file descriptors 3 and 4), so it needs nothing beyond the standard library and a
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import select
@@ -95,8 +96,10 @@ class _Pipe:
             os.close(self._from_chrome)
 
 
-def load(path: Path, expressions: list[str], settle_s: float = 0.5) -> PageLoad:
-    """Load `path` as a file:// page, wait for its load event, then evaluate each JavaScript expression."""
+def load(path: Path, expressions: list[str], settle_s: float = 0.5, screenshot: Path | None = None,
+         width: int = 1280) -> PageLoad:
+    """Load `path` as a file:// page, wait for its load event, then evaluate each JavaScript expression;
+    `screenshot`: also write the whole page as a PNG there, `width` CSS pixels wide, for a person to look at."""
     binary = chromium()
     if binary is None:
         raise RuntimeError("no chromium binary")
@@ -117,6 +120,16 @@ def load(path: Path, expressions: list[str], settle_s: float = 0.5) -> PageLoad:
                 if "exceptionDetails" in reply:
                     raise RuntimeError(f"{expression}: {reply['exceptionDetails']}")
                 result.values[expression] = reply["result"].get("value")
+            if screenshot is not None:
+                height = pipe.call("Runtime.evaluate", {"expression": "document.documentElement.scrollHeight",
+                                                        "returnByValue": True}, session=session)["result"]["value"]
+                pipe.call("Emulation.setDeviceMetricsOverride", {"width": width, "height": int(height),
+                                                                 "deviceScaleFactor": 1, "mobile": False},
+                          session=session)
+                time.sleep(settle_s)
+                shot = pipe.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True},
+                                 session=session, timeout=60)
+                screenshot.write_bytes(base64.b64decode(shot["data"]))
         finally:
             pipe.close()
     for event in pipe.events:

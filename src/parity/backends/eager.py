@@ -83,7 +83,8 @@ class EagerBackend(Backend):
             return model
         calibration = [self.convert(c) for c in self.calibration or []]
         with torch.no_grad():
-            return quantize(model.eval(), self.spec.quantize.scheme, self.convert(example), calibration)
+            return quantize(model.eval(), self.spec.quantize.scheme, self.convert(example), calibration,
+                            note=lambda message: self.note("quantize", message))
 
     # Whether float32 casts inside the model's forward run as float64 (the float64 oracle: Float64Casts).
     _float64_casts = False

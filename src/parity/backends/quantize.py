@@ -10,7 +10,8 @@ facts: dtypes.py `QUANTIZE_SCHEMES`).
   layers: int8 weights; dynamic: activations too, their scale computed per call). Modules are kept.
 - `torchao-int4-weight`: the same with int4 weights in groups of 32 along the input features (torchao's
   `IntxWeightOnlyConfig`, the CPU and ExecuTorch form: its `Int4WeightOnlyConfig` kernels need CUDA or mslk),
-  as language models are deployed; activations stay float.
+  as language models are deployed; activations stay float. A linear layer whose input features are no multiple
+  of the group (`Linear(16, ...)`) stays float, and a warning (the execution's note) names it.
 
 A module marked with `keep_float` (what `parity fallback` keeps in float) is left out of quantization: PT2E
 annotates none of its ops (X86: `set_module_name_qconfig(name, None)`; XNNPACK, whose `set_module_name` refuses
@@ -20,6 +21,8 @@ backend that exports for itself (ExecuTorch) can quantize its own program.
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -53,9 +56,11 @@ def scheme_problem(scheme: str) -> str | None:
     return None
 
 
-def quantize(model: torch.nn.Module, scheme: str, example: Inputs, calibration: list[Inputs] | None) -> torch.nn.Module:
+def quantize(model: torch.nn.Module, scheme: str, example: Inputs, calibration: list[Inputs] | None,
+             note: Callable[[str], None] | None = None) -> torch.nn.Module:
     """`model` (float32, eval mode) quantized by `scheme`; the PT2E schemes export it for inputs like `example`
-    and observe `calibration` (each an Inputs the model is called with)."""
+    and observe `calibration` (each an Inputs the model is called with). `note`: told what stayed float and why
+    (the backend keeps it with the execution; without it, a warning)."""
     keep = float_modules(model)
     if QUANTIZE_SCHEMES[scheme].calibrated:  # the PT2E flow
         if not calibration:
@@ -79,8 +84,28 @@ def quantize(model: torch.nn.Module, scheme: str, example: Inputs, calibration: 
     config = {"torchao-int8-dynamic": Int8DynamicActivationInt8WeightConfig, "torchao-int8-weight": Int8WeightOnlyConfig,
               "torchao-int4-weight": lambda: IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(INT4_GROUP)),
               }[scheme]()
-    quantize_(model, config, filter_fn=lambda module, fqn: isinstance(module, torch.nn.Linear) and not _inside(fqn, keep))
+    ungrouped = _ungrouped(model, keep) if scheme == "torchao-int4-weight" else []
+    linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and not _inside(n, keep)]
+    if ungrouped and len(ungrouped) == len(linear):  # an int4 id on a float model would be a false verdict
+        raise ValueError(f"int4 weight-only quantizes linear layers in groups of {INT4_GROUP} input features, and none "
+                         f"of this model's {len(linear)} has a multiple of {INT4_GROUP}: nothing would be int4")
+    if ungrouped:  # torchao would raise an AssertionError on them; they stay float, and the note says so
+        said = (f"int4 weight-only: {len(ungrouped)} linear layer(s) kept in float, their input features not a "
+                f"multiple of the group size {INT4_GROUP}: {', '.join(ungrouped[:8])}" + (", ..." if len(ungrouped) > 8 else ""))
+        if note is not None:
+            note(said)
+        else:
+            warnings.warn(said, UserWarning, stacklevel=2)
+    quantize_(model, config, filter_fn=lambda module, fqn: isinstance(module, torch.nn.Linear)
+              and not _inside(fqn, keep) and fqn not in ungrouped)
     return model
+
+
+def _ungrouped(model: torch.nn.Module, keep: list[str]) -> list[str]:
+    """The linear layers whose input features do not split into int4 groups (`Linear(16, ...)`): torchao's
+    grouping needs a multiple of the group size."""
+    return [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and not _inside(name, keep)
+            and m.in_features % INT4_GROUP]
 
 
 def quantize_pt2e(program: Any, scheme: str, calibration: list[Inputs], keep: list[str] = ()) -> torch.fx.GraphModule:

@@ -4,20 +4,36 @@ and per output leaf, the first rule whose name or glob matches.
 Why per dtype: a gate that means something for float32 (1e-4) fails every bfloat16 target, and loosening
 the experiment's gate for them would loosen float32 too. A reduced-precision target that says nothing of
 its tolerances is therefore judged at `torch.testing.assert_close`'s defaults for its dtype (the lower-
-precision side of the pair). Float32 and float64 targets keep the experiment's.
+precision side of the pair). A quantized target (int8, int4) is judged at a scale-aware gate: a fraction of
+the reference output's RMS (its scheme's `relative_gate`, dtypes.py), fixed per check when the judge sees the
+reference's outputs (`Tolerance.at_scale`); the sweep keeps float32's atols, so its verdict at 1e-4 is still
+reported. Float32 and float64 targets keep the experiment's. A default wins over the experiment's gate
+(`shadowed` says so, for the warning), and the target's own gate wins over both.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from parity.dtypes import FLOATS
+from parity.dtypes import FLOATS, QUANTIZE_SCHEMES
 
 DEFAULT_SWEEP = (1e-6, 1e-5, 1e-4, 1e-3)  # the experiment's atol sweep when it gives none
 FLOAT_RTOL = 1e-5  # the experiment's rtol when it gives none (its gate: 1e-4, records.keys.gate_atol of the sweep)
+
+
+def rounded_up(value: float, digits: int = 3) -> float:
+    """`value` to `digits` significant digits, never below it: an atol printed or suggested from a required
+    atol passes the check it came from (1.0412e-4 -> 1.05e-4; 1.0e-4 would fail it)."""
+    if not math.isfinite(value) or value <= 0:
+        return value
+    shown = float(f"{value:.{digits}g}")
+    if shown < value:
+        shown = float(f"{shown + 10 ** (math.floor(math.log10(shown)) - digits + 1):.{digits}g}")
+    return shown
 
 
 def _less_precise(*dtypes: str):
@@ -53,8 +69,28 @@ class Tolerance:
     rtol: float
     gate: float
     by_task: bool = False
-    source: str = "experiment"  # experiment | target | default-for-<dtype>
+    source: str = "experiment"  # experiment | target | default-for-<dtype> | default-for-<quantize word>
     rules: tuple[tuple[str, float | None, float | None, str], ...] = field(default=())  # pattern, atol, rtol, owner
+    relative: float | None = None  # the gate is this fraction of the reference output's RMS (`at_scale` sets it)
+
+    def at_scale(self, reference_out: Any) -> Tolerance:
+        """This tolerance for a check whose reference returned `reference_out`: a scale-aware gate made an atol
+        (`relative` x the RMS of its floating-point leaves); unchanged without one, or when the output has no
+        floating-point values (the gate already holds the experiment's)."""
+        if self.relative is None:
+            return self
+        import torch
+
+        from parity.outputs import flatten
+
+        values = [v.detach().double().flatten() for v in flatten(reference_out).values()
+                  if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()]
+        every = torch.cat(values) if values else torch.zeros(0, dtype=torch.float64)
+        finite = every[torch.isfinite(every)]
+        if not finite.numel() or not float(finite.abs().max()):
+            return self
+        rms = float(finite.pow(2).mean().sqrt())
+        return replace(self, gate=float(f"{self.relative * rms:.3g}"))
 
     def for_leaf(self, name: str) -> LeafTolerance:
         """The leaf's tolerance: an output rule naming it exactly wins, then the first glob that matches
@@ -82,6 +118,28 @@ def resolve(experiment_tolerances: Any, target: Any, reference_dtype: str) -> To
     gate = numeric[0] if numeric else exp.gate_atol
     rtol = next(r for r in (own.rtol if "rtol" in given else None, dtype_rtol, exp.rtol) if r is not None)
     source = "target" if given else (f"default-for-{lower.name}" if dtype_atol is not None else "experiment")
+    scheme = QUANTIZE_SCHEMES[target.quantize.scheme] if getattr(target, "quantize", None) is not None else None
+    relative = None
+    if scheme is not None and "gate" not in given and exp.gate != "tier3":  # int8/int4: scale-aware by default
+        relative, source = scheme.relative_gate, f"default-for-{scheme.word}"
     rules = [(p, r.atol, r.rtol, "target") for p, r in (own.outputs.items() if own is not None else ())]
     rules += [(p, r.atol, r.rtol, "experiment") for p, r in exp.outputs.items()]
-    return Tolerance(tuple(sorted(set(sweep))), rtol, float(gate), gate_setting == "tier3", source, tuple(rules))
+    return Tolerance(tuple(sorted(set(sweep))), rtol, float(gate), gate_setting == "tier3", source, tuple(rules),
+                     relative)
+
+
+def shadowed(experiment_tolerances: Any, target: Any, reference_dtype: str) -> str | None:
+    """Why the experiment's own numeric `gate` does not apply to `target` (a default of its dtype or quantize
+    scheme wins over it), in words for a warning that says where to put it; None when it applies."""
+    exp = experiment_tolerances
+    own = target.tolerances.model_fields_set if target.tolerances is not None else set()
+    if "gate" not in exp.model_fields_set or not isinstance(exp.gate, float | int) or "gate" in own:
+        return None
+    tol = resolve(exp, target, reference_dtype)
+    if tol.source == "experiment":
+        return None
+    default = (f"{tol.relative:g} of the reference output's rms" if tol.relative is not None
+               else f"atol {tol.gate:g}")
+    return (f"tolerances.gate {exp.gate:g} does not apply to target {target.id}: it is judged at its "
+            f"{tol.source.removeprefix('default-for-')} default ({default}); to judge it at {exp.gate:g}, set "
+            f"`tolerances: {{gate: {exp.gate:g}}}` in that target's own entry")

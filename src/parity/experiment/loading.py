@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from parity.config.schema import Experiment, flat_thresholds, plain_name, spec_class_for
+from parity.config.tolerances import shadowed
 from parity.errors import ParityError, did_you_mean
 from parity.experiment import legacy
 from parity.experiment.validate import experiment_problems
@@ -185,6 +186,11 @@ def experiment_from_dict(data: Any, source: str | Path = "<dict>", base_dir: Pat
     problems = experiment_problems(exp)
     if problems:
         _raise(source, problems, lines)
+    for target in exp.targets:  # an experiment-level gate that a dtype's or scheme's default overrides
+        why = shadowed(exp.tolerances, target, exp.reference.dtype)
+        if why:
+            where = f":{lines[('tolerances', 'gate')]}" if ("tolerances", "gate") in lines else ""
+            log.warning("%s", one_line(f"{source}{where}: {why}"))
     return exp
 
 

@@ -1,17 +1,20 @@
 """A target in one word: the grammar that `parity check --target`, `assert_backends_agree(targets=[...])`
 and `@pytest.mark.parity(targets=[...])` share, so that what a table prints can be typed back.
 
-    TARGET  := BACKEND [SEP DEVICE] [SEP DTYPE]        SEP is "-" or ":"
+    TARGET  := BACKEND [SEP DEVICE] [SEP DTYPE] [SEP QUANT]    SEP is "-" or ":"
     BACKEND := a backend name (`parity backends` lists them) | package.module:Class
     DEVICE  := cpu | cuda | cudaN                      default cpu
     DTYPE   := float32 | float64 | bfloat16 | float16  default float32; also bf16, fp16, half, fp32, fp64, double
-    QUANT   := int8-pt2e-x86 | int8-pt2e-xnnpack | int8-dynamic | int8-weight | int4-weight   (last: the word of
-               `quantize:`'s scheme, parity.dtypes.QUANTIZE_SCHEMES)
+    QUANT   := int8-pt2e-x86 | int8-pt2e-xnnpack | int8-dynamic | int8-weight | int4-weight   (the word of
+               `quantize:`'s scheme, parity.dtypes.QUANTIZE_SCHEMES); a word that starts one scheme's only
+               (`int4`, `int8-pt2e-x`) is that scheme, one that starts several (`int8`) is refused with them
 
 The ids of the tables (`compile-cpu`, `eager-cpu-bfloat16`, `eager-cuda`, `eager-cuda1`,
 `compile-cpu-int8-pt2e-x86`) are targets, and
-so are the short forms `onnxruntime`, `eager:bfloat16` and `eager-bf16`. A `package.module:Class` backend
-takes no device or dtype here (give a mapping for those).
+so are the short forms `onnxruntime`, `eager:bfloat16`, `eager-bf16` and `eager-int4`. A `package.module:Class`
+backend takes no device or dtype here (give a mapping for those). Every front end reads a target the user
+types through this module: `parity check --target` and the Python API parse it into an entry, `parity run
+--target`, `parity localize` and `parity fallback` find the experiment's target it names (`choose`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32
                  "float": "float32", "fp64": "float64", "double": "float64"}
 _DEVICE = re.compile(r"^(cpu|cuda)(\d*)$")
 _CLASS_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
-GRAMMAR = "BACKEND[-DEVICE][-DTYPE], e.g. compile-cpu, eager-cpu-bfloat16, eager:bfloat16, onnxruntime"
+QUANT_WORDS = tuple(s.word for s in QUANTIZE_SCHEMES.values())
+GRAMMAR = ("BACKEND[-DEVICE][-DTYPE][-QUANT], e.g. compile-cpu, eager-cpu-bfloat16, eager:bfloat16, onnxruntime, "
+           f"eager-int8-weight (QUANT: {' | '.join(QUANT_WORDS)}; `parity backends` lists who runs each)")
 
 
 def _device(token: str) -> str | None:
@@ -62,17 +67,21 @@ def parse_target(text: str) -> dict[str, Any]:
         if _CLASS_REF.match(text) and not _qualifier(text.rpartition(":")[2]):
             return {"backend": text}
         head = re.split(r"[-:]", text, maxsplit=1)[0]
+        if re.fullmatch(r"u?int\d+", head):  # a scheme alone (`int8`): which backend runs it is the user's to say
+            ids = ", ".join(f"{n}-{s.word}" for n in ("eager", "compile") for s in QUANTIZE_SCHEMES.values()
+                            if s.name in _runs(n))
+            raise ParityError(f"unknown target '{text}': a quantized target names its backend first: {ids} "
+                              "(`parity backends` lists every backend's schemes)")
         hint = did_you_mean(head, names) or did_you_mean(text, _ids(names))
         raise ParityError(f"unknown target '{text}': no backend '{head}'{hint} (a target is {GRAMMAR}; "
                           f"backends: {', '.join(names)})")
     entry: dict[str, Any] = {"backend": backend}
     rest = text[len(backend) + 1:]
-    for scheme in QUANTIZE_SCHEMES.values():  # the id's int8 suffix: `quantize: {scheme: ...}`
-        suffix = scheme.word
-        if rest == suffix or rest.endswith(("-" + suffix, ":" + suffix)):
-            entry["quantize"] = {"scheme": scheme.name}
-            rest = rest[:-len(suffix)].rstrip("-:")
     tokens = re.split(r"[-:]", rest) if rest else []
+    quant = next((i for i, t in enumerate(tokens) if re.fullmatch(r"u?int\d+", t)), None)
+    if quant is not None:  # the id's quantize suffix, `-int8-weight`: `quantize: {scheme: ...}`
+        entry["quantize"] = {"scheme": _scheme(text, backend, "-".join(tokens[quant:]))}
+        tokens = tokens[:quant]
     for token in tokens:
         device, dtype = _device(token), _dtype(token)
         if device is not None and "device" not in entry and "dtype" not in entry:
@@ -84,12 +93,60 @@ def parse_target(text: str) -> dict[str, Any]:
     return entry
 
 
+def _scheme(text: str, backend: str, word: str) -> str:
+    """The quantize scheme whose id word is `word`, or the only one it starts; else a one-line refusal that
+    lists the ids this backend runs (`parity backends` lists every backend's)."""
+    fits = [s for s in QUANTIZE_SCHEMES.values() if s.word == word] or \
+        [s for s in QUANTIZE_SCHEMES.values() if s.word.startswith(word)]
+    if len(fits) == 1:
+        return fits[0].name
+    runs = _runs(backend)
+    ids = ", ".join(f"{backend}-{s.word}" for s in QUANTIZE_SCHEMES.values() if s.name in runs)
+    which = "is several quantize schemes" if fits else "is no quantize scheme"
+    runs_what = f"{backend} runs {ids}" if ids else f"{backend} quantizes nothing (`parity backends` says who does)"
+    raise ParityError(f"unknown target '{text}': '{word}' {which}; {runs_what}")
+
+
+def _runs(backend: str) -> tuple[str, ...]:
+    """The quantize schemes `backend` runs (none when its class cannot be loaded here)."""
+    from parity.backends import backend_class
+
+    try:
+        return backend_class(backend).schemes_run()
+    except ParityError:
+        return ()
+
+
+def choose(text: str, targets: list[Any], option: str = "--target") -> Any:
+    """The target (a BackendSpec of the experiment's `targets`) that `text` names: its id (or name), else the
+    entry the grammar reads from `text` (`onnxruntime` for `onnxruntime-cpu`, `eager:bf16`), so that every
+    command takes what `parity check --target` takes. A text that names none is one line with the ids."""
+    by_id = {t.id: t for t in targets}
+    if text in by_id:
+        return by_id[text]
+    try:
+        entry = parse_target(text)
+    except ParityError:
+        entry = None
+    if entry is not None:
+        scheme = entry.get("quantize", {}).get("scheme")
+        fits = [t for t in targets if t.backend == entry["backend"] and t.device == entry.get("device", "cpu")
+                and t.dtype == entry.get("dtype", "float32") and (t.quantize.scheme if t.quantize else None) == scheme]
+        if len(fits) == 1:
+            return fits[0]
+        if fits:
+            raise ParityError(f"{option} {text}: several targets of the experiment are that; name one: "
+                              f"{', '.join(t.id for t in fits)}")
+    raise ParityError(f"{option} {text}: the experiment has no such target{did_you_mean(text, list(by_id))} "
+                      f"(it has: {', '.join(by_id)})")
+
+
 def _misplaced(token: str, entry: dict[str, Any]) -> str:
     if _device(token) is not None:
         return f"a second device '{token}'" if "device" in entry else f"the device '{token}' comes before the dtype"
     if _dtype(token) is not None:
         return f"a second dtype '{token}'"
-    return f"no device or dtype '{token}'{did_you_mean(token, ['cpu', 'cuda', *DTYPES, *DTYPE_ALIASES])}"
+    return f"no device, dtype or quantize scheme '{token}'{did_you_mean(token, ['cpu', 'cuda', *DTYPES, *DTYPE_ALIASES])}"
 
 
 def _ids(names: list[str]) -> list[str]:

@@ -487,7 +487,13 @@ class Fallback(Record):
         description="int8 targets: the float model's median run time on the same backend, timed alongside.")
     tried: int = Field(description="How many sets were tried.")
     whole_model: bool = Field(description="Whether the set is the whole model: no partial fallback exists.")
-    next_step: str | None = Field(description="What to try when no partial fallback exists.")
+    ceiling_atol: float | None = Field(None, description="The required atol with every candidate module in fallback at "
+                                                         "once, measured before the search (None: not measured).")
+    ceiling_modules: int | None = Field(None, description="How many modules that ceiling trial put in fallback.")
+    passing_gate: float | None = Field(None, description="The smallest gate (3 digits, rounded up) at which the target "
+                                                         "as it is passes, verified by judging its run again at it.")
+    next_step: str | None = Field(description="What to try when no partial fallback exists, one line each; a line "
+                                              "starting `next: ` is a command.")
 
 
 class InputWarning(Record):

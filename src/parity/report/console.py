@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from parity.config.tolerances import rounded_up
+from parity.dtypes import QUANTIZE_SCHEMES
 from parity.errors import visible
+from parity.records import tolerance_key
 from parity.records.models import Check, GateVerdict, LayerError, Layers, Note, Tier1Check, Tier3Check
 from parity.records.summary import exit_code
 from parity.records.view import RunView
@@ -68,13 +71,39 @@ def tolerance_lines(summary: dict[str, Any]) -> list[str]:
         floor = info.get("noise_floor")
         if floor and (floor.get("atol") or 0) > 0:
             floors.setdefault((floor["atol"], floor["source"]), []).append(target)
-    lines = [f"tolerance {', '.join(targets)}: atol {gate:g}, rtol {rtol:g} ({source})"
+    lines = [f"tolerance {', '.join(targets)}: {_gate_words(gate, source)}, rtol {rtol:g} ({source})"
              + ("; tier 3 decides the verdict (gate: tier3)" if gated_by == "tier3" else "")
+             + _at_float_gate(summary, targets, source)
              for (gate, rtol, source, gated_by), targets in shared.items()]
     for (atol, source), targets in floors.items():
         rules.append(f"noise floor {', '.join(targets)}: atol {atol:.2g} is within the reference's own error "
                      f"({source}): a gate below it judges the reference's rounding, not the target")
     return lines + rules
+
+
+def _scheme_of(source: str):
+    """The quantize scheme whose default a `tolerance_source` names (`default-for-int8-weight`), else None."""
+    return next((s for s in QUANTIZE_SCHEMES.values() if source == f"default-for-{s.word}"), None)
+
+
+def _gate_words(gate: float, source: str) -> str:
+    """`atol 1e-05`; a quantized target's scale-aware default says its rule and the first check's atol."""
+    scheme = _scheme_of(source)
+    if scheme is None:
+        return f"atol {gate:g}"
+    return f"atol {scheme.relative_gate:g} x the reference output's rms (each check's own; {gate:.3g} on the first)"
+
+
+def _at_float_gate(summary: dict[str, Any], targets: list[str], source: str) -> str:
+    """For targets at a quantized default: how their checks fare at the experiment's (float32's) gate, which the
+    sweep still holds."""
+    gate = summary["gate"]
+    key = tolerance_key(gate) if gate is not None else None
+    if _scheme_of(source) is None or key not in summary["per_target"][targets[0]].get("per_tolerance", {}):
+        return ""
+    passed = sum(summary["per_target"][t]["per_tolerance"][key] for t in targets)
+    judged = sum(summary["per_target"][t]["passed"] + summary["per_target"][t]["failed"] for t in targets)
+    return f"; at the experiment's gate {gate:g}: {passed}/{judged} pass"
 
 
 def target_tolerance(info: dict[str, Any]) -> str:
@@ -326,7 +355,8 @@ def fallback_lines(result, record: dict[str, Any], gate: float, by_task: bool, m
     """What `parity fallback` prints, as (style, text) lines: the numbers before and after with the modules named,
     then what the search found. A check that fails at tier 1 while its task decisions agree is said to, with the
     `gate: tier3` line that gates it on them: never "the check already passes" for a check the table calls FAIL."""
-    before, after = result.required_atol_before, result.required_atol_after
+    before, after = (rounded_up(a) if a is not None else a for a in (result.required_atol_before,
+                                                                      result.required_atol_after))
     named = f" ({', '.join(result.modules)})" if result.modules else ""
     lines = [("", f"{result.target}: required atol {before:.3g} -> {after:.3g} (gate {gate:g}) with "
                   f"{len(result.modules)} module(s) in {result.runs_in}{named}, {result.tried} trial run(s)")]
@@ -357,10 +387,16 @@ def fallback_lines(result, record: dict[str, Any], gate: float, by_task: bool, m
         if result.aim == "tier 3" and gated_on_task:
             lines.append(("", f"tier 1 still fails with it (required atol {after:.3g} > gate {gate:g}): the "
                               f"{task} decisions agree{gated_on_task}"))
+    elif result.ceiling_atol is not None:  # the ceiling failed: the search stopped there (search_fallback)
+        where = {"eager": "run eager", "float": "in float"}.get(result.runs_in, f"in {result.runs_in}")
+        needs = (f"the {task} decisions still disagree" if result.aim == "tier 3" else
+                 f"the check still needs atol {rounded_up(result.ceiling_atol):.3g} > gate {gate:g}")
+        lines.append(("red", f"no fallback can pass: with all {result.ceiling_modules} candidate module(s) {where} at "
+                             f"once, {needs}"))
     else:
         lines.append(("red", "no fallback among the localized layers makes the check pass"))
-    if result.next_step:
-        lines.append(("", f"next: {result.next_step}"))
+    for line in (result.next_step or "").splitlines():
+        lines.append(("", line))
     return lines
 
 

@@ -12,6 +12,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from parity.config.tolerances import rounded_up
 from parity.errors import visible
 from parity.records import tolerance_key
 from parity.records.models import Layers, Run, Tier1Check, Tier3Check
@@ -55,6 +56,12 @@ def _sci(x: Any, digits: int = 2) -> str:
     if isinstance(x, bool) or not isinstance(x, int | float):
         return str(x)
     return "0" if x == 0 else f"{x:.{digits - 1}e}"
+
+
+def _atol(x: Any) -> str:
+    """A required atol, to 3 digits and rounded up (config.tolerances.rounded_up), so that it never reads as
+    passing an atol of the sweep that the check fails: 1.04e-4 is "1.04e-04", never "1.0e-04"."""
+    return _sci(rounded_up(x), 3) if isinstance(x, float) and not isinstance(x, bool) else _sci(x)
 
 
 def _num(x: Any) -> str:
@@ -329,7 +336,7 @@ def render_html(records: RunView | list[dict[str, Any]], summary: dict[str, Any]
     }
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              finalize=_shown)
-    env.filters.update(sci=_sci, num=_num, seconds=_seconds)
+    env.filters.update(sci=_sci, atol=_atol, num=_num, seconds=_seconds)
     template = env.from_string((files("parity.report") / "report.html.j2").read_text(encoding="utf-8"))
     return template.render(**context)
 

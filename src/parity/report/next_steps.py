@@ -88,13 +88,16 @@ def localize_out(run_dir: str | Path, model: str, inputs: str, target: str) -> s
     return str(Path(run_dir) / f"localize-{model}-{inputs}-{target}")
 
 
-def reduce_step(run_dir: str | Path, model: str, inputs: str, target: str, file: str | Path | None = None) -> str:
-    """The `parity reduce` line for a localized check whose record is in `run_dir`; it names the experiment
-    `file` the run ran, as the localize and fallback lines do: reduce imports model code only from a file
-    the user passes (never one its records name)."""
+def reduce_step(run_dir: str | Path, model: str, inputs: str, target: str,
+                file: str | Path | None = None) -> list[str]:
+    """The `parity reduce` lines for a localized check whose record is in `run_dir`: what it makes, then the
+    command alone (a `next:` line is a command and nothing else). It names the experiment `file` the run ran, as
+    the localize and fallback lines do: reduce imports model code only from a file the user passes (never one its
+    records name)."""
     which = shlex.quote("/".join((model, inputs, target)))
     experiment = f" --experiment {shlex.quote(str(file))}" if file else ""
-    return f"next: parity reduce {shlex.quote(str(run_dir))} --check {which}{experiment} (a standalone repro script)"
+    return ["the culprit alone, as a standalone repro script:",
+            f"next: parity reduce {shlex.quote(str(run_dir))} --check {which}{experiment}"]
 
 
 def next_steps(check: Check, view: RunView, run_dir: str | Path) -> list[str]:
@@ -127,10 +130,10 @@ def next_steps(check: Check, view: RunView, run_dir: str | Path) -> list[str]:
                      "traceable (torch.where; torch.cond under torch.export)")
     found_pass = (found.compiler_pass if found else None) or {}
     if found_pass.get("switch"):
-        lines.append(f"next: try the target with options: {{inductor_config: {{{switch_words(found_pass['switch'])}}}}} "
+        lines.append(f"try the target with options: {{inductor_config: {{{switch_words(found_pass['switch'])}}}}} "
                      f"(torch's compiler bisector: with it, {pass_path(found_pass)} no longer makes the drift)")
     if single and not quantized:  # no int8 repro
-        lines.append(reduce_step(run_dir, check.model, check.inputs, check.target, run.file))
+        lines += reduce_step(run_dir, check.model, check.inputs, check.target, run.file)
     failure = check.failure_class
     reduced = bool(target and (target.dtype in REDUCED or quantized))
     commands = []
@@ -142,6 +145,6 @@ def next_steps(check: Check, view: RunView, run_dir: str | Path) -> list[str]:
         commands.append(("fallback", f"parity fallback {file} {which}{tier}"))
     if commands and file is None:  # parity check without --save-experiment, the Python API on a dict
         verbs = " and ".join(f"parity {verb}" for verb, _ in commands)
-        return [*lines, f"next: save the experiment (parity check --save-experiment FILE): {verbs} start from an "
-                        "experiment file, and this run was given none; the next: lines then name it"]
+        return [*lines, f"{verbs} start from an experiment file, and this run was given none: save it as one "
+                        "(parity check --save-experiment FILE; the Python API: write the dict as YAML) and run them on it"]
     return [*lines, *(f"next: {command}" for _, command in commands)]

@@ -81,11 +81,16 @@ def pass_rate_heatmap(models: list[str], targets: list[str], rates: dict[tuple[s
 
 
 def sweep_curve(atols: list[float], rates: dict[str, list[float]], gates: dict[float, list[str]]) -> str:
+    return data_uri(sweep_figure(atols, rates, gates))
+
+
+def sweep_figure(atols: list[float], rates: dict[str, list[float]], gates: dict[float, list[str]]):
     """Share of each target's checks that pass at each atol of the sweep, on a log axis; a dashed line at each
-    gate the targets are judged at (named with its targets when they are not all judged at one)."""
+    gate the targets are judged at. The gates are named in a legend of their own under the axis, each line in its
+    own dash pattern: labels over the plot overlapped wherever two gates were near on the axis (1e-5 and 1e-4)."""
     from matplotlib.ticker import PercentFormatter
 
-    fig = _figure(7.5, 3.4)
+    fig = _figure(7.5, 3.6 + 0.18 * max(0, len(gates) - 2))
     ax = fig.add_subplot()
     markers = "osD^v<>ph*"
     n = len(rates)
@@ -95,10 +100,12 @@ def sweep_curve(atols: list[float], rates: dict[str, list[float]], gates: dict[f
         width = 1.5 + 2.5 * (n - 1 - k) / max(1, n - 1)
         ax.plot(atols, values, marker=markers[k % len(markers)], linewidth=width, markersize=3 + width,
                 alpha=0.85, zorder=2 + k, label=target)
-    for gate, targets in gates.items():
-        ax.axvline(gate, color=NEUTRAL, linestyle="--", linewidth=1)
-        label = f"gate {gate:g}" + (f" ({', '.join(targets)})" if len(gates) > 1 else "")
-        ax.annotate(label, (gate, 1.04), xycoords=("data", "axes fraction"), ha="center", fontsize=8, color="#57606a")
+    dashes = [(4, 2), (1, 1.5), (6, 2, 1, 2), (2, 3)]
+    gate_lines = []
+    for k, (gate, targets) in enumerate(sorted(gates.items())):
+        label = f"gate {gate:g}" + (f": {', '.join(_short(t, 24) for t in targets)}" if len(gates) > 1 else "")
+        gate_lines.append(ax.axvline(gate, color=NEUTRAL, linestyle=(0, dashes[k % len(dashes)]), linewidth=1.2,
+                                     label=_short(label, 64)))
     ax.set_xscale("log")
     if len(atols) == 1:
         ax.set_xlim(atols[0] / 3, atols[0] * 3) if atols[0] > 0 else None
@@ -107,8 +114,10 @@ def sweep_curve(atols: list[float], rates: dict[str, list[float]], gates: dict[f
     ax.set_xlabel("atol (log scale)")
     ax.set_ylabel("checks passing")
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
-    return data_uri(fig)
+    ax.legend(handles=ax.get_lines()[:n], fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    fig.legend(handles=gate_lines, fontsize=8, loc="outside lower left", frameon=False,  # under the axis, laid out
+               ncol=1 if len(gate_lines) > 2 else len(gate_lines))
+    return fig
 
 
 def taxonomy_bars(counts: dict[str, dict[int, int]]) -> str:
@@ -135,8 +144,14 @@ def taxonomy_bars(counts: dict[str, dict[int, int]]) -> str:
 
 
 def latency_chart(rows: list[dict[str, Any]]) -> str:
+    return data_uri(latency_figure(rows))
+
+
+def latency_figure(rows: list[dict[str, Any]]):
     """Left: run time of every repeat (dots) and their median (bar), per model and backend; right: the
-    one-time prepare cost (export, compile, load) apart, on its own scale. Both log scales."""
+    one-time prepare cost (export, compile, load) apart, on its own scale. Both log scales, labelled at a few
+    round values (`_few_ticks`): matplotlib's own labels every minor tick of a range under a decade, and they
+    overlapped."""
     import numpy as np
 
     one_job = len({(r["model"], r["inputs"]) for r in rows}) == 1  # then the backend alone names a row
@@ -154,13 +169,43 @@ def latency_chart(rows: list[dict[str, Any]]) -> str:
             prep_ax.text(r["prepare_s"], y, f" {r['prepare_s']:.3g} s", va="center", fontsize=7)
     run_ax.set_yticks(ys, labels, fontsize=8)
     run_ax.invert_yaxis()
-    for ax, title in ((run_ax, "run time per repeat (s): dots; median: bar"), (prep_ax, "prepare, once (s)")):
+    for ax, title, most in ((run_ax, "run time per repeat (s): dots; median: bar", 6), (prep_ax, "prepare, once (s)", 4)):
         if ax.has_data():
             ax.set_xscale("log")
+            _few_ticks(ax, most)
         ax.set_title(title, fontsize=9)
         ax.grid(True, axis="x", which="major", alpha=0.3)
     prep_ax.margins(x=0.25)
-    return data_uri(fig)
+    return fig
+
+
+def _few_ticks(ax, most: int) -> None:
+    """At most `most` labelled ticks on a log x axis, at 1, 2 and 5 times a power of ten (every other power when
+    the range is wide; a range with fewer than two of them widened to the round values around it), and no labels
+    on the minor ticks."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    low, high = ax.get_xlim()
+    if not (low > 0 and high > low):
+        return
+    steps = [m * 10.0 ** e for e in range(math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 2)
+             for m in (1, 2, 5)]
+    ticks = [t for t in steps if low <= t <= high]
+    if len(ticks) < 2:  # a narrow range (0.011 to 0.019 s): widened to the round values around it
+        low, high = max(t for t in steps if t <= low), min(t for t in steps if t >= high)
+        ax.set_xlim(low, high)
+        ticks = [t for t in steps if low <= t <= high]
+    for subset in (ticks, [t for t in ticks if f"{t:.0e}"[0] in "15"], [t for t in ticks if f"{t:.0e}"[0] == "1"]):
+        if len(subset) <= most:
+            ticks = subset
+            break
+    else:
+        ticks = [t for t in ticks if f"{t:.0e}"[0] == "1"]
+        ticks = ticks[::math.ceil(len(ticks) / most)]
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.tick_params(axis="x", labelsize=8)
 
 
 def depth_plot(record: Layers) -> str | None:

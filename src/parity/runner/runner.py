@@ -499,7 +499,8 @@ class Runner:
             result = search_fallback(exp.reference, target, model, inputs, candidates, tol, task=task,
                                      example=example)
         if command is not None:
-            result.next_step = next_step(result, command, model_spec.task if model_spec.task in evaluated() else None)
+            result.next_step = next_step(result, command, model_spec.task if model_spec.task in evaluated() else None,
+                                         target)
         record = {"model": model_spec.name, "inputs": input_spec.name, "reference": exp.reference.id, **result.record()}
         self._write_record("fallback", record)
         return result, record

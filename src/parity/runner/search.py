@@ -24,7 +24,7 @@ import torch
 from parity.adapters.fallback import apply_fallback
 from parity.backends import fallback_kind
 from parity.config.schema import BackendSpec
-from parity.config.tolerances import Tolerance
+from parity.config.tolerances import Tolerance, rounded_up
 from parity.errors import ParityError
 from parity.execute.execution import execute, new_backend
 from parity.inputs import Inputs
@@ -50,7 +50,14 @@ class FallbackResult:
     latency_float_s: float | None = None  # int8 targets: the float model on the same backend, timed alongside
     tried: int = 0
     whole_model: bool = False  # the passing set is the whole model: no partial fallback exists
-    next_step: str | None = None  # what to try when no partial fallback exists (set by the caller)
+    # The ceiling: the required atol with every candidate module in fallback at once, measured before the search;
+    # above the gate, no set of them can pass and the search stops there.
+    ceiling_atol: float | None = None
+    ceiling_modules: int | None = None  # how many modules that was (the candidates, nested ones in their parent)
+    # The smallest gate at which the target as it is passes, verified by judging its run again at it (None: no
+    # atol passes it, or the check passes already)
+    passing_gate: float | None = None
+    next_step: str | None = None  # what to try when no partial fallback exists, in lines (set by the caller)
 
     def record(self) -> dict[str, Any]:
         ratio = (self.latency_after_s / self.latency_before_s
@@ -66,6 +73,7 @@ class Trial:
     required_atol: float
     task: dict[str, Any] | None = None
     tier1_passed: bool = False  # tier 1's own verdict, which the tier-3 aim does not need
+    ran: Any = None  # the target's execution, judged again at another gate (`_passing_gate`)
 
 
 def _latencies(runs_on: list[tuple[BackendSpec, torch.nn.Module]], inputs, runs: int, example=None) -> list[float]:
@@ -121,13 +129,24 @@ def search_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn
         check = judge(ref, ran, aimed, task=tier3)
         required = check.required_atol if check.required_atol is not None else float("inf")
         tier1 = check.passed if check.tier1_passed is None else check.tier1_passed
-        return Trial(bool(check.passed), required, verdict.metrics if verdict else None, bool(tier1))
+        return Trial(bool(check.passed), required, verdict.metrics if verdict else None, bool(tier1), ran)
 
     result = FallbackResult(target.id, kind, aim="tier 3" if task else "tier 1")
     trial = run_trial([])
     result.required_atol_before, result.task_before = trial.required_atol, trial.task
+    if not trial.passed:
+        result.passing_gate = _passing_gate(ref, trial.ran, tolerance)
     if callable(candidates):
         candidates = [] if trial.passed else candidates()
+    if not trial.passed and candidates:  # the ceiling: every candidate at once; if that fails, no subset passes
+        outermost = [c for c in candidates if not any(c.startswith(o + ".") for o in candidates if o != c)]
+        ceiling = run_trial(outermost)
+        result.tried += 1
+        result.ceiling_atol, result.ceiling_modules = ceiling.required_atol, len(outermost)
+        if not ceiling.passed:
+            result.modules, result.required_atol_after, result.task_after = outermost, ceiling.required_atol, ceiling.task
+            result.tier1_passed_after = ceiling.tier1_passed
+            return result
     chosen: list[str] = []
     for name in candidates:  # grow: add the next suspect until the check passes
         if trial.passed:
@@ -160,6 +179,20 @@ def search_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn
     return result
 
 
+def _passing_gate(reference, ran, tolerance: Tolerance) -> float | None:
+    """The gate to suggest for the target as it is: its required atol rounded up, kept only when the judge,
+    given the same executions again at that gate (the target's own, as the suggested entry sets it), passes the
+    check (a shape or NaN failure passes at no gate)."""
+    if ran is None or not ran.ok:
+        return None
+    required = judge(reference, ran, tolerance).required_atol
+    if required is None:
+        return None
+    gate = rounded_up(required)
+    at_gate = dataclasses.replace(tolerance, gate=gate, by_task=False, source="target", relative=None)
+    return gate if judge(reference, ran, at_gate).passed else None
+
+
 def candidates_from(localization_record: dict[str, Any]) -> list[str]:
     """Every layer a localization looked at, by its own error, largest first (suspects lead, then the first
     layer over the threshold, which is all a whole-graph verdict names)."""
@@ -188,19 +221,37 @@ def is_whole_model(model: torch.nn.Module, modules: list[str]) -> bool:
     return bool(every) and every <= held
 
 
-def next_step(result: FallbackResult, command: str, task: str | None) -> str | None:
-    """What to try when the search found no partial fallback: the task-level aim (`command --tier 3`) when
-    the aim was tier 1 and the model has a task tier 3 evaluates; otherwise a wider gate or lower task
-    thresholds, with the numbers that would pass. None when a partial fallback (or none) is the answer."""
+def next_step(result: FallbackResult, command: str, task: str | None, target: BackendSpec | None = None) -> str | None:
+    """What to try when the search found no partial fallback, in lines (a `next:` line is a command and nothing
+    else): the task-level aim (`command --tier 3`) when the aim was tier 1 and the model has a task tier 3
+    evaluates; the gate at which the target as it is passes, as the target's own entry with it (`target`: its
+    spec), which is where it takes effect (a reduced dtype's default wins over the experiment's gate); else lower
+    task thresholds. None when a partial fallback (or none) is the answer."""
     if result.passed and not result.whole_model:
         return None
+    lines = []
     if result.aim == "tier 1" and task:
-        return (f"aim at the {task} decisions instead of every output within the gate: {command} --tier 3")
-    before = result.required_atol_before
-    if result.aim == "tier 1" and before is not None and before != float("inf"):
-        return (f"the target as it is passes from atol {before:.3g}: widen the gate (tolerances: {{gate: {before:.3g}}}) "
-                "if that drift is acceptable, or keep this model at the reference's precision")
-    if result.aim == "tier 1":
-        return "no atol passes the target as it is: keep this model at the reference's precision"
-    return ("lower the thresholds in tiers.tasks if the task metrics above are acceptable, or keep this model at "
-            "the reference's precision")
+        lines += [f"aim at the {task} decisions instead of every output within the gate:", f"next: {command} --tier 3"]
+    if result.aim == "tier 1" and result.passing_gate is not None:
+        lines.append(f"{'or ' if task else ''}widen the gate if the drift is acceptable: the target as it is passes at atol "
+                     f"{result.passing_gate:g} (its run judged again at it); in the target's own entry, where it wins "
+                     "over its dtype's default and the experiment's:")
+        lines += target_entry_yaml(target, {"gate": result.passing_gate}) if target is not None else \
+            [f"  tolerances: {{gate: {result.passing_gate:g}}}"]
+        lines.append("or keep this model at the reference's precision")
+    elif result.aim == "tier 1" and not task:
+        lines.append("no atol passes the target as it is: keep this model at the reference's precision")
+    if result.aim == "tier 3":
+        lines.append("lower the thresholds in tiers.tasks if the task metrics above are acceptable, or keep this model "
+                     "at the reference's precision")
+    return "\n".join(lines)
+
+
+def target_entry_yaml(target: BackendSpec, tolerances: dict[str, Any]) -> list[str]:
+    """The target's entry of an experiment file, with `tolerances` set in it, as YAML lines under `targets:`."""
+    import yaml
+
+    entry = target.model_dump(mode="json", exclude_defaults=True)
+    entry["tolerances"] = {**(entry.get("tolerances") or {}), **tolerances}
+    text = yaml.safe_dump({"targets": [entry]}, sort_keys=False, default_flow_style=None)
+    return ["  " + line for line in text.splitlines()]

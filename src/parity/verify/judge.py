@@ -92,6 +92,8 @@ def judge(reference: Execution, target: Execution | BackendSpec, tolerance: Tole
     tier-3 check record of the same pair (verify.tasks.task_check), for the ordering relabel and, when the
     tolerance is `gate: tier3`, the verdict."""
     spec = target.backend if isinstance(target, Execution) else target
+    if reference.ok:  # a scale-aware gate (a quantized target's default) becomes this check's atol here, once
+        tolerance = tolerance.at_scale(reference.outputs[0])
     about = {"model": model, "inputs": inputs, "reference": reference.backend.id, "target": spec.id,
              "tolerance": tolerance}
     if not reference.ok:
