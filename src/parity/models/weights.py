@@ -33,15 +33,24 @@ def seeded(seed: int):
         yield
 
 
+NORM_CLASS = re.compile(r"Norm(\d[dD])?$")  # LayerNorm, RMSNorm, LlamaRMSNorm, T5LayerNorm, LayerNorm2d, BatchNorm1d
+
+
+def is_norm(module: torch.nn.Module) -> bool:
+    """A normalization layer, whose affine parameters are its scale by design (RMSNorm gains of ones: redrawn, a
+    LLaMA's hidden states change scale block by block, which can hide a bug in what follows, e.g. RoPE). torch's
+    own and any class (or base class) named like one: transformers' LlamaRMSNorm, Qwen2RMSNorm, T5LayerNorm..."""
+    return any(NORM_CLASS.search(cls.__name__) for cls in type(module).__mro__ if cls is not torch.nn.Module)
+
+
 def redraw_fan_in(model: torch.nn.Module, seed: int) -> None:
     """Redraw every weight from N(0, 2/fan_in) and every bias from N(0, 0.1^2); normalization layers keep
-    theirs. Some builders' own init collapses the outputs (a random-init MobileNet's logits are ~1e-9,
+    theirs (`is_norm`). Some builders' own init collapses the outputs (a random-init MobileNet's logits are ~1e-9,
     SSDlite gives every box one score), which hides all drift; this init gives varied outputs."""
     gen = torch.Generator().manual_seed(seed)
-    norms = (torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm)
     with torch.no_grad():
         for module in model.modules():
-            if isinstance(module, norms):
+            if is_norm(module):
                 continue
             for param in module.parameters(recurse=False):
                 if param.dim() >= 2:

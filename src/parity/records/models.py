@@ -216,6 +216,8 @@ class Oracle(Part):
     target_nonfinite_off: int | None = Field(None, description="Elements where the target's NaN/Inf pattern differs "
                                                                "from float64's (leaves with NaN/Inf on one side only).")
     reference_nonfinite_off: int | None = Field(None, description="The same for the reference.")
+    nonfinite_alike: bool | None = Field(None, description="Whether both sides return the same NaN/Inf where float64 "
+                                                           "has numbers: wrong alike, with no drift between them.")
 
 
 class NoiseFloor(Part):
@@ -451,6 +453,13 @@ class Layers(Record):
         None, description="No layer makes an error of its own on a compiler target: the pass torch's CompilerBisector "
                           "names (`found`, `backend`, `subsystem`, `application`, `debug_info`, `switch`: the setting "
                           "that removes the drift, `steps`, `elapsed_s`), or why it named none (`why`).")
+    repeated: dict[str, Any] | None = Field(
+        None, description="The culprit lies in a stack of repeated blocks: the same submodule measured in each "
+                          "(`pattern`: `layers.*.self_attn`, `measured`, `over`: those above the threshold, `blocks`).")
+    identical: bool | None = Field(None, description="Whether every layer compared equals the reference's output "
+                                                     "(NaN where it has NaN): no drift between the sides.")
+    uncalled: str | None = Field(None, description="A culprit that calls none of its submodules as modules "
+                                                   "(nn.MultiheadAttention): a leaf, with no layers to rank.")
 
     @model_validator(mode="after")
     def _complete(self) -> Layers:

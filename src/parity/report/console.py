@@ -235,7 +235,15 @@ def headline_figures(check: Tier3Check) -> str:
     m = check.metrics
     headline = headline_of(check.task)
     shown = [h.metric for h in headline] if headline is not None else list(m)
-    return ", ".join(f"{k} {m[k]:.4g}" if isinstance(m[k], int | float) else f"{k} {m[k]}" for k in shown if k in m)
+    return ", ".join(f"{k} {_metric(m[k])}" for k in shown if k in m)
+
+
+def _metric(value: Any) -> str:
+    """A tier-3 statistic: a number to 4 significant digits; None is how records keep NaN/Inf (JSON has neither),
+    printed as `nan` beside the `mean KL nan` that its failure states."""
+    if value is None:
+        return "nan"
+    return f"{value:.4g}" if isinstance(value, int | float) else str(value)
 
 
 def flips_line(check: Check) -> str | None:

@@ -60,6 +60,10 @@ def oracle_finding(oracle: Oracle | None, passed: bool | None, error: str | None
     worse = oracle_side(oracle)
     t_off, r_off = oracle.target_nonfinite_off, oracle.reference_nonfinite_off
     if t_off is not None and worse != "neither":  # NaN/Inf on one side only: the non-finite patterns decided
+        if oracle.nonfinite_alike:
+            return [f"oracle: both sides are wrong alike: they return the same NaN/Inf where float64 has numbers "
+                    f"({r_off} element(s)), the reference's own NaN/Inf, which the target repeats; there is no drift "
+                    "between them"]
         counts = f"differing from float64 at {t_off} element(s) in the target, {r_off} in the reference"
         return [{"target": f"oracle: float64 has the reference's NaN/Inf pattern, not the target's: the target's "
                            f"NaN/Inf are its own ({counts})",

@@ -402,6 +402,23 @@ class Replay(torch.nn.Module):
         return out
 
 
+def as_the_target_hands_it(spec: BackendSpec) -> Callable[[Any], Any]:
+    """The reference's recorded values as the target's own code would receive them from its submodules: in the
+    target's dtype and on its device, so that a float16 target's own code (an attention's Q·K^T, a norm's sum of
+    squares) runs in float16 and overflows where float32 does not. Under autocast they stay as recorded: autocast
+    casts them where the target would."""
+    dtype = getattr(torch, spec.dtype, None)
+    device = torch.device(spec.device)
+    cast = isinstance(dtype, torch.dtype) and dtype.is_floating_point and dtype != torch.float32 \
+        and not spec.options.get("autocast")
+
+    def convert(t: torch.Tensor) -> torch.Tensor:
+        t = t.to(device)
+        return t.to(dtype) if cast and t.is_floating_point() else t
+
+    return lambda obj: map_tensors(obj, convert)
+
+
 def own_code_error(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module, inputs: Inputs,
                    parent: str, members: list[str], rtol: float, example: Inputs | None = None) -> LayerError | None:
     """The error of `parent`'s own code (the operations between its submodules): the parent runs on the
@@ -433,12 +450,13 @@ def own_code_error(reference: BackendSpec, target: BackendSpec, model: torch.nn.
         why = got
     block = copy.deepcopy(model.get_submodule(parent))
     prefix = f"{parent}." if parent else ""
+    handed = as_the_target_hands_it(target)
     replays: dict[str, Replay] = {}
     for name in members:
         if name in calls:
             relative = name[len(prefix):]
             owner, _, attr = relative.rpartition(".")
-            replays[name] = Replay([c.output for c in calls[name]])
+            replays[name] = Replay([handed(c.output) for c in calls[name]])
             setattr(block.get_submodule(owner) if owner else block, attr, replays[name])
     errors = [local_error(target, block, calls[parent], rtol)]  # what the parent returns...
     for name, replay in replays.items():  # ...and what its own code hands each submodule

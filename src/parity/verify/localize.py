@@ -53,23 +53,49 @@ log = logging.getLogger(__name__)
 
 FLAT_CHUNK = 24  # layers per end-to-end run in a flat (leaf, depth:N, list) comparison; 96 in propagated mode
 MODEL = "(model)"  # the culprit when the model's own top-level code is at fault
+LEAVES = "(every leaf)"  # the parent named for the level of every leaf, when the descent met several suspects
+REPEATS_MEASURED = 8  # the most instances of a repeated submodule measured beside the culprit
 LOCALIZABLE = (tx.NUMERIC_DRIFT, tx.NONFINITE)  # tier-1 failures that a layer's numbers can explain
 SPREAD_RATIO = 3.0  # the worst layer within this factor of the median: the error has no single source
 COMPILER_PASS_BUDGET_S = 300.0  # a compiler-pass bisection compiles the model once per step: bounded
 
 
 def children(model: torch.nn.Module, parent: str) -> list[str]:
-    """The submodules one level down; containers that are never called themselves (ModuleList,
-    ModuleDict) are looked through to their members."""
+    """The submodules one level down, looked through where a level would say nothing of its own: containers that
+    are never called themselves (ModuleList, ModuleDict) to their members, a parent's only child (a wrapper) to its
+    children, and a child that holds the repeated blocks (a ModuleList of two or more: Hugging Face's `model` inside
+    a `*ForCausalLM`, beside `lm_head`) to its children, so that the blocks are ranked beside each other."""
     module = model.get_submodule(parent) if parent else model
+    named = list(module.named_children())
     out = []
-    for n, child in module.named_children():
+    for n, child in named:
         name = f"{parent}.{n}" if parent else n
-        if isinstance(child, torch.nn.ModuleList | torch.nn.ModuleDict):
+        grand = list(child.children())
+        if isinstance(child, torch.nn.ModuleList | torch.nn.ModuleDict) or (len(named) == 1 and grand) \
+                or _holds_blocks(child):
             out += children(model, name)
         else:
             out.append(name)
     return out
+
+
+def _holds_blocks(module: torch.nn.Module) -> bool:
+    """Does `module` hold a stack of repeated blocks (a ModuleList of two or more modules of one class)?"""
+    return any(isinstance(c, torch.nn.ModuleList) and len(c) > 1 and len({type(m) for m in c}) == 1
+               for c in module.children())
+
+
+def repeated(name: str, model: torch.nn.Module) -> str | None:
+    """`layers.*.self_attn` for `layers.3.self_attn`: the path with its block index starred, when a ModuleList of
+    two or more blocks of one class holds it; None when it lies in no such stack."""
+    parts = name.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        holder = ".".join(parts[:i])
+        if parts[i].isdigit():
+            stack = model.get_submodule(holder)
+            if isinstance(stack, torch.nn.ModuleList) and len(stack) > 1 and len({type(m) for m in stack}) == 1:
+                return ".".join([*parts[:i], "*", *parts[i + 1:]])
+    return None
 
 
 def descendants(model: torch.nn.Module, parent: str) -> list[str]:
@@ -174,6 +200,15 @@ class Localization:
     # No layer makes an error of its own on a compiler target: the compiler subsystem and pass that introduces the
     # drift (Backend.compiler_pass: torch's CompilerBisector for compile), or why none was named.
     compiler_pass: dict[str, Any] | None = None
+    # The culprit lies in a stack of repeated blocks: the same submodule in every block, measured alike (`pattern`:
+    # `layers.*.self_attn`, `measured`: the instances measured, `over`: those above the threshold, `blocks`: how many).
+    repeated: dict[str, Any] | None = None
+    # Every layer's output inside the target's run, and each alone, equals the reference's (NaN where it has NaN):
+    # there is no drift between them to localize, whatever the check failed on (a NaN both sides return).
+    identical: bool = False
+    # The culprit calls none of its submodules as modules (nn.MultiheadAttention computes with its out_proj's weight
+    # in one function): it is a leaf here, with no layers to rank.
+    uncalled: str | None = None
 
     def verdict(self) -> str:
         text = self._modules_verdict()
@@ -190,31 +225,57 @@ class Localization:
         if not any(not e.error for _, level in self.levels for e in [*level.local.values(), *level.propagated.values()]):
             why = f"; inconclusive: the target could not run {', '.join(self.skipped[:5])} alone" if self.skipped else ""
             return "no layer could be compared on the target" + why
+        if self.identical:
+            return ("the target equals the reference at every layer compared, alone and inside its end-to-end run "
+                    "(NaN/Inf where the reference has them): there is no drift between them to localize; a check that "
+                    "fails on NaN/Inf both sides return fails on the reference's own values")
         if self.specialized and not self.suspects:
             return self._specialized()
         if self.culprit is None:
             return self._nothing_exceeds()
         own = self.suspects[0]
         where = " (in its own code, between its submodules)" if self.in_own_code else ""
-        text = (f"{'the model' if self.culprit == MODEL else self.culprit}{where} introduces the largest relative error of its own: "
-                + against_threshold(own.required_atol, self.threshold, own.rel_rmse, own.max_abs))
+        name = "the model" if self.culprit == MODEL else self.culprit
+        text = ""
+        if self.evenly_spread():
+            level = self._culprit_level()
+            over = [e for e in level.local.values() if not e.error and not within(e, self.threshold)] if level else []
+            text = (f"no single layer: {len(over)} layers exceed the threshold with own errors of the same order "
+                    f"(relative RMSE within {SPREAD_RATIO:g}x of their median): the drift comes from the target as a "
+                    "whole (its dtype, kernels or quantization), not from one layer; the largest: ")
+        text += (f"{name}{where} introduces the largest relative error of its own (ranked by relative RMSE "
+                 f"{own.rel_rmse:.2e}): " + against_threshold(own.required_atol, self.threshold, own.rel_rmse, own.max_abs))
         if self.mode_used == "propagated":
             text = text.replace("introduces the largest relative error of its own", "is where the error grows most (propagated mode)")
         if self.as_a_whole:
-            text += (f"; none of its submodules alone (nor its own code) exceeds the threshold: the error comes from "
+            own_code = next((lv.own_code for parent, lv in self.levels if parent == self.culprit), None)
+            nor = ("nor its own code" if own_code is not None
+                   else "its own code was not measured on this target")
+            text += (f"; none of its submodules alone ({nor}) exceeds the threshold: the error comes from "
                      f"{self.culprit} as a whole (how the target transforms it, e.g. fusion across its submodules, or "
                      "small errors adding up)")
+        if self.uncalled:
+            text += (f"; {self.uncalled} calls none of its submodules as modules (it computes with their weights in "
+                     "one function, as nn.MultiheadAttention does): it has no layers of its own to rank")
+        if self.repeated:
+            r = self.repeated
+            more = f", {r['blocks'] - len(r['measured'])} not measured" if r["blocks"] > len(r["measured"]) else ""
+            text += (f"; the same submodule ({r['pattern']}) exceeds the threshold in {len(r['over'])} of the "
+                     f"{len(r['measured'])} blocks measured ({', '.join(r['over'][:6])}{more})")
         if self.skipped:
             text += (f"; inconclusive for {', '.join(self.skipped[:5])}: the target could not run "
                      f"{'it' if len(self.skipped) == 1 else 'them'} alone")
         if self.specialized:
             s = self.specialized
-            text += f"; the target's trace is also specialised at {s['where']} ({s.get('code', '')!r})"
-        if self.evenly_spread():
-            text += ("; but every layer of the first level makes an error of the same order (within "
-                     f"{SPREAD_RATIO:g}x of the median): the drift comes from the target as a whole (its dtype, "
-                     "kernels or quantization), not from one layer")
+            text += (f"; the target's trace also warned at {s['where']} ({s.get('code', '')!r}), which is not offered "
+                     "as the cause: no measurement ties that line to the diverging value")
         return text
+
+    def _culprit_level(self) -> LevelResult | None:
+        """The level where the culprit was ranked: every leaf's, when one was measured, else the first whose layers
+        include it (beside its siblings)."""
+        holding = [(parent, level) for parent, level in self.levels if self.culprit in level.local]
+        return next((level for parent, level in holding if parent == LEAVES), holding[0][1] if holding else None)
 
     def _specialized(self) -> str:
         """The verdict for a run whose trace was specialised and where no layer, traced alone on these inputs, makes
@@ -278,15 +339,13 @@ class Localization:
                 "its own run), so no layer is named")
 
     def evenly_spread(self) -> bool:
-        """True when no layer stands out at the first level: all own errors are of one order. Never without a
-        suspect (a layer above the threshold): a culprit named otherwise (a specialised trace's module) is not
-        one of many drifting alike."""
-        if not self.levels or self.culprit is None or not self.suspects:
+        """True when no layer stands out where the culprit was ranked: `spread` holds for its level. Never without a
+        suspect (a layer above the threshold): a culprit named otherwise (a specialised trace's module) is not one
+        of many drifting alike; nor for own code, which is one place."""
+        if not self.levels or self.culprit is None or not self.suspects or self.in_own_code:
             return False
-        errors = sorted(size(e) for e in self.levels[0][1].local.values() if not e.error and size(e) > 0)
-        if len(errors) < 3 or not math.isfinite(errors[-1]):  # an infinite error is of no finite one's order
-            return False
-        return errors[-1] <= SPREAD_RATIO * errors[len(errors) // 2]
+        level = self._culprit_level()
+        return level is not None and spread(level, self.threshold)
 
     def record(self) -> dict[str, Any]:
         levels = []
@@ -310,8 +369,26 @@ class Localization:
             "first_divergent_by": self.first_divergent_by,
             "suspects": [s.as_record() for s in self.suspects], "verdict": self.verdict(), "skipped": self.skipped,
             "levels": levels, "elapsed_s": self.elapsed_s, "specialized": self.specialized,
-            "compiler_pass": self.compiler_pass,
+            "compiler_pass": self.compiler_pass, "repeated": self.repeated, "identical": self.identical,
+            "uncalled": self.uncalled,
         }
+
+
+def spread(level: LevelResult, threshold: float) -> bool:
+    """No layer of `level` stands out: three or more exceed the threshold, and the largest of them is within
+    SPREAD_RATIO of their median (all finite: an infinite error is of no finite one's order). Layers within the
+    threshold (zeros, a clean embedding) take no part: a median over them and a few faulty blocks says nothing.
+    Not when those above are the blocks of one stack (`layers.0`, `layers.1`, ...): a fault repeated in every
+    block is found inside them (`repeated`)."""
+    over = sorted(size(e) for e in level.local.values() if not e.error and not within(e, threshold))
+    if len(over) < 3 or not math.isfinite(over[-1]):
+        return False
+    stacks = {e.name.rpartition(".")[0] for e in level.local.values()
+              if not e.error and not within(e, threshold) and e.name.rpartition(".")[2].isdigit()}
+    blocks = [e for e in level.local.values() if not e.error and not within(e, threshold)]
+    if len(stacks) == 1 and all(e.name.rpartition(".")[2].isdigit() for e in blocks):
+        return False
+    return over[-1] <= SPREAD_RATIO * over[(len(over) - 1) // 2]
 
 
 def _first_divergent(level: LevelResult, threshold: float, basis: str) -> str | None:
@@ -387,7 +464,18 @@ def _localize(reference, target, model, inputs, rtol, threshold, granularity, mo
     else:
         loc = _descend(reference, target, model, inputs, rtol, threshold, mode, example, say)
         loc.mode_used = mode
+    if _identical(loc):
+        loc.identical, loc.whole_graph, loc.culprit, loc.first_divergent, loc.first_divergent_by = True, False, None, None, None
     return loc
+
+
+def _identical(loc: Localization) -> bool:
+    """Every layer compared, alone and inside the target's end-to-end run, gives exactly the reference's output
+    (NaN where the reference has NaN): nothing differs between the sides."""
+    errors = [e for _, level in loc.levels for e in (*level.local.values(), *level.propagated.values())]
+    own = [level.own_code for _, level in loc.levels if level.own_code is not None]
+    return (any(level.propagated for _, level in loc.levels)
+            and all(not e.error and e.max_abs == 0 and e.required_atol == 0 for e in [*errors, *own]))
 
 
 def _descend(reference, target, model, inputs, rtol, threshold, mode, example, say) -> Localization:
@@ -398,6 +486,7 @@ def _descend(reference, target, model, inputs, rtol, threshold, mode, example, s
     drift belongs to the whole graph; when none inside a block does, to the block as a whole."""
     loc = Localization(target.id, "hierarchical", threshold)
     parent = ""
+    several = False  # more than one layer above the threshold at some level
     if mode in ("propagated", "both"):
         reachable = descendants(model, "")
         say(f"every level's layers ({len(reachable)}) inside one run of the target")
@@ -407,6 +496,9 @@ def _descend(reference, target, model, inputs, rtol, threshold, mode, example, s
         if not names:
             break
         level = evaluate(reference, target, model, inputs, names, rtol, mode, parent, example, say)
+        if parent and not level.names:  # nn.MultiheadAttention: its out_proj's weight used, the module never called
+            loc.uncalled = parent
+            break
         loc.levels.append((parent, level))
         ranked = _ranked(level, threshold)
         skipped = [e.name for e in level.local.values() if e.error]
@@ -416,7 +508,8 @@ def _descend(reference, target, model, inputs, rtol, threshold, mode, example, s
         own = own_code_error(reference, target, model, inputs, parent, names, rtol, example) if level.local else None
         if own is not None and not own.error:
             level.own_code = own
-            if not within(own, threshold) and (not ranked or size(own) > size(ranked[0])):
+            # a non-finite own error (a float16 Q·K^T that overflows) ranks first, beside a non-finite submodule too
+            if not within(own, threshold) and (not ranked or size(own) > size(ranked[0]) or math.isinf(size(own))):
                 loc.culprit, loc.in_own_code = parent or MODEL, True
                 loc.suspects = [own] + ranked[:2]
                 break
@@ -432,9 +525,77 @@ def _descend(reference, target, model, inputs, rtol, threshold, mode, example, s
         loc.suspects = ranked[:3]
         basis = "own" if level.local else "propagated"
         first = _first_divergent(level, threshold, basis)
-        if first:
+        # in execution order over every layer measured: a deeper level refines the first layer only inside it
+        if first and (loc.first_divergent is None or first.startswith(loc.first_divergent + ".")):
             loc.first_divergent, loc.first_divergent_by = first, basis
+        several = several or len(ranked) > 1
+        if level.local and spread(level, threshold):  # no layer of this level stands out: none to follow down
+            break
+    if several and loc.suspects and mode != "propagated":
+        _every_leaf(loc, reference, target, model, inputs, rtol, threshold, example, say)
+    if loc.culprit not in (None, MODEL) and loc.suspects and mode != "propagated" and not loc.evenly_spread():
+        _repeated(loc, reference, target, model, inputs, rtol, threshold, example, say)
     return loc
+
+
+def _every_leaf(loc: Localization, reference, target, model, inputs, rtol, threshold, example, say) -> None:
+    """More than one layer exceeded the threshold on the way down: whether the error is one layer's or everywhere
+    alike is judged over every leaf's own error, as `granularity: leaf` ranks them (a block's error is diluted by
+    its residual, a leaf's is not), so that both granularities name the same culprit: the largest leaf, unless
+    the descent's own code or block as a whole is larger; and spread when the leaves are."""
+    names = layer_names(model, "leaf")
+    level = LevelResult(names=[])
+    for i in range(0, len(names), FLAT_CHUNK):
+        part = evaluate(reference, target, model, inputs, names[i:i + FLAT_CHUNK], rtol, "local", LEAVES, example, say)
+        level.names += part.names
+        level.shared += part.shared
+        level.local.update(part.local)
+    ranked = _ranked(level, threshold)
+    if not ranked or ((loc.in_own_code or loc.as_a_whole) and size(loc.suspects[0]) >= size(ranked[0])):
+        return
+    loc.levels.append((LEAVES, level))
+    loc.culprit, loc.in_own_code, loc.as_a_whole = ranked[0].name, False, False
+    loc.suspects = ranked[:3]
+    first = _first_divergent(level, threshold, "own")
+    if first and (loc.first_divergent is None or first.startswith(loc.first_divergent + ".")
+                  or not spread(level, threshold)):
+        loc.first_divergent, loc.first_divergent_by = first, "own"
+
+
+def _repeated(loc: Localization, reference, target, model, inputs, rtol, threshold, example, say) -> None:
+    """The culprit lies in one block of a stack (`layers.1.self_attn`): the same submodule in the other blocks, each
+    measured alone as the culprit was (its own code, when the culprit is in its own code), so that a fault repeated in
+    every block is said as one (`layers.*.self_attn`), and the first layer in execution order is the first block's."""
+    pattern = repeated(loc.culprit, model)
+    if pattern is None or pattern.endswith("*"):  # the culprit is a block itself: its siblings were ranked beside it
+        return
+    head, _, tail = pattern.partition(".*")
+    stack = model.get_submodule(head)
+    names = [f"{head}.{i}{tail}" for i in range(len(stack))]
+    measured = names[:REPEATS_MEASURED]
+    if loc.culprit not in measured:
+        measured[-1] = loc.culprit
+    say(f"{pattern}: the same submodule in {len(measured)} blocks")
+    errors: dict[str, LayerError] = {}
+    if loc.in_own_code:
+        for name in measured:
+            members = children(model, name)
+            own = own_code_error(reference, target, model, inputs, name, members, rtol, example) if members else None
+            if own is not None:
+                errors[name] = own
+    else:
+        seen = {n: e for _, level in loc.levels for n, e in level.local.items()}
+        errors = {n: seen[n] for n in measured if n in seen}
+        if len(errors) < len(measured):
+            errors = evaluate(reference, target, model, inputs, measured, rtol, "local", example=example, say=say).local
+    level = LevelResult(names=[n for n in measured if n in errors], local={n: errors[n] for n in measured if n in errors})
+    over = [n for n in level.names if not level.local[n].error and not within(level.local[n], threshold)]
+    if len(over) < 2:
+        return
+    loc.levels.append((pattern, level))
+    loc.repeated = {"pattern": pattern, "measured": level.names, "over": over, "blocks": len(names)}
+    if loc.first_divergent is None or over[0].startswith(loc.first_divergent + ".") or over[0] == loc.first_divergent:
+        loc.first_divergent, loc.first_divergent_by = over[0], "own"
 
 
 def _follow_propagated(loc: Localization, reference, target, model, inputs, rtol, threshold, example, say) -> None:
@@ -469,10 +630,10 @@ def localize_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inp
         raise
     except Exception as exc:  # localization is evidence; a failure to gather it must not end the run
         return {**base, "target": target.id, "error": f"{type(exc).__name__}: {exc}"[:500]}
-    loc.specialized = specialized_at(model, notes)
+    loc.specialized = None if loc.identical else specialized_at(model, notes)
     if loc.specialized and not loc.suspects:
         loc.culprit, loc.whole_graph = loc.specialized.get("module"), False
-    if bisect and not loc.suspects and not loc.specialized and any(e.error is None for _, lv in loc.levels for e in lv.local.values()):
+    if bisect and not loc.suspects and not loc.specialized and not loc.identical and any(e.error is None for _, lv in loc.levels for e in lv.local.values()):
         if on_step is not None:
             on_step("torch's compiler bisector")
         loc.compiler_pass = compiler_pass_of(job, target, model, inputs, experiment, example)

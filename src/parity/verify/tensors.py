@@ -258,7 +258,8 @@ def compare(reference: Any, target: Any, rtol: float, gate: float, oracle: Any =
         if isinstance(orc, torch.Tensor) and judged and orc.shape == ref.shape:
             leaf["oracle_rmse_target"] = _rmse(tgt_leaves[name], orc)
             leaf["oracle_rmse_reference"] = _rmse(ref, orc)
-            if leaf.get("nonfinite"):  # NaN/Inf on one side only: whose pattern float64 has decides
+            # NaN/Inf on one side only, or NaN in every element of both: whose pattern float64 has decides
+            if leaf.get("nonfinite") or leaf.get("detail") == ALL_NAN:
                 leaf["oracle_nonfinite_target"] = _nonfinite_off(tgt_leaves[name], orc)
                 leaf["oracle_nonfinite_reference"] = _nonfinite_off(ref, orc)
         result.leaves.append(leaf)
@@ -329,4 +330,6 @@ def oracle_verdict(comparison: Comparison, multiplier: float, floor: float) -> d
         "notable": sides[worst["name"]] == "target" and worst["oracle_rmse_target"] > NOTABLE * scale,
         "target_nonfinite_off": sum(leaf["oracle_nonfinite_target"] for leaf in nonfinite) if nonfinite else None,
         "reference_nonfinite_off": sum(leaf["oracle_nonfinite_reference"] for leaf in nonfinite) if nonfinite else None,
+        # both sides return the same NaN/Inf where float64 has numbers: wrong alike, no drift between them
+        "nonfinite_alike": worse == "both" and bool(nonfinite) and not any(leaf.get("nonfinite") for leaf in nonfinite),
     }
