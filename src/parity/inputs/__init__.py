@@ -16,14 +16,17 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class Inputs:
     """What a model is called with: `model(*args, **kwargs)`. `notes` are warnings about how the input
-    set came out (a constant image), for the console and the records."""
+    set came out (a constant image), for the console and the records. `scored_from`: the first position whose
+    next token a language model is scored on (a text cut into windows: each window's second half, as
+    llama-perplexity scores it; 0: every position)."""
 
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    scored_from: int = 0
 
     def map(self, fn) -> Inputs:
-        return Inputs(map_tensors(self.args, fn), map_tensors(self.kwargs, fn))
+        return Inputs(map_tensors(self.args, fn), map_tensors(self.kwargs, fn), scored_from=self.scored_from)
 
     def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> Inputs:
         """Move to `device`; cast floating tensors to `dtype` when given (integer inputs keep theirs)."""
@@ -67,6 +70,11 @@ def _build(spec, experiment, batch: str) -> Inputs:
         from parity.inputs.text import make_text
 
         return make_text(spec.text, experiment.resolve(spec.tokenizer))
+    if spec.text_file is not None:
+        from parity.inputs.text import make_windows, read_text
+
+        return make_windows(read_text(spec.text_file, experiment), experiment.resolve(spec.tokenizer), spec.n_ctx,
+                            spec.windows)
     if spec.audio is not None:
         from parity.inputs.audio import load_audio
 

@@ -16,6 +16,7 @@ from parity.report.console import (
     environment_line,
     flips_line,
     generation_line,
+    headline_figures,
     passing_oracle_lines,
     percent,
     suspect_words,
@@ -24,6 +25,7 @@ from parity.report.console import (
     warned,
 )
 from parity.report.next_steps import next_steps, oracle_side
+from parity.report.statistics import statistics_tables
 
 
 def _fmt(x: Any) -> str:
@@ -98,11 +100,17 @@ def render_markdown(records: RunView | list[dict[str, Any]], summary: dict[str, 
         lines += ["", "## Task-level agreement (tier 3)", "", "| model | inputs | target | task | verdict | metrics |",
                   "|---|---|---|---|---|---|"]
         for c in tier3:
-            metrics = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in c.metrics.items())
+            metrics = headline_figures(c)
             flips = flips_line(c) or generation_line(c)
             verdict = ("agrees" if c.passed else f"{c.failure_class}: {c.detail}")
-            verdict = (verdict + (f"; {flips}" if flips else "")).replace("|", "\\|")
+            verdict = "; ".join([verdict, *([flips] if flips else []), *(c.notes or ())]).replace("|", "\\|")
             lines.append(f"| {c.model} | {c.inputs} | {c.target} | {c.task} | {verdict} | {metrics} |")
+        for stats in statistics_tables(tier3):
+            lines += ["", f"### {stats.model} / {stats.inputs}: {stats.task} statistics", ""]
+            cell = lambda text: str(text).replace("|", "\\|")  # noqa: E731
+            lines += _table(["statistic", *map(cell, stats.targets)],
+                            [f"| {cell(name)} | " + " | ".join(map(cell, values)) + " |" for name, values in stats.rows],
+                            "")
     layers = view.layers
     if layers:
         lines += ["", "## Where the failing checks diverge (tier 2)", ""]
