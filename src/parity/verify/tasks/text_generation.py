@@ -96,14 +96,13 @@ def flips(ref: torch.Tensor, tgt: torch.Tensor, near_tie: float, scored: torch.T
     """Every scored position (`scored`: a mask over [sequence, position]; None: all) whose top-1 differs
     ([sequence, position]), with the reference's top-2 margin (the difference of its two largest probabilities)
     and its class: near_tie within `near_tie`, else real."""
-    margin = _margins(ref)
     chosen_r, chosen_t = ref.argmax(-1), tgt.argmax(-1)
     differ = chosen_r != chosen_t
     if scored is not None:
         differ &= scored
+    margins = _margins(ref[differ]).tolist()  # only where they differ: a softmax of every position is large
     out = []
-    for where in differ.nonzero().tolist():
-        m = float(margin[tuple(where)])
+    for where, m in zip(differ.nonzero().tolist(), margins, strict=True):
         out.append({"position": where, "reference_token": int(chosen_r[tuple(where)]),
                     "target_token": int(chosen_t[tuple(where)]), "margin": m,
                     "class": "near_tie" if m <= near_tie else "real"})
