@@ -145,10 +145,11 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
         verdict = "[green]agrees[/green]" if c.passed else f"[red]{c.failure_class}[/red]"
         console.print(f"tier 3 {verdict} " + escape(f"{view.key(c)}: {figures}"
                                                     + (f" ({c.detail})" if c.detail else "")), soft_wrap=True)
-        for line in [flips_line(c), generation_line(c), *(f"note: {n}" for n in c.notes or ()),
-                     *(next_steps(c, view, out_dir) if not c.passed else ())]:
+        for line in [flips_line(c), generation_line(c), *(next_steps(c, view, out_dir) if not c.passed else ())]:
             if line:
                 console.print("  " + escape(line), soft_wrap=True)
+        for note in c.notes or ():
+            console.print("  [yellow]warning[/yellow] " + escape(note), soft_wrap=True)
     for stats in statistics_tables(view.checks(3)):
         table = Table(title=escape(f"{stats.model} / {stats.inputs}: {stats.task} statistics (tier 3)"))
         table.add_column("statistic")

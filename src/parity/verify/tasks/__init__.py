@@ -171,10 +171,8 @@ def task_check(job, target_exec, reference_exec, experiment, inputs=None) -> dic
               "failure_class": result.failure_class, "detail": result.detail, "metrics": result.metrics,
               "thresholds": tasks_spec.thresholds_for(task).model_dump(), "same_set": result.same_set,
               **result.record, **followed}
-    if result.notes:
+    if result.notes:  # the reports print them under the check
         record["notes"] = result.notes
-        for note in result.notes:
-            log.warning("%s / %s / %s: tier 3: %s", job.model.name, job.inputs.name, target_exec.backend.id, note)
     if result.failure_class != tx.STRUCTURE_MISMATCH:
         record.update(TASKS.get(task).record_fields(job.inputs, reference_exec.outputs[0], target_exec.outputs[0],
                                                     experiment, inputs))

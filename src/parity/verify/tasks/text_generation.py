@@ -402,17 +402,16 @@ def statistics_rows(m: dict[str, Any], thresholds: dict[str, Any]) -> list[tuple
     rows += [(f"{label} KLD", _num(m.get(key))) for key, label in
              (("kl_max", "maximum"), ("kl_p999", "99.9%"), ("kl_p99", "99.0%"), ("kl_p95", "95.0%"),
               ("kl_p90", "90.0%"), ("kl_median", "median"))]
-    rows += [("mean Δp", _pm(m, "delta_p_mean", 100, ".3f", " %")), ("RMS Δp", _pm(m, "delta_p_rms", 100, ".3f", " %"))]
-    rows += [(f"{label} Δp", _num(_scaled(m.get(key), 100), ".3f") + "%") for key, label in
+    rows += [("mean Δp", _pm(m, "delta_p_mean", 100, ".4g", " %")), ("RMS Δp", _pm(m, "delta_p_rms", 100, ".4g", " %"))]
+    rows += [(f"{label} Δp", _num(_scaled(m.get(key), 100), ".4g") + "%") for key, label in
              (("delta_p_max", "maximum"), ("delta_p_p99", "99.0%"), ("delta_p_p95", "95.0%"),
               ("delta_p_median", "median"), ("delta_p_p05", "5.0%"), ("delta_p_p01", "1.0%"),
               ("delta_p_min", "minimum"))]
-    rows.append(("same top p", _pm(m, "same_top1", 100, ".3f", " %")))
-    gated = ("every flip" if thresholds.get("count_near_ties") else
-             f"real flips only; near ties within {thresholds.get('near_tie_margin', 'the margin')} apart")
+    rows.append(("same top p", _pm(m, "same_top1", 100, ".4g", " %")))
+    gated = "every flip" if thresholds.get("count_near_ties") else "real flips only"
     rows.append((f"top-1 agreement (judged: {gated})",
-                 f"{_num(_scaled(m.get('top1_agreement'), 100), '.3f')}% ({m.get('real_flips')} real flips, "
-                 f"{m.get('near_tie_flips')} near ties)"))
+                 f"{_num(_scaled(m.get('top1_agreement'), 100), '.4g')}% ({m.get('real_flips')} real, "
+                 f"{m.get('near_tie_flips')} near-tie flips)"))
     return rows
 
 
