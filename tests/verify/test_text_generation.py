@@ -21,6 +21,16 @@ def _logits(*rows: list[float]) -> dict[str, torch.Tensor]:
     return {"logits": torch.tensor([rows], dtype=torch.float32)}
 
 
+def _text(*ids: list[int], mask: list[list[int]] | None = None, scored_from: int = 0):
+    """The inputs the logits were computed on: token ids [sequences, positions] (and an attention mask)."""
+    from parity.inputs import Inputs
+
+    kwargs = {"input_ids": torch.tensor(ids)}
+    if mask is not None:
+        kwargs["attention_mask"] = torch.tensor(mask)
+    return Inputs((), kwargs, scored_from=scored_from)
+
+
 def test_a_near_tie_flip_and_a_real_flip_are_told_apart():
     """Position 0: the reference's two best tokens are 0.0005 apart in probability and the target swaps them (a
     near tie); position 1: the reference is sure of token 2, the target of token 3 (a real flip); position 2
@@ -30,32 +40,140 @@ def test_a_near_tie_flip_and_a_real_flip_are_told_apart():
     result = evaluate(reference, target, DEFAULTS, 1e-4)
     m = result.metrics
     assert (m["positions"], m["flips"], m["real_flips"], m["near_tie_flips"]) == (3, 2, 1, 1)
-    assert m["top1_agreement"] == pytest.approx(1 / 3)
+    assert m["top1_agreement"] == pytest.approx(2 / 3) and m["same_top1"] == pytest.approx(1 / 3)
     assert not result.passed and result.failure_class == "decision_flip"
-    from parity.verify.tasks.text_generation import TASK
-
-    flips = TASK.explain(reference, target, DEFAULTS, [], [])["token_flips"]
+    flips = result.record["token_flips"]
     assert [(f["position"], f["class"], f["reference_token"], f["target_token"]) for f in flips] == [
         ([0, 1], "real", 2, 3), ([0, 0], "near_tie", 0, 1)]
     assert flips[1]["margin"] < DEFAULTS.near_tie_margin < flips[0]["margin"]
 
 
-def test_kl_delta_p_and_the_perplexity_ratio_are_the_textbook_values():
-    """Position 0: reference p = (0.8, 0.2), target q = (0.6, 0.4); position 1: identical. KL(p||q) = 0.8 ln(0.8/0.6)
-    + 0.2 ln(0.2/0.4); delta p of the reference's token (0) is -0.2 then 0; the perplexity ratio on the
-    reference's tokens is exp(mean(ln 0.8 - ln 0.6, 0))."""
-    reference = _logits([math.log(0.8), math.log(0.2)], [2.0, 0.0])
-    target = _logits([math.log(0.6), math.log(0.4)], [2.0, 0.0])
-    m = evaluate(reference, target, DEFAULTS, 1e-4).metrics
+def test_near_ties_do_not_gate_top_1_by_default_and_the_verdict_says_so():
+    """200 positions, 3 near-tie flips and 1 real flip: top-1 agreement on real flips 0.995 passes at 0.99; every
+    flip counted (count_near_ties) 0.98 fails, and a failure's line says which flips it counted."""
+    sure, tie, swapped = [5.0, 0.0, 0.0], [1.0, 0.9999, 0.0], [0.9999, 1.0, 0.0]
+    reference = _logits(*[sure] * 196, tie, tie, tie, sure)
+    target = _logits(*[sure] * 196, swapped, swapped, swapped, [0.0, 5.0, 0.0])
+    loose = TextGenerationThresholds(kl_mean=1.0)
+    result = evaluate(reference, target, loose, 1e-4)
+    assert result.metrics["top1_agreement"] == pytest.approx(0.995) and result.passed
+    assert result.metrics["same_top1"] == pytest.approx(0.98)
+    strict = evaluate(reference, target, TextGenerationThresholds(kl_mean=1.0, count_near_ties=True), 1e-4)
+    assert strict.metrics["top1_agreement"] == pytest.approx(0.98) and not strict.passed
+    assert "every flip counted" in strict.detail
+    gated = evaluate(reference, target, TextGenerationThresholds(kl_mean=1.0, top1_agreement=0.999), 1e-4)
+    assert not gated.passed and "real flips only: 3 near ties" in gated.detail
+
+
+def test_perplexity_and_delta_p_are_on_the_text_s_next_token_not_the_reference_s_choice():
+    """Two scored positions; the text's next tokens are 1 then 0, and at position 0 the reference chooses 0.
+    Reference p = (0.8, 0.2), target q = (0.6, 0.4) there: the text's token 1 has p 0.2, q 0.4, so delta p +0.2
+    and a target perplexity lower than the reference's (on the reference's choice it would be higher)."""
+    reference = _logits([math.log(0.8), math.log(0.2)], [math.log(0.5), math.log(0.5)], [0.0, 0.0])
+    target = _logits([math.log(0.6), math.log(0.4)], [math.log(0.5), math.log(0.5)], [0.0, 0.0])
+    m = evaluate(reference, target, DEFAULTS, 1e-4, inputs=_text([7, 1, 0])).metrics
+    assert m["positions"] == 2  # the last position has no next token in the text
+    assert m["delta_p_mean"] == pytest.approx((0.4 - 0.2 + 0.0) / 2)
+    assert m["delta_p_rms"] == pytest.approx(math.sqrt(0.2 ** 2 / 2))
+    assert m["ppl_reference"] == pytest.approx(math.exp(-(math.log(0.2) + math.log(0.5)) / 2))
+    assert m["ppl_target"] == pytest.approx(math.exp(-(math.log(0.4) + math.log(0.5)) / 2))
+    assert m["perplexity_ratio"] == pytest.approx(math.sqrt(0.4 / 0.2) ** -1) and m["perplexity_ratio"] < 1
     kl = 0.8 * math.log(0.8 / 0.6) + 0.2 * math.log(0.2 / 0.4)
-    assert m["kl_max"] == pytest.approx(kl, rel=1e-5)
-    assert m["kl_mean"] == pytest.approx(kl / 2, rel=1e-5)
-    assert m["kl_median"] == pytest.approx(0.0, abs=1e-7)  # the lower of two, as torch.median gives it
-    assert m["kl_p99"] == pytest.approx(0.99 * kl, rel=1e-5)  # linear between the two positions
-    assert m["delta_p_mean"] == pytest.approx(-0.1, rel=1e-5)
-    assert m["delta_p_rms"] == pytest.approx(math.sqrt(0.02), rel=1e-5)
-    assert m["perplexity_ratio"] == pytest.approx(math.sqrt(0.8 / 0.6), rel=1e-5)
-    assert m["top1_agreement"] == 1.0
+    assert m["kl_mean"] == pytest.approx(kl / 2) and m["kl_max"] == pytest.approx(kl)
+    assert m["kl_median"] == pytest.approx(kl / 2)  # the mean of the middle two, as perplexity.cpp takes it
+
+
+def test_padding_and_a_window_s_first_half_are_never_scored():
+    """Sequence 1 is right-padded after 2 tokens: where it is padding (or its next token is), the target's scores
+    are anything (a real flip, a huge KL) and nothing counts; the same logits as windows scored from position 2
+    count only positions 2 and 3 of each (the last has no next token)."""
+    sure = [4.0, 0.0, 0.0]
+    reference = {"logits": torch.tensor([[sure] * 5, [sure] * 5])}
+    target = {"logits": reference["logits"].clone()}
+    target["logits"][1, 1:] = torch.tensor([0.0, 0.0, 9.0])  # position 1 predicts padding; 2, 3, 4 are padding
+    target["logits"][0, 0] = torch.tensor([0.0, 0.0, 9.0])  # a real flip, in a window's unscored first half
+    mask = [[1] * 5, [1, 1, 0, 0, 0]]
+    padded = evaluate(reference, target, DEFAULTS, 1e-4, inputs=_text([0] * 5, [0] * 5, mask=mask))
+    assert padded.metrics["positions"] == 4 + 1 and padded.metrics["real_flips"] == 1  # sequence 0's position 0
+    windows = evaluate(reference, target, DEFAULTS, 1e-4,
+                       inputs=_text([0] * 5, [0] * 5, mask=[[1] * 5, [1] * 5], scored_from=2))
+    assert windows.metrics["positions"] == 4 and windows.metrics["real_flips"] == 2  # sequence 1, positions 2, 3
+    unflipped = {"logits": target["logits"].clone()}
+    unflipped["logits"][0, 0] = torch.tensor(sure)
+    clean = evaluate(reference, unflipped, DEFAULTS, 1e-4, inputs=_text([0] * 5, [0] * 5, mask=mask))
+    assert clean.passed and clean.metrics["kl_max"] == 0.0 and clean.metrics["same_top1"] == 1.0
+
+
+def test_few_scored_positions_or_no_token_ids_leave_a_note():
+    reference = _logits([1.0, 0.0], [1.0, 0.0])
+    few = evaluate(reference, reference, DEFAULTS, 1e-4, inputs=_text([0, 1]))
+    assert few.metrics["positions"] == 1 and any("only 1 scored positions" in n for n in few.notes)
+    blind = evaluate(reference, reference, DEFAULTS, 1e-4)
+    assert blind.metrics["positions"] == 2 and math.isnan(blind.metrics["ppl_target"])
+    assert any("no token ids" in n for n in blind.notes)
+
+
+def _mean_and_uncertainty(values: list[float]) -> tuple[float, float]:
+    """perplexity.cpp's mean_and_uncertainty, written out from its C++ (sums first, then the formula)."""
+    n, s, s2 = len(values), sum(values), sum(v * v for v in values)
+    f = s / n
+    df = s2 / n - f * f
+    return f, (math.sqrt(df / (n - 1)) if df > 0 and n > 10 else 0.0)
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    """perplexity.cpp's percentile lambda, on sorted values."""
+    p = fraction * (len(values) - 1)
+    ip = int(p)
+    p -= ip
+    return (1 - p) * values[ip] + p * values[min(ip + 1, len(values) - 1)]
+
+
+def test_the_statistics_are_perplexity_cpp_s_formulas_by_hand():
+    """40 positions of seeded logits over 6 tokens, the text a seeded draw: every statistic recomputed position by
+    position in plain Python, exactly as perplexity.cpp's kl_divergence accumulates and reports them."""
+    torch.manual_seed(0)
+    ref = torch.randn(1, 41, 6, dtype=torch.float64) * 2
+    tgt = ref + torch.randn(1, 41, 6, dtype=torch.float64) * 0.5
+    ids = torch.randint(0, 6, (1, 41))
+    m = evaluate({"logits": ref}, {"logits": tgt}, DEFAULTS, 1e-4, inputs=_text(*ids.tolist())).metrics
+    nll, nll_base, kld, dp, same = [], [], [], [], 0
+    for i in range(40):
+        log_q = [x - math.log(sum(math.exp(y) for y in tgt[0, i].tolist())) for x in tgt[0, i].tolist()]
+        log_p = [x - math.log(sum(math.exp(y) for y in ref[0, i].tolist())) for x in ref[0, i].tolist()]
+        tok = int(ids[0, i + 1])
+        nll.append(-log_q[tok])
+        nll_base.append(-log_p[tok])
+        kld.append(sum(math.exp(lp) * (lp - lq) for lp, lq in zip(log_p, log_q, strict=True)))
+        dp.append(math.exp(log_q[tok]) - math.exp(log_p[tok]))
+        same += log_q.index(max(log_q)) == log_p.index(max(log_p))
+    n = 40
+    lq, lq_se = _mean_and_uncertainty(nll)
+    lb, lb_se = _mean_and_uncertainty(nll_base)
+    cov = (sum(a * b for a, b in zip(nll, nll_base, strict=True)) / n - lq * lb) / (n - 1)
+    assert lq_se > 0 and lb_se > 0 and cov != 0
+    assert m["ppl_target"] == pytest.approx(math.exp(lq)) and m["ppl_target_se"] == pytest.approx(math.exp(lq) * lq_se)
+    assert m["ppl_reference"] == pytest.approx(math.exp(lb))
+    assert m["ppl_reference_se"] == pytest.approx(math.exp(lb) * lb_se)
+    assert m["ln_ppl_correlation"] == pytest.approx(cov / (lq_se * lb_se))
+    ratio_se = math.sqrt(lq_se ** 2 + lb_se ** 2 - 2 * cov)
+    assert m["ln_ppl_ratio"] == pytest.approx(lq - lb) and m["ln_ppl_ratio_se"] == pytest.approx(ratio_se)
+    assert m["perplexity_ratio_se"] == pytest.approx(math.exp(lq - lb) * ratio_se)
+    kl_mean, kl_se = _mean_and_uncertainty(kld)
+    assert m["kl_mean"] == pytest.approx(kl_mean) and m["kl_mean_se"] == pytest.approx(kl_se) and kl_se > 0
+    ordered = sorted(kld)
+    assert m["kl_median"] == pytest.approx(0.5 * (ordered[19] + ordered[20]))
+    for key, fraction in (("kl_p90", 0.9), ("kl_p95", 0.95), ("kl_p99", 0.99), ("kl_p999", 0.999)):
+        assert m[key] == pytest.approx(_percentile(ordered, fraction)), key
+    assert m["kl_max"] == pytest.approx(ordered[-1])
+    dp_mean, dp_se = _mean_and_uncertainty(dp)
+    mse, mse_se = _mean_and_uncertainty([d * d for d in dp])
+    assert m["delta_p_mean"] == pytest.approx(dp_mean) and m["delta_p_mean_se"] == pytest.approx(dp_se)
+    assert m["delta_p_rms"] == pytest.approx(math.sqrt(mse))
+    assert m["delta_p_rms_se"] == pytest.approx(0.5 / math.sqrt(mse) * mse_se) and mse_se > 0
+    assert m["delta_p_p99"] == pytest.approx(_percentile(sorted(dp), 0.99))
+    p = same / n
+    assert m["same_top1"] == pytest.approx(p) and m["same_top1_se"] == pytest.approx(math.sqrt(p * (1 - p) / (n - 1)))
 
 
 def test_the_mean_kl_threshold_fails_a_check_whose_decisions_all_agree():
@@ -105,7 +223,7 @@ def test_a_decoder_with_the_text_generation_task_gets_tier_3_in_every_report(tmp
     assert tier3["eager-cpu-float64"]["passed"] and tier3["eager-cpu-float64"]["metrics"]["top1_agreement"] == 1.0
     negated = tier3["negated"]
     assert not negated["passed"] and negated["failure_class"] == "decision_flip"
-    assert negated["metrics"]["positions"] == 16 and negated["metrics"]["top1_agreement"] == 0.0
+    assert negated["metrics"]["positions"] == 14 and negated["metrics"]["same_top1"] == 0.0  # 7 next tokens a row
     assert negated["token_flips"] and negated["thresholds"]["top1_agreement"] == 0.9
     report = (tmp_path / "out" / "report.md").read_text()
     assert "kl_mean" in report and "real_flips" in report
@@ -129,7 +247,7 @@ def test_an_int4_weight_only_target_quantizes_a_decoder_s_linears_and_gets_both_
     tier1 = next(r for r in records if r["kind"] == "check" and r["tier"] == 1)
     tier3 = next(r for r in records if r["kind"] == "check" and r["tier"] == 3)
     assert tier1["target"] == tier3["target"] == "eager-cpu-int4-weight"
-    assert tier1["status"] == "ok" and tier1["max_abs"] > 0 and tier3["metrics"]["positions"] == 8
+    assert tier1["status"] == "ok" and tier1["max_abs"] > 0 and tier3["metrics"]["positions"] == 7
 
 
 def test_the_llm_example_is_valid(tmp_path, capsys):
@@ -272,3 +390,73 @@ def test_a_target_that_flips_one_decision_diverges_at_that_new_token(tmp_path, e
     line = "free-running: 0 of 2 continuations of 4 tokens match exactly; first divergence: prompt 0 at new token 2"
     for report in ("report.md", "report.html"):
         assert line in (tmp_path / "out" / report).read_text()
+
+
+def test_a_prompt_cut_to_make_room_for_the_new_tokens_is_said():
+    """13-token sequences and the default 16 new tokens: 12 fit, so each prompt keeps 1 of its 13 tokens. The
+    continuations record it and the check carries a note that says so (it used to be silent); 9-token prompts
+    padded to 13 with 4 new tokens are whole, and nothing is said."""
+    from parity.inputs import Inputs
+    from parity.verify.tasks.text_generation import generate, judge_continuations
+
+    ids = torch.arange(26).view(2, 13) % VOCABULARY
+    found = generate(_run(Successor()), Inputs((), {"input_ids": ids}), new_tokens=DEFAULTS.new_tokens)
+    assert found["new_tokens"] == 12 and [len(p) for p in found["prompts"]] == [1, 1]
+    result = evaluate(_logits([1.0, 0.0]), _logits([1.0, 0.0]), DEFAULTS, 1e-4)
+    prompts = judge_continuations(result, found, found, DEFAULTS)["generation"]["prompts"]
+    assert [(p["prompt_tokens"], p["text_tokens"]) for p in prompts] == [(1, 13), (1, 13)]
+    assert any("2 of 2 prompts cut" in n and "13 -> 1" in n for n in result.notes)
+    mask = torch.tensor([[1] * 9 + [0] * 4] * 2)  # 9-token prompts, padded: 4 new tokens fit after them
+    whole = generate(_run(Successor()), Inputs((), {"input_ids": ids, "attention_mask": mask}), new_tokens=4)
+    result = evaluate(_logits([1.0, 0.0]), _logits([1.0, 0.0]), DEFAULTS, 1e-4)
+    judge_continuations(result, whole, whole, DEFAULTS)
+    assert not any("cut" in n for n in result.notes)
+
+
+def test_a_text_cut_into_windows_gets_the_statistics_table_in_every_report(tmp_path, capsys):
+    """A text file cut into 3 windows of 8 tokens: each window scores positions 4 to 6 (9 in all), and every report
+    shows the statistics table per target with a note on so few positions, and report.html a picture of each
+    target's KL distribution."""
+    pytest.importorskip("transformers")
+    from parity.cli import main
+    from tests.inputs.test_text_windows import WORDS, _tokenizer
+
+    _tokenizer(tmp_path / "tok", bos=True)
+    (tmp_path / "text.txt").write_text(" ".join(WORDS * 2), encoding="utf-8")
+    gpt2 = {"model_type": "gpt2", "n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 32, "n_positions": 8}
+    data = {"name": "lm", "seed": 0, "repeats": 1,
+            "models": [{"name": "lm", "source": "transformers", "config": gpt2, "architecture": "AutoModelForCausalLM",
+                        "task": "text-generation"}],
+            "inputs": [{"name": "prose", "text_file": str(tmp_path / "text.txt"), "tokenizer": str(tmp_path / "tok"),
+                        "n_ctx": 8, "windows": 3}],
+            "targets": [{"backend": "eager", "dtype": "float64"},
+                        {"backend": "tests.verify.test_text_generation:NegatedLogits", "name": "negated"}],
+            "tiers": {"tasks": {"text-generation": {"new_tokens": 0}}}}
+    import yaml
+
+    (tmp_path / "lm.yaml").write_text(yaml.safe_dump(data))
+    main(["run", str(tmp_path / "lm.yaml"), "--out", str(tmp_path / "out")])
+    console = capsys.readouterr().out
+    import json
+
+    records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
+    tier3 = {r["target"]: r for r in records if r["kind"] == "check" and r["tier"] == 3}
+    assert {r["metrics"]["positions"] for r in tier3.values()} == {9}
+    assert tier3["negated"]["metrics"]["same_top1"] == 0.0 and tier3["negated"]["kld_histogram"]["counts"]
+    assert any("only 9 scored positions" in n for n in tier3["negated"]["notes"])
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    html = (tmp_path / "out" / "report.html").read_text()
+    for shown in (console, markdown, html):
+        assert "PPL(target)/PPL(reference)" in shown and "mean KLD" in shown and "same top p" in shown
+    assert "KL divergence per position, negated" in html
+
+
+def test_a_statistic_without_a_value_prints_nan_never_none():
+    """A record keeps NaN as null (JSON has no NaN): the table prints it as `nan`."""
+    from parity.verify.tasks.text_generation import statistics_rows
+
+    m = evaluate(_logits([1.0, 0.0], [0.0, 1.0]), _logits([1.0, 0.0], [0.0, 1.0]), DEFAULTS, 1e-4).metrics
+    recorded = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in m.items()}
+    rows = dict(statistics_rows(recorded, DEFAULTS.model_dump()))
+    assert rows["PPL(target)"] == "nan ± nan" and rows["mean Δp"] == "nan ± nan %"
+    assert not any("None" in v for v in rows.values())

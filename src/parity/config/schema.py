@@ -337,12 +337,25 @@ SyntheticSpec = Annotated[
 ]
 
 
+class PackageFile(Strict):
+    """A file an installed package bundles: `package` (an importable name, found without importing it) and its
+    `path` inside the package's folder."""
+
+    package: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$", max_length=200)
+    path: str = Field(min_length=1, max_length=500)
+
+
 class InputSetSpec(Strict):
     name: Name
     images: list[LocalPath] | None = Field(default=None, max_length=10_000)
     preprocess: Preprocess = Field(default_factory=Preprocess)
     synthetic: SyntheticSpec | None = None
     text: list[Annotated[str, Field(max_length=100_000)]] | None = Field(default=None, min_length=1, max_length=10_000)
+    # A text read from a file and cut into windows of `n_ctx` tokens as llama-perplexity cuts it (inputs/text.py):
+    # a path (UTF-8 text) or {package, path}: a file an installed package bundles (a .py file: its string literals).
+    text_file: LocalPath | PackageFile | None = Field(default=None, union_mode="left_to_right")
+    n_ctx: int | None = Field(default=None, strict=True, ge=4, le=1_000_000)  # tokens per window (--ctx-size)
+    windows: int | None = Field(default=None, strict=True, gt=0, le=100_000)  # how many (default: all that fit)
     tokenizer: LocalPath | None = None  # the folder a transformers tokenizer was saved to (text only)
     audio: list[LocalPath] | None = Field(default=None, min_length=1, max_length=10_000)  # PCM WAV files
     sample_rate: int | None = Field(default=None, strict=True, gt=0, le=1_000_000)  # what every audio file must have
@@ -351,12 +364,23 @@ class InputSetSpec(Strict):
 
     @model_validator(mode="after")
     def _one_kind(self) -> InputSetSpec:
-        if sum(kind is not None for kind in (self.images, self.synthetic, self.text, self.audio, self.tensors)) != 1:
-            raise ValueError("an input set needs exactly one of 'images', 'synthetic', 'text', 'audio' or 'tensors'")
+        kinds = (self.images, self.synthetic, self.text, self.text_file, self.audio, self.tensors)
+        if sum(kind is not None for kind in kinds) != 1:
+            raise ValueError("an input set needs exactly one of 'images', 'synthetic', 'text', 'text_file', 'audio' "
+                             "or 'tensors'")
         if self.images is not None and not self.images:
             raise ValueError("'images' is empty")
-        if (self.text is None) != (self.tokenizer is None):
-            raise ValueError("'text' needs 'tokenizer' (a local tokenizer folder), and 'tokenizer' is for 'text' only")
+        if (self.text is None and self.text_file is None) != (self.tokenizer is None):
+            raise ValueError("'text' and 'text_file' need 'tokenizer' (a local tokenizer folder), and 'tokenizer' is "
+                             "for them only")
+        if (self.text_file is None) != (self.n_ctx is None):
+            raise ValueError("'text_file' needs 'n_ctx' (the tokens of each window), and 'n_ctx' is for 'text_file' "
+                             "only")
+        if self.windows is not None and self.text_file is None:
+            raise ValueError("'windows' is for 'text_file' only")
+        if self.n_ctx is not None and self.n_ctx * (self.windows or 1) > MAX_ELEMENTS:
+            raise ValueError(f"{self.windows} windows of {self.n_ctx} tokens are more than parity builds "
+                             f"({MAX_ELEMENTS} per input set)")
         if (self.audio is None) != (self.sample_rate is None):
             raise ValueError("'audio' needs 'sample_rate' (every file must have it: parity does not resample), and "
                              "'sample_rate' is for 'audio' only")

@@ -33,6 +33,11 @@ def _build(spec, experiment, batch: str) -> Inputs:
         return load_tensors(experiment.resolve(spec.tensors))
     if spec.text is not None:
         return make_text(spec.text, experiment.resolve(spec.tokenizer))
+    if spec.text_file is not None:
+        from parity.inputs.text import make_windows, read_text
+
+        return make_windows(read_text(spec.text_file, experiment), experiment.resolve(spec.tokenizer), spec.n_ctx,
+                            spec.windows)
     if spec.audio is not None:
         clips, notes = load_audio([experiment.resolve(f) for f in spec.audio], spec.sample_rate, spec.samples)
         return Inputs((clips,), notes=tuple(notes))

@@ -14,14 +14,17 @@ from parity.outputs import flatten, map_tensors
 @dataclasses.dataclass(frozen=True)
 class Inputs:
     """What a model is called with: `model(*args, **kwargs)`. `notes` are warnings about how the input
-    set came out (a constant image), for the console and the records."""
+    set came out (a constant image), for the console and the records. `scored_from`: the first position whose
+    next token a language model is scored on (a text cut into windows: each window's second half, as
+    llama-perplexity scores it; 0: every position)."""
 
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    scored_from: int = 0
 
     def map(self, fn) -> Inputs:
-        return Inputs(map_tensors(self.args, fn), map_tensors(self.kwargs, fn))
+        return Inputs(map_tensors(self.args, fn), map_tensors(self.kwargs, fn), scored_from=self.scored_from)
 
     def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> Inputs:
         """Move to `device`; cast floating tensors to `dtype` when given (integer inputs keep theirs)."""

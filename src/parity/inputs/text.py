@@ -1,13 +1,19 @@
-"""Text input sets: sentences tokenized by a local tokenizer folder (transformers' AutoTokenizer, read with
-`local_files_only`: nothing is downloaded), padded to the longest, handed to the model as the keyword
-tensors the tokenizer gives (int64 `input_ids`, `attention_mask`, and `token_type_ids` when it has them)."""
+"""Text input sets, tokenized by a local tokenizer folder (transformers' AutoTokenizer, read with
+`local_files_only`: nothing is downloaded), handed to the model as keyword tensors (int64 `input_ids`,
+`attention_mask`, and `token_type_ids` when the tokenizer gives them):
+
+- `text`: sentences, padded to the longest;
+- `text_file`: one text (a file, or a file an installed package bundles) tokenized once and cut into windows of
+  `n_ctx` tokens as `llama-perplexity` cuts it (`make_windows`): no padding, and a language model is scored on the
+  second half of each window (`Inputs.scored_from`)."""
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 from parity.errors import ParityError, first_line
-from parity.files import special_file_problem
+from parity.files import file_problem, special_file_problem
 from parity.inputs.base import Inputs
 from parity.offline import quiet_library_imports
 from parity.remote_code import remote_code_problem
@@ -75,3 +81,75 @@ def make_text(texts: list[str], folder: Path) -> Inputs:
         tokenizer.pad_token = tokenizer.eos_token
     encoded = tokenizer(list(texts), padding=pad, return_tensors="pt")
     return Inputs((), dict(encoded), notes=(note,) if note else ())
+
+
+MAX_TEXT_BYTES = 64 * 2**20  # a text file read whole: more than any window count needs
+
+
+def read_text(source, experiment) -> str:
+    """The text of a `text_file:`: a UTF-8 file (a path, relative to the experiment), or `{package, path}`: a file
+    an installed package bundles, found without importing the package. A Python file gives its string literals of
+    more than one word (not its dictionary keys) joined by blank lines, parsed and never run: the standard
+    library's `pydoc_data/topics.py` holds Python's language reference as English prose."""
+    if isinstance(source, str):
+        path = experiment.resolve(source, "text_file")
+    else:
+        from importlib.util import find_spec
+
+        try:
+            spec = find_spec(source.package)
+        except (ImportError, ValueError):
+            spec = None
+        folders = list(spec.submodule_search_locations or []) if spec is not None else []
+        if not folders:
+            raise ParityError(f"text_file: package '{source.package}' is not installed here (or is a module, not a "
+                              "package with a folder)")
+        path = Path(folders[0]) / source.path
+        if not path.resolve().is_relative_to(Path(folders[0]).resolve()):
+            raise ParityError(f"text_file: {source.path!r} is outside package '{source.package}'")
+    problem = file_problem(path, "text_file")
+    if problem:
+        raise ParityError(problem)
+    if path.stat().st_size > MAX_TEXT_BYTES:
+        raise ParityError(f"text_file {path}: larger than {MAX_TEXT_BYTES // 2**20} MiB; cut it")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ParityError(f"text_file {path}: not readable as UTF-8 text ({exc})") from exc
+    if path.suffix == ".py":
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError, RecursionError) as exc:
+            raise ParityError(f"text_file {path}: a .py file is read for its string literals, and it does not "
+                              f"parse ({exc})") from exc
+        text = "\n\n".join(node.value.strip() for node in ast.walk(tree)  # prose: more than one word
+                            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                            and len(node.value.split()) > 1)
+    return text
+
+
+def adds_bos(tokenizer) -> bool:
+    """Whether the tokenizer starts a text with its BOS token (llama.cpp's `llama_vocab_get_add_bos`)."""
+    bos = tokenizer.bos_token_id
+    return bos is not None and tokenizer("", add_special_tokens=True)["input_ids"][:1] == [bos]
+
+
+def make_windows(text: str, folder: Path, n_ctx: int, windows: int | None) -> Inputs:
+    """`text` tokenized once, as llama-perplexity tokenizes it (`common_tokenize(ctx, text, true)`: the tokenizer's
+    special tokens added, a BOS first when it adds one), cut into `windows` consecutive windows of `n_ctx` tokens
+    (None: as many as the text holds, `tokens / n_ctx`; the rest is dropped), each window's first token made the
+    BOS when the tokenizer adds one (perplexity.cpp `kl_divergence`). No padding: the attention mask is all ones.
+    The scored positions start at `n_ctx // 2` (perplexity.cpp's `first`)."""
+    import torch
+
+    tokenizer = load_tokenizer(folder)
+    ids = tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"]
+    fit = len(ids) // n_ctx
+    if fit < (windows or 1):
+        raise ParityError(f"text_file: {len(ids)} tokens hold {fit} windows of {n_ctx} tokens, fewer than the "
+                          f"{windows or 1} asked for; give a longer text or a smaller n_ctx")
+    count = windows or fit
+    cut = torch.tensor(ids[:count * n_ctx], dtype=torch.int64).view(count, n_ctx)
+    if adds_bos(tokenizer):
+        cut[:, 0] = tokenizer.bos_token_id
+    return Inputs((), {"input_ids": cut, "attention_mask": torch.ones_like(cut)}, scored_from=n_ctx // 2)

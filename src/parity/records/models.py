@@ -325,6 +325,8 @@ class GeneratedPrompt(Part):
 
     prompt_tokens: int = Field(description="The prompt's length in tokens: the sequence's first tokens, as many as "
                                            "leave room for the new tokens in the input set's sequence length.")
+    text_tokens: int | None = Field(None, description="The sequence's own length, when the prompt was cut shorter "
+                                                      "to leave room for the new tokens (the record's `notes` say so).")
     first_divergence: int | None = Field(description="The first new token (0-based) at which the continuations "
                                                      "differ; null: they match to the last.")
     margin: float | None = Field(None, description="The reference's top-2 probability margin at that token (both "
@@ -364,6 +366,13 @@ class Tier3Check(Check):
                           "probability margin and its class (near_tie or real).")
     generation: Generation | None = Field(None, description="Text generation with `new_tokens`: the free-running "
                                                             "greedy continuations of both sides compared.")
+    notes: list[str] | None = Field(None, description="What a reader must know of the metrics: few scored "
+                                                    "positions (under 100), no token ids, prompts cut for "
+                                                    "free-running.")
+    kld_histogram: dict[str, Any] | None = Field(None, description="Text generation: the scored positions' KL "
+                                                                   "divergence counted per decade (`edges`, and "
+                                                                   "`counts`: one more than the edges), for a "
+                                                                   "report's picture.")
     flips: Flips | None = Field(None, description="Detection, when a box is unmatched (a failed check, or a pass "
                                                   "short of every box): its unmatched boxes classed by mechanism "
                                                   "(`tiers.tasks.detection.attribution`).")

@@ -13,6 +13,7 @@ from parity.records.models import Check, GateVerdict, LayerError, Layers, Note, 
 from parity.records.summary import exit_code
 from parity.records.view import RunView
 from parity.report.next_steps import next_steps, oracle_finding
+from parity.report.statistics import statistics_tables
 from parity.verify.localize import pass_path
 from parity.verify.tasks import headline_of
 
@@ -185,6 +186,16 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
         for line in [flips_line(c), generation_line(c), *(next_steps(c, view, out_dir) if not c.passed else ())]:
             if line:
                 console.print("  " + escape(line), soft_wrap=True)
+        for note in c.notes or ():
+            console.print("  [yellow]warning[/yellow] " + escape(note), soft_wrap=True)
+    for stats in statistics_tables(view.checks(3)):
+        table = Table(title=escape(f"{stats.model} / {stats.inputs}: {stats.task} statistics (tier 3)"))
+        table.add_column("statistic")
+        for t in stats.targets:
+            table.add_column(escape(t), justify="right")
+        for name, values in stats.rows:
+            table.add_row(escape(name), *map(escape, values))
+        console.print(table)
     for key, loc in summary.get("localized", {}).items():
         if loc["error"]:
             where = f"not localized ({loc['error']})"
@@ -235,15 +246,14 @@ def headline_figures(check: Tier3Check) -> str:
     m = check.metrics
     headline = headline_of(check.task)
     shown = [h.metric for h in headline] if headline is not None else list(m)
-    return ", ".join(f"{k} {_metric(m[k])}" for k in shown if k in m)
+    return ", ".join(f"{k} {figure(m[k])}" for k in shown if k in m)
 
 
-def _metric(value: Any) -> str:
-    """A tier-3 statistic: a number to 4 significant digits; None is how records keep NaN/Inf (JSON has neither),
-    printed as `nan` beside the `mean KL nan` that its failure states."""
-    if value is None:
+def figure(x: Any) -> str:
+    """A metric as the reports print it: 4 significant digits, and a NaN (null in the records) as `nan`."""
+    if x is None:
         return "nan"
-    return f"{value:.4g}" if isinstance(value, int | float) else str(value)
+    return f"{x:.4g}" if isinstance(x, int | float) and not isinstance(x, bool) else str(x)
 
 
 def flips_line(check: Check) -> str | None:

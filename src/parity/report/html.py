@@ -32,6 +32,7 @@ from parity.report.console import (
     tolerance_title,
 )
 from parity.report.next_steps import next_steps
+from parity.report.statistics import kld_counts, statistics_tables
 from parity.taxonomy import MEANINGS, SEVERITY
 
 PICTURED_IMAGES = 4  # images drawn per detection check; the rest are counted, not drawn
@@ -203,10 +204,14 @@ def _bound(task: str, metric: str, thresholds: dict[str, Any]) -> dict[str, Any]
 
 def _tier3_tables(tier3: list[Tier3Check]) -> list[dict[str, Any]]:
     """One table per task: rows checks, columns the metrics, each metric with its threshold if it has one."""
+    from parity.verify.tasks import headline_of
+
     tables = []
     for task in dict.fromkeys(c.task for c in tier3):
         mine = [c for c in tier3 if c.task == task]
         metrics = list(dict.fromkeys(k for c in mine for k in c.metrics))
+        headline = [h.metric for h in headline_of(task) or ()]
+        metrics = [k for k in headline if k in metrics] or metrics  # the rest: in its statistics table
         columns = [{"name": m, "title": m.replace("_", " "), **_bound(task, m, mine[0].thresholds or {})}
                    for m in metrics]
         rows = []
@@ -216,11 +221,25 @@ def _tier3_tables(tier3: list[Tier3Check]) -> list[dict[str, Any]]:
                 value = c.metrics.get(col["name"])
                 low = col["threshold"] is not None and isinstance(value, int | float) and (
                     value < col["threshold"] if col["higher_is_better"] else value > col["threshold"])
-                cells.append({"text": _num(value), "low": low})
+                cells.append({"text": "nan" if value is None and col["name"] in c.metrics else _num(value),
+                              "low": low})
             rows.append({"key": _key(c), "passed": c.passed, "failure_class": c.failure_class,
-                         "detail": c.detail or "", "same_set": c.same_set, "cells": cells, "flips": flips_line(c) or generation_line(c)})
+                         "detail": c.detail or "", "same_set": c.same_set, "cells": cells, "flips": flips_line(c) or generation_line(c),
+                         "notes": c.notes or []})
         tables.append({"task": task, "columns": columns, "rows": rows})
     return tables
+
+
+def _statistics(tier3: list[Tier3Check]) -> list[dict[str, Any]]:
+    """The tier-3 statistics tables (report/statistics.py), each with a picture of every target's KL distribution
+    when its records keep one."""
+    out = []
+    for t in statistics_tables(tier3):
+        drawn = [(c.target, kld_counts(c)) for c in t.checks]
+        out.append({"title": f"{t.model} / {t.inputs}: {t.task}", "targets": t.targets, "rows": t.rows,
+                    "pictures": [{"target": target, "uri": plots.kld_histogram(*counts, target)}
+                                 for target, counts in drawn if counts]})
+    return out
 
 
 def _tier2(layers: list[Layers]) -> list[dict[str, Any]]:
@@ -330,6 +349,7 @@ def render_html(records: RunView | list[dict[str, Any]], summary: dict[str, Any]
         "latency_plot": latency_plot,
         "tier2": _tier2(layers),
         "tier3_tables": _tier3_tables(tier3),
+        "statistics": _statistics(tier3),
         "detections": _detections(tier3),
         "detection_models": [c for c in tier3 if c.task == "detection"],
         "parity_version": run.environment.get("parity"),

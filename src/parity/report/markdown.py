@@ -25,6 +25,7 @@ from parity.report.console import (
     environment_line,
     flips_line,
     generation_line,
+    headline_figures,
     passing_oracle_lines,
     percent,
     suspect_words,
@@ -33,6 +34,7 @@ from parity.report.console import (
     warned,
 )
 from parity.report.next_steps import next_steps, oracle_side
+from parity.report.statistics import statistics_tables
 
 # What could start an element or end a table cell inside a line: emphasis, code, links and images, raw HTML
 # and entities, autolinks, strikethrough, maths, table pipes, and the backslash itself (an underscore only
@@ -128,11 +130,16 @@ def render_markdown(records: RunView | list[dict[str, Any]], summary: dict[str, 
         lines += ["", "## Task-level agreement (tier 3)", "", "| model | inputs | target | task | verdict | metrics |",
                   "|---|---|---|---|---|---|"]
         for c in tier3:
-            metrics = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in c.metrics.items())
+            metrics = headline_figures(c)
             flips = flips_line(c) or generation_line(c)
             verdict = ("agrees" if c.passed else f"{c.failure_class}: {c.detail}")
-            verdict = verdict + (f"; {flips}" if flips else "")
+            verdict = "; ".join([verdict, *([flips] if flips else []), *(c.notes or ())])
             lines.append(f"| {md(c.model)} | {md(c.inputs)} | {md(c.target)} | {md(c.task)} | {md(verdict)} | {md(metrics)} |")
+        for stats in statistics_tables(tier3):
+            lines += ["", f"### {md(stats.model)} / {md(stats.inputs)}: {md(stats.task)} statistics", ""]
+            lines += _table(["statistic", *map(md, stats.targets)],
+                            [f"| {md(name)} | " + " | ".join(map(md, values)) + " |" for name, values in stats.rows],
+                            "")
     layers = view.layers
     if layers:
         lines += ["", "## Where the failing checks diverge (tier 2)", ""]

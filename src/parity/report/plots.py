@@ -269,3 +269,17 @@ def depth_plot(record: Layers) -> str | None:
     fig.legend(list(handles.values()), list(handles), loc="outside upper right", ncols=len(handles), fontsize=7,
                frameon=False)
     return data_uri(fig)
+
+
+def kld_histogram(edges: list[float], counts: list[int], target: str) -> str:
+    """One target's scored positions per decade of KL(reference || target) (text generation's tier 3): the
+    shape of the distribution whose mean, percentiles and maximum the statistics table gives."""
+    fig = _figure(4.2, 2.2)
+    ax = fig.add_subplot()
+    labels = [f"<{edges[0]:.0e}", *(f"{a:.0e}" for a in edges[:-1]), f">{edges[-1]:.0e}"]
+    ax.bar(range(len(counts)), counts, color=NEUTRAL)
+    ax.set_xticks(range(len(counts)), labels, rotation=45, ha="right", fontsize=7)
+    ax.set_ylabel("positions", fontsize=8)
+    ax.set_title(f"{_short(target, 40)}: KL per position (decades)", fontsize=9)
+    ax.tick_params(axis="y", labelsize=7)
+    return data_uri(fig)

@@ -123,7 +123,7 @@ def search_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn
         ran = execute(target, apply_fallback(model, modules, target) if modules else model, inputs, 1, example=example)
         if not ran.ok:
             return Trial(False, float("inf"))
-        verdict = evaluate(task[0], reference_out, ran.outputs[0], task[1], tolerance.gate) if task else None
+        verdict = evaluate(task[0], reference_out, ran.outputs[0], task[1], tolerance.gate, inputs) if task else None
         tier3 = verdict and {"task": task[0], "passed": verdict.passed, "same_set": verdict.same_set,
                              "failure_class": verdict.failure_class, "detail": verdict.detail}
         check = judge(ref, ran, aimed, task=tier3)

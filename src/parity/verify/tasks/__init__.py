@@ -30,6 +30,8 @@ class TaskResult:
     failure_class: str | None = None  # decision_flip, or why the outputs could not be read
     detail: str | None = None
     same_set: bool = False  # every item matched, with values within the gate: only the order differs
+    notes: list[str] = field(default_factory=list)  # what a reader must know of the metrics (few positions, a cut)
+    record: dict[str, Any] = field(default_factory=dict)  # fields the evaluation adds to its tier-3 record
 
 
 @dataclass(frozen=True)
@@ -54,11 +56,20 @@ class Task(ABC):
     flat_keys: ClassVar[dict[str, str]] = {}
     # How images are handed to its models unless the model says (`batch`): one stacked batch, or a list.
     batch: ClassVar[str] = "stack"
+    # Whether `evaluate` reads the inputs the model was called with too (`inputs=`: text-generation scores the
+    # text's next tokens); a task without it is called as before.
+    reads_inputs: ClassVar[bool] = False
 
     @abstractmethod
     def evaluate(self, reference: Any, target: Any, thresholds: Any, gate: float, output: str | None) -> TaskResult:
         """Metrics and verdict; raise OutputsNotUnderstood when the outputs are not this task's. `output`
-        names the leaf that holds the task's result when the outputs have several (tiers.tasks.output)."""
+        names the leaf that holds the task's result when the outputs have several (tiers.tasks.output). With
+        `reads_inputs`, also `inputs=`: the `Inputs` both sides were called with (None when unknown)."""
+
+    def statistics(self, metrics: dict[str, Any], thresholds: dict[str, Any] | None) -> list[tuple[str, str]]:
+        """Its statistics as (name, value) rows of one table per target, which every report shows side by side
+        (text-generation: llama-perplexity's table), from a record's metrics and thresholds; none by default."""
+        return []
 
     def record_fields(self, input_spec, reference: Any, target: Any, experiment, inputs) -> dict[str, Any]:
         """Fields this task adds to its tier-3 record (what a report needs beyond the metrics)."""
@@ -101,15 +112,26 @@ def headline_of(task: str) -> tuple[Headline, ...] | None:
         return None
 
 
+def statistics_of(task: str, metrics: dict[str, Any], thresholds: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """A tier-3 record's statistics table (`Task.statistics`); none when its task is not installed here."""
+    try:
+        return TASKS.get(task).statistics(metrics, thresholds) if task in TASKS.names() else []
+    except ParityError:
+        return []
+
+
 def follow_up_of(task: str | None, tasks_spec):
     """What `task` asks of each backend of a run after its timed runs (`Task.follow_up`), or None."""
     return TASKS.get(task).follow_up(tasks_spec.thresholds_for(task), tasks_spec.output) if task in evaluated() else None
 
 
-def evaluate(task: str, reference: Any, target: Any, tasks_spec, gate: float) -> TaskResult:
-    """`task`'s verdict at its thresholds in `tasks_spec` (an experiment's `tiers.tasks`)."""
+def evaluate(task: str, reference: Any, target: Any, tasks_spec, gate: float, inputs=None) -> TaskResult:
+    """`task`'s verdict at its thresholds in `tasks_spec` (an experiment's `tiers.tasks`); `inputs`: what both
+    sides were called with, for a task that reads them (`Task.reads_inputs`)."""
+    evaluator = TASKS.get(task)
+    given = {"inputs": inputs} if evaluator.reads_inputs else {}
     try:
-        return TASKS.get(task).evaluate(reference, target, tasks_spec.thresholds_for(task), gate, tasks_spec.output)
+        return evaluator.evaluate(reference, target, tasks_spec.thresholds_for(task), gate, tasks_spec.output, **given)
     except OutputsNotUnderstood as exc:
         return TaskResult(task, passed=False, failure_class=tx.STRUCTURE_MISMATCH, detail=str(exc))
 
@@ -139,7 +161,7 @@ def task_check(job, target_exec, reference_exec, experiment, inputs=None) -> dic
         return None
     tasks_spec = experiment.tiers.tasks
     result = evaluate(task, reference_exec.outputs[0], target_exec.outputs[0], tasks_spec,
-                      experiment.tolerance_for(target_exec.backend).gate)
+                      experiment.tolerance_for(target_exec.backend).gate, inputs)
     followed = {}
     if result.failure_class != tx.STRUCTURE_MISMATCH and None not in (reference_exec.follow_up, target_exec.follow_up):
         followed = TASKS.get(task).judge_follow_ups(result, reference_exec.follow_up, target_exec.follow_up,
@@ -147,7 +169,10 @@ def task_check(job, target_exec, reference_exec, experiment, inputs=None) -> dic
     record = {"tier": 3, "model": job.model.name, "inputs": job.inputs.name, "reference": job.reference.id,
               "target": target_exec.backend.id, "task": task, "status": "ok", "passed": result.passed,
               "failure_class": result.failure_class, "detail": result.detail, "metrics": result.metrics,
-              "thresholds": tasks_spec.thresholds_for(task).model_dump(), "same_set": result.same_set, **followed}
+              "thresholds": tasks_spec.thresholds_for(task).model_dump(), "same_set": result.same_set,
+              **result.record, **followed}
+    if result.notes:  # the reports print them under the check
+        record["notes"] = result.notes
     if result.failure_class != tx.STRUCTURE_MISMATCH:
         record.update(TASKS.get(task).record_fields(job.inputs, reference_exec.outputs[0], target_exec.outputs[0],
                                                     experiment, inputs))

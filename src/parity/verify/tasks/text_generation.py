@@ -1,21 +1,34 @@
 """Text generation: does the target choose the same next tokens as the reference, and how far apart are its
 next-token distributions? The statistics llama.cpp's `llama-perplexity --kl-divergence` judges a quantized model
-by, for any backend pair, teacher-forced: both sides read the same token sequences (the input set), and every
-position of the logits `[batch, positions, vocabulary]` is one next-token decision.
+by (tools/perplexity/perplexity.cpp `kl_divergence`, its formulas replicated in `next_token_statistics`), for any
+backend pair, teacher-forced: both sides read the same token sequences (the input set), the reference as
+llama.cpp's base, the target as its Q.
 
-- top-1 agreement: the share of positions where both sides' most likely next token is the same;
-- KL(reference || target) of the next-token distributions: mean, median, p99, max over positions;
-- delta p: the change in the probability of the reference's chosen token (target minus reference): mean, RMS;
-- perplexity ratio: the target's perplexity over the reference's, both on the reference's chosen tokens (the
-  outputs carry no input ids, so the tokens scored are the reference's greedy choices, not the text's own);
-- each flip (a position whose top-1 differs) with the reference's top-2 margin (its two most likely tokens'
-  probability difference): a flip within `near_tie_margin` is a near tie, where any rounding may swap the two;
-  beyond it, a real flip.
+Scored positions (`scored_positions`): the logits at position t predict the text's token t+1, so t is scored when
+t and t+1 are real tokens (padding masked by the attention mask) and t is in the scored part of its sequence (a
+text cut into windows, `text_file`: each window's second half, perplexity.cpp's `first = n_ctx/2`; a padded
+`text` set: every real next token). On them:
+
+- perplexity of each side on the text's next tokens, their ratio (and its log) with a standard error, and the
+  correlation of the two sides' ln PPL;
+- KL(reference || target): mean ± SE, median, 90/95/99/99.9th percentiles, maximum (and a histogram per decade
+  in the record, for the report's picture);
+- delta p: the target's probability of the text's next token minus the reference's: mean ± SE, RMS ± SE and
+  percentiles;
+- same top p ± SE (llama.cpp's: the share of positions whose most likely tokens are the same), and each flip with
+  the reference's top-2 margin (its two most likely tokens' probability difference): within `near_tie_margin` a
+  near tie, where any rounding may swap the two, beyond it a real flip. `top1_agreement`, which the verdict
+  judges, counts real flips only unless `count_near_ties` is set (the failure's line says which).
+
+Under 100 scored positions the record carries a note (llama-perplexity prints no statistics at all there).
+Without the token ids among the inputs (a model fed embeddings) the text is unknown: KL and top-1 over every
+real position, perplexity and delta p NaN, with a note.
 
 Free-running (`new_tokens`, default 16): each side generates a continuation greedily with its own artifact
 (`follow_up`, run in the execution after its timed runs: execute/follow_up.py). Artifacts are prepared at a fixed
 sequence length and run here without a cache, so each continuation is written into a buffer of the input set's own
-shape: each sequence keeps its first tokens as the prompt (at most its length less `new_tokens`), and every step
+shape: each sequence keeps its first tokens as the prompt (at most its length less `new_tokens`: a prompt cut
+shorter than its sequence is said in the record's notes and on the console), and every step
 re-runs the whole buffer and reads the scores at the last written position. A causal decoder's scores at a
 position depend only on the tokens up to it, so what the buffer holds beyond (the rest of the text, padding)
 changes nothing; this is verified (the prompt's scores must stay put when a token is written after them), and a
@@ -52,6 +65,7 @@ class TextGenerationThresholds(Strict):
     top1_agreement: float = Field(default=0.99, ge=0, le=1)
     kl_mean: float = Field(default=1e-3, ge=0)
     near_tie_margin: float = Field(default=0.01, ge=0, le=1)  # a flip whose reference top-2 margin is within it
+    count_near_ties: bool = False  # top1_agreement counts near-tie flips too (default: real flips only)
     new_tokens: int = Field(default=16, ge=0)  # free-running: tokens each side generates greedily (0: none)
     exact_match: float | None = Field(default=None, ge=0, le=1)  # fail below this share of matching continuations
 
@@ -71,12 +85,6 @@ def scores_of(output: Any, leaf: str | None = None) -> torch.Tensor:
     return next(iter(candidates.values())).detach().to(torch.float64)
 
 
-def kl_per_position(ref: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-    """KL(reference || target) of each position's softmax, clamped at 0 (float64 rounding can give -1e-18)."""
-    log_p, log_q = ref.log_softmax(-1), tgt.log_softmax(-1)
-    return (log_p.exp() * (log_p - log_q)).sum(-1).clamp_min(0.0)
-
-
 def _margins(scores: torch.Tensor) -> torch.Tensor:
     """The difference of the two largest probabilities of each row of next-token scores [..., vocabulary]."""
     p = scores.softmax(-1)
@@ -84,52 +92,183 @@ def _margins(scores: torch.Tensor) -> torch.Tensor:
     return top2[..., 0] - top2[..., 1]
 
 
-def flips(ref: torch.Tensor, tgt: torch.Tensor, near_tie: float) -> list[dict[str, Any]]:
-    """Every position whose top-1 differs ([sequence, position]), with the reference's top-2 margin (the
-    difference of its two largest probabilities) and its class: near_tie within `near_tie`, else real."""
-    margin = _margins(ref)
+def flips(ref: torch.Tensor, tgt: torch.Tensor, near_tie: float, scored: torch.Tensor | None = None) -> list[dict[str, Any]]:
+    """Every scored position (`scored`: a mask over [sequence, position]; None: all) whose top-1 differs
+    ([sequence, position]), with the reference's top-2 margin (the difference of its two largest probabilities)
+    and its class: near_tie within `near_tie`, else real."""
     chosen_r, chosen_t = ref.argmax(-1), tgt.argmax(-1)
+    differ = chosen_r != chosen_t
+    if scored is not None:
+        differ &= scored
+    margins = _margins(ref[differ]).tolist()  # only where they differ: a softmax of every position is large
     out = []
-    for where in (chosen_r != chosen_t).nonzero().tolist():
-        m = float(margin[tuple(where)])
+    for where, m in zip(differ.nonzero().tolist(), margins, strict=True):
         out.append({"position": where, "reference_token": int(chosen_r[tuple(where)]),
                     "target_token": int(chosen_t[tuple(where)]), "margin": m,
                     "class": "near_tie" if m <= near_tie else "real"})
     return out
 
 
+def _mean_and_uncertainty(total: float, total2: float, count: int) -> tuple[float, float]:
+    """perplexity.cpp `kl_divergence`'s `mean_and_uncertainty`: the mean and its standard error from a sum and a
+    sum of squares (0 at 10 values or fewer, or a variance rounded to <= 0)."""
+    if count < 1:
+        return 0.0, 0.0
+    f = total / count
+    df = total2 / count - f * f
+    return f, (math.sqrt(df / (count - 1)) if df > 0 and count > 10 else 0.0)
+
+
+def _covariance(sum_a: float, sum_b: float, sum_ab: float, count: int) -> float:
+    """perplexity.cpp `kl_divergence`'s `covariance` of two means (0 under 10 values)."""
+    if count < 10:
+        return 0.0
+    return (sum_ab / count - (sum_a / count) * (sum_b / count)) / (count - 1)
+
+
+def _percentile(values: torch.Tensor, fraction: float) -> float:
+    """perplexity.cpp's `percentile` of sorted values: linear between the two nearest ranks of fraction*(n-1)."""
+    return float(torch.quantile(values, fraction, interpolation="linear")) if values.numel() else math.nan
+
+
+def scored_positions(ids: torch.Tensor | None, mask: torch.Tensor | None, shape: torch.Size,
+                     first: int) -> torch.Tensor:
+    """Which positions [batch, positions] are scored: the logits at t predict token t+1, so t is scored when both t
+    and t+1 are real tokens (the attention mask; no mask: all) and t >= `first` (a text window's first half is
+    context only, as llama-perplexity's `first = n_ctx/2`). Without the token ids the text's next token is unknown:
+    every real position is scored (for KL and top-1; perplexity and delta p then have no value)."""
+    batch, length = shape
+    real = torch.ones(shape, dtype=torch.bool) if mask is None else mask.bool()
+    t = torch.arange(length)
+    if ids is None:
+        return real & (t >= first)
+    nxt = torch.zeros(shape, dtype=torch.bool)
+    nxt[:, :-1] = real[:, 1:]
+    return real & nxt & (t >= first)
+
+
+def next_token_statistics(ref: torch.Tensor, tgt: torch.Tensor, next_tokens: torch.Tensor | None) -> dict[str, Any]:
+    """The statistics `llama-perplexity --kl-divergence` prints (perplexity.cpp `kl_divergence`, per position in
+    its `log_softmax(n_vocab, logits, base_log_prob, tok, kld)`), with the reference as its base and the target as
+    Q, over scored positions [n, vocabulary] (`next_tokens` [n]: the text's next token at each; None: unknown,
+    and the statistics on it are NaN). Its formulas, in float64: PPL = exp(mean NLL) ± PPL·SE; ln(PPL(Q)/PPL(base))
+    ± sqrt(SE_Q² + SE_base² − 2·cov); Cor(ln PPL(Q), ln PPL(base)) = cov / (SE_Q·SE_base); KLD mean ± SE and
+    percentiles; Δp = p_Q(token) − p_base(token): mean ± SE, RMS ± 0.5/RMS·SE(mean Δp²) and percentiles; same
+    top p ± sqrt(p(1−p)/(n−1)). One difference, in llama.cpp's favour of size: it stores the base's log
+    probabilities in 16 bits (within 16 nats of the largest), parity keeps them in float64."""
+    n = ref.shape[0]
+    nan = math.nan
+    log_p, log_q = ref.log_softmax(-1), tgt.log_softmax(-1)
+    kld = (log_p.exp() * (log_p - log_q)).sum(-1).clamp_min(0.0)
+    same = int((ref.argmax(-1) == tgt.argmax(-1)).sum())
+    m: dict[str, Any] = {"positions": n}
+    kl_mean, kl_se = _mean_and_uncertainty(float(kld.sum()), float(kld.square().sum()), n)
+    same_top = same / n if n else nan
+    m.update(kl_mean=kl_mean if n else nan, kl_mean_se=kl_se if n else nan,
+             same_top1=same_top, same_top1_se=math.sqrt(same_top * (1 - same_top) / (n - 1)) if n > 1 else nan)
+    for key, fraction in KL_PERCENTILES:
+        m[key] = _percentile(kld, fraction)
+    if next_tokens is None or not n:
+        m.update({k: nan for k in TEXT_STATISTICS})
+        return m | {"_kld": kld}
+    nll_q = -log_q.gather(-1, next_tokens[:, None]).squeeze(-1)
+    nll_b = -log_p.gather(-1, next_tokens[:, None]).squeeze(-1)
+    lq, lq_se = _mean_and_uncertainty(float(nll_q.sum()), float(nll_q.square().sum()), n)
+    lb, lb_se = _mean_and_uncertainty(float(nll_b.sum()), float(nll_b.square().sum()), n)
+    cov = _covariance(float(nll_q.sum()), float(nll_b.sum()), float((nll_q * nll_b).sum()), n)
+    ratio_se = math.sqrt(max(lq_se ** 2 + lb_se ** 2 - 2 * cov, 0.0))
+    dp = (-nll_q).exp() - (-nll_b).exp()
+    dp_mean, dp_se = _mean_and_uncertainty(float(dp.sum()), float(dp.square().sum()), n)
+    mse, mse_se = _mean_and_uncertainty(float(dp.square().sum()), float(dp.pow(4).sum()), n)
+    rms = math.sqrt(mse)
+    m.update(ppl_target=math.exp(lq), ppl_target_se=math.exp(lq) * lq_se,
+             ppl_reference=math.exp(lb), ppl_reference_se=math.exp(lb) * lb_se,
+             ln_ppl_ratio=lq - lb, ln_ppl_ratio_se=ratio_se,
+             perplexity_ratio=math.exp(lq - lb), perplexity_ratio_se=math.exp(lq - lb) * ratio_se,
+             ln_ppl_correlation=cov / (lq_se * lb_se) if lq_se * lb_se > 0 else nan,
+             delta_p_mean=dp_mean, delta_p_mean_se=dp_se,
+             delta_p_rms=rms, delta_p_rms_se=0.5 / rms * mse_se if rms > 0 else 0.0)
+    for key, fraction in DP_PERCENTILES:
+        m[key] = _percentile(dp, fraction)
+    return m | {"_kld": kld}
+
+
+KL_PERCENTILES = (("kl_median", 0.5), ("kl_p90", 0.9), ("kl_p95", 0.95), ("kl_p99", 0.99), ("kl_p999", 0.999),
+                  ("kl_max", 1.0))
+DP_PERCENTILES = (("delta_p_min", 0.0), ("delta_p_p01", 0.01), ("delta_p_p05", 0.05), ("delta_p_median", 0.5),
+                  ("delta_p_p95", 0.95), ("delta_p_p99", 0.99), ("delta_p_max", 1.0))
+# What needs the text's next token: no value without the token ids.
+TEXT_STATISTICS = ("ppl_target", "ppl_target_se", "ppl_reference", "ppl_reference_se", "ln_ppl_ratio",
+                   "ln_ppl_ratio_se", "perplexity_ratio", "perplexity_ratio_se", "ln_ppl_correlation",
+                   "delta_p_mean", "delta_p_mean_se", "delta_p_rms", "delta_p_rms_se",
+                   *(k for k, _ in DP_PERCENTILES))
+FEW_POSITIONS = 100  # under it llama-perplexity prints no final statistics; parity prints them with a warning
+KLD_BINS = [10.0 ** e for e in range(-9, 3)]  # edges of the KL histogram a record keeps (per decade)
+
+
+def kld_histogram(kld: torch.Tensor) -> dict[str, Any]:
+    """The scored positions' KL per decade, for a report's picture: counts below 1e-9, in each decade, above 100."""
+    edges = torch.tensor(KLD_BINS, dtype=kld.dtype)
+    counts = torch.bincount(torch.bucketize(kld, edges), minlength=len(KLD_BINS) + 1)
+    return {"edges": KLD_BINS, "counts": counts.tolist()}
+
+
+def _text_of(inputs, shape: torch.Size) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:
+    """The token ids the logits were computed on, their attention mask (each None when absent or of another shape)
+    and the first scored position, from the inputs the model was called with."""
+    if inputs is None:
+        return None, None, 0
+    key, mask_key = _buffer_keys(inputs)
+    ids, mask = inputs.kwargs.get(key), inputs.kwargs.get(mask_key)
+    fits = lambda t: isinstance(t, torch.Tensor) and tuple(t.shape) == tuple(shape) and not t.is_floating_point()  # noqa: E731
+    return (ids if fits(ids) else None), (mask if fits(mask) else None), inputs.scored_from
+
+
 def evaluate(reference: Any, target: Any, thresholds: TextGenerationThresholds, gate: float,
-             output: str | None = None) -> TaskResult:
+             output: str | None = None, inputs=None) -> TaskResult:
+    """The statistics over the scored positions (`scored_positions`: real next tokens only, from the first scored
+    position of each window) of the logits a model returned on `inputs` (None: every position, the text unknown),
+    and the verdict: top-1 agreement on real flips (near ties within `near_tie_margin` reported apart, and counted
+    only with `count_near_ties`) and mean KL."""
     ref, tgt = scores_of(reference, output), scores_of(target, output)
     if ref.shape != tgt.shape:
         raise OutputsNotUnderstood(f"next-token scores of shape {list(tgt.shape)} vs reference {list(ref.shape)}")
-    kl = kl_per_position(ref, tgt).flatten()
-    chosen = ref.argmax(-1, keepdim=True)
-    logp_r = ref.log_softmax(-1).gather(-1, chosen).flatten()
-    logp_t = tgt.log_softmax(-1).gather(-1, chosen).flatten()
-    delta_p = logp_t.exp() - logp_r.exp()
-    found = flips(ref, tgt, thresholds.near_tie_margin)
+    if ref.dim() == 2:
+        ref, tgt = ref[None], tgt[None]
+    ids, mask, first = _text_of(inputs, ref.shape[:2])
+    scored = scored_positions(ids, mask, ref.shape[:2], first)
+    next_tokens = None if ids is None else ids.roll(-1, dims=1)[scored]
+    m = next_token_statistics(ref[scored], tgt[scored], next_tokens)
+    kld = m.pop("_kld")
+    found = flips(ref, tgt, thresholds.near_tie_margin, scored)
     real = sum(f["class"] == "real" for f in found)
-    positions = kl.numel()
-    top1 = 1.0 - len(found) / positions
-    metrics = {
-        "positions": positions, "top1_agreement": top1, "flips": len(found), "real_flips": real,
-        "near_tie_flips": len(found) - real,
-        "kl_mean": float(kl.mean()), "kl_median": float(kl.median()), "kl_p99": float(kl.quantile(0.99)),
-        "kl_max": float(kl.max()), "delta_p_mean": float(delta_p.mean()),
-        "delta_p_rms": float(delta_p.square().mean().sqrt()),
-        "perplexity_ratio": float((logp_r.mean() - logp_t.mean()).exp()),  # exp(mean nll_t) / exp(mean nll_r)
-    }
+    n = m["positions"]
+    top1 = 1.0 - (len(found) if thresholds.count_near_ties else real) / n if n else math.nan
+    m.update(top1_agreement=top1, flips=len(found), real_flips=real, near_tie_flips=len(found) - real)
+    result = TaskResult("text-generation", m, record={"kld_histogram": kld_histogram(kld)})
+    if found:  # what a reader looks at: real flips first, then by the reference's margin (largest first)
+        found.sort(key=lambda f: (f["class"] != "real", -f["margin"]))
+        result.record["token_flips"] = found[:MAX_FLIPS]
+    if ids is None:
+        result.notes.append("no token ids among the inputs: the text's next tokens are unknown, so perplexity and "
+                            "delta p have no value; KL and top-1 are over every real position")
+    if n < FEW_POSITIONS:
+        result.notes.append(f"only {n} scored positions (under {FEW_POSITIONS}): the statistics are rough "
+                            "(llama-perplexity prints none)")
     failures = []
-    if top1 < thresholds.top1_agreement:
-        failures.append(f"top-1 agreement {top1:.4f} < {thresholds.top1_agreement} ({len(found)} of {positions} "
-                        f"next-token decisions flipped, {real} beyond a near tie)")
-    if not math.isfinite(metrics["kl_mean"]):  # NaN/Inf in a side's scores: no comparison ever passes it
-        failures.append(f"mean KL {metrics['kl_mean']}: NaN or Inf in the scores of a side")
-    elif metrics["kl_mean"] > thresholds.kl_mean:
-        failures.append(f"mean KL {metrics['kl_mean']:.3g} > {thresholds.kl_mean}")
-    result = verdict(TaskResult("text-generation", metrics), failures)
-    return result
+    if not n:
+        failures.append("no scored position: every next token is padding or in a window's unscored first half")
+    elif top1 < thresholds.top1_agreement:
+        counted = ("every flip counted, near ties too (count_near_ties)" if thresholds.count_near_ties else
+                   f"real flips only: {len(found) - real} near ties within a reference top-2 margin of "
+                   f"{thresholds.near_tie_margin} not counted")
+        failures.append(f"top-1 agreement {top1:.4f} < {thresholds.top1_agreement} ({real} real flips, "
+                        f"{len(found) - real} near ties, of {n} scored next-token decisions; {counted})")
+    if n and not math.isfinite(m["kl_mean"]):  # NaN/Inf in a side's scores: no comparison ever passes it
+        failures.append(f"mean KL {m['kl_mean']}: NaN or Inf in the scores of a side")
+    elif n and m["kl_mean"] > thresholds.kl_mean:
+        failures.append(f"mean KL {m['kl_mean']:.3g} ± {m['kl_mean_se']:.2g} > {thresholds.kl_mean}")
+    return verdict(result, failures)
 
 
 def _buffer_keys(inputs) -> tuple[str, str]:
@@ -179,6 +318,7 @@ def generate(run, inputs, new_tokens: int, leaf: str | None = None) -> dict[str,
         tokens.append(chosen)
         margins.append(_margins(read))
     return {"new_tokens": n, "prompts": [ids[i, :int(prompt[i])].tolist() for i in range(batch)],
+            "text_tokens": lengths.tolist(),
             "tokens": torch.stack(tokens, -1).tolist(), "margins": torch.stack(margins, -1).tolist()}
 
 
@@ -206,9 +346,12 @@ def judge_continuations(result: TaskResult, reference: dict[str, Any], target: d
         if "error" in found:
             return {"generation": {"error": f"the {side}: {found['error']}"}}
     prompts = []
+    texts = reference.get("text_tokens") or [len(p) for p in reference["prompts"]]  # follow-ups before it: uncut
     for i, (prompt, ref, tgt) in enumerate(zip(reference["prompts"], reference["tokens"], target["tokens"], strict=True)):
         k = first_divergence(ref, tgt)
         entry: dict[str, Any] = {"prompt_tokens": len(prompt), "first_divergence": k}
+        if texts[i] > len(prompt):
+            entry["text_tokens"] = texts[i]
         if k is not None:
             margin = reference["margins"][i][k]
             entry.update(margin=margin, flip="near_tie" if margin <= thresholds.near_tie_margin else "real",
@@ -216,6 +359,12 @@ def judge_continuations(result: TaskResult, reference: dict[str, Any], target: d
             if decode is not None:
                 entry["text"] = {part: decode(entry[part]) for part in ("context", "reference", "target")}
         prompts.append(entry)
+    cut = [(p["text_tokens"], p["prompt_tokens"]) for p in prompts if "text_tokens" in p]
+    if cut:
+        shown = ", ".join(f"{a} -> {b}" for a, b in cut[:4]) + (", ..." if len(cut) > 4 else "")
+        result.notes.append(f"free-running: {len(cut)} of {len(prompts)} prompts cut to leave room for "
+                            f"{reference['new_tokens']} new tokens in the input set's sequence length (tokens "
+                            f"{shown}); a lower new_tokens keeps more of each prompt")
     diverged = [p["first_divergence"] for p in prompts if p["first_divergence"] is not None]
     exact = 1.0 - len(diverged) / len(prompts) if prompts else 1.0
     result.metrics["exact_match"] = exact
@@ -227,30 +376,71 @@ def judge_continuations(result: TaskResult, reference: dict[str, Any], target: d
     return {"generation": {"new_tokens": reference["new_tokens"], "exact_match": exact, "prompts": prompts}}
 
 
+def _num(x: Any, fmt: str = ".6g") -> str:
+    """A statistic as reports print it: NaN (kept as null in the records) is `nan`."""
+    return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def _pm(m: dict[str, Any], key: str, scale: float = 1.0, fmt: str = ".6g", unit: str = "") -> str:
+    """`value ± standard error` of `key` (its SE under `key_se`), scaled (100: percent)."""
+    value, se = m.get(key), m.get(f"{key}_se")
+    return f"{_num(_scaled(value, scale), fmt)} ± {_num(_scaled(se, scale), '.2g')}{unit}"
+
+
+def statistics_rows(m: dict[str, Any], thresholds: dict[str, Any]) -> list[tuple[str, str]]:
+    """A check's statistics in llama-perplexity's words and order (its `kl_divergence` summary), Q the target and
+    base the reference; a record written before these statistics shows what it has."""
+    if "kl_mean_se" not in m:  # an older record: its own metrics as they are
+        return [(k, _num(v, ".4g") if isinstance(v, float) else str(v)) for k, v in m.items()]
+    n = m.get("positions", 0)
+    rows = [("scored positions", f"{n}" + (f" (under {FEW_POSITIONS}: rough)" if n < FEW_POSITIONS else "")),
+            ("PPL(reference)", _pm(m, "ppl_reference")), ("PPL(target)", _pm(m, "ppl_target")),
+            ("Cor(ln PPL(target), ln PPL(reference))", _num(_scaled(m.get("ln_ppl_correlation"), 100), ".2f") + "%"),
+            ("ln(PPL(target)/PPL(reference))", _pm(m, "ln_ppl_ratio")),
+            ("PPL(target)/PPL(reference)", _pm(m, "perplexity_ratio")),
+            ("mean KLD", _pm(m, "kl_mean"))]
+    rows += [(f"{label} KLD", _num(m.get(key))) for key, label in
+             (("kl_max", "maximum"), ("kl_p999", "99.9%"), ("kl_p99", "99.0%"), ("kl_p95", "95.0%"),
+              ("kl_p90", "90.0%"), ("kl_median", "median"))]
+    rows += [("mean Δp", _pm(m, "delta_p_mean", 100, ".4g", " %")), ("RMS Δp", _pm(m, "delta_p_rms", 100, ".4g", " %"))]
+    rows += [(f"{label} Δp", _num(_scaled(m.get(key), 100), ".4g") + "%") for key, label in
+             (("delta_p_max", "maximum"), ("delta_p_p99", "99.0%"), ("delta_p_p95", "95.0%"),
+              ("delta_p_median", "median"), ("delta_p_p05", "5.0%"), ("delta_p_p01", "1.0%"),
+              ("delta_p_min", "minimum"))]
+    rows.append(("same top p", _pm(m, "same_top1", 100, ".4g", " %")))
+    gated = "every flip" if thresholds.get("count_near_ties") else "real flips only"
+    rows.append((f"top-1 agreement (judged: {gated})",
+                 f"{_num(_scaled(m.get('top1_agreement'), 100), '.4g')}% ({m.get('real_flips')} real, "
+                 f"{m.get('near_tie_flips')} near-tie flips)"))
+    return rows
+
+
+def _scaled(x: Any, scale: float) -> Any:
+    return None if x is None else x * scale
+
+
 class TextGeneration(Task):
     name = "text-generation"
     Thresholds = TextGenerationThresholds
-    headline = (Headline("top1_agreement", threshold="top1_agreement"),
+    reads_inputs = True
+    headline = (Headline("positions"), Headline("top1_agreement", threshold="top1_agreement"),
                 Headline("kl_mean", higher_is_better=False, threshold="kl_mean"),
                 Headline("kl_p99", higher_is_better=False), Headline("delta_p_rms", higher_is_better=False),
                 Headline("perplexity_ratio", higher_is_better=None), Headline("real_flips", higher_is_better=False),
                 Headline("near_tie_flips", higher_is_better=False), Headline("exact_match", threshold="exact_match"),
                 Headline("first_divergence"))
 
-    def evaluate(self, reference, target, thresholds, gate, output):
-        return evaluate(reference, target, thresholds, gate, output)
+    def statistics(self, metrics, thresholds):
+        return statistics_rows(metrics, thresholds or {})
+
+    def evaluate(self, reference, target, thresholds, gate, output, inputs=None):
+        return evaluate(reference, target, thresholds, gate, output, inputs)
 
     def follow_up(self, thresholds, output):
         return partial(generate, new_tokens=thresholds.new_tokens, leaf=output) if thresholds.new_tokens else None
 
     def judge_follow_ups(self, result, reference, target, thresholds, input_spec, experiment):
         return judge_continuations(result, reference, target, thresholds, _decoder(input_spec, experiment))
-
-    def explain(self, reference, target, thresholds, reference_captured, target_captured):
-        """The flips, real ones first, then by the reference's margin (largest first): what a reader looks at."""
-        found = flips(scores_of(reference), scores_of(target), thresholds.near_tie_margin)
-        found.sort(key=lambda f: (f["class"] != "real", -f["margin"]))
-        return {"token_flips": found[:MAX_FLIPS]} if found else {}
 
 
 TASK = TextGeneration()
