@@ -10,7 +10,10 @@ import torch
 from pydantic import Field
 
 from parity.config.schema import Strict
+from parity.inputs.images import image_files
 from parity.verify.tasks import Headline, OutputsNotUnderstood, Task, TaskResult, verdict
+from parity.verify.tasks.detection_capture import candidates_of, install
+from parity.verify.tasks.flips import attribute
 
 
 def detections_of(output: Any) -> list[dict[str, torch.Tensor]]:
@@ -131,9 +134,6 @@ def flips(reference: Any, target: Any, thresholds: DetectionThresholds, referenc
           target_captured: list[Any]) -> dict[str, Any]:
     """Every unmatched box classed by the mechanism that made it differ (flips.py), through both sides'
     post-processing inputs when both were captured, else from the outputs alone."""
-    from parity.verify.tasks.detection_capture import candidates_of
-    from parity.verify.tasks.flips import attribute
-
     refs, tgts = detections_of(reference), detections_of(target)
     matches = [match(r, t, thresholds.iou) for r, t in zip(refs, tgts, strict=True)]
     return attribute(refs, tgts, matches, thresholds.iou, behind(refs, candidates_of(reference_captured)),
@@ -186,8 +186,6 @@ def detection_pictures(input_spec, reference_out: Any, target_out: Any, experime
     """What a report needs to draw reference and target boxes on each input image, from the record alone:
     the image files (resolved paths; `path` is None for synthetic inputs), the size the model saw them at,
     the preprocessing geometry that took the file there, and each side's highest-scoring boxes."""
-    from parity.inputs.images import image_files
-
     reference, target = drawable(reference_out), drawable(target_out)
     files = image_files(input_spec.images, experiment.base_dir) if input_spec.images else []
     sizes = _image_sizes(inputs)
@@ -216,8 +214,6 @@ class Detection(Task):
 
     def instrument(self, model, thresholds):
         if thresholds.attribution:
-            from parity.verify.tasks.detection_capture import install
-
             install(model)
 
     def explain(self, reference, target, thresholds, reference_captured, target_captured):
