@@ -60,6 +60,8 @@ def model_entry(ref: str, entry: str | None = None, hubconf: str | None = None,
     if HF.match(ref):
         spec = hf_entry(ref)
     elif suffix in MODEL_FILES:
+        if not os.path.lexists(folder):
+            raise ParityError(f"MODEL '{ref}': no such file here")
         problem = file_problem(folder, "MODEL")  # a FIFO is said to be one, never "no such file"
         if problem:
             raise ParityError(problem)

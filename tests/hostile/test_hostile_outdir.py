@@ -149,15 +149,18 @@ NOBODY = 65534
 
 
 def unreachable_for_nobody() -> str | None:
-    """The first folder that `nobody` cannot enter on the way to the code this process still imports (parity's
-    source, these tests), or None. A checkout under a private folder (root's 0700 home) is one: there
-    `nobody` can import nothing more, and a case run as nobody would fail for that, not for what it tests."""
+    """The first folder that `nobody` cannot enter on the way to the code this process may still import
+    (parity's source, these tests, Python's standard library, the installed packages), or None. A checkout
+    or a Python under a private folder (root's 0700 home, where pyenv installs) is one: there `nobody` can
+    import nothing more (a command's lazy imports fail: `No module named 'fractions'`), and a case run as
+    nobody would fail for that, not for what it tests."""
+    import pydantic
     import torch
 
     import parity
     import tests
 
-    for module in (parity, tests, torch):
+    for module in (parity, tests, os, pydantic, torch):
         for folder in Path(module.__file__).resolve().parents:
             mode = folder.stat().st_mode
             if not mode & 0o001:  # no search permission for others
@@ -176,8 +179,8 @@ def as_nobody(cwd: Path):
         return
     blocked = unreachable_for_nobody()
     if blocked:
-        pytest.skip(f"run as root from a checkout under {blocked}, which user nobody cannot enter: the read-only "
-                    "cases run as nobody, who could not import parity's modules from there")
+        pytest.skip(f"run as root with code under {blocked}, which user nobody cannot enter: the read-only cases "
+                    "run as nobody, who could not import the modules a command needs from there")
     saved = os.getcwd()
     os.chdir(cwd)
     os.setegid(NOBODY)
