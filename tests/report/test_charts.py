@@ -90,3 +90,14 @@ def test_a_report_with_two_gates_in_chromium_screenshot(tmp_path):
     assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if os.environ.get("PARITY_SCREENSHOT_DIR"):
         shutil.copy(shot, os.environ["PARITY_SCREENSHOT_DIR"])
+
+
+def test_a_cell_of_the_report_says_needs_atol_in_digits_that_agree_with_the_sweep():
+    from parity.records.summary import summarize
+    from parity.report.html import render_html
+    from tests.report.test_report import quickstart_records
+
+    records = quickstart_records(models=("resnet18",))
+    records[-1].update(passed=False, failure_class="numeric_drift", detail="drift", required_atol=1.04e-4, max_abs=2e-4)
+    html = render_html(records, summarize(records), "run")
+    assert "needs atol 1.04e-04" in html and "needs atol 1.0e-04" not in html
