@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -378,15 +379,14 @@ def spread(level: LevelResult, threshold: float) -> bool:
     """No layer of `level` stands out: three or more exceed the threshold, and the largest of them is within
     SPREAD_RATIO of their median (all finite: an infinite error is of no finite one's order). Layers within the
     threshold (zeros, a clean embedding) take no part: a median over them and a few faulty blocks says nothing.
-    Not when those above are the blocks of one stack (`layers.0`, `layers.1`, ...): a fault repeated in every
-    block is found inside them (`repeated`)."""
-    over = sorted(size(e) for e in level.local.values() if not e.error and not within(e, threshold))
+    Not when those above are one path repeated across a stack (`layers.0`, `layers.1`; `layers.0.mlp.down`,
+    `layers.1.mlp.down`): a fault repeated in every block is one fault, said as such (`repeated`)."""
+    above = [e for e in level.local.values() if not e.error and not within(e, threshold)]
+    over = sorted(size(e) for e in above)
     if len(over) < 3 or not math.isfinite(over[-1]):
         return False
-    stacks = {e.name.rpartition(".")[0] for e in level.local.values()
-              if not e.error and not within(e, threshold) and e.name.rpartition(".")[2].isdigit()}
-    blocks = [e for e in level.local.values() if not e.error and not within(e, threshold)]
-    if len(stacks) == 1 and all(e.name.rpartition(".")[2].isdigit() for e in blocks):
+    paths = {re.sub(r"\.\d+(?=\.|$)", ".*", e.name) for e in above}
+    if len(paths) == 1 and "*" in next(iter(paths)):
         return False
     return over[-1] <= SPREAD_RATIO * over[(len(over) - 1) // 2]
 
