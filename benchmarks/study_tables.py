@@ -52,6 +52,9 @@ DOC = ROOT / "docs" / "study.md"
 ARCHIVE = ROOT / "docs" / "study-records.jsonl.gz"
 TIME_ARCHIVE = ROOT / "docs" / "study-time.txt"
 SURVEY_ARCHIVE = ROOT / "docs" / "study-localize.jsonl.gz"
+# Some of the survey's checks localized again in v4, each layers record whole (its per-level tables included), with
+# the commit and CPU its run recorded: the per-layer tables the survey's archive lacks.
+RERUN_ARCHIVE = ROOT / "docs" / "study-localize-rerun.jsonl.gz"
 # The deterministic NMS adapter's fidelity (benchmarks/adapter_fidelity.py --json), on the study's detectors
 # and the trained one.
 FIDELITY_ARCHIVE = ROOT / "docs" / "study-adapter-fidelity.jsonl"
@@ -239,8 +242,10 @@ class Study:
     the models that were given extra seeds do not weigh more in the rates than the others."""
 
     def __init__(self, records: list[dict[str, Any]], timing: dict[str, float] | None = None,
-                 survey: list[dict[str, Any]] | None = None, fidelity: list[dict[str, Any]] | None = None):
+                 survey: list[dict[str, Any]] | None = None, fidelity: list[dict[str, Any]] | None = None,
+                 rerun: list[dict[str, Any]] | None = None):
         self.all_records = records
+        self.rerun = rerun
         self.fidelity = fidelity
         self.run = next(r for r in records if r["kind"] == "run")
         self.config = self.run["config"]
@@ -1166,6 +1171,44 @@ def block_localize(s: Study) -> str:
             + table(["model", "target", "first divergent", "culprit", "required atol", "seconds", "note"], per_check))
 
 
+def block_localize_rerun(s: Study) -> str:
+    """The survey's checks localized again (v4), beside the survey's own first divergent module: whether the
+    location holds on another commit, and the per-layer tables the survey's archive did not keep."""
+    if not s.rerun:
+        return "No check of the survey was localized again."
+    surveyed = {(r["model"], r["inputs"], r["target"]): r for r in s.survey or []}
+    rows, same = [], 0
+    for r in s.rerun:
+        before = (surveyed.get((r["model"], r["inputs"], r["target"])) or {}).get("first_divergent")
+        same += before == r.get("first_divergent")
+        rows.append([r["model"], r["target"], before or "-", r.get("first_divergent") or "none",
+                     "same" if before == r.get("first_divergent") else "**differs**", r.get("culprit") or "none",
+                     sum(len(level.get("layers") or []) for level in r.get("levels") or []), seconds(r.get("wall_s"))])
+    runs = dict.fromkeys((r.get("git_commit") or "unknown")[:10] + " on " + (r.get("cpu") or {}).get("model", "?")
+                         + f" ({', '.join((r.get('cpu') or {}).get('flags') or [])})" for r in s.rerun)
+    head = (f"{len(s.rerun)} of the survey's checks localized again in v4 (`parity localize`, one check per process, one "
+            f"torch thread; parity at {'; '.join(runs)}): {same} name the same first divergent module as the survey. "
+            f"Their layers records are archived whole ({RERUN_ARCHIVE.name}): each level's rows, a layer's own and "
+            f"propagated errors, which the survey's archive did not keep.")
+    return head + "\n\n" + table(["model", "target", "survey's first divergent", "v4's first divergent", "",
+                                   "v4's culprit", "layer rows archived", "localize's own seconds"], rows)
+
+
+def rerun_lines(folder: Path) -> list[dict[str, Any]]:
+    """The layers record of each `parity localize` output folder under `folder` (sorted by name), with localize's
+    own time (`wall_s`, as the survey's lines have it) and the commit and CPU its run recorded: RERUN_ARCHIVE's
+    lines."""
+    out = []
+    for records in sorted(folder.glob("*/records.jsonl")):
+        lines = load_records(records)
+        env = next((r for r in lines if r["kind"] == "run"), {}).get("environment") or {}
+        layers = [r for r in lines if r["kind"] == "layers"]
+        if layers:
+            out.append({**layers[-1], "wall_s": layers[-1].get("elapsed_s"), "git_commit": env.get("git_commit"),
+                        "cpu": env.get("cpu")})
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------
 # the experiments of issue #27 (study/): the trained detector at scale, the SE control, decisions at 1 and 2 threads
 
@@ -1430,6 +1473,7 @@ BLOCKS = {
     "adapter-fidelity": block_adapter_fidelity,
     "taxonomy": block_taxonomy,
     "localize": block_localize,
+    "localize-rerun": block_localize_rerun,
     "latency": block_latency,
     "comparison": block_comparison,
     "like-for-like": block_like_for_like,
@@ -1603,6 +1647,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recompute", action="store_true",
                         help=f"draw every interval of {INTERVALS_ARCHIVE.relative_to(ROOT)} again from its clusters, "
                              "draws and seed, and say which bounds differ (exit 1 if any)")
+    parser.add_argument("--localize-rerun", type=Path, metavar="FOLDER",
+                        help="parity localize output folders (one per check) of survey checks localized again: with "
+                             f"--archive, their layers records go to {RERUN_ARCHIVE.relative_to(ROOT)}")
     parser.add_argument("--archive", action="store_true",
                         help="first copy the runs given as folders (and the fidelity rows) into docs/ (see above)")
     args = parser.parse_args(argv)
@@ -1616,7 +1663,7 @@ def main(argv: list[str] | None = None) -> int:
     first_source = Path(args.first) if args.first else FIRST_ARCHIVE
     if args.archive:
         if not (source.is_dir() or trained_source.is_dir() or first_source.is_dir() or fidelity_source != FIDELITY_ARCHIVE
-                or args.detector or args.se or args.se_replica or args.repro or args.llm):
+                or args.detector or args.se or args.se_replica or args.repro or args.llm or args.localize_rerun):
             parser.error("--archive takes a run folder (the study's, --trained's, --first's, --repro's), --fidelity, "
                          "--detector or --se rows")
         if source.is_dir():
@@ -1637,12 +1684,17 @@ def main(argv: list[str] | None = None) -> int:
             archive(Path(run_dir), archived, archived.with_name(archived.name.replace("-records.jsonl.gz", "-time.txt")))
         if args.llm:
             archive(Path(args.llm), LLM_ARCHIVE, LLM_ARCHIVE.with_name("study-llm-time.txt"))
+        if args.localize_rerun:
+            with gzip.open(RERUN_ARCHIVE, "wt", encoding="utf-8", compresslevel=9) as f:
+                f.writelines(json.dumps(r) + "\n" for r in rerun_lines(args.localize_rerun))
         args.detector = args.se = args.se_replica = args.repro = args.llm = None
         if fidelity_source != FIDELITY_ARCHIVE:
             FIDELITY_ARCHIVE.write_text(fidelity_source.read_text(encoding="utf-8"), encoding="utf-8")
             fidelity_source = FIDELITY_ARCHIVE
     fidelity = load_records(fidelity_source) if fidelity_source.is_file() else None
-    study = Study(load_records(source), _timing(source, ARCHIVE, TIME_ARCHIVE, args.time), _survey(source), fidelity)
+    rerun = load_records(RERUN_ARCHIVE) if source == ARCHIVE and RERUN_ARCHIVE.is_file() else None
+    study = Study(load_records(source), _timing(source, ARCHIVE, TIME_ARCHIVE, args.time), _survey(source), fidelity,
+                  rerun)
     trained = (Study(load_records(trained_source), _timing(trained_source, TRAINED_ARCHIVE, TRAINED_TIME_ARCHIVE))
                if trained_source.exists() else None)
     first = (Study(load_records(first_source), _timing(first_source, FIRST_ARCHIVE, FIRST_TIME_ARCHIVE))

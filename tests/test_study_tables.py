@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 from statistics import NormalDist
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -348,7 +349,8 @@ def test_docs_study_md_is_what_its_archived_records_render():
     So is docs/study-intervals.jsonl: every BCa interval the document prints, with what it was drawn from, in the
     document's order, each printed with its seed."""
     study = st.Study(st.load_records(st.ARCHIVE), st.wall_time(st.TIME_ARCHIVE.read_text()),
-                     st.load_records(st.SURVEY_ARCHIVE), st.load_records(st.FIDELITY_ARCHIVE))
+                     st.load_records(st.SURVEY_ARCHIVE), st.load_records(st.FIDELITY_ARCHIVE),
+                     st.load_records(st.RERUN_ARCHIVE))
     trained = st.Study(st.load_records(st.TRAINED_ARCHIVE), st.wall_time(st.TRAINED_TIME_ARCHIVE.read_text()))
     first = st.Study(st.load_records(st.FIRST_ARCHIVE), st.wall_time(st.FIRST_TIME_ARCHIVE.read_text()))
     doc = st.DOC.read_text(encoding="utf-8")
@@ -547,6 +549,29 @@ def test_the_localize_survey_counts_first_divergent_module_types(records):
     assert [r[0] for r in per_check] == ["a", "b", "b", "c", "e", "d"] and per_check[0][4] == "2.0e-04"
     assert per_check[4][2] == "none" and per_check[4][6] == "inconclusive: the target could not run them alone"
     assert st.block_localize(st.Study(records)).startswith("No per-layer survey")
+
+
+def test_a_check_localized_again_is_set_beside_the_survey_s_first_divergent_module(tmp_path):
+    """The v4 rerun: each layers record whole (its levels kept), compared with the survey's line of the same check."""
+    def layers(model, first, levels=2):
+        return {"kind": "layers", "model": model, "inputs": "photos", "target": "ort", "first_divergent": first,
+                "culprit": first, "elapsed_s": 12.5, "levels": [{"layers": [{"name": "a"}, {"name": "b"}]}] * levels}
+
+    for i, (model, first) in enumerate((("m1", "features.11"), ("m2", "features.13"))):
+        (tmp_path / f"{i}").mkdir()
+        lines = [{"kind": "run", "environment": {"git_commit": "8434d745deab", "cpu": {"model": "EPYC", "flags": ["avx2"]}}},
+                 layers(model, first)]
+        (tmp_path / f"{i}" / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    rerun = st.rerun_lines(tmp_path)
+    assert [r["levels"] for r in rerun] == [layers("m", None)["levels"]] * 2 and rerun[0]["git_commit"] == "8434d745deab"
+    survey = [{"model": m, "inputs": "photos", "target": "ort", "first_divergent": f}
+              for m, f in (("m1", "features.11"), ("m2", "features.12"))]
+    text = st.block_localize_rerun(SimpleNamespace(rerun=rerun, survey=survey))  # the two fields the block reads
+    assert text.startswith("2 of the survey's checks localized again in v4 (`parity localize`, one check per process, "
+                           "one torch thread; parity at 8434d745de on EPYC (avx2)): 1 name the same first divergent")
+    assert rows_of(text.split("\n\n", 1)[1]) == [
+        ["m1", "ort", "features.11", "features.11", "same", "features.11", "4", "12.5"],
+        ["m2", "ort", "features.12", "features.13", "**differs**", "features.13", "4", "12.5"]]
 
 
 def test_the_archive_keeps_the_survey_s_fields_and_drops_a_stale_one(records, tmp_path):
