@@ -42,12 +42,19 @@ class QuantizeScheme:
     # False: torchao's quantize_ on the module tree, nothing observed.
     calibrated: bool
     libraries: tuple[str, ...]  # the distributions it needs (found without importing them)
+    # True: backends/quantize.py quantizes the torch module; False: the target's runtime quantizes its own file
+    # (llama.cpp's quantizer), and only that backend runs it
+    in_torch: bool = True
 
 
+LLAMACPP_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0", "Q4_K_M", "Q4_K_S", "Q4_1", "Q4_0", "IQ4_NL",
+                  "IQ4_XS", "Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K")
 QUANTIZE_SCHEMES = {s.name: s for s in (
     QuantizeScheme("pt2e-x86", "int8-pt2e-x86", True, ("torchao",)),
     QuantizeScheme("pt2e-xnnpack", "int8-pt2e-xnnpack", True, ("torchao", "executorch")),
     QuantizeScheme("torchao-int8-dynamic", "int8-dynamic", False, ("torchao",)),
     QuantizeScheme("torchao-int8-weight", "int8-weight", False, ("torchao",)),
     QuantizeScheme("torchao-int4-weight", "int4-weight", False, ("torchao",)),
+    # llama.cpp's quantizer's file types (backends/llamacpp.py): the types it makes without an importance matrix
+    *(QuantizeScheme(f"llamacpp-{t}", t.lower(), False, ("llama_cpp", "gguf"), in_torch=False) for t in LLAMACPP_TYPES),
 )}

@@ -4,6 +4,7 @@ tensors the tokenizer gives (int64 `input_ids`, `attention_mask`, and `token_typ
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from parity.errors import ParityError
@@ -18,6 +19,8 @@ def load_tokenizer(folder: Path):
     """The tokenizer saved in `folder` (`save_pretrained`); a folder it cannot read is one line. Every file in
     it must be a regular file (or a link to one): transformers opens the ones it looks for, and opening a FIFO
     blocks until someone writes to it."""
+    if folder.suffix.lower() == ".gguf":  # the tokenizer a GGUF file carries
+        return load_gguf_tokenizer(folder)
     if not folder.is_dir():
         raise ParityError(f"tokenizer folder not found: {folder} (a local save_pretrained folder; nothing is downloaded)")
     try:
@@ -45,6 +48,34 @@ def load_tokenizer(folder: Path):
         raise ParityError(f"no tokenizer transformers can read in {folder}: {str(exc).splitlines()[0]}") from exc
 
 
+def load_gguf_tokenizer(path: Path):
+    """The tokenizer a GGUF file carries (its vocabulary, merges and special tokens, read by transformers with
+    `gguf_file=`), the file's header checked first (models/gguf.py). Its chat template is kept as a string and
+    never rendered."""
+    from parity.models.sources.gguf import gguf_problem
+
+    problem = gguf_problem(path)
+    if problem:
+        raise ParityError(problem)
+    st = path.stat()
+    return _gguf_tokenizer(path, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _gguf_tokenizer(path: Path, size: int, mtime_ns: int):
+    """Read once per file and version in a process: transformers parses the whole vocabulary (seconds for 49,152
+    tokens), and every input set of an experiment names the same file."""
+    try:
+        with quiet_library_imports():
+            from transformers import AutoTokenizer
+    except ImportError as exc:
+        raise ParityError("a GGUF tokenizer needs the transformers and gguf packages: pip install 'parity[llamacpp]'") from exc
+    try:
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, TypeError, KeyError, ImportError, RuntimeError) as exc:
+        raise ParityError(f"no tokenizer transformers can read in {path}: {str(exc).splitlines()[0]}") from exc
+
+
 def tokenizer_problem(folder: Path) -> str | None:
     """What `parity validate` says of a `tokenizer:` folder: it loads, or why not."""
     try:
@@ -56,5 +87,7 @@ def tokenizer_problem(folder: Path) -> str | None:
 
 def make_text(texts: list[str], folder: Path) -> Inputs:
     """The keyword tensors of `texts`, padded to the longest, in the tokenizer's order."""
-    encoded = load_tokenizer(folder)(list(texts), padding="longest", return_tensors="pt")
-    return Inputs((), dict(encoded))
+    tokenizer = load_tokenizer(folder)
+    encoded = tokenizer(list(texts), padding="longest", return_tensors="pt")
+    pieces = tuple(tuple(tokenizer.decode([i]) for i in tokenizer(t)["input_ids"]) for t in texts)
+    return Inputs((), dict(encoded), texts=tuple(texts), pieces=pieces)
