@@ -13,6 +13,7 @@ module's own weights with the file's metadata (backends/llamacpp.py).
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Literal
 
@@ -71,14 +72,33 @@ def load_gguf(path: Path, architecture: str, params: dict):
         bar = transformers.utils.logging.is_progress_bar_enabled()
         transformers.utils.logging.disable_progress_bar()
         try:
-            return cls.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True, trust_remote_code=False,
-                                       attn_implementation=ATTENTION, **params)
+            with _no_tensor_bar():
+                return cls.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True,
+                                           trust_remote_code=False, attn_implementation=ATTENTION, **params)
         except (OSError, ValueError, KeyError, RuntimeError) as exc:  # an architecture transformers does not convert
             first = (str(exc).strip().splitlines() or [""])[0]
             raise ParityError(f"transformers could not load {path} as {architecture}: {first}") from exc
         finally:
             if bar:
                 transformers.utils.logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def _no_tensor_bar():
+    """transformers' GGUF reader draws a tqdm bar of its own ("Converting and de-quantizing GGUF tensors"), which
+    its progress-bar switch does not reach: off while parity reads a file, then put back."""
+    import functools
+
+    from transformers import modeling_gguf_pytorch_utils as reader
+
+    bar = getattr(reader, "tqdm", None)
+    if bar is not None:
+        reader.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        if bar is not None:
+            reader.tqdm = bar
 
 
 class GgufSource(Source):
