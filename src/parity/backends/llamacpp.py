@@ -72,7 +72,8 @@ class LlamaCppOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     gguf: str | None = None  # a GGUF file run as it is (absolute, or pkg://PACKAGE/PATH)
     threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)
-    n_ctx: int | None = Field(default=None, ge=1, le=1 << 20)  # the context; default: the longest sequence
+    n_ctx: int | None = Field(default=None, ge=1, le=1 << 20)  # the context; default: the example's length, then doubled
+    # each time a longer sequence comes
     # True: llama.cpp in parity's own process (no worker: an abort in C then ends the whole run)
     in_process: bool = False
 
@@ -145,8 +146,9 @@ class LlamaCppBackend(Backend):
 
     def run(self, inputs: Inputs) -> Any:
         tokens = _tokens(inputs)
-        if tokens.shape[1] > self.n_ctx:  # a longer sequence than the example: a context that holds it
-            self.n_ctx = tokens.shape[1]
+        if tokens.shape[1] > self.n_ctx:  # a longer sequence than the example (a greedy continuation grows one
+            # token a call): a context twice as long, so that the model is loaded again a few times, not every call
+            self.n_ctx = max(tokens.shape[1], 2 * self.n_ctx)
             self.runtime.request({**self.load, "n_ctx": self.n_ctx})
         header, payload = self.runtime.request({"op": "eval", "tokens": tokens.tolist()})
         import numpy as np
