@@ -165,3 +165,11 @@ def test_a_model_from_another_source_is_refused_by_name():
     backend = LlamaCppBackend(spec)
     with pytest.raises(Exception, match="source: gguf"):
         backend.prepare(torch.nn.Linear(2, 2), Inputs((), {"input_ids": torch.ones(1, 3, dtype=torch.int64)}))
+
+
+def test_a_failing_llamacpp_check_is_not_sent_to_localize_or_fallback():
+    """llama.cpp runs its own file: the next steps name no `parity localize`/`fallback`, which cannot look inside it."""
+    from parity.report.next_steps import _looks_inside
+
+    assert not LlamaCppBackend.localizes
+    assert (_looks_inside("llamacpp"), _looks_inside("eager"), _looks_inside("no_such_module:Backend")) == (False, True, True)

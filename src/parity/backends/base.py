@@ -110,6 +110,10 @@ class Backend(ABC):
     # text input set is then tokenized by both sides, and different ids are a failure of their own
     # (verify/tokenizers.py); the logits are still compared on the reference's ids.
     tokenizes: ClassVar[bool] = False
+    # Whether `parity localize` and `parity fallback` can look inside what this backend runs (its modules, or the
+    # layers of its own artifact). False: a runtime that runs a file of its own (llama.cpp's GGUF), whose failing
+    # checks are not sent to those commands.
+    localizes: ClassVar[bool] = True
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         """The ids this backend's own tokenizer gives each text, with the special tokens its model adds.

@@ -99,6 +99,7 @@ class LlamaCppBackend(Backend):
     quantize_schemes = tuple(s for s in QUANTIZE_SCHEMES if s.startswith(SCHEME_PREFIX))
     session_options = ("threads", "n_ctx", "in_process")
     tokenizes = True
+    localizes = False  # llama.cpp runs its own file: no module of it to look inside (docs/llamacpp.md)
 
     @classmethod
     def available(cls, spec) -> str | None:
