@@ -146,6 +146,7 @@ def test_llamacpp_runs_the_reference_and_its_conversions(tiny_gguf, tiny_model, 
         expected = tiny_model(**inputs.kwargs).logits
     backend = LlamaCppBackend(spec)
     backend.prepare(copy.deepcopy(tiny_model), inputs)
+    assert backend.runtime.process is not None  # llama.cpp in a worker process by default: an abort is not the run's
     try:
         got = backend.run(inputs)["logits"]
         again = backend.run(inputs)["logits"]  # a second call starts from an empty KV cache too

@@ -152,3 +152,15 @@ def test_a_package_path_cannot_leave_its_package():
     outcome = run_cli(_experiment("pkg://parity/../../../etc/passwd.gguf"))
     assert_rejected(outcome, "leaves package", lines=1)
     assert_rejected(run_cli(_experiment("pkg://no_such_package_here/m.gguf")), "no installed package", lines=1)
+
+
+def test_a_duplicated_token_is_refused_by_the_header_check_itself(tmp_path):
+    """llama.cpp aborts the whole process on a vocabulary that lists a token twice: parity's own check says so
+    first, naming the token (without this check transformers goes on to read the file)."""
+    from parity.errors import ParityError
+    from parity.models.gguf import read_header
+
+    path = tmp_path / "m.gguf"
+    path.write_bytes(small_file([ARCH, kv("tokenizer.ggml.tokens", ARRAY, (STRING, ["a", "b", "a"]))]))
+    with pytest.raises(ParityError, match=r"token 2 b'a' is listed twice"):
+        read_header(path)
