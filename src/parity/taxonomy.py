@@ -15,12 +15,13 @@ DECISION_FLIP = "decision_flip"
 UNSUPPORTED_OP = "unsupported_op"
 BACKEND_ERROR = "backend_error"
 SHAPE_SPECIALIZED = "shape_specialized"  # prepared from an example of other shapes, it cannot run these
+TOKENIZER_MISMATCH = "tokenizer_mismatch"  # the target's own tokenizer gives other ids for the same text
 CRASH = "crash"
 TIMEOUT = "timeout"
 REFERENCE_ERROR = "reference_error"  # the reference could not run: no verdict about the target
 
 SEVERITY = [
-    REFERENCE_ERROR, CRASH, TIMEOUT, UNSUPPORTED_OP, SHAPE_SPECIALIZED, BACKEND_ERROR, STRUCTURE_MISMATCH, SHAPE_MISMATCH, DTYPE_MISMATCH,
+    REFERENCE_ERROR, CRASH, TIMEOUT, UNSUPPORTED_OP, SHAPE_SPECIALIZED, BACKEND_ERROR, TOKENIZER_MISMATCH, STRUCTURE_MISMATCH, SHAPE_MISMATCH, DTYPE_MISMATCH,
     UNCOMPARABLE, NONFINITE, NONDETERMINISTIC, DECISION_FLIP, ORDERING, NUMERIC_DRIFT,
 ]
 
@@ -35,6 +36,11 @@ CAPTURE = ("torch._dynamo", "torch.export", "torch._export", "torch.onnx", "torc
 COMPILER = ("torch._inductor",)
 # Runtimes' own "this operator is not implemented" errors, as types (a missing kernel is a NotImplementedError).
 MISSING_OP = ("onnxruntime.capi.onnxruntime_pybind11_state.NotImplemented",)
+
+
+class WorkerDied(RuntimeError):
+    """What a backend raises when the process it runs its runtime in died (a segfault, an abort in C): the backend's
+    process died, so the execution is a `crash`, as when parity's own worker process dies (runner/process.py)."""
 
 
 def most_severe(classes) -> str | None:
@@ -72,10 +78,12 @@ def _from(name: str, libraries: tuple[str, ...]) -> bool:
 
 def classify_exception(exc: BaseException, phase: str) -> str:
     """The class of what a backend raised, by the phase that failed and the library that raised (never by words in
-    a message): a missing operator or kernel (NotImplementedError, a runtime's NotImplemented) is `unsupported_op`
+    a message): a runtime's own process that died (WorkerDied) is `crash`; a missing operator or kernel (NotImplementedError, a runtime's NotImplemented) is `unsupported_op`
     in any phase; while preparing, an error from a capture library (export, trace, conversion) is `unsupported_op`,
     unless a compiler lowering the captured graph raised it; anything else is `backend_error`."""
     chain = _chain(exc)
+    if any(isinstance(e, WorkerDied) for e in chain):
+        return CRASH
     names = [_library(e) for e in chain]
     if any(isinstance(e, NotImplementedError) for e in chain) or any(_from(n, MISSING_OP) for n in names):
         return UNSUPPORTED_OP
@@ -99,6 +107,8 @@ MEANINGS = {  # one line per class, for reports (docs/tiers.md's table says the 
     SHAPE_SPECIALIZED: "prepared (exported, traced) from inputs of other shapes, the artifact cannot run these",
     BACKEND_ERROR: "the backend raised while running, or while prepared but not from a capture (a compiler failed)",
     CRASH: "the backend's process died",
+    TOKENIZER_MISMATCH: "the target's own tokenizer (a GGUF file's) gives other token ids for the same text than the "
+                        "reference's (the logits are still compared on the reference's ids)",
     TIMEOUT: "the backend ran past its time limit",
     REFERENCE_ERROR: "the reference could not run, so the target was not judged (not the target's fault)",
 }

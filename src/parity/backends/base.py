@@ -107,6 +107,24 @@ class Backend(ABC):
     # export of eager) whose `prepare` does not quantize would otherwise inherit them and run float under an int8 id.
     quantize_schemes: ClassVar[tuple[str, ...]] = ()
 
+    # Whether this backend brings its own tokenizer (`tokenize`, `token_texts`: a GGUF file's, run by llama.cpp): a
+    # text input set is then tokenized by both sides, and different ids are a failure of their own
+    # (verify/tokenizers.py); the logits are still compared on the reference's ids.
+    tokenizes: ClassVar[bool] = False
+    # Whether `parity localize` and `parity fallback` can look inside what this backend runs (its modules, or the
+    # layers of its own artifact). False: a runtime that runs a file of its own (llama.cpp's GGUF), whose failing
+    # checks are not sent to those commands.
+    localizes: ClassVar[bool] = True
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        """The ids this backend's own tokenizer gives each text, with the special tokens its model adds.
+        Implemented where `tokenizes`."""
+        raise NotImplementedError(f"backend '{self.name}' has no tokenizer of its own")
+
+    def token_texts(self, ids: list[int]) -> list[str]:
+        """Each id's text, as this backend's own tokenizer writes it. Implemented where `tokenizes`."""
+        raise NotImplementedError(f"backend '{self.name}' has no tokenizer of its own")
+
     @classmethod
     def schemes_run(cls) -> tuple[str, ...]:
         """The quantize schemes this very class declares it runs (not inherited)."""

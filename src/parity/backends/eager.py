@@ -33,7 +33,7 @@ class EagerBackend(Backend):
     specializes_on_example = False  # the model's own forward, whatever the inputs' shapes
     # Whatever the model's forward is: an ONNX file's runs ONNX Runtime CPU float32 (models/onnx_graph.py).
     model_kinds = ("module", "exported", "torchscript", "onnx")
-    quantize_schemes = tuple(QUANTIZE_SCHEMES)
+    quantize_schemes = tuple(name for name, s in QUANTIZE_SCHEMES.items() if s.in_torch)
 
     @classmethod
     def model_problem(cls, spec, kind: str) -> str | None:

@@ -41,7 +41,7 @@ from parity.config.tolerances import DEFAULT_SWEEP, FLOAT_RTOL, Tolerance
 from parity.config.tolerances import resolve as resolve_tolerance
 from parity.dtypes import DTYPES, QUANTIZE_SCHEMES
 from parity.errors import ParityError, did_you_mean
-from parity.files import user_path
+from parity.files import PACKAGE_SCHEME, user_path
 from parity.plugins import ADAPTERS, EXECUTORS, SOURCES, TASKS
 from parity.records.keys import gate_atol
 
@@ -79,7 +79,7 @@ _REMOTE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://|(github|gh|hf|huggingface|hu
 def local_path(ref: str) -> str:
     """A path on this machine. URLs and hub references are refused: parity never downloads (a run works
     offline and is the same tomorrow)."""
-    if _REMOTE.match(ref):
+    if _REMOTE.match(ref) and not ref.startswith(PACKAGE_SCHEME):  # a file an installed package ships (files.py)
         raise ValueError(f"{ref!r} is a URL or hub reference, and parity does not download; fetch it yourself "
                          "and give the local path")
     return ref
@@ -356,7 +356,7 @@ class InputSetSpec(Strict):
     text_file: LocalPath | PackageFile | None = Field(default=None, union_mode="left_to_right")
     n_ctx: int | None = Field(default=None, strict=True, ge=4, le=1_000_000)  # tokens per window (--ctx-size)
     windows: int | None = Field(default=None, strict=True, gt=0, le=100_000)  # how many (default: all that fit)
-    tokenizer: LocalPath | None = None  # the folder a transformers tokenizer was saved to (text only)
+    tokenizer: LocalPath | None = None  # the folder a transformers tokenizer was saved to, or a .gguf file (text only)
     audio: list[LocalPath] | None = Field(default=None, min_length=1, max_length=10_000)  # PCM WAV files
     sample_rate: int | None = Field(default=None, strict=True, gt=0, le=1_000_000)  # what every audio file must have
     samples: int | None = Field(default=None, strict=True, gt=0, le=MAX_ELEMENTS)  # each clip cut or padded to this

@@ -42,6 +42,9 @@ class Execution:
     captured: list[Any] = field(default_factory=list)  # what instrumented code recorded in the first repeat (capture.py)
     interleaved: bool = False  # its timed runs took turns with other backends' (execute_together)
     follow_up: dict[str, Any] | None = None  # what the task asked of the prepared backend afterwards (follow_up.py)
+    # A backend with its own tokenizer (`Backend.tokenizes`) on a text input set: the texts, each side's ids and
+    # token texts (verify/tokenizers.py compares them)
+    tokens: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -98,6 +101,17 @@ def execute(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, repeats: 
     the start and are complete when this returns."""
     [result] = execute_together([(spec, lambda: copy.deepcopy(model))], inputs, repeats, on_run, warmup, example)
     return result
+
+
+def own_tokens(backend, inputs: Inputs) -> dict[str, Any]:
+    """The texts of `inputs` tokenized by `backend`'s own tokenizer beside the ids the reference's gave (the
+    unpadded `input_ids` the backend was fed), with each side's token texts."""
+    ids, mask = inputs.kwargs["input_ids"], inputs.kwargs.get("attention_mask")
+    reference = [row[m.bool()].tolist() if mask is not None else row.tolist()
+                 for row, m in zip(ids, mask if mask is not None else ids, strict=True)]
+    target = backend.tokenize(list(inputs.texts))
+    return {"texts": list(inputs.texts), "reference": reference, "reference_pieces": [list(p) for p in inputs.pieces],
+            "target": target, "target_pieces": [backend.token_texts(t) for t in target]}
 
 
 OwnCopy = Callable[[], torch.nn.Module]  # makes a backend's own copy of the model, when the backend is prepared
@@ -230,6 +244,9 @@ class _Run:
                 result.outputs.append(self.backend.run(fresh))
                 result.run_s.append(time.perf_counter() - start)
             result.captured = captured
+        if last and result.ok and self.backend.tokenizes and self.inputs.texts:
+            with self._step(tx.RUN):
+                result.tokens = own_tokens(self.backend, self.inputs)
         if self.on_run and result.ok:
             if last:
                 result.notes = self.collector.notes()  # complete for the last repeat's record

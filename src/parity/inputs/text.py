@@ -10,10 +10,12 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 from parity.errors import ParityError, first_line
 from parity.files import file_problem, special_file_problem
+from parity.gguf import gguf_problem
 from parity.inputs.base import Inputs
 from parity.offline import quiet_library_imports
 from parity.remote_code import remote_code_problem
@@ -23,6 +25,8 @@ def load_tokenizer(folder: Path):
     """The tokenizer saved in `folder` (`save_pretrained`); a folder it cannot read is one line. Every file in
     it must be a regular file (or a link to one): transformers opens the ones it looks for, and opening a FIFO
     blocks until someone writes to it."""
+    if folder.suffix.lower() == ".gguf":  # the tokenizer a GGUF file carries
+        return load_gguf_tokenizer(folder)
     if not folder.is_dir():
         raise ParityError(f"tokenizer folder not found: {folder} (a local save_pretrained folder; nothing is downloaded)")
     try:
@@ -44,6 +48,32 @@ def load_tokenizer(folder: Path):
     except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:  # no tokenizer files, a class it does
         # not know, a JSON file nested deeper than Python's parser recurses
         raise ParityError(f"no tokenizer transformers can read in {folder}: {first_line(exc)}") from exc
+
+
+def load_gguf_tokenizer(path: Path):
+    """The tokenizer a GGUF file carries (its vocabulary, merges and special tokens, read by transformers with
+    `gguf_file=`), the file's header checked first (parity/gguf.py). Its chat template is kept as a string and
+    never rendered."""
+    problem = gguf_problem(path)
+    if problem:
+        raise ParityError(problem)
+    st = path.stat()
+    return _gguf_tokenizer(path, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _gguf_tokenizer(path: Path, size: int, mtime_ns: int):
+    """Read once per file and version in a process: transformers parses the whole vocabulary (seconds for 49,152
+    tokens), and every input set of an experiment names the same file."""
+    try:
+        with quiet_library_imports():
+            from transformers import AutoTokenizer
+    except ImportError as exc:
+        raise ParityError("a GGUF tokenizer needs the transformers and gguf packages: pip install 'parity[llamacpp]'") from exc
+    try:
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, TypeError, KeyError, ImportError, RuntimeError) as exc:
+        raise ParityError(f"no tokenizer transformers can read in {path}: {str(exc).splitlines()[0]}") from exc
 
 
 def tokenizer_problem(folder: Path, sentences: int = 1) -> str | None:
@@ -80,7 +110,8 @@ def make_text(texts: list[str], folder: Path) -> Inputs:
     if note:
         tokenizer.pad_token = tokenizer.eos_token
     encoded = tokenizer(list(texts), padding=pad, return_tensors="pt")
-    return Inputs((), dict(encoded), notes=(note,) if note else ())
+    pieces = tuple(tuple(tokenizer.decode([i]) for i in tokenizer(t)["input_ids"]) for t in texts)
+    return Inputs((), dict(encoded), notes=(note,) if note else (), texts=tuple(texts), pieces=pieces)
 
 
 MAX_TEXT_BYTES = 64 * 2**20  # a text file read whole: more than any window count needs
@@ -152,4 +183,6 @@ def make_windows(text: str, folder: Path, n_ctx: int, windows: int | None) -> In
     cut = torch.tensor(ids[:count * n_ctx], dtype=torch.int64).view(count, n_ctx)
     if adds_bos(tokenizer):
         cut[:, 0] = tokenizer.bos_token_id
-    return Inputs((), {"input_ids": cut, "attention_mask": torch.ones_like(cut)}, scored_from=n_ctx // 2)
+    pieces = (tuple(tokenizer.decode([i]) for i in ids),)  # the whole text's tokens: what tokenizer parity compares
+    return Inputs((), {"input_ids": cut, "attention_mask": torch.ones_like(cut)}, scored_from=n_ctx // 2,
+                  texts=(text,), pieces=pieces)

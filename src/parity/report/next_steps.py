@@ -104,6 +104,17 @@ def reduce_step(run_dir: str | Path, model: str, inputs: str, target: str,
             f"next: parity reduce {shlex.quote(str(run_dir))} --check {which}{experiment}"]
 
 
+def _looks_inside(backend: str) -> bool:
+    """Whether localize and fallback can look inside what `backend` runs (Backend.localizes); True when the backend
+    is not installed where the report is rendered."""
+    from parity.backends import backend_class
+
+    try:
+        return backend_class(backend).localizes
+    except Exception:  # a plugin missing here, a class reference that does not import
+        return True
+
+
 def next_steps(check: Check, view: RunView, run_dir: str | Path) -> list[str]:
     """Lines for a failed (or errored) check of the run in `run_dir`: the culprit tier 2 named, then the
     commands that help, each runnable as printed (a run without an experiment file is told to save one)."""
@@ -141,6 +152,8 @@ def next_steps(check: Check, view: RunView, run_dir: str | Path) -> list[str]:
     failure = check.failure_class
     reduced = bool(target and (target.dtype in REDUCED or quantized))
     commands = []
+    if target and not _looks_inside(target.backend):
+        return lines
     if failure in LOCALIZABLE and not found:
         out = shlex.quote(localize_out(run_dir, check.model, check.inputs, check.target))
         commands.append(("localize", f"parity localize {file} {which} --out {out}"))

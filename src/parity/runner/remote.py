@@ -47,7 +47,7 @@ class RemoteExecution:
                 self.on_run(ex, repeat)
         elif kind == "done":
             (ex.status, ex.error, ex.failure_class, ex.prepare_s, ex.cached, ex.notes, ex.warmup, ex.traceback,
-             ex.warmup_outputs, ex.captured, ex.follow_up) = fields
+             ex.warmup_outputs, ex.captured, ex.follow_up, ex.tokens) = fields
             if not ex.ok:  # as execute() leaves a failed execution: no outputs
                 ex.outputs, ex.run_s = [], []
             self.finished = True

@@ -8,8 +8,9 @@ weights, which the parent checks against its own build (the `built` message carr
 
 Messages, in order: `("built", digest)`, then `("repeat", index, run_s, outputs, prepare_s, cached, notes,
 warmup)` after each repeat, then `("done", status, error, failure_class, prepare_s, cached, notes, warmup,
-traceback, warmup_outputs, captured, follow_up)` (captured: what instrumented model code recorded, execute/capture.py;
-follow_up: what the model's task asked of the prepared backend afterwards, execute/follow_up.py).
+traceback, warmup_outputs, captured, follow_up, tokens)` (captured: what instrumented model code recorded, execute/capture.py;
+follow_up: what the model's task asked of the prepared backend afterwards, execute/follow_up.py; tokens: the texts
+tokenized by both sides when the backend brings its own tokenizer).
 Outputs are CPU tensors in the model's own structure (backends return them so), judged by the parent as the
 local executor would.
 
@@ -107,7 +108,7 @@ def run_execution(exp: Experiment, models: ModelCache, model_name: str, inputs: 
         [ex] = execute_together([(spec, functools.partial(own_copy, model, spec, model_name))], inputs, repeats,
                                 on_run=on_run, warmup=exp.warmup, example=example)
     send(("done", ex.status, ex.error, ex.failure_class, ex.prepare_s, ex.cached, ex.notes, ex.warmup, ex.traceback,
-          ex.warmup_outputs, ex.captured, ex.follow_up))
+          ex.warmup_outputs, ex.captured, ex.follow_up, ex.tokens))
 
 
 def send(conn, message: Any) -> None:

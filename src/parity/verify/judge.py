@@ -4,7 +4,8 @@ A check is one target against the reference on one model and input set. `judge` 
 order, and nothing after it edits one: tier 1 (every output leaf at the target's `Tolerance`, and both sides'
 repeats, whose spread is part of the required atol), the float64 oracle's side and the reference's noise floor
 (explanations beside the verdict, never part of it), then, given tier 3's result, the ordering relabel (the same
-items in another order) and under `gate: tier3` the task gate. The Runner (`parity run`), `parity localize`'s
+items in another order) and under `gate: tier3` the task gate, and last tokenizer parity (a target with a
+tokenizer of its own that tokenizes the texts otherwise fails as `tokenizer_mismatch`: verify/tokenizers.py). The Runner (`parity run`), `parity localize`'s
 first verdict and its compiler-pass bisection, and the Python API's `assert_backends_agree` (so the pytest
 plugin) all call it; a run records `Check.record()`.
 """
@@ -22,6 +23,7 @@ from parity.config.tolerances import Tolerance
 from parity.execute.execution import Execution
 from parity.records import tolerance_key
 from parity.verify.tensors import compare, oracle_verdict
+from parity.verify.tokenizers import first_mismatch
 
 # What tier 3 may excuse under `gate: tier3`: values that differ. Not NaN where the reference has a number,
 # another shape or structure, an output that cannot be compared, or repeats that disagree with each other.
@@ -109,12 +111,24 @@ def judge(reference: Execution, target: Execution | BackendSpec, tolerance: Tole
                      verdicts={tolerance_key(a): False for a in tolerance.sweep},
                      oracle_error=_oracle_error(oracle, "the target returned no output to hold against float64's"))
     check = _tier1(about, reference, target, oracle, oracle_rule)
-    if task is None:
+    if task is not None:
+        if task["same_set"] and check.failure_class == tx.NUMERIC_DRIFT:
+            check = dataclasses.replace(check, failure_class=tx.ORDERING, detail=f"the same {task['task']} outputs in "
+                                        f"another order (tier 3 matched all): {check.detail}")
+        check = _gated(check, task) if tolerance.by_task else check
+    return _tokenized(check, target)
+
+
+def _tokenized(check: Check, target: Execution) -> Check:
+    """A target that tokenizes the texts otherwise than the reference fails as `tokenizer_mismatch`, whatever its
+    logits on the reference's ids (said beside it): it runs other inputs than the ones compared."""
+    mismatch = first_mismatch(target.tokens)
+    if mismatch is None:
         return check
-    if task["same_set"] and check.failure_class == tx.NUMERIC_DRIFT:
-        check = dataclasses.replace(check, failure_class=tx.ORDERING, detail=f"the same {task['task']} outputs in "
-                                    f"another order (tier 3 matched all): {check.detail}")
-    return _gated(check, task) if tolerance.by_task else check
+    logits = "pass" if check.passed else f"fail ({check.failure_class}: {check.detail})"
+    return dataclasses.replace(check, passed=False, failure_class=tx.TOKENIZER_MISMATCH,
+                               detail=f"{mismatch.describe()}; on the reference's ids the logits {logits}",
+                               verdicts={k: False for k in check.verdicts})
 
 
 def repeat_spread(outputs: list[Any], tol: Tolerance) -> float:

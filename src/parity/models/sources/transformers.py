@@ -137,6 +137,11 @@ def build_transformers(spec, folder: Path | None):
                                         attn_implementation=ATTENTION, **params)
         except (OSError, ValueError) as exc:  # no weights file, a config the class does not take
             raise ParityError(f"transformers could not load {folder} as {spec.architecture}: {first_line(exc)}") from exc
+    return cache_off(model, spec)
+
+
+def cache_off(model, spec):
+    """`model` with its key-value cache turned off, unless the spec's `params` set `use_cache`."""
     keep = bool(spec.params.get("use_cache", False))
     # An encoder-decoder's encoder has no cache (T5's encoder stack refuses use_cache): off on its modules' configs.
     encoder = model.get_encoder() if getattr(model.config, "is_encoder_decoder", False) else None

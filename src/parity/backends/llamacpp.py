@@ -1,0 +1,344 @@
+"""llama.cpp on the CPU, through llama-cpp-python (`pip install 'parity[llamacpp]'`): a GGUF file run the way
+llama.cpp's own tools run it, its logits for every position compared with the reference's.
+
+Which GGUF runs:
+- `options: {gguf: PATH}`: the user's file as it is (an absolute path or `pkg://PACKAGE/PATH`; its header is
+  checked by parity first, parity/gguf.py), e.g. the very file a `source: gguf` model was read from: what is
+  compared is then transformers' dequantized float32 module against llama.cpp's kernels on the same weights.
+- otherwise a GGUF written from the reference model itself, an artifact like every export: parity writes the
+  module's float32 tensors with the `gguf` package under llama.cpp's tensor names (LLaMA's query and key rows in
+  llama.cpp's rotary order), with the key-value metadata (hyperparameters, tokenizer) of the GGUF the model was
+  read from (`source: gguf`), then converts it with llama.cpp's own quantizer (`llama_model_quantize`) to the
+  target's type: `dtype: float16` or `bfloat16` (F16, BF16), `quantize: {scheme: llamacpp-Q8_0}` or any type of
+  the quantizer (`llamacpp-Q4_K_M`, ...: dtypes.py). A model from another source has no GGUF metadata to carry
+  (its tokenizer in llama.cpp's terms): it is refused in one line naming `gguf:`.
+
+llama.cpp runs in a worker process of its own by default (backends/llamacpp_worker.py): an abort or a segfault in
+C ends that process only, and the execution is a `crash` (taxonomy.WorkerDied). Each sequence is evaluated from
+an empty KV cache with every position's logits kept (llama-perplexity's view), returned as `{"logits": float32
+[B, T, vocab]}`, like the transformers model's `logits`. llama.cpp takes no attention mask: a padded batch is
+refused, naming what to do (sentences of one length, or one sentence per input set).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from parity.backends.base import Backend, not_installed, runtime_threads
+from parity.config.schema import MAX_THREADS
+from parity.dtypes import QUANTIZE_SCHEMES
+from parity.errors import ParityError
+from parity.files import PACKAGE_SCHEME, user_path
+from parity.gguf import gguf_problem, read_header
+from parity.inputs import Inputs
+from parity.models.sources.gguf import gguf_file
+from parity.offline import state_folder
+from parity.taxonomy import WorkerDied
+
+WORKER = Path(__file__).with_name("llamacpp_worker.py")
+FILE = "model.gguf"
+# The type each float dtype writes (llama.cpp's quantizer's file types: every 2-D tensor in it, 1-D ones in F32).
+FLOAT_TYPES = {"float32": "ALL_F32", "float16": "MOSTLY_F16", "bfloat16": "MOSTLY_BF16"}
+SCHEME_PREFIX = "llamacpp-"
+MIN_CTX = 64
+# The LLaMA tensors of a transformers module and their GGUF names (llama.cpp's src/llama-arch.cpp): `{}` a block.
+LLAMA_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+    "model.layers.{}.input_layernorm.weight": "blk.{}.attn_norm.weight",
+    "model.layers.{}.self_attn.q_proj.weight": "blk.{}.attn_q.weight",
+    "model.layers.{}.self_attn.k_proj.weight": "blk.{}.attn_k.weight",
+    "model.layers.{}.self_attn.v_proj.weight": "blk.{}.attn_v.weight",
+    "model.layers.{}.self_attn.o_proj.weight": "blk.{}.attn_output.weight",
+    "model.layers.{}.post_attention_layernorm.weight": "blk.{}.ffn_norm.weight",
+    "model.layers.{}.mlp.gate_proj.weight": "blk.{}.ffn_gate.weight",
+    "model.layers.{}.mlp.up_proj.weight": "blk.{}.ffn_up.weight",
+    "model.layers.{}.mlp.down_proj.weight": "blk.{}.ffn_down.weight",
+}
+# Metadata the written file says for itself rather than copies (its type, the quantizer's version, the alignment).
+OWN_KEYS = ("general.file_type", "general.quantization_version", "general.alignment")
+
+
+class LlamaCppOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    gguf: str | None = None  # a GGUF file run as it is (absolute, or pkg://PACKAGE/PATH)
+    threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)
+    n_ctx: int | None = Field(default=None, ge=1, le=1 << 20)  # the context; default: the example's length, then doubled
+    # each time a longer sequence comes
+    # True: llama.cpp in parity's own process (no worker: an abort in C then ends the whole run)
+    in_process: bool = False
+
+
+def file_type(spec) -> str:
+    """The llama.cpp file type (`LLAMA_FTYPE_<this>`) a target converts the reference to."""
+    if spec.quantize is not None:
+        return "MOSTLY_" + spec.quantize.scheme.removeprefix(SCHEME_PREFIX)
+    return FLOAT_TYPES[spec.dtype]
+
+
+def _gguf_path(text: str) -> Path:
+    return user_path(text, "GGUF file")
+
+
+class LlamaCppBackend(Backend):
+    name = "llamacpp"
+    dtypes = tuple(FLOAT_TYPES)
+    Options = LlamaCppOptions
+    preparation_cost = 2  # a conversion
+    specializes_on_example = False  # llama.cpp runs any length up to its context
+    libraries = ("torch", "llama_cpp_python", "gguf", "numpy")
+    quantize_schemes = tuple(s for s in QUANTIZE_SCHEMES if s.startswith(SCHEME_PREFIX))
+    session_options = ("threads", "n_ctx", "in_process")
+    tokenizes = True
+    localizes = False  # llama.cpp runs its own file: no module of it to look inside (docs/llamacpp.md)
+
+    @classmethod
+    def available(cls, spec) -> str | None:
+        return not_installed("llama_cpp", "'parity[llamacpp]'", "llama-cpp-python") or \
+            not_installed("gguf", "'parity[llamacpp]'")
+
+    @classmethod
+    def spec_problem(cls, spec) -> str | None:
+        options = cls.options_of(spec)
+        if options.gguf is None:
+            return None
+        if spec.quantize is not None or spec.dtype != "float32":
+            return (f"target {spec.id}: options.gguf runs that file as it is; drop dtype/quantize (they say what "
+                    "parity converts the reference to when no gguf is given)")
+        if not options.gguf.startswith(PACKAGE_SCHEME) and not _gguf_path(options.gguf).is_absolute():
+            return f"target {spec.id}: options.gguf must be an absolute path or pkg://PACKAGE/PATH, not {options.gguf}"
+        return gguf_problem(_gguf_path(options.gguf))
+
+    def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
+        self.width = _tokens(example).shape[1]
+        if self.options.gguf is not None:
+            path = _gguf_path(self.options.gguf)
+            read_header(path)  # checked again: the file may have changed since the experiment was checked
+        else:
+            source = gguf_file(model)
+            if source is None:
+                raise ParityError(f"target {self.spec.id}: llama.cpp converts models read from a GGUF file "
+                                  "(source: gguf), whose metadata it carries; give options: {gguf: PATH} to run a file")
+            path = self.artifact(f"gguf-{file_type(self.spec).lower()}", model, example,
+                                 lambda folder: self._convert(model, source, folder)) / FILE
+        self.runtime = _Runtime(self.options.in_process)
+        self.n_ctx = max(self.options.n_ctx or 0, self.width, MIN_CTX)
+        self.load = {"op": "load", "model": str(path), "n_ctx": self.n_ctx, "threads": runtime_threads(self.options.threads)}
+        self.runtime.request(self.load)
+
+    def _convert(self, model: torch.nn.Module, source: Path, folder: Path) -> None:
+        target = file_type(self.spec)
+        written = folder / (FILE if target == "ALL_F32" else "float32.gguf")
+        write_gguf(model, source, written)
+        if target != "ALL_F32":
+            with _Runtime(self.options.in_process) as runtime:
+                runtime.request({"op": "quantize", "source": str(written), "target": str(folder / FILE),
+                                 "ftype": target, "threads": runtime_threads(self.options.threads)})
+            written.unlink()
+
+    def run(self, inputs: Inputs) -> Any:
+        tokens = _tokens(inputs)
+        if tokens.shape[1] > self.n_ctx:  # a longer sequence than the example (a greedy continuation grows one
+            # token a call): a context twice as long, so that the model is loaded again a few times, not every call
+            self.n_ctx = max(tokens.shape[1], 2 * self.n_ctx)
+            self.runtime.request({**self.load, "n_ctx": self.n_ctx})
+        header, payload = self.runtime.request({"op": "eval", "tokens": tokens.tolist()})
+        import numpy as np
+
+        logits = np.frombuffer(payload, dtype=np.float32).reshape(header["shape"])
+        return {"logits": torch.from_numpy(logits.copy())}
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        """The ids llama.cpp's own tokenizer (the GGUF's vocabulary) gives each text, with the special tokens the
+        file says to add (llama_tokenize's add_special, as llama.cpp's tools tokenize a prompt)."""
+        return self.runtime.request({"op": "tokenize", "texts": texts, "add_bos": True})[0]["ids"]
+
+    def token_texts(self, ids: list[int]) -> list[str]:
+        """Each token's text, as llama.cpp's tokenizer writes it."""
+        return self.runtime.request({"op": "pieces", "ids": ids})[0]["pieces"]
+
+    def close(self) -> None:
+        runtime = getattr(self, "runtime", None)
+        if runtime is not None:
+            runtime.close()
+            self.runtime = None
+        super().close()
+
+
+def _tokens(inputs: Inputs) -> torch.Tensor:
+    """The [B, T] token ids of `inputs` (`input_ids`, with an all-ones `attention_mask` when there is one)."""
+    kwargs = dict(inputs.kwargs)
+    ids = kwargs.pop("input_ids", None)
+    if ids is None and len(inputs.args) == 1 and not kwargs:
+        ids = inputs.args[0]
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
+        raise ValueError("llama.cpp takes token ids: an `input_ids` tensor [batch, tokens] of integers")
+    mask = kwargs.pop("attention_mask", None)
+    if mask is not None and not bool((mask == 1).all()):
+        raise ValueError("llama.cpp has no attention mask and these sentences are padded to one length: give "
+                         "sentences of one token length (a text input cut into equal windows), or one sentence per "
+                         "input set")
+    kwargs.pop("token_type_ids", None)
+    if kwargs:
+        raise ValueError(f"llama.cpp takes input_ids and attention_mask only, not {', '.join(sorted(kwargs))}")
+    return ids.to(torch.int64)
+
+
+def write_gguf(model: torch.nn.Module, source: Path, path: Path) -> None:
+    """`model`'s tensors in float32 as a GGUF file at `path`, under llama.cpp's LLaMA tensor names, with the
+    key-value metadata of `source` (the GGUF the model was read from: its hyperparameters and tokenizer)."""
+    import gguf
+    import numpy as np
+
+    header = read_header(source)
+    if header.architecture != "llama":
+        raise ParityError(f"parity writes GGUF files of LLaMA-architecture models; {source} is "
+                          f"{header.architecture!r}: give options: {{gguf: PATH}} to run a file as it is")
+    reader = gguf.GGUFReader(source)
+    writer = gguf.GGUFWriter(path, "llama")
+    for field in reader.fields.values():
+        if field.name in OWN_KEYS or field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        kind = field.types[0]
+        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), kind, sub_type=sub)
+    writer.add_file_type(0)  # ALL_F32
+    config = model.config
+    heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    names = []
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and getattr(config, "tie_word_embeddings", False):
+            continue  # llama.cpp reads the output projection from token_embd when output.weight is absent
+        gguf_name, block = _gguf_name(name)
+        data = tensor.detach().to(torch.float32).cpu().numpy()
+        if gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
+            data = _rotary_order(data, heads if gguf_name.endswith("attn_q.weight") else kv_heads)
+        names.append(gguf_name.format(block))
+        writer.add_tensor(gguf_name.format(block), np.ascontiguousarray(data))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _gguf_name(name: str) -> tuple[str, str]:
+    parts = name.split(".")
+    block = next((p for p in parts if p.isdigit()), "")
+    key = ".".join("{}" if p == block and block else p for p in parts)
+    if key not in LLAMA_NAMES:
+        raise ParityError(f"parity has no GGUF name for the tensor {name} of a LLaMA module")
+    return LLAMA_NAMES[key], block
+
+
+def _rotary_order(weight, heads: int):
+    """A query or key projection from transformers' rotary layout (each head's first half, then its second) to
+    llama.cpp's (the halves interleaved in pairs), as llama.cpp's converter permutes them."""
+    rows = weight.shape[0]
+    return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+class _Runtime:
+    """llama.cpp behind one request/reply interface: in a worker process (default), or in this process."""
+
+    def __init__(self, in_process: bool):
+        self.process = None
+        if in_process:
+            import importlib.util
+
+            spec = importlib.util.spec_from_file_location("parity_llamacpp_worker", WORKER)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            self.local = module.Worker(None)
+            self.module = module
+        else:
+            self.local = None
+            # its stderr (llama.cpp's log, an assertion's message) to a file: a pipe nobody reads would fill and block it
+            self.log = tempfile.TemporaryFile(dir=state_folder())
+            self.process = subprocess.Popen([sys.executable, str(WORKER)], stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=self.log)
+
+    def __enter__(self) -> _Runtime:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def request(self, message: dict) -> tuple[dict, bytes]:
+        if self.local is not None:
+            return self._in_process(dict(message))
+        process = self.process
+        try:
+            process.stdin.write(json.dumps(message).encode() + b"\n")
+            process.stdin.flush()
+            line = process.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = b""
+        if not line:
+            raise WorkerDied(self._death())
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"llama.cpp: {reply['error']}")
+        body = process.stdout.read(reply["nbytes"]) if "nbytes" in reply else b""
+        if "nbytes" in reply and len(body) != reply["nbytes"]:
+            raise WorkerDied(self._death())
+        return reply, body
+
+    def _in_process(self, message: dict) -> tuple[dict, bytes]:
+        worker, op = self.local, message.pop("op")
+        if op == "load":
+            return worker.load(**message), b""
+        if op == "eval":
+            logits = worker.eval(message["tokens"])
+            return {"shape": list(logits.shape)}, logits.tobytes()
+        if op == "tokenize":
+            return {"ids": [worker.llm.tokenize(t.encode(), add_bos=message["add_bos"]) for t in message["texts"]]}, b""
+        if op == "pieces":
+            return {"pieces": [worker.llm.detokenize([i], special=True).decode("utf-8", "replace")
+                               for i in message["ids"]]}, b""
+        if op == "quantize":
+            reply = self.module.quantize(**message)
+            if "error" in reply:
+                raise RuntimeError(f"llama.cpp: {reply['error']}")
+            return reply, b""
+        raise RuntimeError(f"llama.cpp in this process cannot {op}")
+
+    def _death(self) -> str:
+        """What ended the worker: its signal or exit code, and the last line it wrote to stderr."""
+        process = self.process
+        try:
+            code = process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            code = process.wait()
+        self.log.seek(max(0, self.log.seek(0, os.SEEK_END) - 4096))
+        lines = self.log.read().decode("utf-8", "replace").strip().splitlines()
+        last = f": {lines[-1][:300]}" if lines else ""
+        if code < 0:
+            import signal
+
+            how = f"died of {signal.Signals(-code).name}"
+        else:
+            how = f"exited with code {code}"
+        return f"llama.cpp's worker process {how}{last}"
+
+    def close(self) -> None:
+        if self.process is not None:
+            process, self.process = self.process, None
+            try:
+                process.stdin.close()
+                process.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                process.kill()
+                process.wait()
+            process.stdout.close()
+            self.log.close()
+        self.local = None

@@ -1,0 +1,112 @@
+"""The process llama.cpp runs in for the llamacpp backend (backends/llamacpp.py starts it as a script).
+
+llama.cpp ends the whole process on some inputs (GGML_ASSERT, abort) and a bad file can crash it: in a process of
+its own, that ends this process only, and the backend's execution is a `crash`. It imports llama_cpp and numpy,
+never parity or torch, so it starts in well under a second.
+
+Protocol, on the pipes the parent gave: each request is one JSON line on stdin; each reply one JSON line on the
+protocol stream (the process's stdout, duplicated away at start so that nothing llama.cpp prints to stdout can
+mix with it: fd 1 is pointed at stderr), followed by `nbytes` raw bytes when the reply says so.
+- {"op": "load", "model": PATH, "n_ctx": N, "threads": T} -> {"n_vocab": V}
+- {"op": "eval", "tokens": [[...], ...]} -> {"shape": [B, T, V], "nbytes": ...} + float32 logits, each sequence
+  evaluated from an empty KV cache
+- {"op": "tokenize", "texts": [...], "add_bos": bool} -> {"ids": [[...], ...]}
+- {"op": "pieces", "ids": [...]} -> {"pieces": [...]}: each token's text
+- {"op": "quantize", "source": PATH, "target": PATH, "ftype": NAME, "threads": T} -> {}
+- {"op": "abort"} -> the process aborts (what tests use to construct a crash in C)
+An error is {"error": "..."}; the process goes on.
+"""
+
+import json
+import os
+import sys
+
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    del sys.path[0]  # run as a script: its folder (parity's backends, `openvino.py`...) must not shadow libraries
+
+
+class Worker:
+    def __init__(self, out):
+        self.out = out
+        self.llm = None
+        self.loaded = None
+
+    def reply(self, message, payload=b""):
+        if payload:
+            message["nbytes"] = len(payload)
+        self.out.write(json.dumps(message).encode() + b"\n")
+        if payload:
+            self.out.write(payload)
+        self.out.flush()
+
+    def load(self, model, n_ctx, threads):
+        from llama_cpp import Llama
+
+        if self.loaded == (model, n_ctx, threads):
+            return {"n_vocab": self.llm.n_vocab()}
+        self.llm = None
+        # chat_format given: the binding then guesses nothing from the file's chat template (which parity never renders)
+        self.llm = Llama(model_path=model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=threads,
+                         n_threads_batch=threads, logits_all=True, verbose=False, chat_format="llama-2", seed=0)
+        self.loaded = (model, n_ctx, threads)
+        return {"n_vocab": self.llm.n_vocab()}
+
+    def eval(self, tokens):
+        import numpy as np
+
+        n_vocab = self.llm.n_vocab()
+        width = max((len(t) for t in tokens), default=0)
+        logits = np.zeros((len(tokens), width, n_vocab), dtype=np.float32)
+        for i, sequence in enumerate(tokens):
+            self.llm.reset()  # an empty KV cache: eval removes every cell from n_tokens (0) on
+            self.llm.eval(sequence)
+            logits[i, :len(sequence)] = self.llm.scores[:len(sequence)]
+        return logits
+
+    def serve(self, stdin):
+        for line in stdin:
+            request = json.loads(line)
+            op = request.pop("op")
+            try:
+                if op == "load":
+                    self.reply(self.load(**request))
+                elif op == "eval":
+                    logits = self.eval(request["tokens"])
+                    self.reply({"shape": list(logits.shape)}, logits.tobytes())
+                elif op == "tokenize":
+                    ids = [self.llm.tokenize(t.encode("utf-8"), add_bos=request["add_bos"], special=False)
+                           for t in request["texts"]]
+                    self.reply({"ids": ids})
+                elif op == "pieces":
+                    pieces = [self.llm.detokenize([i], special=True).decode("utf-8", "replace") for i in request["ids"]]
+                    self.reply({"pieces": pieces})
+                elif op == "quantize":
+                    self.reply(quantize(**request))
+                elif op == "abort":
+                    os.abort()
+                else:
+                    self.reply({"error": f"unknown request {op!r}"})
+            except Exception as exc:  # the parent raises it as the backend's error
+                self.reply({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def quantize(source, target, ftype, threads):
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_{ftype}")
+    params.nthread = threads
+    code = llama_cpp.llama_model_quantize(source.encode(), target.encode(), params)
+    if code != 0:
+        return {"error": f"llama_model_quantize to {ftype} returned {code}"}
+    return {}
+
+
+def main():
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # what llama.cpp or the binding prints to stdout goes to stderr, never into the protocol
+    Worker(out).serve(sys.stdin.buffer)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""The GGUF source and the llama.cpp backend, on a tiny seeded LLaMA written to a GGUF file in the test
+(tests/fixtures/gguf_files.py): transformers reads it, parity writes it back from the module, llama.cpp runs both.
+
+Tests that need llama-cpp-python or the gguf package skip with the reason when they are absent (pip install
+'parity[llamacpp]'); the worker's crash and the padded-batch refusal need neither.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from parity import taxonomy as tx
+from parity.backends.llamacpp import LlamaCppBackend, _Runtime, _tokens
+from parity.config.schema import BackendSpec
+from parity.inputs import Inputs
+from parity.taxonomy import WorkerDied
+
+NEEDS_GGUF = pytest.mark.skipif(importlib.util.find_spec("gguf") is None or importlib.util.find_spec("transformers") is None,
+                                reason="the gguf and transformers packages are not installed (pip install 'parity[llamacpp]')")
+NEEDS_LLAMACPP = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                                    reason="llama-cpp-python is not installed (pip install 'parity[llamacpp]')")
+TEXTS = ["the cat sat on the mat and the dog ran", "in the garden there were three red roses"]
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> Path:
+    if importlib.util.find_spec("gguf") is None:
+        pytest.skip("the gguf package is not installed (pip install 'parity[llamacpp]')")
+    from tests.fixtures.gguf_files import write_tiny_llama
+
+    return write_tiny_llama(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_gguf):
+    from parity.models.sources.gguf import GGUF_FILE, load_gguf
+
+    model = load_gguf(tiny_gguf, "AutoModelForCausalLM", {}).eval()
+    object.__setattr__(model, GGUF_FILE, tiny_gguf)
+    return model
+
+
+def _ids(tiny_gguf, text: str) -> Inputs:
+    from parity.inputs.text import make_text
+
+    return make_text([text], tiny_gguf)
+
+
+@NEEDS_GGUF
+def test_the_source_reads_the_file_and_its_tokenizer(tiny_gguf, tiny_model):
+    from parity.inputs.text import make_text
+
+    assert type(tiny_model).__name__ == "LlamaForCausalLM"
+    assert tiny_model.config.num_hidden_layers == 2 and tiny_model.config.num_key_value_heads == 2
+    inputs = make_text(TEXTS[:1], tiny_gguf)
+    assert inputs.texts == (TEXTS[0],) and len(inputs.pieces[0]) == inputs.kwargs["input_ids"].shape[1]
+    assert "".join(inputs.pieces[0]) == TEXTS[0]  # each token's text, as its tokenizer writes it
+
+
+@NEEDS_GGUF
+def test_the_written_file_holds_the_modules_tensors(tiny_gguf, tiny_model, tmp_path):
+    """parity's GGUF of the module holds, bit for bit, the float32 tensors of the file the module was read from:
+    names, shapes and the query/key rows in llama.cpp's rotary order (transformers undid it when it read them)."""
+    import gguf
+    import numpy as np
+
+    from parity.backends.llamacpp import write_gguf
+
+    written = tmp_path / "w.gguf"
+    write_gguf(tiny_model, tiny_gguf, written)
+    source = {t.name: np.array(t.data) for t in gguf.GGUFReader(tiny_gguf).tensors}
+    again = gguf.GGUFReader(written)
+    assert sorted(t.name for t in again.tensors) == sorted(source)
+    for t in again.tensors:
+        np.testing.assert_array_equal(np.array(t.data), source[t.name], err_msg=t.name)
+    kept = {f.name: f.contents() for f in again.fields.values() if f.name.startswith("tokenizer.")}
+    assert kept["tokenizer.ggml.tokens"][:3] == gguf.GGUFReader(tiny_gguf).fields["tokenizer.ggml.tokens"].contents()[:3]
+
+
+def test_a_padded_batch_is_refused_naming_what_to_do():
+    ids = torch.ones(2, 5, dtype=torch.int64)
+    mask = torch.ones(2, 5, dtype=torch.int64)
+    assert _tokens(Inputs((), {"input_ids": ids, "attention_mask": mask})).shape == (2, 5)
+    mask[1, 3:] = 0
+    with pytest.raises(ValueError, match="no attention mask.*one token length"):
+        _tokens(Inputs((), {"input_ids": ids, "attention_mask": mask}))
+
+
+def test_a_dead_worker_is_a_crash():
+    """An abort inside the worker process (what GGML_ASSERT does) raises WorkerDied naming the signal, which the
+    taxonomy classes `crash`, and this process goes on."""
+    runtime = _Runtime(in_process=False)
+    try:
+        with pytest.raises(WorkerDied, match="SIGABRT") as caught:
+            runtime.request({"op": "abort"})
+    finally:
+        runtime.close()
+    assert tx.classify_exception(caught.value, tx.RUN) == tx.CRASH
+    assert tx.classify_exception(RuntimeError("llama.cpp: bad"), tx.RUN) == tx.BACKEND_ERROR
+
+
+class AbortingLlamaCpp(LlamaCppBackend):
+    """llama.cpp's backend whose worker aborts when it runs, as llama.cpp does on a file it asserts on."""
+
+    @classmethod
+    def available(cls, spec):
+        return None
+
+    def prepare(self, model, example):
+        self.runtime = _Runtime(in_process=False)
+
+    def run(self, inputs):
+        return self.runtime.request({"op": "abort"})
+
+
+def test_an_abort_in_the_worker_is_the_targets_crash_verdict():
+    from parity.execute.execution import execute
+
+    spec = BackendSpec(backend="tests.backends.test_llamacpp:AbortingLlamaCpp")
+    model = torch.nn.Linear(2, 2)
+    [result] = [execute(spec, model, Inputs((torch.ones(1, 2),)), repeats=1)]
+    assert (result.status, result.failure_class) == ("error", tx.CRASH)
+    assert "died of SIGABRT" in result.error
+
+
+@NEEDS_GGUF
+@NEEDS_LLAMACPP
+@pytest.mark.parametrize("target, limit", [({"options": {"gguf": "FILE"}}, 1e-3), ({}, 1e-3), ({"dtype": "float16"}, 0.05),
+                                           ({"quantize": {"scheme": "llamacpp-Q8_0"}}, 0.2)],
+                         ids=["file-as-it-is", "f32-written", "f16", "q8_0"])
+def test_llamacpp_runs_the_reference_and_its_conversions(tiny_gguf, tiny_model, target, limit):
+    """llama.cpp's logits for every position, [B, T, vocab] like transformers': close to the float32 module's on
+    the file as it is and on parity's F32 file (a wrong tensor name or rotary order would be off by the logits'
+    own scale), and on F16 and Q8_0 near them."""
+    import copy
+
+    if "options" in target:
+        target = {"options": {"gguf": str(tiny_gguf)}}
+    spec = BackendSpec(backend="llamacpp", **target)
+    inputs = _ids(tiny_gguf, TEXTS[0])
+    with torch.no_grad():
+        expected = tiny_model(**inputs.kwargs).logits
+    backend = LlamaCppBackend(spec)
+    backend.prepare(copy.deepcopy(tiny_model), inputs)
+    assert backend.runtime.process is not None  # llama.cpp in a worker process by default: an abort is not the run's
+    try:
+        got = backend.run(inputs)["logits"]
+        again = backend.run(inputs)["logits"]  # a second call starts from an empty KV cache too
+        ids = backend.tokenize([TEXTS[0]])
+    finally:
+        backend.close()
+    assert got.dtype == torch.float32 and got.shape == expected.shape
+    torch.testing.assert_close(again, got, rtol=0, atol=0)
+    scale = expected.abs().max().item()
+    assert (got - expected).abs().max().item() < limit * max(scale, 1)
+    assert ids == [inputs.kwargs["input_ids"][0].tolist()]
+
+
+@NEEDS_LLAMACPP
+def test_a_model_from_another_source_is_refused_by_name():
+    spec = BackendSpec(backend="llamacpp")
+    backend = LlamaCppBackend(spec)
+    with pytest.raises(Exception, match="source: gguf"):
+        backend.prepare(torch.nn.Linear(2, 2), Inputs((), {"input_ids": torch.ones(1, 3, dtype=torch.int64)}))
+
+
+def test_a_failing_llamacpp_check_is_not_sent_to_localize_or_fallback():
+    """llama.cpp runs its own file: the next steps name no `parity localize`/`fallback`, which cannot look inside it."""
+    from parity.report.next_steps import _looks_inside
+
+    assert not LlamaCppBackend.localizes
+    assert (_looks_inside("llamacpp"), _looks_inside("eager"), _looks_inside("no_such_module:Backend")) == (False, True, True)

@@ -1,0 +1,90 @@
+"""Tokenizer parity (verify/tokenizers.py): a target with its own tokenizer that tokenizes a text otherwise fails as
+`tokenizer_mismatch`, named by the first differing token and its text, while its logits are still judged on the
+reference's ids. The ids are constructed: no tokenizer runs here."""
+
+from __future__ import annotations
+
+import torch
+
+from parity import taxonomy as tx
+from parity.backends.base import Backend
+from parity.config.schema import BackendSpec
+from parity.execute.execution import Execution, own_tokens
+from parity.experiment.loading import experiment_from_dict
+from parity.inputs import Inputs
+from parity.verify.judge import judge
+from parity.verify.tokenizers import first_mismatch
+from tests.support import tiny_experiment
+
+SAME = {"texts": ["a cat"], "reference": [[5, 7, 9]], "reference_pieces": [["a", " c", "at"]],
+        "target": [[5, 7, 9]], "target_pieces": [["a", " c", "at"]]}
+SPLIT = {**SAME, "target": [[5, 8, 11, 9]], "target_pieces": [["a", " ", "c", "at"]]}
+
+
+def _check(tokens, target_output=None):
+    exp = experiment_from_dict(tiny_experiment([{"backend": "eager", "name": "target"}],
+                                               tolerances={"atol": [1e-3], "gate": 1e-3, "rtol": 0.0}))
+    out = torch.tensor([1.0, 2.0])
+    ref = Execution(exp.reference, "ok", outputs=[out])
+    tgt = Execution(exp.targets[0], "ok", outputs=[out if target_output is None else target_output], tokens=tokens)
+    return judge(ref, tgt, exp.tolerance_for(exp.targets[0]), model="m", inputs="x")
+
+
+def test_the_same_ids_leave_the_verdict_to_the_logits():
+    assert first_mismatch(SAME) is None and first_mismatch(None) is None
+    check = _check(SAME)
+    assert check.passed and check.failure_class is None
+
+
+def test_other_ids_fail_with_the_first_differing_token_and_its_text():
+    check = _check(SPLIT)
+    assert (check.passed, check.failure_class) == (False, tx.TOKENIZER_MISMATCH)
+    assert "text 0 at token 1" in check.detail
+    assert "7 ' c'" in check.detail and "8 ' '" in check.detail  # each side's id and its text
+    assert "on the reference's ids the logits pass" in check.detail
+    assert not any(check.verdicts.values())
+
+
+def test_the_logits_are_still_judged_and_said():
+    check = _check(SPLIT, torch.tensor([1.0, 2.5]))
+    assert check.failure_class == tx.TOKENIZER_MISMATCH
+    assert "logits fail (numeric_drift" in check.detail
+
+
+def test_a_shorter_side_is_named_as_ending():
+    tokens = {**SAME, "target": [[5, 7]], "target_pieces": [["a", " c"]]}
+    mismatch = first_mismatch(tokens)
+    assert (mismatch.position, mismatch.target, mismatch.lengths) == (2, None, (3, 2))
+    assert "nothing (its ids end here)" in mismatch.describe()
+
+
+class OwnTokenizer(Backend):
+    """A backend with a tokenizer of its own that splits every id in two: what the execution asks of it."""
+
+    tokenizes = True
+
+    def prepare(self, model, example):
+        pass
+
+    def run(self, inputs):
+        return inputs.kwargs["input_ids"].float()
+
+    def tokenize(self, texts):
+        return [[1, 2] for _ in texts]
+
+    def token_texts(self, ids):
+        return [f"<{i}>" for i in ids]
+
+
+def test_the_execution_tokenizes_the_texts_with_the_backends_own_tokenizer():
+    from parity.execute.execution import execute
+
+    ids = torch.tensor([[4, 6, 0]])
+    inputs = Inputs((), {"input_ids": ids, "attention_mask": torch.tensor([[1, 1, 0]])}, texts=("hi there",),
+                    pieces=(("hi", " there"),))
+    tokens = own_tokens(OwnTokenizer(BackendSpec(backend="eager")), inputs)
+    assert tokens["reference"] == [[4, 6]] and tokens["target"] == [[1, 2]]  # the padding is not the text's
+    assert tokens["target_pieces"] == [["<1>", "<2>"]]
+    result = execute(BackendSpec(backend="tests.verify.test_tokenizers:OwnTokenizer"), torch.nn.Identity(), inputs,
+                     repeats=2)
+    assert result.ok and first_mismatch(result.tokens).position == 0
