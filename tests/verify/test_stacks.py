@@ -178,3 +178,17 @@ def test_a_nan_statistic_is_printed_nan():
 
     check = SimpleNamespace(metrics={"kl_mean": None, "top1_agreement": 0.5}, task="no-such-task")
     assert headline_figures(check) == "kl_mean nan, top1_agreement 0.5"
+
+
+def test_spread_is_judged_over_the_layers_above_the_threshold_and_not_over_one_repeated_path():
+    """Spread needs three layers above the threshold of one order, not a median over zeros and faulty blocks; the
+    same path in three blocks (`a.*.down`) is one repeated fault, not spread."""
+    from parity.verify.localize import spread
+
+    def level(errors: dict[str, float]) -> LevelResult:
+        return LevelResult(names=list(errors), local={n: LayerError(n, max_abs=v, rel_rmse=v, required_atol=v)
+                                                      for n, v in errors.items()})
+
+    assert spread(level({"a": 1e-2, "b": 1.2e-2, "c": 1e-2}), 1e-4)
+    assert not spread(level({"embed": 0.0, "blocks.0": 7e-2, "blocks.1": 9e-2, "head": 5e-8}), 1e-4)
+    assert not spread(level({"a.0.down": 1e-2, "a.1.down": 1.2e-2, "a.2.down": 1e-2, "a.0.up": 0.0}), 1e-4)
