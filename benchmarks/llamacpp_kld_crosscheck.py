@@ -16,10 +16,10 @@ token the BOS when the vocabulary adds one; the tokens llama-perplexity stored a
 `parity.verify.tasks.text_generation.evaluate`, the function tier 3 runs, with the base as the reference. parity
 keeps only each window's second half of logits (it scores no other position), which halves the memory.
 
-Both sides must run the same llama.cpp build: a wheel and a cmake build of the same source differ in their
-kernels (measured here: the Q4_K_M model's KLD 0.0536 through the wheel against 0.0526 through llama-perplexity,
-its PPL 13.555 against 13.535, while the F16 base agreed to 5 digits), which is kernel drift, not the statistics.
-Point llama-cpp-python at the tools' own libraries with `LLAMA_CPP_LIB_PATH=/tmp/llama-tools/bin`.
+Both sides must compute the same logits: run through the wheel's own libraries with llama-perplexity's flash
+attention on `auto`, the Q4_K_M model's KLD came out 0.0536 against llama-perplexity's 0.0526 (the F16 base's PPL
+agreed to 4 digits). So flash attention is off on both sides and llama-cpp-python loads the tools' own libraries:
+`LLAMA_CPP_LIB_PATH=/tmp/llama-tools/bin`.
 
 What differs by design: llama.cpp stores the base's log probabilities in 16 bits (within 16 nats of the largest)
 and sums per position in float32; parity computes in float64.
