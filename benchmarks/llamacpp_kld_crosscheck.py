@@ -25,7 +25,7 @@ What differs by design: llama.cpp stores the base's log probabilities in 16 bits
 and sums per position in float32; parity computes in float64.
 
     LLAMA_CPP_LIB_PATH=/tmp/llama-tools/bin .venv/bin/python benchmarks/llamacpp_kld_crosscheck.py \\
-        --tools /tmp/llama-tools/bin --work /tmp/kld [--ctx 512 --chunks 2 --threads 2] [--json OUT]
+        --tools /tmp/llama-tools/bin --work /tmp/kld [--ctx 512 --chunks 4 --threads 2] [--json OUT]
 
 `--work` keeps the models, the text and both sides' results, so a second run reuses them.
 """
@@ -168,7 +168,7 @@ def main() -> None:
     parser.add_argument("--tools", type=Path, required=True, help="the folder of llama-perplexity")
     parser.add_argument("--work", type=Path, required=True, help="where the models, text and results are kept")
     parser.add_argument("--ctx", type=int, default=512)
-    parser.add_argument("--chunks", type=int, default=2)
+    parser.add_argument("--chunks", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--parity-only", action="store_true", help="compute parity's side only (no llama-perplexity)")
     parser.add_argument("--json", type=Path, help="append the rows here as one JSON line")
