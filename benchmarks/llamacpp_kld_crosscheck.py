@@ -16,11 +16,16 @@ token the BOS when the vocabulary adds one; the tokens llama-perplexity stored a
 `parity.verify.tasks.text_generation.evaluate`, the function tier 3 runs, with the base as the reference. parity
 keeps only each window's second half of logits (it scores no other position), which halves the memory.
 
+Both sides must compute the same logits: run through the wheel's own libraries with llama-perplexity's flash
+attention on `auto`, the Q4_K_M model's KLD came out 0.0536 against llama-perplexity's 0.0526 (the F16 base's PPL
+agreed to 4 digits). So flash attention is off on both sides and llama-cpp-python loads the tools' own libraries:
+`LLAMA_CPP_LIB_PATH=/tmp/llama-tools/bin`.
+
 What differs by design: llama.cpp stores the base's log probabilities in 16 bits (within 16 nats of the largest)
 and sums per position in float32; parity computes in float64.
 
-    .venv/bin/python benchmarks/llamacpp_kld_crosscheck.py --tools /tmp/llama-tools/bin --work /tmp/kld \\
-        [--ctx 512 --chunks 4 --threads 2] [--json OUT]
+    LLAMA_CPP_LIB_PATH=/tmp/llama-tools/bin .venv/bin/python benchmarks/llamacpp_kld_crosscheck.py \\
+        --tools /tmp/llama-tools/bin --work /tmp/kld [--ctx 512 --chunks 4 --threads 2] [--json OUT]
 
 `--work` keeps the models, the text and both sides' results, so a second run reuses them.
 """
@@ -104,7 +109,7 @@ def second_halves(model: Path, windows: np.ndarray, threads: int, cache: Path) -
 
         n_ctx = windows.shape[1]
         llm = Llama(model_path=str(model), n_ctx=n_ctx, n_batch=n_ctx, logits_all=True, n_threads=threads,
-                    verbose=False)
+                    flash_attn=False, verbose=False)
         out = []
         for window in windows:
             llm.reset()
@@ -139,7 +144,7 @@ def parse_table(log: str) -> dict[str, tuple[str, str | None]]:
     found = {}
     for line in log.splitlines():
         for label, (key, _) in LINES.items():
-            if line.startswith(label) and ":" in line:
+            if re.match(re.escape(label) + r"\s*:", line):  # "Mean PPL(Q) :", not "Mean PPL(Q)/PPL(base) :"
                 numbers = re.findall(NUMBER, line.split(":", 1)[1])
                 if numbers:
                     found[key] = (numbers[0], numbers[1] if len(numbers) > 1 else None)
@@ -190,7 +195,7 @@ def main() -> None:
         return
 
     common = ["-f", str(text), "-c", str(args.ctx), "-b", str(args.ctx), "--chunks", str(args.chunks),
-              "-t", str(args.threads)]
+              "-t", str(args.threads), "-fa", "off"]  # llama-cpp-python's Llama runs without flash attention
     base_file = args.work / f"base-{tag}.kld"
     started = time.perf_counter()
     llama_perplexity(args.tools, ["-m", str(base), *common, "--kl-divergence-base", str(base_file)],

@@ -83,3 +83,15 @@ def test_a_text_file_set_needs_its_window_length_and_tokenizer():
                       ({"tokenizer": "tok", "n_ctx": 64, "text": ["a"]}, "exactly one of")):
         with pytest.raises(ValidationError, match=says):
             InputSetSpec(name="t", text_file="a.txt", **bad)
+
+
+def test_validate_names_a_text_file_it_cannot_read(tmp_path, capsys):
+    from parity.cli import main
+
+    _tokenizer(tmp_path / "tok", bos=False)
+    (tmp_path / "exp.yaml").write_text(
+        "name: t\nmodels: [{name: m, source: torchvision, builder: resnet18}]\n"
+        "inputs: [{name: prose, text_file: missing.txt, tokenizer: tok, n_ctx: 8}]\ntargets: [{backend: eager}]\n")
+    assert main(["validate", str(tmp_path / "exp.yaml")]) == 2
+    out = capsys.readouterr()
+    assert "text_file not found" in out.out + out.err

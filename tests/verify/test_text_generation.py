@@ -460,3 +460,16 @@ def test_a_statistic_without_a_value_prints_nan_never_none():
     rows = dict(statistics_rows(recorded, DEFAULTS.model_dump()))
     assert rows["PPL(target)"] == "nan ± nan" and rows["mean Δp"] == "nan ± nan %"
     assert not any("None" in v for v in rows.values())
+
+
+def test_the_kl_leaves_out_reference_tokens_below_minus_16_as_llama_cpp_does():
+    """The reference puts 0.4% of its mass on 100,000 tokens of log probability about -17 (below perplexity.cpp's
+    floor of -16), the target is uniform: the KL is the kept token's term alone, 0.02 above the full sum."""
+    ref = torch.full((1, 1, 100_001), -17.0, dtype=torch.float64)
+    ref[0, 0, 0] = 0.0
+    tgt = torch.zeros_like(ref)
+    m = evaluate({"logits": ref}, {"logits": tgt}, DEFAULTS, 1e-4).metrics
+    log_p, log_q = ref.log_softmax(-1)[0, 0], tgt.log_softmax(-1)[0, 0]
+    kept = float(log_p[0].exp() * (log_p[0] - log_q[0]))
+    full = float((log_p.exp() * (log_p - log_q)).sum())
+    assert m["kl_mean"] == pytest.approx(kept) and abs(kept - full) > 0.01

@@ -16,7 +16,7 @@ from parity.errors import ParityError, did_you_mean
 from parity.inputs.audio import audio_problem
 from parity.inputs.images import image_problem
 from parity.inputs.tensors import tensors_problem
-from parity.inputs.text import tokenizer_problem
+from parity.inputs.text import text_file_problem, tokenizer_problem
 from parity.models.sources import MODEL_KINDS, Problem
 from parity.models.weights import weights_problem
 from parity.plugins import BACKENDS, SOURCES
@@ -190,6 +190,9 @@ def _tokenizers(exp: Experiment) -> list[Problem]:
                    if spec.tokenizer is not None else None)
         if problem:
             out.append((("inputs", i, "tokenizer"), problem))
+        problem = text_file_problem(spec.text_file, exp) if spec.text_file is not None else None
+        if problem:
+            out.append((("inputs", i, "text_file"), problem))
     return out
 
 

@@ -159,6 +159,15 @@ def read_text(source, experiment) -> str:
     return text
 
 
+def text_file_problem(source, experiment) -> str | None:
+    """What `parity validate` says of a `text_file:`: it reads, or why not."""
+    try:
+        read_text(source, experiment)
+    except ParityError as exc:
+        return exc.problems[0]
+    return None
+
+
 def adds_bos(tokenizer) -> bool:
     """Whether the tokenizer starts a text with its BOS token (llama.cpp's `llama_vocab_get_add_bos`)."""
     bos = tokenizer.bos_token_id

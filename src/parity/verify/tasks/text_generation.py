@@ -154,12 +154,14 @@ def next_token_statistics(ref: torch.Tensor, tgt: torch.Tensor, next_tokens: tor
     and the statistics on it are NaN). Its formulas, in float64: PPL = exp(mean NLL) ± PPL·SE; ln(PPL(Q)/PPL(base))
     ± sqrt(SE_Q² + SE_base² − 2·cov); Cor(ln PPL(Q), ln PPL(base)) = cov / (SE_Q·SE_base); KLD mean ± SE and
     percentiles; Δp = p_Q(token) − p_base(token): mean ± SE, RMS ± 0.5/RMS·SE(mean Δp²) and percentiles; same
-    top p ± sqrt(p(1−p)/(n−1)). One difference, in llama.cpp's favour of size: it stores the base's log
-    probabilities in 16 bits (within 16 nats of the largest), parity keeps them in float64."""
+    top p ± sqrt(p(1−p)/(n−1)). The KL sums the reference's tokens of log probability above -16 only, as
+    perplexity.cpp does (its base's log probabilities are stored in 16 bits, within 16 nats of the largest: what
+    lies below is not kept); parity keeps the rest in float64 where llama.cpp rounds them to 16 bits."""
     n = ref.shape[0]
     nan = math.nan
     log_p, log_q = ref.log_softmax(-1), tgt.log_softmax(-1)
-    kld = (log_p.exp() * (log_p - log_q)).sum(-1).clamp_min(0.0)
+    kept = log_p > KL_FLOOR  # perplexity.cpp sums only the base's tokens above it (`if (p_log_base > -16.f)`)
+    kld = torch.where(kept, log_p.exp() * (log_p - log_q), 0.0).sum(-1)
     same = int((ref.argmax(-1) == tgt.argmax(-1)).sum())
     m: dict[str, Any] = {"positions": n}
     kl_mean, kl_se = _mean_and_uncertainty(float(kld.sum()), float(kld.square().sum()), n)
@@ -202,6 +204,7 @@ TEXT_STATISTICS = ("ppl_target", "ppl_target_se", "ppl_reference", "ppl_referenc
                    "ln_ppl_ratio_se", "perplexity_ratio", "perplexity_ratio_se", "ln_ppl_correlation",
                    "delta_p_mean", "delta_p_mean_se", "delta_p_rms", "delta_p_rms_se",
                    *(k for k, _ in DP_PERCENTILES))
+KL_FLOOR = -16.0  # a reference token below this log probability (1.1e-7) is left out of the KL, as llama.cpp does
 FEW_POSITIONS = 100  # under it llama-perplexity prints no final statistics; parity prints them with a warning
 KLD_BINS = [10.0 ** e for e in range(-9, 3)]  # edges of the KL histogram a record keeps (per decade)
 
