@@ -204,14 +204,15 @@ def _bound(task: str, metric: str, thresholds: dict[str, Any]) -> dict[str, Any]
 
 def _tier3_tables(tier3: list[Tier3Check]) -> list[dict[str, Any]]:
     """One table per task: rows checks, columns the metrics, each metric with its threshold if it has one."""
-    from parity.verify.tasks import headline_of
+    from parity.verify.tasks import headline_of, statistics_of
 
     tables = []
     for task in dict.fromkeys(c.task for c in tier3):
         mine = [c for c in tier3 if c.task == task]
         metrics = list(dict.fromkeys(k for c in mine for k in c.metrics))
-        headline = [h.metric for h in headline_of(task) or ()]
-        metrics = [k for k in headline if k in metrics] or metrics  # the rest: in its statistics table
+        if statistics_of(task, mine[0].metrics, mine[0].thresholds):  # the rest: in its statistics table
+            headline = [h.metric for h in headline_of(task) or ()]
+            metrics = [k for k in headline if k in metrics] or metrics
         columns = [{"name": m, "title": m.replace("_", " "), **_bound(task, m, mine[0].thresholds or {})}
                    for m in metrics]
         rows = []
