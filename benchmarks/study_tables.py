@@ -75,7 +75,7 @@ DETECTOR_ARCHIVE = ROOT / "docs" / "study-detector-scale.jsonl.gz"
 SE_ARCHIVE = ROOT / "docs" / "study-se-control.jsonl.gz"
 SE_REPLICA_ARCHIVE = ROOT / "docs" / "study-se-replica.jsonl.gz"  # some of SE_ARCHIVE's rows measured again (v4)
 REPRO_ARCHIVES = (ROOT / "docs" / "study-repro-t1-records.jsonl.gz", ROOT / "docs" / "study-repro-t2-records.jsonl.gz")
-# The trained small language model's run (examples/llm.yaml, `make llm-demo`): tier 1 and text generation's tier 3.
+# The trained small language model's run (examples/llm.yaml, `make tiny-llm-demo`): tier 1 and text generation's tier 3.
 LLM_ARCHIVE = ROOT / "docs" / "study-llm-records.jsonl.gz"
 # Every BCa interval docs/study.md prints, with the clusters, draws and seed it was drawn from (render() writes it
 # beside the document; `--recompute` draws each again and compares the bits).

@@ -251,7 +251,7 @@ def test_an_int4_weight_only_target_quantizes_a_decoder_s_linears_and_gets_both_
 
 
 def test_the_llm_example_is_valid(tmp_path, capsys):
-    """examples/llm.yaml reads what `make llm-demo`'s training writes under parity-out/ (not in a clone): valid
+    """examples/llm.yaml reads what `make tiny-llm-demo`'s training writes under parity-out/ (not in a clone): valid
     with stand-ins for those folders (an untrained LLaMA and the training script's own tokenizer), beside a copy."""
     import runpy
 
