@@ -47,7 +47,8 @@ def test_every_printed_next_command_runs_as_printed_down_to_the_repro(tmp_path, 
     assert code == 0, printed  # localize exits 0 when it localized
     assert "verdict: cancel introduces the largest relative error of its own" in printed
     [reduce] = _commands(printed)
-    assert reduce == "parity reduce run/localize-net-2x8-eager-cpu-bfloat16 --check net/2x8/eager-cpu-bfloat16"
+    assert reduce == ("parity reduce run/localize-net-2x8-eager-cpu-bfloat16 --check net/2x8/eager-cpu-bfloat16 "
+                      "--experiment exp.yaml")  # reduce imports model code only from a file the user passes
 
     code, printed = _run(fallback, capsys)
     assert code in (0, 1) and "eager-cpu-bfloat16: required atol" in printed  # 1: no fallback makes it pass

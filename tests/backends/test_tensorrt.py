@@ -148,10 +148,23 @@ def test_parity_backends_lists_tensorrt_with_its_reason(capsys, monkeypatch):
     _without_torch_tensorrt(monkeypatch)
     assert main(["backends"]) == 0
     out = capsys.readouterr().out
-    [row] = [line for line in out.splitlines() if "│ tensorrt " in line]
-    assert "│ cuda " in row and "no: torch-tensorrt is not installed" in row
-    [row] = [line for line in out.splitlines() if "│ onnxruntime-tensorrt " in line]
-    assert "│ cuda " in row and "no: onnxruntime has no" in row
+    for backend, reason in (("tensorrt", "no: torch-tensorrt is not installed"),
+                            ("onnxruntime-tensorrt", "no: onnxruntime has no")):
+        row = _row(out, backend)
+        assert "│ cuda " in row[0] and reason in " ".join(_cell(line, 2) for line in row)
+
+
+def _row(table: str, name: str) -> list[str]:
+    """The lines of a table's row whose first cell is `name`: its first line and the ones a wrapped cell adds."""
+    lines = table.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"│ {name} "))
+    rest = lines[start + 1:]
+    more = next((i for i, line in enumerate(rest) if not (line.startswith("│") and _cell(line, 0) == "")), len(rest))
+    return [lines[start], *rest[:more]]
+
+
+def _cell(line: str, index: int) -> str:
+    return line.split("│")[index + 1].strip()
 
 
 def test_repro_snippet_compiles_as_the_backend_does():

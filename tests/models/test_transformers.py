@@ -159,8 +159,8 @@ def test_a_model_transformers_cannot_build_here_is_one_line_at_validate(tmp_path
 @pytest.mark.parametrize("inputs, key, message", [
     ({"text": ["a cat"], "tokenizer": "nowhere"}, "inputs[0].tokenizer", "tokenizer folder not found: "),
     ({"text": ["a cat"], "tokenizer": "."}, "inputs[0].tokenizer", "no tokenizer transformers can read in "),
-    ({"text": ["a cat"]}, "inputs[0]", "'text' needs 'tokenizer'"),
-    ({"text": ["a cat"], "tokenizer": ".", "synthetic": TOKENS}, "inputs[0]", "exactly one of 'images', 'synthetic', 'text', 'audio' or 'tensors'"),
+    ({"text": ["a cat"]}, "inputs[0]", "'text' and 'text_file' need 'tokenizer'"),
+    ({"text": ["a cat"], "tokenizer": ".", "synthetic": TOKENS}, "inputs[0]", "exactly one of 'images', 'synthetic', 'text', 'text_file', 'audio' or 'tensors'"),
 ])
 def test_a_text_input_set_parity_cannot_tokenize_is_one_line_at_validate(tmp_path, monkeypatch, inputs, key, message):
     attempts = _refuse_network(monkeypatch)

@@ -284,7 +284,7 @@ def test_a_workers_execution_brings_what_it_captured_back():
     captured = [{"kind": "torchvision_roi_heads", "class_logits": torch.ones(2, 3)}]
     remote = RemoteExecution(SimpleNamespace(), None, "digest", None)
     remote.receive(("repeat", 0, 0.1, [{"boxes": torch.zeros(0, 4)}], 0.2, None, [], 0))
-    remote.receive(("done", "ok", None, None, 0.2, None, [], 0, None, [], captured, None))
+    remote.receive(("done", "ok", None, None, 0.2, None, [], 0, None, [], captured, None, None))
     assert remote.execution.captured is captured and remote.finished
 
 

@@ -91,13 +91,13 @@ def run_execution(exp: Experiment, models: ModelCache, model_name: str, inputs: 
         model, digest = models.get(model_spec, exp)
     except Exception as exc:  # the parent built it; a worker that cannot is this execution's failure
         send(("done", "error", f"rebuilding the model in the worker failed: {describe(exc)}", classify_exception(exc, PREPARE),
-              None, None, [], 0, format_traceback(exc), [], [], None))
+              None, None, [], 0, format_traceback(exc), [], [], None, None))
         return
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # its builder ends the program here only (the parent's build returned)
         send(("done", "error", f"rebuilding the model in the worker failed: {ends_the_program(exc)}", tx.CRASH,
-              None, None, [], 0, format_traceback(exc), [], [], None))
+              None, None, [], 0, format_traceback(exc), [], [], None, None))
         return
     send(("built", digest))
 
