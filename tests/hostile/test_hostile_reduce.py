@@ -15,16 +15,8 @@ import pytest
 import yaml
 
 from tests.support.hostile import assert_user_error, run_parity
+from tests.test_reduce import CHAIN, CHECK  # the failing, localized check test_reduce reduces
 
-CHAIN = {
-    "name": "chain", "seed": 0,
-    "models": [{"name": "chain", "source": "python", "entry": "tests.fixtures.culprit:chain"}],
-    "inputs": [{"name": "noise", "synthetic": {"shape": [2, 8]}}],
-    "targets": [{"backend": "compile", "options": {"backend": "aot_eager"}}],
-    "tolerances": {"atol": [1e-2], "gate": 1e-2},
-    "tiers": {"activations": {"granularity": ["first", "odd"], "mode": "local"}},
-}
-CHECK = "chain/noise/compile-cpu"
 MARK = "pwned"  # the file every planted piece of code writes when it runs
 
 
