@@ -66,18 +66,19 @@ RARE_STDLIB = ("colorsys", "wave", "netrc", "tabnanny", "xdrlib", "sunau", "mail
 
 def test_repo_import_forgets_the_repositorys_modules_but_keeps_the_libraries_they_imported(tmp_path):
     """Unloading a library imported while building (torch's, transformers' internals) breaks every export after
-    it; the folder's own modules (`model`, its package `lib`) must still go."""
+    it; the folder's own modules (`model`, its package `repo_lib`) must still go."""
     library = next((name for name in RARE_STDLIB if name not in sys.modules), None)
     if library is None:
         pytest.skip("every candidate library is imported already")
-    (tmp_path / "lib").mkdir()  # a namespace package: no file of its own, only its folder
-    (tmp_path / "lib" / "layers.py").write_text("import torch\n\n\ndef head():\n    return torch.nn.Linear(2, 2)\n")
-    (tmp_path / "model.py").write_text(f"import {library}  # noqa: F401\nfrom lib.layers import head\n\n\n"
+    (tmp_path / "repo_lib").mkdir()  # a namespace package: no file of its own, only its folder (a name no
+    # installed distribution has: llama-cpp-python ships a top-level `lib` folder, which a namespace `lib` would span)
+    (tmp_path / "repo_lib" / "layers.py").write_text("import torch\n\n\ndef head():\n    return torch.nn.Linear(2, 2)\n")
+    (tmp_path / "model.py").write_text(f"import {library}  # noqa: F401\nfrom repo_lib.layers import head\n\n\n"
                                        "def make():\n    return head()\n")
     exp = experiment({"source": "repo", "path": ".", "entry": "model:make"}, tmp_path)
     assert build_model(exp.models[0], exp).out_features == 2
     assert library in sys.modules
-    assert not {"model", "lib", "lib.layers"} & set(sys.modules)
+    assert not {"model", "repo_lib", "repo_lib.layers"} & set(sys.modules)
 
 
 def test_repo_hubconf_entry():
