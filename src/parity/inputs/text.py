@@ -73,7 +73,7 @@ def _gguf_tokenizer(path: Path, size: int, mtime_ns: int):
     try:
         return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, TypeError, KeyError, ImportError, RuntimeError) as exc:
-        raise ParityError(f"no tokenizer transformers can read in {path}: {str(exc).splitlines()[0]}") from exc
+        raise ParityError(f"no tokenizer transformers can read in {path}: {first_line(exc)}") from exc
 
 
 def tokenizer_problem(folder: Path, sentences: int = 1) -> str | None:
