@@ -16,8 +16,9 @@ import tempfile
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -302,6 +303,27 @@ class ArtifactStore(Protocol):
               build: Callable[[Path], None]) -> tuple[Path, bool] | None:
         """(folder, whether it was there) of the artifact, made by `build(folder)` when missing; None when it
         may not be kept."""
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """What a cached decoding returns: `tokens` [B, steps] int64, the token fed after each step (its own greedy
+    choice, or the forced one); `logits` [B, steps, vocab] float32 on the CPU, step i's next-token logits (step 0:
+    after the prefill over the prompt; step i > 0: after feeding tokens[:, i - 1] through the cache)."""
+
+    tokens: torch.Tensor
+    logits: torch.Tensor
+
+
+@runtime_checkable
+class CachedDecoding(Protocol):
+    """A capability: a backend that decodes as a language model is deployed, a prefill over the prompt and then one
+    token at a time through its KV cache (detected with isinstance, as every optional capability should be)."""
+
+    def decode(self, prompt: torch.Tensor, steps: int, forced: torch.Tensor | None = None) -> Decoded:
+        """`steps` tokens after `prompt` ([B, T] int64 ids, no padding) from this backend's prepared artifact;
+        greedy, or with `forced` ([B, steps]) fed the forced tokens instead of its own choices (teacher forcing
+        through the cache), so that every step compares with the reference's at the same position."""
 
 
 class OutputSpec:
