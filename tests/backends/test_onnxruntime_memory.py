@@ -98,3 +98,20 @@ def test_a_looked_inside_graphs_session_keeps_no_arena(monkeypatch):
     backend.prepare(copy.deepcopy(model), X)
     backend.capture_layers(model, X, ["fc"])
     assert seen == [(True, True), (False, False)]
+
+
+def test_the_exporters_table_is_built_once_and_each_export_gets_its_own_copy(monkeypatch):
+    """The dynamo exporter's ATen-to-ONNX table is built once per process: a second export builds nothing, and each
+    export's table is a copy of its own, so what one export registers never reaches the next."""
+    from torch.onnx._internal.exporter import _registration
+
+    from parity.backends.onnxruntime import build_torchlib_registry_once
+
+    build_torchlib_registry_once()
+    first = _registration.ONNXRegistry.from_torchlib()
+    monkeypatch.setattr(_registration.ONNXRegistry, "_register", lambda *a: (_ for _ in ()).throw(AssertionError("built again")))
+    second = _registration.ONNXRegistry.from_torchlib()
+    assert second.functions is not first.functions and second.functions == first.functions
+    op = next(iter(first.functions))
+    first.functions[op].append("registered by one export")
+    assert _registration.ONNXRegistry.from_torchlib().functions[op] == second.functions[op]

@@ -88,6 +88,7 @@ def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, opset: int 
                                   opset_version=opset, verbose=False)
             return None
         # verbose=None (the exporter's default) prints one line per capture it tries, into `progress`
+        build_torchlib_registry_once()
         try:
             torch.onnx.export(model, example.args, str(path), kwargs=example.kwargs or None, dynamo=True,
                               opset_version=opset, external_data=external_data, verbose=None, optimize=optimize,
@@ -103,6 +104,35 @@ def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, opset: int 
         why = _capture_error(model, example, dynamic_shapes, failed)
     return (f"the ONNX exporter fell back: {failed} failed ({why}); the graph comes from {used}, not from "
             "the exporter's default capture")
+
+
+def build_torchlib_registry_once() -> None:
+    """The dynamo exporter builds its table of ATen-to-ONNX functions afresh for every export, and onnxscript reads
+    each function's domain by parsing its Python source (thousands of functions: most of a small model's export
+    time, docs/benchmarks.md). Built once per process and handed out as a copy (its own dict and lists, so an
+    export's custom translations never reach the next); built again when torchlib's own table grows. A version of
+    torch without this classmethod is left as it is."""
+    from torch.onnx._internal.exporter import _registration
+
+    registry = _registration.ONNXRegistry
+    build = registry.__dict__.get("from_torchlib")
+    if not isinstance(build, classmethod) or getattr(build.__func__, "parity_built_once", False):
+        return
+    built: dict[tuple, Any] = {}
+
+    def from_torchlib(cls, *args, **kwargs):
+        from onnxscript.function_libs.torch_lib import registration
+
+        key = (cls, args, tuple(sorted(kwargs.items())), sum(1 for _ in registration.default_registry.items()))
+        if key not in built:
+            built[key] = build.__func__(cls, *args, **kwargs)
+        copy = cls()
+        copy._opset_version = built[key]._opset_version
+        copy.functions = {op: list(metas) for op, metas in built[key].functions.items()}
+        return copy
+
+    from_torchlib.parity_built_once = True
+    registry.from_torchlib = classmethod(from_torchlib)
 
 
 def forget_last_match() -> None:
