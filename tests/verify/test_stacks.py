@@ -12,7 +12,7 @@ import torch
 
 from parity.config.schema import BackendSpec
 from parity.inputs import Inputs
-from parity.verify.activations import LayerError, LevelResult
+from parity.verify.activations import LevelResult, new_layer_error
 from parity.verify.localize import Localization, localize
 from tests.fixtures import stacks
 from tests.fixtures.faults import inject
@@ -84,9 +84,9 @@ def test_a_causal_lm_quantized_whole_is_spread_at_either_granularity(llama, gran
 def test_an_unmeasured_own_code_and_an_unrelated_trace_warning_are_not_claimed():
     """A block exceeds the threshold, its submodules do not, and its own code was not measured (own_code null): the
     verdict once said 'none of its submodules alone (nor its own code)' and offered a tracer warning as the cause."""
-    top = LevelResult(names=["a", "b"], local={"a": LayerError("a", max_abs=1e-2, rel_rmse=1e-2, required_atol=1e-2),
-                                               "b": LayerError("b")})
-    inner = LevelResult(names=["a.x"], local={"a.x": LayerError("a.x", max_abs=1e-6, rel_rmse=1e-6, required_atol=1e-6)})
+    top = LevelResult(names=["a", "b"], local={"a": new_layer_error("a", max_abs=1e-2, rel_rmse=1e-2, required_atol=1e-2),
+                                               "b": new_layer_error("b")})
+    inner = LevelResult(names=["a.x"], local={"a.x": new_layer_error("a.x", max_abs=1e-6, rel_rmse=1e-6, required_atol=1e-6)})
     loc = Localization("t", "hierarchical", 1e-4, [("", top), ("a", inner)], culprit="a", as_a_whole=True,
                        suspects=[top.local["a"]],
                        specialized={"where": "m.py:3", "code": "for row in x:", "module": "a"})
@@ -186,7 +186,7 @@ def test_spread_is_judged_over_the_layers_above_the_threshold_and_not_over_one_r
     from parity.verify.localize import spread
 
     def level(errors: dict[str, float]) -> LevelResult:
-        return LevelResult(names=list(errors), local={n: LayerError(n, max_abs=v, rel_rmse=v, required_atol=v)
+        return LevelResult(names=list(errors), local={n: new_layer_error(n, max_abs=v, rel_rmse=v, required_atol=v)
                                                       for n, v in errors.items()})
 
     assert spread(level({"a": 1e-2, "b": 1.2e-2, "c": 1e-2}), 1e-4)

@@ -12,17 +12,34 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer, model_validator
 
 SCHEMA_VERSION = 1
 
 
 class Part(BaseModel):
-    """A part of a record: strict types; fields it does not declare are kept on reading."""
+    """A part of a record: strict types; fields it does not declare are kept on reading. It is also the value
+    that modules hand each other (the judge's check, a compared leaf), frozen. `model_dump(exclude_unset=True)`
+    gives back the fields it was given, in the order it was given them: the order its maker wrote, which is
+    the order of the record in records.jsonl (a leaf's keys follow what `compare` found), not the declarations'."""
 
     model_config = ConfigDict(strict=True, extra="allow", frozen=True)
     # A part whose fields are another module's (the experiment's settings): not checked for undeclared ones.
     open: ClassVar[bool] = False
+    _given: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_order(cls, data: Any, handler: Any) -> Any:
+        part = handler(data)
+        if isinstance(data, dict):
+            part._given = tuple(data)
+        return part
+
+    @model_serializer(mode="wrap")
+    def _in_given_order(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        return {**{name: data[name] for name in self._given if name in data}, **data}
 
 
 class Record(Part):
