@@ -30,30 +30,28 @@ from parity.verify.tokenizers import first_mismatch
 EXCUSABLE = (None, tx.NUMERIC_DRIFT, tx.ORDERING)
 
 
-def _check(about: dict[str, Any], status: str, passed: bool | None, failure_class: str | None, detail: str | None,
-           warnings: list[dict[str, Any]] | None = None, **numbers: Any) -> Tier1Check:
+def _check(*, model: str, inputs: str, reference: str, target: str, tolerance: Tolerance, status: str,
+           passed: bool | None, failure_class: str | None, detail: str | None,
+           warnings: list[dict[str, Any]] | None = None, reference_failure_class: str | None = None,
+           user_error: bool | None = None, required_atol: float | None = None, max_abs: float | None = None,
+           verdicts: dict[str, bool] | None = None, nondeterminism: dict[str, float] | None = None,
+           leaves: list[dict[str, Any]] | None = None, oracle: dict[str, Any] | None = None,
+           noise_floor: dict[str, Any] | None = None, oracle_error: str | None = None) -> Tier1Check:
     """The check record, its fields in the order parity has always written them (the archived records and a
     rerun's compare byte for byte). A field that does not apply is left out, as before: `warnings` when the target
     did not run, the reference's failure unless it failed, `noise_floor` unless the outputs were compared,
     `oracle_error` and `tier1_passed` when they have no value."""
-    tol: Tolerance = about["tolerance"]
-    fields: dict[str, Any] = {"kind": "check", "tier": 1, "model": about["model"], "inputs": about["inputs"],
-                              "reference": about["reference"], "target": about["target"], "rtol": tol.rtol,
-                              "gate": tol.gate, "tolerance_source": tol.source,
-                              "gated_by": "tier3" if tol.by_task else "tier1"}
+    fields: dict[str, Any] = {"kind": "check", "tier": 1, "model": model, "inputs": inputs, "reference": reference,
+                              "target": target, "rtol": tolerance.rtol, "gate": tolerance.gate,
+                              "tolerance_source": tolerance.source, "gated_by": "tier3" if tolerance.by_task else "tier1"}
     if status != "error":
         fields["warnings"] = warnings or []
     fields.update(status=status, passed=passed, failure_class=failure_class, detail=detail)
     if status == "error":
-        fields.update(reference_failure_class=numbers.pop("reference_failure_class"),
-                      user_error=numbers.pop("user_error"))
-    fields.update(required_atol=numbers.pop("required_atol", None), max_abs=numbers.pop("max_abs", None),
-                  verdicts=numbers.pop("verdicts", {}), nondeterminism=numbers.pop("nondeterminism", None),
-                  leaves=numbers.pop("leaves", []), oracle=numbers.pop("oracle", None))
-    noise_floor, oracle_error = numbers.pop("noise_floor", None), numbers.pop("oracle_error", None)
-    if numbers:
-        raise TypeError(f"not a field of a check: {', '.join(numbers)}")
-    if fields["nondeterminism"] is not None:
+        fields.update(reference_failure_class=reference_failure_class, user_error=user_error)
+    fields.update(required_atol=required_atol, max_abs=max_abs, verdicts=verdicts or {}, nondeterminism=nondeterminism,
+                  leaves=leaves or [], oracle=oracle)
+    if nondeterminism is not None:
         fields["noise_floor"] = noise_floor
     if oracle_error is not None:
         fields["oracle_error"] = oracle_error
@@ -78,10 +76,10 @@ def judge(reference: Execution, target: Execution | BackendSpec, tolerance: Tole
     if not isinstance(target, Execution):
         raise TypeError("a target is judged by its execution; its spec alone only when the reference failed")
     if target.status == "unavailable":
-        return _check(about, status="skipped", passed=None, failure_class=None, detail=target.error,
+        return _check(**about, status="skipped", passed=None, failure_class=None, detail=target.error,
                       warnings=target.notes)
     if not target.ok:
-        return _check(about, status="ok", passed=False, failure_class=target.failure_class or tx.BACKEND_ERROR,
+        return _check(**about, status="ok", passed=False, failure_class=target.failure_class or tx.BACKEND_ERROR,
                       detail=f"target {spec.id} failed: {target.error}", warnings=target.notes,
                       verdicts={tolerance_key(a): False for a in tolerance.sweep},
                       oracle_error=_oracle_error(oracle, "the target returned no output to hold against float64's"))
@@ -143,7 +141,7 @@ def _tier1(about: dict[str, Any], reference: Execution, target: Execution, oracl
         found = oracle_verdict(comparison, oracle_rule.multiplier, oracle_rule.floor)
     missing = None if found else (f"no output leaf could be held against float64's "
                                   f"({failure or 'the float64 outputs differ in structure or shape'})")
-    return _check(about, status="ok", passed=failure is None, failure_class=failure, detail=detail,
+    return _check(**about, status="ok", passed=failure is None, failure_class=failure, detail=detail,
                   warnings=target.notes, required_atol=required if math.isfinite(required) else None,
                   max_abs=max((leaf.get("max_abs") or 0.0 for leaf in comparison.leaves), default=0.0),
                   verdicts={tolerance_key(a): required <= a for a in tol.sweep},
@@ -175,7 +173,7 @@ def _reference_failed(about: dict[str, Any], reference: Execution) -> Tier1Check
     """The check when the reference could not run: no verdict about the target (it was not run), status
     `error`, class `reference_error`. `user_error` says whether the model as written failed on its inputs
     (the eager reference raised), which is the user's to fix, not a backend's finding."""
-    return _check(about, status="error", passed=None, failure_class=tx.REFERENCE_ERROR,
+    return _check(**about, status="error", passed=None, failure_class=tx.REFERENCE_ERROR,
                   detail=f"the reference {reference.backend.id} failed ({reference.failure_class}), so "
                          f"{about['target']} was not run: {reference.error}",
                   reference_failure_class=reference.failure_class,
