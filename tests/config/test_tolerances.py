@@ -276,7 +276,7 @@ def test_a_quantized_target_is_judged_at_a_scale_aware_gate_and_the_sweep_keeps_
 
 def test_the_tolerance_line_states_a_quantized_default_and_the_verdict_at_float32s_gate():
     from parity.records import tolerance_key
-    from parity.report.console import tolerance_lines
+    from parity.report.wording import tolerance_lines
 
     info = {"gate": 0.1, "rtol": 1e-5, "tolerance_source": "default-for-int8-weight", "gated_by": "tier1",
             "passed": 1, "failed": 0, "per_tolerance": {tolerance_key(1e-4): 0, tolerance_key(1e-3): 0}}

@@ -192,7 +192,7 @@ def test_a_record_without_the_fields_later_versions_added_reads_as_their_default
     """Records written before tolerance_source, gated_by, max_abs, a note's count or a setting the schema leaves
     open: the view's models read them as their defaults, and the summary and the reports say what those mean
     (the experiment's tolerances, gated by tier 1), never a string key's KeyError."""
-    from parity.report.console import describe_note
+    from parity.report.wording import describe_note
 
     config = {**RUN["config"], "seed": 0, "tiers": {"tasks": {"enabled": True}}}
     view = RunView([{"kind": "run", **RUN, "config": config}, check("a", warnings=[{"kind": "graph_break", "message": "m"}])])

@@ -8,7 +8,7 @@ import math
 import re
 
 from parity.records.models import LayerError
-from parity.report.console import suspect_words
+from parity.report.wording import figure, number, scientific, suspect_words
 from parity.verify.activations import LevelResult, new_layer_error
 from parity.verify.localize import Localization
 
@@ -53,3 +53,14 @@ def test_no_culprit_says_the_largest_error_is_within_the_threshold_by_its_requir
     verdict = Localization("t", "flat", THRESHOLD, [("", level)]).verdict()
     left, op, right = _stated(verdict)
     assert op == "<=" and left <= right
+
+
+def test_every_report_writes_a_metric_and_a_difference_the_same_way():
+    """One home for numbers (report/wording.py), which the console, report.md and report.html all read: a metric to
+    4 significant digits, an integer whole, a NaN (null in the records) as nan; a difference in a fixed format,
+    `inf` in report.md where no atol reaches it; report.html's to 2 significant digits, 0 as 0."""
+    assert [figure(x) for x in (0.123456, 12345, None, True, "n/a")] == ["0.1235", "12345", "nan", "True", "n/a"]
+    assert figure(None, none="–") == "–"
+    assert [number(x) for x in (3.1e-4, None)] == ["3.10e-04", "-"] and number(None, none="inf") == "inf"
+    assert number(-12.345, ".1f") == "-12.3"
+    assert [scientific(x) for x in (3.14e-4, 0.0, None)] == ["3.1e-04", "0", "–"]

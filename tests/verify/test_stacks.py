@@ -174,7 +174,7 @@ def test_a_nan_statistic_is_printed_nan():
     """Records keep NaN as null: the tier-3 line printed 'None' beside 'mean KL nan'."""
     from types import SimpleNamespace
 
-    from parity.report.console import headline_figures
+    from parity.report.wording import headline_figures
 
     check = SimpleNamespace(metrics={"kl_mean": None, "top1_agreement": 0.5}, task="no-such-task")
     assert headline_figures(check) == "kl_mean nan, top1_agreement 0.5"
