@@ -52,7 +52,7 @@ class Record(Part):
 
 # -- run -------------------------------------------------------------------------------------------------
 
-class Tolerances(Part):
+class RunTolerances(Part):
     """The experiment's tolerances (config/schema.py): what the reports read of them."""
 
     open: ClassVar[bool] = True
@@ -75,7 +75,7 @@ class RunConfig(Part):
     """The resolved experiment, as config/schema.py's Experiment dumps it (its reference is config/schema.py)."""
 
     open: ClassVar[bool] = True
-    tolerances: Tolerances = Field(description="The experiment's tolerances.")
+    tolerances: RunTolerances = Field(description="The experiment's tolerances.")
     models: list[PlannedModel] = Field(description="The models: with `inputs` and `targets`, the checks the run plans.")
     inputs: list[dict[str, Any]] = Field(description="The input sets.")
     targets: list[dict[str, Any]] = Field(description="The targets.")
@@ -144,7 +144,7 @@ class Note(Part):
     count: int | None = Field(None, description="How many times it was said, when more than once (graph breaks).")
 
 
-class Execution(Record):
+class TimedRun(Record):
     """One timed run (repeat) of one backend on one model and input set; a failure has one record, at the
     repeat that failed."""
 
@@ -214,7 +214,7 @@ class Leaf(Part):
     tolerance: LeafTolerance | None = Field(None, description="The output rule that judged it, if one did.")
 
 
-class Oracle(Part):
+class OracleVerdict(Part):
     """Which side is farther from the float64 oracle: a side is when its rmse from float64 exceeds
     `multiplier` times the other's plus `floor` (a leaf with NaN/Inf on one side only: when float64 lacks its
     non-finite pattern)."""
@@ -300,7 +300,7 @@ class Tier1Check(Check):
     nondeterminism: dict[str, float | None] | None = Field(None, description="How far each side's repeats "
                                                                              "stray from its first (reference, target).")
     leaves: list[Leaf] = Field(description="Every output leaf's comparison.")
-    oracle: Oracle | None = Field(None, description="The float64 oracle's verdict, when the experiment asks for it.")
+    oracle: OracleVerdict | None = Field(None, description="The float64 oracle's verdict, when the experiment asks for it.")
     oracle_error: str | None = Field(None, description="Why there is no oracle verdict: the float64 oracle could not "
                                                        "run, and its error.")
     noise_floor: NoiseFloor | None = Field(None, description="The reference's own error, where the data show it.")
@@ -542,7 +542,7 @@ class InputWarning(Record):
 
 # (kind, tier) -> model; tier None for the kinds that have none.
 RECORDS: dict[tuple[str, int | None], type[Record]] = {
-    ("run", None): Run, ("resume", None): Resume, ("model", None): ModelBuilt, ("execution", None): Execution,
+    ("run", None): Run, ("resume", None): Resume, ("model", None): ModelBuilt, ("execution", None): TimedRun,
     ("check", 1): Tier1Check, ("check", 3): Tier3Check, ("layers", None): Layers, ("fallback", None): Fallback,
     ("warning", None): InputWarning,
 }
@@ -551,5 +551,5 @@ TIERS = tuple(tier for kind, tier in RECORDS if kind == "check")
 
 # The same, as one type discriminated on `kind` (and `tier` for checks), for pydantic users and the reference.
 AnyCheck = Annotated[Tier1Check | Tier3Check, Field(discriminator="tier")]
-AnyRecord = Annotated[Run | Resume | ModelBuilt | Execution | AnyCheck | Layers | Fallback | InputWarning,
+AnyRecord = Annotated[Run | Resume | ModelBuilt | TimedRun | AnyCheck | Layers | Fallback | InputWarning,
                       Field(discriminator="kind")]
