@@ -18,28 +18,22 @@ SCHEMA_VERSION = 1
 
 
 class Part(BaseModel):
-    """A part of a record: strict types; fields it does not declare are kept on reading. It is also the value
-    that modules hand each other (the judge's check, a compared leaf), frozen. `model_dump(exclude_unset=True)`
-    gives back the fields it was given, in the order it was given them: the order its maker wrote, which is
-    the order of the record in records.jsonl (a leaf's keys follow what `compare` found), not the declarations'."""
+    """A part of a record: strict types; fields it does not declare are kept on reading. The parts are also the
+    values that modules hand each other (the judge's check, a layer's error), frozen."""
 
     model_config = ConfigDict(strict=True, extra="allow", frozen=True)
     # A part whose fields are another module's (the experiment's settings): not checked for undeclared ones.
     open: ClassVar[bool] = False
-    _given: tuple[str, ...] = PrivateAttr(default=())
 
-    @model_validator(mode="wrap")
-    @classmethod
-    def _remember_order(cls, data: Any, handler: Any) -> Any:
-        part = handler(data)
-        if isinstance(data, dict):
-            part._given = tuple(data)
-        return part
 
-    @model_serializer(mode="wrap")
-    def _in_given_order(self, handler: Any) -> dict[str, Any]:
-        data = handler(self)
-        return {**{name: data[name] for name in self._given if name in data}, **data}
+def _in_order(dumped: Any, given: Any) -> Any:
+    """`dumped` with the keys of each mapping in the order that `given` (what it was made from) has them."""
+    if isinstance(dumped, dict) and isinstance(given, dict):
+        first = {key: _in_order(dumped[key], given[key]) for key in given if key in dumped}
+        return {**first, **{key: value for key, value in dumped.items() if key not in first}}
+    if isinstance(dumped, list) and isinstance(given, list | tuple) and len(dumped) == len(given):
+        return [_in_order(d, g) for d, g in zip(dumped, given, strict=True)]
+    return dumped
 
 
 class Record(Part):
@@ -268,7 +262,25 @@ class Fingerprints(Part):
 
 
 class Check(Record):
-    """One verdict about one target on one model and input set."""
+    """One verdict about one target on one model and input set. The judge's verdict is this record itself, and the
+    Runner writes it as it is: `model_dump(exclude_unset=True)` gives back the fields a check was made from, in the
+    order they were given, its parts' too (the order of its line in records.jsonl, or the order the judge wrote
+    them in, as parity always has, a leaf's keys as `compare` found them), not the declarations' (the mapping it
+    was made from is kept for that order alone: one reference, no copy)."""
+
+    _given: Any = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_order(cls, data: Any, handler: Any) -> Any:
+        check = handler(data)
+        if isinstance(data, dict):
+            check._given = data
+        return check
+
+    @model_serializer(mode="wrap")
+    def _in_given_order(self, handler: Any) -> Any:
+        return _in_order(handler(self), self._given)
 
     kind: Literal["check"] = Field(description="`check`.")
     model: str = Field(description="The model's name.")
