@@ -62,3 +62,11 @@ def test_no_circle_goes_through_a_packages_init():
     guarded = {m for c in CONTRACTS if c["type"] == "forbidden" and not c.get("as_packages", True)
                for m in c["forbidden_modules"]}
     assert [p for p in above if p != "parity" and p not in guarded] == []
+
+
+def test_no_module_of_the_command_line_passes_400_lines():
+    """The command line is a package of modules each small enough to read whole (issue 40): a verb's command goes
+    in the module of its group, or in a new one placed in the command line's contract."""
+    long = {p.name: n for p in (ROOT / "src" / "parity" / "cli").glob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert long == {}

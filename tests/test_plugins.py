@@ -171,8 +171,8 @@ def test_reports_show_a_task_s_headline_metrics_and_list_an_unknown_task_s(demo)
     """The console names the headline metrics of an installed task; a task not installed here shows every
     metric its record has. The HTML marks a lower-is-better metric above its threshold."""
     from parity.records.models import Tier3Check
-    from parity.report.console import headline_figures
     from parity.report.html import _tier3_tables
+    from parity.report.wording import headline_figures
 
     check = {"kind": "check", "tier": 3, "model": "m", "inputs": "i", "reference": "eager-cpu", "target": "t",
              "task": "agreement", "status": "ok", "passed": False, "failure_class": "decision_flip", "detail": None,

@@ -267,7 +267,7 @@ def test_a_quantized_target_is_judged_at_a_scale_aware_gate_and_the_sweep_keeps_
     ref = Execution(BackendSpec(backend="eager"), "ok", outputs=[torch.tensor([2.0, -2.0, 2.0, -2.0])])
     near = judge(ref, Execution(_quantized(), "ok", outputs=[torch.tensor([2.0625, -2.0, 2.0, -2.0])]), tol)
     far = judge(ref, Execution(_quantized(), "ok", outputs=[torch.tensor([2.125, -2.0, 2.0, -2.0])]), tol)
-    assert near.passed is True and near.record()["gate"] == 0.1 and near.record()["tolerance_source"] == tol.source
+    assert near.passed is True and near.gate == 0.1 and near.tolerance_source == tol.source
     assert near.verdicts[tolerance_key(1e-4)] is False  # float32's gate, still reported
     assert far.passed is False and far.failure_class == "numeric_drift"
     own = resolve(Tolerances(), _quantized(tolerances={"gate": 1e-4}), "float32")
@@ -276,7 +276,7 @@ def test_a_quantized_target_is_judged_at_a_scale_aware_gate_and_the_sweep_keeps_
 
 def test_the_tolerance_line_states_a_quantized_default_and_the_verdict_at_float32s_gate():
     from parity.records import tolerance_key
-    from parity.report.console import tolerance_lines
+    from parity.report.wording import tolerance_lines
 
     info = {"gate": 0.1, "rtol": 1e-5, "tolerance_source": "default-for-int8-weight", "gated_by": "tier1",
             "passed": 1, "failed": 0, "per_tolerance": {tolerance_key(1e-4): 0, tolerance_key(1e-3): 0}}

@@ -54,6 +54,20 @@ def test_the_archived_study_records_are_valid_records(tmp_path):
     assert len(study) == 927 and len(study.checks(1)) == 224 and study.checks(3)
 
 
+@pytest.mark.parametrize("archive", ["study-v1-records", "study-trained-records", "study-records"])
+def test_an_archived_check_read_as_its_model_dumps_to_the_same_json(archive):
+    """The judge's verdict is the check record's model, which the Runner writes as it is: a check dumps the fields
+    it was given in the order it was given them, its parts' too, so what is written from the model is the record
+    as parity has always written it, byte for byte."""
+    from parity.records.io import typed
+
+    lines = gzip.decompress((ROOT / "docs" / f"{archive}.jsonl.gz").read_bytes()).decode().splitlines()
+    checks = [line for line in lines if json.loads(line)["kind"] == "check"]
+    assert checks
+    for line in checks:
+        assert json.dumps(typed(json.loads(line)).model_dump(exclude_unset=True)) == line
+
+
 @pytest.mark.parametrize(("fields", "problem"), [
     ({"repeat": "0"}, "repeat: expected an integer, got a string"),
     ({"repeat": True}, "repeat: expected an integer, got true or false"),
@@ -181,7 +195,7 @@ def test_a_record_without_the_fields_later_versions_added_reads_as_their_default
     """Records written before tolerance_source, gated_by, max_abs, a note's count or a setting the schema leaves
     open: the view's models read them as their defaults, and the summary and the reports say what those mean
     (the experiment's tolerances, gated by tier 1), never a string key's KeyError."""
-    from parity.report.console import describe_note
+    from parity.report.wording import describe_note
 
     config = {**RUN["config"], "seed": 0, "tiers": {"tasks": {"enabled": True}}}
     view = RunView([{"kind": "run", **RUN, "config": config}, check("a", warnings=[{"kind": "graph_break", "message": "m"}])])

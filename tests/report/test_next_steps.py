@@ -68,14 +68,14 @@ def test_the_oracles_finding_is_said_beside_a_failed_check_everywhere(write_yaml
 def test_an_oracle_verdict_of_a_record_without_a_side_follows_the_rule():
     """Records written before `worse`: the side comes from the worst leaf's numbers and the rule, so a target
     2e-7 from float64 beside a reference 3e-7 away is as far, not "the reference is the imprecise one"."""
-    from parity.records.models import Oracle
+    from parity.records.models import OracleVerdict
     from parity.report.next_steps import oracle_finding
 
     old = {"target_worse": False, "leaves_target_worse": [], "multiplier": 2.0, "floor": 1e-8}
-    assert oracle_finding(Oracle.model_validate({**old, "target_rmse": 2e-7, "reference_rmse": 3e-7}), None) == [
+    assert oracle_finding(OracleVerdict.model_validate({**old, "target_rmse": 2e-7, "reference_rmse": 3e-7}), None) == [
         "oracle: both sides are equally far from float64 (rmse from float64: target 2e-07, reference 3e-07; "
         "neither is beyond 2x the other's + 1e-08)"]
-    assert oracle_finding(Oracle.model_validate({**old, "target_rmse": 2e-7, "reference_rmse": 3e-6}), None)[0].startswith(
+    assert oracle_finding(OracleVerdict.model_validate({**old, "target_rmse": 2e-7, "reference_rmse": 3e-6}), None)[0].startswith(
         "oracle: the reference is the imprecise one: the target is closer to float64")
     assert oracle_finding(None, None) == []
 

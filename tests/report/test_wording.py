@@ -7,15 +7,16 @@ from __future__ import annotations
 import math
 import re
 
-from parity.report.console import suspect_words
-from parity.verify.activations import LayerError, LevelResult
+from parity.records.models import LayerError
+from parity.report.wording import figure, number, scientific, suspect_words
+from parity.verify.activations import LevelResult, new_layer_error
 from parity.verify.localize import Localization
 
 THRESHOLD = 1e-4
 
 
 def _culprit(error: LayerError) -> Localization:
-    level = LevelResult(names=[error.name, "quiet"], local={error.name: error, "quiet": LayerError("quiet")})
+    level = LevelResult(names=[error.name, "quiet"], local={error.name: error, "quiet": new_layer_error("quiet")})
     return Localization("t", "flat", THRESHOLD, [("", level)], culprit=error.name, suspects=[error])
 
 
@@ -28,7 +29,7 @@ def _stated(text: str) -> tuple[float, str, float]:
 
 def test_a_culprit_whose_relative_rmse_is_below_the_threshold_is_said_by_its_required_atol():
     """relative RMSE 8.5e-05 < 1e-4 but required atol 3e-4 > 1e-4: the message says the latter."""
-    error = LayerError("conv", max_abs=3.2e-4, rel_rmse=8.5e-5, required_atol=3e-4)
+    error = new_layer_error("conv", max_abs=3.2e-4, rel_rmse=8.5e-5, required_atol=3e-4)
     verdict = _culprit(error).verdict()
     left, op, right = _stated(verdict)
     assert (left, op, right) == (3e-4, ">", THRESHOLD) and left > right
@@ -38,7 +39,7 @@ def test_a_culprit_whose_relative_rmse_is_below_the_threshold_is_said_by_its_req
 
 def test_a_culprit_with_nan_says_no_atol_passes_not_a_max_abs_of_zero():
     """NaN where the reference has a number: max abs over the finite rest is 0, and no atol passes."""
-    error = LayerError("head", max_abs=0.0, rel_rmse=math.inf, required_atol=None)
+    error = new_layer_error("head", max_abs=0.0, rel_rmse=math.inf, required_atol=None)
     for text in (_culprit(error).verdict(), suspect_words(error, THRESHOLD)):
         assert "NaN/Inf where the reference has numbers: no atol passes" in text
         assert "above the threshold 0.0001" in text and "max abs 0" not in text
@@ -47,8 +48,19 @@ def test_a_culprit_with_nan_says_no_atol_passes_not_a_max_abs_of_zero():
 def test_no_culprit_says_the_largest_error_is_within_the_threshold_by_its_required_atol():
     """max abs 2e-4 is above the threshold, yet with rtol the required atol is 5e-5 <= 1e-4: no culprit, and
     the message says the comparison that made it none."""
-    largest = LayerError("fc", max_abs=2e-4, rel_rmse=3e-5, required_atol=5e-5)
+    largest = new_layer_error("fc", max_abs=2e-4, rel_rmse=3e-5, required_atol=5e-5)
     level = LevelResult(names=["fc"], local={"fc": largest})
     verdict = Localization("t", "flat", THRESHOLD, [("", level)]).verdict()
     left, op, right = _stated(verdict)
     assert op == "<=" and left <= right
+
+
+def test_every_report_writes_a_metric_and_a_difference_the_same_way():
+    """One home for numbers (report/wording.py), which the console, report.md and report.html all read: a metric to
+    4 significant digits, an integer whole, a NaN (null in the records) as nan; a difference in a fixed format,
+    `inf` in report.md where no atol reaches it; report.html's to 2 significant digits, 0 as 0."""
+    assert [figure(x) for x in (0.123456, 12345, None, True, "n/a")] == ["0.1235", "12345", "nan", "True", "n/a"]
+    assert figure(None, none="–") == "–"
+    assert [number(x) for x in (3.1e-4, None)] == ["3.10e-04", "-"] and number(None, none="inf") == "inf"
+    assert number(-12.345, ".1f") == "-12.3"
+    assert [scientific(x) for x in (3.14e-4, 0.0, None)] == ["3.1e-04", "0", "–"]

@@ -117,14 +117,15 @@ def test_ray_workers_is_a_setting_of_the_ray_parity_starts(tmp_path, write_yaml,
             experiment_from_dict(tiny_experiment(WELL_BEHAVED, executor=wrong))
     from argparse import Namespace
 
-    from parity.cli import _executor_options
+    from parity.cli.run import with_executor_options
 
     flags = {"executor": None, "address": None, "workers": None, "timeout": None}
     exp = experiment_from_dict(tiny_experiment(WELL_BEHAVED, executor={"kind": "ray", "workers": 2}))
-    _executor_options(exp, Namespace(**{**flags, "address": "auto"}))  # a cluster instead of the file's local Ray
-    assert (exp.executor.address, exp.executor.workers) == ("auto", None)
-    _executor_options(exp, Namespace(**{**flags, "workers": 3}))  # and back
-    assert (exp.executor.address, exp.executor.workers) == (None, 3)
+    joined = with_executor_options(exp, Namespace(**{**flags, "address": "auto"}))  # a cluster, not the file's Ray
+    assert (joined.executor.address, joined.executor.workers) == ("auto", None)
+    assert (exp.executor.address, exp.executor.workers) == (None, 2)  # a copy: the experiment given is unchanged
+    started = with_executor_options(joined, Namespace(**{**flags, "workers": 3}))  # and back
+    assert (started.executor.address, started.executor.workers) == (None, 3)
     path = write_yaml(tiny_experiment(WELL_BEHAVED))
     assert main(["run", str(path), "--workers", "2", "--quiet"]) == 2  # the local executor has no workers
     assert "--workers/--timeout: executor: 'workers' applies to the ray executor" in capsys.readouterr().err

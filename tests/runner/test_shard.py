@@ -44,3 +44,19 @@ def test_report_prints_the_table_again(write_yaml, tmp_path, capsys):
     assert main(["report", str(tmp_path / "out")]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith(table) and "report:  " + str(tmp_path / "out" / "report.html") in printed
+
+
+def test_the_filters_narrow_a_copy_and_never_the_experiment_given():
+    """A command makes the experiment it runs from the one it was given; the given one (a caller's, the next
+    command's in the same process) keeps every model, input set and target."""
+    from argparse import Namespace
+
+    from parity.cli.run import narrowed
+    from parity.experiment import experiment_from_dict
+
+    exp = experiment_from_dict(tiny_experiment([{"backend": "eager", "name": "same"}, {"backend": "torchscript"}],
+                                               inputs=TWO_SETS))
+    before = exp.model_dump()
+    shard = narrowed(exp, Namespace(model_filter=None, target_filter=["torchscript-cpu"], inputs_filter=["small"]))
+    assert [t.id for t in shard.targets] == ["torchscript-cpu"] and [m.inputs for m in shard.models] == [["small"]]
+    assert exp.model_dump() == before

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from parity.verify.activations import LayerError, LevelResult
+from parity.verify.activations import LevelResult, new_layer_error
 from parity.verify.localize import Localization, _ranked
 
 
@@ -15,7 +15,7 @@ def _level(errors: dict[str, float]) -> LevelResult:
     level = LevelResult(names=list(errors))
     for name, rel in errors.items():
         finite = math.isfinite(rel)
-        level.local[name] = LayerError(name, max_abs=rel if finite else math.inf, rmse=rel, rel_rmse=rel,
+        level.local[name] = new_layer_error(name, max_abs=rel if finite else math.inf, rmse=rel, rel_rmse=rel,
                                        required_atol=rel if finite else None)
     return level
 

@@ -19,7 +19,7 @@ from parity.execute.execution import Execution
 from parity.experiment.loading import experiment_from_dict
 from parity.records import tolerance_key
 from parity.records.models import Tier1Check
-from parity.verify.judge import Check, judge
+from parity.verify.judge import judge
 from tests.support import tiny_experiment
 
 pytest_plugins = ["pytester"]
@@ -30,7 +30,7 @@ def _experiment(sweep: list[float], gate: float, rtol: float = 0.0, outputs: dic
     return experiment_from_dict(tiny_experiment([{"backend": "eager", "name": "target"}], tolerances=tolerances))
 
 
-def _judge(exp, reference, target, target_warmup=(), reference_warmup=(), tolerance=None, task=None) -> Check:
+def _judge(exp, reference, target, target_warmup=(), reference_warmup=(), tolerance=None, task=None) -> Tier1Check:
     """The check of one target whose first timed output is `target` (its warm-up runs `target_warmup`)."""
     ref = Execution(exp.reference, "ok", outputs=[reference], warmup_outputs=list(reference_warmup))
     tgt = Execution(exp.targets[0], "ok", outputs=[target], warmup_outputs=list(target_warmup))
@@ -65,7 +65,7 @@ def test_an_output_rule_judges_its_leaf_at_its_own_rtol():
     check = _judge(exp, torch.tensor([1.0, -1.0]), torch.tensor([1.25, -1.25]))
     assert check.passed is True, check.detail
     assert check.required_atol == 0.0
-    assert check.leaves[0]["tolerance"]["rtol"] == 0.5
+    assert check.leaves[0].tolerance.rtol == 0.5
 
 
 def test_the_experiments_rtol_still_judges_the_leaves_no_rule_names():
@@ -162,9 +162,11 @@ def test_each_kind_of_check_records_its_fields_in_the_order_it_always_did():
                              [*BASE, *VERDICT, "reference_failure_class", "user_error", *NUMBERS]),
     }
     for name, (check, keys) in cases.items():
-        record = check.record()
-        assert list(record) == keys, name
-        Tier1Check.model_validate({"kind": "check", **record})  # what the writer validates it against
+        record = check.model_dump(exclude_unset=True)  # what the Runner writes: the check is the record's model
+        assert list(record) == ["kind", *keys], name
+        assert Tier1Check.model_validate(record).model_dump(exclude_unset=True) == record  # read back: the same
+    leaf = cases["compared"][0].model_dump(exclude_unset=True)["leaves"][0]
+    assert list(leaf)[:3] == ["name", "required_atol", "failure_class"]  # as compare found them, not as declared
     assert [cases[n][0].status for n in cases] == ["ok", "ok", "ok", "skipped", "error"]
     assert cases["target failed"][0].verdicts == {tolerance_key(0.25): False, tolerance_key(0.5): False}
     assert cases["reference failed"][0].user_error is True and cases["reference failed"][0].passed is None
@@ -258,4 +260,4 @@ def test_the_default_gate_is_one_rule_that_the_schema_the_resolution_and_the_sum
     check = judge(Execution(exp.reference, "ok", outputs=[torch.tensor([1.0])]),
                   Execution(exp.targets[0], "ok", outputs=[torch.tensor([1.0])]), tol, model="tiny", inputs="noise")
     run = {"kind": "run", "experiment": exp.name, "config": exp.model_dump(mode="json"), "base_dir": ".", "environment": {}}
-    assert exp.tolerances.gate_atol == tol.gate == summarize([run, {"kind": "check", **check.record()}])["gate"] == gate
+    assert exp.tolerances.gate_atol == tol.gate == summarize([run, check.model_dump(exclude_unset=True)])["gate"] == gate

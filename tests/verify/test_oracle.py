@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from parity.records.models import Oracle
+from parity.records.models import OracleVerdict
 from parity.report.next_steps import oracle_finding
 from parity.verify.tensors import compare, oracle_verdict
 from tests.support import tiny_experiment
@@ -69,7 +69,7 @@ def test_nan_in_the_target_where_float64_has_a_number_is_the_targets():
     verdict = _verdict(reference, target, oracle)
     assert verdict["worse"] == "target" and verdict["target_worse"]
     assert (verdict["target_nonfinite_off"], verdict["reference_nonfinite_off"]) == (1, 0)
-    assert oracle_finding(Oracle.model_validate(verdict), False) == [
+    assert oracle_finding(OracleVerdict.model_validate(verdict), False) == [
         "oracle: float64 has the reference's NaN/Inf pattern, not the target's: the target's NaN/Inf are its own "
         "(differing from float64 at 1 element(s) in the target, 0 in the reference)"]
 
@@ -107,7 +107,7 @@ def test_which_side_is_farther_from_float64_takes_a_factor_of_the_multiplier(tar
     target = oracle + 1e-3 * target_over_reference
     verdict = _verdict(reference, target, oracle, floor=0.0)
     assert verdict["worse"] == worse and verdict["target_worse"] == (worse == "target")
-    [line] = oracle_finding(Oracle.model_validate(verdict), False)
+    [line] = oracle_finding(OracleVerdict.model_validate(verdict), False)
     assert line.startswith({"target": "oracle: the target is worse than the reference at out",
                             "reference": "oracle: the reference is the imprecise one",
                             "neither": "oracle: both sides are equally far from float64"}[worse])
@@ -120,7 +120,7 @@ def test_a_passing_target_much_farther_from_float64_is_said_relative_to_the_outp
     oracle = torch.linspace(-1, 1, 64, dtype=torch.float64)
     verdict = _verdict(oracle.clone(), oracle + error * oracle.square().mean().sqrt(), oracle)
     assert verdict["worse"] == "target" and verdict["notable"] is notable
-    lines = oracle_finding(Oracle.model_validate(verdict), True)
+    lines = oracle_finding(OracleVerdict.model_validate(verdict), True)
     assert bool(lines) is notable
     assert not lines or lines[0].startswith("oracle: passes, but the target is much farther from float64")
 

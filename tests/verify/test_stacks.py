@@ -12,7 +12,7 @@ import torch
 
 from parity.config.schema import BackendSpec
 from parity.inputs import Inputs
-from parity.verify.activations import LayerError, LevelResult
+from parity.verify.activations import LevelResult, new_layer_error
 from parity.verify.localize import Localization, localize
 from tests.fixtures import stacks
 from tests.fixtures.faults import inject
@@ -84,9 +84,9 @@ def test_a_causal_lm_quantized_whole_is_spread_at_either_granularity(llama, gran
 def test_an_unmeasured_own_code_and_an_unrelated_trace_warning_are_not_claimed():
     """A block exceeds the threshold, its submodules do not, and its own code was not measured (own_code null): the
     verdict once said 'none of its submodules alone (nor its own code)' and offered a tracer warning as the cause."""
-    top = LevelResult(names=["a", "b"], local={"a": LayerError("a", max_abs=1e-2, rel_rmse=1e-2, required_atol=1e-2),
-                                               "b": LayerError("b")})
-    inner = LevelResult(names=["a.x"], local={"a.x": LayerError("a.x", max_abs=1e-6, rel_rmse=1e-6, required_atol=1e-6)})
+    top = LevelResult(names=["a", "b"], local={"a": new_layer_error("a", max_abs=1e-2, rel_rmse=1e-2, required_atol=1e-2),
+                                               "b": new_layer_error("b")})
+    inner = LevelResult(names=["a.x"], local={"a.x": new_layer_error("a.x", max_abs=1e-6, rel_rmse=1e-6, required_atol=1e-6)})
     loc = Localization("t", "hierarchical", 1e-4, [("", top), ("a", inner)], culprit="a", as_a_whole=True,
                        suspects=[top.local["a"]],
                        specialized={"where": "m.py:3", "code": "for row in x:", "module": "a"})
@@ -106,7 +106,7 @@ class Explode(torch.nn.Module):
 def test_the_same_nan_on_both_sides_is_the_references_own_and_no_drift():
     """Both sides return the same NaN where float64 has numbers: the oracle said 'equally far (rmse 0, 0)' and
     localize 'from how the target transforms the whole graph', though the target equals the reference."""
-    from parity.records.models import Oracle
+    from parity.records.models import OracleVerdict
     from parity.report.next_steps import oracle_finding
     from parity.verify.tensors import compare, oracle_verdict
 
@@ -117,7 +117,7 @@ def test_the_same_nan_on_both_sides_is_the_references_own_and_no_drift():
     assert torch.isnan(ref).all() and torch.isfinite(oracle).all()
     found = oracle_verdict(compare(ref, ref.clone(), 1e-5, 1e-4, oracle), 3.0, 1e-8)
     assert found["worse"] == "both" and found["nonfinite_alike"]
-    [line] = oracle_finding(Oracle(**found), passed=False)
+    [line] = oracle_finding(OracleVerdict(**found), passed=False)
     assert "both sides are wrong alike" in line and "no drift between them" in line
     twin = BackendSpec(backend="eager", name="twin")
     loc = localize(EAGER, twin, model, Inputs((x,)), 1e-5, 1e-4)
@@ -174,7 +174,7 @@ def test_a_nan_statistic_is_printed_nan():
     """Records keep NaN as null: the tier-3 line printed 'None' beside 'mean KL nan'."""
     from types import SimpleNamespace
 
-    from parity.report.console import headline_figures
+    from parity.report.wording import headline_figures
 
     check = SimpleNamespace(metrics={"kl_mean": None, "top1_agreement": 0.5}, task="no-such-task")
     assert headline_figures(check) == "kl_mean nan, top1_agreement 0.5"
@@ -186,7 +186,7 @@ def test_spread_is_judged_over_the_layers_above_the_threshold_and_not_over_one_r
     from parity.verify.localize import spread
 
     def level(errors: dict[str, float]) -> LevelResult:
-        return LevelResult(names=list(errors), local={n: LayerError(n, max_abs=v, rel_rmse=v, required_atol=v)
+        return LevelResult(names=list(errors), local={n: new_layer_error(n, max_abs=v, rel_rmse=v, required_atol=v)
                                                       for n, v in errors.items()})
 
     assert spread(level({"a": 1e-2, "b": 1.2e-2, "c": 1e-2}), 1e-4)

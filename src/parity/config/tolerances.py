@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from parity.dtypes import FLOATS, QUANTIZE_SCHEMES
+from parity.records.models import LeafTolerance
 
 DEFAULT_SWEEP = (1e-6, 1e-5, 1e-4, 1e-3)  # the experiment's atol sweep when it gives none
 FLOAT_RTOL = 1e-5  # the experiment's rtol when it gives none (its gate: 1e-4, records.keys.gate_atol of the sweep)
@@ -46,18 +47,6 @@ def _glob(pattern: str) -> re.Pattern:
     """`*` any run of characters, `?` one; everything else literal, brackets too, so that
     `out[*]['boxes']` means every image's boxes (fnmatch would read `[*]` as a character class)."""
     return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern), re.S)
-
-
-@dataclass(frozen=True)
-class LeafTolerance:
-    """What one output leaf is judged at: `atol` None means the check's gate (and the sweep) applies."""
-
-    atol: float | None
-    rtol: float
-    rule: str | None = None  # the output rule that set it
-
-    def record(self) -> dict[str, Any]:
-        return {"atol": self.atol, "rtol": self.rtol, "rule": self.rule}
 
 
 @dataclass(frozen=True)
@@ -93,13 +82,15 @@ class Tolerance:
         return replace(self, gate=float(f"{self.relative * rms:.3g}"))
 
     def for_leaf(self, name: str) -> LeafTolerance:
-        """The leaf's tolerance: an output rule naming it exactly wins, then the first glob that matches
-        (the target's rules before the experiment's), else the check's."""
+        """The leaf's tolerance (the leaf record's own part; `atol` None: the check's gate and sweep apply): an
+        output rule naming it exactly wins, then the first glob that matches (the target's rules before the
+        experiment's), else the check's."""
         exact = [r for r in self.rules if r[0] == name]
         globbed = [r for r in self.rules if r[0] != name and _glob(r[0]).fullmatch(name)]
         for pattern, atol, rtol, owner in exact + globbed:
-            return LeafTolerance(atol, self.rtol if rtol is None else rtol, f"{owner} output rule '{pattern}'")
-        return LeafTolerance(None, self.rtol)
+            return LeafTolerance(atol=atol, rtol=self.rtol if rtol is None else rtol,
+                                 rule=f"{owner} output rule '{pattern}'")
+        return LeafTolerance(atol=None, rtol=self.rtol, rule=None)
 
 
 def resolve(experiment_tolerances: Any, target: Any, reference_dtype: str) -> Tolerance:

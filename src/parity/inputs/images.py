@@ -141,7 +141,7 @@ def resolve_images(ref: str, base_dir: Path) -> list[Path]:
 
 
 @dataclass(frozen=True)
-class Header:
+class ImageHeader:
     """What an image file says of itself before it is decoded."""
 
     path: Path
@@ -150,7 +150,7 @@ class Header:
     width: int
 
 
-def read_header(path: Path) -> Header:
+def read_header(path: Path) -> ImageHeader:
     """The mode and size of an image file, refused when parity cannot scale its mode into [0, 1]."""
     from PIL import Image
 
@@ -158,7 +158,7 @@ def read_header(path: Path) -> Header:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # sizes are bounded below
             with Image.open(path) as im:
-                header = Header(path, im.mode, im.height, im.width)
+                header = ImageHeader(path, im.mode, im.height, im.width)
     except Image.DecompressionBombError as exc:
         raise ParityError(f"image {path}: too large to decode ({exc})") from exc
     except Exception as exc:  # UnidentifiedImageError, truncated headers, decoder errors
@@ -182,7 +182,7 @@ def _multiple(h: int, w: int, m: int) -> tuple[int, int]:
     return max(m, int(math.floor(h / m + 0.5)) * m), max(m, int(math.floor(w / m + 0.5)) * m)
 
 
-def planned_size(header: Header, pre) -> tuple[int, int]:
+def planned_size(header: ImageHeader, pre) -> tuple[int, int]:
     """The image's size after preprocessing, checked step by step against MAX_ELEMENTS before any of
     them allocates."""
     h, w = header.height, header.width
@@ -207,7 +207,7 @@ def planned_size(header: Header, pre) -> tuple[int, int]:
     return h, w
 
 
-def _scaled(im, header: Header) -> torch.Tensor:
+def _scaled(im, header: ImageHeader) -> torch.Tensor:
     """float32 CHW RGB in [0, 1], by the range of the mode's values."""
     import numpy as np
 
@@ -232,7 +232,7 @@ def _scaled(im, header: Header) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(gray)).unsqueeze(0).expand(CHANNELS, -1, -1)
 
 
-def read_image(header: Header) -> torch.Tensor:
+def read_image(header: ImageHeader) -> torch.Tensor:
     from PIL import Image
 
     try:

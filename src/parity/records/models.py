@@ -12,17 +12,28 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer, model_validator
 
 SCHEMA_VERSION = 1
 
 
 class Part(BaseModel):
-    """A part of a record: strict types; fields it does not declare are kept on reading."""
+    """A part of a record: strict types; fields it does not declare are kept on reading. The parts are also the
+    values that modules hand each other (the judge's check, a layer's error), frozen."""
 
     model_config = ConfigDict(strict=True, extra="allow", frozen=True)
     # A part whose fields are another module's (the experiment's settings): not checked for undeclared ones.
     open: ClassVar[bool] = False
+
+
+def _in_order(dumped: Any, given: Any) -> Any:
+    """`dumped` with the keys of each mapping in the order that `given` (what it was made from) has them."""
+    if isinstance(dumped, dict) and isinstance(given, dict):
+        first = {key: _in_order(dumped[key], given[key]) for key in given if key in dumped}
+        return {**first, **{key: value for key, value in dumped.items() if key not in first}}
+    if isinstance(dumped, list) and isinstance(given, list | tuple) and len(dumped) == len(given):
+        return [_in_order(d, g) for d, g in zip(dumped, given, strict=True)]
+    return dumped
 
 
 class Record(Part):
@@ -35,7 +46,7 @@ class Record(Part):
 
 # -- run -------------------------------------------------------------------------------------------------
 
-class Tolerances(Part):
+class RunTolerances(Part):
     """The experiment's tolerances (config/schema.py): what the reports read of them."""
 
     open: ClassVar[bool] = True
@@ -58,7 +69,7 @@ class RunConfig(Part):
     """The resolved experiment, as config/schema.py's Experiment dumps it (its reference is config/schema.py)."""
 
     open: ClassVar[bool] = True
-    tolerances: Tolerances = Field(description="The experiment's tolerances.")
+    tolerances: RunTolerances = Field(description="The experiment's tolerances.")
     models: list[PlannedModel] = Field(description="The models: with `inputs` and `targets`, the checks the run plans.")
     inputs: list[dict[str, Any]] = Field(description="The input sets.")
     targets: list[dict[str, Any]] = Field(description="The targets.")
@@ -127,7 +138,7 @@ class Note(Part):
     count: int | None = Field(None, description="How many times it was said, when more than once (graph breaks).")
 
 
-class Execution(Record):
+class TimedRun(Record):
     """One timed run (repeat) of one backend on one model and input set; a failure has one record, at the
     repeat that failed."""
 
@@ -197,7 +208,7 @@ class Leaf(Part):
     tolerance: LeafTolerance | None = Field(None, description="The output rule that judged it, if one did.")
 
 
-class Oracle(Part):
+class OracleVerdict(Part):
     """Which side is farther from the float64 oracle: a side is when its rmse from float64 exceeds
     `multiplier` times the other's plus `floor` (a leaf with NaN/Inf on one side only: when float64 lacks its
     non-finite pattern)."""
@@ -251,7 +262,25 @@ class Fingerprints(Part):
 
 
 class Check(Record):
-    """One verdict about one target on one model and input set."""
+    """One verdict about one target on one model and input set. The judge's verdict is this record itself, and the
+    Runner writes it as it is: `model_dump(exclude_unset=True)` gives back the fields a check was made from, in the
+    order they were given, its parts' too (the order of its line in records.jsonl, or the order the judge wrote
+    them in, as parity always has, a leaf's keys as `compare` found them), not the declarations' (the mapping it
+    was made from is kept for that order alone: one reference, no copy)."""
+
+    _given: Any = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_order(cls, data: Any, handler: Any) -> Any:
+        check = handler(data)
+        if isinstance(data, dict):
+            check._given = data
+        return check
+
+    @model_serializer(mode="wrap")
+    def _in_given_order(self, handler: Any) -> Any:
+        return _in_order(handler(self), self._given)
 
     kind: Literal["check"] = Field(description="`check`.")
     model: str = Field(description="The model's name.")
@@ -283,7 +312,7 @@ class Tier1Check(Check):
     nondeterminism: dict[str, float | None] | None = Field(None, description="How far each side's repeats "
                                                                              "stray from its first (reference, target).")
     leaves: list[Leaf] = Field(description="Every output leaf's comparison.")
-    oracle: Oracle | None = Field(None, description="The float64 oracle's verdict, when the experiment asks for it.")
+    oracle: OracleVerdict | None = Field(None, description="The float64 oracle's verdict, when the experiment asks for it.")
     oracle_error: str | None = Field(None, description="Why there is no oracle verdict: the float64 oracle could not "
                                                        "run, and its error.")
     noise_floor: NoiseFloor | None = Field(None, description="The reference's own error, where the data show it.")
@@ -525,7 +554,7 @@ class InputWarning(Record):
 
 # (kind, tier) -> model; tier None for the kinds that have none.
 RECORDS: dict[tuple[str, int | None], type[Record]] = {
-    ("run", None): Run, ("resume", None): Resume, ("model", None): ModelBuilt, ("execution", None): Execution,
+    ("run", None): Run, ("resume", None): Resume, ("model", None): ModelBuilt, ("execution", None): TimedRun,
     ("check", 1): Tier1Check, ("check", 3): Tier3Check, ("layers", None): Layers, ("fallback", None): Fallback,
     ("warning", None): InputWarning,
 }
@@ -534,5 +563,5 @@ TIERS = tuple(tier for kind, tier in RECORDS if kind == "check")
 
 # The same, as one type discriminated on `kind` (and `tier` for checks), for pydantic users and the reference.
 AnyCheck = Annotated[Tier1Check | Tier3Check, Field(discriminator="tier")]
-AnyRecord = Annotated[Run | Resume | ModelBuilt | Execution | AnyCheck | Layers | Fallback | InputWarning,
+AnyRecord = Annotated[Run | Resume | ModelBuilt | TimedRun | AnyCheck | Layers | Fallback | InputWarning,
                       Field(discriminator="kind")]

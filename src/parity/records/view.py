@@ -2,7 +2,7 @@
 records through it, so the selectors (the tier-1 checks, a check's `layers`), the name of a check
 ("model / inputs / target") and the order of a check's worst leaves are written once, here.
 
-The view holds each record as its model of records/models.py (Run, Execution, Tier1Check, Layers, ...): readers
+The view holds each record as its model of records/models.py (Run, TimedRun, Tier1Check, Layers, ...): readers
 use attributes, and a field that records written by earlier versions lack reads as its default (None). The
 dicts stay what records.jsonl holds and what `parity.api` returns to users; reading validates every line
 into its model anyway (records/io.py), so the view keeps the models it was given.
@@ -18,7 +18,6 @@ from parity.records.io import read_typed_run, typed
 from parity.records.keys import check_key
 from parity.records.models import (
     Check,
-    Execution,
     Fallback,
     InputWarning,
     Layers,
@@ -26,6 +25,7 @@ from parity.records.models import (
     ModelBuilt,
     Record,
     Run,
+    TimedRun,
 )
 
 
@@ -94,7 +94,7 @@ class RunView:
         return [c for c in self.checks(tier, status="ok") if not c.passed]
 
     def executions(self, *, model: str | None = None, inputs: str | None = None, backend: str | None = None,
-                   status: str | None = None, repeat: int | None = None) -> list[Execution]:
+                   status: str | None = None, repeat: int | None = None) -> list[TimedRun]:
         """The `execution` records, in the order written, narrowed as asked."""
         wanted = {"model": model, "inputs": inputs, "backend": backend, "status": status, "repeat": repeat}
         wanted = {k: v for k, v in wanted.items() if v is not None}

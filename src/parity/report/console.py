@@ -6,16 +6,25 @@ from __future__ import annotations
 from typing import Any
 
 from parity.config.tolerances import rounded_up
-from parity.dtypes import QUANTIZE_SCHEMES
 from parity.errors import visible
-from parity.records import tolerance_key
-from parity.records.models import Check, GateVerdict, LayerError, Layers, Note, Tier1Check, Tier3Check
+from parity.records.models import GateVerdict, Layers, Tier1Check
 from parity.records.summary import exit_code
 from parity.records.view import RunView
-from parity.report.next_steps import next_steps, oracle_finding
+from parity.report.next_steps import next_steps
 from parity.report.statistics import statistics_tables
+from parity.report.wording import (
+    NOT_RUN,
+    flips_line,
+    generation_line,
+    headline_figures,
+    number,
+    passing_oracle_lines,
+    suspect_words,
+    tolerance_lines,
+    tolerance_title,
+    warned,
+)
 from parity.verify.localize import pass_path
-from parity.verify.tasks import headline_of
 
 
 def escape(text: str) -> str:
@@ -24,9 +33,6 @@ def escape(text: str) -> str:
     from rich.markup import escape as markup_escape
 
     return markup_escape(visible(text))
-
-
-NOT_RUN = "not run here"  # a target that cannot run on this machine: the one name every view gives that state
 
 
 def _cell(checks: list[Tier1Check]) -> str:
@@ -42,96 +48,6 @@ def _cell(checks: list[Tier1Check]) -> str:
     classes = sorted({c.failure_class for c in failed})
     number = f" {max_abs:.1e}" if any(c.leaves for c in failed) else ""
     return f"[red]FAIL[/red]{number} {','.join(classes)}"
-
-
-def tolerance_title(summary: dict[str, Any]) -> str:
-    """`tier 1 at atol=.., rtol=..` when every target shares one tolerance, else where to read each."""
-    if summary["gate"] is None:
-        return "tier 1"
-    if summary["uniform_tolerance"]:
-        first = next(iter(summary["per_target"].values()), {})
-        gate, rtol = first.get("gate", summary["gate"]), first.get("rtol", summary["rtol"])
-        by = " (gate: tier 3)" if first.get("gated_by") == "tier3" else ""
-        return f"tier 1 at atol={gate:g}, rtol={rtol:g}{by}"
-    return "tier 1, each target at its own tolerance"
-
-
-def tolerance_lines(summary: dict[str, Any]) -> list[str]:
-    """Where targets are judged at different tolerances, one line per tolerance with the targets judged at it
-    (else one per target judged at other than the experiment's); then the output rules, and one line per noise
-    floor the checks show (the reference's own error, at each target's rtol), with the targets it concerns."""
-    shared, rules, floors = {}, [], {}
-    for target, info in summary["per_target"].items():
-        if info.get("gate") is None:
-            continue
-        source = info.get("tolerance_source", "experiment")
-        if not summary["uniform_tolerance"] or source != "experiment" or info.get("gated_by") == "tier3":
-            shared.setdefault((info["gate"], info["rtol"], source, info.get("gated_by")), []).append(target)
-        if info.get("output_rules"):
-            rules.append(f"output rules {target}: {'; '.join(info['output_rules'])} (the leaves they matched)")
-        floor = info.get("noise_floor")
-        if floor and (floor.get("atol") or 0) > 0:
-            floors.setdefault((floor["atol"], floor["source"]), []).append(target)
-    lines = [f"tolerance {', '.join(targets)}: {_gate_words(gate, source)}, rtol {rtol:g} ({source})"
-             + ("; tier 3 decides the verdict (gate: tier3)" if gated_by == "tier3" else "")
-             + _at_float_gate(summary, targets, source)
-             for (gate, rtol, source, gated_by), targets in shared.items()]
-    for (atol, source), targets in floors.items():
-        rules.append(f"noise floor {', '.join(targets)}: atol {atol:.2g} is within the reference's own error "
-                     f"({source}): a gate below it judges the reference's rounding, not the target")
-    return lines + rules
-
-
-def _scheme_of(source: str):
-    """The quantize scheme whose default a `tolerance_source` names (`default-for-int8-weight`), else None."""
-    return next((s for s in QUANTIZE_SCHEMES.values() if source == f"default-for-{s.word}"), None)
-
-
-def _gate_words(gate: float, source: str) -> str:
-    """`atol 1e-05`; a quantized target's scale-aware default says its rule and the first check's atol."""
-    scheme = _scheme_of(source)
-    if scheme is None:
-        return f"atol {gate:g}"
-    return f"atol {scheme.relative_gate:g} x the reference output's rms (each check's own; {gate:.3g} on the first)"
-
-
-def _at_float_gate(summary: dict[str, Any], targets: list[str], source: str) -> str:
-    """For targets at a quantized default: how their checks fare at the experiment's (float32's) gate, which the
-    sweep still holds."""
-    gate = summary["gate"]
-    key = tolerance_key(gate) if gate is not None else None
-    if _scheme_of(source) is None or key not in summary["per_target"][targets[0]].get("per_tolerance", {}):
-        return ""
-    passed = sum(summary["per_target"][t]["per_tolerance"][key] for t in targets)
-    judged = sum(summary["per_target"][t]["passed"] + summary["per_target"][t]["failed"] for t in targets)
-    return f"; at the experiment's gate {gate:g}: {passed}/{judged} pass"
-
-
-def target_tolerance(info: dict[str, Any]) -> str:
-    """A target's tolerance as the tables head its column with: `atol 1e-05, rtol 0.016`."""
-    return "" if info.get("gate") is None else f"atol {info['gate']:g}, rtol {info['rtol']:g}"
-
-
-def environment_line(env: dict[str, Any]) -> str:
-    """One line for what the numbers depend on: the recorded libraries' versions, python, CPU, threads, CUDA.
-    Records written before the runner chose the libraries have no `libraries`: torch, torchvision, onnxruntime."""
-    versions = ", ".join(f"{name} {env.get(name)}" for name in env.get("libraries", ("torch", "torchvision", "onnxruntime")))
-    return (f"{versions}, python {env['python']}, {env['cpu'].get('model', env['cpu']['machine'])}, {env['threads']} threads, "
-            f"CUDA: {env['cuda']['devices'] if env['cuda'] else 'none'}")
-
-
-def describe_note(note: Note) -> str:
-    """One line for what a backend warned of: `trace_specialized: "if x.mean() > 0:" at model.py:12`."""
-    where = f" at {note.where}" if note.where else ""
-    what = f'"{note.code}"' if note.code else note.message
-    count = f" ({note.count}x)" if (note.count or 1) > 1 else ""
-    return f"{note.kind}: {what}{where}{count}"
-
-
-def warned(checks: list[Tier1Check]) -> list[tuple[Tier1Check, list[str]]]:
-    """The checks whose target warned while it prepared or ran (a trace fixed to one branch, a graph
-    break), each with its lines, whatever the check's verdict: a pass can rest on such a trace."""
-    return [(c, [describe_note(n) for n in c.warnings]) for c in checks if c.warnings]
 
 
 def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, console, reports=(),
@@ -229,85 +145,6 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
         console.print(f"reports: not written (--no-report); parity report {out_dir} renders them")
 
 
-def passing_oracle_lines(view: RunView) -> dict[str, list[str]]:
-    """What the float64 oracle says of passing checks (a target much farther from float64, or why it has no
-    verdict), each line once with the checks it concerns: an oracle that could not run says so once per job."""
-    lines: dict[str, list[str]] = {}
-    for c in view.checks(1):
-        if c.status == "ok" and c.passed:
-            for line in oracle_finding(c.oracle, c.passed, c.oracle_error):
-                lines.setdefault(line, []).append(view.key(c))
-    return lines
-
-
-def headline_figures(check: Tier3Check) -> str:
-    """A tier-3 check's figures for the console: its task's headline metrics, or every metric the record
-    has when the task is not installed here (reports render from the records alone)."""
-    m = check.metrics
-    headline = headline_of(check.task)
-    shown = [h.metric for h in headline] if headline is not None else list(m)
-    return ", ".join(f"{k} {figure(m[k])}" for k in shown if k in m)
-
-
-def figure(x: Any) -> str:
-    """A metric as the reports print it: 4 significant digits, and a NaN (null in the records) as `nan`."""
-    if x is None:
-        return "nan"
-    return f"{x:.4g}" if isinstance(x, int | float) and not isinstance(x, bool) else str(x)
-
-
-def flips_line(check: Check) -> str | None:
-    """A detection check's unmatched boxes by mechanism, in words ('flips: 2 tie_order, 1
-    score_threshold (from the post-processing inputs of both sides)'), or None when the record has none."""
-    flips = getattr(check, "flips", None)  # tier 3 only
-    if not flips:
-        return None
-    counts = ", ".join(f"{n} {mechanism}" for mechanism, n in flips.counts.items()) or "none"
-    source = ("the post-processing inputs of both sides" if flips.candidates == "both"
-              else "the outputs alone: a side has no captured post-processing inputs")
-    return f"flips: {counts} (from {source})"
-
-
-def generation_line(check: Tier3Check) -> str | None:
-    """A text-generation check's free-running continuations in words (how many match, and the earliest divergence
-    with the tokens around it), or None when the record has none."""
-    gen = check.generation
-    if gen is None:
-        return None
-    if gen.error:
-        return f"free-running: not compared ({gen.error})"
-    prompts = gen.prompts or []
-    line = (f"free-running: {sum(p.first_divergence is None for p in prompts)} of {len(prompts)} continuations of "
-            f"{gen.new_tokens} tokens match exactly")
-    diverged = [(p.first_divergence, i) for i, p in enumerate(prompts) if p.first_divergence is not None]
-    if diverged:
-        k, i = min(diverged)
-        p = prompts[i]
-        words = p.text or {"context": str(p.context), "reference": str(p.reference), "target": str(p.target)}
-        line += (f"; first divergence: prompt {i} at new token {k}, after '{words['context']}': reference "
-                 f"'{words['reference']}', target '{words['target']}' (reference margin {p.margin:.3g}, {p.flip})")
-    return line
-
-
-def percent(share: float | None, none: str = "-") -> str:
-    """A share (a fraction, as records keep it) as a reader reads it: 0.138 -> '13.8%', 1e-06 -> '0.0001%'."""
-    return none if share is None else f"{100 * share:.3g}%"
-
-
-def cosine(x: Any, none: str = "-") -> str:
-    """Cosine similarity shows its distance from 1, where the information is: 0.9999871 -> 1 - 1.3e-05 (a
-    cosine of 1.00e+00 beside 59.8% mismatched elements would say nothing); in every report alike."""
-    if x is None:
-        return none
-    if not isinstance(x, int | float) or isinstance(x, bool):
-        return str(x)
-    return "1" if x == 1 else (f"1 − {1 - x:.1e}" if 0 < 1 - x < 1e-3 else f"{x:.4f}")
-
-
-def _num(x: Any, fmt: str = ".2e") -> str:
-    return "-" if x is None else format(x, fmt)
-
-
 def render_layers(record: Layers, console) -> None:
     """One table per level of a `layers` record (the last level holds the culprit), then the verdict."""
     from rich.table import Table
@@ -325,15 +162,15 @@ def render_layers(record: Layers, console) -> None:
             table.add_column(col, justify="left" if col == "layer" else "right")
         for layer in level.layers:
             local, prop = layer.local, layer.propagated  # either may be missing: a layer that did not run
-            prop_text = "n/a" if prop and prop.error else _num(prop and prop.rel_rmse)
+            prop_text = "n/a" if prop and prop.error else number(prop and prop.rel_rmse)
             name = escape(layer.name)
             if layer.name in suspects:
                 name = f"[bold red]{name}[/bold red]"
             if local and local.error:
                 table.add_row(name, escape(local.error[:60]), "", "", prop_text, "")
                 continue
-            table.add_row(name, _num(local and local.max_abs), _num(local and local.rel_rmse),
-                          _num(local and local.sqnr_db, ".1f"), prop_text, _num(layer.introduction_rate, ".2g"))
+            table.add_row(name, number(local and local.max_abs), number(local and local.rel_rmse),
+                          number(local and local.sqnr_db, ".1f"), prop_text, number(layer.introduction_rate, ".2g"))
         console.print(table)
         unseen = {layer.name: layer.propagated.error for layer in level.layers
                   if layer.propagated and layer.propagated.error}
@@ -346,13 +183,6 @@ def render_layers(record: Layers, console) -> None:
         which = "propagated error" if record.first_divergent_by == "propagated" else "own error"
         console.print(f"first layer whose {which} exceeds {record.threshold:g}: {escape(record.first_divergent)}")
     console.print(f"localized in {record.elapsed_s:.1f} s")
-
-
-def suspect_words(suspect: LayerError, threshold: float) -> str:
-    """A suspect layer with the number that made it one: `layer1 (required atol 3.10e-04 > threshold 0.0001, ...)`."""
-    from parity.verify.localize import against_threshold
-
-    return f"{suspect.name} ({against_threshold(suspect.required_atol, threshold, suspect.rel_rmse, suspect.max_abs)})"
 
 
 def gate_line(tier1: GateVerdict) -> str:

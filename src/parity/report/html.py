@@ -8,32 +8,38 @@ section is always there: one without data says so in a line.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from functools import partial
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 from parity.config.tolerances import rounded_up
 from parity.errors import visible
+from parity.outdir import write_text
+from parity.plugins import TASKS
 from parity.records import tolerance_key
 from parity.records.models import Layers, Run, Tier1Check, Tier3Check
 from parity.records.summary import latency_rows
 from parity.records.view import RunView
 from parity.report import ReportWriter, pictures, plots
-from parity.report.console import (
+from parity.report.next_steps import next_steps
+from parity.report.statistics import kld_counts, statistics_tables
+from parity.report.wording import (
     cosine,
     describe_note,
+    figure,
     flips_line,
     generation_line,
     passing_oracle_lines,
     percent,
+    scientific,
     suspect_words,
     target_tolerance,
     tolerance_lines,
     tolerance_title,
 )
-from parity.report.next_steps import next_steps
-from parity.report.statistics import kld_counts, statistics_tables
 from parity.taxonomy import MEANINGS, SEVERITY
+from parity.verify.tasks import headline_of, statistics_of
 
 PICTURED_IMAGES = 4  # images drawn per detection check; the rest are counted, not drawn
 
@@ -51,24 +57,10 @@ SECTIONS = [  # (id, title): the order of the page and of its navigation bar
 ]
 
 
-def _sci(x: Any, digits: int = 2) -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, bool) or not isinstance(x, int | float):
-        return str(x)
-    return "0" if x == 0 else f"{x:.{digits - 1}e}"
-
-
 def _atol(x: Any) -> str:
     """A required atol, to 3 digits and rounded up (config.tolerances.rounded_up), so that it never reads as
     passing an atol of the sweep that the check fails: 1.04e-4 is "1.04e-04", never "1.0e-04"."""
-    return _sci(rounded_up(x), 3) if isinstance(x, float) and not isinstance(x, bool) else _sci(x)
-
-
-def _num(x: Any) -> str:
-    if isinstance(x, bool) or x is None or not isinstance(x, int | float):
-        return "–" if x is None else str(x)
-    return str(x) if isinstance(x, int) else f"{x:.4g}"
+    return scientific(rounded_up(x), 3) if isinstance(x, float) and not isinstance(x, bool) else scientific(x)
 
 
 def _seconds(x: float | None) -> str:
@@ -169,7 +161,7 @@ def _failures(view: RunView, run_dir: str | Path) -> list[dict[str, Any]]:
         out.append({"key": _key(c), "tier": c.tier, "failure_class": c.failure_class, "detail": c.detail or "",
                     "next": next_steps(c, view, run_dir),
                     "leaves": [{"name": leaf.name, "failure_class": leaf.failure_class,
-                                "max_abs": _sci(leaf.max_abs), "max_rel": _sci(leaf.max_rel),
+                                "max_abs": scientific(leaf.max_abs), "max_rel": scientific(leaf.max_rel),
                                 "cosine": cosine(leaf.cosine, none="–"), "mismatch": percent(leaf.mismatch_fraction, none="–"),
                                 "detail": leaf.detail or ""} for leaf in worst]})
     return out
@@ -190,9 +182,6 @@ def _bound(task: str, metric: str, thresholds: dict[str, Any]) -> dict[str, Any]
     """The threshold of `metric` in a tier-3 record and which side of it fails, from the task's headline
     metrics (a record of the old flat thresholds names them as the task's `flat_keys` did). A task that is
     not installed here: no thresholds shown."""
-    from parity.plugins import TASKS
-    from parity.verify.tasks import headline_of
-
     headline = {h.metric: h for h in headline_of(task) or ()}
     h = headline.get(metric)
     if h is None or h.threshold is None or h.higher_is_better is None:
@@ -204,8 +193,6 @@ def _bound(task: str, metric: str, thresholds: dict[str, Any]) -> dict[str, Any]
 
 def _tier3_tables(tier3: list[Tier3Check]) -> list[dict[str, Any]]:
     """One table per task: rows checks, columns the metrics, each metric with its threshold if it has one."""
-    from parity.verify.tasks import headline_of, statistics_of
-
     tables = []
     for task in dict.fromkeys(c.task for c in tier3):
         mine = [c for c in tier3 if c.task == task]
@@ -222,7 +209,7 @@ def _tier3_tables(tier3: list[Tier3Check]) -> list[dict[str, Any]]:
                 value = c.metrics.get(col["name"])
                 low = col["threshold"] is not None and isinstance(value, int | float) and (
                     value < col["threshold"] if col["higher_is_better"] else value > col["threshold"])
-                cells.append({"text": "nan" if value is None and col["name"] in c.metrics else _num(value),
+                cells.append({"text": figure(value, none="nan" if col["name"] in c.metrics else "–"),
                               "low": low})
             rows.append({"key": _key(c), "passed": c.passed, "failure_class": c.failure_class,
                          "detail": c.detail or "", "same_set": c.same_set, "cells": cells, "flips": flips_line(c) or generation_line(c),
@@ -357,7 +344,7 @@ def render_html(records: RunView | list[dict[str, Any]], summary: dict[str, Any]
     }
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              finalize=_shown)
-    env.filters.update(sci=_sci, atol=_atol, num=_num, seconds=_seconds)
+    env.filters.update(sci=scientific, atol=_atol, num=partial(figure, none="–"), seconds=_seconds)
     template = env.from_string((files("parity.report") / "report.html.j2").read_text(encoding="utf-8"))
     return template.render(**context)
 
@@ -371,8 +358,6 @@ def _shown(value: Any) -> Any:
 
 
 def write_html(records: list[dict], summary: dict[str, Any], path: Path) -> None:
-    from parity.outdir import write_text
-
     write_text(path, render_html(records, summary, path.parent))  # whole or not at all
 
 

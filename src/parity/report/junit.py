@@ -14,11 +14,12 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from parity.outdir import write_text
 from parity.records.models import Check
 from parity.records.view import RunView
 from parity.report import ReportWriter
-from parity.report.console import describe_note, flips_line
 from parity.report.next_steps import next_steps
+from parity.report.wording import describe_note, flips_line
 
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")  # characters XML 1.0 cannot hold
 
@@ -102,8 +103,6 @@ def render_junit(records: RunView | list[dict[str, Any]], summary: dict[str, Any
 
 
 def write_junit(records: RunView | list[dict[str, Any]], summary: dict[str, Any], path: Path) -> None:
-    from parity.outdir import write_text
-
     write_text(path, render_junit(records, summary, path.parent))  # whole or not at all
 
 

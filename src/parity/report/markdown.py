@@ -15,17 +15,21 @@ from pathlib import Path
 from typing import Any
 
 from parity.errors import visible
+from parity.outdir import write_text
 from parity.records import tolerance_key
 from parity.records.summary import latency_rows
 from parity.records.view import RunView
 from parity.report import ReportWriter
-from parity.report.console import (
+from parity.report.next_steps import next_steps, oracle_side
+from parity.report.statistics import statistics_tables
+from parity.report.wording import (
     NOT_RUN,
     cosine,
     environment_line,
     flips_line,
     generation_line,
     headline_figures,
+    number,
     passing_oracle_lines,
     percent,
     suspect_words,
@@ -33,8 +37,6 @@ from parity.report.console import (
     tolerance_title,
     warned,
 )
-from parity.report.next_steps import next_steps, oracle_side
-from parity.report.statistics import statistics_tables
 
 # What could start an element or end a table cell inside a line: emphasis, code, links and images, raw HTML
 # and entities, autolinks, strikethrough, maths, table pipes, and the backslash itself (an underscore only
@@ -56,12 +58,6 @@ def md_code(text: Any) -> str:
     fence = "`" * (max((len(run) for run in re.findall(r"`+", shown)), default=0) + 1)
     pad = " " if shown.startswith(("`", " ")) or shown.endswith(("`", " ")) or not shown else ""
     return f"{fence}{pad}{shown}{pad}{fence}"
-
-
-def _fmt(x: Any) -> str:
-    if x is None:
-        return "inf"
-    return f"{x:.2e}" if isinstance(x, float) else str(x)
 
 
 def render_markdown(records: RunView | list[dict[str, Any]], summary: dict[str, Any], run_dir: str | Path) -> str:
@@ -93,8 +89,8 @@ def render_markdown(records: RunView | list[dict[str, Any]], summary: dict[str, 
         verdict = {"skipped": NOT_RUN, "error": "ERROR (reference)"}.get(c.status) or ("pass" if c.passed else "FAIL")
         worse = oracle_side(c.oracle) if c.oracle else ("no verdict" if c.oracle_error else "")
         rows.append(f"| {md(c.model)} | {md(c.inputs)} | {md(c.target)} | {verdict} | {md(c.failure_class or '')} | "
-                    f"{_fmt(c.max_abs) if c.status == 'ok' else ''} | "
-                    f"{_fmt(c.required_atol) if c.status == 'ok' else ''} | {md(worse)} |")
+                    f"{number(c.max_abs, none='inf') if c.status == 'ok' else ''} | "
+                    f"{number(c.required_atol, none='inf') if c.status == 'ok' else ''} | {md(worse)} |")
     lines += _table(["model", "inputs", "target", "verdict", "class", "max abs", "required atol", "oracle: farther from float64"],
                     rows, "No tier-1 checks in these records.")
     lines += ["", "## Tolerance sweep (checks passing at each atol)", ""]
@@ -118,8 +114,9 @@ def render_markdown(records: RunView | list[dict[str, Any]], summary: dict[str, 
             lines += [f"  - {line.split(': ', 1)[0]}: {md_code(line.split(': ', 1)[1])}" if line.startswith("next: ")
                       else f"  - {md(line)}" for line in next_steps(c, view, run_dir)]
             for leaf in view.worst_leaves(c, 5):
-                lines.append(f"  - {md_code(leaf.name)}: max abs {_fmt(leaf.max_abs)}, max rel {_fmt(leaf.max_rel)}, "
-                             f"cosine {cosine(leaf.cosine)}, mismatched {percent(leaf.mismatch_fraction)}"
+                lines.append(f"  - {md_code(leaf.name)}: max abs {number(leaf.max_abs, none='inf')}, "
+                             f"max rel {number(leaf.max_rel, none='inf')}, cosine {cosine(leaf.cosine)}, "
+                             f"mismatched {percent(leaf.mismatch_fraction)}"
                              + (f" ({md(leaf.detail)})" if leaf.detail else ""))
     notes = passing_oracle_lines(view)
     if notes:
@@ -193,8 +190,6 @@ def _table(columns: list[str], rows: list[str], empty: str) -> list[str]:
 
 
 def write_markdown(records: RunView | list[dict[str, Any]], summary: dict[str, Any], path: Path) -> None:
-    from parity.outdir import write_text
-
     write_text(path, render_markdown(records, summary, path.parent))  # whole or not at all
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from parity import taxonomy as tx
 from parity.dtypes import REDUCED
-from parity.records.models import Check, Layers, Oracle, Run
+from parity.records.models import Check, Layers, OracleVerdict, Run
 from parity.records.view import RunView
 from parity.verify.localize import LOCALIZABLE as RUN_LOCALIZES
 from parity.verify.localize import pass_path, switch_words
@@ -32,7 +32,7 @@ def _targets(run: Run) -> dict[str, Any]:
     return out
 
 
-def oracle_side(oracle: Oracle) -> str:
+def oracle_side(oracle: OracleVerdict) -> str:
     """The side farther from float64 (verify.tensors.oracle_verdict); records written before `worse` have the
     target's side and the worst leaf's numbers, from which the rule gives the rest."""
     if oracle.worse:
@@ -43,7 +43,7 @@ def oracle_side(oracle: Oracle) -> str:
     return "reference" if r > oracle.multiplier * t + oracle.floor else "neither"
 
 
-def oracle_finding(oracle: Oracle | None, passed: bool | None, error: str | None = None) -> list[str]:
+def oracle_finding(oracle: OracleVerdict | None, passed: bool | None, error: str | None = None) -> list[str]:
     """What the float64 oracle (`oracle`, or `error`: why it has no verdict) says of a check that `passed` or
     not: for a failed one, which side is off or why it cannot say; for a passing one, a target much farther from
     float64 than the reference (`notable`), or why it cannot say."""

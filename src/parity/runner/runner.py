@@ -222,7 +222,7 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
     if not reference.ok:  # nothing to judge the targets against: their checks say so, and they are not run
         for spec in pending:
             check = judge(reference, spec, exp.tolerance_for(spec), **names)
-            writer.write("check", **check.record(), fingerprints=fingerprints[spec.id])
+            writer.write("check", **check.model_dump(exclude_unset=True, exclude={"kind"}), fingerprints=fingerprints[spec.id])
         return
     oracle = done[1] if job.oracle else None
     targets = done[len(job.baselines):]
@@ -240,7 +240,7 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
             writer.write("layers", **localize_check(job, spec, configured_model(model, spec, job.model.name), inputs, exp,
                                                     example, target.notes,
                                                     on_step=lambda text, spec=spec: progress.describe(f"localizing {spec.id}: {text}")))
-        writer.write("check", **check.record(), fingerprints=fingerprints[spec.id])  # last: the judgement is complete
+        writer.write("check", **check.model_dump(exclude_unset=True, exclude={"kind"}), fingerprints=fingerprints[spec.id])  # last: the judgement is complete
 
 
 def _open_records(out_dir: Path, config: dict, base_dir: str, digest: str, fresh: bool) -> RecordWriter:

@@ -27,6 +27,7 @@ from parity.config.schema import BackendSpec
 from parity.errors import exception_words
 from parity.inputs import Inputs
 from parity.outputs import flatten, map_tensors
+from parity.records.models import LayerError
 from parity.verify.tensors import error_stats
 
 EPS = 1e-12
@@ -42,25 +43,14 @@ class Call:
     output: Any
 
 
-@dataclass
-class LayerError:
-    """How far a layer's target output is from the reference's, over all its calls."""
-
-    name: str
-    max_abs: float = 0.0
-    rmse: float = 0.0
-    rel_rmse: float = 0.0  # rmse / rms(reference): comparable across layers of any scale
-    cosine: float = 1.0
-    sqnr_db: float | None = None  # 10 log10(|ref|^2 / |target - ref|^2); None when identical
-    required_atol: float | None = 0.0  # None: nothing passes (NaN introduced, shapes differ)
-    error: str | None = None  # the layer could not be run or compared on the target
-    # A local error: how the layer alone was run on the target ("slice": cut from the artifact of the whole model,
-    # "together": prepared side by side with its level's other layers as one artifact, "export": prepared alone, and
-    # why not sliced or together); None for a propagated error.
-    measured_by: str | None = None
-
-    def as_record(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items()}
+def new_layer_error(name: str, **found: Any) -> LayerError:
+    """A layer's error (the `layers` record's own part), every field given: nothing differs until `found` says
+    otherwise. `rel_rmse` is rmse / rms(reference), comparable across layers of any scale; `required_atol` None:
+    nothing passes (NaN introduced, shapes differ); `error`: the layer could not be run or compared on the target;
+    `measured_by`: how a local error's layer alone ran on the target (slice, together, export and why), None for a
+    propagated error. (The record's own defaults are a reader's, for older records.)"""
+    return LayerError(**{"name": name, "max_abs": 0.0, "rmse": 0.0, "rel_rmse": 0.0, "cosine": 1.0, "sqnr_db": None,
+                         "required_atol": 0.0, "error": None, "measured_by": None, **found})
 
 
 @dataclass
@@ -94,12 +84,12 @@ def layer_error(name: str, reference: Any, target: Any, rtol: float) -> LayerErr
     ref_leaves, tgt_leaves = flatten(reference), flatten(target)
     shapes = lambda leaves: [tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__ for v in leaves.values()]  # noqa: E731
     if shapes(ref_leaves) != shapes(tgt_leaves):
-        return LayerError(name, required_atol=None, error=f"outputs differ in structure or shape: {shapes(tgt_leaves)} vs {shapes(ref_leaves)}")
+        return new_layer_error(name, required_atol=None, error=f"outputs differ in structure or shape: {shapes(tgt_leaves)} vs {shapes(ref_leaves)}")
     r, t = _floats(reference), _floats(target)
     stats, ref_energy = error_stats(r, t, rtol, gate=math.inf, full=False)
     noise = stats["rmse"] ** 2 * max(r.numel(), 1)
     rms = math.sqrt(ref_energy / max(r.numel(), 1))
-    return LayerError(
+    return new_layer_error(
         name,
         max_abs=stats["max_abs"],
         rmse=stats["rmse"],
@@ -306,15 +296,15 @@ def propagated_errors(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs,
         target = _observed(spec, model, inputs, list(reference), example)
     except Exception as exc:  # the end-to-end run failed: every layer says so, local results stand
         why = f"the target's end-to-end run failed: {exception_words(exc)}"
-        return {name: LayerError(name, required_atol=None, error=why) for name in reference}
+        return {name: new_layer_error(name, required_atol=None, error=why) for name in reference}
     out = {}
     for name, ref_calls in reference.items():
         seen = target.get(name, [])
         if isinstance(seen, str):
-            out[name] = LayerError(name, required_atol=None, error=seen)
+            out[name] = new_layer_error(name, required_atol=None, error=seen)
             continue
         if len(seen) != len(ref_calls):
-            out[name] = LayerError(name, required_atol=None,
+            out[name] = new_layer_error(name, required_atol=None,
                                    error=f"{len(seen)} output(s) on the target, {len(ref_calls)} call(s) on the reference")
             continue
         out[name] = worst([layer_error(name, r.output, t, rtol) for r, t in zip(ref_calls, seen, strict=True)])
@@ -329,9 +319,9 @@ def local_error(spec: BackendSpec, module: torch.nn.Module, calls: list[Call], r
     for call in calls:
         result = execute(spec, module, call.inputs, 1)
         if not result.ok:
-            return LayerError(call.name, required_atol=None, error=f"{result.status}: {result.error}")
+            return new_layer_error(call.name, required_atol=None, error=f"{result.status}: {result.error}")
         errors.append(layer_error(call.name, call.output, result.outputs[0], rtol))
-    return worst(errors) if errors else LayerError(calls[0].name if calls else "?", error="never called")
+    return worst(errors) if errors else new_layer_error(calls[0].name if calls else "?", error="never called")
 
 
 def local_errors(spec: BackendSpec, model: torch.nn.Module, calls: dict[str, list[Call]], rtol: float,
@@ -372,14 +362,14 @@ def local_errors(spec: BackendSpec, model: torch.nn.Module, calls: dict[str, lis
     for k, (name, layer) in enumerate(calls.items()):
         got = sliced.get(name)
         if isinstance(got, list):
-            out[name] = worst([layer_error(name, c.output, t, rtol) for c, t in zip(layer, got, strict=True)])
-            out[name].measured_by = how
+            out[name] = worst([layer_error(name, c.output, t, rtol) for c, t in zip(layer, got, strict=True)]
+                              ).model_copy(update={"measured_by": how})
             continue
         say(f"layer {k + 1} of {len(calls)}, {name}" + (" (not sliced)" if got else ""))
         mine = own[name] if own is not None else None
         with calibration.providing(lambda _set, mine=mine: mine) if mine is not None else nullcontext():
-            out[name] = local_error(spec, model.get_submodule(name), layer, rtol)
-        out[name].measured_by = "export" + (f" ({got})" if got else "")
+            out[name] = local_error(spec, model.get_submodule(name), layer, rtol).model_copy(
+                update={"measured_by": "export" + (f" ({got})" if got else "")})
     return out
 
 
@@ -444,9 +434,8 @@ def own_code_error(reference: BackendSpec, target: BackendSpec, model: torch.nn.
             got = exception_words(exc)
         if not isinstance(got, str):
             errors = [layer_error(n, ref, tgt, rtol) for n, pairs in got.items() for ref, tgt in pairs]
-            error = worst(errors) if errors else LayerError(name)  # nothing computed of its own: nothing differs
-            error.name, error.measured_by = name, "slice"
-            return error
+            error = worst(errors) if errors else new_layer_error(name)  # nothing computed of its own: nothing differs
+            return error.model_copy(update={"name": name, "measured_by": "slice"})
         why = got
     block = copy.deepcopy(model.get_submodule(parent))
     prefix = f"{parent}." if parent else ""
@@ -464,9 +453,7 @@ def own_code_error(reference: BackendSpec, target: BackendSpec, model: torch.nn.
         if len(got) == len(calls[name]):
             errors += [layer_error(name, (c.inputs.args, c.inputs.kwargs), r, rtol)
                        for c, r in zip(calls[name], got, strict=True)]
-    error = worst(errors)
-    error.name, error.measured_by = name, "export" + (f" ({why})" if why else "")
-    return error
+    return worst(errors).model_copy(update={"name": name, "measured_by": "export" + (f" ({why})" if why else "")})
 
 
 def _all_real(obj: Any) -> bool:

@@ -7,14 +7,13 @@ repeats, whose spread is part of the required atol), the float64 oracle's side a
 items in another order) and under `gate: tier3` the task gate, and last tokenizer parity (a target with a
 tokenizer of its own that tokenizes the texts otherwise fails as `tokenizer_mismatch`: verify/tokenizers.py). The Runner (`parity run`), `parity localize`'s
 first verdict and its compiler-pass bisection, and the Python API's `assert_backends_agree` (so the pytest
-plugin) all call it; a run records `Check.record()`.
+plugin) all call it. The check is the `check` record's own model (records.models.Tier1Check), made in the
+order of the record's fields, which `model_dump(exclude_unset=True)` gives back: a run writes it as it is.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 from parity import taxonomy as tx
@@ -22,6 +21,7 @@ from parity.config.schema import BackendSpec, Oracle
 from parity.config.tolerances import Tolerance
 from parity.execute.execution import Execution
 from parity.records import tolerance_key
+from parity.records.models import Tier1Check
 from parity.verify.tensors import compare, oracle_verdict
 from parity.verify.tokenizers import first_mismatch
 
@@ -30,64 +30,37 @@ from parity.verify.tokenizers import first_mismatch
 EXCUSABLE = (None, tx.NUMERIC_DRIFT, tx.ORDERING)
 
 
-@dataclass(frozen=True)
-class Check:
-    """One target judged against the reference on one model and input set. `status` is ok (judged: `passed`
-    true or false), skipped (the target cannot run here) or error (the reference failed: no verdict about the
-    target, which did not run). A dataclass, not the record's pydantic model (records.models.Tier1Check, which
-    validates `record()` when it is written): it holds the `Tolerance` itself, and a pydantic dump would order
-    the fields as declared, base class first, so every rerun would write other bytes than the records before."""
-
-    model: str
-    inputs: str
-    reference: str
-    target: str
-    tolerance: Tolerance  # what it was judged at, and where that came from (`tolerance.source`)
-    status: str
-    passed: bool | None
-    failure_class: str | None
-    detail: str | None
-    warnings: list[dict[str, Any]] = field(default_factory=list)  # what the target's backend said
-    reference_failure_class: str | None = None  # status error: how the reference failed
-    user_error: bool | None = None  # status error: the model as written raised on its inputs (eager reference)
-    required_atol: float | None = None  # None: no atol passes it
-    max_abs: float | None = None
-    verdicts: dict[str, bool] = field(default_factory=dict)  # at each atol of the sweep (tolerance_key)
-    nondeterminism: dict[str, float] | None = None  # each side's spread; None: the outputs were not compared
-    leaves: list[dict[str, Any]] = field(default_factory=list)
-    oracle: dict[str, Any] | None = None  # which side is farther from float64
-    noise_floor: dict[str, Any] | None = None  # the reference's own error, where the data show it
-    oracle_error: str | None = None  # why there is no oracle verdict although the oracle was asked for
-    tier1_passed: bool | None = None  # gate: tier3 with a task verdict: tier 1's own verdict, kept beside it
-
-    def record(self) -> dict[str, Any]:
-        """The fields of the `check` record, in the order parity has always written them (the archived
-        records and a rerun's compare byte for byte). A field that does not apply is left out, as before:
-        `warnings` when the target did not run, the reference's failure unless it failed, `noise_floor`
-        unless the outputs were compared, `oracle_error` and `tier1_passed` when they have no value."""
-        tol = self.tolerance
-        fields: dict[str, Any] = {"tier": 1, "model": self.model, "inputs": self.inputs, "reference": self.reference,
-                                  "target": self.target, "rtol": tol.rtol, "gate": tol.gate,
-                                  "tolerance_source": tol.source, "gated_by": "tier3" if tol.by_task else "tier1"}
-        if self.status != "error":
-            fields["warnings"] = self.warnings
-        fields.update(status=self.status, passed=self.passed, failure_class=self.failure_class, detail=self.detail)
-        if self.status == "error":
-            fields.update(reference_failure_class=self.reference_failure_class, user_error=self.user_error)
-        fields.update(required_atol=self.required_atol, max_abs=self.max_abs, verdicts=self.verdicts,
-                      nondeterminism=self.nondeterminism, leaves=self.leaves, oracle=self.oracle)
-        if self.nondeterminism is not None:
-            fields["noise_floor"] = self.noise_floor
-        if self.oracle_error is not None:
-            fields["oracle_error"] = self.oracle_error
-        if self.tier1_passed is not None:
-            fields["tier1_passed"] = self.tier1_passed
-        return fields
+def _check(*, model: str, inputs: str, reference: str, target: str, tolerance: Tolerance, status: str,
+           passed: bool | None, failure_class: str | None, detail: str | None,
+           warnings: list[dict[str, Any]] | None = None, reference_failure_class: str | None = None,
+           user_error: bool | None = None, required_atol: float | None = None, max_abs: float | None = None,
+           verdicts: dict[str, bool] | None = None, nondeterminism: dict[str, float] | None = None,
+           leaves: list[dict[str, Any]] | None = None, oracle: dict[str, Any] | None = None,
+           noise_floor: dict[str, Any] | None = None, oracle_error: str | None = None) -> Tier1Check:
+    """The check record, its fields in the order parity has always written them (the archived records and a
+    rerun's compare byte for byte). A field that does not apply is left out, as before: `warnings` when the target
+    did not run, the reference's failure unless it failed, `noise_floor` unless the outputs were compared,
+    `oracle_error` and `tier1_passed` when they have no value."""
+    fields: dict[str, Any] = {"kind": "check", "tier": 1, "model": model, "inputs": inputs, "reference": reference,
+                              "target": target, "rtol": tolerance.rtol, "gate": tolerance.gate,
+                              "tolerance_source": tolerance.source, "gated_by": "tier3" if tolerance.by_task else "tier1"}
+    if status != "error":
+        fields["warnings"] = warnings or []
+    fields.update(status=status, passed=passed, failure_class=failure_class, detail=detail)
+    if status == "error":
+        fields.update(reference_failure_class=reference_failure_class, user_error=user_error)
+    fields.update(required_atol=required_atol, max_abs=max_abs, verdicts=verdicts or {}, nondeterminism=nondeterminism,
+                  leaves=leaves or [], oracle=oracle)
+    if nondeterminism is not None:
+        fields["noise_floor"] = noise_floor
+    if oracle_error is not None:
+        fields["oracle_error"] = oracle_error
+    return Tier1Check.model_validate(fields)
 
 
 def judge(reference: Execution, target: Execution | BackendSpec, tolerance: Tolerance, *, model: str = "",
           inputs: str = "", oracle: Execution | None = None, oracle_rule: Oracle | None = None,
-          task: dict[str, Any] | None = None) -> Check:
+          task: dict[str, Any] | None = None) -> Tier1Check:
     """The check of `target` (its execution; its spec alone when it was not run because the reference failed)
     against `reference`, on `model` / `inputs` (names for the record), at `tolerance`. `oracle`: the float64
     oracle's execution, judged by `oracle_rule` (the experiment's `oracle:`: multiplier, floor). `task`: the
@@ -103,32 +76,32 @@ def judge(reference: Execution, target: Execution | BackendSpec, tolerance: Tole
     if not isinstance(target, Execution):
         raise TypeError("a target is judged by its execution; its spec alone only when the reference failed")
     if target.status == "unavailable":
-        return Check(**about, status="skipped", passed=None, failure_class=None, detail=target.error,
-                     warnings=target.notes)
+        return _check(**about, status="skipped", passed=None, failure_class=None, detail=target.error,
+                      warnings=target.notes)
     if not target.ok:
-        return Check(**about, status="ok", passed=False, failure_class=target.failure_class or tx.BACKEND_ERROR,
-                     detail=f"target {spec.id} failed: {target.error}", warnings=target.notes,
-                     verdicts={tolerance_key(a): False for a in tolerance.sweep},
-                     oracle_error=_oracle_error(oracle, "the target returned no output to hold against float64's"))
+        return _check(**about, status="ok", passed=False, failure_class=target.failure_class or tx.BACKEND_ERROR,
+                      detail=f"target {spec.id} failed: {target.error}", warnings=target.notes,
+                      verdicts={tolerance_key(a): False for a in tolerance.sweep},
+                      oracle_error=_oracle_error(oracle, "the target returned no output to hold against float64's"))
     check = _tier1(about, reference, target, oracle, oracle_rule)
     if task is not None:
         if task["same_set"] and check.failure_class == tx.NUMERIC_DRIFT:
-            check = dataclasses.replace(check, failure_class=tx.ORDERING, detail=f"the same {task['task']} outputs in "
-                                        f"another order (tier 3 matched all): {check.detail}")
+            check = check.model_copy(update={"failure_class": tx.ORDERING, "detail": f"the same {task['task']} outputs "
+                                             f"in another order (tier 3 matched all): {check.detail}"})
         check = _gated(check, task) if tolerance.by_task else check
     return _tokenized(check, target)
 
 
-def _tokenized(check: Check, target: Execution) -> Check:
+def _tokenized(check: Tier1Check, target: Execution) -> Tier1Check:
     """A target that tokenizes the texts otherwise than the reference fails as `tokenizer_mismatch`, whatever its
     logits on the reference's ids (said beside it): it runs other inputs than the ones compared."""
     mismatch = first_mismatch(target.tokens)
     if mismatch is None:
         return check
     logits = "pass" if check.passed else f"fail ({check.failure_class}: {check.detail})"
-    return dataclasses.replace(check, passed=False, failure_class=tx.TOKENIZER_MISMATCH,
-                               detail=f"{mismatch.describe()}; on the reference's ids the logits {logits}",
-                               verdicts={k: False for k in check.verdicts})
+    return check.model_copy(update={"passed": False, "failure_class": tx.TOKENIZER_MISMATCH,
+                                    "detail": f"{mismatch.describe()}; on the reference's ids the logits {logits}",
+                                    "verdicts": {k: False for k in check.verdicts}})
 
 
 def repeat_spread(outputs: list[Any], tol: Tolerance) -> float:
@@ -146,7 +119,7 @@ def _runs(execution: Execution) -> list[Any]:
 
 
 def _tier1(about: dict[str, Any], reference: Execution, target: Execution, oracle: Execution | None,
-           oracle_rule: Oracle | None) -> Check:
+           oracle_rule: Oracle | None) -> Tier1Check:
     """Tier 1 of two executions that ran: the leaves at the tolerance, the repeats' spread, the oracle."""
     tol: Tolerance = about["tolerance"]
     oracle_out = oracle.outputs[0] if oracle is not None and oracle.ok else None
@@ -168,42 +141,43 @@ def _tier1(about: dict[str, Any], reference: Execution, target: Execution, oracl
         found = oracle_verdict(comparison, oracle_rule.multiplier, oracle_rule.floor)
     missing = None if found else (f"no output leaf could be held against float64's "
                                   f"({failure or 'the float64 outputs differ in structure or shape'})")
-    return Check(**about, status="ok", passed=failure is None, failure_class=failure, detail=detail,
-                 warnings=target.notes, required_atol=required if math.isfinite(required) else None,
-                 max_abs=max((leaf.get("max_abs") or 0.0 for leaf in comparison.leaves), default=0.0),
-                 verdicts={tolerance_key(a): required <= a for a in tol.sweep},
-                 nondeterminism={"reference": reference_spread, "target": target_spread}, leaves=comparison.leaves,
-                 oracle=found, noise_floor=_noise_floor(reference.outputs[0], oracle_out, reference_spread, tol),
-                 oracle_error=_oracle_error(oracle, missing))
+    return _check(**about, status="ok", passed=failure is None, failure_class=failure, detail=detail,
+                  warnings=target.notes, required_atol=required if math.isfinite(required) else None,
+                  max_abs=max((leaf.get("max_abs") or 0.0 for leaf in comparison.leaves), default=0.0),
+                  verdicts={tolerance_key(a): required <= a for a in tol.sweep},
+                  nondeterminism={"reference": reference_spread, "target": target_spread}, leaves=comparison.leaves,
+                  oracle=found, noise_floor=_noise_floor(reference.outputs[0], oracle_out, reference_spread, tol),
+                  oracle_error=_oracle_error(oracle, missing))
 
 
-def _gated(check: Check, task: dict[str, Any]) -> Check:
+def _gated(check: Tier1Check, task: dict[str, Any]) -> Tier1Check:
     """`gate: tier3`: the check's verdict becomes the task-level one when tier 1 found only numeric drift
     (or nothing); tier 1's own verdict is kept beside it (`tier1_passed`)."""
     failure, detail = check.failure_class, check.detail
     spread = max(check.nondeterminism.values(), default=0.0)
-    if spread > check.tolerance.gate and failure in EXCUSABLE:
+    if spread > check.gate and failure in EXCUSABLE:
         failure, detail = tx.NONDETERMINISTIC, f"its runs disagree with each other by up to {spread} (required atol): {detail}"
     if failure not in EXCUSABLE:
-        return dataclasses.replace(check, failure_class=failure, tier1_passed=check.passed,
-                                   detail=f"tier 3 cannot excuse {failure} (gate: tier3 decides numeric drift only): {detail}")
+        return check.model_copy(update={"failure_class": failure, "tier1_passed": check.passed, "detail": f"tier 3 "
+                                        f"cannot excuse {failure} (gate: tier3 decides numeric drift only): {detail}"})
     if task["passed"]:
         if failure:
             detail = f"tier 3 agrees, which decides this check (gate: tier3); tier 1: {failure}: {detail}"
-        return dataclasses.replace(check, passed=True, failure_class=None, detail=detail, tier1_passed=check.passed)
-    return dataclasses.replace(check, passed=False, failure_class=task["failure_class"],
-                               detail=f"tier 3 (the gate): {task['detail']}", tier1_passed=check.passed)
+        return check.model_copy(update={"passed": True, "failure_class": None, "detail": detail,
+                                        "tier1_passed": check.passed})
+    return check.model_copy(update={"passed": False, "failure_class": task["failure_class"],
+                                    "detail": f"tier 3 (the gate): {task['detail']}", "tier1_passed": check.passed})
 
 
-def _reference_failed(about: dict[str, Any], reference: Execution) -> Check:
+def _reference_failed(about: dict[str, Any], reference: Execution) -> Tier1Check:
     """The check when the reference could not run: no verdict about the target (it was not run), status
     `error`, class `reference_error`. `user_error` says whether the model as written failed on its inputs
     (the eager reference raised), which is the user's to fix, not a backend's finding."""
-    return Check(**about, status="error", passed=None, failure_class=tx.REFERENCE_ERROR,
-                 detail=f"the reference {reference.backend.id} failed ({reference.failure_class}), so "
-                        f"{about['target']} was not run: {reference.error}",
-                 reference_failure_class=reference.failure_class,
-                 user_error=reference.backend.backend == "eager" and reference.failure_class == tx.BACKEND_ERROR)
+    return _check(**about, status="error", passed=None, failure_class=tx.REFERENCE_ERROR,
+                  detail=f"the reference {reference.backend.id} failed ({reference.failure_class}), so "
+                         f"{about['target']} was not run: {reference.error}",
+                  reference_failure_class=reference.failure_class,
+                  user_error=reference.backend.backend == "eager" and reference.failure_class == tx.BACKEND_ERROR)
 
 
 def _noise_floor(reference_out: Any, oracle_out: Any, reference_spread: float, tol: Tolerance) -> dict[str, Any] | None:

@@ -36,8 +36,8 @@ from parity.backends.base import Backend, release_memory
 from parity.config.schema import BackendSpec
 from parity.errors import ParityError, did_you_mean, exception_words
 from parity.inputs import Inputs
+from parity.records.models import LayerError
 from parity.verify.activations import (
-    LayerError,
     LevelResult,
     calibration_inputs,
     capture,
@@ -351,15 +351,15 @@ class Localization:
     def record(self) -> dict[str, Any]:
         levels = []
         for parent, level in self.levels:
-            own = level.own_code.as_record() if level.own_code else None
+            own = level.own_code.model_dump() if level.own_code else None
             ordered = [level.propagated[n] for n in level.names if n in level.propagated]
             rates = dict(zip([e.name for e in ordered], introduction_rates(ordered), strict=True))
             layers = []
             for order, name in enumerate(level.names):
                 layers.append({
                     "name": name, "depth": name.count(".") + 1, "call_order": order,
-                    "local": level.local[name].as_record() if name in level.local else None,
-                    "propagated": level.propagated[name].as_record() if name in level.propagated else None,
+                    "local": level.local[name].model_dump() if name in level.local else None,
+                    "propagated": level.propagated[name].model_dump() if name in level.propagated else None,
                     "introduction_rate": rates.get(name),
                 })
             levels.append({"parent": parent, "layers": layers, "own_code": own})
@@ -368,7 +368,7 @@ class Localization:
             "in_own_code": self.in_own_code, "whole_graph": self.whole_graph, "as_a_whole": self.as_a_whole,
             "evenly_spread": self.evenly_spread(), "first_divergent": self.first_divergent,
             "first_divergent_by": self.first_divergent_by,
-            "suspects": [s.as_record() for s in self.suspects], "verdict": self.verdict(), "skipped": self.skipped,
+            "suspects": [s.model_dump() for s in self.suspects], "verdict": self.verdict(), "skipped": self.skipped,
             "levels": levels, "elapsed_s": self.elapsed_s, "specialized": self.specialized,
             "compiler_pass": self.compiler_pass, "repeated": self.repeated, "identical": self.identical,
             "uncalled": self.uncalled,
@@ -736,6 +736,6 @@ def gate_check(job, target: BackendSpec, model_for: Callable[[BackendSpec], torc
     release_memory()  # what the reference's run freed: the target's session starts from what is in use
     ran = execute(target, model_for(target), inputs, 1, example=example)
     release_memory()  # the target's closed session: the localization's own sessions start from what is in use
-    verdict = judge(reference, ran, experiment.tolerance_for(target)).record()
-    return {k: verdict[k] for k in ("passed", "failure_class", "detail", "required_atol", "gate", "rtol")}, ran.notes
+    verdict = judge(reference, ran, experiment.tolerance_for(target))
+    return {k: getattr(verdict, k) for k in ("passed", "failure_class", "detail", "required_atol", "gate", "rtol")}, ran.notes
 

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from parity import taxonomy as tx
-from parity.config.tolerances import LeafTolerance
 from parity.outputs import Opaque, flatten
+from parity.records.models import LeafTolerance
 
 
 @dataclass
@@ -248,7 +248,7 @@ def compare(reference: Any, target: Any, rtol: float, gate: float, oracle: Any =
         own = leaf_tolerance(name) if leaf_tolerance is not None else None
         if own is not None and own.rule is not None:
             leaf = _compare_leaf(name, ref, tgt_leaves[name], own.rtol, gate if own.atol is None else own.atol)
-            leaf["tolerance"] = own.record()
+            leaf["tolerance"] = own.model_dump()
             if leaf.get("detail"):
                 leaf["detail"] += f" (judged by the {own.rule})"
         else:
