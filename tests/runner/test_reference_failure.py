@@ -27,13 +27,15 @@ def _tier1(records):
 def test_a_model_that_raises_on_its_inputs_is_a_user_error_and_no_target_is_charged(write_yaml, tmp_path, capsys):
     """The tiny CNN wants 3 channels; a 1-channel input set makes the eager reference raise. Every check
     of that pair is `reference_error` with no verdict, no target executes, the run exits 2 with the
-    reference's message on stderr, and the reports say the reference failed, not the targets."""
+    reference's message printed once (on the table's `reference failed` line; stderr's error line names the class
+    and where the message is), and the reports say the reference failed, not the targets."""
     exp = tiny_experiment(TARGETS, inputs=[{"name": "gray", "synthetic": {"shape": [2, 1, 16, 16]}}])
     code, out, records = _run(write_yaml, tmp_path, exp)
     captured = capsys.readouterr()
     assert code == 2
-    assert "error: model 'tiny' on input set 'gray': the reference eager-cpu raised" in captured.err
-    assert "channels" in captured.err  # the reference's own message
+    assert ("error: model 'tiny' on input set 'gray': the reference eager-cpu raised (backend_error), so no target "
+            "was judged (its error: the 'reference failed' line above, and ") in captured.err
+    assert (captured.out + captured.err).count("expected input[2, 1, 16, 16]") == 1  # the reference's own message, once
     assert "Traceback" not in captured.err + captured.out
     checks = _tier1(records)
     assert set(checks) == {"same", "perturbed"}
