@@ -260,7 +260,7 @@ class _Run:
             return
         try:
             with self.collector.step():
-                self.result.follow_up = ask(self.backend.run, self.inputs.clone())
+                self.result.follow_up = ask(self.backend, self.inputs.clone())
         except Exception as exc:
             self.result.follow_up = {"error": describe(exc)}
         except KeyboardInterrupt:

@@ -3,6 +3,7 @@ gate with the greatest absolute difference."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from parity.config.tolerances import rounded_up
@@ -183,7 +184,7 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
         verdict = "[green]agrees[/green]" if c.passed else f"[red]{c.failure_class}[/red]"
         console.print(f"tier 3 {verdict} " + escape(f"{view.key(c)}: {figures}"
                                                     + (f" ({c.detail})" if c.detail else "")), soft_wrap=True)
-        for line in [flips_line(c), generation_line(c), *(next_steps(c, view, out_dir) if not c.passed else ())]:
+        for line in [flips_line(c), generation_line(c), cached_line(c), *(next_steps(c, view, out_dir) if not c.passed else ())]:
             if line:
                 console.print("  " + escape(line), soft_wrap=True)
         for note in c.notes or ():
@@ -287,6 +288,26 @@ def generation_line(check: Tier3Check) -> str | None:
         line += (f"; first divergence: prompt {i} at new token {k}, after '{words['context']}': reference "
                  f"'{words['reference']}', target '{words['target']}' (reference margin {p.margin:.3g}, {p.flip})")
     return line
+
+
+def cached_line(check: Tier3Check) -> str | None:
+    """A text-generation check's cached decoding in words (its verdict, the target against the reference and the
+    reference against its own uncached forward), or None when the record has none."""
+    c = check.cached
+    if c is None:
+        return None
+    if c.error:
+        return f"cached decoding: not compared ({f'{c.failure_class}: ' if c.failure_class else ''}{c.error})"
+    t, own, theirs = c.target or {}, c.reference_self or {}, c.target_self or {}
+
+    def compared(m: dict) -> str:
+        flipped = f", first flip at step {m['first_flip']}" if "first_flip" in m else ""
+        return f"mean KL {m.get('kl_mean', math.nan):.3g}, top-1 {percent(m.get('top1_agreement'))}{flipped}"
+
+    verdict = "agrees" if c.passed else f"fails ({c.side})"
+    return (f"cached decoding, {c.steps} steps after a {c.prompt_tokens}-token prompt: {verdict}; target vs reference: "
+            f"{compared(t)}; reference cached vs uncached: {compared(own)}; target cached vs uncached: "
+            f"{compared(theirs)}")
 
 
 def percent(share: float | None, none: str = "-") -> str:

@@ -20,6 +20,7 @@ from parity.records.summary import latency_rows
 from parity.records.view import RunView
 from parity.report import ReportWriter, pictures, plots
 from parity.report.console import (
+    cached_line,
     cosine,
     describe_note,
     flips_line,
@@ -226,7 +227,7 @@ def _tier3_tables(tier3: list[Tier3Check]) -> list[dict[str, Any]]:
                               "low": low})
             rows.append({"key": _key(c), "passed": c.passed, "failure_class": c.failure_class,
                          "detail": c.detail or "", "same_set": c.same_set, "cells": cells, "flips": flips_line(c) or generation_line(c),
-                         "notes": c.notes or []})
+                         "cached": cached_line(c), "notes": c.notes or []})
         tables.append({"task": task, "columns": columns, "rows": rows})
     return tables
 
