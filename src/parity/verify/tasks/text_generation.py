@@ -40,6 +40,12 @@ that match to the last token) and `first_divergence` (the earliest divergent new
 continuation matches). `exact_match` is reported, not judged, unless its threshold is set: one near tie early on
 changes everything after it, so over a handful of prompts it is a coarse count, where the teacher-forced
 statistics judge every decision on the same prefix.
+
+Cached decoding (the same `new_tokens` steps): a backend that decodes through its KV cache (`CachedDecoding`) does
+so in the same follow-up, teacher-forced on the text (`decode_cached`), so both sides' steps line up; `judge_cached`
+compares the target's cached decoding with the reference's and each side's with its own uncached forward (the
+record's `cached`, its own verdict; a failure fails the check). A target that cannot run the cache is not compared
+and says why, as `unsupported_op`.
 """
 
 from __future__ import annotations
@@ -69,7 +75,7 @@ class TextGenerationThresholds(Strict):
     kl_mean: float = Field(default=1e-3, ge=0)
     near_tie_margin: float = Field(default=0.01, ge=0, le=1)  # a flip whose reference top-2 margin is within it
     count_near_ties: bool = False  # top1_agreement counts near-tie flips too (default: real flips only)
-    new_tokens: int = Field(default=16, ge=0)  # free-running: tokens each side generates greedily (0: none)
+    new_tokens: int = Field(default=16, ge=0)  # free-running tokens and cached decoding steps per side (0: neither)
     exact_match: float | None = Field(default=None, ge=0, le=1)  # fail below this share of matching continuations
 
 
