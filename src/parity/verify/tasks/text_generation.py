@@ -348,8 +348,9 @@ def decode_cached(backend, inputs, steps: int, leaf: str | None = None) -> dict[
     `prompt_tokens`, `steps`, `tokens` (the forced ids), `logits` and `uncached` [batch, steps, vocabulary], or an
     `error` (one line) with the `failure_class` of a target that cannot run the cache (always `unsupported_op`)."""
     if not isinstance(backend, CachedDecoding):
-        return {"error": f"backend '{backend.name}' does not decode through a KV cache (what it runs was captured "
-                         "without one)", "failure_class": tx.UNSUPPORTED_OP}
+        return {"error": f"backend '{backend.name}' has no cached decoding (it does not implement CachedDecoding: "
+                         "an export or trace captured without the cache, or a runtime whose cache parity does not "
+                         "drive)", "failure_class": tx.UNSUPPORTED_OP}
     ids, mask = inputs.kwargs.get("input_ids"), inputs.kwargs.get("attention_mask")
     if "decoder_input_ids" in inputs.kwargs:
         return {"error": "cached decoding of an encoder-decoder is not compared (a decoder-only model's is)"}
