@@ -12,6 +12,13 @@ children), so nothing of one run lingers in the other. The width is TinyLlama's 
 eager float32, one timed run each, on one sequence of `--tokens` token ids; tier 1 only.
 
     nice -n 10 .venv/bin/python benchmarks/memory_scale.py [--layers 22] [--skip before]
+
+Issue #38's sets (`--targets onnxruntime`: one ONNX Runtime target, goal <= 2x; `--targets three`: ONNX Runtime,
+int8 weight-only and bfloat16, goal <= 2.5x) on 6 layers (0.40B parameters, 1.58 GB), against `--before` the
+commit the memory work started from:
+
+    nice -n 10 .venv/bin/python benchmarks/memory_scale.py --layers 6 --targets onnxruntime --before adf9a77
+    nice -n 10 .venv/bin/python benchmarks/memory_scale.py --layers 6 --targets three --before adf9a77
 """
 
 from __future__ import annotations
@@ -27,7 +34,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PARITY = str(Path(sys.executable).with_name("parity"))
-GOAL = 2.5
 OLD_SCHEDULE = "13aa4a7"  # the last commit that prepared every backend of a job together
 
 PEAK_OF = (
@@ -35,7 +41,8 @@ PEAK_OF = (
     "print(rc, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
 )
 # The same libraries imported and nothing built: what every run's peak holds before any model.
-IMPORTS = "import parity.cli, parity.backends.compile, parity.backends.quantize, transformers, torchao"
+IMPORTS = ("import parity.cli, parity.backends.compile, parity.backends.quantize, parity.backends.onnxruntime, "
+           "transformers, torchao, onnxruntime")
 
 
 def llama(layers: int) -> dict:
@@ -51,7 +58,20 @@ def parameters(config: dict) -> int:
     return layers * per_layer + 2 * v * h + h
 
 
-def experiment(layers: int, tokens: int) -> dict:
+# The targets of each measured set: issue #26's (the schedule), and issue #38's (one ONNX Runtime target, and ONNX
+# Runtime with int8 weight-only and bfloat16: the copies an export and its session hold).
+TARGET_SETS = {
+    "schedule": [{"backend": "eager", "dtype": "bfloat16"},
+                 {"backend": "eager", "quantize": {"scheme": "torchao-int8-weight"}},
+                 {"backend": "compile"}],
+    "onnxruntime": [{"backend": "onnxruntime"}],
+    "three": [{"backend": "onnxruntime"}, {"backend": "eager", "quantize": {"scheme": "torchao-int8-weight"}},
+              {"backend": "eager", "dtype": "bfloat16"}],
+}
+GOALS = {"schedule": 2.5, "onnxruntime": 2.0, "three": 2.5}
+
+
+def experiment(layers: int, tokens: int, targets: str = "schedule") -> dict:
     return {
         "name": "memory-scale",
         "models": [{"name": "decoder", "source": "transformers", "config": llama(layers),
@@ -59,9 +79,7 @@ def experiment(layers: int, tokens: int) -> dict:
         "inputs": [{"name": "ids", "synthetic": {"shape": [1, tokens], "dtype": "int64", "distribution": "randint",
                                                  "low": 0, "high": 32000}}],
         "reference": {"backend": "eager"},
-        "targets": [{"backend": "eager", "dtype": "bfloat16"},
-                    {"backend": "eager", "quantize": {"scheme": "torchao-int8-weight"}},
-                    {"backend": "compile"}],
+        "targets": TARGET_SETS[targets],
         "repeats": 1,
         "warmup": 0,
     }
@@ -99,12 +117,15 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--before", default=OLD_SCHEDULE, help="a git revision with the old schedule")
     parser.add_argument("--skip", choices=("before", "after"), help="measure only the other schedule (memory)")
+    parser.add_argument("--targets", choices=sorted(TARGET_SETS), default="schedule",
+                        help="schedule: eager bfloat16, int8 weight-only, compile (#26); onnxruntime: one ONNX Runtime "
+                             "target; three: ONNX Runtime, int8 weight-only, bfloat16 (#38)")
     args = parser.parse_args()
     size = parameters(llama(args.layers)) * 4 / 1e9
     rows = {}
     with tempfile.TemporaryDirectory(prefix="memory-scale-") as tmp:
         path = Path(tmp) / "exp.json"
-        path.write_text(json.dumps(experiment(args.layers, args.tokens)))  # JSON is YAML
+        path.write_text(json.dumps(experiment(args.layers, args.tokens, args.targets)))  # JSON is YAML
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         _, base, _ = peak_of([sys.executable, "-c", IMPORTS], env)
         for schedule in ("before", "after"):
@@ -116,15 +137,16 @@ def main() -> None:
             out = Path(tmp) / schedule
             wall, peak, rc = peak_of([PARITY, "run", str(path), "--out", str(out), "--quiet", "--no-report"], run_env)
             rows[schedule] = wall, peak, rc, schedule_of(out)
+    targets = ", ".join(f"{t['backend']}{' ' + t['dtype'] if 'dtype' in t else ''}"
+                        f"{' ' + t['quantize']['scheme'] if 'quantize' in t else ''}" for t in TARGET_SETS[args.targets])
     print(f"LLaMA-style decoder, {args.layers} layers: {parameters(llama(args.layers)) / 1e9:.2f}B parameters, "
-          f"{size:.2f} GB in float32; reference eager float32; targets eager bfloat16, eager int8 weight-only, "
-          f"compile; imports alone {base:.2f} GB")
+          f"{size:.2f} GB in float32; reference eager float32; targets {targets}; imports alone {base:.2f} GB")
     print("| schedule | backends held | peak GB | peak / model | wall s | exit |\n|---|---|---|---|---|---|")
     for schedule, (wall, peak, rc, how) in rows.items():
         label = f"before ({args.before})" if schedule == "before" else "after"
         print(f"| {label} | {how} | {peak:.2f} | {peak / size:.2f}x | {wall:.0f} | {rc} |")
     if "after" in rows:
-        print(f"after: peak / model {rows['after'][1] / size:.2f}x (goal <= {GOAL})")
+        print(f"after: peak / model {rows['after'][1] / size:.2f}x (goal <= {GOALS[args.targets]})")
 
 
 if __name__ == "__main__":

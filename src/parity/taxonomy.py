@@ -30,7 +30,9 @@ PREPARE, RUN = "prepare", "run"  # the phases of an execution that raise (compar
 # Libraries that capture a model into another form (export, trace, convert). What they raise while a backend is
 # prepared says the backend cannot express the model: `unsupported_op`. Told by the raising exception's type (its
 # module) or, for an error raised in C++ under them (a RuntimeError), by the Python file that called into it.
-CAPTURE = ("torch._dynamo", "torch.export", "torch._export", "torch.onnx", "torch.jit", "torch.fx",
+# torch._functorch: AOTAutograd, which traces torch.export's graph and refuses an output it cannot flatten (a decoder's
+# DynamicCache with `use_cache: true`, which the ONNX exporter and the tracer refuse too: one class on every target).
+CAPTURE = ("torch._dynamo", "torch.export", "torch._export", "torch.onnx", "torch.jit", "torch.fx", "torch._functorch",
            "torch._subclasses", "torch._higher_order_ops", "onnxscript", "openvino", "executorch", "torch_tensorrt")
 # Compilers that lower a captured graph: what they raise is the backend failing on a graph it accepted.
 COMPILER = ("torch._inductor",)

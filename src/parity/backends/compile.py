@@ -139,6 +139,13 @@ class CompileBackend(EagerBackend):
         with self.freezing():  # a recompilation for other shapes lowers as the first compilation did
             return self.call(self.compiled, inputs)
 
+    def decoding_module(self) -> torch.nn.Module:
+        return self.compiled  # the prefill and each step compiled as deployed (dynamo makes the cache length dynamic)
+
+    def decode(self, prompt: torch.Tensor, steps: int, forced: torch.Tensor | None = None):
+        with self.freezing():
+            return super().decode(prompt, steps, forced)
+
     def close(self) -> None:
         import torch._dynamo
 

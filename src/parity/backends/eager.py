@@ -8,7 +8,16 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from parity.backends.base import MAX_THREADS, Backend, num_threads, onnx_file, synchronize, tf32, to_cpu
+from parity.backends.base import (
+    MAX_THREADS,
+    Backend,
+    Decoded,
+    num_threads,
+    onnx_file,
+    synchronize,
+    tf32,
+    to_cpu,
+)
 from parity.backends.quantize import quantize, scheme_problem
 from parity.dtypes import DTYPES, QUANTIZE_SCHEMES, REDUCED
 from parity.inputs import Inputs
@@ -130,6 +139,56 @@ class EagerBackend(Backend):
 
     def run(self, inputs: Inputs) -> Any:
         return self.call(self.model, inputs)
+
+    def decoding_module(self) -> torch.nn.Module:
+        """What `decode` calls: the module `run` calls (compile: its compiled module)."""
+        return self.model
+
+    def decode(self, prompt: torch.Tensor, steps: int, forced: torch.Tensor | None = None) -> Decoded:
+        """CachedDecoding: the Hugging Face decoder's own forward, a prefill and then one token at a time through its
+        KV cache, in this target's dtype, device and options (as generate() runs it when deployed)."""
+        with self.context():
+            decoded = cached_decoding(self.model, prompt.to(self.device), steps,
+                                      None if forced is None else forced.to(self.device), self.decoding_module())
+            synchronize(self.device)
+        return Decoded(decoded.tokens, decoded.logits.float())  # outside the float64 oracle's casts
+
+
+class NoCache(NotImplementedError):
+    """The model has no KV cache to decode through (its forward takes no cache): the target cannot run the cache,
+    which is `unsupported_op` (taxonomy.py: a NotImplementedError), as every way of failing to is."""
+
+
+# What a Hugging Face decoder's forward calls its cache: `cache` from transformers 5.x, `past_key_values` before
+# (still taken, deprecated, until 5.40).
+CACHE_KEYWORDS = ("cache", "past_key_values")
+
+
+def cached_decoding(model: torch.nn.Module, prompt: torch.Tensor, steps: int, forced: torch.Tensor | None,
+                    call: torch.nn.Module | None = None) -> Decoded:
+    """`steps` next-token logits of a Hugging Face decoder `model` with its cache, as `CachedDecoding.decode` defines
+    them, computed by `call` (default: `model`; compile: its compiled module, whose forward takes *args): the prefill
+    over `prompt` with an empty DynamicCache (what generate() makes by default), then each token fed alone with the
+    same cache, its position read by the model from the cache's length. Logits as the model returns them, on the CPU."""
+    import inspect
+
+    parameters = inspect.signature(getattr(model, "forward", model)).parameters
+    keyword = next((k for k in CACHE_KEYWORDS if k in parameters), None)
+    if keyword is None:
+        raise NoCache(f"the model's forward takes no KV cache ({type(model).__name__} has no "
+                      f"{' or '.join(CACHE_KEYWORDS)} argument)")
+    from transformers import DynamicCache
+
+    call = model if call is None else call
+    cache = DynamicCache(config=getattr(model, "config", None))
+    logits = [call(input_ids=prompt, use_cache=True, **{keyword: cache}).logits[:, -1].detach().cpu()]
+    tokens = []
+    for step in range(steps):
+        token = logits[-1].argmax(-1).to(prompt.device) if forced is None else forced[:, step]
+        tokens.append(token.cpu())
+        if step + 1 < steps:
+            logits.append(call(input_ids=token[:, None], use_cache=True, **{keyword: cache}).logits[:, -1].detach().cpu())
+    return Decoded(torch.stack(tokens, 1).long(), torch.stack(logits, 1))
 
 
 @contextlib.contextmanager

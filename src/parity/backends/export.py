@@ -41,6 +41,7 @@ class ExportBackend(EagerBackend):
     legacy_devices = ()  # not eager's: an experiment in the published format names no export
     model_kinds = MODULE_KINDS  # not eager's: torch.export refuses a ScriptModule; an ONNX file has no Python forward
     Options = ExportOptions
+    decode = None  # not CachedDecoding: the program is captured without the KV cache (eager's decode runs the module)
 
     @classmethod
     def repro_snippet(cls, spec) -> str | None:

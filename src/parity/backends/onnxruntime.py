@@ -296,6 +296,7 @@ class OnnxRuntimeBackend(Backend):
 
         folder = self.artifact("onnx", model, example, export)
         model = export = None  # this backend's copy of the model is not run again: freed before the session holds the graph
+        release_memory()  # the copy's freed heap handed back before the session's weights are read beside it
         self._open_session(folder / "model.onnx")
 
     def _open_session(self, graph: Path | bytes, weights: Path | None = None) -> None:

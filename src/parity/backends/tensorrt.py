@@ -58,6 +58,7 @@ class TensorRTBackend(EagerBackend):
     libraries = ("torch", "torch-tensorrt", "tensorrt")
     model_kinds = ("module", "exported")  # torch.export refuses a ScriptModule; an ONNX file has no forward
     quantize_schemes = ()
+    decode = None  # not CachedDecoding: the engine is built without the KV cache (eager's decode runs the module)
     Options = TensorRTOptions
 
     @classmethod

@@ -25,6 +25,7 @@ class TorchScriptBackend(EagerBackend):
     runs_module_hooks = False  # a traced graph no longer calls the modules' Python hooks
     legacy_devices = ("cpu",)
     model_kinds = ("module", "exported", "torchscript")  # a ScriptModule is traced as it runs
+    decode = None  # not CachedDecoding: the graph is traced without the KV cache (eager's decode runs the module)
 
     @classmethod
     def repro_snippet(cls, spec) -> str | None:

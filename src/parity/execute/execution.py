@@ -16,6 +16,7 @@ import torch
 
 from parity import taxonomy as tx
 from parity.backends import backend_class
+from parity.backends.base import release_memory
 from parity.config.schema import BackendSpec
 from parity.errors import CacheLost
 from parity.execute import cache, calibration, capture, follow_up, notes
@@ -139,6 +140,7 @@ def execute_together(backends: list[tuple[BackendSpec, OwnCopy]], inputs: Inputs
             break
         if index and not interleave:  # the closed backend's copy is freed before the next one is made: a model
             gc.collect()  # with a reference cycle is freed by the cycle collector only (a small model's turns: no need)
+            release_memory()  # and what it freed handed back, not kept in the heap under the next one's peak
         try:
             for step, doing in (("prepare", "preparing"), ("warm_up", "warming up")):
                 for run in group:
@@ -260,7 +262,7 @@ class _Run:
             return
         try:
             with self.collector.step():
-                self.result.follow_up = ask(self.backend.run, self.inputs.clone())
+                self.result.follow_up = ask(self.backend, self.inputs.clone())
         except Exception as exc:
             self.result.follow_up = {"error": describe(exc)}
         except KeyboardInterrupt:

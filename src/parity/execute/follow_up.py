@@ -1,8 +1,9 @@
 """What a task asks of a prepared backend after its timed runs: text-generation's greedy continuations, which run
-the artifact again on inputs of its own (one token more each time).
+the artifact again on inputs of its own (one token more each time), and its decoding through the KV cache where the
+backend can (`CachedDecoding`, backends/base.py).
 
 Whoever runs a run's executions (the Runner, a process or Ray worker) says what to ask (`asking`), for the model's
-task; `execution.py` calls it with the backend's `run` and the execution's inputs once the timed repeats are done,
+task; `execution.py` calls it with the prepared backend and the execution's inputs once the timed repeats are done,
 before the backend is closed. So each side's follow-up runs on its own artifact, in the process that holds it, and
 what it returns (small and picklable: token ids, not tensors) travels back with the execution
 (`Execution.follow_up`). A context, as the calibration inputs are (calibration.py), so that no layer between the
@@ -19,16 +20,16 @@ import contextvars
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from parity.backends.base import Backend
 from parity.inputs import Inputs
 
-Forward = Callable[[Inputs], Any]  # the prepared backend's run: one forward pass
-FollowUp = Callable[[Forward, Inputs], dict[str, Any]]
+FollowUp = Callable[[Backend, Inputs], dict[str, Any]]  # the prepared backend (its `run`, its capabilities)
 _active: contextvars.ContextVar[FollowUp | None] = contextvars.ContextVar("parity_follow_up", default=None)
 
 
 @contextlib.contextmanager
 def asking(follow_up: FollowUp | None) -> Iterator[None]:
-    """Executions inside this block end with `follow_up(run, inputs)` (None: with nothing)."""
+    """Executions inside this block end with `follow_up(backend, inputs)` (None: with nothing)."""
     token = _active.set(follow_up)
     try:
         yield

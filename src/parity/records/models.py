@@ -379,6 +379,31 @@ class Generation(Part):
                                                 "not a causal decoder, left padding, a backend that raised).")
 
 
+class CachedDecodingCheck(Part):
+    """Text generation's cached decoding (verify/tasks/text_generation.py `judge_cached`): each side's prefill and
+    decode steps through its KV cache, teacher-forced on the text's tokens, compared step by step."""
+
+    prompt_tokens: int | None = Field(None, description="The prompt's length (the same for every sequence).")
+    steps: int | None = Field(None, description="The decode steps compared (step 0: the logits after the prefill).")
+    passed: bool | None = Field(None, description="The cached path's own verdict; null when it was not compared.")
+    failure_class: str | None = Field(None, description="decision_flip when it fails; when a side could not decode, "
+                                                        "that side's class (unsupported_op: a target that cannot run "
+                                                        "the cache), or null when the inputs or the model give no "
+                                                        "cached decoding to compare.")
+    side: str | None = Field(None, description="The side charged: reference (its cached decoding differs from its "
+                                               "own uncached forward, or it could not decode) or target.")
+    detail: str | None = Field(None, description="Its failures, in words.")
+    error: str | None = Field(None, description="Why nothing was compared, in one line.")
+    target: dict[str, Any] | None = Field(None, description="The target's cached decoding against the reference's, "
+                                                            "judged: positions, kl_mean, kl_max, same_top1, "
+                                                            "top1_agreement, real_flips, near_tie_flips, max_abs, "
+                                                            "first_flip (the earliest step that flips).")
+    reference_self: dict[str, Any] | None = Field(None, description="The reference's cached decoding against its "
+                                                                    "own uncached forward, judged (same metrics).")
+    target_self: dict[str, Any] | None = Field(None, description="The target's cached decoding against its own "
+                                                                 "uncached forward, shown, not judged (same metrics).")
+
+
 class Tier3Check(Check):
     """Tier 3: the task-level verdict (same top-k, same boxes, ...) from the task's evaluator."""
 
@@ -395,6 +420,8 @@ class Tier3Check(Check):
                           "probability margin and its class (near_tie or real).")
     generation: Generation | None = Field(None, description="Text generation with `new_tokens`: the free-running "
                                                             "greedy continuations of both sides compared.")
+    cached: CachedDecodingCheck | None = Field(None, description="Text generation with `new_tokens`: both sides' "
+                                                                 "decoding through the KV cache compared step by step.")
     notes: list[str] | None = Field(None, description="What a reader must know of the metrics: few scored "
                                                     "positions (under 100), no token ids, prompts cut for "
                                                     "free-running.")

@@ -14,6 +14,7 @@ from parity.report.next_steps import next_steps
 from parity.report.statistics import statistics_tables
 from parity.report.wording import (
     NOT_RUN,
+    cached_line,
     flips_line,
     generation_line,
     headline_figures,
@@ -99,7 +100,7 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
         verdict = "[green]agrees[/green]" if c.passed else f"[red]{c.failure_class}[/red]"
         console.print(f"tier 3 {verdict} " + escape(f"{view.key(c)}: {figures}"
                                                     + (f" ({c.detail})" if c.detail else "")), soft_wrap=True)
-        for line in [flips_line(c), generation_line(c), *(next_steps(c, view, out_dir) if not c.passed else ())]:
+        for line in [flips_line(c), generation_line(c), cached_line(c), *(next_steps(c, view, out_dir) if not c.passed else ())]:
             if line:
                 console.print("  " + escape(line), soft_wrap=True)
         for note in c.notes or ():

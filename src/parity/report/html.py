@@ -25,6 +25,7 @@ from parity.report import ReportWriter, pictures, plots
 from parity.report.next_steps import next_steps
 from parity.report.statistics import kld_counts, statistics_tables
 from parity.report.wording import (
+    cached_line,
     cosine,
     describe_note,
     figure,
@@ -213,7 +214,7 @@ def _tier3_tables(tier3: list[Tier3Check]) -> list[dict[str, Any]]:
                               "low": low})
             rows.append({"key": _key(c), "passed": c.passed, "failure_class": c.failure_class,
                          "detail": c.detail or "", "same_set": c.same_set, "cells": cells, "flips": flips_line(c) or generation_line(c),
-                         "notes": c.notes or []})
+                         "cached": cached_line(c), "notes": c.notes or []})
         tables.append({"task": task, "columns": columns, "rows": rows})
     return tables
 

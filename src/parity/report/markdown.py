@@ -24,6 +24,7 @@ from parity.report.next_steps import next_steps, oracle_side
 from parity.report.statistics import statistics_tables
 from parity.report.wording import (
     NOT_RUN,
+    cached_line,
     cosine,
     environment_line,
     flips_line,
@@ -130,7 +131,7 @@ def render_markdown(records: RunView | list[dict[str, Any]], summary: dict[str, 
             metrics = headline_figures(c)
             flips = flips_line(c) or generation_line(c)
             verdict = ("agrees" if c.passed else f"{c.failure_class}: {c.detail}")
-            verdict = "; ".join([verdict, *([flips] if flips else []), *(c.notes or ())])
+            verdict = "; ".join([verdict, *(line for line in (flips, cached_line(c)) if line), *(c.notes or ())])
             lines.append(f"| {md(c.model)} | {md(c.inputs)} | {md(c.target)} | {md(c.task)} | {md(verdict)} | {md(metrics)} |")
         for stats in statistics_tables(tier3):
             lines += ["", f"### {md(stats.model)} / {md(stats.inputs)}: {md(stats.task)} statistics", ""]

@@ -4,6 +4,7 @@ layer and the environment are called. One home, so that the reports never say on
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from parity.dtypes import QUANTIZE_SCHEMES
@@ -158,6 +159,26 @@ def generation_line(check: Tier3Check) -> str | None:
         line += (f"; first divergence: prompt {i} at new token {k}, after '{words['context']}': reference "
                  f"'{words['reference']}', target '{words['target']}' (reference margin {p.margin:.3g}, {p.flip})")
     return line
+
+
+def cached_line(check: Tier3Check) -> str | None:
+    """A text-generation check's cached decoding in words (its verdict, the target against the reference and the
+    reference against its own uncached forward), or None when the record has none."""
+    c = check.cached
+    if c is None:
+        return None
+    if c.error:
+        return f"cached decoding: not compared ({f'{c.failure_class}: ' if c.failure_class else ''}{c.error})"
+    t, own, theirs = c.target or {}, c.reference_self or {}, c.target_self or {}
+
+    def compared(m: dict) -> str:
+        flipped = f", first flip at step {m['first_flip']}" if "first_flip" in m else ""
+        return f"mean KL {m.get('kl_mean', math.nan):.3g}, top-1 {percent(m.get('top1_agreement'))}{flipped}"
+
+    verdict = "agrees" if c.passed else f"fails ({c.side})"
+    return (f"cached decoding, {c.steps} steps after a {c.prompt_tokens}-token prompt: {verdict}; target vs reference: "
+            f"{compared(t)}; reference cached vs uncached: {compared(own)}; target cached vs uncached: "
+            f"{compared(theirs)}")
 
 
 def suspect_words(suspect: LayerError, threshold: float) -> str:

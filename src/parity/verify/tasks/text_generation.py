@@ -40,6 +40,12 @@ that match to the last token) and `first_divergence` (the earliest divergent new
 continuation matches). `exact_match` is reported, not judged, unless its threshold is set: one near tie early on
 changes everything after it, so over a handful of prompts it is a coarse count, where the teacher-forced
 statistics judge every decision on the same prefix.
+
+Cached decoding (the same `new_tokens` steps): a backend that decodes through its KV cache (`CachedDecoding`) does
+so in the same follow-up, teacher-forced on the text (`decode_cached`), so both sides' steps line up; `judge_cached`
+compares the target's cached decoding with the reference's and each side's with its own uncached forward (the
+record's `cached`, its own verdict; a failure fails the check). A target that cannot run the cache is not compared
+and says why, as `unsupported_op`.
 """
 
 from __future__ import annotations
@@ -51,7 +57,10 @@ from typing import Any
 import torch
 from pydantic import Field
 
+from parity import taxonomy as tx
+from parity.backends.base import CachedDecoding
 from parity.config.schema import Strict
+from parity.errors import exception_words
 from parity.outputs import flatten
 from parity.verify.tasks import Headline, OutputsNotUnderstood, Task, TaskResult, fail, verdict
 
@@ -66,7 +75,7 @@ class TextGenerationThresholds(Strict):
     kl_mean: float = Field(default=1e-3, ge=0)
     near_tie_margin: float = Field(default=0.01, ge=0, le=1)  # a flip whose reference top-2 margin is within it
     count_near_ties: bool = False  # top1_agreement counts near-tie flips too (default: real flips only)
-    new_tokens: int = Field(default=16, ge=0)  # free-running: tokens each side generates greedily (0: none)
+    new_tokens: int = Field(default=16, ge=0)  # free-running tokens and cached decoding steps per side (0: neither)
     exact_match: float | None = Field(default=None, ge=0, le=1)  # fail below this share of matching continuations
 
 
@@ -325,6 +334,110 @@ def generate(run, inputs, new_tokens: int, leaf: str | None = None) -> dict[str,
             "tokens": torch.stack(tokens, -1).tolist(), "margins": torch.stack(margins, -1).tolist()}
 
 
+def follow(backend, inputs, new_tokens: int, leaf: str | None = None) -> dict[str, Any]:
+    """Text generation's follow-up (execute/follow_up.py) on a prepared backend: its free-running continuations
+    (`generate`) and, under `cached`, its decoding through the KV cache (`decode_cached`)."""
+    return {**generate(backend.run, inputs, new_tokens, leaf), "cached": decode_cached(backend, inputs, new_tokens, leaf)}
+
+
+def decode_cached(backend, inputs, steps: int, leaf: str | None = None) -> dict[str, Any]:
+    """The backend's cached decoding (`CachedDecoding`), teacher-forced on the text: a prompt of each sequence's
+    first tokens (as many as leave `steps` real tokens after the shortest), then `steps` decode steps fed the text's
+    own next tokens, so both sides' steps read the same tokens and line up; beside them, the same positions' logits
+    from the backend's uncached forward over the whole sequence (`run`), which a correct cache reproduces. Returns
+    `prompt_tokens`, `steps`, `tokens` (the forced ids), `logits` and `uncached` [batch, steps, vocabulary], or an
+    `error` (one line) with the `failure_class` of a target that cannot run the cache (always `unsupported_op`)."""
+    if not isinstance(backend, CachedDecoding):
+        return {"error": f"backend '{backend.name}' has no cached decoding (it does not implement CachedDecoding: "
+                         "an export or trace captured without the cache, or a runtime whose cache parity does not "
+                         "drive)", "failure_class": tx.UNSUPPORTED_OP}
+    ids, mask = inputs.kwargs.get("input_ids"), inputs.kwargs.get("attention_mask")
+    if "decoder_input_ids" in inputs.kwargs:
+        return {"error": "cached decoding of an encoder-decoder is not compared (a decoder-only model's is)"}
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.shape[1] < 2:
+        return {"error": "cached decoding needs the token ids as a keyword input 'input_ids' [batch, positions >= 2]"}
+    positions = torch.arange(ids.shape[1])
+    lengths = torch.full((ids.shape[0],), ids.shape[1]) if mask is None else mask.sum(-1).long()
+    if mask is not None and not torch.equal(mask.bool(), positions < lengths[:, None]):
+        return {"error": "cached decoding needs right-padded sequences ('attention_mask' ones, then zeros)"}
+    real = int(lengths.min())
+    n = min(steps, real - 1)
+    if n < 1:
+        return {"error": f"cached decoding needs sequences of at least 2 tokens (the shortest has {real})"}
+    prompt, forced = ids[:, :real - n], ids[:, real - n:real]
+    try:
+        decoded = backend.decode(prompt.clone(), n, forced.clone())
+    except Exception as exc:  # a target that cannot run the cache: its class by what raised (NoCache: unsupported_op)
+        return {"error": f"the cached decoding raised {exception_words(exc)}",
+                "failure_class": tx.classify_exception(exc, tx.RUN)}
+    if decoded.logits.shape[:2] != forced.shape:
+        return {"error": f"cached decoding returned logits of shape {list(decoded.logits.shape)} for {n} steps of "
+                         f"{ids.shape[0]} sequences", "failure_class": tx.BACKEND_ERROR}
+    uncached = scores_of(backend.run(inputs.clone()), leaf)[:, real - n - 1:real - 1]
+    return {"prompt_tokens": real - n, "steps": n, "tokens": forced.tolist(), "logits": decoded.logits.float(),
+            "uncached": uncached.float()}
+
+
+def _cached_statistics(ref: torch.Tensor, tgt: torch.Tensor, tokens: torch.Tensor,
+                       thresholds: TextGenerationThresholds) -> tuple[dict[str, Any], list[str]]:
+    """One comparison of cached decodings [batch, steps, vocabulary] (`ref` the side judged against): the
+    teacher-forced statistics' KL, top-1 and flips, judged at the same thresholds; returns metrics and failures."""
+    ref, tgt = ref.double(), tgt.double()
+    m = next_token_statistics(ref.flatten(0, 1), tgt.flatten(0, 1), tokens.flatten())
+    m.pop("_kld")
+    found = flips(ref, tgt, thresholds.near_tie_margin)
+    real = sum(f["class"] == "real" for f in found)
+    n = m["positions"]
+    top1 = 1.0 - (len(found) if thresholds.count_near_ties else real) / n
+    kept = {k: m[k] for k in ("positions", "kl_mean", "kl_max", "same_top1")}
+    kept.update(top1_agreement=top1, real_flips=real, near_tie_flips=len(found) - real,
+                max_abs=float((ref - tgt).abs().max()))
+    if found:
+        kept["first_flip"] = min(f["position"][1] for f in found)  # the earliest step whose decision differs
+    failures = []
+    if top1 < thresholds.top1_agreement:
+        failures.append(f"top-1 agreement {top1:.4f} < {thresholds.top1_agreement} ({real} real flips, "
+                        f"{len(found) - real} near ties, of {n} decode steps)")
+    if not math.isfinite(m["kl_mean"]):
+        failures.append(f"mean KL {m['kl_mean']}: NaN or Inf in the logits of a side")
+    elif m["kl_mean"] > thresholds.kl_mean:
+        failures.append(f"mean KL {m['kl_mean']:.3g} > {thresholds.kl_mean}")
+    return kept, failures
+
+
+def judge_cached(result: TaskResult, reference: dict[str, Any] | None, target: dict[str, Any] | None,
+                 thresholds: TextGenerationThresholds) -> dict[str, Any]:
+    """The `cached` field of a tier-3 record from both sides' `decode_cached`: the target's cached decoding against
+    the reference's (`target`), the reference's cached decoding against its own uncached forward (`reference_self`:
+    a cache bug in the reference itself), and the target's against its own (`target_self`, shown, not judged: it
+    says whether a difference comes from the target's cache path). A failure of either judged comparison fails the
+    check; a side that could not decode says why (`error`, `side`, and the target's `failure_class`)."""
+    if reference is None or target is None:  # a follow-up from before cached decoding, or none asked
+        return {}
+    for side, found in (("reference", reference), ("target", target)):
+        if "error" in found:
+            return {"cached": {"side": side, "error": f"the {side}: {found['error']}",
+                               "failure_class": found.get("failure_class")}}
+    if (reference["prompt_tokens"], reference["steps"]) != (target["prompt_tokens"], target["steps"]):
+        return {"cached": {"error": "the two sides decoded different prompts", "failure_class": tx.BACKEND_ERROR}}
+    tokens = torch.tensor(reference["tokens"])
+    versus, failures = _cached_statistics(reference["logits"], target["logits"], tokens, thresholds)
+    own, own_failures = _cached_statistics(reference["uncached"], reference["logits"], tokens, thresholds)
+    target_own, target_failures = _cached_statistics(target["uncached"], target["logits"], tokens, thresholds)
+    said = [f"{who}: {', '.join(found)}" for who, found in (
+        ("the reference's cached decoding against its own uncached forward", own_failures),
+        ("the target's cached decoding against the reference's", failures)) if found]
+    if failures and target_failures:
+        said.append("the target's cached decoding differs from its own uncached forward too: its cache path")
+    cached = {"prompt_tokens": reference["prompt_tokens"], "steps": reference["steps"], "passed": not said,
+              "side": "reference" if own_failures else "target" if failures else None,
+              "failure_class": tx.DECISION_FLIP if said else None, "detail": "; ".join(said) or None,
+              "target": versus, "reference_self": own, "target_self": target_own}
+    if said:
+        fail(result, "cached decoding: " + cached["detail"])
+    return {"cached": cached}
+
+
 def first_divergence(reference: list[int], target: list[int]) -> int | None:
     """The first new token at which two continuations differ (0-based), or None when they match."""
     return next((k for k, (a, b) in enumerate(zip(reference, target, strict=True)) if a != b), None)
@@ -440,10 +553,12 @@ class TextGeneration(Task):
         return evaluate(reference, target, thresholds, gate, output, inputs)
 
     def follow_up(self, thresholds, output):
-        return partial(generate, new_tokens=thresholds.new_tokens, leaf=output) if thresholds.new_tokens else None
+        return partial(follow, new_tokens=thresholds.new_tokens, leaf=output) if thresholds.new_tokens else None
 
     def judge_follow_ups(self, result, reference, target, thresholds, input_spec, experiment):
-        return judge_continuations(result, reference, target, thresholds, _decoder(input_spec, experiment))
+        cached = judge_cached(result, reference.get("cached"), target.get("cached"), thresholds)
+        return {**judge_continuations(result, reference, target, thresholds, _decoder(input_spec, experiment)),
+                **cached}
 
 
 TASK = TextGeneration()

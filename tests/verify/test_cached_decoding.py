@@ -1,0 +1,181 @@
+"""Text generation's cached decoding (#38): a prefill and decode steps through the KV cache on every torch target
+(`CachedDecoding`), teacher-forced on the text and compared step by step with the reference's, and the reference's
+with its own uncached forward. The cache bug is constructed (tests/fixtures/decoders.py): the rotary position of
+each cached step off by one."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from parity.backends.base import CachedDecoding
+from parity.backends.eager import EagerBackend
+from parity.inputs import Inputs
+from parity.verify.tasks.text_generation import (
+    TextGenerationThresholds,
+    decode_cached,
+    evaluate,
+    judge_cached,
+    scores_of,
+)
+
+pytest.importorskip("transformers")
+
+from tests.fixtures.decoders import VOCABULARY, OffByOneCache, decoder, shifted_llama  # noqa: E402
+
+DEFAULTS = TextGenerationThresholds()
+STEPS = 4
+
+
+def _backend(cls, model, dtype: str = "float32"):
+    from parity.config.schema import BackendSpec
+
+    backend = cls(BackendSpec(backend="eager", dtype=dtype))
+    backend.prepare(model, _inputs())
+    return backend
+
+
+def _inputs(batch: int = 2, length: int = 10) -> Inputs:
+    ids = torch.randint(0, VOCABULARY, (batch, length), generator=torch.Generator().manual_seed(1))
+    return Inputs((), {"input_ids": ids})
+
+
+def _judged(reference, target):
+    inputs = _inputs()
+    result = evaluate(reference.run(inputs), target.run(inputs), DEFAULTS, 1e-4, inputs=inputs)
+    return result, judge_cached(result, decode_cached(reference, inputs, STEPS), decode_cached(target, inputs, STEPS),
+                                DEFAULTS)["cached"]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gpt2"])
+def test_eager_decodes_through_the_cache_as_its_uncached_forward_computes(kind):
+    """Each step's logits are those of the uncached forward over the prompt and the tokens fed so far (greedy: its
+    own argmax fed back), and teacher forcing feeds the forced tokens; a LLaMA, a Qwen2 and a GPT-2 decoder."""
+    eager = _backend(EagerBackend, decoder(kind))
+    assert isinstance(eager, CachedDecoding)
+    prompt = _inputs().kwargs["input_ids"][:, :5]
+    greedy = eager.decode(prompt, 3)
+    whole = torch.cat([prompt, greedy.tokens], 1)
+    uncached = scores_of(eager.run(Inputs((), {"input_ids": whole})))[:, 4:7].float()
+    assert greedy.logits.shape == (2, 3, VOCABULARY) and greedy.logits.dtype == torch.float32
+    torch.testing.assert_close(greedy.logits, uncached, atol=1e-5, rtol=1e-5)
+    assert torch.equal(greedy.tokens, greedy.logits.argmax(-1))
+    forced = torch.zeros(2, 3, dtype=torch.long)
+    assert torch.equal(eager.decode(prompt, 3, forced).tokens, forced)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gpt2"])
+def test_a_bfloat16_target_gets_a_cached_verdict(kind):
+    """The reference in float32, the target in bfloat16: both decode, and the record has the cached path's verdict
+    with its statistics beside the teacher-forced ones (the thresholds loose: bfloat16's own drift is not judged)."""
+    model = decoder(kind)
+    loose = TextGenerationThresholds(kl_mean=1.0, top1_agreement=0.0)
+    reference, target = _backend(EagerBackend, model), _backend(EagerBackend, decoder(kind), "bfloat16")
+    inputs = _inputs()
+    result = evaluate(reference.run(inputs), target.run(inputs), loose, 1e-4, inputs=inputs)
+    cached = judge_cached(result, decode_cached(reference, inputs, STEPS), decode_cached(target, inputs, STEPS),
+                          loose)["cached"]
+    assert cached["passed"] and cached["steps"] == STEPS and cached["prompt_tokens"] == 10 - STEPS
+    assert cached["target"]["positions"] == 2 * STEPS and cached["target"]["max_abs"] > 0  # bfloat16 drifts
+    assert cached["reference_self"]["max_abs"] < 1e-4
+
+
+def test_an_off_by_one_rotary_offset_fails_the_cached_check_and_passes_the_uncached_one():
+    """The target's decode steps read their rotary position one too far: the teacher-forced (uncached) statistics
+    agree exactly, the cached decoding fails against the reference's, charged to the target, and the target's cached
+    decoding differs from its own uncached forward (its cache path), while the reference's matches its own."""
+    reference, target = _backend(EagerBackend, decoder()), _backend(OffByOneCache, decoder())
+    result, cached = _judged(reference, target)
+    assert result.metrics["kl_mean"] == 0.0 and result.metrics["top1_agreement"] == 1.0  # uncached: the same
+    assert not cached["passed"] and cached["side"] == "target" and cached["failure_class"] == "decision_flip"
+    assert cached["target"]["kl_mean"] > DEFAULTS.kl_mean and cached["target_self"]["kl_mean"] > DEFAULTS.kl_mean
+    assert cached["reference_self"]["kl_mean"] < 1e-9
+    assert "its cache path" in cached["detail"]
+    assert not result.passed and result.detail.startswith("cached decoding: the target's cached decoding")
+    fine, cached = _judged(reference, _backend(EagerBackend, decoder()))
+    assert fine.passed and cached["passed"] and cached["target"]["max_abs"] == 0.0
+
+
+def test_a_cache_bug_in_the_reference_is_charged_to_the_reference():
+    """The same bug in the model: every side has it, so the target agrees with the reference, and the reference's
+    cached decoding against its own uncached forward is what fails."""
+    reference, target = _backend(EagerBackend, shifted_llama()), _backend(EagerBackend, shifted_llama())
+    result, cached = _judged(reference, target)
+    assert not cached["passed"] and cached["side"] == "reference"
+    assert cached["target"]["kl_mean"] == 0.0 and cached["reference_self"]["kl_mean"] > DEFAULTS.kl_mean
+    assert "the reference's cached decoding against its own uncached forward" in result.detail
+
+
+def test_a_target_that_cannot_run_the_cache_says_why_in_one_line_as_unsupported_op():
+    """A backend without CachedDecoding (torchscript runs a trace captured without the cache) and a model without a
+    cache (its forward takes no cache argument) are one class: unsupported_op, with the reason in one line."""
+    from parity.backends.torchscript import TorchScriptBackend
+
+    assert not isinstance(TorchScriptBackend.__new__(TorchScriptBackend), CachedDecoding)
+    traced = decode_cached(TorchScriptBackend.__new__(TorchScriptBackend), _inputs(), STEPS)
+    plain = torch.nn.Sequential(torch.nn.Embedding(VOCABULARY, 8), torch.nn.Linear(8, VOCABULARY))
+    no_cache = decode_cached(_backend(EagerBackend, _KeywordIds(plain)), _inputs(), STEPS)
+    for found in (traced, no_cache):
+        assert found["failure_class"] == "unsupported_op" and "\n" not in found["error"]
+    assert "torchscript" in traced["error"] and "no KV cache" in no_cache["error"]
+    result = evaluate({"logits": torch.zeros(1, 2, 3)}, {"logits": torch.zeros(1, 2, 3)}, DEFAULTS, 1e-4)
+    reference = decode_cached(_backend(EagerBackend, decoder()), _inputs(), STEPS)
+    assert judge_cached(result, reference, traced, DEFAULTS)["cached"] == {
+        "side": "target", "error": f"the target: {traced['error']}", "failure_class": "unsupported_op"}
+    assert result.passed  # not compared is said, not failed: the uncached statistics judge the target
+    from parity.records.models import CachedDecodingCheck
+    from parity.report.console import cached_line
+
+    record = SimpleNamespace(cached=CachedDecodingCheck(**judge_cached(result, reference, traced, DEFAULTS)["cached"]))
+    assert cached_line(record) == f"cached decoding: not compared (unsupported_op: the target: {traced['error']})"
+
+
+class _KeywordIds(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids):
+        return {"logits": self.inner(input_ids)}
+
+
+@pytest.mark.parametrize("backend", ["export", "torchscript"])
+def test_a_cache_among_the_outputs_is_unsupported_op_on_every_exporting_target(backend):
+    """`params: {use_cache: true}` puts the DynamicCache among a decoder's outputs: torch.export (its AOTAutograd
+    trace raises) and the TorchScript tracer both refuse it while preparing, one class on both (it was backend_error
+    on export, unsupported_op elsewhere)."""
+    from parity import taxonomy as tx
+    from parity.backends import backend_class
+    from parity.config.schema import BackendSpec
+
+    model = decoder()
+    model.config.use_cache = True
+    target = backend_class(backend)(BackendSpec(backend=backend))
+    with pytest.raises(Exception) as caught:
+        target.prepare(model, _inputs())
+    assert tx.classify_exception(caught.value, tx.PREPARE) == tx.UNSUPPORTED_OP
+
+
+def test_a_run_records_the_cached_verdict_and_every_report_prints_it(tmp_path):
+    """End to end on a tiny LLaMA: the off-by-one target passes tier 1 and fails tier 3 on its cached decoding only
+    (decoded in the execution, after its timed runs); the records validate and report.md prints the cached line."""
+    from parity.api import run_experiment
+    from tests.fixtures.decoders import CONFIGS
+
+    data = {"name": "lm", "seed": 0, "repeats": 1,
+            "models": [{"name": "lm", "source": "transformers", "config": CONFIGS["llama"],
+                        "architecture": "AutoModelForCausalLM", "task": "text-generation"}],
+            "inputs": [{"name": "tokens", "synthetic": {
+                "input_ids": {"shape": [2, 10], "dtype": "int64", "distribution": "randint", "high": VOCABULARY}}}],
+            "targets": [{"backend": "tests.fixtures.decoders:OffByOneCache", "name": "off-by-one"}],
+            "tiers": {"tasks": {"text-generation": {"new_tokens": STEPS}}}}
+    records = run_experiment(data, out=tmp_path / "out")
+    checks = {(r["tier"], r["target"]): r for r in records if r["kind"] == "check"}
+    assert checks[1, "off-by-one"]["passed"]
+    shifted = checks[3, "off-by-one"]
+    assert not shifted["passed"] and shifted["detail"].startswith("cached decoding:")
+    assert shifted["cached"]["side"] == "target" and shifted["cached"]["target"]["first_flip"] >= 1  # not the prefill
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert f"cached decoding, {STEPS} steps after a {10 - STEPS}-token prompt: fails (target)" in report
