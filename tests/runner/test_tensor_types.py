@@ -20,6 +20,7 @@ from parity.runner.tensor_types import has_tensor_types
 VOCABULARY = 16
 GROUPS = ("token_embd", "blk.0.attn", "blk.0.ffn", "blk.1.attn", "blk.1.ffn")
 PERTURBED = {"blk.1.ffn": 4.0, "blk.0.attn": 0.2}  # the logits' offset scale of each group at the target's type
+FLOOR = 0.1  # an offset no type removes (the kernels' own): the all-F16 file's KLD
 BYTES, KEPT_BYTES = 100, 200  # each group's bytes at the target's type, and at the kept type
 
 
@@ -61,6 +62,7 @@ class Typed(EagerBackend):
 
     def run(self, inputs):
         out = super().run(inputs)
+        out["logits"] = out["logits"] + FLOOR * torch.randn(out["logits"].shape, generator=torch.Generator().manual_seed(50))
         for i, group in enumerate(GROUPS):
             if group in PERTURBED and group not in self.kept:
                 noise = torch.randn(out["logits"].shape, generator=torch.Generator().manual_seed(i))
@@ -95,7 +97,8 @@ def test_the_capability_is_detected_on_the_backend_class():
 
 def test_localize_names_the_block_and_the_group_that_depart(tmp_path):
     """blk.1.ffn carries the large offset: its block is ranked first with nearly all the share, and split, its FFN
-    adds the KLD and its attention none; token_embd, unperturbed, adds nothing."""
+    adds the KLD and its attention none; token_embd, unperturbed, adds nothing over the floor (the offset every
+    file has)."""
     runner, (model, target, inputs) = _runner(tmp_path)
     record = typed({"kind": "layers", **runner.localize(model, target, inputs)})
     found = record.tensor_groups
@@ -103,9 +106,19 @@ def test_localize_names_the_block_and_the_group_that_depart(tmp_path):
     assert record.mode == "tensor groups" and record.culprit == "blk.1"
     assert rows["blk.1"]["share"] > 0.9 and rows["token_embd"]["kl_added"] == 0.0
     assert rows["blk.1.ffn"]["parent"] == "blk.1" and rows["blk.1.ffn"]["kl_added"] > 0 == rows["blk.1.attn"]["kl_added"]
-    assert found["floor"]["kl_mean"] == 0.0 and found["whole"]["kl_mean"] > rows["blk.1"]["kl_mean"] * 0.9
+    assert found["floor"]["kl_mean"] > 0 and found["whole"]["kl_mean"] > rows["blk.1"]["kl_mean"] * 0.9
     assert [r[0] for r in group_rows(record)][:3] == ["blk.1", "  blk.1.attn", "  blk.1.ffn"]
     assert "blk.1 departs most" in record.verdict
+    from parity.report.next_steps import single_culprit
+
+    assert not single_culprit(record)  # a tensor group is no module: parity reduce is not offered
+    from parity.records.view import RunView
+    from parity.report import write_reports
+
+    write_reports(tmp_path / "out", RunView.read(tmp_path / "out"), names=("report.md", "report.html"))
+    markdown, html = ((tmp_path / "out" / name).read_text() for name in ("report.md", "report.html"))
+    assert "| blk.1 | Q4_0 |" in markdown and "| ↳ blk.1.ffn | Q4_0 |" in markdown
+    assert "<td>blk.1.ffn</td>" in html.replace("&nbsp;", "") and "mean KLD" in html
 
 
 def test_fallback_keeps_the_fewest_groups_and_its_snippet_passes_when_pasted(tmp_path):

@@ -95,3 +95,19 @@ def test_the_execution_tokenizes_the_texts_with_the_backends_own_tokenizer():
     result = execute(BackendSpec(backend="tests.verify.test_tokenizers:OwnTokenizer"), torch.nn.Identity(), inputs,
                      repeats=2)
     assert result.ok and first_mismatch(result.tokens).position == 0
+
+
+class WholeText(OwnTokenizer):
+    """A tokenizer of its own that gives a text's ids as the reference's did (1 to 6)."""
+
+    def tokenize(self, texts):
+        return [[1, 2, 3, 4, 5, 6] for _ in texts]
+
+
+def test_a_text_cut_into_windows_is_compared_whole_not_window_by_window():
+    """A text_file's windows are rows cut from one text's ids: the backend's tokenization of the text is compared
+    with those ids (`text_ids`), not with a window; the same ids are no mismatch."""
+    inputs = Inputs((), {"input_ids": torch.tensor([[1, 2, 3], [4, 5, 6]]), "attention_mask": torch.ones(2, 3)},
+                    texts=("one text",), text_ids=((1, 2, 3, 4, 5, 6),), pieces=(("a", "b", "c", "d", "e", "f"),))
+    tokens = own_tokens(WholeText(BackendSpec(backend="eager")), inputs)
+    assert tokens["reference"] == [[1, 2, 3, 4, 5, 6]] and first_mismatch(tokens) is None

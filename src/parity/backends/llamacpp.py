@@ -76,10 +76,8 @@ class LlamaCppOptions(BaseModel):
     # each time a longer sequence comes
     # True: llama.cpp in parity's own process (no worker: an abort in C then ends the whole run)
     in_process: bool = False
-    # Tensor groups (`tensor_groups`: token_embd, output, blk.N, blk.N.attn, blk.N.ffn) kept at `keep_type` while the
-    # rest is at the target's type: the file is mixed from the two whole conversions (`write_mixed`), as `parity
-    # fallback` on a llama.cpp target proposes
-    keep: list[str] = Field(default_factory=list, max_length=4096)
+    # The file is mixed from the two whole conversions (`write_mixed`), as `parity fallback` on a llama.cpp target proposes
+    keep: list[str] = Field(default_factory=list, max_length=4096)  # tensor groups at keep_type: token_embd, output, blk.N, blk.N.attn, blk.N.ffn
     keep_type: str = "Q8_0"  # F32, F16, BF16 or a quantizer type (Q8_0, Q6_K, ...)
 
 

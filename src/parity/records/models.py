@@ -373,6 +373,11 @@ class Tier3Check(Check):
                                                                    "divergence counted per decade (`edges`, and "
                                                                    "`counts`: one more than the edges), for a "
                                                                    "report's picture.")
+    token_ids: list[list[int]] | None = Field(None, description="Text generation on a text input set: the token ids "
+                                                                 "both sides read, one list per sequence (a text_file's "
+                                                                 "windows), so that the statistics can be computed "
+                                                                 "again on the same tokens (llama-perplexity's "
+                                                                 "--kl-divergence-base).")
     flips: Flips | None = Field(None, description="Detection, when a box is unmatched (a failed check, or a pass "
                                                   "short of every box): its unmatched boxes classed by mechanism "
                                                   "(`tiers.tasks.detection.attribution`).")

@@ -24,6 +24,7 @@ from parity.report.console import (
     describe_note,
     flips_line,
     generation_line,
+    group_rows,
     passing_oracle_lines,
     percent,
     suspect_words,
@@ -256,6 +257,7 @@ def _tier2(layers: list[Layers]) -> list[dict[str, Any]]:
                 first_divergent_by="propagated" if r.first_divergent_by == "propagated" else "own",
                 skipped=r.skipped or [],
                 elapsed=_seconds(r.elapsed_s), plot=plots.depth_plot(r),
+                groups=group_rows(r) if r.tensor_groups else [],
             )
         out.append(entry)
     return out

@@ -82,8 +82,10 @@ def oracle_finding(oracle: Oracle | None, passed: bool | None, error: str | None
 def single_culprit(layers: Layers | None) -> bool:
     """Did the localization name one module that a standalone repro of it alone reproduces? Not when every layer
     drifts alike (evenly spread), nor for a specialised trace (the module re-traced alone on the captured inputs
-    takes their branch): `parity reduce` refuses those, and no next step offers it."""
-    return bool(layers and not layers.error and layers.culprit and not layers.evenly_spread and not layers.specialized)
+    takes their branch): `parity reduce` refuses those, and no next step offers it. Nor a tensor group of a GGUF
+    file (runner/tensor_types.py): no module to cut."""
+    return bool(layers and not layers.error and layers.culprit and not layers.evenly_spread and not layers.specialized
+                and not layers.tensor_groups)
 
 
 def localize_out(run_dir: str | Path, model: str, inputs: str, target: str) -> str:

@@ -121,7 +121,7 @@ def _localize(trials: _Trials, reference: BackendSpec, target: BackendSpec, task
                "llama.cpp's kernels, not the types, make the difference")
     return {"target": target.id, "reference": reference.id, "tier": 2, "mode": "tensor groups",
             "threshold": kl_threshold, "verdict": verdict, "culprit": culprit,
-            "suspects": [{"name": r["name"], "rel_rmse": None} for r in ranked[:3] if r["kl_added"] > 0],
+            "suspects": [],  # layers' own errors: a group's number is its KLD, in `tensor_groups`
             "levels": [], "elapsed_s": time.perf_counter() - start,
             "tensor_groups": {"statistic": "kl_mean", "trial_type": LOCALIZE_TYPE, "trials": trials.count,
                               "whole": _summary(whole), "floor": _summary(floor), "added": added, "groups": rows}}
