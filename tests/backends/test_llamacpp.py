@@ -160,6 +160,47 @@ def test_llamacpp_runs_the_reference_and_its_conversions(tiny_gguf, tiny_model, 
     assert ids == [inputs.kwargs["input_ids"][0].tolist()]
 
 
+@NEEDS_GGUF
+@NEEDS_LLAMACPP
+def test_kept_groups_come_from_the_higher_conversion_and_run_as_it(tiny_gguf, tiny_model):
+    """A Q4_0 target keeping blk.1 and output at F32: those groups' tensors have the F32 file's type in the mixed file,
+    the rest Q4_0; keeping every group runs the F32 conversion's tensors, so its logits are the F32 target's bit for
+    bit (the mix copies raw tensor data, nothing is converted again)."""
+    import copy
+
+    from parity.backends.llamacpp import group_of, tensor_groups
+
+    inputs = _ids(tiny_gguf, TEXTS[0])
+    spec = BackendSpec(backend="llamacpp", quantize={"scheme": "llamacpp-Q4_0"}, options={"keep": ["blk.1", "output"],
+                                                                                       "keep_type": "F32"})
+    backend, f32 = LlamaCppBackend(spec), LlamaCppBackend(BackendSpec(backend="llamacpp"))
+    try:
+        backend.prepare(copy.deepcopy(tiny_model), inputs)
+        types = {g.name: g.type for g in tensor_groups(backend.path)}
+        assert sorted(g.name for g in backend.tensor_groups()) == ["blk.0.attn", "blk.0.ffn", "blk.1.attn", "blk.1.ffn",
+                                                                   "output", "token_embd"]
+        assert {g: t for g, t in types.items() if t == "F32"} == {"output": "F32", "blk.1.attn": "F32", "blk.1.ffn": "F32"}
+        assert types["blk.0.attn"] == types["blk.0.ffn"] == "Q4_0"
+        assert group_of("blk.1.attn_norm.weight") is None and group_of("blk.10.ffn_up.weight") == "blk.10.ffn"
+        every = backend.keep([g.name for g in backend.tensor_groups()], "F32")
+        kept = backend.run(inputs)["logits"]
+        f32.prepare(copy.deepcopy(tiny_model), inputs)
+        assert every > backend.prepared.stat().st_size  # F32 tensors take more bytes than Q4_0's
+        torch.testing.assert_close(kept, f32.run(inputs)["logits"], rtol=0, atol=0)
+        backend.keep([], "F32")  # none kept: the Q4_0 file as prepared
+        assert backend.path == backend.prepared
+    finally:
+        backend.close()
+        f32.close()
+
+
+def test_a_keep_option_is_checked_when_the_experiment_is():
+    assert "names no tensor group: blk.x" in LlamaCppBackend.spec_problem(
+        BackendSpec(backend="llamacpp", options={"keep": ["blk.x"]}))
+    assert "keep_type 'Q9'" in LlamaCppBackend.spec_problem(BackendSpec(backend="llamacpp", options={"keep_type": "Q9"}))
+    assert LlamaCppBackend.spec_problem(BackendSpec(backend="llamacpp", options={"keep": ["blk.3.ffn", "token_embd"]})) is None
+
+
 @NEEDS_LLAMACPP
 def test_a_model_from_another_source_is_refused_by_name():
     spec = BackendSpec(backend="llamacpp")
@@ -168,9 +209,12 @@ def test_a_model_from_another_source_is_refused_by_name():
         backend.prepare(torch.nn.Linear(2, 2), Inputs((), {"input_ids": torch.ones(1, 3, dtype=torch.int64)}))
 
 
-def test_a_failing_llamacpp_check_is_not_sent_to_localize_or_fallback():
-    """llama.cpp runs its own file: the next steps name no `parity localize`/`fallback`, which cannot look inside it."""
+def test_a_failing_llamacpp_check_is_sent_to_localize_and_fallback_unless_it_runs_a_file_as_it_is():
+    """A conversion parity makes is localized by its tensor groups (a decision flip too: they are judged by tier 3's
+    KLD); a file run as it is has no conversion to take a group from, so the next steps name neither command."""
     from parity.report.next_steps import _looks_inside
 
-    assert not LlamaCppBackend.localizes
-    assert (_looks_inside("llamacpp"), _looks_inside("eager"), _looks_inside("no_such_module:Backend")) == (False, True, True)
+    converted, as_is = BackendSpec(backend="llamacpp", dtype="float16"), BackendSpec(backend="llamacpp", options={"gguf": "/m.gguf"})
+    assert (_looks_inside(converted), _looks_inside(as_is)) == ((True, True), (False, True))
+    assert _looks_inside(BackendSpec(backend="eager")) == (True, False)
+    assert _looks_inside(BackendSpec(backend="no_such_module:Backend")) == (True, False)

@@ -444,6 +444,10 @@ def test_a_text_cut_into_windows_gets_the_statistics_table_in_every_report(tmp_p
     assert {r["metrics"]["positions"] for r in tier3.values()} == {9}
     assert tier3["negated"]["metrics"]["same_top1"] == 0.0 and tier3["negated"]["kld_histogram"]["counts"]
     assert any("only 9 scored positions" in n for n in tier3["negated"]["notes"])
+    from parity.inputs.text import load_tokenizer
+
+    ids = load_tokenizer(tmp_path / "tok")(" ".join(WORDS * 2))["input_ids"]  # the windows' ids, BOS first in each
+    assert tier3["negated"]["token_ids"] == [[ids[0], *ids[8 * i + 1:8 * i + 8]] for i in range(3)]
     markdown = (tmp_path / "out" / "report.md").read_text()
     html = (tmp_path / "out" / "report.html").read_text()
     for shown in (console, markdown, html):

@@ -9,16 +9,24 @@ import torch
 from parity import taxonomy as tx
 from parity.backends.base import Backend
 from parity.config.schema import BackendSpec
-from parity.execute.execution import Execution, own_tokens
+from parity.execute.execution import Execution, first_difference, own_tokens
 from parity.experiment.loading import experiment_from_dict
 from parity.inputs import Inputs
 from parity.verify.judge import judge
 from parity.verify.tokenizers import first_mismatch
 from tests.support import tiny_experiment
 
-SAME = {"texts": ["a cat"], "reference": [[5, 7, 9]], "reference_pieces": [["a", " c", "at"]],
-        "target": [[5, 7, 9]], "target_pieces": [["a", " c", "at"]]}
-SPLIT = {**SAME, "target": [[5, 8, 11, 9]], "target_pieces": [["a", " ", "c", "at"]]}
+
+def _tokens(reference, reference_pieces, target, target_pieces):
+    """own_tokens's record of one text from both sides' ids and token texts."""
+    at = first_difference(reference, target)
+    return {"texts": ["a cat"], "reference": [reference], "target": [target], "at": [at],
+            "reference_piece": [reference_pieces[at] if at is not None and at < len(reference) else None],
+            "target_piece": [target_pieces[at] if at is not None and at < len(target) else None]}
+
+
+SAME = _tokens([5, 7, 9], ["a", " c", "at"], [5, 7, 9], ["a", " c", "at"])
+SPLIT = _tokens([5, 7, 9], ["a", " c", "at"], [5, 8, 11, 9], ["a", " ", "c", "at"])
 
 
 def _check(tokens, target_output=None):
@@ -52,8 +60,7 @@ def test_the_logits_are_still_judged_and_said():
 
 
 def test_a_shorter_side_is_named_as_ending():
-    tokens = {**SAME, "target": [[5, 7]], "target_pieces": [["a", " c"]]}
-    mismatch = first_mismatch(tokens)
+    mismatch = first_mismatch(_tokens([5, 7, 9], ["a", " c", "at"], [5, 7], ["a", " c"]))
     assert (mismatch.position, mismatch.target, mismatch.lengths) == (2, None, (3, 2))
     assert "nothing (its ids end here)" in mismatch.describe()
 
@@ -81,10 +88,26 @@ def test_the_execution_tokenizes_the_texts_with_the_backends_own_tokenizer():
 
     ids = torch.tensor([[4, 6, 0]])
     inputs = Inputs((), {"input_ids": ids, "attention_mask": torch.tensor([[1, 1, 0]])}, texts=("hi there",),
-                    pieces=(("hi", " there"),))
+                    text_ids=((4, 6),), pieces=(("hi", " there"),))
     tokens = own_tokens(OwnTokenizer(BackendSpec(backend="eager")), inputs)
-    assert tokens["reference"] == [[4, 6]] and tokens["target"] == [[1, 2]]  # the padding is not the text's
-    assert tokens["target_pieces"] == [["<1>", "<2>"]]
+    assert tokens["reference"] == [[4, 6]] and tokens["target"] == [[1, 2]]  # the text's ids, not the padded row
+    assert tokens["at"] == [0] and tokens["reference_piece"] == ["hi"] and tokens["target_piece"] == ["<1>"]
     result = execute(BackendSpec(backend="tests.verify.test_tokenizers:OwnTokenizer"), torch.nn.Identity(), inputs,
                      repeats=2)
     assert result.ok and first_mismatch(result.tokens).position == 0
+
+
+class WholeText(OwnTokenizer):
+    """A tokenizer of its own that gives a text's ids as the reference's did (1 to 6)."""
+
+    def tokenize(self, texts):
+        return [[1, 2, 3, 4, 5, 6] for _ in texts]
+
+
+def test_a_text_cut_into_windows_is_compared_whole_not_window_by_window():
+    """A text_file's windows are rows cut from one text's ids: the backend's tokenization of the text is compared
+    with those ids (`text_ids`), not with a window; the same ids are no mismatch."""
+    inputs = Inputs((), {"input_ids": torch.tensor([[1, 2, 3], [4, 5, 6]]), "attention_mask": torch.ones(2, 3)},
+                    texts=("one text",), text_ids=((1, 2, 3, 4, 5, 6),), pieces=(("a", "b", "c", "d", "e", "f"),))
+    tokens = own_tokens(WholeText(BackendSpec(backend="eager")), inputs)
+    assert tokens["reference"] == [[1, 2, 3, 4, 5, 6]] and first_mismatch(tokens) is None

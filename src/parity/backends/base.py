@@ -112,10 +112,13 @@ class Backend(ABC):
     # text input set is then tokenized by both sides, and different ids are a failure of their own
     # (verify/tokenizers.py); the logits are still compared on the reference's ids.
     tokenizes: ClassVar[bool] = False
-    # Whether `parity localize` and `parity fallback` can look inside what this backend runs (its modules, or the
-    # layers of its own artifact). False: a runtime that runs a file of its own (llama.cpp's GGUF), whose failing
-    # checks are not sent to those commands.
-    localizes: ClassVar[bool] = True
+
+    @classmethod
+    def localizes(cls, spec) -> bool:
+        """Whether `parity localize` and `parity fallback` can look inside what `spec` runs: its modules, the layers of
+        its own artifact, or the tensor groups of a file it converts (TensorTypes). False for a file of the user's run
+        as it is, which has neither."""
+        return True
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         """The ids this backend's own tokenizer gives each text, with the special tokens its model adds.
@@ -324,6 +327,31 @@ class CachedDecoding(Protocol):
         """`steps` tokens after `prompt` ([B, T] int64 ids, no padding) from this backend's prepared artifact;
         greedy, or with `forced` ([B, steps]) fed the forced tokens instead of its own choices (teacher forcing
         through the cache), so that every step compares with the reference's at the same position."""
+
+
+@dataclass(frozen=True)
+class TensorGroup:
+    """A group of the tensors of a file a backend runs (a GGUF's `blk.3.ffn`: its gate, up and down projections),
+    with the type they have in it and their bytes."""
+
+    name: str
+    tensors: tuple[str, ...]
+    type: str
+    nbytes: int
+
+
+@runtime_checkable
+class TensorTypes(Protocol):
+    """A capability: a backend that runs a file of typed tensors (llama.cpp's GGUF) and can run it again with chosen
+    tensor groups kept at another type, so that localization and fallback speak of its tensors and their types
+    (runner/tensor_types.py) where they cannot look inside a module."""
+
+    def tensor_groups(self) -> list[TensorGroup]:
+        """The prepared file's tensor groups, in file order."""
+
+    def keep(self, groups: list[str], type: str) -> int:
+        """Run, from now on, the prepared file with the tensors of `groups` at `type` instead (none: the file as
+        prepared); returns the bytes of the file it now runs."""
 
 
 class OutputSpec:

@@ -33,9 +33,9 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from parity.backends.base import Backend, not_installed, runtime_threads
+from parity.backends.base import Backend, TensorGroup, not_installed, runtime_threads
 from parity.config.schema import MAX_THREADS
-from parity.dtypes import QUANTIZE_SCHEMES
+from parity.dtypes import LLAMACPP_TYPES, QUANTIZE_SCHEMES
 from parity.errors import ParityError
 from parity.files import PACKAGE_SCHEME, user_path
 from parity.gguf import gguf_problem, read_header
@@ -76,6 +76,9 @@ class LlamaCppOptions(BaseModel):
     # each time a longer sequence comes
     # True: llama.cpp in parity's own process (no worker: an abort in C then ends the whole run)
     in_process: bool = False
+    # The file is mixed from the two whole conversions (`write_mixed`), as `parity fallback` on a llama.cpp target proposes
+    keep: list[str] = Field(default_factory=list, max_length=4096)  # tensor groups at keep_type: token_embd, output, blk.N, blk.N.attn, blk.N.ffn
+    keep_type: str = "Q8_0"  # F32, F16, BF16 or a quantizer type (Q8_0, Q6_K, ...)
 
 
 def file_type(spec) -> str:
@@ -85,8 +88,74 @@ def file_type(spec) -> str:
     return FLOAT_TYPES[spec.dtype]
 
 
+KEEP_TYPES = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16", **{t: f"MOSTLY_{t}" for t in LLAMACPP_TYPES}}
+
+
+def group_of(tensor: str) -> str | None:
+    """The group a GGUF tensor belongs to (`token_embd`, `output`, `blk.N.attn`, `blk.N.ffn`), None for the
+    ones no quantizer type changes (norms: kept in F32)."""
+    parts = tensor.split(".")
+    if parts[0] == "blk" and len(parts) >= 3:
+        kind = parts[2].split("_")[0]
+        return f"blk.{parts[1]}.{kind}" if kind in ("attn", "ffn") and not parts[2].endswith("_norm") else None
+    return parts[0] if parts[0] in ("token_embd", "output") else None
+
+
+def in_groups(tensor: str, groups) -> bool:
+    """Whether `tensor` is in one of `groups`, each a group (`blk.3.ffn`), a block (`blk.3`) or a whole kind."""
+    group = group_of(tensor)
+    return group is not None and any(group == g or group.startswith(g + ".") for g in groups)
+
+
+def tensor_groups(path: Path) -> list[TensorGroup]:
+    """The tensor groups of the GGUF at `path`, in file order (blocks in their order), with types and bytes."""
+    found: dict[str, list] = {}
+    for info in read_header(path).tensors:
+        group = group_of(info.name)
+        if group is not None:
+            found.setdefault(group, []).append(info)
+    return [TensorGroup(name, tuple(i.name for i in infos), "+".join(sorted({i.type for i in infos})),
+                        sum(i.nbytes for i in infos)) for name, infos in found.items()]
+
+
+def write_mixed(low: Path, high: Path, keep, path: Path) -> None:
+    """A GGUF at `path` whose tensors in the `keep` groups are `high`'s (their raw data and type), the rest `low`'s,
+    with `low`'s metadata: llama.cpp's quantizer takes per-tensor types only through a C++ vector
+    (docs/llamacpp.md), so two whole conversions are mixed instead, tensor by tensor, as gguf-py copies tensors."""
+    import gguf
+
+    readers = gguf.GGUFReader(low), gguf.GGUFReader(high)
+    chosen = {t.name: t for t in readers[0].tensors}
+    for tensor in readers[1].tensors:
+        if in_groups(tensor.name, keep):
+            chosen[tensor.name] = tensor
+    writer = gguf.GGUFWriter(path, arch=readers[0].fields["general.architecture"].contents(), endianess=readers[0].endianess)
+    for field in readers[0].fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        kind = field.types[0]
+        writer.add_key_value(field.name, field.contents(), kind,
+                             sub_type=field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None)
+    for tensor in chosen.values():
+        writer.add_tensor_info(tensor.name, tensor.data.shape, tensor.data.dtype, tensor.data.nbytes, tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for tensor in chosen.values():
+        writer.write_tensor_data(tensor.data)
+    writer.close()
+
+
 def _gguf_path(text: str) -> Path:
     return user_path(text, "GGUF file")
+
+
+def _names_group(name: str) -> bool:
+    parts = name.split(".")
+    if parts[0] in ("token_embd", "output"):
+        return len(parts) == 1
+    return (parts[0] == "blk" and 2 <= len(parts) <= 3 and parts[1].isdigit()
+            and (len(parts) == 2 or parts[2] in ("attn", "ffn")))
 
 
 class LlamaCppBackend(Backend):
@@ -97,9 +166,15 @@ class LlamaCppBackend(Backend):
     specializes_on_example = False  # llama.cpp runs any length up to its context
     libraries = ("torch", "llama_cpp_python", "gguf", "numpy")
     quantize_schemes = tuple(s for s in QUANTIZE_SCHEMES if s.startswith(SCHEME_PREFIX))
-    session_options = ("threads", "n_ctx", "in_process")
+    # keep/keep_type mix two cached conversions at load (`write_mixed`): each whole conversion is keyed without them
+    session_options = ("threads", "n_ctx", "in_process", "keep", "keep_type")
     tokenizes = True
-    localizes = False  # llama.cpp runs its own file: no module of it to look inside (docs/llamacpp.md)
+
+    @classmethod
+    def localizes(cls, spec) -> bool:
+        """A conversion parity makes is localized by its tensor groups (runner/tensor_types.py); a file run as it is
+        has no conversion to take a group from at another type."""
+        return cls.options_of(spec).gguf is None
 
     @classmethod
     def available(cls, spec) -> str | None:
@@ -109,8 +184,16 @@ class LlamaCppBackend(Backend):
     @classmethod
     def spec_problem(cls, spec) -> str | None:
         options = cls.options_of(spec)
+        if options.keep_type not in KEEP_TYPES:
+            return f"target {spec.id}: options.keep_type {options.keep_type!r} is none of {', '.join(KEEP_TYPES)}"
+        bad = [g for g in options.keep if not _names_group(g)]
+        if bad:
+            return (f"target {spec.id}: options.keep names no tensor group: {', '.join(bad)} (token_embd, output, "
+                    "blk.N, blk.N.attn, blk.N.ffn)")
         if options.gguf is None:
             return None
+        if options.keep:
+            return f"target {spec.id}: options.keep mixes the conversions parity makes; a gguf file runs as it is"
         if spec.quantize is not None or spec.dtype != "float32":
             return (f"target {spec.id}: options.gguf runs that file as it is; drop dtype/quantize (they say what "
                     "parity converts the reference to when no gguf is given)")
@@ -128,15 +211,54 @@ class LlamaCppBackend(Backend):
             if source is None:
                 raise ParityError(f"target {self.spec.id}: llama.cpp converts models read from a GGUF file "
                                   "(source: gguf), whose metadata it carries; give options: {gguf: PATH} to run a file")
-            path = self.artifact(f"gguf-{file_type(self.spec).lower()}", model, example,
-                                 lambda folder: self._convert(model, source, folder)) / FILE
+            path = self._conversion(file_type(self.spec), model, source, example)
+            self._converted = (model, source, example)
+        self.prepared = path
+        if self.options.keep:
+            path = self._mixed(self.options.keep, self.options.keep_type)
+        self.path = path
         self.runtime = _Runtime(self.options.in_process)
         self.n_ctx = max(self.options.n_ctx or 0, self.width, MIN_CTX)
         self.load = {"op": "load", "model": str(path), "n_ctx": self.n_ctx, "threads": runtime_threads(self.options.threads)}
         self.runtime.request(self.load)
 
-    def _convert(self, model: torch.nn.Module, source: Path, folder: Path) -> None:
-        target = file_type(self.spec)
+    def _conversion(self, target: str, model: torch.nn.Module, source: Path, example: Inputs) -> Path:
+        """The reference converted to llama.cpp's file type `target`, from the artifact cache when it is there."""
+        found = self._conversions = getattr(self, "_conversions", {})
+        if target not in found:  # once per backend: a key hashes the model's state dict
+            found[target] = self.artifact(f"gguf-{target.lower()}", model, example,
+                                          lambda folder: self._convert(model, source, folder, target)) / FILE
+        return found[target]
+
+    def tensor_groups(self) -> list[TensorGroup]:
+        """The prepared file's tensor groups, with their types and bytes (the TensorTypes capability)."""
+        return tensor_groups(self.prepared)
+
+    def keep(self, groups: list[str], type: str) -> int:
+        """Load the prepared file with `groups` kept at `type` (TensorTypes; none: the file as prepared)."""
+        before, self.path = self.path, self._mixed(groups, type) if groups else self.prepared
+        self.load = {**self.load, "model": str(self.path), "n_ctx": self.n_ctx}
+        self.runtime.request(self.load)
+        if before != self.prepared and before != self.path:
+            before.unlink()  # llama.cpp has let go of it: the next mix has a name of its own
+        return self.path.stat().st_size
+
+    def _mixed(self, groups: list[str], type: str) -> Path:
+        """The prepared conversion with the tensors of `groups` taken from the conversion to `type` (a cached
+        artifact too), written to this backend's scratch folder."""
+        if type not in KEEP_TYPES:
+            raise ParityError(f"target {self.spec.id}: keep_type {type!r} is none of {', '.join(KEEP_TYPES)}")
+        if getattr(self, "_converted", None) is None:
+            raise ParityError(f"target {self.spec.id}: a gguf file given as it is has no conversion to keep tensors from")
+        high = self._conversion(KEEP_TYPES[type], *self._converted)
+        if getattr(self, "_scratch", None) is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix=f"{self.name}-", dir=state_folder())
+        self._mixes = getattr(self, "_mixes", 0) + 1  # a new file, never rewritten under the one llama.cpp maps
+        mixed = Path(self._scratch.name) / f"mixed-{self._mixes}.gguf"
+        write_mixed(self.prepared, high, groups, mixed)
+        return mixed
+
+    def _convert(self, model: torch.nn.Module, source: Path, folder: Path, target: str) -> None:
         written = folder / (FILE if target == "ALL_F32" else "float32.gguf")
         write_gguf(model, source, written)
         if target != "ALL_F32":

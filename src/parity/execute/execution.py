@@ -105,14 +105,28 @@ def execute(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, repeats: 
 
 
 def own_tokens(backend, inputs: Inputs) -> dict[str, Any]:
-    """The texts of `inputs` tokenized by `backend`'s own tokenizer beside the ids the reference's gave (the
-    unpadded `input_ids` the backend was fed), with each side's token texts."""
-    ids, mask = inputs.kwargs["input_ids"], inputs.kwargs.get("attention_mask")
-    reference = [row[m.bool()].tolist() if mask is not None else row.tolist()
-                 for row, m in zip(ids, mask if mask is not None else ids, strict=True)]
+    """The texts of `inputs` tokenized by `backend`'s own tokenizer beside the ids the reference's tokenizer gave
+    (`text_ids`: each text's whole, unpadded ids, before a text_file is cut into windows), with each side's text of
+    the first token where they differ (`at`: None where they agree), the only one a mismatch names: a text_file's
+    100k token texts are not asked of the backend one by one."""
+    reference = [list(ids) for ids in inputs.text_ids]
     target = backend.tokenize(list(inputs.texts))
-    return {"texts": list(inputs.texts), "reference": reference, "reference_pieces": [list(p) for p in inputs.pieces],
-            "target": target, "target_pieces": [backend.token_texts(t) for t in target]}
+    at = [first_difference(r, t) for r, t in zip(reference, target, strict=True)]
+
+    def piece(pieces, j):
+        return pieces[j] if j is not None and j < len(pieces) else None
+
+    return {"texts": list(inputs.texts), "reference": reference, "target": target, "at": at,
+            "reference_piece": [piece(p, j) for p, j in zip(inputs.pieces, at, strict=True)],
+            "target_piece": [backend.token_texts([t[j]])[0] if j is not None and j < len(t) else None
+                             for t, j in zip(target, at, strict=True)]}
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first position where two id lists differ (one ending first: its length), or None when they are equal."""
+    if a == b:
+        return None
+    return next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 OwnCopy = Callable[[], torch.nn.Module]  # makes a backend's own copy of the model, when the backend is prepared

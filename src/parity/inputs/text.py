@@ -110,8 +110,20 @@ def make_text(texts: list[str], folder: Path) -> Inputs:
     if note:
         tokenizer.pad_token = tokenizer.eos_token
     encoded = tokenizer(list(texts), padding=pad, return_tensors="pt")
-    pieces = tuple(tuple(tokenizer.decode([i]) for i in tokenizer(t)["input_ids"]) for t in texts)
-    return Inputs((), dict(encoded), notes=(note,) if note else (), texts=tuple(texts), pieces=pieces)
+    mask = encoded.get("attention_mask")
+    ids = tuple(tuple(row[m.bool()].tolist() if mask is not None else row.tolist())
+                for row, m in zip(encoded["input_ids"], mask if mask is not None else encoded["input_ids"], strict=True))
+    return Inputs((), dict(encoded), notes=(note,) if note else (), texts=tuple(texts), text_ids=ids,
+                  pieces=tuple(token_pieces(tokenizer, i) for i in ids))
+
+
+def token_pieces(tokenizer, ids) -> tuple[str, ...]:
+    """Each id's text, as `tokenizer.decode([id])` writes it; a fast tokenizer's whole list in one call of its Rust
+    backend (a text_file's 100k ids: one call instead of 100k)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return tuple(backend.decode_batch([[i] for i in ids], skip_special_tokens=False))
+    return tuple(tokenizer.decode([i]) for i in ids)
 
 
 MAX_TEXT_BYTES = 64 * 2**20  # a text file read whole: more than any window count needs
@@ -192,6 +204,6 @@ def make_windows(text: str, folder: Path, n_ctx: int, windows: int | None) -> In
     cut = torch.tensor(ids[:count * n_ctx], dtype=torch.int64).view(count, n_ctx)
     if adds_bos(tokenizer):
         cut[:, 0] = tokenizer.bos_token_id
-    pieces = (tuple(tokenizer.decode([i]) for i in ids),)  # the whole text's tokens: what tokenizer parity compares
+    # the whole text's tokens: what tokenizer parity compares
     return Inputs((), {"input_ids": cut, "attention_mask": torch.ones_like(cut)}, scored_from=n_ctx // 2,
-                  texts=(text,), pieces=pieces)
+                  texts=(text,), text_ids=(tuple(ids),), pieces=(token_pieces(tokenizer, ids),))

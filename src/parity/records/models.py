@@ -429,6 +429,11 @@ class Tier3Check(Check):
                                                                    "divergence counted per decade (`edges`, and "
                                                                    "`counts`: one more than the edges), for a "
                                                                    "report's picture.")
+    token_ids: list[list[int]] | None = Field(None, description="Text generation on a text input set: the token ids "
+                                                                 "both sides read, one list per sequence (a text_file's "
+                                                                 "windows), so that the statistics can be computed "
+                                                                 "again on the same tokens (llama-perplexity's "
+                                                                 "--kl-divergence-base).")
     flips: Flips | None = Field(None, description="Detection, when a box is unmatched (a failed check, or a pass "
                                                   "short of every box): its unmatched boxes classed by mechanism "
                                                   "(`tiers.tasks.detection.attribution`).")
@@ -525,6 +530,12 @@ class Layers(Record):
                                                      "(NaN where it has NaN): no drift between the sides.")
     uncalled: str | None = Field(None, description="A culprit that calls none of its submodules as modules "
                                                    "(nn.MultiheadAttention): a leaf, with no layers to rank.")
+    tensor_groups: dict[str, Any] | None = Field(
+        None, description="A target that runs a file of typed tensors (llama.cpp's GGUF; mode `tensor groups`, "
+                          "runner/tensor_types.py): `groups`, each group of the file alone at the target's type and "
+                          "the rest at `trial_type`: `name`, `parent` (a block split into attn and ffn), `type`, "
+                          "`kl_mean` ± `kl_mean_se`, `kl_added` over the `floor` (every group at `trial_type`), "
+                          "`share` of what the groups add, `same_top1`; `whole` (the file as it is), `trials`.")
 
     @model_validator(mode="after")
     def _complete(self) -> Layers:
@@ -568,6 +579,11 @@ class Fallback(Record):
                                                          "as it is passes, verified by judging its run again at it.")
     next_step: str | None = Field(description="What to try when no partial fallback exists, one line each; a line "
                                               "starting `next: ` is a command.")
+    tensor_types: dict[str, Any] | None = Field(
+        None, description="A target that runs a file of typed tensors (llama.cpp's GGUF): `modules` are tensor "
+                          "groups kept at `keep_type`; `bytes_before`/`bytes_after` of the file, "
+                          "`tokens_per_s_before`/`after` (the two files run in turns), `snippet` (the target entry "
+                          "that reproduces it), `localization` (the ranking the search followed).")
 
 
 class InputWarning(Record):

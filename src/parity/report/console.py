@@ -17,6 +17,7 @@ from parity.report.wording import (
     cached_line,
     flips_line,
     generation_line,
+    group_rows,
     headline_figures,
     number,
     passing_oracle_lines,
@@ -155,6 +156,11 @@ def render_layers(record: Layers, console) -> None:
     if record.error:
         console.print(f"[red]localization failed[/red] for {escape(record.target)}: {escape(record.error)}")
         return
+    if record.tensor_groups:
+        console.print(group_table(record))
+        console.print(f"[bold]verdict:[/bold] {escape(record.verdict)}")
+        console.print(f"localized in {record.elapsed_s:.1f} s ({record.tensor_groups['trials']} trials)")
+        return
     suspects = {s.name for s in record.suspects}
     for level in record.levels:
         title = f"{RunView.key(record)}: layers of {level.parent or 'the model'}"
@@ -186,6 +192,21 @@ def render_layers(record: Layers, console) -> None:
     console.print(f"localized in {record.elapsed_s:.1f} s")
 
 
+def group_table(record: Layers):
+    """The console table of `group_rows`, titled with the floor and the whole file."""
+    from rich.table import Table
+
+    found = record.tensor_groups
+    title = (f"{RunView.key(record)}: each tensor group alone at its type, the rest at {found['trial_type']} "
+             f"(floor KLD {found['floor']['kl_mean']:.3g}, whole file {found['whole']['kl_mean']:.3g})")
+    table = Table(title=escape(title))
+    for col in ("group", "type", "mean KLD", "added", "share", "same top-1"):
+        table.add_column(col, justify="left" if col in ("group", "type") else "right")
+    for row in group_rows(record):
+        table.add_row(*(escape(c) for c in row))
+    return table
+
+
 def gate_line(tier1: GateVerdict) -> str:
     """What `parity localize` says before its tables: whether the check it explains passes at the gate."""
     required, gate = tier1.required_atol, tier1.gate
@@ -204,6 +225,8 @@ def fallback_lines(result, record: dict[str, Any], gate: float, by_task: bool, m
     """What `parity fallback` prints, as (style, text) lines: the numbers before and after with the modules named,
     then what the search found. A check that fails at tier 1 while its task decisions agree is said to, with the
     `gate: tier3` line that gates it on them: never "the check already passes" for a check the table calls FAIL."""
+    if result.tensor_types:
+        return _tensor_type_lines(result, task)
     before, after = (rounded_up(a) if a is not None else a for a in (result.required_atol_before,
                                                                       result.required_atol_after))
     named = f" ({', '.join(result.modules)})" if result.modules else ""
@@ -244,6 +267,33 @@ def fallback_lines(result, record: dict[str, Any], gate: float, by_task: bool, m
                              f"once, {needs}"))
     else:
         lines.append(("red", "no fallback among the localized layers makes the check pass"))
+    for line in (result.next_step or "").splitlines():
+        lines.append(("", line))
+    return lines
+
+
+def _tensor_type_lines(result, task: str | None) -> list[tuple[str, str]]:
+    """`parity fallback` on a file of typed tensors (llama.cpp): the groups kept at a higher type, tier 3 before and
+    after, what it costs in bytes and tokens per second, and the target entry that reproduces it."""
+    found = result.tensor_types
+    shown = lambda m: f"mean KLD {m['kl_mean']:.4g}, top-1 {m['top1_agreement']:.4f}"  # noqa: E731
+    lines = [("", f"{result.target}: {len(result.modules)} of {found['groups']} tensor group(s) at {found['keep_type']}"
+                  f"{' (' + ', '.join(result.modules) + ')' if result.modules else ''}, {result.tried} trial run(s)"),
+             ("", f"tier 3 ({task}): {shown(result.task_before)} -> {shown(result.task_after)}")]
+    if result.passed and not result.modules:
+        lines.append(("", "tier 3 already passes: no tensor needs a higher type"))
+        return lines
+    if not result.passed:
+        lines.append(("red", f"no prefix of the localized groups at {found['keep_type']} passes tier 3"))
+    else:
+        mb = 2 ** 20
+        lines.append(("", f"cost: {found['bytes_before'] / mb:.1f} MiB -> {found['bytes_after'] / mb:.1f} MiB "
+                          f"({found['bytes_after'] / found['bytes_before']:.2f}x), {found['tokens_per_s_before']:.0f} -> "
+                          f"{found['tokens_per_s_after']:.0f} tokens/s over {found['tokens']} tokens"))
+        if result.whole_model:
+            lines.append(("yellow", f"every group is kept: this is the whole file at {found['keep_type']}"))
+        lines.append(("", "apply it: add this target to the experiment's targets:"))
+        lines.append(("", found["snippet"]))
     for line in (result.next_step or "").splitlines():
         lines.append(("", line))
     return lines

@@ -31,6 +31,7 @@ from parity.report.wording import (
     figure,
     flips_line,
     generation_line,
+    group_rows,
     passing_oracle_lines,
     percent,
     scientific,
@@ -244,6 +245,7 @@ def _tier2(layers: list[Layers]) -> list[dict[str, Any]]:
                 first_divergent_by="propagated" if r.first_divergent_by == "propagated" else "own",
                 skipped=r.skipped or [],
                 elapsed=_seconds(r.elapsed_s), plot=plots.depth_plot(r),
+                groups=group_rows(r) if r.tensor_groups else [],
             )
         out.append(entry)
     return out

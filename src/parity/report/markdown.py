@@ -29,6 +29,7 @@ from parity.report.wording import (
     environment_line,
     flips_line,
     generation_line,
+    group_rows,
     headline_figures,
     number,
     passing_oracle_lines,
@@ -148,6 +149,10 @@ def render_markdown(records: RunView | list[dict[str, Any]], summary: dict[str, 
                 continue
             path = " > ".join(level.parent for level in r.levels if level.parent)
             lines.append(head + md(r.verdict) + (f" (descent: {md(path)})" if path else ""))
+            if r.tensor_groups:  # a split block's attention and FFN under it, marked
+                rows = [(("↳ " + row[0].strip()) if row[0].startswith(" ") else row[0], *row[1:]) for row in group_rows(r)]
+                lines += ["", *_table(["group", "type", "mean KLD", "added", "share", "same top-1"],
+                                      ["| " + " | ".join(map(md, row)) + " |" for row in rows], ""), ""]
             if r.whole_graph:
                 lines.append("  - whole graph: no layer's own error exceeds the threshold "
                              f"{r.threshold:g}; the drift is not one layer's")

@@ -82,8 +82,10 @@ def oracle_finding(oracle: OracleVerdict | None, passed: bool | None, error: str
 def single_culprit(layers: Layers | None) -> bool:
     """Did the localization name one module that a standalone repro of it alone reproduces? Not when every layer
     drifts alike (evenly spread), nor for a specialised trace (the module re-traced alone on the captured inputs
-    takes their branch): `parity reduce` refuses those, and no next step offers it."""
-    return bool(layers and not layers.error and layers.culprit and not layers.evenly_spread and not layers.specialized)
+    takes their branch): `parity reduce` refuses those, and no next step offers it. Nor a tensor group of a GGUF
+    file (runner/tensor_types.py): no module to cut."""
+    return bool(layers and not layers.error and layers.culprit and not layers.evenly_spread and not layers.specialized
+                and not layers.tensor_groups)
 
 
 def localize_out(run_dir: str | Path, model: str, inputs: str, target: str) -> str:
@@ -104,15 +106,18 @@ def reduce_step(run_dir: str | Path, model: str, inputs: str, target: str,
             f"next: parity reduce {shlex.quote(str(run_dir))} --check {which}{experiment}"]
 
 
-def _looks_inside(backend: str) -> bool:
-    """Whether localize and fallback can look inside what `backend` runs (Backend.localizes); True when the backend
-    is not installed where the report is rendered."""
+def _looks_inside(target) -> tuple[bool, bool]:
+    """Whether localize and fallback can look inside what `target` runs (Backend.localizes), and whether it runs a
+    file of typed tensors (TensorTypes: localized by tier 3's KLD, so a decision flip is localized too); (True,
+    False) when the backend is not installed where the report is rendered."""
     from parity.backends import backend_class
+    from parity.backends.base import TensorTypes
 
     try:
-        return backend_class(backend).localizes
+        cls = backend_class(target.backend)
+        return cls.localizes(target), issubclass(cls, TensorTypes)
     except Exception:  # a plugin missing here, a class reference that does not import
-        return True
+        return True, False
 
 
 def next_steps(check: Check, view: RunView, run_dir: str | Path) -> list[str]:
@@ -152,9 +157,10 @@ def next_steps(check: Check, view: RunView, run_dir: str | Path) -> list[str]:
     failure = check.failure_class
     reduced = bool(target and (target.dtype in REDUCED or quantized))
     commands = []
-    if target and not _looks_inside(target.backend):
+    inside, typed = _looks_inside(target) if target else (True, False)
+    if not inside:
         return lines
-    if failure in LOCALIZABLE and not found:
+    if (failure in LOCALIZABLE or (typed and failure == tx.DECISION_FLIP)) and not found:
         out = shlex.quote(localize_out(run_dir, check.model, check.inputs, check.target))
         commands.append(("localize", f"parity localize {file} {which} --out {out}"))
     if failure in (*LOCALIZABLE, tx.DECISION_FLIP) and (reduced or (target and target.backend == "compile")):

@@ -9,7 +9,7 @@ from typing import Any
 
 from parity.dtypes import QUANTIZE_SCHEMES
 from parity.records import tolerance_key
-from parity.records.models import Check, LayerError, Note, Tier1Check, Tier3Check
+from parity.records.models import Check, LayerError, Layers, Note, Tier1Check, Tier3Check
 from parity.records.view import RunView
 from parity.report.next_steps import oracle_finding
 from parity.verify.localize import against_threshold
@@ -179,6 +179,21 @@ def cached_line(check: Tier3Check) -> str | None:
     return (f"cached decoding, {c.steps} steps after a {c.prompt_tokens}-token prompt: {verdict}; target vs reference: "
             f"{compared(t)}; reference cached vs uncached: {compared(own)}; target cached vs uncached: "
             f"{compared(theirs)}")
+
+
+def group_rows(record: Layers) -> list[tuple[str, ...]]:
+    """A tensor-group localization's rows (runner/tensor_types.py), worst block first, each split block's attention
+    and FFN under it: group, its type in the target's file, mean KLD ± SE alone at that type, the KLD it adds over
+    the all-F16 floor and its share, same top-1."""
+    found = record.tensor_groups
+    rows = found["groups"]
+    out = []
+    for row in sorted((r for r in rows if r["parent"] is None), key=lambda r: -r["kl_added"]):
+        for r in [row, *(r for r in rows if r["parent"] == row["name"])]:
+            share = "" if r["share"] is None or r["parent"] else f"{r['share']:.1%}"
+            out.append(("  " * bool(r["parent"]) + r["name"], r["type"], f"{r['kl_mean']:.4g} ± {r['kl_mean_se']:.2g}",
+                        f"{r['kl_added']:.3g}", share, f"{r['same_top1']:.2%}"))
+    return out
 
 
 def suspect_words(suspect: LayerError, threshold: float) -> str:

@@ -61,6 +61,7 @@ from parity.runner.resume import (
     without_stale,
 )
 from parity.runner.search import FallbackResult, candidates_from, next_step, search_fallback
+from parity.runner.tensor_types import TASK, fallback_groups, has_tensor_types, localize_groups
 from parity.verify.judge import judge
 from parity.verify.localize import LOCALIZABLE, gate_check, localize_check
 from parity.verify.tasks import evaluated, task_check
@@ -462,6 +463,14 @@ class Runner:
         model, _ = prepared_model(model_spec, exp)
         job, inputs, example = self._one_job(model_spec, target, input_spec)
         bar = _Progress(None, progress)
+        if has_tensor_types(target):  # a file of typed tensors (llama.cpp): its groups, judged by tier 3's KLD
+            self._typed_task(model_spec, target)
+            with model_scope(self.cache, model_spec, exp), bar.running():
+                record = localize_groups(exp.reference, target, model, inputs, example, exp.tiers.tasks or tasks_spec(),
+                                         exp.tolerance_for(target).gate, lambda text: bar.describe(f"{target.id}: {text}"))
+            record = {"model": model_spec.name, "inputs": input_spec.name, **record}
+            self._write_record("layers", record)
+            return record
         with model_scope(self.cache, model_spec, exp), bar.running():
             bar.describe(f"{target.id}: the check at the gate")
             tier1, notes = gate_check(job, target, lambda spec: configured_model(model, spec, model_spec.name), inputs,
@@ -478,6 +487,8 @@ class Runner:
         passes at the gate (`tier` 3: and its task metrics hold); `command` is the one that asked (its next
         step repeats it). Returns the search's result and its `fallback` record."""
         exp = self._tier2()
+        if has_tensor_types(target):
+            return self._fallback_groups(model_spec, target, input_spec)
         fallback_kind(target)  # a target that has no fallback fails here, before anything runs
         task = None
         if tier == 3:
@@ -501,6 +512,30 @@ class Runner:
         if command is not None:
             result.next_step = next_step(result, command, model_spec.task if model_spec.task in evaluated() else None,
                                          target)
+        record = {"model": model_spec.name, "inputs": input_spec.name, "reference": exp.reference.id, **result.record()}
+        self._write_record("fallback", record)
+        return result, record
+
+    def _typed_task(self, model_spec: ModelSpec, target: BackendSpec) -> None:
+        if model_spec.task != TASK:
+            raise ParityError(f"target {target.id} runs a file of typed tensors, which parity localizes by the {TASK} "
+                              f"statistics (mean KLD); model '{model_spec.name}' has task '{model_spec.task}'")
+
+    def _fallback_groups(self, model_spec: ModelSpec, target: BackendSpec,
+                         input_spec: InputSetSpec) -> tuple[FallbackResult, dict[str, Any]]:
+        """`find_fallback` for a file of typed tensors (llama.cpp): the fewest tensor groups to keep at a higher type
+        so that tier 3 passes (runner/tensor_types.py), whatever `--tier` asked: its tier 1 has no fallback."""
+        exp = self.exp
+        self._typed_task(model_spec, target)
+        model, _ = prepared_model(model_spec, exp)
+        job, inputs, example = self._one_job(model_spec, target, input_spec)
+        with model_scope(self.cache, model_spec, exp):
+            found = fallback_groups(exp.reference, target, model, inputs, example, exp.tiers.tasks or tasks_spec(),
+                                    exp.tolerance_for(target).gate)
+        result = FallbackResult(target.id, **found)
+        if not result.passed:
+            result.next_step = (f"no set of tensor groups at {found['runs_in']} passes tier 3: keep them at a higher "
+                                "type (F16), or relax the text-generation thresholds")
         record = {"model": model_spec.name, "inputs": input_spec.name, "reference": exp.reference.id, **result.record()}
         self._write_record("fallback", record)
         return result, record

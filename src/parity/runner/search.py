@@ -58,6 +58,8 @@ class FallbackResult:
     # atol passes it, or the check passes already)
     passing_gate: float | None = None
     next_step: str | None = None  # what to try when no partial fallback exists, in lines (set by the caller)
+    # A file of typed tensors (runner/tensor_types.py): bytes and tokens per second before and after, the snippet
+    tensor_types: dict[str, Any] | None = None
 
     def record(self) -> dict[str, Any]:
         ratio = (self.latency_after_s / self.latency_before_s

@@ -33,14 +33,15 @@ def first_mismatch(tokens: dict[str, Any] | None) -> Mismatch | None:
     """The first token where the two tokenizers disagree (execute.execution.own_tokens's record), or None."""
     if not tokens:
         return None
-    for i, (ref, tgt) in enumerate(zip(tokens["reference"], tokens["target"], strict=True)):
-        if ref == tgt:
+    for i, at in enumerate(tokens["at"]):
+        if at is None:
             continue
-        at = next((j for j, (a, b) in enumerate(zip(ref, tgt, strict=False)) if a != b), min(len(ref), len(tgt)))
+        ref, tgt = tokens["reference"][i], tokens["target"][i]
 
-        def token(ids, pieces, j):
-            return (ids[j], pieces[j] if j < len(pieces) else "") if j < len(ids) else None
-
-        return Mismatch(i, at, token(ref, tokens["reference_pieces"][i], at), token(tgt, tokens["target_pieces"][i], at),
-                        (len(ref), len(tgt)))
+        return Mismatch(i, at, _token(ref, tokens["reference_piece"][i], at),
+                        _token(tgt, tokens["target_piece"][i], at), (len(ref), len(tgt)))
     return None
+
+
+def _token(ids: list[int], piece: str | None, at: int) -> tuple[int, str] | None:
+    return (ids[at], piece or "") if at < len(ids) else None

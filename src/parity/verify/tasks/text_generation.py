@@ -258,6 +258,8 @@ def evaluate(reference: Any, target: Any, thresholds: TextGenerationThresholds, 
     top1 = 1.0 - (len(found) if thresholds.count_near_ties else real) / n if n else math.nan
     m.update(top1_agreement=top1, flips=len(found), real_flips=real, near_tie_flips=len(found) - real)
     result = TaskResult("text-generation", m, record={"kld_histogram": kld_histogram(kld)})
+    if ids is not None and getattr(inputs, "texts", ()):  # a text's ids: what re-running the statistics needs
+        result.record["token_ids"] = ids.tolist()
     if found:  # what a reader looks at: real flips first, then by the reference's margin (largest first)
         found.sort(key=lambda f: (f["class"] != "real", -f["margin"]))
         result.record["token_flips"] = found[:MAX_FLIPS]

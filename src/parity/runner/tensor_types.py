@@ -1,0 +1,227 @@
+"""Localization and fallback in the terms of a target that runs a file of typed tensors (llama.cpp's GGUF: the
+TensorTypes capability), where tier 2 cannot look inside a module: the file's tensor groups and their types,
+judged by tier 3's own statistic, the mean KL divergence of the next-token distributions from the reference's on
+the input set (text generation's, as `llama-perplexity --kl-divergence` computes it).
+
+Localization (`localize_groups`): the file with every group at a higher type (F16) but one, which has the target's
+own type: one trial per group. A group's share is its KLD above the all-F16 floor over the sum of those (the
+groups' effects add up only roughly: the whole target's KLD is recorded beside their sum). Blocks first
+(`token_embd`, `output`, `blk.N`), then the worst blocks' attention and FFN apart.
+
+Fallback (`fallback_groups`): groups kept at `keep_type` (Q8_0 by default) in the order localization ranks them;
+the shortest prefix of that order with which the task's verdict passes, found by bisection (keeping more groups
+lowers the KLD, as far as the measurement says), then its bytes and tokens per second against the target as it
+is, timed in turns in the same run, and the target entry that reproduces it (`snippet`).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from parity.backends.base import TensorTypes
+from parity.config.schema import BackendSpec
+from parity.errors import ParityError
+from parity.execute.execution import execute, new_backend
+from parity.inputs import Inputs
+from parity.verify.tasks import evaluate
+
+TASK = "text-generation"  # the task whose statistic judges a trial
+LOCALIZE_TYPE = "F16"  # what the rest of the file is kept at while one group has the target's type
+SPLIT_BLOCKS = 3  # the worst blocks measured again as attention and FFN apart
+TIMED_RUNS = 3  # runs of each file, in turns, for tokens per second
+
+
+def has_tensor_types(spec: BackendSpec) -> bool:
+    """Whether `spec`'s backend runs a file of typed tensors (the TensorTypes capability)."""
+    from parity.backends import backend_class
+
+    return issubclass(backend_class(spec.backend), TensorTypes)
+
+
+class _Trials:
+    """The target prepared once; each trial loads it with some groups at another type and judges one run."""
+
+    def __init__(self, reference: BackendSpec, target: BackendSpec, model: torch.nn.Module, inputs: Inputs,
+                 example: Inputs, tasks_spec, gate: float):
+        ref = execute(reference, model, inputs, 1, example=example)
+        if not ref.ok:
+            raise ParityError(f"the reference {reference.id} failed: {ref.error}")
+        self.reference_out, self.inputs, self.tasks_spec, self.gate = ref.outputs[0], inputs, tasks_spec, gate
+        self.backend = new_backend(target)
+        self.backend.prepare(copy.deepcopy(model), example.clone())
+        if not isinstance(self.backend, TensorTypes):
+            raise ParityError(f"target {target.id}: its backend has no tensor groups to keep at another type")
+        self.groups = self.backend.tensor_groups()
+        self.count = 0
+
+    def judge(self, keep: list[str], type: str) -> dict[str, Any]:
+        """One trial: `keep` at `type`, the rest as prepared; its task metrics, verdict, file bytes and run time."""
+        nbytes = self.backend.keep(keep, type)
+        start = time.perf_counter()
+        out = self.backend.run(self.inputs.clone())
+        spent = time.perf_counter() - start
+        verdict = evaluate(TASK, self.reference_out, out, self.tasks_spec, self.gate, self.inputs)
+        self.count += 1
+        return {"metrics": verdict.metrics, "passed": verdict.passed, "detail": verdict.detail, "nbytes": nbytes,
+                "run_s": spent}
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def localize_groups(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module, inputs: Inputs,
+                    example: Inputs, tasks_spec, gate: float, on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The `layers` record of a TensorTypes target: each tensor group's KLD alone at the target's type (the rest at
+    F16), its share, ranked; the worst blocks split into attention and FFN."""
+    trials = _Trials(reference, target, model, inputs, example, tasks_spec, gate)
+    try:
+        return _localize(trials, reference, target, tasks_spec, on_step)
+    finally:
+        trials.close()
+
+
+def _localize(trials: _Trials, reference: BackendSpec, target: BackendSpec, tasks_spec,
+              on_step: Callable[[str], None] | None) -> dict[str, Any]:
+    step = on_step or (lambda text: None)
+    start = time.perf_counter()
+    groups = trials.groups
+    names = [g.name for g in groups]
+    blocks = _blocks(names)
+    step("the whole file, and every group at F16")
+    whole = trials.judge([], LOCALIZE_TYPE)
+    floor = trials.judge(blocks, LOCALIZE_TYPE)
+    types = {g.name: g.type for g in groups}
+    rows = []
+    for i, block in enumerate(blocks):
+        step(f"{block} alone at the target's type ({i + 1} of {len(blocks)})")
+        rows.append(_row(block, [b for b in blocks if b != block], trials, types, floor))
+    worst = [r["name"] for r in sorted(rows, key=lambda r: -r["kl_mean"]) if r["name"].startswith("blk.")][:SPLIT_BLOCKS]
+    for block in worst:
+        for part in (f"{block}.attn", f"{block}.ffn"):
+            if part in types:
+                step(f"{part} alone at the target's type")
+                rows.append(_row(part, [n for n in names if n != part], trials, types, floor, parent=block))
+    added = sum(r["kl_added"] for r in rows if r["parent"] is None)
+    for r in rows:
+        r["share"] = r["kl_added"] / added if added > 0 else None
+    ranked = sorted((r for r in rows if r["parent"] is None), key=lambda r: -r["kl_added"])
+    culprit = ranked[0]["name"] if ranked and added > 0 else None
+    kl_threshold = tasks_spec.thresholds_for(TASK).kl_mean
+    verdict = (f"{culprit} departs most: alone at the target's type it adds {ranked[0]['kl_added']:.3g} of the "
+               f"{added:.3g} mean KLD the groups add one at a time over the all-{LOCALIZE_TYPE} file's "
+               f"{floor['metrics']['kl_mean']:.3g} (share {ranked[0]['share']:.0%}); the whole file's: "
+               f"{whole['metrics']['kl_mean']:.3g} (threshold {kl_threshold:g})" if culprit else
+               f"no group adds KLD over the all-{LOCALIZE_TYPE} file's {floor['metrics']['kl_mean']:.3g}: "
+               "llama.cpp's kernels, not the types, make the difference")
+    return {"target": target.id, "reference": reference.id, "tier": 2, "mode": "tensor groups",
+            "threshold": kl_threshold, "verdict": verdict, "culprit": culprit,
+            "suspects": [],  # layers' own errors: a group's number is its KLD, in `tensor_groups`
+            "levels": [], "elapsed_s": time.perf_counter() - start,
+            "tensor_groups": {"statistic": "kl_mean", "trial_type": LOCALIZE_TYPE, "trials": trials.count,
+                              "whole": _summary(whole), "floor": _summary(floor), "added": added, "groups": rows}}
+
+
+def _blocks(names: list[str]) -> list[str]:
+    """The groups at block level: token_embd, output, blk.N (its attention and FFN together), in file order."""
+    out: list[str] = []
+    for name in names:
+        block = ".".join(name.split(".")[:2]) if name.startswith("blk.") else name
+        if block not in out:
+            out.append(block)
+    return out
+
+
+def _row(name: str, keep: list[str], trials: _Trials, types: dict[str, str], floor: dict[str, Any],
+         parent: str | None = None) -> dict[str, Any]:
+    trial = trials.judge(keep, LOCALIZE_TYPE)
+    m = trial["metrics"]
+    own = sorted({t for g, t in types.items() if g == name or g.startswith(name + ".")})
+    return {"name": name, "parent": parent, "type": "+".join(own), "kl_mean": m["kl_mean"], "kl_mean_se": m["kl_mean_se"],
+            "kl_added": max(m["kl_mean"] - floor["metrics"]["kl_mean"], 0.0), "same_top1": m["same_top1"],
+            "top1_agreement": m.get("top1_agreement")}
+
+
+def _summary(trial: dict[str, Any]) -> dict[str, Any]:
+    m = trial["metrics"]
+    return {"kl_mean": m["kl_mean"], "kl_mean_se": m["kl_mean_se"], "same_top1": m["same_top1"],
+            "top1_agreement": m.get("top1_agreement"), "passed": trial["passed"], "nbytes": trial["nbytes"]}
+
+
+def fallback_groups(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module, inputs: Inputs,
+                    example: Inputs, tasks_spec, gate: float, keep_type: str = "Q8_0",
+                    on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The fewest groups, in localization's order, to keep at `keep_type` so that the task's verdict passes: the
+    fields of a `fallback` record (`tensor_types`: bytes and tokens per second before and after, the snippet)."""
+    step = on_step or (lambda text: None)
+    trials = _Trials(reference, target, model, inputs, example, tasks_spec, gate)
+    try:
+        located = _localize(trials, reference, target, tasks_spec, on_step)
+        order = [r["name"] for r in sorted((r for r in located["tensor_groups"]["groups"] if r["parent"] is None),
+                                           key=lambda r: -r["kl_added"])]
+        before = trials.judge([], keep_type)
+        tried: dict[int, dict[str, Any]] = {0: before}
+        if not before["passed"]:
+            step(f"every group at {keep_type}")
+            tried[len(order)] = trials.judge(order, keep_type)
+            low, high = 0, len(order)  # low fails, high passes (when anything does)
+            if tried[high]["passed"]:
+                while high - low > 1:
+                    mid = (low + high) // 2
+                    step(f"the first {mid} of {len(order)} groups at {keep_type}")
+                    tried[mid] = trials.judge(order[:mid], keep_type)
+                    low, high = (low, mid) if tried[mid]["passed"] else (mid, high)
+            chosen = order[:high]
+        else:
+            chosen = []
+        after = tried[len(chosen)]
+        step("tokens per second of both files, in turns")
+        speeds = _speeds(trials, chosen, keep_type, inputs)
+    finally:
+        trials.close()
+    tokens = int(inputs.kwargs["input_ids"].numel())
+    return {"runs_in": keep_type, "aim": "tier 3", "modules": chosen, "passed": after["passed"],
+            "task_before": _metrics(before), "task_after": _metrics(after), "tried": len(tried) + located["tensor_groups"]["trials"],
+            "latency_before_s": speeds[0], "latency_after_s": speeds[1],
+            "whole_model": bool(chosen) and len(chosen) == len(order),
+            "tensor_types": {"keep_type": keep_type, "groups": len(order), "bytes_before": before["nbytes"],
+                             "bytes_after": after["nbytes"], "tokens": tokens,
+                             "tokens_per_s_before": tokens / speeds[0], "tokens_per_s_after": tokens / speeds[1],
+                             "snippet": snippet(target, chosen, keep_type) if chosen and after["passed"] else None,
+                             "localization": located["tensor_groups"]}}
+
+
+def _speeds(trials: _Trials, chosen: list[str], keep_type: str, inputs: Inputs) -> tuple[float, float]:
+    """The median run time of the file as it is and with `chosen` kept, loaded and run in turns."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(TIMED_RUNS):
+        for keep, spent in (([], times[0]), (chosen, times[1])):
+            trials.backend.keep(keep, keep_type)
+            start = time.perf_counter()
+            trials.backend.run(inputs.clone())
+            spent.append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def _metrics(trial: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in trial["metrics"].items() if k in ("kl_mean", "kl_mean_se", "top1_agreement", "same_top1",
+                                                                 "perplexity_ratio", "positions")}
+
+
+def snippet(target: BackendSpec, keep: list[str], keep_type: str) -> str:
+    """The target entry that runs the target with `keep` at `keep_type`, for an experiment's `targets:` list."""
+    import yaml
+
+    entry: dict[str, Any] = {"backend": target.backend, "name": f"{target.id}-kept"}
+    if target.quantize is not None:
+        entry["quantize"] = {"scheme": target.quantize.scheme}
+    if target.dtype != "float32":
+        entry["dtype"] = target.dtype
+    entry["options"] = {**{k: v for k, v in target.options.items() if k not in ("keep", "keep_type")},
+                        "keep": list(keep), "keep_type": keep_type}
+    return "- " + yaml.safe_dump(entry, default_flow_style=True, sort_keys=False, width=10**6).strip()
