@@ -42,7 +42,9 @@ def test_a_text_is_cut_into_windows_of_n_ctx_tokens_each_starting_with_the_bos(t
         if bos:
             expected[0] = 1  # llama.cpp: the first token of every window becomes the BOS
         assert ids[w].tolist() == expected
-    assert tuple(make_windows(text, tmp_path, n_ctx=6, windows=2).kwargs["input_ids"].shape) == (2, 6)
+    assert inputs.ids_cut and inputs.text_ids == (tuple(stream[:18]),)  # what tokenizer parity compares: the span run
+    two = make_windows(text, tmp_path, n_ctx=6, windows=2)
+    assert tuple(two.kwargs["input_ids"].shape) == (2, 6) and len(two.text_ids[0]) == len(two.pieces[0]) == 12
     with pytest.raises(ParityError, match="hold 3 windows of 6 tokens, fewer than the 4 asked for"):
         make_windows(text, tmp_path, n_ctx=6, windows=4)
 

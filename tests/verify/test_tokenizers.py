@@ -111,3 +111,22 @@ def test_a_text_cut_into_windows_is_compared_whole_not_window_by_window():
                     texts=("one text",), text_ids=((1, 2, 3, 4, 5, 6),), pieces=(("a", "b", "c", "d", "e", "f"),))
     tokens = own_tokens(WholeText(BackendSpec(backend="eager")), inputs)
     assert tokens["reference"] == [[1, 2, 3, 4, 5, 6]] and first_mismatch(tokens) is None
+
+
+class LaterDifference(OwnTokenizer):
+    """A tokenizer of its own that splits the text alike for the span the windows take (1 to 6), then differently."""
+
+    def tokenize(self, texts):
+        return [[1, 2, 3, 4, 5, 6, 9, 9] for _ in texts]
+
+
+def test_a_windowed_text_is_compared_over_the_span_its_windows_take():
+    """A text_file's windows take the text's first tokens (the rest dropped, `ids_cut`): a tokenizer that differs
+    only further on runs the same ids as the check does, so it is no mismatch; one that differs inside is."""
+    windows = {"input_ids": torch.tensor([[1, 2, 3], [4, 5, 6]]), "attention_mask": torch.ones(2, 3)}
+    inputs = Inputs((), windows, texts=("one text",), text_ids=((1, 2, 3, 4, 5, 6),),
+                    pieces=(("a", "b", "c", "d", "e", "f"),), ids_cut=True)
+    assert first_mismatch(own_tokens(LaterDifference(BackendSpec(backend="eager")), inputs)) is None
+    assert first_mismatch(own_tokens(OwnTokenizer(BackendSpec(backend="eager")), inputs)).position == 2  # ends inside
+    whole = Inputs((), windows, texts=("one text",), text_ids=((1, 2, 3, 4, 5, 6),), pieces=(("a", "b", "c", "d", "e", "f"),))
+    assert first_mismatch(own_tokens(LaterDifference(BackendSpec(backend="eager")), whole)).position == 6

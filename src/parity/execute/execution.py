@@ -106,11 +106,13 @@ def execute(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, repeats: 
 
 def own_tokens(backend, inputs: Inputs) -> dict[str, Any]:
     """The texts of `inputs` tokenized by `backend`'s own tokenizer beside the ids the reference's tokenizer gave
-    (`text_ids`: each text's whole, unpadded ids, before a text_file is cut into windows), with each side's text of
-    the first token where they differ (`at`: None where they agree), the only one a mismatch names: a text_file's
-    100k token texts are not asked of the backend one by one."""
+    (`text_ids`: each text's unpadded ids; a text_file cut into windows: the span its windows take, and the
+    backend's ids over that span), with each side's text of the first token where they differ (`at`: None where they
+    agree), the only one a mismatch names: a text_file's 100k token texts are not asked of the backend one by one."""
     reference = [list(ids) for ids in inputs.text_ids]
     target = backend.tokenize(list(inputs.texts))
+    if inputs.ids_cut:
+        target = [ids[:len(r)] for ids, r in zip(target, reference, strict=True)]
     at = [first_difference(r, t) for r, t in zip(reference, target, strict=True)]
 
     def piece(pieces, j):

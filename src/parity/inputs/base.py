@@ -22,16 +22,18 @@ class Inputs:
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     notes: tuple[str, ...] = ()
     scored_from: int = 0
-    # A text input set's texts, each one's ids as the reference's tokenizer gives them (a text cut into windows: the
-    # whole text's, the windows being cut from them) and each id's text (as its tokenizer writes it): what a backend
-    # that brings its own tokenizer tokenizes again and is compared with (verify/tokenizers.py)
+    # A text input set's texts, each one's ids as the reference's tokenizer gives them and each id's text (as its
+    # tokenizer writes it): what a backend that brings its own tokenizer tokenizes again and is compared with
+    # (verify/tokenizers.py). `ids_cut`: the ids are the first tokens of the text only, the span the input set runs
+    # (a text cut into windows, the rest dropped), and the other side's ids are compared over that span
     texts: tuple[str, ...] = ()
     text_ids: tuple[tuple[int, ...], ...] = ()
     pieces: tuple[tuple[str, ...], ...] = ()
+    ids_cut: bool = False
 
     def map(self, fn) -> Inputs:
         return Inputs(map_tensors(self.args, fn), map_tensors(self.kwargs, fn), scored_from=self.scored_from,
-                      texts=self.texts, text_ids=self.text_ids, pieces=self.pieces)
+                      texts=self.texts, text_ids=self.text_ids, pieces=self.pieces, ids_cut=self.ids_cut)
 
     def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> Inputs:
         """Move to `device`; cast floating tensors to `dtype` when given (integer inputs keep theirs)."""

@@ -204,6 +204,7 @@ def make_windows(text: str, folder: Path, n_ctx: int, windows: int | None) -> In
     cut = torch.tensor(ids[:count * n_ctx], dtype=torch.int64).view(count, n_ctx)
     if adds_bos(tokenizer):
         cut[:, 0] = tokenizer.bos_token_id
-    # the whole text's tokens: what tokenizer parity compares
+    # tokenizer parity compares the span the windows take: a difference further on changes nothing this set runs
+    span = ids[:count * n_ctx]
     return Inputs((), {"input_ids": cut, "attention_mask": torch.ones_like(cut)}, scored_from=n_ctx // 2,
-                  texts=(text,), text_ids=(tuple(ids),), pieces=(token_pieces(tokenizer, ids),))
+                  texts=(text,), text_ids=(tuple(span),), pieces=(token_pieces(tokenizer, span),), ids_cut=True)
