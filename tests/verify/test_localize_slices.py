@@ -5,6 +5,7 @@ which way it was measured (`measured_by`)."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -67,13 +68,21 @@ def faulted(fault: str) -> nn.Module:
     return inject(Sliced().eval(), fault, 1e-2, "exporting")
 
 
+@functools.cache
+def localized(fault: str):
+    """The ONNX Runtime localization of `fault`, and the progress it said: one descent, which the tests here only
+    read (each costs exports and a session per layer)."""
+    heard: list[str] = []
+    return localize(EAGER, ORT, faulted(fault), IMAGE, 1e-5, 1e-4, on_step=heard.append), heard
+
+
 def local(loc, parent: str = "") -> dict:
     return next(level for p, level in loc.levels if p == parent).local
 
 
 @pytest.mark.parametrize("fault", ["stem", "block.0", "head"])
 def test_a_slice_names_the_faulty_layer_and_says_how_each_layer_was_measured(fault):
-    loc = localize(EAGER, ORT, faulted(fault), IMAGE, 1e-5, 1e-4)
+    loc, _ = localized(fault)
     assert loc.culprit == fault, loc.verdict()
     top = local(loc)
     assert top[fault.split(".")[0]].measured_by == "slice"
@@ -100,7 +109,7 @@ def test_exported_alone_the_same_layer_is_named(monkeypatch):
 def test_a_slice_is_fed_the_reference_input_so_a_carried_error_is_not_its_own():
     """Downstream of the fault, `block` carries its error inside the target's run (propagated) but, fed the
     reference's recorded input, makes none of its own (local)."""
-    loc = localize(EAGER, ORT, faulted("stem"), IMAGE, 1e-5, 1e-4, granularity="depth:1")
+    loc, _ = localized("stem")
     level = loc.levels[0][1]
     assert level.propagated["block"].rel_rmse > 1e-3
     assert level.local["block"].measured_by == "slice" and level.local["block"].rel_rmse < 1e-5
@@ -118,32 +127,20 @@ def test_the_own_code_slice_finds_a_fault_between_layers():
     assert layers["drop"].measured_by.startswith("export (not in the exported graph")
 
 
-def test_the_graph_is_exported_once_and_its_cache_entry_stays_intact(tmp_path, monkeypatch):
+def test_the_graph_is_exported_once_its_cache_entry_stays_intact_and_the_observed_graph_is_read_not_edited(
+        tmp_path, monkeypatch):
     """Every level is sliced out of one export, which the artifact cache keeps: a second localization exports
-    nothing, and the entry it reads is never written to (edited graphs are held in memory)."""
+    nothing, and the entry it reads is never written to (edited graphs are held in memory). The graph with each
+    level's boundary values made outputs is an artifact of its own: the second localization neither parses the
+    layers graph nor edits it, and reads the same propagated errors. (One pair of localizations checks both: each
+    costs a whole tier-2 descent.)"""
     from parity.backends import onnxruntime
 
     exports = []
     real = onnxruntime.export_onnx
     monkeypatch.setattr(onnxruntime, "export_onnx", lambda *a, **k: exports.append(k.get("optimize")) or real(*a, **k))
     cache = ArtifactCache(tmp_path).open()
-    for _ in range(2):
-        with cache.for_model("sliced"):
-            loc = localize(EAGER, ORT, faulted("block.0"), IMAGE, 1e-5, 1e-4)
-        assert loc.culprit == "block.0"
-    assert exports.count(False) == 1  # the graph tier 2 looks inside, for both localizations and every level
-    entries = [p for p in (tmp_path / "artifacts").iterdir() if not p.name.startswith(".")]
-    assert entries and all(entry_problem(p, p.name, json.loads((p / ENTRY_FILE).read_text())["parts"]) is None
-                           for p in entries)
-
-
-def test_a_cached_observed_graph_is_read_not_edited_again(tmp_path, monkeypatch):
-    """The graph with each level's boundary values made outputs is an artifact of its own: a second localization
-    from the cache neither parses the layers graph nor edits it, and reads the same propagated errors."""
-    from parity.backends import onnxruntime
-
-    cache = ArtifactCache(tmp_path).open()
-    with cache.for_model("observed"):
+    with cache.for_model("sliced"):
         first = localize(EAGER, ORT, faulted("block.0"), IMAGE, 1e-5, 1e-4)
 
     def no_edit(*args, **kwargs):
@@ -151,9 +148,13 @@ def test_a_cached_observed_graph_is_read_not_edited_again(tmp_path, monkeypatch)
 
     monkeypatch.setattr(onnxruntime, "module_boundaries", no_edit)
     monkeypatch.setattr(onnxruntime, "add_outputs", no_edit)
-    with cache.for_model("observed"):
+    with cache.for_model("sliced"):
         again = localize(EAGER, ORT, faulted("block.0"), IMAGE, 1e-5, 1e-4)
     assert again.culprit == first.culprit == "block.0"
+    assert exports.count(False) == 1  # the graph tier 2 looks inside, for both localizations and every level
+    entries = [p for p in (tmp_path / "artifacts").iterdir() if not p.name.startswith(".")]
+    assert entries and all(entry_problem(p, p.name, json.loads((p / ENTRY_FILE).read_text())["parts"]) is None
+                           for p in entries)
     for (_, a), (_, f) in zip(again.levels, first.levels, strict=True):
         assert a.propagated and {n: e.rel_rmse for n, e in a.propagated.items()} == {
             n: e.rel_rmse for n, e in f.propagated.items()}
@@ -170,6 +171,5 @@ def test_a_localization_says_where_it_is():
     assert loc.culprit == "block2.0.0"
     assert "top level: layer 2 of 4, block1" in heard and "block2.0: layer 1 of 3, block2.0.0" in heard
     assert "top level: its own code" in heard and "block2 (2 layers): inside the target's run" in heard
-    sliced = []
-    localize(EAGER, ORT, faulted("head"), IMAGE, 1e-5, 1e-4, on_step=sliced.append)
+    _, sliced = localized("head")
     assert "top level: 5 layers as slices of the whole model's artifact" in sliced and "top level: layer 4 of 5, mix (not sliced)" in sliced
