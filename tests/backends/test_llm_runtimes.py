@@ -247,3 +247,28 @@ def test_the_targets_ids_read_back_and_their_quantization_options_need_a_scheme(
     assert problem.startswith("target optimum-openvino-cpu: group_size set NNCF's weight compression")
     assert OptimumOpenVinoBackend.spec_problem(BackendSpec(backend="optimum-openvino", options={"group_size": 64},
                                                            quantize={"scheme": "nncf-int4"})) is None
+
+
+class _Decoder:
+    """A backend whose `decode` continues every prompt with 7, 8, 9, ... and whose `run` must not be called."""
+
+    def run(self, inputs):
+        raise AssertionError("the continuation re-ran the whole buffer")
+
+    def decode(self, prompt, steps, forced=None):
+        from parity.backends.base import Decoded
+
+        logits = torch.zeros(prompt.shape[0], steps, VOCAB)
+        logits[:, torch.arange(steps), 7 + torch.arange(steps)] = 5.0
+        return Decoded(7 + torch.arange(steps).repeat(prompt.shape[0], 1), logits)
+
+
+def test_a_cached_decoder_continues_through_its_own_cache():
+    """Tier 3's free-running continuation of a CachedDecoding backend is its `decode` of the same prompt (a prefill and
+    steps through its cache), not `new_tokens` runs of the whole buffer."""
+    from parity.verify.tasks.text_generation import generate
+
+    ids = torch.arange(2, 14).reshape(2, 6)
+    out = generate(_Decoder().run, Inputs((), {"input_ids": ids}), 3)
+    assert out["tokens"] == [[7, 8, 9], [7, 8, 9]] and out["prompts"] == [[2, 3, 4], [8, 9, 10]]
+    assert len(out["margins"][0]) == 3 and out["margins"][0][0] > 0.5

@@ -129,8 +129,9 @@ class OrtGenAIBackend(Backend):
 
 
 def build_model(hf: Path, out: Path, precision: str, extra: dict[str, str], cache: Path) -> None:
-    """onnxruntime_genai's model builder on the folder `hf`, for the CPU, its console output kept quiet."""
-    with contextlib.redirect_stdout(io.StringIO()):
+    """onnxruntime_genai's model builder on the folder `hf`, for the CPU, its console output (prints, progress bars)
+    kept quiet."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         from onnxruntime_genai.models import builder
 
         options = builder.parse_extra_options(None, str(hf), str(out), precision, "cpu", str(cache),
