@@ -66,4 +66,10 @@ QUANTIZE_SCHEMES = {s.name: s for s in (
     # 8 and 6 bits at int8's gate, fewer at int4's
     *(QuantizeScheme(f"llamacpp-{t}", t.lower(), False, ("llama_cpp", "gguf"),
                      INT8_GATE if t[:2] in ("Q8", "Q6") else INT4_GATE, in_torch=False) for t in LLAMACPP_TYPES),
+    # ONNX Runtime GenAI's model builder's weight-only blockwise quantization (MatMulNBits: backends/ortgenai.py)
+    QuantizeScheme("ortgenai-int8", "int8-block", False, ("onnxruntime_genai",), INT8_GATE, in_torch=False),
+    QuantizeScheme("ortgenai-int4", "int4-block", False, ("onnxruntime_genai",), INT4_GATE, in_torch=False),
+    # NNCF's weight compression of optimum-intel's OpenVINO export (backends/openvino_llm.py)
+    QuantizeScheme("nncf-int8", "int8-nncf", False, ("optimum", "nncf", "openvino"), INT8_GATE, in_torch=False),
+    QuantizeScheme("nncf-int4", "int4-nncf", False, ("optimum", "nncf", "openvino"), INT4_GATE, in_torch=False),
 )}

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from parity import taxonomy as tx
-from parity.backends.llamacpp import LlamaCppBackend, _Runtime, _tokens
+from parity.backends.llamacpp import LlamaCppBackend, _Runtime
+from parity.backends.llm import token_ids
 from parity.config.schema import BackendSpec
 from parity.inputs import Inputs
 from parity.taxonomy import WorkerDied
@@ -84,10 +85,10 @@ def test_the_written_file_holds_the_modules_tensors(tiny_gguf, tiny_model, tmp_p
 def test_a_padded_batch_is_refused_naming_what_to_do():
     ids = torch.ones(2, 5, dtype=torch.int64)
     mask = torch.ones(2, 5, dtype=torch.int64)
-    assert _tokens(Inputs((), {"input_ids": ids, "attention_mask": mask})).shape == (2, 5)
+    assert token_ids(Inputs((), {"input_ids": ids, "attention_mask": mask}), "llama.cpp").shape == (2, 5)
     mask[1, 3:] = 0
     with pytest.raises(ValueError, match="no attention mask.*one token length"):
-        _tokens(Inputs((), {"input_ids": ids, "attention_mask": mask}))
+        token_ids(Inputs((), {"input_ids": ids, "attention_mask": mask}), "llama.cpp")
 
 
 def test_a_dead_worker_is_a_crash():

