@@ -77,6 +77,9 @@ SE_REPLICA_ARCHIVE = ROOT / "docs" / "study-se-replica.jsonl.gz"  # some of SE_A
 REPRO_ARCHIVES = (ROOT / "docs" / "study-repro-t1-records.jsonl.gz", ROOT / "docs" / "study-repro-t2-records.jsonl.gz")
 # The trained small language model's run (examples/llm.yaml, `make tiny-llm-demo`): tier 1 and text generation's tier 3.
 LLM_ARCHIVE = ROOT / "docs" / "study-llm-records.jsonl.gz"
+# SmolLM2-135M-Instruct on 1,020 positions of bundled prose (study/smollm2.yaml, v4): tier 1 and tier 3's statistics.
+SMOLLM2_ARCHIVE = ROOT / "docs" / "study-smollm2-records.jsonl.gz"
+SMOLLM2_TIME_ARCHIVE = ROOT / "docs" / "study-smollm2-time.txt"
 # Every BCa interval docs/study.md prints, with the clusters, draws and seed it was drawn from (render() writes it
 # beside the document; `--recompute` draws each again and compares the bits).
 INTERVALS_ARCHIVE = ROOT / "docs" / "study-intervals.jsonl"
@@ -1171,18 +1174,38 @@ def block_localize(s: Study) -> str:
             + table(["model", "target", "first divergent", "culprit", "required atol", "seconds", "note"], per_check))
 
 
+def _shape(r: dict) -> str:
+    """How a layers record places the drift: in the whole graph, in one module only as a whole, evenly spread."""
+    return ("whole graph" if r.get("whole_graph") else "only as a whole" if r.get("as_a_whole")
+            else "evenly spread" if r.get("evenly_spread") else "")
+
+
+def rerun_type(r: dict, name: str | None, survey: list[dict]) -> str:
+    """The class of a rerun's named module: the survey's (module_types, by name: the seed replicas and the
+    segmenters' backbones share their names' classes), else the class localize gave for its culprit, else '?'."""
+    if not name:
+        return "-"
+    for line in survey:
+        if name in (line.get("module_types") or {}) and line["model"].split("-s")[0] == r["model"].split("-s")[0]:
+            return line["module_types"][name]
+    return (r.get("culprit_code") or "?").split(" ")[0] if name == r.get("culprit") else "?"
+
+
 def block_localize_rerun(s: Study) -> str:
     """The survey's checks localized again (v4), beside the survey's own first divergent module: whether the
-    location holds on another commit, and the per-layer tables the survey's archive did not keep."""
+    location holds on another commit, and the per-layer tables the survey's archive did not keep; then the
+    counts the text reads from them (the first divergent module's class, the drift's shape)."""
     if not s.rerun:
         return "No check of the survey was localized again."
     surveyed = {(r["model"], r["inputs"], r["target"]): r for r in s.survey or []}
     rows, same = [], 0
     for r in s.rerun:
         before = (surveyed.get((r["model"], r["inputs"], r["target"])) or {}).get("first_divergent")
-        same += before == r.get("first_divergent")
-        rows.append([r["model"], r["target"], before or "-", r.get("first_divergent") or "none",
-                     "same" if before == r.get("first_divergent") else "**differs**", r.get("culprit") or "none",
+        first = r.get("first_divergent")
+        same += before == first
+        rows.append([r["model"], r["target"], before or "-",
+                     f"{first} (`{rerun_type(r, first, s.survey or [])}`)" if first else "none",
+                     "same" if before == first else "**differs**", r.get("culprit") or "none", _shape(r),
                      sum(len(level.get("layers") or []) for level in r.get("levels") or []), seconds(r.get("wall_s"))])
     runs = dict.fromkeys((r.get("git_commit") or "unknown")[:10] + " on " + (r.get("cpu") or {}).get("model", "?")
                          + f" ({', '.join((r.get('cpu') or {}).get('flags') or [])})" for r in s.rerun)
@@ -1190,8 +1213,27 @@ def block_localize_rerun(s: Study) -> str:
             f"torch thread; parity at {'; '.join(runs)}): {same} name the same first divergent module as the survey. "
             f"Their layers records are archived whole ({RERUN_ARCHIVE.name}): each level's rows, a layer's own and "
             f"propagated errors, which the survey's archive did not keep.")
-    return head + "\n\n" + table(["model", "target", "survey's first divergent", "v4's first divergent", "",
-                                   "v4's culprit", "layer rows archived", "localize's own seconds"], rows)
+    backbone = [r for r in s.rerun if s.family(r["model"]) == "mobilenet_v3_large" and s.task(r["model"]) != "detection"]
+    types = Counter(rerun_type(r, r.get("first_divergent"), s.survey or []) for r in backbone)
+    shapes = Counter(_shape(r) or "none of these" for r in backbone)
+    counts = (f"\n\nOn MobileNetV3-large's backbone (the classifier and its seeds, LR-ASPP, DeepLabV3): {len(backbone)} "
+              f"of these checks; their first divergent module's class: "
+              + ", ".join(f"`{k}` {n}" for k, n in types.most_common()) + "; the drift's shape: "
+              + ", ".join(f"{k} {n}" for k, n in shapes.most_common()) + ".") if backbone else ""
+    return head + counts + "\n\n" + table(["model", "target", "survey's first divergent", "rerun's first divergent", "",
+                                            "rerun's culprit", "shape", "layer rows archived", "localize's own seconds"],
+                                           rows)
+
+
+def merge_reruns(archived: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The archived reruns with `new` added: a check localized again replaces its archived line in place, so a
+    later session's reruns extend the archive instead of dropping what an earlier one measured."""
+    def key(r: dict) -> tuple:
+        return r["model"], r["inputs"], r["target"]
+
+    fresh = {key(r): r for r in new}
+    kept = [fresh.pop(key(r), r) for r in archived]
+    return kept + [r for r in new if key(r) in fresh]
 
 
 def rerun_lines(folder: Path) -> list[dict[str, Any]]:
@@ -1217,14 +1259,16 @@ class Experiments:
     """The rows of the study/ experiments, each archived beside the study: `detector` (study/detector_at_scale.py
     --json: one line per target and image, at `--threads` 1 and 2), `se` (study/se_control.py --json: one line
     per model, variant, target and block), `repro` (the records of study/repro_threads.sh's two runs, one
-    thread then two), `llm` (the records of examples/llm.yaml's run) and `se_replica` (study/se_control.py's rows
-    measured again in a later session, for rows `se` already holds: how far its numbers move between runs)."""
+    thread then two), `llm` (the records of examples/llm.yaml's run), `se_replica` (study/se_control.py's rows
+    measured again in a later session, for rows `se` already holds: how far its numbers move between runs) and
+    `smollm2` (the records of study/smollm2.yaml's run, with GNU time's figures as `smollm2_time`)."""
 
     def __init__(self, detector: list[dict] | None = None, se: list[dict] | None = None,
                  repro: tuple[list[dict], list[dict]] | None = None, llm: list[dict] | None = None,
-                 se_replica: list[dict] | None = None):
+                 se_replica: list[dict] | None = None, smollm2: list[dict] | None = None,
+                 smollm2_time: dict[str, float] | None = None):
         self.detector, self.se, self.repro, self.llm = detector or [], se or [], repro, llm or []
-        self.se_replica = se_replica or []
+        self.se_replica, self.smollm2, self.smollm2_time = se_replica or [], smollm2 or [], smollm2_time
 
 
 def decision_changed(row: dict) -> bool:
@@ -1412,6 +1456,65 @@ def block_llm(x: Experiments) -> str:
                      "perplexity ratio", "real / near-tie flips", "continuations equal", "first divergence"], rows))
 
 
+def _pm(m: dict, key: str, scale: float = 1.0, fmt: str = ".4g") -> str:
+    """`value ± SE` of a text-generation statistic (its standard error under `key_se`), scaled (100: percent)."""
+    value, se = m.get(key), m.get(f"{key}_se")
+    if value is None:
+        return "nan"
+    return f"{value * scale:{fmt}} ± {se * scale:.2g}" if se is not None else f"{value * scale:{fmt}}"
+
+
+def _smollm2_checks(x: Experiments) -> tuple[dict, list[dict]]:
+    """study/smollm2.yaml's tier-1 checks by target and its tier-3 checks in the run's order."""
+    checks = [r for r in x.smollm2 if r.get("kind") == "check"]
+    return {c["target"]: c for c in checks if c["tier"] == 1}, [c for c in checks if c["tier"] == 3]
+
+
+def block_smollm2(x: Experiments) -> str:
+    """SmolLM2-135M-Instruct on every target: tier 1 beside text generation's statistics as llama-perplexity's
+    `--kl-divergence` prints them (each with its standard error), read from the archived records."""
+    tier1, tier3 = _smollm2_checks(x)
+    if not tier3:
+        return "study/smollm2.yaml's run did not come with the study."
+    env = next((r for r in x.smollm2 if r.get("kind") == "run"), {}).get("environment") or {}
+    m0 = tier3[0]["metrics"]
+    margin = (tier3[0].get("thresholds") or {}).get("near_tie_margin")
+    rows = []
+    for c in tier3:
+        m, one = c["metrics"], tier1.get(c["target"], {})
+        rows.append([c["target"], ("pass" if one.get("passed") else "FAIL") + f" {one.get('required_atol') or 0:.1e}",
+                     "agrees" if c["passed"] else c["failure_class"], _pm(m, "ppl_target"),
+                     _pm(m, "perplexity_ratio", fmt=".4f"), _pm(m, "kl_mean", fmt=".2e"),
+                     _pm(m, "same_top1", 100, ".2f"), f"{m['real_flips']} / {m['near_tie_flips']}",
+                     _pm(m, "delta_p_rms", 100, ".3g")])
+    took = x.smollm2_time
+    return (f"study/smollm2.yaml (parity at {(env.get('git_commit') or 'unknown')[:10]}, "
+            f"{env.get('threads')} torch threads, {(env.get('cpu') or {}).get('model')}"
+            + (f"; {duration(took['wall_s'])} wall, {took.get('peak_mib', 0) / 1024:.1f} GiB peak resident (GNU time)" if took else "")
+            + f"): {m0['positions']} scored next-token positions, reference (eager float32) perplexity "
+            f"{_pm(m0, 'ppl_reference')}. Every ± is one standard error as llama-perplexity computes it, over the "
+            f"positions taken as independent (consecutive positions of a window are not). Same top-1 counts every "
+            f"position whose most likely token is the same; a flip is a near tie when the reference's top two "
+            f"are within {margin} in probability. Tier 1: the verdict at the gate and the required atol.\n\n"
+            + table(["target", "tier 1", "tier 3", "PPL(target)", "PPL(target)/PPL(reference)", "mean KLD",
+                     "same top-1 (%)", "real / near-tie flips", "RMS Δp (%)"], rows))
+
+
+def block_smollm2_spread(x: Experiments) -> str:
+    """The same checks' KL and Δp distributions over the positions (llama-perplexity's percentiles)."""
+    _, tier3 = _smollm2_checks(x)
+    if not tier3:
+        return "study/smollm2.yaml's run did not come with the study."
+    rows = [[c["target"], *(f"{c['metrics'][k]:.2e}" for k in ("kl_median", "kl_p90", "kl_p99", "kl_p999", "kl_max")),
+             _pm(c["metrics"], "delta_p_mean", 100, ".3f"),
+             *(f"{100 * c['metrics'][k]:.2f}" for k in ("delta_p_min", "delta_p_p01", "delta_p_p99", "delta_p_max"))]
+            for c in tier3]
+    return ("KL divergence per position (reference ‖ target) and Δp (the target's probability of the text's next token "
+            "less the reference's, in percent) over the same positions: percentiles as llama-perplexity takes them.\n\n"
+            + table(["target", "KLD median", "KLD 90%", "KLD 99%", "KLD 99.9%", "KLD max", "mean Δp (%)",
+                     "Δp min", "Δp 1%", "Δp 99%", "Δp max"], rows))
+
+
 def block_repro(x: Experiments) -> str:
     lines = []
     if x.repro:
@@ -1509,6 +1612,8 @@ EXPERIMENT_BLOCKS = {
     "se-replica": block_se_replica,
     "repro": block_repro,
     "llm": block_llm,
+    "smollm2": block_smollm2,
+    "smollm2-spread": block_smollm2_spread,
 }
 MARKER = re.compile(r"<!-- study:([\w-]+) -->\n.*?<!-- /study:\1 -->", re.S)
 
@@ -1609,16 +1714,20 @@ def _timing(source: Path, archived: Path, archived_time: Path, told: str | None 
 
 
 def load_experiments(detector: str | None = None, se: str | None = None,
-                     repro: list[str] | None = None, llm: str | None = None, se_replica: str | None = None) -> Experiments:
-    """The study/ experiments' rows: the files given, else the archived ones (an experiment with neither is empty)."""
+                     repro: list[str] | None = None, llm: str | None = None, se_replica: str | None = None,
+                     smollm2: str | None = None) -> Experiments:
+    """The study/ experiments' rows: the files given, else the archived ones (an experiment with neither is empty).
+    A run given as a folder (llm, smollm2) is read as records."""
     def rows(given: str | None, archived: Path) -> list[dict] | None:
         path = Path(given) if given else archived
-        return load_records(path) if path.is_file() else None
+        return load_records(path) if path.exists() else None
 
     runs = [Path(r) for r in repro] if repro else list(REPRO_ARCHIVES)
+    smollm2_source = Path(smollm2) if smollm2 else SMOLLM2_ARCHIVE
     return Experiments(rows(detector, DETECTOR_ARCHIVE), rows(se, SE_ARCHIVE),
                        tuple(load_records(r) for r in runs) if all(r.exists() for r in runs) else None,
-                       rows(llm, LLM_ARCHIVE), rows(se_replica, SE_REPLICA_ARCHIVE))
+                       rows(llm, LLM_ARCHIVE), rows(se_replica, SE_REPLICA_ARCHIVE), rows(smollm2, SMOLLM2_ARCHIVE),
+                       _timing(smollm2_source, SMOLLM2_ARCHIVE, SMOLLM2_TIME_ARCHIVE))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1642,6 +1751,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repro", nargs=2, metavar=("ONE_THREAD", "TWO_THREADS"),
                         help="study/repro_threads.sh's two run folders (default: the archived records)")
     parser.add_argument("--llm", help="examples/llm.yaml's run: a folder or records (default: the archived records)")
+    parser.add_argument("--smollm2", help="study/smollm2.yaml's run: a folder or records (default: "
+                                           f"{SMOLLM2_ARCHIVE.relative_to(ROOT)})")
     parser.add_argument("--doc", default=str(DOC), help="the document to rewrite (default: docs/study.md; "
                                                         "-: print the tables instead)")
     parser.add_argument("--recompute", action="store_true",
@@ -1649,7 +1760,8 @@ def main(argv: list[str] | None = None) -> int:
                              "draws and seed, and say which bounds differ (exit 1 if any)")
     parser.add_argument("--localize-rerun", type=Path, metavar="FOLDER",
                         help="parity localize output folders (one per check) of survey checks localized again: with "
-                             f"--archive, their layers records go to {RERUN_ARCHIVE.relative_to(ROOT)}")
+                             f"--archive, their layers records are added to {RERUN_ARCHIVE.relative_to(ROOT)} (a "
+                             "check already there is replaced)")
     parser.add_argument("--archive", action="store_true",
                         help="first copy the runs given as folders (and the fidelity rows) into docs/ (see above)")
     args = parser.parse_args(argv)
@@ -1663,7 +1775,8 @@ def main(argv: list[str] | None = None) -> int:
     first_source = Path(args.first) if args.first else FIRST_ARCHIVE
     if args.archive:
         if not (source.is_dir() or trained_source.is_dir() or first_source.is_dir() or fidelity_source != FIDELITY_ARCHIVE
-                or args.detector or args.se or args.se_replica or args.repro or args.llm or args.localize_rerun):
+                or args.detector or args.se or args.se_replica or args.repro or args.llm or args.smollm2
+                or args.localize_rerun):
             parser.error("--archive takes a run folder (the study's, --trained's, --first's, --repro's), --fidelity, "
                          "--detector or --se rows")
         if source.is_dir():
@@ -1684,10 +1797,14 @@ def main(argv: list[str] | None = None) -> int:
             archive(Path(run_dir), archived, archived.with_name(archived.name.replace("-records.jsonl.gz", "-time.txt")))
         if args.llm:
             archive(Path(args.llm), LLM_ARCHIVE, LLM_ARCHIVE.with_name("study-llm-time.txt"))
+        if args.smollm2:
+            archive(Path(args.smollm2), SMOLLM2_ARCHIVE, SMOLLM2_TIME_ARCHIVE)
         if args.localize_rerun:
+            merged = merge_reruns(load_records(RERUN_ARCHIVE) if RERUN_ARCHIVE.is_file() else [],
+                                  rerun_lines(args.localize_rerun))
             with gzip.open(RERUN_ARCHIVE, "wt", encoding="utf-8", compresslevel=9) as f:
-                f.writelines(json.dumps(r) + "\n" for r in rerun_lines(args.localize_rerun))
-        args.detector = args.se = args.se_replica = args.repro = args.llm = None
+                f.writelines(json.dumps(r) + "\n" for r in merged)
+        args.detector = args.se = args.se_replica = args.repro = args.llm = args.smollm2 = None
         if fidelity_source != FIDELITY_ARCHIVE:
             FIDELITY_ARCHIVE.write_text(fidelity_source.read_text(encoding="utf-8"), encoding="utf-8")
             fidelity_source = FIDELITY_ARCHIVE
@@ -1699,7 +1816,7 @@ def main(argv: list[str] | None = None) -> int:
                if trained_source.exists() else None)
     first = (Study(load_records(first_source), _timing(first_source, FIRST_ARCHIVE, FIRST_TIME_ARCHIVE))
              if first_source.exists() else None)
-    experiments = load_experiments(args.detector, args.se, args.repro, args.llm, args.se_replica)
+    experiments = load_experiments(args.detector, args.se, args.repro, args.llm, args.se_replica, args.smollm2)
     if args.doc == "-":
         blocks = [(name, block, study) for name, block in BLOCKS.items()]
         blocks += [(name, block, trained) for name, block in TRAINED_BLOCKS.items()] if trained else []

@@ -566,12 +566,28 @@ def test_a_check_localized_again_is_set_beside_the_survey_s_first_divergent_modu
     assert [r["levels"] for r in rerun] == [layers("m", None)["levels"]] * 2 and rerun[0]["git_commit"] == "8434d745deab"
     survey = [{"model": m, "inputs": "photos", "target": "ort", "first_divergent": f}
               for m, f in (("m1", "features.11"), ("m2", "features.12"))]
-    text = st.block_localize_rerun(SimpleNamespace(rerun=rerun, survey=survey))  # the two fields the block reads
+    survey[0]["module_types"] = {"features.11": "InvertedResidual"}
+    rerun[1].update(as_a_whole=True, culprit_code="SqueezeExcitation (misc.py:225)")
+    study = SimpleNamespace(rerun=rerun, survey=survey, family=lambda m: "mobilenet_v3_large", task=lambda m: "x")
+    text = st.block_localize_rerun(study)  # the fields the block reads
     assert text.startswith("2 of the survey's checks localized again in v4 (`parity localize`, one check per process, "
                            "one torch thread; parity at 8434d745de on EPYC (avx2)): 1 name the same first divergent")
-    assert rows_of(text.split("\n\n", 1)[1]) == [
-        ["m1", "ort", "features.11", "features.11", "same", "features.11", "4", "12.5"],
-        ["m2", "ort", "features.12", "features.13", "**differs**", "features.13", "4", "12.5"]]
+    assert ("2 of these checks; their first divergent module's class: `InvertedResidual` 1, `SqueezeExcitation` 1; "
+            "the drift's shape: none of these 1, only as a whole 1.") in text
+    assert rows_of(text.split("\n\n", 2)[2]) == [
+        ["m1", "ort", "features.11", "features.11 (`InvertedResidual`)", "same", "features.11", "", "4", "12.5"],
+        ["m2", "ort", "features.12", "features.13 (`SqueezeExcitation`)", "**differs**", "features.13",
+         "only as a whole", "4", "12.5"]]
+    study.task = lambda m: "detection"  # a detector on the backbone is not counted among the backbone's checks
+    assert "these checks;" not in st.block_localize_rerun(study)
+
+
+def test_a_later_rerun_replaces_its_check_in_the_archive_and_adds_the_others():
+    def line(model, first):
+        return {"model": model, "inputs": "photos", "target": "ort", "first_divergent": first}
+
+    merged = st.merge_reruns([line("a", "x"), line("b", "y")], [line("c", "z"), line("a", "w")])
+    assert [(r["model"], r["first_divergent"]) for r in merged] == [("a", "w"), ("b", "y"), ("c", "z")]
 
 
 def test_the_archive_keeps_the_survey_s_fields_and_drops_a_stale_one(records, tmp_path):
@@ -823,3 +839,48 @@ def test_the_language_model_table_reads_tier_1_beside_tier_3_and_the_earliest_di
                        "2/2", "-"]
     assert rows[1][:3] == ["b", "FAIL 5.0e-01", "decision_flip"] and rows[1][-2:] == ["2/4", "2"]
     assert st.block_llm(st.Experiments()) == "examples/llm.yaml's run did not come with the study."
+
+
+def _smollm2_records():
+    """A run of two targets as study/smollm2.yaml's records hold it: tier 1 and tier 3 with llama-perplexity's
+    statistics."""
+    def stats(ppl, kl, same, real, near):
+        m = {"positions": 1020, "ppl_reference": 12.974, "ppl_reference_se": 1.1053, "ppl_target": ppl,
+             "ppl_target_se": 1.21, "perplexity_ratio": ppl / 12.974, "perplexity_ratio_se": 0.0124, "kl_mean": kl,
+             "kl_mean_se": kl / 20, "same_top1": same, "same_top1_se": 0.00964, "real_flips": real,
+             "near_tie_flips": near, "delta_p_rms": 0.0649, "delta_p_rms_se": 0.0045, "delta_p_mean": -0.00996,
+             "delta_p_mean_se": 0.002}
+        m.update({k: kl * f for k, f in (("kl_median", 0.8), ("kl_p90", 2), ("kl_p99", 5), ("kl_p999", 10), ("kl_max", 20))})
+        m.update({"delta_p_min": -0.688, "delta_p_p01": -0.212, "delta_p_p99": 0.154, "delta_p_max": 0.232})
+        return m
+
+    def check(target, tier, passed, **more):
+        return {"kind": "check", "tier": tier, "target": target, "passed": passed,
+                "failure_class": None if passed else "decision_flip", **more}
+
+    return [{"kind": "run", "environment": {"git_commit": "0123456789abcdef", "threads": 2, "cpu": {"model": "AMD EPYC"}}},
+            check("compile-cpu", 1, True, required_atol=2e-5),
+            check("compile-cpu", 3, True, metrics=stats(12.974, 1e-12, 1.0, 0, 0), thresholds={"near_tie_margin": 0.01}),
+            check("llamacpp-cpu-q4_k_m", 1, False, required_atol=5.08),
+            check("llamacpp-cpu-q4_k_m", 3, False, metrics=stats(13.986, 0.0550158, 0.894118, 100, 8),
+                  thresholds={"near_tie_margin": 0.01})]
+
+
+def test_the_smollm2_tables_read_each_statistic_with_its_standard_error_from_the_records():
+    """The language-model section's numbers are its archived records' (render() re-computes the section from
+    them): each ± is the record's own `_se`, the flips split real / near tie, the percentiles its own."""
+    x = st.Experiments(smollm2=_smollm2_records(), smollm2_time={"wall_s": 754.0, "peak_mib": 3072.0})
+    text = st.block_smollm2(x)
+    assert text.startswith("study/smollm2.yaml (parity at 0123456789, 2 torch threads, AMD EPYC; 12 min 34 s wall, "
+                           "3.0 GiB peak resident (GNU time)): 1020 scored next-token positions, reference (eager "
+                           "float32) perplexity 12.97 ± 1.1.")
+    assert "within 0.01 in probability" in text
+    assert rows_of(text.split("\n\n", 1)[1]) == [
+        ["compile-cpu", "pass 2.0e-05", "agrees", "12.97 ± 1.2", "1.0000 ± 0.012", "1.00e-12 ± 5e-14", "100.00 ± 0.96",
+         "0 / 0", "6.49 ± 0.45"],
+        ["llamacpp-cpu-q4_k_m", "FAIL 5.1e+00", "decision_flip", "13.99 ± 1.2", "1.0780 ± 0.012",
+         "5.50e-02 ± 0.0028", "89.41 ± 0.96", "100 / 8", "6.49 ± 0.45"]]
+    spread = rows_of(st.block_smollm2_spread(x).split("\n\n", 1)[1])
+    assert spread[1] == ["llamacpp-cpu-q4_k_m", "4.40e-02", "1.10e-01", "2.75e-01", "5.50e-01", "1.10e+00",
+                         "-0.996 ± 0.2", "-68.80", "-21.20", "15.40", "23.20"]
+    assert st.block_smollm2(st.Experiments()) == "study/smollm2.yaml's run did not come with the study."
