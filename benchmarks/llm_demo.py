@@ -89,7 +89,7 @@ def main() -> int:
         t = tier3.get(r["backend"], {})
         m = t.get("metrics") or {}
         verdict = "" if not t else "pass" if t.get("passed") else "FAIL"
-        print(f"{r['backend']:<28} {r.get('prepare_s') or 0:>10.1f} {sum(r.get('run_s') or []):>8.1f} {verdict:>7} "
+        print(f"{r['backend']:<28} {r.get('prepare_s') or 0:>10.1f} {r.get('run_s') or 0:>8.1f} {verdict:>7} "
               f"{m.get('kl_mean', float('nan')):>10.4g} {m.get('same_top1', float('nan')):>11.4f} "
               f"{m.get('perplexity_ratio', float('nan')):>10.4f}")
     return code

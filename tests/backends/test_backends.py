@@ -167,3 +167,13 @@ def test_eager_options_reach_the_models_forward():
     assert autocast["weight_dtype"] == "torch.float32" and autocast["matmul_dtype"] == "torch.bfloat16"
     cast = run("eager", model, x, dtype="bfloat16")
     assert cast["weight_dtype"] == cast["matmul_dtype"] == "torch.bfloat16"
+
+
+def test_a_missing_library_is_said_even_when_named_by_a_submodule_of_a_missing_package():
+    """`optimum.intel` where `optimum` itself is not installed: find_spec raises for the parent; the backend is
+    unavailable with the install line, never an error at import of a test or at `parity backends`."""
+    from parity.backends.base import not_installed
+
+    assert not_installed("no_such_package_here.intel", "'parity[x]'", "x-intel") == (
+        "x-intel is not installed (pip install 'parity[x]')")
+    assert not_installed("json", "json") is None

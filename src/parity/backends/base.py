@@ -48,7 +48,11 @@ class ThreadsOptions(BaseModel):
 def not_installed(module: str, install: str, name: str | None = None) -> str | None:
     """A backend's reason not to run when its library is missing (found without importing it: some take
     seconds to import), else None. `install` is the pip argument that brings it; `name` its pip name."""
-    if importlib.util.find_spec(module) is None:
+    try:
+        found = importlib.util.find_spec(module)
+    except ModuleNotFoundError:  # a submodule's parent package is missing (`optimum.intel` without `optimum`)
+        found = None
+    if found is None:
         return f"{name or module} is not installed (pip install {install})"
     return None
 
