@@ -344,7 +344,9 @@ class CodeWalk:
                 for file in _class_files(k):
                     self._file(file)
                 for name, attr in sorted(vars(k).items()):
-                    if name not in ("__dict__", "__weakref__"):
+                    # an empty `__annotations__` is what Python puts in a class's dict the first time anything
+                    # reads it (a runtime-checkable Protocol's isinstance does): not code, and not there before
+                    if name not in ("__dict__", "__weakref__") and not (name == "__annotations__" and attr == {}):
                         self._token(name)
                         self._value(attr)
 

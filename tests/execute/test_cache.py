@@ -630,3 +630,22 @@ def test_each_kind_of_cpu_kernel_gets_its_own_inductor_cache(tmp_path, monkeypat
         assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "c" / "inductor" / cache.kernel_tag())
     finally:
         configure(None)
+
+
+class _NoAnnotations:
+    def forward(self, x):
+        return x
+
+
+def test_a_class_whose_annotations_were_read_keeps_its_code_fingerprint():
+    """Reading a class's `__annotations__` (a runtime-checkable Protocol's isinstance does) puts an empty dict in
+    the class's own dict: the code is the same, so its fingerprint is too (else every finished run re-runs)."""
+    from parity.fingerprint import code_fingerprint
+
+    class Fresh(_NoAnnotations):
+        pass
+
+    before = code_fingerprint(None, Fresh)
+    assert "__annotations__" not in vars(Fresh)
+    Fresh.__annotations__  # noqa: B018 -- the read that creates it
+    assert vars(Fresh)["__annotations__"] == {} and code_fingerprint(None, Fresh) == before
