@@ -48,6 +48,26 @@ def test_without_room_for_every_copy_one_backend_at_a_time_holds_its_copy(tmp_pa
     assert len(runs) == 8 and all(r["latency_interleaved"] is False for r in runs)
 
 
+def test_one_at_a_time_each_target_is_judged_and_its_outputs_let_go_before_the_next_runs(tmp_path, monkeypatch):
+    """One backend at a time, a target's check is written as soon as it ends, before the next target's execution, and
+    its outputs are let go: a job never holds every target's outputs (a language model's logits: 0.4 GB each)."""
+    held = []
+    real = executors.execute_together
+
+    def watching(*args, on_done=None, **kwargs):
+        def done(index, ex):
+            on_done(index, ex)
+            held.append((index, len(ex.outputs)))
+        return real(*args, on_done=done, **kwargs)
+
+    monkeypatch.setattr(executors, "execute_together", watching)
+    records, _ = _run(tmp_path, monkeypatch, available=1)
+    order = [(r["kind"], r.get("backend") or r.get("target")) for r in records if r["kind"] in ("execution", "check")]
+    for earlier, later in (("t1", "t2"), ("t2", "t3")):
+        assert order.index(("check", earlier)) < order.index(("execution", later))
+    assert held == [(0, 2), (1, 0), (2, 0), (3, 0)]  # the reference's kept to judge against, each target's dropped
+
+
 def test_a_copy_held_only_by_a_reference_cycle_is_freed_before_the_next_is_made(tmp_path, monkeypatch):
     """With Python's automatic collection off, so that only the schedule's own collection can free the cycle."""
     gc.disable()

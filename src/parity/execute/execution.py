@@ -136,7 +136,7 @@ OwnCopy = Callable[[], torch.nn.Module]  # makes a backend's own copy of the mod
 
 def execute_together(backends: list[tuple[BackendSpec, OwnCopy]], inputs: Inputs, repeats: int, on_run=None,
                      warmup: int = 0, example: Inputs | None = None, on_step=None,
-                     interleave: bool = True) -> list[Execution]:
+                     interleave: bool = True, on_done=None) -> list[Execution]:
     """`execute` for several backends on one input set, each given the copy of the model its `OwnCopy` makes
     when it is prepared, their timed repeats interleaved: all are prepared, then warmed up, then timed in turns
     (the first, the second, ..., the first again), so that a slow spell of the machine falls on all of them
@@ -146,7 +146,9 @@ def execute_together(backends: list[tuple[BackendSpec, OwnCopy]], inputs: Inputs
     `interleave` False: every backend is a group of its own, so only one backend's copy of the model is alive
     at a time (a model whose copies together would not fit in memory: runner/executors.py decides). Each
     execution says whether its timed runs took turns with another's (`interleaved`). `on_step(text)` hears what
-    is being done (for a progress line: a compilation can take minutes)."""
+    is being done (for a progress line: a compilation can take minutes). `on_done(index, execution)` hears each
+    execution once its backend is closed, in order, so that a caller can judge it and let its outputs go before the
+    next group runs (a language model's logits are hundreds of MB a target)."""
     say = on_step or (lambda text: None)
     runs = [_Run(spec, own_copy, inputs, example if example is not None else inputs, on_run, warmup)
             for spec, own_copy in backends]
@@ -179,6 +181,8 @@ def execute_together(backends: list[tuple[BackendSpec, OwnCopy]], inputs: Inputs
         finally:
             for run in group:
                 run.close()
+        for run in group if on_done is not None else ():
+            on_done(runs.index(run), run.result)
     return [run.result for run in runs]
 
 

@@ -42,15 +42,19 @@ class Executor(ABC):
         built the same."""
 
     def execute_together(self, job: Job, specs: list[BackendSpec], model: torch.nn.Module, inputs: Inputs,
-                         on_run: OnRun = None, example: Inputs | None = None, on_step=None) -> list[Execution]:
+                         on_run: OnRun = None, example: Inputs | None = None, on_step=None,
+                         on_done=None) -> list[Execution]:
         """`execute` for each of `specs` (the first is what the others are judged against: when it fails, the
         others are not run). Here one after the other, each timed alone; an executor that runs them in this
-        process interleaves their timed repeats instead (LocalExecutor). `on_step(text)` hears which backend runs."""
+        process interleaves their timed repeats instead (LocalExecutor). `on_step(text)` hears which backend runs;
+        `on_done(index, execution)` each execution as it ends (execute.execution.execute_together)."""
         done: list[Execution] = []
         for spec in specs:
             if on_step is not None:
                 on_step(spec.id)
             done.append(self.execute(job, spec, model, inputs, on_run, example))
+            if on_done is not None:
+                on_done(len(done) - 1, done[-1])
             if not done[0].ok:
                 break
         return done

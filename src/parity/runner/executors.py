@@ -43,7 +43,7 @@ class LocalExecutor(Executor):
         [result] = self.execute_together(job, [spec], model, inputs, on_run, example)
         return result
 
-    def execute_together(self, job, specs, model, inputs, on_run=None, example=None, on_step=None):
+    def execute_together(self, job, specs, model, inputs, on_run=None, example=None, on_step=None, on_done=None):
         available = available_memory()
         together = fits_together(model, len(specs), available)
         if not together and len(specs) > 1:
@@ -53,7 +53,7 @@ class LocalExecutor(Executor):
                      "unknown" if available is None else f"{available / 1e9:.1f} GB")
         copies = [(spec, functools.partial(own_copy, model, spec, job.model.name)) for spec in specs]
         return execute_together(copies, inputs, job.repeats, on_run=on_run, warmup=self.exp.warmup, example=example,
-                                on_step=on_step, interleave=together)
+                                on_step=on_step, interleave=together, on_done=on_done)
 
 
 # The share of the available memory that the copies of a job's backends may take together, for their timed runs to

@@ -5,8 +5,9 @@ exports in the Runner's artifact cache. The command line and the Python API only
 
 Memory stays bounded by one model and input set (and its example) at a time: the backends of a job are
 prepared together (their timed repeats interleave, under the local executor) when their copies of the model
-fit in memory together, else one at a time (runner/executors.py), every output of the job is kept until its
-targets are judged, and each target's outputs are dropped once its check is written.
+fit in memory together, else one at a time (runner/executors.py); each target is judged as soon as its backend
+is closed and the reference's (and oracle's) outputs are in, and its outputs are dropped once its check is written,
+so that one at a time, a job holds the reference's outputs and one target's, never every target's.
 
 Resuming. A run into a folder that already holds records of the same experiment continues it. The unit
 of resumption is a *judgement*: one target on one (model, input set), that is its tier-1 check together
@@ -201,6 +202,9 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
 
     # The reference, the oracle and the targets together: their timed repeats interleave where they run here.
     specs = [*job.baselines, *pending]
+    names = {"model": job.model.name, "inputs": job.inputs.name}
+    baselines: dict[int, Execution] = {}
+    judged_early: set[int] = set()
     advanced = 0
 
     def on_run(ex: Execution, repeat: int) -> None:
@@ -209,27 +213,9 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
         advanced += 1
         progress.advance(1)
 
-    with follow_up.asking(task_follow_up(job.model, exp)):  # a worker asks the same of its own executions
-        done = executor.execute_together(job, specs, model, inputs, example=example, on_run=on_run,
-                                         on_step=lambda text: progress.describe(f"{job.model.name} / {job.inputs.name} / {text}"))
-    reference = done[0]
-    for ex in done if reference.ok else done[:1]:
-        if not ex.ok:
-            _record_execution(writer, job, ex, None)
-    progress.advance(job.executions - advanced)  # the repeats of failed and skipped executions
-    if reference.status == "unavailable":
-        raise ParityError(f"the reference backend {job.reference.id} cannot run here: {reference.error}")
-    names = {"model": job.model.name, "inputs": job.inputs.name}
-    if not reference.ok:  # nothing to judge the targets against: their checks say so, and they are not run
-        for spec in pending:
-            check = judge(reference, spec, exp.tolerance_for(spec), **names)
-            writer.write("check", **check.model_dump(exclude_unset=True, exclude={"kind"}), fingerprints=fingerprints[spec.id])
-        return
-    oracle = done[1] if job.oracle else None
-    targets = done[len(job.baselines):]
-    del done
-    for spec in pending:
-        target = targets.pop(0)  # its outputs are dropped once its check is written
+    def judge_target(spec: BackendSpec, target: Execution, reference: Execution, oracle: Execution | None) -> None:
+        if not target.ok:
+            _record_execution(writer, job, target, None)
         task = task_check(job, target, reference, exp, inputs) if exp.tiers.evaluate_tasks else None
         if task:
             writer.write("check", **task)
@@ -242,6 +228,40 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
                                                     example, target.notes,
                                                     on_step=lambda text, spec=spec: progress.describe(f"localizing {spec.id}: {text}")))
         writer.write("check", **check.model_dump(exclude_unset=True, exclude={"kind"}), fingerprints=fingerprints[spec.id])  # last: the judgement is complete
+
+    def on_done(index: int, ex: Execution) -> None:
+        """A target is judged as soon as it ends, once the reference (and the oracle) have, and its outputs let go:
+        a job never holds every target's outputs at once (a language model's logits: hundreds of MB each)."""
+        if index < len(job.baselines):
+            baselines[index] = ex
+            return
+        reference = baselines.get(0)
+        if reference is None or not reference.ok or (job.oracle and 1 not in baselines):
+            return
+        judge_target(specs[index], ex, reference, baselines[1] if job.oracle else None)
+        judged_early.add(index)
+        ex.outputs, ex.warmup_outputs, ex.follow_up = [], [], None
+
+    with follow_up.asking(task_follow_up(job.model, exp)):  # a worker asks the same of its own executions
+        done = executor.execute_together(job, specs, model, inputs, example=example, on_run=on_run, on_done=on_done,
+                                         on_step=lambda text: progress.describe(f"{job.model.name} / {job.inputs.name} / {text}"))
+    reference = done[0]
+    for index, ex in enumerate(done if reference.ok else done[:1]):
+        if not ex.ok and index not in judged_early:
+            _record_execution(writer, job, ex, None)
+    progress.advance(job.executions - advanced)  # the repeats of failed and skipped executions
+    if reference.status == "unavailable":
+        raise ParityError(f"the reference backend {job.reference.id} cannot run here: {reference.error}")
+    if not reference.ok:  # nothing to judge the targets against: their checks say so, and they are not run
+        for spec in pending:
+            check = judge(reference, spec, exp.tolerance_for(spec), **names)
+            writer.write("check", **check.model_dump(exclude_unset=True, exclude={"kind"}), fingerprints=fingerprints[spec.id])
+        return
+    oracle = done[1] if job.oracle else None
+    for index in range(len(job.baselines), len(done)):
+        if index not in judged_early:  # an executor that hands back every execution at the end
+            judge_target(specs[index], done[index], reference, oracle)
+            done[index] = None  # its outputs are dropped once its check is written
 
 
 def _open_records(out_dir: Path, config: dict, base_dir: str, digest: str, fresh: bool) -> RecordWriter:
