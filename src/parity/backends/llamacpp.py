@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from parity.backends.base import Backend, TensorGroup, not_installed, runtime_threads
 from parity.backends.llm import token_ids
-from parity.backends.worker import WorkerProcess
+from parity.backends.worker import WorkerProcess, script_in_process
 from parity.config.schema import MAX_THREADS
 from parity.dtypes import LLAMACPP_TYPES, QUANTIZE_SCHEMES
 from parity.errors import ParityError
@@ -353,13 +353,8 @@ class _Runtime:
     def __init__(self, in_process: bool):
         self.process = None
         if in_process:
-            import importlib.util
-
-            spec = importlib.util.spec_from_file_location("parity_llamacpp_worker", WORKER)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            self.local = module.Worker(None)
-            self.module = module
+            self.module = script_in_process(WORKER, "parity_llamacpp_worker")
+            self.local = self.module.Worker(None)
         else:
             self.local = None
             self.process = WorkerProcess(WORKER, "llama.cpp")

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from parity.backends.base import Backend, Decoded, not_installed, runtime_threads
 from parity.backends.llm import decoder_problem, hf_folder, token_ids
-from parity.backends.worker import WorkerProcess
+from parity.backends.worker import WorkerProcess, script_in_process
 from parity.config.schema import MAX_THREADS
 from parity.dtypes import QUANTIZE_SCHEMES
 from parity.errors import ParityError, first_line
@@ -153,12 +153,7 @@ class _Runtime:
         self.process = None
         self.local = None
         if in_process:
-            import importlib.util
-
-            spec = importlib.util.spec_from_file_location("parity_ortgenai_worker", WORKER)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            self.local = module.Worker(None)
+            self.local = script_in_process(WORKER, "parity_ortgenai_worker").Worker(None)
         else:
             self.process = WorkerProcess(WORKER, RUNTIME)
 

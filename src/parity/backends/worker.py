@@ -9,6 +9,7 @@ stdout, followed by `nbytes` raw bytes when the reply says so; `{"error": ...}` 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -18,6 +19,15 @@ from pathlib import Path
 
 from parity.offline import state_folder
 from parity.taxonomy import WorkerDied
+
+
+def script_in_process(script: Path, name: str):
+    """The worker script loaded as a module of this process (a backend's `in_process` option: no crash isolation,
+    for debugging and the tests that need one process), under `name`, apart from parity's own modules."""
+    spec = importlib.util.spec_from_file_location(name, script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class WorkerProcess:
