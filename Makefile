@@ -71,9 +71,13 @@ $(OVENV)/bin/parity: pyproject.toml
 test-optimum-openvino: $(OVENV)/bin/parity
 	$(OVENV)/bin/python -m pytest -q tests/backends/test_llm_runtimes.py
 
-# The slowest tests are listed at the end: the suite must stay under 15 minutes on 2 cores.
+# The slowest tests are listed at the end: the suite must stay under 15 minutes on 2 cores. Two pytest-xdist
+# workers share them: much of a test's time is one Python thread (a `parity` process importing torch, an export,
+# a compilation). Each test file stays in one worker (--dist loadfile), so a module's cached results are computed
+# once. TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
 test: $(BIN)/parity
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # The tests whose outcome rests on real kernels' floating-point results (marker `numerics`) again, on CPU code
 # paths other than this machine's best: ATen's scalar kernels, oneDNN at most AVX2 and one thread; then ATen's

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -57,3 +58,12 @@ def _folder_left_as_found():
     except FileNotFoundError:
         os.chdir(start)
         pytest.fail("the test left the process in a folder that was removed")
+
+
+def pytest_collection_finish(session):
+    """Every module the tests import is loaded now and lives as long as the session: gc.freeze() takes their
+    objects out of the cycle collector's walks. parity collects after each export (backends/onnxruntime.py) and
+    each walk would otherwise traverse every torch, transformers and onnxscript object of the session; what a test
+    makes afterwards is collected as before."""
+    gc.collect()
+    gc.freeze()
