@@ -111,11 +111,12 @@ def test_a_failing_cached_check_prints_the_localize_that_compares_the_decode_ste
     [localize] = _commands(ran.printed)
     assert localize.startswith(f"parity localize {tmp_path / 'exp.yaml'} --model lm --target off-by-one --inputs tokens")
     assert main(shlex.split(localize)[1:]) == 0
-    printed = " ".join(capsys.readouterr().out.split())  # the console's wrapped lines joined
+    raw = capsys.readouterr().out
+    printed = " ".join(raw.split())  # the console's wrapped lines joined
     assert printed.startswith("the check's forward passes at the gate")
     assert "layers of the model on the decode step (after a 6-token prompt)" in printed
     assert "verdict: on the decode step" in printed and "model.rotary_emb is the first module whose output departs" in printed
-    assert not _commands(printed)
+    assert not _commands(raw) and "parity reduce" not in printed
     out = shlex.split(localize)[-1]
     [layers] = [r for r in read_records(out) if r["kind"] == "layers"]
     assert layers["culprit"] == "model.rotary_emb" and layers["decode_step"]["cached"]["passed"] is False
@@ -134,3 +135,25 @@ def test_the_api_localizes_gpt2s_decode_step_at_its_position_embedding():
     assert record["decode_step"]["entered_through"] == ["input"] and record["tier1"]["passed"]
     plain = localize({**_experiment("gpt2"), "targets": [{"backend": "eager", "name": "same"}]})
     assert plain["mode"] == "hierarchical" and "decode_step" not in plain
+
+
+def test_the_next_steps_of_a_cached_failure_follow_its_side_and_its_forward():
+    """The reference's own cached decoding failing: no localize (it compares a target against the reference), a line
+    saying why; the target's failing while its tier-1 check fails too: no decode-step localize (localize explains the
+    forward first); while its tier-1 check passes: the localize command."""
+    from types import SimpleNamespace
+
+    from parity.report.next_steps import _cached_lines
+
+    def check(side):
+        return SimpleNamespace(model="m", inputs="i", target="t", cached=SimpleNamespace(passed=False, side=side))
+
+    def view(forward_passes):
+        return SimpleNamespace(checks=lambda tier, **which: [SimpleNamespace(passed=forward_passes)])
+
+    commands = []
+    [line] = _cached_lines(check("reference"), view(True), commands, "parity localize x")
+    assert "wrong on the reference itself" in line and commands == []
+    assert _cached_lines(check("target"), view(False), commands, "parity localize x") == [] and commands == []
+    assert _cached_lines(check("target"), view(True), commands, "parity localize x")
+    assert commands == [("localize", "parity localize x")]
