@@ -112,19 +112,23 @@ def _clone(obj: Any) -> Any:
     return map_tensors(obj, lambda t: t.detach().clone())
 
 
-def _install_hooks(model: torch.nn.Module, names: list[str], sink: list, with_inputs: bool) -> None:
-    """Append (name, inputs, output) to `sink` on every call of the named modules. Values are cloned at
-    once: an in-place op later in the forward (ReLU(inplace=True)) would otherwise rewrite them. Plain
-    list appends: torch.compile traces them as side effects and returns the values as graph outputs."""
+def _install_hooks(model: torch.nn.Module, names: list[str], sink: list, with_inputs: bool,
+                   when: Callable[[], bool] = lambda: True) -> None:
+    """Append (name, inputs, output) to `sink` on every call of the named modules (while `when()` holds: a decode
+    capture keeps one step's). Values are cloned at once: an in-place op later in the forward (ReLU(inplace=True))
+    would otherwise rewrite them. Plain list appends: torch.compile traces them as side effects and returns the
+    values as graph outputs."""
     for name in names:
         module = model.get_submodule(name)  # a module registered under two names is listed under one only
         pending: list = []
 
         def pre_hook(mod, args, kwargs, _pending=pending):
-            _pending.append(_clone((args, kwargs)) if with_inputs else None)
+            if when():
+                _pending.append(_clone((args, kwargs)) if with_inputs else None)
 
         def hook(mod, args, kwargs, output, _name=name, _pending=pending):
-            sink.append((_name, _pending.pop(), _clone(output)))
+            if when():
+                sink.append((_name, _pending.pop(), _clone(output)))
 
         module.register_forward_pre_hook(pre_hook, with_kwargs=True)
         module.register_forward_hook(hook, with_kwargs=True)
@@ -158,9 +162,6 @@ def capture(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, names: li
     return calls
 
 
-STEP = "(model call)"  # what the model's own pre-hook adds to a decode capture's sink: a step begins
-
-
 @dataclass
 class DecodeStep:
     """The calls of the named modules in one decode step of a backend's cached decoding, and the arguments the model
@@ -174,9 +175,9 @@ def capture_decode_step(spec: BackendSpec, model: torch.nn.Module, prompt: torch
                         names: list[str], example: Inputs) -> DecodeStep:
     """Prepare the backend `spec` (from `example`) on a hooked private copy of `model`, decode through its own KV cache
     (`CachedDecoding.decode`): a prefill over `prompt` [batch, P], then `token` [batch] fed alone, and keep the named
-    modules' calls of that decode step only. The model's own pre-hook marks where each step begins, so the prefill's
-    calls are dropped whatever the backend's decode loop does between steps. Raises NotImplementedError (one line)
-    for a backend that has no cached decoding."""
+    modules' calls of that decode step only: the model's own pre-hook counts its calls (one per step), and the
+    modules' hooks record during the second alone, so the prefill's activations are never kept. Raises
+    NotImplementedError (one line) for a backend that has no cached decoding or runs no module hooks."""
     from parity.backends.base import CachedDecoding
 
     cls = backend_class(spec.backend)
@@ -184,9 +185,10 @@ def capture_decode_step(spec: BackendSpec, model: torch.nn.Module, prompt: torch
         raise NotImplementedError(f"target {spec.id} runs no module hooks: its decode step cannot be looked inside")
     hooked = copy.deepcopy(model)
     sink: list = []
-    _install_hooks(hooked, names, sink, with_inputs=True)
-    hooked.register_forward_pre_hook(lambda mod, args, kwargs: sink.append((STEP, _clone((args, kwargs)), None)),
-                                     with_kwargs=True)
+    steps: list = []  # the model's own calls: the arguments of each (only the decode step's are cloned)
+    _install_hooks(hooked, names, sink, with_inputs=True, when=lambda: len(steps) == 2)
+    hooked.register_forward_pre_hook(
+        lambda mod, args, kwargs: steps.append(_clone((args, kwargs)) if len(steps) == 1 else None), with_kwargs=True)
     backend = cls(spec)
     try:
         backend.prepare(hooked, example.clone())
@@ -194,19 +196,18 @@ def capture_decode_step(spec: BackendSpec, model: torch.nn.Module, prompt: torch
             raise NotImplementedError(f"target {spec.id} has no cached decoding (backend '{cls.name}' does not "
                                       "implement CachedDecoding): there is no decode step to look inside")
         sink.clear()  # preparation may run the model
+        steps.clear()
         backend.decode(prompt.clone(), 2, torch.stack([token, token], 1))  # the prefill, then `token`: one step
     finally:
         backend.close()
-    starts = [i for i, entry in enumerate(sink) if entry[0] == STEP]
-    if len(starts) != 2:
-        raise ValueError(f"target {spec.id}'s cached decoding called the model {len(starts)} time(s) for a prefill "
+    if len(steps) != 2:
+        raise ValueError(f"target {spec.id}'s cached decoding called the model {len(steps)} time(s) for a prefill "
                          "and one decode step, not 2")
-    step = sink[starts[1] + 1:]
-    args, kwargs = sink[starts[1]][1]
     calls: dict[str, list[Call]] = {}
-    for name, (a, k), output in step:
+    for name, (a, k), output in sink:
         calls.setdefault(name, [])
         calls[name].append(Call(name, len(calls[name]), Inputs(_to_cpu(tuple(a)), _to_cpu(dict(k))), _to_cpu(output)))
+    args, kwargs = steps[1]
     return DecodeStep(calls, arguments(hooked, Inputs(_to_cpu(tuple(args)), _to_cpu(dict(kwargs)))))
 
 
