@@ -115,6 +115,7 @@ def test_a_failing_cached_check_prints_the_localize_that_compares_the_decode_ste
     printed = " ".join(raw.split())  # the console's wrapped lines joined
     assert printed.startswith("the check's forward passes at the gate")
     assert "layers of the model on the decode step (after a 6-token prompt)" in printed
+    assert "first layer whose propagated error on the decode step exceeds 0.0001: model.rotary_emb" in printed
     assert "verdict: on the decode step" in printed and "model.rotary_emb is the first module whose output departs" in printed
     assert not _commands(raw) and "parity reduce" not in printed
     out = shlex.split(localize)[-1]

@@ -192,6 +192,7 @@ def render_layers(record: Layers, console) -> None:
         console.print("suspects: " + escape("; ".join(suspect_words(s, record.threshold) for s in record.suspects)))
     if record.first_divergent:
         which = "propagated error" if record.first_divergent_by == "propagated" else "own error"
+        which += " on the decode step" if record.decode_step else ""
         console.print(f"first layer whose {which} exceeds {record.threshold:g}: {escape(record.first_divergent)}")
     console.print(f"localized in {record.elapsed_s:.1f} s")
 
