@@ -67,8 +67,9 @@ def run_experiment(source: str | Path | dict | Experiment, out: str | Path | Non
 def localize(source: str | Path | dict | Experiment, model: str | None = None, target: str | None = None,
              inputs: str | None = None, out: str | Path | None = None) -> dict[str, Any]:
     """Tier 2 for one check of an experiment, as `parity localize` runs it: the `layers` record (the
-    culprit, the suspects, every layer's numbers, and `tier1`: whether the check fails at the gate at all).
-    `model`, `target` (its id) and `inputs` choose the check (None: the only one; inputs: the model's first);
+    culprit, the suspects, every layer's numbers, and `tier1`: whether the check fails at the gate at all; a
+    text-generation check whose forward passes and whose cached decoding fails is compared on a decode step,
+    `decode_step`). `model`, `target` (its id) and `inputs` choose the check (None: the only one; inputs: the model's first);
     `out` also writes the record to OUT/records.jsonl."""
     from parity.runner.runner import Runner
 

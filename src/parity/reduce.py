@@ -82,6 +82,10 @@ def find_check(records, run_dir: Path, which: str) -> Found:
     if check is None:
         known = sorted({"/".join(view.identity(r)) for r in [*view.checks(1), *view.layers]})
         raise ParityError(f"{run_dir}: no check {which} in its records (it has: {', '.join(known) or 'none'})")
+    if found is not None and found.decode_step:  # the forward agrees: a module cut out of it agrees too
+        raise ParityError(f"{run_dir}: the localization of {which} compared a decode step through each side's KV cache; "
+                          "reduce cuts a module out of the forward, where the target agrees with the reference, so it "
+                          f"writes no repro of it; the verdict is the report: {found.verdict}")
     if check.passed:
         raise ParityError(f"{run_dir}: check {which} passed (required atol {check.required_atol}, gate "
                           f"{check.gate}); there is no divergence to reduce")

@@ -530,6 +530,13 @@ class Layers(Record):
                                                      "(NaN where it has NaN): no drift between the sides.")
     uncalled: str | None = Field(None, description="A culprit that calls none of its submodules as modules "
                                                    "(nn.MultiheadAttention): a leaf, with no layers to rank.")
+    decode_step: dict[str, Any] | None = Field(
+        None, description="Localized on a decode step (mode `decode step`: the check's forward passes at the gate, its "
+                          "cached decoding fails on the target): `prompt_tokens`, `step` (1: the first token fed after "
+                          "the prompt), `sequences`; `entered_through`, the culprit's arguments that already differ (the "
+                          "departure reaches it from its caller); `model_arguments`, the arguments of the model's own "
+                          "call in that step that differ; `cached`, the cached decoding's verdict it explains "
+                          "(`passed`, `steps`, `detail`).")
     tensor_groups: dict[str, Any] | None = Field(
         None, description="A target that runs a file of typed tensors (llama.cpp's GGUF; mode `tensor groups`, "
                           "runner/tensor_types.py): `groups`, each group of the file alone at the target's type and "

@@ -152,7 +152,9 @@ def render_layers(record: Layers, console) -> None:
     from rich.table import Table
 
     if record.tier1:
-        console.print(escape(gate_line(record.tier1)), soft_wrap=True)
+        console.print(escape(gate_line(record.tier1, forward=bool(record.decode_step))), soft_wrap=True)
+    if record.decode_step:
+        console.print(escape(decode_line(record.decode_step)), soft_wrap=True)
     if record.error:
         console.print(f"[red]localization failed[/red] for {escape(record.target)}: {escape(record.error)}")
         return
@@ -164,6 +166,8 @@ def render_layers(record: Layers, console) -> None:
     suspects = {s.name for s in record.suspects}
     for level in record.levels:
         title = f"{RunView.key(record)}: layers of {level.parent or 'the model'}"
+        if record.decode_step:
+            title += f" on the decode step (after a {record.decode_step['prompt_tokens']}-token prompt)"
         table = Table(title=escape(title))
         for col in ("layer", "local max abs", "local rel rmse", "local SQNR dB", "propagated rel rmse", "R"):
             table.add_column(col, justify="left" if col == "layer" else "right")
@@ -188,6 +192,7 @@ def render_layers(record: Layers, console) -> None:
         console.print("suspects: " + escape("; ".join(suspect_words(s, record.threshold) for s in record.suspects)))
     if record.first_divergent:
         which = "propagated error" if record.first_divergent_by == "propagated" else "own error"
+        which += " on the decode step" if record.decode_step else ""
         console.print(f"first layer whose {which} exceeds {record.threshold:g}: {escape(record.first_divergent)}")
     console.print(f"localized in {record.elapsed_s:.1f} s")
 
@@ -207,9 +212,20 @@ def group_table(record: Layers):
     return table
 
 
-def gate_line(tier1: GateVerdict) -> str:
-    """What `parity localize` says before its tables: whether the check it explains passes at the gate."""
+def decode_line(decode_step: dict[str, Any]) -> str:
+    """What `parity localize` says of a check localized on a decode step: its cached decoding fails, and what the
+    tables compare instead of the forward."""
+    cached = decode_step.get("cached") or {}
+    return (f"its cached decoding fails ({cached.get('detail')}): the layers below are compared on the decode step, "
+            f"one token fed after the same {decode_step['prompt_tokens']}-token prompt through each side's own KV cache")
+
+
+def gate_line(tier1: GateVerdict, forward: bool = False) -> str:
+    """What `parity localize` says before its tables: whether the check it explains passes at the gate (`forward`: the
+    tables compare a decode step instead, and say so next)."""
     required, gate = tier1.required_atol, tier1.gate
+    if tier1.passed and forward:
+        return f"the check's forward passes at the gate (required atol {required:.3g} <= gate {gate:g})"
     if tier1.passed:
         return (f"the check passes at the gate (required atol {required:.3g} <= gate {gate:g}); the tables below "
                 "show where the small differences are")

@@ -83,9 +83,10 @@ def single_culprit(layers: Layers | None) -> bool:
     """Did the localization name one module that a standalone repro of it alone reproduces? Not when every layer
     drifts alike (evenly spread), nor for a specialised trace (the module re-traced alone on the captured inputs
     takes their branch): `parity reduce` refuses those, and no next step offers it. Nor a tensor group of a GGUF
-    file (runner/tensor_types.py): no module to cut."""
+    file (runner/tensor_types.py): no module to cut. Nor a culprit on a decode step: reduce cuts a module out of the
+    forward, where that target agrees."""
     return bool(layers and not layers.error and layers.culprit and not layers.evenly_spread and not layers.specialized
-                and not layers.tensor_groups)
+                and not layers.tensor_groups and not layers.decode_step)
 
 
 def localize_out(run_dir: str | Path, model: str, inputs: str, target: str) -> str:
@@ -160,9 +161,10 @@ def next_steps(check: Check, view: RunView, run_dir: str | Path) -> list[str]:
     inside, typed = _looks_inside(target) if target else (True, False)
     if not inside:
         return lines
+    localize = f"parity localize {file} {which} --out {shlex.quote(localize_out(run_dir, check.model, check.inputs, check.target))}"
     if (failure in LOCALIZABLE or (typed and failure == tx.DECISION_FLIP)) and not found:
-        out = shlex.quote(localize_out(run_dir, check.model, check.inputs, check.target))
-        commands.append(("localize", f"parity localize {file} {which} --out {out}"))
+        commands.append(("localize", localize))
+    lines += _cached_lines(check, view, commands, localize)
     if failure in (*LOCALIZABLE, tx.DECISION_FLIP) and (reduced or (target and target.backend == "compile")):
         tier = " --tier 3" if task and headline_of(task) is not None else ""
         commands.append(("fallback", f"parity fallback {file} {which}{tier}"))
@@ -171,3 +173,21 @@ def next_steps(check: Check, view: RunView, run_dir: str | Path) -> list[str]:
         return [*lines, f"{verbs} start from an experiment file, and this run was given none: save it as one "
                         "(parity check --save-experiment FILE; the Python API: write the dict as YAML) and run them on it"]
     return [*lines, *(f"next: {command}" for _, command in commands)]
+
+
+def _cached_lines(check: Check, view: RunView, commands: list[tuple[str, str]], localize: str) -> list[str]:
+    """For a tier-3 check whose cached decoding fails: on the target, the `localize` command, which compares the decode
+    step when the check's forward passes at the gate (its tier-1 check; when that fails, localize explains the forward
+    first, and its own next steps say so); on the reference, why no command helps. Appends to `commands`."""
+    cached = getattr(check, "cached", None)
+    if cached is None or cached.passed is not False:
+        return []
+    if cached.side == "reference":
+        return ["the reference's own cached decoding differs from its uncached forward: the model's decode path (its "
+                "cache, its positions) is wrong on the reference itself, which localize (a target against the "
+                "reference) does not show"]
+    forward = view.checks(1, model=check.model, inputs=check.inputs, target=check.target)
+    if forward and forward[0].passed and not any(verb == "localize" for verb, _ in commands):
+        commands.append(("localize", localize))
+        return ["its forward agrees and its cached decoding does not: localize compares the modules on a decode step"]
+    return []

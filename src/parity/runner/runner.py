@@ -64,7 +64,7 @@ from parity.runner.resume import (
 from parity.runner.search import FallbackResult, candidates_from, next_step, search_fallback
 from parity.runner.tensor_types import TASK, fallback_groups, has_tensor_types, localize_groups
 from parity.verify.judge import judge
-from parity.verify.localize import LOCALIZABLE, gate_check, localize_check
+from parity.verify.localize import LOCALIZABLE, gate_check, localize_check, localize_decode_check
 from parity.verify.tasks import evaluated, task_check
 
 log = logging.getLogger(__name__)
@@ -493,11 +493,17 @@ class Runner:
             return record
         with model_scope(self.cache, model_spec, exp), bar.running():
             bar.describe(f"{target.id}: the check at the gate")
-            tier1, notes = gate_check(job, target, lambda spec: configured_model(model, spec, model_spec.name), inputs,
-                                      exp, example)
+            gate = gate_check(job, target, lambda spec: configured_model(model, spec, model_spec.name), inputs,
+                              exp, example)
             configured = configured_model(model, target, model_spec.name)  # localize the target as it runs
-            record = {**localize_check(job, target, configured, inputs, exp, example, notes,
-                                       on_step=lambda text: bar.describe(f"{target.id}: {text}")), "tier1": tier1}
+            step = lambda text: bar.describe(f"{target.id}: {text}")  # noqa: E731
+            cached = gate.cached or {}
+            if gate.verdict["passed"] and cached.get("passed") is False and cached.get("side") == "target":
+                # its forward agrees, its cached decoding does not: the decode step is what to look inside
+                found = localize_decode_check(job, target, configured, inputs, exp, cached, example, step)
+            else:
+                found = localize_check(job, target, configured, inputs, exp, example, gate.notes, on_step=step)
+            record = {**found, "tier1": gate.verdict}
         self._write_record("layers", record)
         return record
 

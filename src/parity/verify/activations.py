@@ -112,19 +112,23 @@ def _clone(obj: Any) -> Any:
     return map_tensors(obj, lambda t: t.detach().clone())
 
 
-def _install_hooks(model: torch.nn.Module, names: list[str], sink: list, with_inputs: bool) -> None:
-    """Append (name, inputs, output) to `sink` on every call of the named modules. Values are cloned at
-    once: an in-place op later in the forward (ReLU(inplace=True)) would otherwise rewrite them. Plain
-    list appends: torch.compile traces them as side effects and returns the values as graph outputs."""
+def _install_hooks(model: torch.nn.Module, names: list[str], sink: list, with_inputs: bool,
+                   when: Callable[[], bool] = lambda: True) -> None:
+    """Append (name, inputs, output) to `sink` on every call of the named modules (while `when()` holds: a decode
+    capture keeps one step's). Values are cloned at once: an in-place op later in the forward (ReLU(inplace=True))
+    would otherwise rewrite them. Plain list appends: torch.compile traces them as side effects and returns the
+    values as graph outputs."""
     for name in names:
         module = model.get_submodule(name)  # a module registered under two names is listed under one only
         pending: list = []
 
         def pre_hook(mod, args, kwargs, _pending=pending):
-            _pending.append(_clone((args, kwargs)) if with_inputs else None)
+            if when():
+                _pending.append(_clone((args, kwargs)) if with_inputs else None)
 
         def hook(mod, args, kwargs, output, _name=name, _pending=pending):
-            sink.append((_name, _pending.pop(), _clone(output)))
+            if when():
+                sink.append((_name, _pending.pop(), _clone(output)))
 
         module.register_forward_pre_hook(pre_hook, with_kwargs=True)
         module.register_forward_hook(hook, with_kwargs=True)
@@ -156,6 +160,116 @@ def capture(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, names: li
         args, kwargs = io if io is not None else ((), {})
         calls[name].append(Call(name, len(calls[name]), Inputs(_to_cpu(tuple(args)), _to_cpu(dict(kwargs))), _to_cpu(output)))
     return calls
+
+
+@dataclass
+class DecodeStep:
+    """The calls of the named modules in one decode step of a backend's cached decoding, and the arguments the model
+    itself was called with in that step (a dict by name: the decode loop's position ids, its cache)."""
+
+    calls: dict[str, list[Call]]
+    model_arguments: dict[str, Any]
+
+
+def capture_decode_step(spec: BackendSpec, model: torch.nn.Module, prompt: torch.Tensor, token: torch.Tensor,
+                        names: list[str], example: Inputs) -> DecodeStep:
+    """Prepare the backend `spec` (from `example`) on a hooked private copy of `model`, decode through its own KV cache
+    (`CachedDecoding.decode`): a prefill over `prompt` [batch, P], then `token` [batch] fed alone, and keep the named
+    modules' calls of that decode step only: the model's own pre-hook counts its calls (one per step), and the
+    modules' hooks record during the second alone, so the prefill's activations are never kept. Raises
+    NotImplementedError (one line) for a backend that has no cached decoding or runs no module hooks."""
+    from parity.backends.base import CachedDecoding
+
+    cls = backend_class(spec.backend)
+    if not cls.runs_module_hooks:
+        raise NotImplementedError(f"target {spec.id} runs no module hooks: its decode step cannot be looked inside")
+    hooked = copy.deepcopy(model)
+    sink: list = []
+    steps: list = []  # the model's own calls: the arguments of each (only the decode step's are cloned)
+    _install_hooks(hooked, names, sink, with_inputs=True, when=lambda: len(steps) == 2)
+    hooked.register_forward_pre_hook(
+        lambda mod, args, kwargs: steps.append(_clone((args, kwargs)) if len(steps) == 1 else None), with_kwargs=True)
+    backend = cls(spec)
+    try:
+        backend.prepare(hooked, example.clone())
+        if not isinstance(backend, CachedDecoding):
+            raise NotImplementedError(f"target {spec.id} has no cached decoding (backend '{cls.name}' does not "
+                                      "implement CachedDecoding): there is no decode step to look inside")
+        sink.clear()  # preparation may run the model
+        steps.clear()
+        backend.decode(prompt.clone(), 2, torch.stack([token, token], 1))  # the prefill, then `token`: one step
+    finally:
+        backend.close()
+    if len(steps) != 2:
+        raise ValueError(f"target {spec.id}'s cached decoding called the model {len(steps)} time(s) for a prefill "
+                         "and one decode step, not 2")
+    calls: dict[str, list[Call]] = {}
+    for name, (a, k), output in sink:
+        calls.setdefault(name, [])
+        calls[name].append(Call(name, len(calls[name]), Inputs(_to_cpu(tuple(a)), _to_cpu(dict(k))), _to_cpu(output)))
+    args, kwargs = steps[1]
+    return DecodeStep(calls, arguments(hooked, Inputs(_to_cpu(tuple(args)), _to_cpu(dict(kwargs)))))
+
+
+def arguments(module: torch.nn.Module, inputs: Inputs) -> dict[str, Any]:
+    """A call's arguments by the names of `module`'s forward; those that are neither tensors, None, nor lists of
+    tensors (a key-value cache: the state a decode step reads and writes, mutated after the call) left out."""
+    import inspect
+
+    bound: dict[str, Any] = {**{f"args[{i}]": a for i, a in enumerate(inputs.args)}, **inputs.kwargs}
+    try:
+        signature = inspect.signature(module.forward)
+        found = signature.bind(*inputs.args, **inputs.kwargs).arguments
+    except (TypeError, ValueError):  # a forward whose signature does not take what it was called with
+        found = None
+    if found is not None:
+        bound = {}
+        for name, value in found.items():  # **kwargs by their own names
+            var = signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD
+            bound.update(value if var else {name: value})
+    named: dict[str, Any] = {}
+    for name, value in bound.items():
+        leaves = value if isinstance(value, list | tuple) else [value]
+        if value is None or all(isinstance(leaf, torch.Tensor) for leaf in leaves):
+            named[name] = value
+    return named
+
+
+def differing(reference: dict[str, Any], target: dict[str, Any], rtol: float, threshold: float) -> list[str]:
+    """The names of the arguments (`arguments`) that differ between two calls: given on one side only, of another
+    shape, integers not equal, or floats whose required atol exceeds `threshold`."""
+    out = []
+    for name in [*reference, *(n for n in target if n not in reference)]:
+        r, t = reference.get(name), target.get(name)
+        if r is None or t is None:
+            if (r is None) != (t is None):
+                out.append(name)
+            continue
+        rs, ts = (list(x) if isinstance(x, list | tuple) else [x] for x in (r, t))
+        if [x.shape for x in rs] != [x.shape for x in ts]:
+            out.append(name)
+        elif any(not x.is_floating_point() for x in rs):
+            if not all(torch.equal(x, y) for x, y in zip(rs, ts, strict=True)):
+                out.append(name)
+        else:
+            e = layer_error(name, r, t, rtol)
+            if e.required_atol is None or e.required_atol > threshold:
+                out.append(name)
+    return out
+
+
+def step_errors(reference: dict[str, list[Call]], target: dict[str, list[Call]], names: list[str],
+                rtol: float) -> dict[str, LayerError]:
+    """Each named layer's output in the target's decode step against the reference's, call by call (its worst)."""
+    out = {}
+    for name in names:
+        ref_calls, seen = reference[name], target.get(name, [])
+        if len(seen) != len(ref_calls):
+            out[name] = new_layer_error(name, required_atol=None,
+                                        error=f"{len(seen)} call(s) on the target, {len(ref_calls)} on the reference")
+            continue
+        out[name] = worst([layer_error(name, r.output, t.output, rtol) for r, t in zip(ref_calls, seen, strict=True)])
+    return out
 
 
 def observes_layers(spec: BackendSpec) -> bool:

@@ -26,8 +26,9 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -39,16 +40,23 @@ from parity.inputs import Inputs
 from parity.records.models import LayerError
 from parity.verify.activations import (
     LevelResult,
+    arguments,
     calibration_inputs,
     capture,
+    capture_decode_step,
+    differing,
     local_errors,
     looking_inside,
     observe_at_once,
     observes_layers,
     own_code_error,
     propagated_errors,
+    step_errors,
 )
 from parity.verify.judge import judge
+from parity.verify.tasks import TaskResult
+from parity.verify.tasks.text_generation import TASK as TEXT_GENERATION
+from parity.verify.tasks.text_generation import cached_prompt, decode_cached, judge_cached
 
 log = logging.getLogger(__name__)
 
@@ -210,8 +218,14 @@ class Localization:
     # The culprit calls none of its submodules as modules (nn.MultiheadAttention computes with its out_proj's weight
     # in one function): it is a leaf here, with no layers to rank.
     uncalled: str | None = None
+    # Compared on a decode step (`localize_decode_step`): `prompt_tokens`, `step`, `sequences`; `entered_through`, the
+    # culprit's arguments that already differ (the departure reaches it from its caller); `model_arguments`, those of
+    # the model's own call in that step that differ (what the decode loop hands the model: its position ids).
+    decode_step: dict[str, Any] | None = None
 
     def verdict(self) -> str:
+        if self.decode_step is not None:
+            return self._decode_verdict()
         text = self._modules_verdict()
         found = self.compiler_pass
         if found and found.get("found"):
@@ -270,6 +284,45 @@ class Localization:
             s = self.specialized
             text += (f"; the target's trace also warned at {s['where']} ({s.get('code', '')!r}), which is not offered "
                      "as the cause: no measurement ties that line to the diverging value")
+        return text
+
+    def _decode_verdict(self) -> str:
+        """The finding of a decode step's comparison: the first module in call order whose output departs, and
+        whether the departure reaches it through its arguments (from its caller) or is its own computation."""
+        d = self.decode_step
+        step = (f"on the decode step (one token fed after a {d['prompt_tokens']}-token prompt, each side through its "
+                "own KV cache)")
+        compared = [e for _, level in self.levels for e in level.propagated.values() if not e.error]
+        if not compared:
+            return f"{step}, no layer could be compared"
+        if self.culprit is None:
+            largest = max(compared, key=size)
+            return (f"{step}, no module's output departs from the reference's beyond the threshold {self.threshold:g}: "
+                    f"the largest is {largest.name}'s: "
+                    + against_threshold(largest.required_atol, self.threshold, largest.rel_rmse, largest.max_abs))
+        e = self.suspects[0]
+        numbers = against_threshold(e.required_atol, self.threshold, e.rel_rmse, e.max_abs)
+        entered = d.get("entered_through") or []
+        args = f"{'arguments' if len(entered) > 1 else 'argument'} {', '.join(entered)}"
+        name = "the model" if self.culprit == MODEL else self.culprit
+        if self.in_own_code and entered:
+            return (f"{step}, {name} is called with the same arguments on both sides, and the first of its submodules "
+                    f"whose output departs, {self.first_divergent} ({numbers}), already receives a different {args}: "
+                    f"the departure is in {name}'s own code before it (in an attention: the attention over the cache)")
+        if self.in_own_code:
+            return (f"{step}, {name}'s output departs with the same arguments on both sides while none of its "
+                    f"submodules' outputs does: the departure is in its own code after them")
+        text = (f"{step}, {self.culprit} is the first module whose output departs from the reference's ({numbers}; "
+                "every module called before it agrees)")
+        if entered:
+            text += (f"; its {args} already differ{'' if len(entered) > 1 else 's'}: the difference reaches it from "
+                     "the code that calls it, not from its own computation")
+        else:
+            text += ", with the same arguments on both sides: it computes differently itself"
+        given = d.get("model_arguments") or []
+        if given:
+            text += (f"; the model itself is called with a different {', '.join(given)} on this step (what the decode "
+                     "loop hands it)")
         return text
 
     def _culprit_level(self) -> LevelResult | None:
@@ -371,7 +424,7 @@ class Localization:
             "suspects": [s.model_dump() for s in self.suspects], "verdict": self.verdict(), "skipped": self.skipped,
             "levels": levels, "elapsed_s": self.elapsed_s, "specialized": self.specialized,
             "compiler_pass": self.compiler_pass, "repeated": self.repeated, "identical": self.identical,
-            "uncalled": self.uncalled,
+            "uncalled": self.uncalled, **({"decode_step": self.decode_step} if self.decode_step is not None else {}),
         }
 
 
@@ -611,6 +664,80 @@ def _follow_propagated(loc: Localization, reference, target, model, inputs, rtol
         loc.levels.append((first, level))
 
 
+def localize_decode_step(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module, prompt: torch.Tensor,
+                         token: torch.Tensor, rtol: float, threshold: float, example: Inputs,
+                         on_step: Callable[[str], None] | None = None) -> Localization:
+    """Where `target`'s decode step departs from the reference's: each side prefilled with the same `prompt` through
+    its own KV cache, then fed `token`, every module a descent can reach observed in that step (one decode per side:
+    a step's activations are one token's). From the top level down, the first module in call order whose output
+    departs beyond `threshold` is followed down while its arguments agree on both sides. When its arguments differ,
+    they were computed by its parent's own code from arguments that agree, so the parent is named in its own code; at
+    the top level, where the model's own arguments (what the decode loop hands it) may differ, the module is named
+    with the arguments the departure reaches it through. A module that departs while none of its submodules does is
+    named in its own code. Own (local) errors are not measured: a layer alone would need the cache it reads as it
+    stood."""
+    start = time.perf_counter()
+    say = on_step or (lambda text: None)
+    names = descendants(model, "")
+    say("the reference's decode step")
+    ref = capture_decode_step(reference, model, prompt, token, names, example)
+    say("the target's decode step")
+    tgt = capture_decode_step(target, model, prompt, token, names, example)
+    loc = Localization(target.id, "decode step", threshold, mode_used="propagated")
+    given = differing(ref.model_arguments, tgt.model_arguments, rtol, threshold)
+    loc.decode_step = {"prompt_tokens": int(prompt.shape[1]), "step": 1, "sequences": int(prompt.shape[0]),
+                       "entered_through": None, "model_arguments": given}
+    parent = ""
+    while level_names := [n for n in ref.calls if n in set(children(model, parent))]:  # in call order
+        level = LevelResult(names=level_names, shared=[n for n in level_names if len(ref.calls[n]) > 1],
+                            propagated=step_errors(ref.calls, tgt.calls, level_names, rtol))
+        loc.levels.append((parent, level))
+        first = _first_divergent(level, threshold, "propagated")
+        if first is None:  # the parent departs, none of its submodules does: its own code (none at the top level)
+            loc.in_own_code = bool(parent)
+            break
+        loc.first_divergent, loc.first_divergent_by = first, "propagated"
+        module = model.get_submodule(first)
+        entered = differing(arguments(module, ref.calls[first][0].inputs), arguments(module, tgt.calls[first][0].inputs),
+                            rtol, threshold)
+        if entered:
+            loc.decode_step["entered_through"] = entered
+            if parent or not given:  # computed by code whose own arguments agree: that code is the culprit
+                loc.culprit, loc.in_own_code = parent or MODEL, True
+                loc.suspects = [level.propagated[first]]
+            else:  # the model was handed other arguments: the first module they reach is named
+                loc.culprit, loc.suspects = first, [level.propagated[first]]
+            break
+        loc.culprit, loc.suspects = first, [level.propagated[first]]
+        parent = first
+    loc.elapsed_s = time.perf_counter() - start
+    return loc
+
+
+def localize_decode_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, experiment,
+                          cached: dict[str, Any], example: Inputs | None = None,
+                          on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The fields of a `layers` record for a check whose cached decoding fails on the target (`cached`, the verdict
+    `gate_check` found): compared on the first decode step of that decoding, after the same prompt."""
+    settings = experiment.tiers.activations
+    tol = experiment.tolerance_for(target)
+    threshold = settings.threshold if settings.threshold is not None else tol.gate
+    base = {"tier": 2, "model": job.model.name, "inputs": job.inputs.name, "reference": job.reference.id}
+    found = cached_prompt(inputs, cached["steps"])
+    if isinstance(found, str):
+        return {**base, "target": target.id, "error": found}
+    prompt, forced = found
+    try:
+        loc = localize_decode_step(job.reference, target, model, prompt, forced[:, 0], tol.rtol, threshold,
+                                   example if example is not None else inputs, on_step)
+    except ParityError:
+        raise
+    except Exception as exc:  # localization is evidence; a failure to gather it says why
+        return {**base, "target": target.id, "error": f"{type(exc).__name__}: {exc}"[:500]}
+    loc.decode_step["cached"] = {k: cached.get(k) for k in ("passed", "steps", "detail")}
+    return {**base, **loc.record(), "culprit_code": module_code(model, loc.culprit), "error": None}
+
+
 def localize_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, experiment,
                    example: Inputs | None = None, notes: list[dict[str, Any]] = (),
                    bisect: bool = True, on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -721,21 +848,45 @@ def module_code(model: torch.nn.Module, name: str | None) -> str | None:
         return None
 
 
+class Gate(NamedTuple):
+    """What `gate_check` found: the tier-1 verdict at the gate, the target's notes, and for a text-generation model
+    the cached decoding's verdict (`judge_cached`'s `cached`; None when it was not compared)."""
+
+    verdict: dict[str, Any]
+    notes: list[dict[str, Any]]
+    cached: dict[str, Any] | None
+
+
 def gate_check(job, target: BackendSpec, model_for: Callable[[BackendSpec], torch.nn.Module], inputs: Inputs,
-               experiment, example: Inputs | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+               experiment, example: Inputs | None = None) -> Gate:
     """The tier-1 verdict of `target` at the gate (one run of each side, as `parity run` judges it with one
     repeat, no oracle), so that `parity localize` says first whether the check it explains passes; and what the
-    target warned of in that run (its notes: a specialised trace), which the localization explains with.
+    target warned of in that run (its notes: a specialised trace), which the localization explains with. For a
+    text-generation model, each side also decodes through its cache after its run (tier 3's `decode_cached`), judged
+    as tier 3 judges it, so that a check whose cached decoding fails is localized on the decode step.
     `model_for(spec)`: the model as `spec` runs it (the runner's, with that target's fallback modules); each
     side prepared from `example` (None: `inputs`), as the run prepared it."""
+    from parity.config.schema import tasks_spec
+    from parity.execute import follow_up
     from parity.execute.execution import execute
 
-    reference = execute(job.reference, model_for(job.reference), inputs, 1, example=example)
-    if not reference.ok:  # nothing to localize against, as find_fallback says too
-        raise ParityError(f"the reference {job.reference.id} failed: {reference.error}")
-    release_memory()  # what the reference's run freed: the target's session starts from what is in use
-    ran = execute(target, model_for(target), inputs, 1, example=example)
+    ask = thresholds = None
+    if job.model.task == TEXT_GENERATION.name:
+        tasks = experiment.tiers.tasks or tasks_spec()
+        thresholds = tasks.thresholds_for(TEXT_GENERATION.name)
+        ask = partial(decode_cached, steps=thresholds.new_tokens, leaf=tasks.output) if thresholds.new_tokens else None
+    with follow_up.asking(ask):
+        reference = execute(job.reference, model_for(job.reference), inputs, 1, example=example)
+        if not reference.ok:  # nothing to localize against, as find_fallback says too
+            raise ParityError(f"the reference {job.reference.id} failed: {reference.error}")
+        release_memory()  # what the reference's run freed: the target's session starts from what is in use
+        ran = execute(target, model_for(target), inputs, 1, example=example)
     release_memory()  # the target's closed session: the localization's own sessions start from what is in use
     verdict = judge(reference, ran, experiment.tolerance_for(target))
-    return {k: getattr(verdict, k) for k in ("passed", "failure_class", "detail", "required_atol", "gate", "rtol")}, ran.notes
+    cached = None
+    if ask is not None and reference.follow_up and ran.follow_up:
+        cached = judge_cached(TaskResult(TEXT_GENERATION.name), reference.follow_up, ran.follow_up,
+                              thresholds).get("cached")
+    return Gate({k: getattr(verdict, k) for k in ("passed", "failure_class", "detail", "required_atol", "gate", "rtol")},
+                ran.notes, cached)
 

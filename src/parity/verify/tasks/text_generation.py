@@ -361,20 +361,11 @@ def decode_cached(backend, inputs, steps: int, leaf: str | None = None) -> dict[
         return {"error": f"backend '{backend.name}' has no cached decoding (it does not implement CachedDecoding: "
                          "an export or trace captured without the cache, or a runtime whose cache parity does not "
                          "drive)", "failure_class": tx.UNSUPPORTED_OP}
-    ids, mask = inputs.kwargs.get("input_ids"), inputs.kwargs.get("attention_mask")
-    if "decoder_input_ids" in inputs.kwargs:
-        return {"error": "cached decoding of an encoder-decoder is not compared (a decoder-only model's is)"}
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.shape[1] < 2:
-        return {"error": "cached decoding needs the token ids as a keyword input 'input_ids' [batch, positions >= 2]"}
-    positions = torch.arange(ids.shape[1])
-    lengths = torch.full((ids.shape[0],), ids.shape[1]) if mask is None else mask.sum(-1).long()
-    if mask is not None and not torch.equal(mask.bool(), positions < lengths[:, None]):
-        return {"error": "cached decoding needs right-padded sequences ('attention_mask' ones, then zeros)"}
-    real = int(lengths.min())
-    n = min(steps, real - 1)
-    if n < 1:
-        return {"error": f"cached decoding needs sequences of at least 2 tokens (the shortest has {real})"}
-    prompt, forced = ids[:, :real - n], ids[:, real - n:real]
+    found = cached_prompt(inputs, steps)
+    if isinstance(found, str):
+        return {"error": found}
+    prompt, forced = found
+    n, real = forced.shape[1], prompt.shape[1] + forced.shape[1]
     try:
         decoded = backend.decode(prompt.clone(), n, forced.clone())
     except Exception as exc:  # a target that cannot run the cache: its class by what raised (NoCache: unsupported_op)
@@ -382,10 +373,31 @@ def decode_cached(backend, inputs, steps: int, leaf: str | None = None) -> dict[
                 "failure_class": tx.classify_exception(exc, tx.RUN)}
     if decoded.logits.shape[:2] != forced.shape:
         return {"error": f"cached decoding returned logits of shape {list(decoded.logits.shape)} for {n} steps of "
-                         f"{ids.shape[0]} sequences", "failure_class": tx.BACKEND_ERROR}
+                         f"{forced.shape[0]} sequences", "failure_class": tx.BACKEND_ERROR}
     uncached = scores_of(backend.run(inputs.clone()), leaf)[:, real - n - 1:real - 1]
     return {"prompt_tokens": real - n, "steps": n, "tokens": forced.tolist(), "logits": decoded.logits.float(),
             "uncached": uncached.float()}
+
+
+def cached_prompt(inputs, steps: int) -> tuple[torch.Tensor, torch.Tensor] | str:
+    """The prompt [batch, P] and the forced tokens [batch, n] of a cached decoding teacher-forced on the text: each
+    sequence's first P tokens, as many as leave n = min(`steps`, shortest - 1) real tokens after the shortest, and
+    those n tokens; or why the input set has none (one line). Tier 3's `decode_cached` and tier 2's localization on
+    the decode step read the same prompt."""
+    ids, mask = inputs.kwargs.get("input_ids"), inputs.kwargs.get("attention_mask")
+    if "decoder_input_ids" in inputs.kwargs:
+        return "cached decoding of an encoder-decoder is not compared (a decoder-only model's is)"
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.shape[1] < 2:
+        return "cached decoding needs the token ids as a keyword input 'input_ids' [batch, positions >= 2]"
+    positions = torch.arange(ids.shape[1])
+    lengths = torch.full((ids.shape[0],), ids.shape[1]) if mask is None else mask.sum(-1).long()
+    if mask is not None and not torch.equal(mask.bool(), positions < lengths[:, None]):
+        return "cached decoding needs right-padded sequences ('attention_mask' ones, then zeros)"
+    real = int(lengths.min())
+    n = min(steps, real - 1)
+    if n < 1:
+        return f"cached decoding needs sequences of at least 2 tokens (the shortest has {real})"
+    return ids[:, :real - n], ids[:, real - n:real]
 
 
 def _cached_statistics(ref: torch.Tensor, tgt: torch.Tensor, tokens: torch.Tensor,
