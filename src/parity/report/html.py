@@ -19,7 +19,7 @@ from parity.outdir import write_text
 from parity.plugins import TASKS
 from parity.records import tolerance_key
 from parity.records.models import Layers, Run, Tier1Check, Tier3Check
-from parity.records.summary import latency_rows
+from parity.records.summary import Summary, latency_rows
 from parity.records.view import RunView
 from parity.report import ReportWriter, pictures, plots
 from parity.report.next_steps import next_steps
@@ -91,16 +91,16 @@ def _environment(run: Run) -> list[tuple[str, str]]:
     return [(k, "not installed" if v is None and k in libraries else str(v if v is not None else "–")) for k, v in rows]
 
 
-def _setup(run: Run, summary: dict[str, Any]) -> list[tuple[str, str]]:
+def _setup(run: Run, summary: Summary) -> list[tuple[str, str]]:
     setting = run.config.setting
     ref = [setting("reference", key, default="?") for key in ("backend", "device", "dtype")]
     return [
         ("reference", "{} on {}, {}".format(*ref)),
-        ("gate", "–" if summary["gate"] is None else tolerance_title(summary).removeprefix("tier 1 ")),
+        ("gate", "–" if summary.gate is None else tolerance_title(summary).removeprefix("tier 1 ")),
         *[("tolerance", line.removeprefix("tolerance ")) for line in tolerance_lines(summary) if line.startswith("tolerance ")],
         *[(kind, line.removeprefix(kind + " ")) for line in tolerance_lines(summary)
           for kind in ("noise floor", "output rules") if line.startswith(kind + " ")],
-        ("tolerance sweep", ", ".join(f"{a:g}" for a in summary["tolerances"])),
+        ("tolerance sweep", ", ".join(f"{a:g}" for a in summary.tolerances)),
         ("repeats", str(setting("repeats", default="?"))),
         ("seed", str(setting("seed", default="?"))),
         ("oracle (eager float64)", "on" if setting("oracle", "enabled") else "off"),
@@ -109,12 +109,11 @@ def _setup(run: Run, summary: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def _gates(summary: dict[str, Any]) -> dict[float, list[str]]:
+def _gates(summary: Summary) -> dict[float, list[str]]:
     """Each gate the targets are judged at, with its targets: the sweep chart marks every one."""
     gates: dict[float, list[str]] = {}
-    for target, info in summary["per_target"].items():
-        if info.get("gate") is not None:
-            gates.setdefault(info["gate"], []).append(target)
+    for target, info in summary.per_target.items():
+        gates.setdefault(info.gate, []).append(target)
     return gates
 
 
@@ -273,65 +272,64 @@ def _detections(tier3: list[Tier3Check]) -> list[dict[str, Any]]:
 
 def _latency(records: RunView) -> tuple[list[dict], str | None]:
     rows = latency_rows(records)
-    table = [{**r, "median": _seconds(r["median_s"]), "min": _seconds(r["min_s"]), "max": _seconds(r["max_s"]),
-              "prepare": _seconds(r["prepare_s"]), "repeats": len(r["run_s"]),
-              "spread": f"{(r['max_s'] - r['min_s']) / r['median_s']:.0%}" if r["median_s"] else "–"}
+    table = [{**r.model_dump(), "median": _seconds(r.median_s), "min": _seconds(r.min_s), "max": _seconds(r.max_s),
+              "prepare": _seconds(r.prepare_s), "repeats": len(r.run_s),
+              "spread": f"{(r.max_s - r.min_s) / r.median_s:.0%}" if r.median_s else "–"}
              for r in rows]
-    timed = [r for r in rows if r["run_s"] or r["prepare_s"]]
+    timed = [r for r in rows if r.run_s or r.prepare_s]
     return table, plots.latency_chart(timed) if timed else None
 
 
-def render_html(records: RunView | list[dict[str, Any]], summary: dict[str, Any], run_dir: str | Path) -> str:
+def render_html(records: RunView | list[dict[str, Any]], summary: Summary, run_dir: str | Path) -> str:
     """The whole page as one string."""
     import jinja2
 
     view = RunView.of(records)
     run, checks, tier3, layers = view.run, view.checks(1), view.checks(3), view.layers
-    targets = list(summary["per_target"])
-    keys = [tolerance_key(a) for a in summary["tolerances"]]
+    targets = list(summary.per_target)
+    keys = [tolerance_key(a) for a in summary.tolerances]
 
     models, rates = _pass_rates(checks, keys)
     sweep_rows = []
     curves: dict[str, list[float]] = {}
-    for target, info in summary["per_target"].items():
-        ran = info["checks"] - info["skipped"] - info["errors"]
-        sweep_rows.append({"target": target, "cells": [f"{info['per_tolerance'][k]}/{ran}" for k in keys] if ran else []})
+    for target, info in summary.per_target.items():
+        ran = info.checks - info.skipped - info.errors
+        sweep_rows.append({"target": target, "cells": [f"{info.per_tolerance[k]}/{ran}" for k in keys] if ran else []})
         if ran:
-            curves[target] = [info["per_tolerance"][k] / ran for k in keys]
+            curves[target] = [info.per_tolerance[k] / ran for k in keys]
     taxonomy_rows, taxonomy_plot = _taxonomy(checks, tier3)
     latency_table, latency_plot = _latency(view)
-    totals = summary["totals"]
+    totals, tier3_totals = summary.totals, summary.tier3
     context = {
-        "title": f"parity report: {summary['experiment']}",
-        "experiment": summary["experiment"],
+        "title": f"parity report: {summary.experiment}",
+        "experiment": summary.experiment,
         # the navigation bar leads only to what the run has: no empty tier 2, tier 3 or detection sections
         "sections": [(i, title) for i, title in SECTIONS if {
             "tier2": bool(layers), "tier3": bool(tier3), "detections": any(c.task == "detection" for c in tier3),
         }.get(i, True)],
         "totals": totals,
-        "tier3_totals": summary["tier3"],
+        "tier3_totals": tier3_totals,
         "localized": len(layers),
-        "arithmetic": summary["arithmetic"]["formula"],
-        "verdict": ("no checks in these records" if not totals["checks"] else
+        "arithmetic": summary.arithmetic.formula,
+        "verdict": ("no checks in these records" if not totals.checks else
                     "every check passed at the gate"
-                    if not (totals["failed"] or totals["skipped"] or totals["errors"] or summary["tier3"]["failed"])
-                    else f"{totals['failed'] + summary['tier3']['failed']} check(s) failed"
-                    + (f", {totals['skipped']} not run here" if totals["skipped"] else "")
-                    + (f", {totals['errors']} without a verdict (the reference failed)" if totals["errors"] else "")),
-        "ok": bool(totals["checks"]) and not (totals["failed"] or summary["tier3"]["failed"] or totals["skipped"]
-                                              or totals["errors"]),
-        "reference_errors": summary["reference_errors"],
+                    if not (totals.failed or totals.skipped or totals.errors or tier3_totals.failed)
+                    else f"{totals.failed + tier3_totals.failed} check(s) failed"
+                    + (f", {totals.skipped} not run here" if totals.skipped else "")
+                    + (f", {totals.errors} without a verdict (the reference failed)" if totals.errors else "")),
+        "ok": bool(totals.checks) and not (totals.failed or tier3_totals.failed or totals.skipped or totals.errors),
+        "reference_errors": summary.reference_errors,
         "setup": _setup(run, summary),
         "environment": _environment(run),
         "targets": targets,
-        "gate": None if summary["gate"] is None else tolerance_title(summary).removeprefix("tier 1 "),
-        "target_tolerances": [target_tolerance(summary["per_target"][t]) for t in targets],
+        "gate": None if summary.gate is None else tolerance_title(summary).removeprefix("tier 1 "),
+        "target_tolerances": [target_tolerance(summary.per_target[t]) for t in targets],
         "gate_rows": _gate_table(checks, tier3, layers, targets),
-        "unavailable": [(t, info["reason"]) for t, info in summary["per_target"].items() if info["skipped"]],
+        "unavailable": [(t, info.reason) for t, info in summary.per_target.items() if info.skipped],
         "heatmap": plots.pass_rate_heatmap(models, targets, rates) if checks else None,
-        "tolerance_keys": [f"{a:g}" for a in summary["tolerances"]],
+        "tolerance_keys": [f"{a:g}" for a in summary.tolerances],
         "sweep_rows": sweep_rows,
-        "sweep": plots.sweep_curve(summary["tolerances"], curves, _gates(summary)) if curves else None,
+        "sweep": plots.sweep_curve(summary.tolerances, curves, _gates(summary)) if curves else None,
         "taxonomy_rows": taxonomy_rows,
         "taxonomy_plot": taxonomy_plot,
         "failures": _failures(view, run_dir),
@@ -360,7 +358,7 @@ def _shown(value: Any) -> Any:
     return visible(value) if isinstance(value, str) and not isinstance(value, markupsafe.Markup) else value
 
 
-def write_html(records: list[dict], summary: dict[str, Any], path: Path) -> None:
+def write_html(records: list[dict], summary: Summary, path: Path) -> None:
     write_text(path, render_html(records, summary, path.parent))  # whole or not at all
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from parity.dtypes import QUANTIZE_SCHEMES
 from parity.records import tolerance_key
 from parity.records.models import Check, LayerError, Layers, Note, Tier1Check, Tier3Check
+from parity.records.summary import Summary, TargetTotals
 from parity.records.view import RunView
 from parity.report.next_steps import oracle_finding
 from parity.verify.localize import against_threshold
@@ -18,34 +19,32 @@ from parity.verify.tasks import headline_of
 NOT_RUN = "not run here"  # a target that cannot run on this machine: the one name every view gives that state
 
 
-def tolerance_title(summary: dict[str, Any]) -> str:
+def tolerance_title(summary: Summary) -> str:
     """`tier 1 at atol=.., rtol=..` when every target shares one tolerance, else where to read each."""
-    if summary["gate"] is None:
+    if summary.gate is None:
         return "tier 1"
-    if summary["uniform_tolerance"]:
-        first = next(iter(summary["per_target"].values()), {})
-        gate, rtol = first.get("gate", summary["gate"]), first.get("rtol", summary["rtol"])
-        by = " (gate: tier 3)" if first.get("gated_by") == "tier3" else ""
+    if summary.uniform_tolerance:
+        first = next(iter(summary.per_target.values()), None)
+        gate, rtol = (first.gate, first.rtol) if first else (summary.gate, summary.rtol)
+        by = " (gate: tier 3)" if first and first.gated_by == "tier3" else ""
         return f"tier 1 at atol={gate:g}, rtol={rtol:g}{by}"
     return "tier 1, each target at its own tolerance"
 
 
-def tolerance_lines(summary: dict[str, Any]) -> list[str]:
+def tolerance_lines(summary: Summary) -> list[str]:
     """Where targets are judged at different tolerances, one line per tolerance with the targets judged at it
     (else one per target judged at other than the experiment's); then the output rules, and one line per noise
     floor the checks show (the reference's own error, at each target's rtol), with the targets it concerns."""
     shared, rules, floors = {}, [], {}
-    for target, info in summary["per_target"].items():
-        if info.get("gate") is None:
-            continue
-        source = info.get("tolerance_source", "experiment")
-        if not summary["uniform_tolerance"] or source != "experiment" or info.get("gated_by") == "tier3":
-            shared.setdefault((info["gate"], info["rtol"], source, info.get("gated_by")), []).append(target)
-        if info.get("output_rules"):
-            rules.append(f"output rules {target}: {'; '.join(info['output_rules'])} (the leaves they matched)")
-        floor = info.get("noise_floor")
-        if floor and (floor.get("atol") or 0) > 0:
-            floors.setdefault((floor["atol"], floor["source"]), []).append(target)
+    for target, info in summary.per_target.items():
+        source = info.tolerance_source
+        if not summary.uniform_tolerance or source != "experiment" or info.gated_by == "tier3":
+            shared.setdefault((info.gate, info.rtol, source, info.gated_by), []).append(target)
+        if info.output_rules:
+            rules.append(f"output rules {target}: {'; '.join(info.output_rules)} (the leaves they matched)")
+        floor = info.noise_floor
+        if floor and floor.atol > 0:
+            floors.setdefault((floor.atol, floor.source), []).append(target)
     lines = [f"tolerance {', '.join(targets)}: {_gate_words(gate, source)}, rtol {rtol:g} ({source})"
              + ("; tier 3 decides the verdict (gate: tier3)" if gated_by == "tier3" else "")
              + _at_float_gate(summary, targets, source)
@@ -69,21 +68,22 @@ def _gate_words(gate: float, source: str) -> str:
     return f"atol {scheme.relative_gate:g} x the reference output's rms (each check's own; {gate:.3g} on the first)"
 
 
-def _at_float_gate(summary: dict[str, Any], targets: list[str], source: str) -> str:
+def _at_float_gate(summary: Summary, targets: list[str], source: str) -> str:
     """For targets at a quantized default: how their checks fare at the experiment's (float32's) gate, which the
     sweep still holds."""
-    gate = summary["gate"]
+    gate = summary.gate
     key = tolerance_key(gate) if gate is not None else None
-    if _scheme_of(source) is None or key not in summary["per_target"][targets[0]].get("per_tolerance", {}):
+    if _scheme_of(source) is None or key not in summary.per_target[targets[0]].per_tolerance:
         return ""
-    passed = sum(summary["per_target"][t]["per_tolerance"][key] for t in targets)
-    judged = sum(summary["per_target"][t]["passed"] + summary["per_target"][t]["failed"] for t in targets)
+    mine = [summary.per_target[t] for t in targets]
+    passed = sum(info.per_tolerance[key] for info in mine)
+    judged = sum(info.passed + info.failed for info in mine)
     return f"; at the experiment's gate {gate:g}: {passed}/{judged} pass"
 
 
-def target_tolerance(info: dict[str, Any]) -> str:
+def target_tolerance(info: TargetTotals) -> str:
     """A target's tolerance as the tables head its column with: `atol 1e-05, rtol 0.016`."""
-    return "" if info.get("gate") is None else f"atol {info['gate']:g}, rtol {info['rtol']:g}"
+    return f"atol {info.gate:g}, rtol {info.rtol:g}"
 
 
 def environment_line(env: dict[str, Any]) -> str:
