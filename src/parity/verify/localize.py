@@ -56,7 +56,9 @@ FLAT_CHUNK = 24  # layers per end-to-end run in a flat (leaf, depth:N, list) com
 MODEL = "(model)"  # the culprit when the model's own top-level code is at fault
 LEAVES = "(every leaf)"  # the parent named for the level of every leaf, when the descent met several suspects
 REPEATS_MEASURED = 8  # the most instances of a repeated submodule measured beside the culprit
-LOCALIZABLE = (tx.NUMERIC_DRIFT, tx.NONFINITE)  # tier-1 failures that a layer's numbers can explain
+# Tier-1 failures that a layer's numbers can explain: a run localizes them (tiers.activations) and the reports
+# offer `parity localize` for them; the one set of both.
+LOCALIZABLE = (tx.NUMERIC_DRIFT, tx.NONFINITE, tx.ORDERING)
 SPREAD_RATIO = 3.0  # the worst layer within this factor of the median: the error has no single source
 COMPILER_PASS_BUDGET_S = 300.0  # a compiler-pass bisection compiles the model once per step: bounded
 
