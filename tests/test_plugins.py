@@ -156,11 +156,12 @@ def test_each_plugin_name_and_spec_is_checked(write_yaml, change, expected):
 
 def test_backend_metadata_replaces_the_tables_that_named_backends():
     from parity.backends import backend_class, fallback_kind
-    from parity.backends.base import Backend
+    from parity.backends.base import Backend, CapturesLayers
     from parity.config.schema import BackendSpec
 
-    assert Backend.fallback_kind is None and Backend.captures_layers is False
-    assert backend_class("onnxruntime").captures_layers and not backend_class("torchscript").captures_layers
+    assert Backend.fallback_kind is None and not issubclass(Backend, CapturesLayers)
+    assert issubclass(backend_class("onnxruntime"), CapturesLayers)
+    assert not issubclass(backend_class("torchscript"), CapturesLayers)
     assert fallback_kind(BackendSpec(backend="compile")) == "eager"
     assert fallback_kind(BackendSpec(backend="onnxruntime", dtype="float16")) == "float32"
     with pytest.raises(ParityError, match="fallback applies to compile targets"):

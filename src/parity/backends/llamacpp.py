@@ -165,7 +165,6 @@ class LlamaCppBackend(Backend):
     quantize_schemes = tuple(s for s in QUANTIZE_SCHEMES if s.startswith(SCHEME_PREFIX))
     # keep/keep_type mix two cached conversions at load (`write_mixed`): each whole conversion is keyed without them
     session_options = ("threads", "n_ctx", "in_process", "keep", "keep_type")
-    tokenizes = True
 
     @classmethod
     def localizes(cls, spec) -> bool:

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from parity import taxonomy as tx
-from parity.backends.base import Backend, release_memory
+from parity.backends.base import BisectsCompiler, release_memory
 from parity.config.schema import BackendSpec
 from parity.errors import ParityError, did_you_mean, exception_words
 from parity.inputs import Inputs
@@ -201,7 +201,7 @@ class Localization:
     # and the module whose code holds it (`specialized_at`), which names the culprit when no own error does.
     specialized: dict[str, Any] | None = None
     # No layer makes an error of its own on a compiler target: the compiler subsystem and pass that introduces the
-    # drift (Backend.compiler_pass: torch's CompilerBisector for compile), or why none was named.
+    # drift (BisectsCompiler.compiler_pass: torch's CompilerBisector for compile), or why none was named.
     compiler_pass: dict[str, Any] | None = None
     # The culprit lies in a stack of repeated blocks: the same submodule in every block, measured alike (`pattern`:
     # `layers.*.self_attn`, `measured`: the instances measured, `over`: those above the threshold, `blocks`: how many).
@@ -657,14 +657,14 @@ def switch_words(switch: dict[str, Any]) -> str:
 
 def compiler_pass_of(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, experiment,
                      example: Inputs | None) -> dict[str, Any] | None:
-    """The compiler pass that makes the check fail at the gate (`Backend.compiler_pass`), for a target whose backend
+    """The compiler pass that makes the check fail at the gate (`BisectsCompiler.compiler_pass`), for a target whose backend
     bisects its passes and whose check fails as it runs; None otherwise. The predicate runs the target as the run did
     (prepared from `example`) and judges it against the reference at the check's gate."""
     from parity.backends import backend_class
     from parity.execute.execution import execute
 
     cls = backend_class(target.backend)
-    if cls.compiler_pass is Backend.compiler_pass:
+    if not issubclass(cls, BisectsCompiler):
         return None
     tol = experiment.tolerance_for(target)
     reference = execute(job.reference, model, inputs, 1, example=example)
