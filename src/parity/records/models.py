@@ -86,6 +86,49 @@ class RunConfig(Part):
         return value
 
 
+class CpuInfo(Part):
+    """The machine and its CPU (records/environment.py `cpu_info`)."""
+
+    open: ClassVar[bool] = True
+    machine: str | None = Field(None, description="platform.machine().")
+    count: int | None = Field(None, description="How many CPUs the OS shows.")
+    model: str | None = Field(None, description="The CPU's model name, where /proc/cpuinfo says it.")
+    flags: list[str] | None = Field(None, description="The vector extensions numbers depend on (avx2, avx512f, ...).")
+
+
+class CudaInfo(Part):
+    """CUDA, when torch has it."""
+
+    open: ClassVar[bool] = True
+    version: str | None = Field(None, description="torch.version.cuda.")
+    devices: list[str] = Field(default_factory=list, description="Each device's name.")
+
+
+class Environment(Part):
+    """What the numbers depend on (records/environment.py): python, platform, the versions of parity and of every
+    library the backends use (each a field of its own, named as pip names it, listed in `libraries`), cpu,
+    threads, tf32, cuda, git_commit."""
+
+    open: ClassVar[bool] = True
+    python: str | None = Field(None, description="Python's version.")
+    platform: str | None = Field(None, description="platform.platform().")
+    parity: str | None = Field(None, description="parity's version.")
+    libraries: list[str] | None = Field(None, description="The libraries whose versions are recorded, in order; "
+                                                          "older records: none (torch, torchvision, onnxruntime).")
+    cpu: CpuInfo | None = Field(None, description="The machine and its CPU.")
+    threads: int | None = Field(None, description="The torch threads the executions ran with.")
+    tf32: dict[str, bool] | None = Field(None, description="Whether TF32 was allowed (cudnn, matmul).")
+    cuda: CudaInfo | None = Field(None, description="CUDA's version and devices; null: none.")
+    git_commit: str | None = Field(None, description="The experiment folder's git commit, when it is in a repository.")
+
+    def version(self, library: str) -> str | None:
+        """The recorded version of `library` (a field of its own, named as pip names it); None: not installed, or
+        not recorded."""
+        if library in type(self).model_fields:
+            return getattr(self, library)
+        return (self.model_extra or {}).get(library)
+
+
 class Run(Record):
     """The first line of every run: the resolved experiment, its digest and the environment."""
 
@@ -99,9 +142,9 @@ class Run(Record):
     cache_dir: str | None = Field(None, description="The artifact cache the run was given instead of the default "
                                                     "(--cache-dir): its next: commands name it again, so that they "
                                                     "find the run's exports and compiled kernels.")
-    environment: dict[str, Any] = Field(description="What the numbers depend on: python, platform, the versions of "
-                                                    "parity and of every library the backends use, cpu, threads, "
-                                                    "tf32, cuda, git_commit (records/environment.py).")
+    environment: Environment = Field(description="What the numbers depend on: python, platform, the versions of "
+                                                 "parity and of every library the backends use, cpu, threads, tf32, "
+                                                 "cuda, git_commit (records/environment.py).")
 
 
 class Resume(Record):
@@ -110,7 +153,7 @@ class Resume(Record):
     kind: Literal["resume"] = Field(description="`resume`.")
     records: int | None = Field(None, description="How many records the file held when the run was continued.")
     checks_recorded: int | None = Field(None, description="How many planned checks were already judged.")
-    environment: dict[str, Any] | None = Field(None, description="The continuing process's environment (as `run`'s).")
+    environment: Environment | None = Field(None, description="The continuing process's environment (as `run`'s).")
 
 
 # -- model and execution ---------------------------------------------------------------------------------

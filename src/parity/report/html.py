@@ -18,7 +18,7 @@ from parity.errors import visible
 from parity.outdir import write_text
 from parity.plugins import TASKS
 from parity.records import tolerance_key
-from parity.records.models import Layers, Run, Tier1Check, Tier3Check
+from parity.records.models import CpuInfo, Layers, Run, Tier1Check, Tier3Check
 from parity.records.summary import Summary, latency_rows
 from parity.records.view import RunView
 from parity.report import ReportWriter, pictures, plots
@@ -76,16 +76,17 @@ _key = RunView.key
 
 def _environment(run: Run) -> list[tuple[str, str]]:
     env = run.environment
-    cpu = env.get("cpu") or {}
-    cuda = env.get("cuda")
-    libraries = env.get("libraries", ("torch", "torchvision", "onnx", "onnxruntime", "openvino", "numpy"))  # older records
-    rows = [(name, env.get(name)) for name in ("python", "platform", "parity", *libraries)]
+    cpu = env.cpu or CpuInfo()
+    libraries = env.libraries if env.libraries is not None else (
+        "torch", "torchvision", "onnx", "onnxruntime", "openvino", "numpy")  # older records
+    rows = [(name, env.version(name)) for name in ("python", "platform", "parity", *libraries)]
+    shown = next((x for x in (cpu.model, cpu.machine) if x is not None), "?")
     rows += [
-        ("cpu", f"{cpu.get('model', cpu.get('machine', '?'))}, {cpu.get('count', '?')} cores"
-                + (f"; {' '.join(cpu['flags'])}" if cpu.get("flags") else "")),
-        ("threads", env.get("threads")),
-        ("cuda", f"{cuda['version']}: {', '.join(cuda['devices'])}" if cuda else "none"),
-        ("git commit", env.get("git_commit")),
+        ("cpu", f"{shown}, {cpu.count if cpu.count is not None else '?'} cores"
+                + (f"; {' '.join(cpu.flags)}" if cpu.flags else "")),
+        ("threads", env.threads),
+        ("cuda", f"{env.cuda.version}: {', '.join(env.cuda.devices)}" if env.cuda else "none"),
+        ("git commit", env.git_commit),
         ("experiment folder", run.base_dir),
     ]
     return [(k, "not installed" if v is None and k in libraries else str(v if v is not None else "–")) for k, v in rows]
@@ -341,7 +342,7 @@ def render_html(records: RunView | list[dict[str, Any]], summary: Summary, run_d
         "statistics": _statistics(tier3),
         "detections": _detections(tier3),
         "detection_models": [c for c in tier3 if c.task == "detection"],
-        "parity_version": run.environment.get("parity"),
+        "parity_version": run.environment.parity,
     }
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              finalize=_shown)

@@ -59,10 +59,10 @@ def render_junit(records: RunView | list[dict[str, Any]], summary: Summary, run_
     suite = ET.Element("testsuite", name=f"parity.{run.experiment}")
     props = ET.SubElement(suite, "properties")
     env = run.environment
-    libraries = env.get("libraries", ("torch", "torchvision", "onnxruntime", "openvino"))  # older records: these
+    libraries = env.libraries if env.libraries is not None else ("torch", "torchvision", "onnxruntime", "openvino")  # older records
     for key in (*libraries, "python", "platform", "git_commit"):
-        if env.get(key):
-            ET.SubElement(props, "property", name=key, value=_clean(env[key]))
+        if env.version(key):
+            ET.SubElement(props, "property", name=key, value=_clean(env.version(key)))
     if summary.gate is not None and summary.uniform_tolerance:  # else each testcase says its own
         ET.SubElement(props, "property", name="gate_atol", value=f"{summary.gate:g}")
         ET.SubElement(props, "property", name="rtol", value=f"{summary.rtol:g}")

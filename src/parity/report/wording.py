@@ -9,7 +9,16 @@ from typing import Any
 
 from parity.dtypes import QUANTIZE_SCHEMES
 from parity.records import tolerance_key
-from parity.records.models import Check, LayerError, Layers, Note, Tier1Check, Tier3Check
+from parity.records.models import (
+    Check,
+    CpuInfo,
+    Environment,
+    LayerError,
+    Layers,
+    Note,
+    Tier1Check,
+    Tier3Check,
+)
 from parity.records.summary import Summary, TargetTotals
 from parity.records.view import RunView
 from parity.report.next_steps import oracle_finding
@@ -86,12 +95,15 @@ def target_tolerance(info: TargetTotals) -> str:
     return f"atol {info.gate:g}, rtol {info.rtol:g}"
 
 
-def environment_line(env: dict[str, Any]) -> str:
+def environment_line(env: Environment) -> str:
     """One line for what the numbers depend on: the recorded libraries' versions, python, CPU, threads, CUDA.
     Records written before the runner chose the libraries have no `libraries`: torch, torchvision, onnxruntime."""
-    versions = ", ".join(f"{name} {env.get(name)}" for name in env.get("libraries", ("torch", "torchvision", "onnxruntime")))
-    return (f"{versions}, python {env['python']}, {env['cpu'].get('model', env['cpu']['machine'])}, {env['threads']} threads, "
-            f"CUDA: {env['cuda']['devices'] if env['cuda'] else 'none'}")
+    libraries = env.libraries if env.libraries is not None else ("torch", "torchvision", "onnxruntime")
+    versions = ", ".join(f"{name} {env.version(name)}" for name in libraries)
+    cpu = env.cpu or CpuInfo()
+    shown = cpu.model if cpu.model is not None else cpu.machine
+    return (f"{versions}, python {env.python}, {shown}, {env.threads} threads, "
+            f"CUDA: {env.cuda.devices if env.cuda else 'none'}")
 
 
 def describe_note(note: Note) -> str:
