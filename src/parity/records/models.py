@@ -392,6 +392,14 @@ class Flips(Part):
     examples: list[FlipExample] = Field(description="The first few unmatched boxes, classed, with their numbers.")
 
 
+class GenerationText(Part):
+    """A divergence's tokens in words, decoded with the input set's tokenizer."""
+
+    context: str = Field(description="The tokens before the divergence.")
+    reference: str = Field(description="The reference's tokens from the divergence on.")
+    target: str = Field(description="The target's tokens from the divergence on.")
+
+
 class GeneratedPrompt(Part):
     """One prompt's greedy continuations (text generation's free-running), the reference's against the target's."""
 
@@ -408,7 +416,7 @@ class GeneratedPrompt(Part):
     context: list[int] | None = Field(None, description="The token ids before the divergence (its last few).")
     reference: list[int] | None = Field(None, description="The reference's token ids from the divergence on (a few).")
     target: list[int] | None = Field(None, description="The target's token ids from the divergence on (a few).")
-    text: dict[str, str] | None = Field(None, description="context, reference and target decoded with the input "
+    text: GenerationText | None = Field(None, description="context, reference and target decoded with the input "
                                                           "set's tokenizer, when it has one.")
 
 

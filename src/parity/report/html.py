@@ -8,6 +8,7 @@ section is always there: one without data says so in a line.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from functools import partial
 from importlib.resources import files
 from pathlib import Path
@@ -124,12 +125,11 @@ def _gate_table(checks: list[Tier1Check], tier3: list[Tier3Check], layers: list[
     tier3_by = {_key(c): c for c in tier3}
     culprit_by = {_key(r): r.culprit for r in layers if not r.error}
     whole_graph = {_key(r) for r in layers if r.whole_graph}
-    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    cells: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
     for c in checks:
-        row = rows.setdefault((c.model, c.inputs), {"model": c.model, "inputs": c.inputs, "cells": {}})
         state = {"skipped": "skip", "error": "error"}.get(c.status) or ("pass" if c.passed else "fail")
         task = tier3_by.get(_key(c))
-        row["cells"][c.target] = {
+        cells.setdefault((c.model, c.inputs), {})[c.target] = {
             "state": state, "max_abs": c.max_abs, "required_atol": c.required_atol,
             "failure_class": c.failure_class, "detail": c.detail or "",
             "whole_graph": _key(c) in whole_graph,
@@ -138,7 +138,8 @@ def _gate_table(checks: list[Tier1Check], tier3: list[Tier3Check], layers: list[
             "warnings": [describe_note(n) for n in c.warnings or []],
             "ran": c.status == "ok" and c.max_abs is not None,
         }
-    return [{**row, "cells": [row["cells"].get(t) for t in targets]} for row in rows.values()]
+    return [{"model": model, "inputs": inputs, "cells": [mine.get(t) for t in targets]}
+            for (model, inputs), mine in cells.items()]
 
 
 def _pass_rates(checks: list[Tier1Check], keys: list[str]) -> tuple[list[str], dict[tuple[str, str], float | None]]:
@@ -180,17 +181,30 @@ def _taxonomy(checks: list[Tier1Check], tier3: list[Tier3Check]) -> tuple[list[d
     return rows, plots.taxonomy_bars({k: counts[k] for k in ordered}) if rows else None
 
 
-def _bound(task: str, metric: str, thresholds: dict[str, Any]) -> dict[str, Any]:
-    """The threshold of `metric` in a tier-3 record and which side of it fails, from the task's headline
-    metrics (a record of the old flat thresholds names them as the task's `flat_keys` did). A task that is
-    not installed here: no thresholds shown."""
+@dataclass(frozen=True)
+class _Column:
+    """A metric's column of a tier-3 table: its threshold, if it has one, and which side of it fails."""
+
+    name: str
+    threshold: Any = None
+    higher_is_better: bool = True
+
+    @property
+    def title(self) -> str:
+        return self.name.replace("_", " ")
+
+
+def _column(task: str, metric: str, thresholds: dict[str, Any]) -> _Column:
+    """The column of `metric` with its threshold in a tier-3 record, from the task's headline metrics (a record of
+    the old flat thresholds names them as the task's `flat_keys` did). A task that is not installed here: no
+    thresholds shown."""
     headline = {h.metric: h for h in headline_of(task) or ()}
     h = headline.get(metric)
     if h is None or h.threshold is None or h.higher_is_better is None:
-        return {"threshold": None, "higher_is_better": True}
+        return _Column(metric)
     flat = {own: old for old, own in TASKS.get(task).flat_keys.items()}
     value = thresholds.get(h.threshold, thresholds.get(flat.get(h.threshold, "")))
-    return {"threshold": value, "higher_is_better": h.higher_is_better}
+    return _Column(metric, value, h.higher_is_better)
 
 
 def _tier3_tables(tier3: list[Tier3Check]) -> list[dict[str, Any]]:
@@ -202,16 +216,15 @@ def _tier3_tables(tier3: list[Tier3Check]) -> list[dict[str, Any]]:
         if statistics_of(task, mine[0].metrics, mine[0].thresholds):  # the rest: in its statistics table
             headline = [h.metric for h in headline_of(task) or ()]
             metrics = [k for k in headline if k in metrics] or metrics
-        columns = [{"name": m, "title": m.replace("_", " "), **_bound(task, m, mine[0].thresholds or {})}
-                   for m in metrics]
+        columns = [_column(task, m, mine[0].thresholds or {}) for m in metrics]
         rows = []
         for c in mine:
             cells = []
             for col in columns:
-                value = c.metrics.get(col["name"])
-                low = col["threshold"] is not None and isinstance(value, int | float) and (
-                    value < col["threshold"] if col["higher_is_better"] else value > col["threshold"])
-                cells.append({"text": figure(value, none="nan" if col["name"] in c.metrics else "–"),
+                value = c.metrics.get(col.name)
+                low = col.threshold is not None and isinstance(value, int | float) and (
+                    value < col.threshold if col.higher_is_better else value > col.threshold)
+                cells.append({"text": figure(value, none="nan" if col.name in c.metrics else "–"),
                               "low": low})
             rows.append({"key": _key(c), "passed": c.passed, "failure_class": c.failure_class,
                          "detail": c.detail or "", "same_set": c.same_set, "cells": cells, "flips": flips_line(c) or generation_line(c),

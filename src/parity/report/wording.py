@@ -13,6 +13,7 @@ from parity.records.models import (
     Check,
     CpuInfo,
     Environment,
+    GenerationText,
     LayerError,
     Layers,
     Note,
@@ -167,9 +168,9 @@ def generation_line(check: Tier3Check) -> str | None:
     if diverged:
         k, i = min(diverged)
         p = prompts[i]
-        words = p.text or {"context": str(p.context), "reference": str(p.reference), "target": str(p.target)}
-        line += (f"; first divergence: prompt {i} at new token {k}, after '{words['context']}': reference "
-                 f"'{words['reference']}', target '{words['target']}' (reference margin {p.margin:.3g}, {p.flip})")
+        words = p.text or GenerationText(context=str(p.context), reference=str(p.reference), target=str(p.target))
+        line += (f"; first divergence: prompt {i} at new token {k}, after '{words.context}': reference "
+                 f"'{words.reference}', target '{words.target}' (reference margin {p.margin:.3g}, {p.flip})")
     return line
 
 
