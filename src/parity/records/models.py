@@ -530,6 +530,17 @@ class Level(Part):
     own_code: LayerError | None = Field(None, description="The parent's own operations, its submodules replayed.")
 
 
+class Specialized(Part):
+    """The line where the target's trace took one branch of a data-dependent condition (a `trace_specialized`
+    note), and the innermost module whose class holds it."""
+
+    where: str = Field(description="The warned file:line.")
+    code: str | None = Field(None, description="The source line there.")
+    module: str | None = Field(None, description="The innermost module whose class's source holds it; absent when "
+                                                 "the line is in a function outside every module's class.")
+    module_code: str | None = Field(None, description="Where that module's class is defined.")
+
+
 class GateVerdict(Part):
     """`parity localize`: the tier-1 verdict at the gate of the check it explains."""
 
@@ -567,9 +578,9 @@ class Layers(Record):
     levels: list[Level] | None = Field(None, description="Each level looked at, from the top down.")
     elapsed_s: float | None = Field(None, description="Seconds spent localizing.")
     tier1: GateVerdict | None = Field(None, description="`parity localize`: the check's tier-1 verdict at the gate.")
-    specialized: dict[str, Any] | None = Field(
-        None, description="The target's trace took one branch of a data-dependent condition: the warned line (`where`, "
-                          "`code`) and the innermost module whose class holds it (`module`, `module_code`).")
+    specialized: Specialized | None = Field(
+        None, description="The target's trace took one branch of a data-dependent condition: the warned line and the "
+                          "innermost module whose class holds it.")
     compiler_pass: dict[str, Any] | None = Field(
         None, description="No layer makes an error of its own on a compiler target: the pass torch's CompilerBisector "
                           "names (`found`, `backend`, `subsystem`, `application`, `debug_info`, `switch`: the setting "

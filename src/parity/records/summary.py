@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from parity.outdir import write_text
 from parity.records.keys import gate_atol, tolerance_key
-from parity.records.models import LeafTolerance, NoiseFloor, Tier1Check, Tier3Check
+from parity.records.models import LeafTolerance, NoiseFloor, Specialized, Tier1Check, Tier3Check
 from parity.records.view import RunView
 
 judged = RunView.judged
@@ -106,7 +106,7 @@ class Localized(_Part):
     whole_graph: bool | None
     as_a_whole: bool | None
     first_divergent: str | None
-    specialized: dict[str, Any] | None
+    specialized: Specialized | None
     compiler_pass: dict[str, Any] | None
 
 
@@ -307,8 +307,10 @@ def _tier3(view: RunView) -> Tier3Totals:
 
 
 def write_summary(summary: Summary, path: Path) -> None:
-    """Whole or not at all (outdir.write_text): a summary.json on disk is the mark of a finished run."""
-    write_text(path, json.dumps(summary.model_dump(), indent=2) + "\n")
+    """Whole or not at all (outdir.write_text): a summary.json on disk is the mark of a finished run. Every field of
+    the summary is set; the record parts in it (a noise floor, a specialised trace) dump the fields they were read
+    with, as records.jsonl has them."""
+    write_text(path, json.dumps(summary.model_dump(exclude_unset=True), indent=2) + "\n")  # a record's part: as given
 
 
 def exit_code(summary: Summary, allow_unavailable: bool = False) -> int:

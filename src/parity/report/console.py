@@ -126,7 +126,7 @@ def render(records: RunView | list[dict], summary: Summary, out_dir, console, re
             where = loc.culprit + (" as a whole (none of its submodules alone exceeds the threshold)"
                                    if loc.as_a_whole else "")
         if loc.specialized:
-            where += f" (its trace is specialised at {loc.specialized['where']})"
+            where += f" (its trace is specialised at {loc.specialized.where})"
         if (loc.compiler_pass or {}).get("found"):
             where += f"; compiler pass: {pass_path(loc.compiler_pass)}"
         if loc.evenly_spread:

@@ -148,7 +148,7 @@ def next_steps(check: Check, view: RunView, run_dir: str | Path) -> list[str]:
         lines.append(f"diverges at {found.culprit}{where}{spread}")
     if found and found.specialized:
         s = found.specialized
-        lines.append(f"the target's trace is specialised at {s['where']}" + (f": {s['code']}" if s.get("code") else "")
+        lines.append(f"the target's trace is specialised at {s.where}" + (f": {s.code}" if s.code else "")
                      + "; trace it on inputs that take this input set's branch (the model's export_inputs), or make the branch "
                      "traceable (torch.where; torch.cond under torch.export)")
     found_pass = (found.compiler_pass if found else None) or {}
