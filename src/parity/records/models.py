@@ -541,6 +541,42 @@ class Specialized(Part):
     module_code: str | None = Field(None, description="Where that module's class is defined.")
 
 
+class GroupTrial(Part):
+    """One run of a file of typed tensors with chosen groups at another type, as tier 3 judged it."""
+
+    open: ClassVar[bool] = True  # runner/tensor_types.py's
+    kl_mean: float | None = Field(None, description="Mean KL divergence from the reference.")
+    kl_mean_se: float | None = Field(None, description="Its standard error.")
+    same_top1: float | None = Field(None, description="Share of positions with the reference's top-1 token.")
+    top1_agreement: float | None = Field(None, description="Tier 3's top-1 agreement.")
+    passed: bool | None = Field(None, description="Tier 3's verdict on it.")
+    nbytes: int | None = Field(None, description="The file's bytes.")
+
+
+class GroupRow(GroupTrial):
+    """One tensor group alone at the target's type, the rest at the trial type."""
+
+    name: str = Field(description="The group (token_embd, output, blk.N, blk.N.attn, blk.N.ffn).")
+    parent: str | None = Field(None, description="The block a split group belongs to; null: a block-level group.")
+    type: str = Field(description="Its type in the target's file.")
+    kl_added: float = Field(description="The mean KL it adds over the floor (every group at the trial type).")
+    share: float | None = Field(None, description="Its share of what the block-level groups add; null: a split group, "
+                                                  "or none add anything.")
+
+
+class TensorGroups(Part):
+    """A tensor-group localization (runner/tensor_types.py): each group of the file alone at the target's type."""
+
+    open: ClassVar[bool] = True  # runner/tensor_types.py's
+    statistic: str | None = Field(None, description="What ranks the groups (kl_mean).")
+    trial_type: str = Field(description="The type every other group is at in a trial.")
+    trials: int = Field(description="How many files were run.")
+    whole: GroupTrial = Field(description="The file as it is.")
+    floor: GroupTrial = Field(description="Every group at the trial type.")
+    added: float | None = Field(None, description="What the block-level groups add over the floor, together.")
+    groups: list[GroupRow] = Field(description="Each group alone at its type, in the order they were run.")
+
+
 class GateVerdict(Part):
     """`parity localize`: the tier-1 verdict at the gate of the check it explains."""
 
@@ -592,7 +628,7 @@ class Layers(Record):
                                                      "(NaN where it has NaN): no drift between the sides.")
     uncalled: str | None = Field(None, description="A culprit that calls none of its submodules as modules "
                                                    "(nn.MultiheadAttention): a leaf, with no layers to rank.")
-    tensor_groups: dict[str, Any] | None = Field(
+    tensor_groups: TensorGroups | None = Field(
         None, description="A target that runs a file of typed tensors (llama.cpp's GGUF; mode `tensor groups`, "
                           "runner/tensor_types.py): `groups`, each group of the file alone at the target's type and "
                           "the rest at `trial_type`: `name`, `parent` (a block split into attn and ffn), `type`, "

@@ -159,7 +159,7 @@ def render_layers(record: Layers, console) -> None:
     if record.tensor_groups:
         console.print(group_table(record))
         console.print(f"[bold]verdict:[/bold] {escape(record.verdict)}")
-        console.print(f"localized in {record.elapsed_s:.1f} s ({record.tensor_groups['trials']} trials)")
+        console.print(f"localized in {record.elapsed_s:.1f} s ({record.tensor_groups.trials} trials)")
         return
     suspects = {s.name for s in record.suspects}
     for level in record.levels:
@@ -197,8 +197,8 @@ def group_table(record: Layers):
     from rich.table import Table
 
     found = record.tensor_groups
-    title = (f"{RunView.key(record)}: each tensor group alone at its type, the rest at {found['trial_type']} "
-             f"(floor KLD {found['floor']['kl_mean']:.3g}, whole file {found['whole']['kl_mean']:.3g})")
+    title = (f"{RunView.key(record)}: each tensor group alone at its type, the rest at {found.trial_type} "
+             f"(floor KLD {found.floor.kl_mean:.3g}, whole file {found.whole.kl_mean:.3g})")
     table = Table(title=escape(title))
     for col in ("group", "type", "mean KLD", "added", "share", "same top-1"):
         table.add_column(col, justify="left" if col in ("group", "type") else "right")

@@ -198,14 +198,13 @@ def group_rows(record: Layers) -> list[tuple[str, ...]]:
     """A tensor-group localization's rows (runner/tensor_types.py), worst block first, each split block's attention
     and FFN under it: group, its type in the target's file, mean KLD ± SE alone at that type, the KLD it adds over
     the all-F16 floor and its share, same top-1."""
-    found = record.tensor_groups
-    rows = found["groups"]
+    rows = record.tensor_groups.groups
     out = []
-    for row in sorted((r for r in rows if r["parent"] is None), key=lambda r: -r["kl_added"]):
-        for r in [row, *(r for r in rows if r["parent"] == row["name"])]:
-            share = "" if r["share"] is None or r["parent"] else f"{r['share']:.1%}"
-            out.append(("  " * bool(r["parent"]) + r["name"], r["type"], f"{r['kl_mean']:.4g} ± {r['kl_mean_se']:.2g}",
-                        f"{r['kl_added']:.3g}", share, f"{r['same_top1']:.2%}"))
+    for row in sorted((r for r in rows if r.parent is None), key=lambda r: -r.kl_added):
+        for r in [row, *(r for r in rows if r.parent == row.name)]:
+            share = "" if r.share is None or r.parent else f"{r.share:.1%}"
+            out.append(("  " * bool(r.parent) + r.name, r.type, f"{r.kl_mean:.4g} ± {r.kl_mean_se:.2g}",
+                        f"{r.kl_added:.3g}", share, f"{r.same_top1:.2%}"))
     return out
 
 
