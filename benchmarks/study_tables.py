@@ -258,7 +258,7 @@ class Study:
         self.summary = summarize(records)
         self.timing = timing
         self.keys = [tolerance_key(a) for a in self.config["tolerances"]["atol"]]
-        self.gate_key = tolerance_key(self.summary["gate"])
+        self.gate_key = tolerance_key(self.summary.gate)
         checks = [r for r in records if r["kind"] == "check"]
         self.tier1 = [c for c in checks if c["tier"] == 1]
         self.ran = [c for c in self.tier1 if judged(c)]
@@ -437,7 +437,7 @@ def block_design(s: Study) -> str:
     thresholds = ", ".join(f"{k} {v:g}" for k, v in flat.items() if k not in ("enabled", "output") and v is not None)
     lines += [
         f"- **Reference**: {backend(cfg['reference'])}. **Targets**: " + "; ".join(backend(t) for t in cfg["targets"]) + ".",
-        f"- **Tolerances**: atol {', '.join(f'{a:g}' for a in tol['atol'])} at rtol {tol['rtol']:g}; gate {s.summary['gate']:g}. "
+        f"- **Tolerances**: atol {', '.join(f'{a:g}' for a in tol['atol'])} at rtol {tol['rtol']:g}; gate {s.summary.gate:g}. "
         f"**Repeats**: {cfg['repeats']}. **Tier 3**: " + (f"on ({thresholds})" if tasks_cfg.get("enabled") else "off")
         + f"; **tier 2**: {'on' if (cfg['tiers'].get('activations') or {}).get('enabled') else 'off'}.",
     ]
@@ -475,7 +475,7 @@ def block_headline(s: Study) -> str:
     """The run's rates, each execution counted once (a target that is another's execution judged at another gate,
     bfloat16 at two gates, is named and left out), each with the family-clustered BCa interval beside Wilson's:
     the checks of one backbone are not independent trials, so Wilson's width is a lower bound on the honest one."""
-    a = s.summary["arithmetic"]
+    a = s.summary.arithmetic
     distinct = set(s.distinct_targets())
     twins = [t for t in s.targets if t not in distinct]
     once = [c for c in s.tier1 if c["target"] in distinct]
@@ -491,9 +491,9 @@ def block_headline(s: Study) -> str:
 
     rate = rate_with_intervals
     lines = [
-        f"- **Checks counted:** {a['formula']}{counted}. Model entries: {len(s.models)} ({parts}; {adapted} of the "
+        f"- **Checks counted:** {a.formula}{counted}. Model entries: {len(s.models)} ({parts}; {adapted} of the "
         f"detection entries run with an adapter).",
-        f"- **At the gate** (atol {s.summary['gate']:g}, rtol {s.summary['rtol']:g}{gates_note(s, s.distinct_targets())}): "
+        f"- **At the gate** (atol {s.summary.gate:g}, rtol {s.summary.rtol:g}{gates_note(s, s.distinct_targets())}): "
         f"**{passed} of "
         f"{total} checks pass ({rate(passed, total, s.clusters(judged_once))})**, {total - passed} fail, "
         f"{len(once) - total} could not run here.",
@@ -640,7 +640,7 @@ def block_per_model(s: Study) -> str:
         p, n = s.rate([c for c in s.ran if c["target"] == t])
         per_target.append(f"{p}/{n} pass")
     rows.append(["**all**", "", "", "", *per_target, f"**{passed}/{judged}**"])
-    note = (f"Each cell: the verdict at the target's gate (atol {s.summary['gate']:g}{gates_note(s)}), the largest "
+    note = (f"Each cell: the verdict at the target's gate (atol {s.summary.gate:g}{gates_note(s)}), the largest "
             "absolute difference over every output, the failure class of a failed check (a check whose target did "
             "not run has no difference to show), and in brackets that difference over the reference output's "
             "RMS (scale-free; the worst leaf), the measure of the scale-free table.")
@@ -764,7 +764,7 @@ def _reason(detail: str) -> str:
 
 
 def block_latency(s: Study) -> str:
-    rows = latency_rows(s.records)
+    rows = [r.model_dump() for r in latency_rows(s.records)]  # this module reads records as dicts
     backends = list(dict.fromkeys(r["backend"] for r in rows))
     per_backend = []
     reference = {(r["model"], r["inputs"]): r for r in rows if r["backend"] == s.reference}
@@ -828,7 +828,7 @@ def block_intervals(s: Study) -> str:
     distinct = set(s.distinct_targets())
     rows = [["all targets, each execution once", *_interval_cells(s, [c for c in s.ran if c["target"] in distinct])]]
     rows += [[t, *_interval_cells(s, [c for c in s.ran if c["target"] == t])] for t in s.targets]
-    note = f"At each target's gate (atol {s.summary['gate']:g}{gates_note(s)}). {_intervals_note()}"
+    note = f"At each target's gate (atol {s.summary.gate:g}{gates_note(s)}). {_intervals_note()}"
     return note + "\n\n" + table(INTERVAL_HEADER, rows)
 
 
@@ -1004,7 +1004,7 @@ def block_trained(s: Study) -> str:
     once = [c for c in s.ran if c["target"] in distinct]
     passed, judged_n = s.rate(once)
     twins = [t for t in s.targets if t not in distinct]
-    lines = [f"- **At the gate** (atol {s.summary['gate']:g}, rtol {s.config['tolerances']['rtol']:g}"
+    lines = [f"- **At the gate** (atol {s.summary.gate:g}, rtol {s.config['tolerances']['rtol']:g}"
              f"{gates_note(s, distinct)}), each execution once"
              + (f" ({', '.join(twins)} left out: another target's execution judged at another gate)" if twins else "")
              + f": {passed} of {judged_n} checks pass ({rate_with_intervals(passed, judged_n, s.clusters(once))})."]

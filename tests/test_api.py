@@ -68,7 +68,7 @@ def test_run_experiment_returns_the_verdict_parity_run_gives(tmp_path):
     assert [(c.target, c.passed) for c in result.checks] == [("same", True), ("nudged", False)]
     [failure] = result.failures
     assert failure.target == "nudged" and failure.required_atol > 0 and failure.failure_class == "numeric_drift"
-    assert result.summary["totals"]["failed"] == 1
+    assert result.summary.totals.failed == 1
     assert result == read_records(tmp_path) and result.records == read_records(tmp_path)  # still the records
 
 

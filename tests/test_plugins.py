@@ -11,13 +11,18 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import parity
 from parity import plugins
+from parity.api import assert_backends_agree
+from parity.backends.base import Backend
 from parity.cli import main
 from parity.errors import ParityError
 from parity.experiment import experiment_from_dict, load_experiment
+from parity.outputs import map_tensors
 from parity.registry import Registry
+from tests.fixtures.tiny import tiny_cnn
 from tests.support import tiny_experiment
 
 DEMO = Path(__file__).parent / "plugin_demo"
@@ -156,11 +161,12 @@ def test_each_plugin_name_and_spec_is_checked(write_yaml, change, expected):
 
 def test_backend_metadata_replaces_the_tables_that_named_backends():
     from parity.backends import backend_class, fallback_kind
-    from parity.backends.base import Backend
+    from parity.backends.base import Backend, CapturesLayers
     from parity.config.schema import BackendSpec
 
-    assert Backend.fallback_kind is None and Backend.captures_layers is False
-    assert backend_class("onnxruntime").captures_layers and not backend_class("torchscript").captures_layers
+    assert Backend.fallback_kind is None and not issubclass(Backend, CapturesLayers)
+    assert issubclass(backend_class("onnxruntime"), CapturesLayers)
+    assert not issubclass(backend_class("torchscript"), CapturesLayers)
     assert fallback_kind(BackendSpec(backend="compile")) == "eager"
     assert fallback_kind(BackendSpec(backend="onnxruntime", dtype="float16")) == "float32"
     with pytest.raises(ParityError, match="fallback applies to compile targets"):
@@ -260,12 +266,13 @@ def test_a_plugin_that_cannot_be_imported_is_named(monkeypatch):
 
 
 def _registered(monkeypatch, group: str, name: str, value: str):
-    """The group's real entry points and one more, `name = value`, as a package of its own would register it."""
+    """Every group's real entry points and, in `group`, one more, `name = value`, as a package of its own registers it."""
     from importlib.metadata import EntryPoint
     from importlib.metadata import entry_points as real
 
+    extra = EntryPoint(name, value, group)
     monkeypatch.setattr("parity.registry.entry_points",
-                        lambda group: [*real(group=group), EntryPoint(name, value, group)])
+                        lambda group: [*real(group=group), *([extra] if group == extra.group else [])])
 
 
 @pytest.mark.parametrize("registry, value, wanted", [
@@ -289,3 +296,58 @@ def test_a_plugin_that_is_not_what_its_registry_holds_is_refused_naming_its_entr
     message = str(raised.value)
     assert "\n" not in message and f"entry point 'impostor = {value}' in '{registry.group}'" in message, message
     assert message.endswith(f"not {wanted}"), message
+
+
+# --- the plugin contract: a third party's backend against the core alone (prepare, run, close), in under 40 lines --
+class Float64Runtime(Backend):
+    """A third party's runtime: runs the model in float64 and hands float32 back, as a deployment would."""
+
+    name = "float64-runtime"
+
+    def prepare(self, model, example):
+        self.model = model.double().eval()
+
+    def run(self, inputs):
+        with torch.no_grad():
+            out = self.model(*inputs.map(lambda t: t.double() if t.is_floating_point() else t).args)
+        return map_tensors(out, lambda t: t.float())
+
+    def close(self):
+        self.model = None
+        super().close()
+
+
+@pytest.fixture
+def float64_runtime(monkeypatch):
+    """Float64Runtime registered as its own package would register it: an entry point in `parity.backends`."""
+    _registered(monkeypatch, "parity.backends", "float64-runtime", f"{__name__}:Float64Runtime")
+    plugins.BACKENDS.refresh()
+    yield
+    monkeypatch.undo()
+    plugins.BACKENDS.refresh()
+
+
+def test_a_third_party_backend_on_the_core_alone_gets_a_verdict_from_the_api_and_parity_check(float64_runtime,
+                                                                                             tmp_path, capsys):
+    model, x = tiny_cnn(), torch.randn(2, 3, 16, 16)
+    check = assert_backends_agree(model, x, targets=["float64-runtime"], atol=1e-5, rtol=1e-5)["float64-runtime-cpu"]
+    assert check.passed and check.status == "ok" and check.leaves
+    code = main(["check", "tests.fixtures.tiny:tiny_cnn", "--target", "float64-runtime", "--input", "2x3x16x16",
+                 "--out", str(tmp_path), "--quiet", "--no-report"])
+    [record] = [r for r in map(json.loads, (tmp_path / "records.jsonl").read_text().splitlines())
+                if r["kind"] == "check"]
+    assert code == 0 and record["target"] == "float64-runtime-cpu" and record["passed"], capsys.readouterr()
+
+
+def test_registering_a_class_that_is_not_a_backend_fails_parity_check_in_one_line(monkeypatch, tmp_path, capsys):
+    _registered(monkeypatch, "parity.backends", "not-a-backend", "tests.fixtures.tiny:TinyCNN")
+    plugins.BACKENDS.refresh()
+    try:
+        code = main(["check", "tests.fixtures.tiny:tiny_cnn", "--target", "not-a-backend", "--input", "2x3x16x16",
+                     "--out", str(tmp_path), "--quiet", "--no-report"])
+    finally:
+        monkeypatch.undo()
+        plugins.BACKENDS.refresh()
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "Traceback" not in err, err
+    assert "not a subclass of parity.backends.base.Backend" in err, err

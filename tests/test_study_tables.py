@@ -79,17 +79,17 @@ def test_wilson_interval_of_none_all_and_some_passing():
 def test_per_model_rows_add_up_to_the_totals(records):
     study = st.Study(records)
     rows = st.model_rows(study)
-    totals = study.summary["totals"]
+    totals = study.summary.totals
     assert {(r["model"], r["inputs"]) for r in rows} == {("tiny", "noise"), ("det", "photos")}
-    assert sum(len(r["cells"]) for r in rows) == totals["checks"] == 2 * len(TARGETS)
-    assert sum(r["passed"] for r in rows) == totals["passed"]
-    assert sum(r["judged"] for r in rows) == totals["passed"] + totals["failed"]
-    assert totals["passed"] and totals["failed"] and totals["skipped"]  # the run has all three kinds
+    assert sum(len(r["cells"]) for r in rows) == totals.checks == 2 * len(TARGETS)
+    assert sum(r["passed"] for r in rows) == totals.passed
+    assert sum(r["judged"] for r in rows) == totals.passed + totals.failed
+    assert totals.passed and totals.failed and totals.skipped  # the run has all three kinds
 
     table = rows_of(st.block_per_model(study).split("\n\n", 1)[1])
     *models, last = table
     assert [r[0] for r in models] == ["tiny", "det"]
-    assert last[-1] == f"**{totals['passed']}/{totals['passed'] + totals['failed']}**"
+    assert last[-1] == f"**{totals.passed}/{totals.passed + totals.failed}**"
     for row in models:
         passed, judged = map(int, row[-1].split("/"))
         assert passed == sum(cell.startswith("pass") for cell in row[4:-1])
@@ -101,16 +101,16 @@ def test_each_tolerance_counts_every_judged_check_once(records):
     summary = study.summary
     table = rows_of(st.block_tolerance(study))
     assert len(table) == len(study.keys) == 4
-    judged = summary["totals"]["passed"] + summary["totals"]["failed"]
+    judged = summary.totals.passed + summary.totals.failed
     for row, key in zip(table, study.keys, strict=True):
         passed, failed, checks = int(row[1]), int(row[2]), int(row[3])
-        assert passed == summary["per_tolerance"][key]["passed"] and passed + failed == checks == judged
+        assert passed == summary.per_tolerance[key].passed and passed + failed == checks == judged
         low, high = st.wilson(passed, checks)
         assert row[5] == f"{100 * low:.1f}% to {100 * high:.1f}%"
     assert table[study.keys.index(study.gate_key)][0].endswith("(gate)")
     pooled_passed, pooled_total = study.pooled()
     assert pooled_total == judged * len(study.keys)
-    assert pooled_passed == sum(summary["per_tolerance"][k]["passed"] for k in study.keys)
+    assert pooled_passed == sum(summary.per_tolerance[k].passed for k in study.keys)
 
 
 def test_per_task_and_per_target_rows_partition_the_checks(records):
@@ -475,7 +475,7 @@ def test_seed_replicas_are_kept_out_of_the_design_tables_and_spread_in_their_own
     tiny = next(c for c in study.ran if c["model"] == "tiny" and c["target"] == "perturbed")
     seeded = st.Study(with_seed_replicas(records, [tiny["required_atol"], 1e-7, 1e-3]))
     assert seeded.replicas == {"tiny-s1", "tiny-s2"}
-    assert len(seeded.ran) == len(study.ran) and seeded.summary["totals"] == study.summary["totals"]
+    assert len(seeded.ran) == len(study.ran) and seeded.summary.totals == study.summary.totals
     assert st.seed_groups(seeded) == {"tiny": ["tiny", "tiny-s1", "tiny-s2"]}
     row = next(r for r in rows_of(st.block_seeds(seeded).split("\n\n", 1)[1]) if r[1] == "perturbed")
     assert row[2] == "0, 1, 2"

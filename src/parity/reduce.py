@@ -102,7 +102,7 @@ def find_check(records, run_dir: Path, which: str) -> Found:
         raise ParityError(f"{run_dir}: the localization of {which} names no culprit module to reduce to: {why}")
     if found.specialized:  # the module re-traced alone on the captured inputs takes their branch: it agrees
         raise ParityError(f"{run_dir}: {which} diverges because the target's trace is specialised at "
-                          f"{found.specialized['where']}: {found.culprit} alone, traced on its captured inputs, "
+                          f"{found.specialized.where}: {found.culprit} alone, traced on its captured inputs, "
                           "takes their branch and agrees, so reduce writes no repro of it; the warned line is the report")
     if not single_culprit(found):  # every layer drifts alike: one module alone shows only its share
         raise ParityError(f"{run_dir}: the localization of {which} found no single culprit, so reduce writes no repro of "

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from parity import taxonomy as tx
-from parity.backends.llamacpp import LlamaCppBackend, _Runtime
+from parity.backends.llamacpp import LlamaCppBackend, _LlamaRuntime
 from parity.backends.llm import token_ids
 from parity.config.schema import BackendSpec
 from parity.inputs import Inputs
@@ -94,7 +94,7 @@ def test_a_padded_batch_is_refused_naming_what_to_do():
 def test_a_dead_worker_is_a_crash():
     """An abort inside the worker process (what GGML_ASSERT does) raises WorkerDied naming the signal, which the
     taxonomy classes `crash`, and this process goes on."""
-    runtime = _Runtime(in_process=False)
+    runtime = _LlamaRuntime(in_process=False)
     try:
         with pytest.raises(WorkerDied, match="SIGABRT") as caught:
             runtime.request({"op": "abort"})
@@ -112,7 +112,7 @@ class AbortingLlamaCpp(LlamaCppBackend):
         return None
 
     def prepare(self, model, example):
-        self.runtime = _Runtime(in_process=False)
+        self.runtime = _LlamaRuntime(in_process=False)
 
     def run(self, inputs):
         return self.runtime.request({"op": "abort"})
@@ -213,9 +213,9 @@ def test_a_model_from_another_source_is_refused_by_name():
 def test_a_failing_llamacpp_check_is_sent_to_localize_and_fallback_unless_it_runs_a_file_as_it_is():
     """A conversion parity makes is localized by its tensor groups (a decision flip too: they are judged by tier 3's
     KLD); a file run as it is has no conversion to take a group from, so the next steps name neither command."""
-    from parity.report.next_steps import _looks_inside
+    from parity.report.next_steps import _capabilities
 
     converted, as_is = BackendSpec(backend="llamacpp", dtype="float16"), BackendSpec(backend="llamacpp", options={"gguf": "/m.gguf"})
-    assert (_looks_inside(converted), _looks_inside(as_is)) == ((True, True), (False, True))
-    assert _looks_inside(BackendSpec(backend="eager")) == (True, False)
-    assert _looks_inside(BackendSpec(backend="no_such_module:Backend")) == (True, False)
+    assert (_capabilities(converted), _capabilities(as_is)) == ((True, True, True), (False, True, False))
+    assert _capabilities(BackendSpec(backend="eager")) == (True, False, False)
+    assert _capabilities(BackendSpec(backend="no_such_module:Backend")) == (True, False, False)

@@ -19,7 +19,7 @@ from parity import taxonomy as tx
 from parity.api import run_experiment
 from parity.backends.base import CachedDecoding
 from parity.backends.openvino_llm import OptimumOpenVinoBackend
-from parity.backends.ortgenai import OrtGenAIBackend, _Runtime
+from parity.backends.ortgenai import OrtGenAIBackend, _GenAIRuntime
 from parity.config.schema import BackendSpec
 from parity.inputs import Inputs
 
@@ -212,7 +212,7 @@ class AbortingOrtGenAI(OrtGenAIBackend):
         return None
 
     def prepare(self, model, example):
-        self.runtime = _Runtime(in_process=False)
+        self.runtime = _GenAIRuntime(in_process=False)
 
     def run(self, inputs):
         return self.runtime.request({"op": "abort"})

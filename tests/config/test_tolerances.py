@@ -276,10 +276,13 @@ def test_a_quantized_target_is_judged_at_a_scale_aware_gate_and_the_sweep_keeps_
 
 def test_the_tolerance_line_states_a_quantized_default_and_the_verdict_at_float32s_gate():
     from parity.records import tolerance_key
+    from parity.records.summary import Summary, TargetTotals
     from parity.report.wording import tolerance_lines
 
-    info = {"gate": 0.1, "rtol": 1e-5, "tolerance_source": "default-for-int8-weight", "gated_by": "tier1",
-            "passed": 1, "failed": 0, "per_tolerance": {tolerance_key(1e-4): 0, tolerance_key(1e-3): 0}}
-    [line] = tolerance_lines({"gate": 1e-4, "uniform_tolerance": False, "per_target": {"eager-cpu-int8-weight": info}})
+    info = TargetTotals.model_construct(  # only what the line reads
+        gate=0.1, rtol=1e-5, tolerance_source="default-for-int8-weight", gated_by="tier1", passed=1, failed=0,
+        per_tolerance={tolerance_key(1e-4): 0, tolerance_key(1e-3): 0}, output_rules=[], noise_floor=None)
+    [line] = tolerance_lines(Summary.model_construct(gate=1e-4, uniform_tolerance=False,
+                                                     per_target={"eager-cpu-int8-weight": info}))
     assert line == ("tolerance eager-cpu-int8-weight: atol 0.05 x the reference output's rms (each check's own; 0.1 on "
                     "the first), rtol 1e-05 (default-for-int8-weight); at the experiment's gate 0.0001: 0/1 pass")

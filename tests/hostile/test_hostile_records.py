@@ -175,7 +175,7 @@ def test_what_reports_are_rendered_from_counts_a_duplicate_once(tmp_path, record
     index = first(records, "check", tier=1)
     (tmp_path / "records.jsonl").write_text("\n".join([*records, records[index]]) + "\n")
     summary = summarize(read_run(tmp_path))
-    assert summary["totals"]["checks"] == 4 and "counted once" in capsys.readouterr().err
+    assert summary.totals.checks == 4 and "counted once" in capsys.readouterr().err
 
 
 def test_only_a_torn_last_line_is_passed_over(tmp_path, records):

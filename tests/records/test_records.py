@@ -16,7 +16,7 @@ from parity.errors import ParityError
 from parity.experiment import experiment_from_dict
 from parity.records import SCHEMA_VERSION, RecordWriter, environment, read_records, read_run, record_problem
 from parity.records.schema_doc import COMMAND, schema_doc
-from parity.records.summary import exit_code, summarize
+from parity.records.summary import exit_code, summarize, write_summary
 from parity.records.view import RunView
 from parity.runner.runner import libraries
 from tests.support import ROOT, tiny_experiment
@@ -155,7 +155,7 @@ def records_of_a_run() -> list[dict]:
 
 def test_the_arithmetic_says_one_pair_and_one_target_in_the_singular():
     one = [r for r in records_of_a_run() if r.get("inputs") != "y" and r.get("target") != "b"]
-    assert summarize(one)["arithmetic"]["formula"] == "1 (model, input set) pair x 1 target = 1 check; x 1 tolerance = 1 verdict"
+    assert summarize(one).arithmetic.formula == "1 (model, input set) pair x 1 target = 1 check; x 1 tolerance = 1 verdict"
 
 
 def test_the_view_selects_names_and_orders_once():
@@ -184,11 +184,29 @@ def test_a_record_as_read_is_frozen_one_value_for_every_reader():
 
 def test_the_summary_counts_the_tier_1_checks_and_names_each_by_its_key():
     summary = summarize(records_of_a_run())
-    assert summary["totals"] == {"checks": 4, "passed": 2, "failed": 1, "skipped": 1, "errors": 0}
-    assert summary["arithmetic"]["formula"].startswith("2 (model, input set) pairs x 2 targets = 4 checks")
-    assert summary["tier3"]["checks"] == 1 and list(summary["tier3"]["metrics"]) == ["m / x / b"]
-    assert list(summary["localized"]) == ["m / x / b"] and summary["warnings"] == ["m / y: constant"]
+    assert summary.totals.model_dump() == {"checks": 4, "passed": 2, "failed": 1, "skipped": 1, "errors": 0}
+    assert summary.arithmetic.formula.startswith("2 (model, input set) pairs x 2 targets = 4 checks")
+    assert summary.tier3.checks == 1 and list(summary.tier3.metrics) == ["m / x / b"]
+    assert list(summary.localized) == ["m / x / b"] and summary.warnings == ["m / y: constant"]
     assert exit_code(summary) == 1 and exit_code(summary, allow_unavailable=True) == 1
+
+
+def test_summary_json_keeps_its_keys_and_their_order_and_the_summary_is_frozen(tmp_path):
+    """summary.json is the Summary's dump: the keys every reader of the file has had, in their order (a field
+    renamed or moved in the model would change the file)."""
+    summary = summarize(records_of_a_run())
+    write_summary(summary, tmp_path / "summary.json")
+    dumped = json.loads((tmp_path / "summary.json").read_text())
+    assert list(dumped) == ["experiment", "rtol", "gate", "uniform_tolerance", "tolerances", "arithmetic", "totals",
+                            "reference_errors", "per_target", "per_tolerance", "failure_classes", "tier3", "localized",
+                            "latency", "warnings"]
+    assert list(dumped["per_target"]["a"]) == ["checks", "passed", "failed", "skipped", "errors", "max_abs",
+                                               "per_tolerance", "reason", "gate", "rtol", "tolerance_source",
+                                               "gated_by", "noise_floor", "output_rules"]
+    assert list(dumped["localized"]["m / x / b"]) == ["culprit", "evenly_spread", "error", "whole_graph", "as_a_whole",
+                                                      "first_divergent", "specialized", "compiler_pass"]
+    with pytest.raises(ValidationError, match="frozen"):
+        summary.totals.failed = 0
 
 
 def test_a_record_without_the_fields_later_versions_added_reads_as_their_defaults():
@@ -201,8 +219,8 @@ def test_a_record_without_the_fields_later_versions_added_reads_as_their_default
     view = RunView([{"kind": "run", **RUN, "config": config}, check("a", warnings=[{"kind": "graph_break", "message": "m"}])])
     [c] = view.checks(1)
     assert (c.max_abs, c.tolerance_source, c.gated_by, c.oracle, c.fingerprints) == (None,) * 5
-    info = summarize(view)["per_target"]["a"]
-    assert (info["tolerance_source"], info["gated_by"], info["noise_floor"]) == ("experiment", "tier1", None)
+    info = summarize(view).per_target["a"]
+    assert (info.tolerance_source, info.gated_by, info.noise_floor) == ("experiment", "tier1", None)
     setting = view.run.config.setting
     assert setting("seed", default="?") == 0 and setting("tiers", "tasks", "enabled") is True
     assert setting("tiers", "activations", "enabled") is None and setting("repeats", default="?") == "?"

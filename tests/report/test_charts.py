@@ -12,6 +12,7 @@ import shutil
 
 import pytest
 
+from parity.records.summary import LatencyRow
 from parity.report import plots
 from parity.report.html import _atol
 from tests.support import browser, tiny_experiment
@@ -50,9 +51,10 @@ def test_the_sweeps_gate_labels_never_overlap(gates):
         assert any(text.startswith(f"gate {gate:g}") and (len(gates) == 1 or targets[0] in text) for text in legend)
 
 
-def _rows(times: list[float], prepare: float) -> list[dict]:
-    return [{"model": "resnet18", "inputs": "photos", "backend": f"backend-{k}", "run_s": [t, t * 1.02, t * 0.98],
-             "median_s": t, "prepare_s": prepare * (k + 1)} for k, t in enumerate(times)]
+def _rows(times: list[float], prepare: float) -> list[LatencyRow]:
+    return [LatencyRow(model="resnet18", inputs="photos", backend=f"backend-{k}", device="cpu", dtype="float32",
+                       status="ok", error=None, run_s=[t, t * 1.02, t * 0.98], prepare_s=prepare * (k + 1),
+                       interleaved=True, median_s=t, min_s=t * 0.98, max_s=t * 1.02) for k, t in enumerate(times)]
 
 
 @pytest.mark.parametrize("times, prepare", [([0.011, 0.013, 0.017], 1.2), ([0.0021, 0.0024], 0.31),

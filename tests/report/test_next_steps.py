@@ -7,6 +7,7 @@ import shlex
 import xml.etree.ElementTree as ET
 
 from parity.cli import main
+from tests.fixtures.tiny import PerturbedEager as PerturbedEagerClass
 from tests.support import BF16_AT_FLOAT32, tiny_experiment
 from tests.support.cli import run_experiment
 
@@ -89,3 +90,34 @@ def test_a_run_given_a_cache_names_it_in_its_next_commands(write_yaml, tmp_path,
                f"--out {out}/localize-tiny-noise-perturbed")
     assert code == 1 and f"next: {command}" in printed.replace("\n  ", " ")
     assert main(shlex.split(command)[1:]) in (0, 1)
+
+
+class FallsBack(PerturbedEagerClass):
+    """A third party's backend whose class declares a fallback of its own, under a name parity does not know."""
+
+    fallback_kind = "eager"
+
+
+def _failed(backend: str, failure_class: str) -> list[str]:
+    """next_steps of one failed tier-1 check, from records alone, of a float32 target running `backend`."""
+    from parity.records.view import RunView
+    from parity.report.next_steps import next_steps
+
+    target = {"backend": backend, "name": "t"}
+    run = {"kind": "run", "experiment": "x", "digest": "d", "base_dir": ".", "environment": {}, "file": "e.yaml",
+           "config": {"tolerances": {"atol": [1e-5], "rtol": 0.0}, "models": [{"name": "m"}], "inputs": [],
+                      "targets": [target]}}
+    check = {"kind": "check", "model": "m", "inputs": "i", "target": "t", "tier": 1, "status": "ok", "passed": False,
+             "failure_class": failure_class, "detail": "d", "rtol": 0.0, "gate": 1e-5, "required_atol": 0.1,
+             "verdicts": {}, "leaves": []}
+    view = RunView([run, check])
+    return next_steps(view.checks(1)[0], view, "out")
+
+
+def test_fallback_is_offered_by_the_backend_classs_capability_not_its_name():
+    """A class with a fallback of its own (Backend.fallback_kind) is offered `parity fallback` under any name; one
+    without is not; an ordering failure is localizable as drift is (verify.localize.LOCALIZABLE, the one set)."""
+    offered = _failed(f"{__name__}:FallsBack", "numeric_drift")
+    assert any(line.startswith("next: parity fallback e.yaml --model m --target t") for line in offered)
+    assert not any("parity fallback" in line for line in _failed("tests.fixtures.tiny:PerturbedEager", "numeric_drift"))
+    assert any(line.startswith("next: parity localize") for line in _failed("tests.fixtures.tiny:PerturbedEager", "ordering"))

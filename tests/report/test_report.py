@@ -109,7 +109,7 @@ def test_html_holds_every_section_with_what_the_records_say(run_dir):
     summary = summarize(records)
     for section, _ in SECTIONS:
         assert f'<section id="{section}">' in html, section
-    assert summary["arithmetic"]["formula"] in html
+    assert summary.arithmetic.formula in html
     assert "2 (model, input set) pairs x 5 targets = 10 checks; x 4 tolerances = 40 verdicts" in html
     env = records[0]["environment"]
     assert env["torch"] in html and env["cpu"]["model" if "model" in env["cpu"] else "machine"] in html

@@ -151,7 +151,7 @@ def test_a_rerun_after_a_weights_edit_re_runs_that_models_checks_only(tmp_path, 
     kinds = [(r["kind"], r.get("model")) for r in read_records(out)]
     assert kinds.count(("check", "net")) == 1 and kinds.count(("model", "net")) == 1
     assert kinds.count(("execution", "net")) == kinds.count(("execution", "other")) == 2
-    assert result.exit_code == 1 and result.summary["totals"]["failed"] == 2
+    assert result.exit_code == 1 and result.summary.totals.failed == 2
 
 
 def test_a_rerun_after_an_input_file_edit_re_runs_its_checks(tmp_path, monkeypatch, caplog):

@@ -130,7 +130,7 @@ def test_exit_codes_and_summary_arithmetic(tmp_path, write_yaml, capsys):
     summary = json.loads((tmp_path / "ok" / "summary.json").read_text())
     assert summary["arithmetic"]["formula"] == (
         "2 (model, input set) pairs x 2 targets = 4 checks; x 4 tolerances = 16 verdicts")
-    assert summary == summarize(read_records(tmp_path / "ok"))  # the summary comes from the records alone
+    assert summary == summarize(read_records(tmp_path / "ok")).model_dump()  # the summary comes from the records alone
     assert (tmp_path / "ok" / "report.md").read_text().startswith("# parity report: tiny")
 
     data["targets"].append(PERTURBED)

@@ -102,11 +102,11 @@ def test_localize_names_the_block_and_the_group_that_depart(tmp_path):
     runner, (model, target, inputs) = _runner(tmp_path)
     record = typed({"kind": "layers", **runner.localize(model, target, inputs)})
     found = record.tensor_groups
-    rows = {r["name"]: r for r in found["groups"]}
+    rows = {r.name: r for r in found.groups}
     assert record.mode == "tensor groups" and record.culprit == "blk.1"
-    assert rows["blk.1"]["share"] > 0.9 and rows["token_embd"]["kl_added"] == 0.0
-    assert rows["blk.1.ffn"]["parent"] == "blk.1" and rows["blk.1.ffn"]["kl_added"] > 0 == rows["blk.1.attn"]["kl_added"]
-    assert found["floor"]["kl_mean"] > 0 and found["whole"]["kl_mean"] > rows["blk.1"]["kl_mean"] * 0.9
+    assert rows["blk.1"].share > 0.9 and rows["token_embd"].kl_added == 0.0
+    assert rows["blk.1.ffn"].parent == "blk.1" and rows["blk.1.ffn"].kl_added > 0 == rows["blk.1.attn"].kl_added
+    assert found.floor.kl_mean > 0 and found.whole.kl_mean > rows["blk.1"].kl_mean * 0.9
     assert [r[0] for r in group_rows(record)][:3] == ["blk.1", "  blk.1.attn", "  blk.1.ffn"]
     assert "blk.1 departs most" in record.verdict
     from parity.report.next_steps import single_culprit

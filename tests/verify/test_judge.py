@@ -260,4 +260,4 @@ def test_the_default_gate_is_one_rule_that_the_schema_the_resolution_and_the_sum
     check = judge(Execution(exp.reference, "ok", outputs=[torch.tensor([1.0])]),
                   Execution(exp.targets[0], "ok", outputs=[torch.tensor([1.0])]), tol, model="tiny", inputs="noise")
     run = {"kind": "run", "experiment": exp.name, "config": exp.model_dump(mode="json"), "base_dir": ".", "environment": {}}
-    assert exp.tolerances.gate_atol == tol.gate == summarize([run, check.model_dump(exclude_unset=True)])["gate"] == gate
+    assert exp.tolerances.gate_atol == tol.gate == summarize([run, check.model_dump(exclude_unset=True)]).gate == gate

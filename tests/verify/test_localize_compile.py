@@ -1,5 +1,5 @@
 """Tier 2's local mode on torch.compile without a compilation per layer: a level's layers are compiled side by side
-as one graph, each fed the reference's recorded inputs (`runs_layers_together`), so a level costs one compilation;
+as one graph, each fed the reference's recorded inputs (`RunsLayersTogether`), so a level costs one compilation;
 every local error says so (`measured_by: together`), and layers that cannot be compiled together are compiled alone
 and say why. The propagated errors of every level come from one compiled run observing every layer a descent can reach
 (`observe_at_once`), unless their outputs would take too much memory."""

@@ -97,10 +97,15 @@ def test_a_slice_names_the_faulty_layer_and_says_how_each_layer_was_measured(fau
     assert all(layer["propagated"]["measured_by"] is None for layer in record)
 
 
-def test_exported_alone_the_same_layer_is_named(monkeypatch):
+class Unsliced(OnnxRuntimeBackend):
+    """ONNX Runtime without the SlicesLayers capability: a method set to None is one the class does not have."""
+
+    slice_layers = None
+
+
+def test_exported_alone_the_same_layer_is_named():
     """The per-layer export (what a target without slices, or a layer a slice cannot express, gets) agrees."""
-    monkeypatch.setattr(OnnxRuntimeBackend, "slices_layers", False)
-    loc = localize(EAGER, ORT, faulted("block.0"), IMAGE, 1e-5, 1e-4)
+    loc = localize(EAGER, BackendSpec(backend=f"{__name__}:Unsliced"), faulted("block.0"), IMAGE, 1e-5, 1e-4)
     assert loc.culprit == "block.0", loc.verdict()
     measured = [e.measured_by for _, level in loc.levels for e in [*level.local.values(), level.own_code] if e]
     assert measured and set(measured) == {"export"}

@@ -65,10 +65,8 @@ def test_a_shorter_side_is_named_as_ending():
     assert "nothing (its ids end here)" in mismatch.describe()
 
 
-class OwnTokenizer(Backend):
+class TokenizingBackend(Backend):
     """A backend with a tokenizer of its own that splits every id in two: what the execution asks of it."""
-
-    tokenizes = True
 
     def prepare(self, model, example):
         pass
@@ -89,15 +87,15 @@ def test_the_execution_tokenizes_the_texts_with_the_backends_own_tokenizer():
     ids = torch.tensor([[4, 6, 0]])
     inputs = Inputs((), {"input_ids": ids, "attention_mask": torch.tensor([[1, 1, 0]])}, texts=("hi there",),
                     text_ids=((4, 6),), pieces=(("hi", " there"),))
-    tokens = own_tokens(OwnTokenizer(BackendSpec(backend="eager")), inputs)
+    tokens = own_tokens(TokenizingBackend(BackendSpec(backend="eager")), inputs)
     assert tokens["reference"] == [[4, 6]] and tokens["target"] == [[1, 2]]  # the text's ids, not the padded row
     assert tokens["at"] == [0] and tokens["reference_piece"] == ["hi"] and tokens["target_piece"] == ["<1>"]
-    result = execute(BackendSpec(backend="tests.verify.test_tokenizers:OwnTokenizer"), torch.nn.Identity(), inputs,
+    result = execute(BackendSpec(backend="tests.verify.test_tokenizers:TokenizingBackend"), torch.nn.Identity(), inputs,
                      repeats=2)
     assert result.ok and first_mismatch(result.tokens).position == 0
 
 
-class WholeText(OwnTokenizer):
+class WholeText(TokenizingBackend):
     """A tokenizer of its own that gives a text's ids as the reference's did (1 to 6)."""
 
     def tokenize(self, texts):
@@ -113,7 +111,7 @@ def test_a_text_cut_into_windows_is_compared_whole_not_window_by_window():
     assert tokens["reference"] == [[1, 2, 3, 4, 5, 6]] and first_mismatch(tokens) is None
 
 
-class LaterDifference(OwnTokenizer):
+class LaterDifference(TokenizingBackend):
     """A tokenizer of its own that splits the text alike for the span the windows take (1 to 6), then differently."""
 
     def tokenize(self, texts):
@@ -127,6 +125,6 @@ def test_a_windowed_text_is_compared_over_the_span_its_windows_take():
     inputs = Inputs((), windows, texts=("one text",), text_ids=((1, 2, 3, 4, 5, 6),),
                     pieces=(("a", "b", "c", "d", "e", "f"),), ids_cut=True)
     assert first_mismatch(own_tokens(LaterDifference(BackendSpec(backend="eager")), inputs)) is None
-    assert first_mismatch(own_tokens(OwnTokenizer(BackendSpec(backend="eager")), inputs)).position == 2  # ends inside
+    assert first_mismatch(own_tokens(TokenizingBackend(BackendSpec(backend="eager")), inputs)).position == 2  # ends inside
     whole = Inputs((), windows, texts=("one text",), text_ids=((1, 2, 3, 4, 5, 6),), pieces=(("a", "b", "c", "d", "e", "f"),))
     assert first_mismatch(own_tokens(LaterDifference(BackendSpec(backend="eager")), whole)).position == 6

@@ -90,15 +90,6 @@ class Backend(ABC):
     # clears for every compiled model): two backends that name the same state are never prepared at once, so
     # the timed runs of a job interleave across the others only (execute/execution.py's execute_together).
     resets_state: ClassVar[str | None] = None
-    # Whether `capture_layers` is implemented: tier 2's propagated mode then reads layer outputs from inside
-    # this backend's own run (a backend that `runs_module_hooks` is read through hooks instead).
-    captures_layers: ClassVar[bool] = False
-    # Whether `slice_layers` is implemented: tier 2's local mode then runs each layer as a slice of the one artifact
-    # of the whole model instead of preparing every layer alone (which stays the fallback for layers it cannot slice).
-    slices_layers: ClassVar[bool] = False
-    # Whether `run_layers_together` is implemented: tier 2's local mode then prepares a level's layers as one artifact
-    # in which each is fed its own recorded inputs (compile: one compilation instead of one per layer).
-    runs_layers_together: ClassVar[bool] = False
     # The devices on which an experiment in the published tool's format (experiment/legacy.py), which names no
     # targets, checks this backend when it is available here.
     legacy_devices: ClassVar[tuple[str, ...]] = ()
@@ -112,26 +103,12 @@ class Backend(ABC):
     # export of eager) whose `prepare` does not quantize would otherwise inherit them and run float under an int8 id.
     quantize_schemes: ClassVar[tuple[str, ...]] = ()
 
-    # Whether this backend brings its own tokenizer (`tokenize`, `token_texts`: a GGUF file's, run by llama.cpp): a
-    # text input set is then tokenized by both sides, and different ids are a failure of their own
-    # (verify/tokenizers.py); the logits are still compared on the reference's ids.
-    tokenizes: ClassVar[bool] = False
-
     @classmethod
     def localizes(cls, spec) -> bool:
         """Whether `parity localize` and `parity fallback` can look inside what `spec` runs: its modules, the layers of
         its own artifact, or the tensor groups of a file it converts (TensorTypes). False for a file of the user's run
         as it is, which has neither."""
         return True
-
-    def tokenize(self, texts: list[str]) -> list[list[int]]:
-        """The ids this backend's own tokenizer gives each text, with the special tokens its model adds.
-        Implemented where `tokenizes`."""
-        raise NotImplementedError(f"backend '{self.name}' has no tokenizer of its own")
-
-    def token_texts(self, ids: list[int]) -> list[str]:
-        """Each id's text, as this backend's own tokenizer writes it. Implemented where `tokenizes`."""
-        raise NotImplementedError(f"backend '{self.name}' has no tokenizer of its own")
 
     @classmethod
     def schemes_run(cls) -> tuple[str, ...]:
@@ -184,44 +161,6 @@ class Backend(ABC):
     @abstractmethod
     def run(self, inputs: Inputs) -> Any:
         """Outputs for `inputs`, on the CPU."""
-
-    def capture_layers(self, model: torch.nn.Module, example: Inputs, names: list[str],
-                       inputs: Inputs | None = None) -> dict[str, list | str]:
-        """Each named module's outputs (one per call) inside one run of this backend on `inputs` (None:
-        `example`), prepared from `example` as `prepare` is, or a string saying why that module's cannot be
-        seen. Optional: a backend that implements it sets `captures_layers`."""
-        raise NotImplementedError(f"backend '{self.name}' cannot show layer outputs from inside its own run")
-
-    def slice_layers(self, model: torch.nn.Module, example: Inputs,
-                     layers: dict[str, list[tuple[Inputs, Any]]]) -> dict[str, list[Any] | str]:
-        """Each named module alone on this backend, cut from the artifact of the whole `model` prepared from `example`:
-        for each of its calls (the inputs it was fed, the output whose structure the result takes), its output; or a
-        string saying why that module cannot be cut out (the caller then prepares it alone). Optional: a backend that
-        implements it sets `slices_layers`."""
-        raise NotImplementedError(f"backend '{self.name}' cannot run a layer as a slice of the whole model")
-
-    def run_layers_together(self, model: torch.nn.Module, layers: dict[str, list[Inputs]]) -> dict[str, list[Any]]:
-        """Each named module of `model` on this backend, prepared side by side with the others as one artifact in which
-        nothing flows from one to another: for each of its calls (the inputs it was fed), its output. Raises when they
-        cannot be prepared together (the caller then prepares each alone). Optional: a backend that implements it sets
-        `runs_layers_together`."""
-        raise NotImplementedError(f"backend '{self.name}' cannot prepare layers together")
-
-    def slice_own_code(self, model: torch.nn.Module, example: Inputs, parent: str, call: tuple[Inputs, Any],
-                       members: dict[str, list[tuple[Inputs, Any]]]) -> dict[str, list[tuple[Any, Any]]] | str:
-        """The own code of `parent` (what it computes between its `members`) cut from the same artifact, fed the
-        parent's recorded call and each member's recorded outputs: (reference, target) pairs of what it returns (under
-        `parent`) and hands each member (under the member's name); or why it cannot be cut out. With
-        `slices_layers`."""
-        raise NotImplementedError(f"backend '{self.name}' cannot run a module's own code as a slice of the whole model")
-
-    @classmethod
-    def compiler_pass(cls, spec, passes: Callable[[], bool], budget_s: float) -> dict[str, Any] | None:
-        """For a compiler backend: the compiler subsystem and pass that makes `passes()` (the check passes at the
-        gate) false, as a record (`backend`, `subsystem`, `application`, `switch`: the setting that removes it), found
-        in at most about `budget_s` seconds; None when this backend has no passes to bisect. Tier 2 asks for it when no
-        layer makes an error of its own."""
-        return None
 
     def close(self) -> None:
         """Release what `prepare` made (sessions, compiled graphs, temporary files). Subclasses that
@@ -342,6 +281,76 @@ class TensorGroup:
     tensors: tuple[str, ...]
     type: str
     nbytes: int
+
+
+# Optional capabilities: a backend has one when its class defines the methods (isinstance on a backend, issubclass on
+# its class; a subclass that sets a method to None has it not). Tier 2 and the execution ask for them; nothing else.
+
+@runtime_checkable
+class CapturesLayers(Protocol):
+    """A capability: tier 2's propagated mode reads layer outputs from inside this backend's own run (a backend that
+    `runs_module_hooks` is read through hooks instead). ONNX Runtime."""
+
+    def capture_layers(self, model: torch.nn.Module, example: Inputs, names: list[str],
+                       inputs: Inputs | None = None) -> dict[str, list | str]:
+        """Each named module's outputs (one per call) inside one run of this backend on `inputs` (None:
+        `example`), prepared from `example` as `prepare` is, or a string saying why that module's cannot be
+        seen."""
+
+
+@runtime_checkable
+class SlicesLayers(Protocol):
+    """A capability: tier 2's local mode runs each layer (and a parent's own code) as a slice of the one artifact of
+    the whole model instead of preparing every layer alone (which stays the fallback for layers it cannot slice).
+    ONNX Runtime."""
+
+    def slice_layers(self, model: torch.nn.Module, example: Inputs,
+                     layers: dict[str, list[tuple[Inputs, Any]]]) -> dict[str, list[Any] | str]:
+        """Each named module alone on this backend, cut from the artifact of the whole `model` prepared from `example`:
+        for each of its calls (the inputs it was fed, the output whose structure the result takes), its output; or a
+        string saying why that module cannot be cut out (the caller then prepares it alone)."""
+
+    def slice_own_code(self, model: torch.nn.Module, example: Inputs, parent: str, call: tuple[Inputs, Any],
+                       members: dict[str, list[tuple[Inputs, Any]]]) -> dict[str, list[tuple[Any, Any]]] | str:
+        """The own code of `parent` (what it computes between its `members`) cut from the same artifact, fed the
+        parent's recorded call and each member's recorded outputs: (reference, target) pairs of what it returns (under
+        `parent`) and hands each member (under the member's name); or why it cannot be cut out."""
+
+
+@runtime_checkable
+class RunsLayersTogether(Protocol):
+    """A capability: tier 2's local mode prepares a level's layers as one artifact in which each is fed its own
+    recorded inputs (compile: one compilation instead of one per layer)."""
+
+    def run_layers_together(self, model: torch.nn.Module, layers: dict[str, list[Inputs]]) -> dict[str, list[Any]]:
+        """Each named module of `model` on this backend, prepared side by side with the others as one artifact in which
+        nothing flows from one to another: for each of its calls (the inputs it was fed), its output. Raises when they
+        cannot be prepared together (the caller then prepares each alone)."""
+
+
+@runtime_checkable
+class BisectsCompiler(Protocol):
+    """A capability of a compiler backend: tier 2 asks it for the compiler pass behind a drift no layer makes alone
+    (compile: torch's CompilerBisector)."""
+
+    @classmethod
+    def compiler_pass(cls, spec, passes: Callable[[], bool], budget_s: float) -> dict[str, Any] | None:
+        """The compiler subsystem and pass that makes `passes()` (the check passes at the gate) false, as a record
+        (`backend`, `subsystem`, `application`, `switch`: the setting that removes it), found in at most about
+        `budget_s` seconds; None when `spec` has no passes to bisect."""
+
+
+@runtime_checkable
+class OwnTokenizer(Protocol):
+    """A capability: the backend brings its own tokenizer (a GGUF file's, run by llama.cpp): a text input set is then
+    tokenized by both sides, and different ids are a failure of their own (verify/tokenizers.py); the logits are
+    still compared on the reference's ids."""
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        """The ids this backend's own tokenizer gives each text, with the special tokens its model adds."""
+
+    def token_texts(self, ids: list[int]) -> list[str]:
+        """Each id's text, as this backend's own tokenizer writes it."""
 
 
 @runtime_checkable

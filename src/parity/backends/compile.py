@@ -102,7 +102,6 @@ class CompileBackend(EagerBackend):
     Options = CompileOptions
     model_kinds = MODULE_KINDS  # torch.compile refuses a ScriptModule; an ONNX graph has no Python
     quantize_schemes = ("pt2e-x86", "torchao-int8-dynamic", "torchao-int8-weight", "torchao-int4-weight")
-    runs_layers_together = True  # a level's layers compiled as one graph: one compilation, not one per layer
 
     @classmethod
     def repro_snippet(cls, spec) -> str | None:

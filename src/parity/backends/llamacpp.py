@@ -165,7 +165,6 @@ class LlamaCppBackend(Backend):
     quantize_schemes = tuple(s for s in QUANTIZE_SCHEMES if s.startswith(SCHEME_PREFIX))
     # keep/keep_type mix two cached conversions at load (`write_mixed`): each whole conversion is keyed without them
     session_options = ("threads", "n_ctx", "in_process", "keep", "keep_type")
-    tokenizes = True
 
     @classmethod
     def localizes(cls, spec) -> bool:
@@ -214,7 +213,7 @@ class LlamaCppBackend(Backend):
         if self.options.keep:
             path = self._mixed(self.options.keep, self.options.keep_type)
         self.path = path
-        self.runtime = _Runtime(self.options.in_process)
+        self.runtime = _LlamaRuntime(self.options.in_process)
         self.n_ctx = max(self.options.n_ctx or 0, self.width, MIN_CTX)
         self.load = {"op": "load", "model": str(path), "n_ctx": self.n_ctx, "threads": runtime_threads(self.options.threads)}
         self.runtime.request(self.load)
@@ -259,7 +258,7 @@ class LlamaCppBackend(Backend):
         written = folder / (FILE if target == "ALL_F32" else "float32.gguf")
         write_gguf(model, source, written)
         if target != "ALL_F32":
-            with _Runtime(self.options.in_process) as runtime:
+            with _LlamaRuntime(self.options.in_process) as runtime:
                 runtime.request({"op": "quantize", "source": str(written), "target": str(folder / FILE),
                                  "ftype": target, "threads": runtime_threads(self.options.threads)})
             written.unlink()
@@ -346,7 +345,7 @@ def _rotary_order(weight, heads: int):
     return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-class _Runtime:
+class _LlamaRuntime:
     """llama.cpp behind one request/reply interface: in a worker process (default, backends/worker.py), or in this
     process."""
 
@@ -354,12 +353,12 @@ class _Runtime:
         self.process = None
         if in_process:
             self.module = script_in_process(WORKER, "parity_llamacpp_worker")
-            self.local = self.module.Worker(None)
+            self.local = self.module.LlamaWorker(None)
         else:
             self.local = None
             self.process = WorkerProcess(WORKER, "llama.cpp")
 
-    def __enter__(self) -> _Runtime:
+    def __enter__(self) -> _LlamaRuntime:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -25,7 +25,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
     del sys.path[0]  # run as a script: its folder (parity's backends, `openvino.py`...) must not shadow libraries
 
 
-class Worker:
+class LlamaWorker:
     def __init__(self, out):
         self.out = out
         self.llm = None
@@ -105,7 +105,7 @@ def quantize(source, target, ftype, threads):
 def main():
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # what llama.cpp or the binding prints to stdout goes to stderr, never into the protocol
-    Worker(out).serve(sys.stdin.buffer)
+    LlamaWorker(out).serve(sys.stdin.buffer)
 
 
 if __name__ == "__main__":

@@ -197,8 +197,6 @@ class OnnxRuntimeBackend(Backend):
     preparation_cost = 2  # an export
     libraries = ("torch", "onnx", "onnxscript", "onnx-ir", "onnxruntime", "numpy")  # the dynamo exporter's
     devices = ("cpu", "cuda")
-    captures_layers = True
-    slices_layers = True
     legacy_devices = ("cpu", "cuda")
     dtypes = ("float32", "float16")
     Options = OnnxRuntimeOptions

@@ -90,7 +90,7 @@ class OrtGenAIBackend(Backend):
             raise ParityError(f"target {self.spec.id}: {problem}")
         token_ids(example, RUNTIME)
         folder = self.artifact(f"ortgenai-{precision(self.spec)}", model, example, lambda out: self._build(model, out))
-        self.runtime = _Runtime(self.options.in_process)
+        self.runtime = _GenAIRuntime(self.options.in_process)
         self.runtime.request({"op": "load", "folder": str(folder), "threads": runtime_threads(self.options.threads)})
 
     def _build(self, model: torch.nn.Module, folder: Path) -> None:
@@ -146,14 +146,14 @@ def _floats(payload: bytes, shape: list[int]) -> torch.Tensor:
     return torch.from_numpy(np.frombuffer(payload, dtype=np.float32).reshape(shape).copy())
 
 
-class _Runtime:
+class _GenAIRuntime:
     """ONNX Runtime GenAI behind one request/reply interface: in a worker process (default), or in this process."""
 
     def __init__(self, in_process: bool):
         self.process = None
         self.local = None
         if in_process:
-            self.local = script_in_process(WORKER, "parity_ortgenai_worker").Worker(None)
+            self.local = script_in_process(WORKER, "parity_ortgenai_worker").GenAIWorker(None)
         else:
             self.process = WorkerProcess(WORKER, RUNTIME)
 

@@ -26,7 +26,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
     del sys.path[0]  # run as a script: its folder (parity's backends, `onnxruntime.py`...) must not shadow libraries
 
 
-class Worker:
+class GenAIWorker:
     def __init__(self, out):
         self.out = out
         self.model = None
@@ -120,7 +120,7 @@ class Worker:
 def main():
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # what the runtime or the binding prints to stdout goes to stderr, never into the protocol
-    Worker(out).serve(sys.stdin.buffer)
+    GenAIWorker(out).serve(sys.stdin.buffer)
 
 
 if __name__ == "__main__":

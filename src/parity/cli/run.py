@@ -50,12 +50,12 @@ def cmd_run(args: argparse.Namespace, experiments: list | None = None) -> int:
         render(records, summary, out_dir, make_console(), reports, args.allow_unavailable)
         if args.verbose:
             _print_tracebacks(records)
-        for e in summary["reference_errors"]:
-            if e["user_error"]:
+        for e in summary.reference_errors:
+            if e.user_error:
                 # the error itself is on the table's `reference failed` line: a runtime's message (ONNX Runtime's
                 # quotes its whole C++ error) is not printed twice
-                print(f"error: model '{e['model']}' on input set '{e['inputs']}': the reference {e['reference']} raised "
-                      f"({e['failure_class']}), so no target was judged (its error: the 'reference failed' "
+                print(f"error: model '{e.model}' on input set '{e.inputs}': the reference {e.reference} raised "
+                      f"({e.failure_class}), so no target was judged (its error: the 'reference failed' "
                       f"line above, and {out_dir / 'records.jsonl'})", file=sys.stderr)
         code = max(code, result.code(args.allow_unavailable))  # 3 when the run lost a check (the Runner says which)
     return code

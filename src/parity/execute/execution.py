@@ -16,7 +16,7 @@ import torch
 
 from parity import taxonomy as tx
 from parity.backends import backend_class
-from parity.backends.base import release_memory
+from parity.backends.base import OwnTokenizer, release_memory
 from parity.config.schema import BackendSpec
 from parity.errors import CacheLost
 from parity.execute import cache, calibration, capture, follow_up, notes
@@ -43,7 +43,7 @@ class Execution:
     captured: list[Any] = field(default_factory=list)  # what instrumented code recorded in the first repeat (capture.py)
     interleaved: bool = False  # its timed runs took turns with other backends' (execute_together)
     follow_up: dict[str, Any] | None = None  # what the task asked of the prepared backend afterwards (follow_up.py)
-    # A backend with its own tokenizer (`Backend.tokenizes`) on a text input set: the texts, each side's ids and
+    # A backend with its own tokenizer (`backends.base.OwnTokenizer`) on a text input set: the texts, each side's ids and
     # token texts (verify/tokenizers.py compares them)
     tokens: dict[str, Any] | None = None
 
@@ -266,7 +266,7 @@ class _Run:
                 result.outputs.append(self.backend.run(fresh))
                 result.run_s.append(time.perf_counter() - start)
             result.captured = captured
-        if last and result.ok and self.backend.tokenizes and self.inputs.texts:
+        if last and result.ok and isinstance(self.backend, OwnTokenizer) and self.inputs.texts:
             with self._step(tx.RUN):
                 result.tokens = own_tokens(self.backend, self.inputs)
         if self.on_run and result.ok:

@@ -86,6 +86,49 @@ class RunConfig(Part):
         return value
 
 
+class CpuInfo(Part):
+    """The machine and its CPU (records/environment.py `cpu_info`)."""
+
+    open: ClassVar[bool] = True
+    machine: str | None = Field(None, description="platform.machine().")
+    count: int | None = Field(None, description="How many CPUs the OS shows.")
+    model: str | None = Field(None, description="The CPU's model name, where /proc/cpuinfo says it.")
+    flags: list[str] | None = Field(None, description="The vector extensions numbers depend on (avx2, avx512f, ...).")
+
+
+class CudaInfo(Part):
+    """CUDA, when torch has it."""
+
+    open: ClassVar[bool] = True
+    version: str | None = Field(None, description="torch.version.cuda.")
+    devices: list[str] = Field(default_factory=list, description="Each device's name.")
+
+
+class Environment(Part):
+    """What the numbers depend on (records/environment.py): python, platform, the versions of parity and of every
+    library the backends use (each a field of its own, named as pip names it, listed in `libraries`), cpu,
+    threads, tf32, cuda, git_commit."""
+
+    open: ClassVar[bool] = True
+    python: str | None = Field(None, description="Python's version.")
+    platform: str | None = Field(None, description="platform.platform().")
+    parity: str | None = Field(None, description="parity's version.")
+    libraries: list[str] | None = Field(None, description="The libraries whose versions are recorded, in order; "
+                                                          "older records: none (torch, torchvision, onnxruntime).")
+    cpu: CpuInfo | None = Field(None, description="The machine and its CPU.")
+    threads: int | None = Field(None, description="The torch threads the executions ran with.")
+    tf32: dict[str, bool] | None = Field(None, description="Whether TF32 was allowed (cudnn, matmul).")
+    cuda: CudaInfo | None = Field(None, description="CUDA's version and devices; null: none.")
+    git_commit: str | None = Field(None, description="The experiment folder's git commit, when it is in a repository.")
+
+    def version(self, library: str) -> str | None:
+        """The recorded version of `library` (a field of its own, named as pip names it); None: not installed, or
+        not recorded."""
+        if library in type(self).model_fields:
+            return getattr(self, library)
+        return (self.model_extra or {}).get(library)
+
+
 class Run(Record):
     """The first line of every run: the resolved experiment, its digest and the environment."""
 
@@ -99,9 +142,9 @@ class Run(Record):
     cache_dir: str | None = Field(None, description="The artifact cache the run was given instead of the default "
                                                     "(--cache-dir): its next: commands name it again, so that they "
                                                     "find the run's exports and compiled kernels.")
-    environment: dict[str, Any] = Field(description="What the numbers depend on: python, platform, the versions of "
-                                                    "parity and of every library the backends use, cpu, threads, "
-                                                    "tf32, cuda, git_commit (records/environment.py).")
+    environment: Environment = Field(description="What the numbers depend on: python, platform, the versions of "
+                                                 "parity and of every library the backends use, cpu, threads, tf32, "
+                                                 "cuda, git_commit (records/environment.py).")
 
 
 class Resume(Record):
@@ -110,7 +153,7 @@ class Resume(Record):
     kind: Literal["resume"] = Field(description="`resume`.")
     records: int | None = Field(None, description="How many records the file held when the run was continued.")
     checks_recorded: int | None = Field(None, description="How many planned checks were already judged.")
-    environment: dict[str, Any] | None = Field(None, description="The continuing process's environment (as `run`'s).")
+    environment: Environment | None = Field(None, description="The continuing process's environment (as `run`'s).")
 
 
 # -- model and execution ---------------------------------------------------------------------------------
@@ -349,6 +392,14 @@ class Flips(Part):
     examples: list[FlipExample] = Field(description="The first few unmatched boxes, classed, with their numbers.")
 
 
+class GenerationText(Part):
+    """A divergence's tokens in words, decoded with the input set's tokenizer."""
+
+    context: str = Field(description="The tokens before the divergence.")
+    reference: str = Field(description="The reference's tokens from the divergence on.")
+    target: str = Field(description="The target's tokens from the divergence on.")
+
+
 class GeneratedPrompt(Part):
     """One prompt's greedy continuations (text generation's free-running), the reference's against the target's."""
 
@@ -365,7 +416,7 @@ class GeneratedPrompt(Part):
     context: list[int] | None = Field(None, description="The token ids before the divergence (its last few).")
     reference: list[int] | None = Field(None, description="The reference's token ids from the divergence on (a few).")
     target: list[int] | None = Field(None, description="The target's token ids from the divergence on (a few).")
-    text: dict[str, str] | None = Field(None, description="context, reference and target decoded with the input "
+    text: GenerationText | None = Field(None, description="context, reference and target decoded with the input "
                                                           "set's tokenizer, when it has one.")
 
 
@@ -479,6 +530,53 @@ class Level(Part):
     own_code: LayerError | None = Field(None, description="The parent's own operations, its submodules replayed.")
 
 
+class Specialized(Part):
+    """The line where the target's trace took one branch of a data-dependent condition (a `trace_specialized`
+    note), and the innermost module whose class holds it."""
+
+    where: str = Field(description="The warned file:line.")
+    code: str | None = Field(None, description="The source line there.")
+    module: str | None = Field(None, description="The innermost module whose class's source holds it; absent when "
+                                                 "the line is in a function outside every module's class.")
+    module_code: str | None = Field(None, description="Where that module's class is defined.")
+
+
+class GroupTrial(Part):
+    """One run of a file of typed tensors with chosen groups at another type, as tier 3 judged it."""
+
+    open: ClassVar[bool] = True  # runner/tensor_types.py's
+    kl_mean: float | None = Field(None, description="Mean KL divergence from the reference.")
+    kl_mean_se: float | None = Field(None, description="Its standard error.")
+    same_top1: float | None = Field(None, description="Share of positions with the reference's top-1 token.")
+    top1_agreement: float | None = Field(None, description="Tier 3's top-1 agreement.")
+    passed: bool | None = Field(None, description="Tier 3's verdict on it.")
+    nbytes: int | None = Field(None, description="The file's bytes.")
+
+
+class GroupRow(GroupTrial):
+    """One tensor group alone at the target's type, the rest at the trial type."""
+
+    name: str = Field(description="The group (token_embd, output, blk.N, blk.N.attn, blk.N.ffn).")
+    parent: str | None = Field(None, description="The block a split group belongs to; null: a block-level group.")
+    type: str = Field(description="Its type in the target's file.")
+    kl_added: float = Field(description="The mean KL it adds over the floor (every group at the trial type).")
+    share: float | None = Field(None, description="Its share of what the block-level groups add; null: a split group, "
+                                                  "or none add anything.")
+
+
+class TensorGroups(Part):
+    """A tensor-group localization (runner/tensor_types.py): each group of the file alone at the target's type."""
+
+    open: ClassVar[bool] = True  # runner/tensor_types.py's
+    statistic: str | None = Field(None, description="What ranks the groups (kl_mean).")
+    trial_type: str = Field(description="The type every other group is at in a trial.")
+    trials: int = Field(description="How many files were run.")
+    whole: GroupTrial = Field(description="The file as it is.")
+    floor: GroupTrial = Field(description="Every group at the trial type.")
+    added: float | None = Field(None, description="What the block-level groups add over the floor, together.")
+    groups: list[GroupRow] = Field(description="Each group alone at its type, in the order they were run.")
+
+
 class GateVerdict(Part):
     """`parity localize`: the tier-1 verdict at the gate of the check it explains."""
 
@@ -516,9 +614,9 @@ class Layers(Record):
     levels: list[Level] | None = Field(None, description="Each level looked at, from the top down.")
     elapsed_s: float | None = Field(None, description="Seconds spent localizing.")
     tier1: GateVerdict | None = Field(None, description="`parity localize`: the check's tier-1 verdict at the gate.")
-    specialized: dict[str, Any] | None = Field(
-        None, description="The target's trace took one branch of a data-dependent condition: the warned line (`where`, "
-                          "`code`) and the innermost module whose class holds it (`module`, `module_code`).")
+    specialized: Specialized | None = Field(
+        None, description="The target's trace took one branch of a data-dependent condition: the warned line and the "
+                          "innermost module whose class holds it.")
     compiler_pass: dict[str, Any] | None = Field(
         None, description="No layer makes an error of its own on a compiler target: the pass torch's CompilerBisector "
                           "names (`found`, `backend`, `subsystem`, `application`, `debug_info`, `switch`: the setting "
@@ -537,7 +635,7 @@ class Layers(Record):
                           "departure reaches it from its caller); `model_arguments`, the arguments of the model's own "
                           "call in that step that differ; `cached`, the cached decoding's verdict it explains "
                           "(`passed`, `steps`, `detail`).")
-    tensor_groups: dict[str, Any] | None = Field(
+    tensor_groups: TensorGroups | None = Field(
         None, description="A target that runs a file of typed tensors (llama.cpp's GGUF; mode `tensor groups`, "
                           "runner/tensor_types.py): `groups`, each group of the file alone at the target's type and "
                           "the rest at `trial_type`: `name`, `parent` (a block split into attn and ffn), `type`, "

@@ -1,6 +1,7 @@
 """The summary: totals, per target, per tolerance, per failure class, latency, and the arithmetic that
 makes the totals, and the exit code they give. Computed from the records alone (through RunView), below the
-runner (which writes summary.json at the end of a run) and the reports (which render it)."""
+runner (which writes summary.json at the end of a run) and the reports (which render it). The summary is a
+frozen model (`Summary`), read by attribute; summary.json is its dump, its keys in the order of the fields."""
 
 from __future__ import annotations
 
@@ -10,26 +11,166 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from parity.outdir import write_text
 from parity.records.keys import gate_atol, tolerance_key
-from parity.records.models import LeafTolerance, Tier1Check, Tier3Check
+from parity.records.models import LeafTolerance, NoiseFloor, Specialized, Tier1Check, Tier3Check
 from parity.records.view import RunView
 
 judged = RunView.judged
 
 
-def _latency(view: RunView) -> dict[str, dict[str, Any]]:
+class _Part(BaseModel):
+    """A part of the summary: made by `summarize` alone, frozen; its dump is summary.json's, key for key."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Totals(_Part):
+    """The tier-1 checks counted by outcome."""
+
+    checks: int
+    passed: int
+    failed: int
+    skipped: int
+    errors: int
+
+
+class Arithmetic(_Part):
+    """How many checks and verdicts the run makes, and the sentence that multiplies them out."""
+
+    model_input_pairs: int
+    targets: int
+    checks: int
+    tolerances: int
+    verdicts: int
+    formula: str
+
+
+class ReferenceFailure(_Part):
+    """A (model, input set) whose reference failed: what failed, and whether it is the user's to fix (the model as
+    written raised on its inputs); its targets have no verdict."""
+
+    model: str
+    inputs: str
+    reference: str | None
+    detail: str | None
+    failure_class: str | None
+    user_error: bool
+    targets: list[str]
+
+
+class TargetTotals(_Part):
+    """One target's checks counted, and what they were judged at (every check of a target shares it)."""
+
+    checks: int
+    passed: int
+    failed: int
+    skipped: int
+    errors: int
+    max_abs: float | None
+    per_tolerance: dict[str, int]
+    reason: str | None
+    gate: float
+    rtol: float
+    tolerance_source: str
+    gated_by: str
+    noise_floor: NoiseFloor | None
+    output_rules: list[str]
+
+
+class ToleranceTotals(_Part):
+    """The judged checks at one atol of the sweep."""
+
+    passed: int
+    failed: int
+
+
+class Tier3Totals(_Part):
+    """The tier-3 checks counted, and each one's metrics by its check key."""
+
+    checks: int
+    passed: int
+    failed: int
+    failure_classes: dict[str, int]
+    metrics: dict[str, dict[str, Any]]
+
+
+class Localized(_Part):
+    """What tier 2 found for one check (its `layers` record, in short)."""
+
+    culprit: str | None
+    evenly_spread: bool | None
+    error: str | None
+    whole_graph: bool | None
+    as_a_whole: bool | None
+    first_divergent: str | None
+    specialized: Specialized | None
+    compiler_pass: dict[str, Any] | None
+
+
+class BackendLatency(_Part):
+    """One backend's timed runs over the whole run."""
+
+    executions: int
+    run_s_median: float
+    run_s_min: float
+    prepare_s_total: float
+
+
+class Summary(_Part):
+    """What summary.json holds and every report reads."""
+
+    experiment: str
+    rtol: float
+    gate: float | None
+    uniform_tolerance: bool
+    tolerances: list[float]
+    arithmetic: Arithmetic
+    totals: Totals
+    reference_errors: list[ReferenceFailure]
+    per_target: dict[str, TargetTotals]
+    per_tolerance: dict[str, ToleranceTotals]
+    failure_classes: dict[str, int]
+    tier3: Tier3Totals
+    localized: dict[str, Localized]
+    latency: dict[str, BackendLatency]
+    warnings: list[str]
+
+
+class LatencyRow(_Part):
+    """One backend on one model and input set: every timed repeat, their median and spread, the one-time prepare
+    cost apart, whether its timed runs took turns with the other backends'; a backend that failed or could not run
+    has its status and error instead of times."""
+
+    model: str
+    inputs: str
+    backend: str
+    device: str
+    dtype: str
+    status: str
+    error: str | None
+    run_s: list[float]
+    prepare_s: float | None
+    interleaved: bool | None
+    median_s: float | None
+    min_s: float | None
+    max_s: float | None
+
+
+def _latency(view: RunView) -> dict[str, BackendLatency]:
     runs: dict[str, list[float]] = defaultdict(list)
     prepares: dict[str, list[float]] = defaultdict(list)
     for r in view.executions(status="ok"):
         runs[r.backend].append(r.run_s)
         if r.repeat == 0 and r.prepare_s is not None:
             prepares[r.backend].append(r.prepare_s)
-    return {b: {"executions": len(v), "run_s_median": statistics.median(v), "run_s_min": min(v),
-                "prepare_s_total": sum(prepares[b])} for b, v in runs.items()}
+    return {b: BackendLatency(executions=len(v), run_s_median=statistics.median(v), run_s_min=min(v),
+                              prepare_s_total=sum(prepares[b])) for b, v in runs.items()}
 
 
-def latency_rows(records: RunView | list[dict]) -> list[dict[str, Any]]:
+def latency_rows(records: RunView | list[dict]) -> list[LatencyRow]:
     """Per model, input set and backend, in the order they ran: every repeat's run time, their median and
     spread, the one-time prepare cost (export, compile, load: repeat 0 carries it) apart, and whether its timed
     runs took turns with the other backends' (`interleaved`). A backend that failed or could not run has its
@@ -47,11 +188,12 @@ def latency_rows(records: RunView | list[dict]) -> list[dict[str, Any]]:
             row["prepare_s"] = r.prepare_s
         if r.repeat == 0 and r.status == "ok":  # None: records from before it was recorded
             row["interleaved"] = r.latency_interleaved
+    out = []
     for row in rows.values():
         runs = row["run_s"]
-        row["median_s"] = statistics.median(runs) if runs else None
-        row["min_s"], row["max_s"] = (min(runs), max(runs)) if runs else (None, None)
-    return list(rows.values())
+        out.append(LatencyRow(**row, median_s=statistics.median(runs) if runs else None,
+                              min_s=min(runs) if runs else None, max_s=max(runs) if runs else None))
+    return out
 
 
 def _count(n: int, what: str) -> str:
@@ -59,7 +201,7 @@ def _count(n: int, what: str) -> str:
     return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
-def summarize(records: RunView | list[dict]) -> dict[str, Any]:
+def summarize(records: RunView | list[dict]) -> Summary:
     view = RunView.of(records)
     run = view.run
     tol = run.config.tolerances
@@ -69,59 +211,58 @@ def summarize(records: RunView | list[dict]) -> dict[str, Any]:
     targets = view.targets()
     ran = [c for c in checks if judged(c)]
     errors = [c for c in checks if c.status == "error"]
-    per_target: dict[str, Any] = {}
+    per_target: dict[str, TargetTotals] = {}
     for t in targets:
         mine = [c for c in checks if c.target == t]
         done = [c for c in mine if judged(c)]
-        per_target[t] = {
-            "checks": len(mine),
-            "passed": sum(bool(c.passed) for c in done),
-            "failed": sum(not c.passed for c in done),
-            "skipped": sum(c.status == "skipped" for c in mine),
-            "errors": sum(c.status == "error" for c in mine),
-            "max_abs": max((c.max_abs or 0.0 for c in done), default=None),
-            "per_tolerance": {k: sum(bool(c.verdicts.get(k)) for c in done) for k in keys},
-            "reason": next((c.detail for c in mine if c.status == "skipped"), None),
+        per_target[t] = TargetTotals(
+            checks=len(mine),
+            passed=sum(bool(c.passed) for c in done),
+            failed=sum(not c.passed for c in done),
+            skipped=sum(c.status == "skipped" for c in mine),
+            errors=sum(c.status == "error" for c in mine),
+            max_abs=max((c.max_abs or 0.0 for c in done), default=None),
+            per_tolerance={k: sum(bool(c.verdicts.get(k)) for c in done) for k in keys},
+            reason=next((c.detail for c in mine if c.status == "skipped"), None),
             **_tolerance(mine),
-        }
+        )
     n_checks = len(checks)
-    return {
-        "experiment": run.experiment,
-        "rtol": tol.rtol,
-        "gate": gate_atol(tol.gate, tol.atol) if checks else None,
-        "uniform_tolerance": len({(c.gate, c.rtol, c.gated_by) for c in checks}) <= 1,
-        "tolerances": tol.atol,
-        "arithmetic": {
-            "model_input_pairs": len(pairs),
-            "targets": len(targets),
-            "checks": n_checks,
-            "tolerances": len(keys),
-            "verdicts": n_checks * len(keys),
-            "formula": f"{_count(len(pairs), '(model, input set) pair')} x {_count(len(targets), 'target')} = "
-                       f"{_count(n_checks, 'check')}; x {_count(len(keys), 'tolerance')} = "
-                       f"{_count(n_checks * len(keys), 'verdict')}",
-        },
-        "totals": {
-            "checks": n_checks,
-            "passed": sum(bool(c.passed) for c in ran),
-            "failed": sum(not c.passed for c in ran),
-            "skipped": sum(c.status == "skipped" for c in checks),
-            "errors": len(errors),
-        },
-        "reference_errors": _reference_errors(errors),
-        "per_target": per_target,
-        "per_tolerance": {k: {"passed": sum(bool(c.verdicts.get(k)) for c in ran),
-                              "failed": sum(not c.verdicts.get(k) for c in ran)} for k in keys},
-        "failure_classes": dict(Counter(c.failure_class for c in ran if c.failure_class)),
-        "tier3": _tier3(view),
-        "localized": {view.key(r):
-                      {"culprit": r.culprit, "evenly_spread": r.evenly_spread, "error": r.error,
-                       "whole_graph": r.whole_graph, "as_a_whole": r.as_a_whole, "first_divergent": r.first_divergent,
-                       "specialized": r.specialized, "compiler_pass": r.compiler_pass}
-                      for r in view.layers},
-        "latency": _latency(view),
-        "warnings": [f"{view.key(r)}: {r.message}" for r in view.warnings],
-    }
+    return Summary(
+        experiment=run.experiment,
+        rtol=tol.rtol,
+        gate=gate_atol(tol.gate, tol.atol) if checks else None,
+        uniform_tolerance=len({(c.gate, c.rtol, c.gated_by) for c in checks}) <= 1,
+        tolerances=tol.atol,
+        arithmetic=Arithmetic(
+            model_input_pairs=len(pairs),
+            targets=len(targets),
+            checks=n_checks,
+            tolerances=len(keys),
+            verdicts=n_checks * len(keys),
+            formula=f"{_count(len(pairs), '(model, input set) pair')} x {_count(len(targets), 'target')} = "
+                    f"{_count(n_checks, 'check')}; x {_count(len(keys), 'tolerance')} = "
+                    f"{_count(n_checks * len(keys), 'verdict')}",
+        ),
+        totals=Totals(
+            checks=n_checks,
+            passed=sum(bool(c.passed) for c in ran),
+            failed=sum(not c.passed for c in ran),
+            skipped=sum(c.status == "skipped" for c in checks),
+            errors=len(errors),
+        ),
+        reference_errors=_reference_errors(errors),
+        per_target=per_target,
+        per_tolerance={k: ToleranceTotals(passed=sum(bool(c.verdicts.get(k)) for c in ran),
+                                          failed=sum(not c.verdicts.get(k) for c in ran)) for k in keys},
+        failure_classes=dict(Counter(c.failure_class for c in ran if c.failure_class)),
+        tier3=_tier3(view),
+        localized={view.key(r): Localized(
+            culprit=r.culprit, evenly_spread=r.evenly_spread, error=r.error, whole_graph=r.whole_graph,
+            as_a_whole=r.as_a_whole, first_divergent=r.first_divergent, specialized=r.specialized,
+            compiler_pass=r.compiler_pass) for r in view.layers},
+        latency=_latency(view),
+        warnings=[f"{view.key(r)}: {r.message}" for r in view.warnings],
+    )
 
 
 def _tolerance(checks: list[Tier1Check]) -> dict[str, Any]:
@@ -130,11 +271,10 @@ def _tolerance(checks: list[Tier1Check]) -> dict[str, Any]:
     the tolerance source and the task gate: the experiment's tolerances, gated by tier 1."""
     first = checks[0]
     floors = [c.noise_floor for c in checks if c.noise_floor]
-    floor = max(floors, key=lambda f: f.atol) if floors else None
     return {"gate": first.gate, "rtol": first.rtol,
             "tolerance_source": first.tolerance_source or "experiment",
             "gated_by": first.gated_by or "tier1",
-            "noise_floor": floor.model_dump(exclude_unset=True) if floor else None,
+            "noise_floor": max(floors, key=lambda f: f.atol) if floors else None,
             "output_rules": sorted({_rule(leaf.tolerance) for c in checks for leaf in c.leaves if leaf.tolerance})}
 
 
@@ -143,43 +283,45 @@ def _rule(tolerance: LeafTolerance) -> str:
     return f"{tolerance.rule}: {atol}, rtol {tolerance.rtol:g}"
 
 
-def _reference_errors(errors: list[Tier1Check]) -> list[dict[str, Any]]:
+def _reference_errors(errors: list[Tier1Check]) -> list[ReferenceFailure]:
     """One entry per (model, input set) whose reference failed: what failed and whether it is the user's
     to fix (the model as written raised on its inputs)."""
-    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    seen: dict[tuple[str, str], list[Tier1Check]] = {}
     for c in errors:
-        seen.setdefault((c.model, c.inputs), {
-            "model": c.model, "inputs": c.inputs, "reference": c.reference, "detail": c.detail,
-            "failure_class": c.reference_failure_class, "user_error": bool(c.user_error),
-            "targets": []})["targets"].append(c.target)
-    return list(seen.values())
+        seen.setdefault((c.model, c.inputs), []).append(c)
+    return [ReferenceFailure(model=c.model, inputs=c.inputs, reference=c.reference, detail=c.detail,
+                             failure_class=c.reference_failure_class, user_error=bool(c.user_error),
+                             targets=[t.target for t in mine])
+            for mine in seen.values() for c in mine[:1]]
 
 
-def _tier3(view: RunView) -> dict[str, Any]:
+def _tier3(view: RunView) -> Tier3Totals:
     checks: list[Tier3Check] = view.checks(3)
-    return {
-        "checks": len(checks),
-        "passed": sum(bool(c.passed) for c in checks),
-        "failed": sum(not c.passed for c in checks),
-        "failure_classes": dict(Counter(c.failure_class for c in checks if c.failure_class)),
-        "metrics": {view.key(c): c.metrics for c in checks},
-    }
+    return Tier3Totals(
+        checks=len(checks),
+        passed=sum(bool(c.passed) for c in checks),
+        failed=sum(not c.passed for c in checks),
+        failure_classes=dict(Counter(c.failure_class for c in checks if c.failure_class)),
+        metrics={view.key(c): c.metrics for c in checks},
+    )
 
 
-def write_summary(summary: dict[str, Any], path: Path) -> None:
-    """Whole or not at all (outdir.write_text): a summary.json on disk is the mark of a finished run."""
-    write_text(path, json.dumps(summary, indent=2) + "\n")
+def write_summary(summary: Summary, path: Path) -> None:
+    """Whole or not at all (outdir.write_text): a summary.json on disk is the mark of a finished run. Every field of
+    the summary is set; the record parts in it (a noise floor, a specialised trace) dump the fields they were read
+    with, as records.jsonl has them."""
+    write_text(path, json.dumps(summary.model_dump(exclude_unset=True), indent=2) + "\n")  # a record's part: as given
 
 
-def exit_code(summary: dict[str, Any], allow_unavailable: bool = False) -> int:
+def exit_code(summary: Summary, allow_unavailable: bool = False) -> int:
     """0 when every check passed (tier 1 at the gate, tier 3 at its thresholds); 2 when the model as written
     could not run on its inputs (the eager reference raised: the user's to fix); 1 when a check failed, has
     no verdict because the reference failed otherwise (a crash, a time-out, another reference backend), or
     was skipped (a target that could not run here was not verified) unless `allow_unavailable`."""
-    totals = summary["totals"]
-    if any(e["user_error"] for e in summary.get("reference_errors", ())):
+    totals = summary.totals
+    if any(e.user_error for e in summary.reference_errors):
         return 2
-    if totals["failed"] or totals.get("errors") or summary["tier3"]["failed"] or (totals["skipped"] and not allow_unavailable):
+    if totals.failed or totals.errors or summary.tier3.failed or (totals.skipped and not allow_unavailable):
         return 1
     return 0
 
@@ -191,7 +333,7 @@ class RunResult(list):
     summary.json was written. An incomplete run never passes and its exit code is 3 (a bug in parity: nothing
     user code does should get there), whatever its checks say."""
 
-    def __init__(self, records: list[dict[str, Any]], summary: dict[str, Any], planned: list[tuple[str, str, str]],
+    def __init__(self, records: list[dict[str, Any]], summary: Summary, planned: list[tuple[str, str, str]],
                  summary_written: bool):
         super().__init__(records)
         self.summary, self.summary_written = summary, summary_written

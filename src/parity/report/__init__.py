@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from parity.records.summary import Summary
     from parity.records.view import RunView
 
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 class ReportWriter:
     name: str
     filename: str  # what it writes in the output folder
-    write: Callable[[RunView, dict[str, Any], Path], None]  # (the run's records, summary, path)
+    write: Callable[[RunView, Summary, Path], None]  # (the run's records, summary, path)
 
 
 def report_writers() -> list[ReportWriter]:
@@ -27,7 +28,7 @@ def report_writers() -> list[ReportWriter]:
     return [REPORTS.get(name) for name in REPORTS.names()]
 
 
-def write_reports(out_dir: str | Path, records: RunView | list[dict[str, Any]], summary: dict[str, Any] | None = None,
+def write_reports(out_dir: str | Path, records: RunView | list[dict[str, Any]], summary: Summary | None = None,
                   names: tuple[str, ...] | None = None) -> list[Path]:
     """Write the reports whose file names are `names` (every registered writer's by default) of one run into
     `out_dir`; returns their paths."""

@@ -8,7 +8,7 @@ from typing import Any
 from parity.config.tolerances import rounded_up
 from parity.errors import visible
 from parity.records.models import GateVerdict, Layers, Tier1Check
-from parity.records.summary import exit_code
+from parity.records.summary import Summary, exit_code
 from parity.records.view import RunView
 from parity.report.next_steps import next_steps
 from parity.report.statistics import statistics_tables
@@ -52,7 +52,7 @@ def _cell(checks: list[Tier1Check]) -> str:
     return f"[red]FAIL[/red]{number} {','.join(classes)}"
 
 
-def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, console, reports=(),
+def render(records: RunView | list[dict], summary: Summary, out_dir, console, reports=(),
            allow_unavailable: bool = False) -> None:
     """The table and the findings, the totals with why the exit code is 1 when only a check not run here
     makes it so; then where the records, the summary and `reports` (paths) are."""
@@ -60,11 +60,11 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
 
     view = RunView.of(records)
     checks = view.checks(1)
-    targets = list(summary["per_target"])
+    targets = list(summary.per_target)
     rows = view.pairs()
     # The title short enough for one line of an 80-column terminal, and the table at least as wide (a
     # narrower table wraps it); what a cell says goes in the caption.
-    title = f"{summary['experiment']}: {tolerance_title(summary)}"
+    title = f"{summary.experiment}: {tolerance_title(summary)}"
     table = Table(title=escape(title), caption="cells: verdict, max abs difference", min_width=len(title))
     table.add_column("model / inputs")
     for t in targets:
@@ -75,16 +75,16 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
     console.print(table if rows else "no checks: no (model, input set) was judged")
     for line in tolerance_lines(summary):
         console.print(escape(line), soft_wrap=True)
-    for warning in summary.get("warnings", []):  # an input that came out constant: a pass on it proves little
+    for warning in summary.warnings:  # an input that came out constant: a pass on it proves little
         console.print("[yellow]warning[/yellow] " + escape(warning), soft_wrap=True)
-    for t, info in summary["per_target"].items():
-        if info["skipped"]:
-            console.print(f"[yellow]{NOT_RUN}[/yellow] {escape(t)}: {escape(str(info['reason']))}")
-    for e in summary["reference_errors"]:
+    for t, info in summary.per_target.items():
+        if info.skipped:
+            console.print(f"[yellow]{NOT_RUN}[/yellow] {escape(t)}: {escape(str(info.reason))}")
+    for e in summary.reference_errors:
         why = ("the model as written raised on these inputs: fix the model or the input set"
-               if e["user_error"] else "no target was judged")
-        console.print("[magenta]reference failed[/magenta] " + escape(f"{e['model']} / {e['inputs']}: {e['reference']}: "
-                                                                      f"{e['detail']} ({why})"), soft_wrap=True)
+               if e.user_error else "no target was judged")
+        console.print("[magenta]reference failed[/magenta] " + escape(f"{e.model} / {e.inputs}: {e.reference}: "
+                                                                      f"{e.detail} ({why})"), soft_wrap=True)
     for c in view.failed(1):
         console.print("[red]failed[/red] " + escape(f"{view.key(c)}: {c.failure_class}: {c.detail}"), soft_wrap=True)
         for line in next_steps(c, view, out_dir):
@@ -114,31 +114,31 @@ def render(records: RunView | list[dict], summary: dict[str, Any], out_dir, cons
         for name, values in stats.rows:
             table.add_row(escape(name), *map(escape, values))
         console.print(table)
-    for key, loc in summary.get("localized", {}).items():
-        if loc["error"]:
-            where = f"not localized ({loc['error']})"
-        elif loc.get("whole_graph"):
+    for key, loc in summary.localized.items():
+        if loc.error:
+            where = f"not localized ({loc.error})"
+        elif loc.whole_graph:
             where = "the whole graph (no layer alone exceeds the threshold)" + (
-                f"; its propagated error first exceeds it at {loc['first_divergent']}" if loc.get("first_divergent") else "")
-        elif loc["culprit"] is None:
+                f"; its propagated error first exceeds it at {loc.first_divergent}" if loc.first_divergent else "")
+        elif loc.culprit is None:
             where = "no single layer (see the tier-2 verdict in report.md)"
         else:
-            where = loc["culprit"] + (" as a whole (none of its submodules alone exceeds the threshold)"
-                                      if loc.get("as_a_whole") else "")
-        if loc.get("specialized"):
-            where += f" (its trace is specialised at {loc['specialized']['where']})"
-        if (loc.get("compiler_pass") or {}).get("found"):
-            where += f"; compiler pass: {pass_path(loc['compiler_pass'])}"
-        if loc["evenly_spread"]:
+            where = loc.culprit + (" as a whole (none of its submodules alone exceeds the threshold)"
+                                   if loc.as_a_whole else "")
+        if loc.specialized:
+            where += f" (its trace is specialised at {loc.specialized.where})"
+        if (loc.compiler_pass or {}).get("found"):
+            where += f"; compiler pass: {pass_path(loc.compiler_pass)}"
+        if loc.evenly_spread:
             where += " (every layer drifts alike: no single source)"
         console.print("[yellow]diverges at[/yellow] " + escape(f"{key}: {where}"))
-    totals, tier3 = summary["totals"], summary["tier3"]
-    errors = f", {totals['errors']} without a verdict (reference failed)" if totals["errors"] else ""
-    console.print(f"{totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} {NOT_RUN}{errors} "
-                  f"({summary['arithmetic']['formula']})"
-                  + (f"; tier 3: {tier3['passed']} agree, {tier3['failed']} differ" if tier3["checks"] else ""))
-    if totals["skipped"] and not allow_unavailable and exit_code(summary) == 1 and exit_code(summary, True) == 0:
-        console.print(f"exit 1: {totals['skipped']} check(s) {NOT_RUN}, so not verified (--allow-unavailable exits 0 "
+    totals, tier3 = summary.totals, summary.tier3
+    errors = f", {totals.errors} without a verdict (reference failed)" if totals.errors else ""
+    console.print(f"{totals.passed} passed, {totals.failed} failed, {totals.skipped} {NOT_RUN}{errors} "
+                  f"({summary.arithmetic.formula})"
+                  + (f"; tier 3: {tier3.passed} agree, {tier3.failed} differ" if tier3.checks else ""))
+    if totals.skipped and not allow_unavailable and exit_code(summary) == 1 and exit_code(summary, True) == 0:
+        console.print(f"exit 1: {totals.skipped} check(s) {NOT_RUN}, so not verified (--allow-unavailable exits 0 "
                       "when every check that ran passed)")
     console.print(f"records: {out_dir / 'records.jsonl'}\nsummary: {out_dir / 'summary.json'}")
     for path in reports:
@@ -161,7 +161,7 @@ def render_layers(record: Layers, console) -> None:
     if record.tensor_groups:
         console.print(group_table(record))
         console.print(f"[bold]verdict:[/bold] {escape(record.verdict)}")
-        console.print(f"localized in {record.elapsed_s:.1f} s ({record.tensor_groups['trials']} trials)")
+        console.print(f"localized in {record.elapsed_s:.1f} s ({record.tensor_groups.trials} trials)")
         return
     suspects = {s.name for s in record.suspects}
     for level in record.levels:
@@ -202,8 +202,8 @@ def group_table(record: Layers):
     from rich.table import Table
 
     found = record.tensor_groups
-    title = (f"{RunView.key(record)}: each tensor group alone at its type, the rest at {found['trial_type']} "
-             f"(floor KLD {found['floor']['kl_mean']:.3g}, whole file {found['whole']['kl_mean']:.3g})")
+    title = (f"{RunView.key(record)}: each tensor group alone at its type, the rest at {found.trial_type} "
+             f"(floor KLD {found.floor.kl_mean:.3g}, whole file {found.whole.kl_mean:.3g})")
     table = Table(title=escape(title))
     for col in ("group", "type", "mean KLD", "added", "share", "same top-1"):
         table.add_column(col, justify="left" if col in ("group", "type") else "right")

@@ -8,6 +8,7 @@ section is always there: one without data says so in a line.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from functools import partial
 from importlib.resources import files
 from pathlib import Path
@@ -18,8 +19,8 @@ from parity.errors import visible
 from parity.outdir import write_text
 from parity.plugins import TASKS
 from parity.records import tolerance_key
-from parity.records.models import Layers, Run, Tier1Check, Tier3Check
-from parity.records.summary import latency_rows
+from parity.records.models import CpuInfo, Layers, Run, Tier1Check, Tier3Check
+from parity.records.summary import Summary, latency_rows
 from parity.records.view import RunView
 from parity.report import ReportWriter, pictures, plots
 from parity.report.next_steps import next_steps
@@ -76,31 +77,32 @@ _key = RunView.key
 
 def _environment(run: Run) -> list[tuple[str, str]]:
     env = run.environment
-    cpu = env.get("cpu") or {}
-    cuda = env.get("cuda")
-    libraries = env.get("libraries", ("torch", "torchvision", "onnx", "onnxruntime", "openvino", "numpy"))  # older records
-    rows = [(name, env.get(name)) for name in ("python", "platform", "parity", *libraries)]
+    cpu = env.cpu or CpuInfo()
+    libraries = env.libraries if env.libraries is not None else (
+        "torch", "torchvision", "onnx", "onnxruntime", "openvino", "numpy")  # older records
+    rows = [(name, env.version(name)) for name in ("python", "platform", "parity", *libraries)]
+    shown = next((x for x in (cpu.model, cpu.machine) if x is not None), "?")
     rows += [
-        ("cpu", f"{cpu.get('model', cpu.get('machine', '?'))}, {cpu.get('count', '?')} cores"
-                + (f"; {' '.join(cpu['flags'])}" if cpu.get("flags") else "")),
-        ("threads", env.get("threads")),
-        ("cuda", f"{cuda['version']}: {', '.join(cuda['devices'])}" if cuda else "none"),
-        ("git commit", env.get("git_commit")),
+        ("cpu", f"{shown}, {cpu.count if cpu.count is not None else '?'} cores"
+                + (f"; {' '.join(cpu.flags)}" if cpu.flags else "")),
+        ("threads", env.threads),
+        ("cuda", f"{env.cuda.version}: {', '.join(env.cuda.devices)}" if env.cuda else "none"),
+        ("git commit", env.git_commit),
         ("experiment folder", run.base_dir),
     ]
     return [(k, "not installed" if v is None and k in libraries else str(v if v is not None else "–")) for k, v in rows]
 
 
-def _setup(run: Run, summary: dict[str, Any]) -> list[tuple[str, str]]:
+def _setup(run: Run, summary: Summary) -> list[tuple[str, str]]:
     setting = run.config.setting
     ref = [setting("reference", key, default="?") for key in ("backend", "device", "dtype")]
     return [
         ("reference", "{} on {}, {}".format(*ref)),
-        ("gate", "–" if summary["gate"] is None else tolerance_title(summary).removeprefix("tier 1 ")),
+        ("gate", "–" if summary.gate is None else tolerance_title(summary).removeprefix("tier 1 ")),
         *[("tolerance", line.removeprefix("tolerance ")) for line in tolerance_lines(summary) if line.startswith("tolerance ")],
         *[(kind, line.removeprefix(kind + " ")) for line in tolerance_lines(summary)
           for kind in ("noise floor", "output rules") if line.startswith(kind + " ")],
-        ("tolerance sweep", ", ".join(f"{a:g}" for a in summary["tolerances"])),
+        ("tolerance sweep", ", ".join(f"{a:g}" for a in summary.tolerances)),
         ("repeats", str(setting("repeats", default="?"))),
         ("seed", str(setting("seed", default="?"))),
         ("oracle (eager float64)", "on" if setting("oracle", "enabled") else "off"),
@@ -109,12 +111,11 @@ def _setup(run: Run, summary: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def _gates(summary: dict[str, Any]) -> dict[float, list[str]]:
+def _gates(summary: Summary) -> dict[float, list[str]]:
     """Each gate the targets are judged at, with its targets: the sweep chart marks every one."""
     gates: dict[float, list[str]] = {}
-    for target, info in summary["per_target"].items():
-        if info.get("gate") is not None:
-            gates.setdefault(info["gate"], []).append(target)
+    for target, info in summary.per_target.items():
+        gates.setdefault(info.gate, []).append(target)
     return gates
 
 
@@ -124,12 +125,11 @@ def _gate_table(checks: list[Tier1Check], tier3: list[Tier3Check], layers: list[
     tier3_by = {_key(c): c for c in tier3}
     culprit_by = {_key(r): r.culprit for r in layers if not r.error}
     whole_graph = {_key(r) for r in layers if r.whole_graph}
-    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    cells: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
     for c in checks:
-        row = rows.setdefault((c.model, c.inputs), {"model": c.model, "inputs": c.inputs, "cells": {}})
         state = {"skipped": "skip", "error": "error"}.get(c.status) or ("pass" if c.passed else "fail")
         task = tier3_by.get(_key(c))
-        row["cells"][c.target] = {
+        cells.setdefault((c.model, c.inputs), {})[c.target] = {
             "state": state, "max_abs": c.max_abs, "required_atol": c.required_atol,
             "failure_class": c.failure_class, "detail": c.detail or "",
             "whole_graph": _key(c) in whole_graph,
@@ -138,7 +138,8 @@ def _gate_table(checks: list[Tier1Check], tier3: list[Tier3Check], layers: list[
             "warnings": [describe_note(n) for n in c.warnings or []],
             "ran": c.status == "ok" and c.max_abs is not None,
         }
-    return [{**row, "cells": [row["cells"].get(t) for t in targets]} for row in rows.values()]
+    return [{"model": model, "inputs": inputs, "cells": [mine.get(t) for t in targets]}
+            for (model, inputs), mine in cells.items()]
 
 
 def _pass_rates(checks: list[Tier1Check], keys: list[str]) -> tuple[list[str], dict[tuple[str, str], float | None]]:
@@ -180,17 +181,30 @@ def _taxonomy(checks: list[Tier1Check], tier3: list[Tier3Check]) -> tuple[list[d
     return rows, plots.taxonomy_bars({k: counts[k] for k in ordered}) if rows else None
 
 
-def _bound(task: str, metric: str, thresholds: dict[str, Any]) -> dict[str, Any]:
-    """The threshold of `metric` in a tier-3 record and which side of it fails, from the task's headline
-    metrics (a record of the old flat thresholds names them as the task's `flat_keys` did). A task that is
-    not installed here: no thresholds shown."""
+@dataclass(frozen=True)
+class _Column:
+    """A metric's column of a tier-3 table: its threshold, if it has one, and which side of it fails."""
+
+    name: str
+    threshold: Any = None
+    higher_is_better: bool = True
+
+    @property
+    def title(self) -> str:
+        return self.name.replace("_", " ")
+
+
+def _column(task: str, metric: str, thresholds: dict[str, Any]) -> _Column:
+    """The column of `metric` with its threshold in a tier-3 record, from the task's headline metrics (a record of
+    the old flat thresholds names them as the task's `flat_keys` did). A task that is not installed here: no
+    thresholds shown."""
     headline = {h.metric: h for h in headline_of(task) or ()}
     h = headline.get(metric)
     if h is None or h.threshold is None or h.higher_is_better is None:
-        return {"threshold": None, "higher_is_better": True}
+        return _Column(metric)
     flat = {own: old for old, own in TASKS.get(task).flat_keys.items()}
     value = thresholds.get(h.threshold, thresholds.get(flat.get(h.threshold, "")))
-    return {"threshold": value, "higher_is_better": h.higher_is_better}
+    return _Column(metric, value, h.higher_is_better)
 
 
 def _tier3_tables(tier3: list[Tier3Check]) -> list[dict[str, Any]]:
@@ -202,16 +216,15 @@ def _tier3_tables(tier3: list[Tier3Check]) -> list[dict[str, Any]]:
         if statistics_of(task, mine[0].metrics, mine[0].thresholds):  # the rest: in its statistics table
             headline = [h.metric for h in headline_of(task) or ()]
             metrics = [k for k in headline if k in metrics] or metrics
-        columns = [{"name": m, "title": m.replace("_", " "), **_bound(task, m, mine[0].thresholds or {})}
-                   for m in metrics]
+        columns = [_column(task, m, mine[0].thresholds or {}) for m in metrics]
         rows = []
         for c in mine:
             cells = []
             for col in columns:
-                value = c.metrics.get(col["name"])
-                low = col["threshold"] is not None and isinstance(value, int | float) and (
-                    value < col["threshold"] if col["higher_is_better"] else value > col["threshold"])
-                cells.append({"text": figure(value, none="nan" if col["name"] in c.metrics else "–"),
+                value = c.metrics.get(col.name)
+                low = col.threshold is not None and isinstance(value, int | float) and (
+                    value < col.threshold if col.higher_is_better else value > col.threshold)
+                cells.append({"text": figure(value, none="nan" if col.name in c.metrics else "–"),
                               "low": low})
             rows.append({"key": _key(c), "passed": c.passed, "failure_class": c.failure_class,
                          "detail": c.detail or "", "same_set": c.same_set, "cells": cells, "flips": flips_line(c) or generation_line(c),
@@ -273,65 +286,64 @@ def _detections(tier3: list[Tier3Check]) -> list[dict[str, Any]]:
 
 def _latency(records: RunView) -> tuple[list[dict], str | None]:
     rows = latency_rows(records)
-    table = [{**r, "median": _seconds(r["median_s"]), "min": _seconds(r["min_s"]), "max": _seconds(r["max_s"]),
-              "prepare": _seconds(r["prepare_s"]), "repeats": len(r["run_s"]),
-              "spread": f"{(r['max_s'] - r['min_s']) / r['median_s']:.0%}" if r["median_s"] else "–"}
+    table = [{**r.model_dump(), "median": _seconds(r.median_s), "min": _seconds(r.min_s), "max": _seconds(r.max_s),
+              "prepare": _seconds(r.prepare_s), "repeats": len(r.run_s),
+              "spread": f"{(r.max_s - r.min_s) / r.median_s:.0%}" if r.median_s else "–"}
              for r in rows]
-    timed = [r for r in rows if r["run_s"] or r["prepare_s"]]
+    timed = [r for r in rows if r.run_s or r.prepare_s]
     return table, plots.latency_chart(timed) if timed else None
 
 
-def render_html(records: RunView | list[dict[str, Any]], summary: dict[str, Any], run_dir: str | Path) -> str:
+def render_html(records: RunView | list[dict[str, Any]], summary: Summary, run_dir: str | Path) -> str:
     """The whole page as one string."""
     import jinja2
 
     view = RunView.of(records)
     run, checks, tier3, layers = view.run, view.checks(1), view.checks(3), view.layers
-    targets = list(summary["per_target"])
-    keys = [tolerance_key(a) for a in summary["tolerances"]]
+    targets = list(summary.per_target)
+    keys = [tolerance_key(a) for a in summary.tolerances]
 
     models, rates = _pass_rates(checks, keys)
     sweep_rows = []
     curves: dict[str, list[float]] = {}
-    for target, info in summary["per_target"].items():
-        ran = info["checks"] - info["skipped"] - info["errors"]
-        sweep_rows.append({"target": target, "cells": [f"{info['per_tolerance'][k]}/{ran}" for k in keys] if ran else []})
+    for target, info in summary.per_target.items():
+        ran = info.checks - info.skipped - info.errors
+        sweep_rows.append({"target": target, "cells": [f"{info.per_tolerance[k]}/{ran}" for k in keys] if ran else []})
         if ran:
-            curves[target] = [info["per_tolerance"][k] / ran for k in keys]
+            curves[target] = [info.per_tolerance[k] / ran for k in keys]
     taxonomy_rows, taxonomy_plot = _taxonomy(checks, tier3)
     latency_table, latency_plot = _latency(view)
-    totals = summary["totals"]
+    totals, tier3_totals = summary.totals, summary.tier3
     context = {
-        "title": f"parity report: {summary['experiment']}",
-        "experiment": summary["experiment"],
+        "title": f"parity report: {summary.experiment}",
+        "experiment": summary.experiment,
         # the navigation bar leads only to what the run has: no empty tier 2, tier 3 or detection sections
         "sections": [(i, title) for i, title in SECTIONS if {
             "tier2": bool(layers), "tier3": bool(tier3), "detections": any(c.task == "detection" for c in tier3),
         }.get(i, True)],
         "totals": totals,
-        "tier3_totals": summary["tier3"],
+        "tier3_totals": tier3_totals,
         "localized": len(layers),
-        "arithmetic": summary["arithmetic"]["formula"],
-        "verdict": ("no checks in these records" if not totals["checks"] else
+        "arithmetic": summary.arithmetic.formula,
+        "verdict": ("no checks in these records" if not totals.checks else
                     "every check passed at the gate"
-                    if not (totals["failed"] or totals["skipped"] or totals["errors"] or summary["tier3"]["failed"])
-                    else f"{totals['failed'] + summary['tier3']['failed']} check(s) failed"
-                    + (f", {totals['skipped']} not run here" if totals["skipped"] else "")
-                    + (f", {totals['errors']} without a verdict (the reference failed)" if totals["errors"] else "")),
-        "ok": bool(totals["checks"]) and not (totals["failed"] or summary["tier3"]["failed"] or totals["skipped"]
-                                              or totals["errors"]),
-        "reference_errors": summary["reference_errors"],
+                    if not (totals.failed or totals.skipped or totals.errors or tier3_totals.failed)
+                    else f"{totals.failed + tier3_totals.failed} check(s) failed"
+                    + (f", {totals.skipped} not run here" if totals.skipped else "")
+                    + (f", {totals.errors} without a verdict (the reference failed)" if totals.errors else "")),
+        "ok": bool(totals.checks) and not (totals.failed or tier3_totals.failed or totals.skipped or totals.errors),
+        "reference_errors": summary.reference_errors,
         "setup": _setup(run, summary),
         "environment": _environment(run),
         "targets": targets,
-        "gate": None if summary["gate"] is None else tolerance_title(summary).removeprefix("tier 1 "),
-        "target_tolerances": [target_tolerance(summary["per_target"][t]) for t in targets],
+        "gate": None if summary.gate is None else tolerance_title(summary).removeprefix("tier 1 "),
+        "target_tolerances": [target_tolerance(summary.per_target[t]) for t in targets],
         "gate_rows": _gate_table(checks, tier3, layers, targets),
-        "unavailable": [(t, info["reason"]) for t, info in summary["per_target"].items() if info["skipped"]],
+        "unavailable": [(t, info.reason) for t, info in summary.per_target.items() if info.skipped],
         "heatmap": plots.pass_rate_heatmap(models, targets, rates) if checks else None,
-        "tolerance_keys": [f"{a:g}" for a in summary["tolerances"]],
+        "tolerance_keys": [f"{a:g}" for a in summary.tolerances],
         "sweep_rows": sweep_rows,
-        "sweep": plots.sweep_curve(summary["tolerances"], curves, _gates(summary)) if curves else None,
+        "sweep": plots.sweep_curve(summary.tolerances, curves, _gates(summary)) if curves else None,
         "taxonomy_rows": taxonomy_rows,
         "taxonomy_plot": taxonomy_plot,
         "failures": _failures(view, run_dir),
@@ -343,7 +355,7 @@ def render_html(records: RunView | list[dict[str, Any]], summary: dict[str, Any]
         "statistics": _statistics(tier3),
         "detections": _detections(tier3),
         "detection_models": [c for c in tier3 if c.task == "detection"],
-        "parity_version": run.environment.get("parity"),
+        "parity_version": run.environment.parity,
     }
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              finalize=_shown)
@@ -360,7 +372,7 @@ def _shown(value: Any) -> Any:
     return visible(value) if isinstance(value, str) and not isinstance(value, markupsafe.Markup) else value
 
 
-def write_html(records: list[dict], summary: dict[str, Any], path: Path) -> None:
+def write_html(records: list[dict], summary: Summary, path: Path) -> None:
     write_text(path, render_html(records, summary, path.parent))  # whole or not at all
 
 

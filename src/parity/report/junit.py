@@ -16,6 +16,7 @@ from typing import Any
 
 from parity.outdir import write_text
 from parity.records.models import Check
+from parity.records.summary import Summary
 from parity.records.view import RunView
 from parity.report import ReportWriter
 from parity.report.next_steps import next_steps
@@ -52,19 +53,19 @@ def _body(check: Check, steps: list[str]) -> str:
     return "\n".join(lines)
 
 
-def render_junit(records: RunView | list[dict[str, Any]], summary: dict[str, Any], run_dir: str | Path) -> str:
+def render_junit(records: RunView | list[dict[str, Any]], summary: Summary, run_dir: str | Path) -> str:
     view = RunView.of(records)
     run, checks = view.run, view.checks()
     suite = ET.Element("testsuite", name=f"parity.{run.experiment}")
     props = ET.SubElement(suite, "properties")
     env = run.environment
-    libraries = env.get("libraries", ("torch", "torchvision", "onnxruntime", "openvino"))  # older records: these
+    libraries = env.libraries if env.libraries is not None else ("torch", "torchvision", "onnxruntime", "openvino")  # older records
     for key in (*libraries, "python", "platform", "git_commit"):
-        if env.get(key):
-            ET.SubElement(props, "property", name=key, value=_clean(env[key]))
-    if summary.get("gate") is not None and summary["uniform_tolerance"]:  # else each testcase says its own
-        ET.SubElement(props, "property", name="gate_atol", value=f"{summary['gate']:g}")
-        ET.SubElement(props, "property", name="rtol", value=f"{summary['rtol']:g}")
+        if env.version(key):
+            ET.SubElement(props, "property", name=key, value=_clean(env.version(key)))
+    if summary.gate is not None and summary.uniform_tolerance:  # else each testcase says its own
+        ET.SubElement(props, "property", name="gate_atol", value=f"{summary.gate:g}")
+        ET.SubElement(props, "property", name="rtol", value=f"{summary.rtol:g}")
     failures = skipped = errors = 0
     total_time = 0.0
     for check in checks:
@@ -102,7 +103,7 @@ def render_junit(records: RunView | list[dict[str, Any]], summary: dict[str, Any
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
-def write_junit(records: RunView | list[dict[str, Any]], summary: dict[str, Any], path: Path) -> None:
+def write_junit(records: RunView | list[dict[str, Any]], summary: Summary, path: Path) -> None:
     write_text(path, render_junit(records, summary, path.parent))  # whole or not at all
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from parity.errors import visible
 from parity.outdir import write_text
 from parity.records import tolerance_key
-from parity.records.summary import latency_rows
+from parity.records.summary import LatencyRow, Summary, latency_rows
 from parity.records.view import RunView
 from parity.report import ReportWriter
 from parity.report.next_steps import next_steps, oracle_side
@@ -62,20 +62,19 @@ def md_code(text: Any) -> str:
     return f"{fence}{pad}{shown}{pad}{fence}"
 
 
-def render_markdown(records: RunView | list[dict[str, Any]], summary: dict[str, Any], run_dir: str | Path) -> str:
+def render_markdown(records: RunView | list[dict[str, Any]], summary: Summary, run_dir: str | Path) -> str:
     view = RunView.of(records)
     checks = view.checks(1)
-    keys = [tolerance_key(a) for a in summary["tolerances"]]
-    t = summary["totals"]
-    gate = "" if summary["gate"] is None else " " + md(tolerance_title(summary).removeprefix("tier 1 "))
+    keys = [tolerance_key(a) for a in summary.tolerances]
+    t, tier3_totals = summary.totals, summary.tier3
+    gate = "" if summary.gate is None else " " + md(tolerance_title(summary).removeprefix("tier 1 "))
     lines = [
-        f"# parity report: {md(summary['experiment'])}",
+        f"# parity report: {md(summary.experiment)}",
         "",
-        f"**{t['passed']} passed, {t['failed']} failed, {t['skipped']} {NOT_RUN}"
-        + (f", {t['errors']} without a verdict (reference failed)" if t["errors"] else "")
-        + f"**{gate}. {md(summary['arithmetic']['formula'])}."
-        + (f" Tier 3: **{summary['tier3']['passed']} agree, {summary['tier3']['failed']} differ**."
-           if summary["tier3"]["checks"] else ""),
+        f"**{t.passed} passed, {t.failed} failed, {t.skipped} {NOT_RUN}"
+        + (f", {t.errors} without a verdict (reference failed)" if t.errors else "")
+        + f"**{gate}. {md(summary.arithmetic.formula)}."
+        + (f" Tier 3: **{tier3_totals.passed} agree, {tier3_totals.failed} differ**." if tier3_totals.checks else ""),
         "",
         md(environment_line(view.run.environment)),
         "",
@@ -97,17 +96,17 @@ def render_markdown(records: RunView | list[dict[str, Any]], summary: dict[str, 
                     rows, "No tier-1 checks in these records.")
     lines += ["", "## Tolerance sweep (checks passing at each atol)", ""]
     rows = []
-    for target, info in summary["per_target"].items():
-        ran = info["checks"] - info["skipped"] - info["errors"]
-        rows.append(f"| {md(target)} | " + " | ".join(f"{info['per_tolerance'][k]}/{ran}" for k in keys) + " |")
+    for target, info in summary.per_target.items():
+        ran = info.checks - info.skipped - info.errors
+        rows.append(f"| {md(target)} | " + " | ".join(f"{info.per_tolerance[k]}/{ran}" for k in keys) + " |")
     lines += _table(["target", *map(md, keys)], rows, "No tier-1 check ran, so there is no sweep.")
-    if summary["reference_errors"]:
+    if summary.reference_errors:
         lines += ["", "## Reference failures (no verdict about the targets)", ""]
-        for e in summary["reference_errors"]:
-            why = ("the model as written raised on these inputs: fix the model or the input set" if e["user_error"]
+        for e in summary.reference_errors:
+            why = ("the model as written raised on these inputs: fix the model or the input set" if e.user_error
                    else "the reference could not run")
-            lines.append(f"- **{md(e['model'])} / {md(e['inputs'])}**: {why}; targets not run: "
-                         f"{md(', '.join(e['targets']))}. {md(e['detail'])}")
+            lines.append(f"- **{md(e.model)} / {md(e.inputs)}**: {why}; targets not run: "
+                         f"{md(', '.join(e.targets))}. {md(e.detail)}")
     failed = view.failed(1)
     if failed:
         lines += ["", "## Failures", ""]
@@ -177,12 +176,12 @@ def render_markdown(records: RunView | list[dict[str, Any]], summary: dict[str, 
               + md(_interleaving(latency)), ""]
     rows = []
     for row in latency:
-        if row["median_s"] is None:
-            rows.append(f"| {md(row['model'])} | {md(row['inputs'])} | {md(row['backend'])} | {md(row['status'])} | | | | |")
+        if row.median_s is None:
+            rows.append(f"| {md(row.model)} | {md(row.inputs)} | {md(row.backend)} | {md(row.status)} | | | | |")
             continue
-        prepare = "" if row["prepare_s"] is None else f"{row['prepare_s']:.2f}"
-        rows.append(f"| {md(row['model'])} | {md(row['inputs'])} | {md(row['backend'])} | {len(row['run_s'])} | {row['median_s']:.4f} | "
-                    f"{row['min_s']:.4f} | {row['max_s']:.4f} | {prepare} |")
+        prepare = "" if row.prepare_s is None else f"{row.prepare_s:.2f}"
+        rows.append(f"| {md(row.model)} | {md(row.inputs)} | {md(row.backend)} | {len(row.run_s)} | {row.median_s:.4f} | "
+                    f"{row.min_s:.4f} | {row.max_s:.4f} | {prepare} |")
     lines += _table(["model", "inputs", "backend", "repeats", "median run s", "min", "max", "prepare s"], rows,
                     "No execution records in this run.")
     return "\n".join(lines) + "\n"
@@ -195,18 +194,18 @@ def _table(columns: list[str], rows: list[str], empty: str) -> list[str]:
     return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns), *rows]
 
 
-def write_markdown(records: RunView | list[dict[str, Any]], summary: dict[str, Any], path: Path) -> None:
+def write_markdown(records: RunView | list[dict[str, Any]], summary: Summary, path: Path) -> None:
     write_text(path, render_markdown(records, summary, path.parent))  # whole or not at all
 
 
 WRITER = ReportWriter("markdown", "report.md", write_markdown)
 
 
-def _interleaving(latency: list[dict]) -> str:
+def _interleaving(latency: list[LatencyRow]) -> str:
     """How the backends were timed: in turns (the local executor), or each alone (the process and ray executors,
     or a backend alone in its turn), as the execution records say."""
-    alone = [f"{r['model']}/{r['inputs']}/{r['backend']}" for r in latency if r["interleaved"] is False]
-    if any(r["interleaved"] for r in latency):
+    alone = [f"{r.model}/{r.inputs}/{r.backend}" for r in latency if r.interleaved is False]
+    if any(r.interleaved for r in latency):
         return (" The backends of each model and input set took turns (interleaved)"
                 + (f", except {', '.join(alone)}, timed alone." if alone else "."))
     return " Each backend was timed alone, one after the other: compare them only from a quiet machine." if alone else ""

@@ -8,14 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from parity import taxonomy as tx
-from parity.dtypes import REDUCED
 from parity.records.models import Check, Layers, OracleVerdict, Run
 from parity.records.view import RunView
-from parity.verify.localize import LOCALIZABLE as RUN_LOCALIZES
-from parity.verify.localize import pass_path, switch_words
+from parity.verify.localize import LOCALIZABLE, pass_path, switch_words
 from parity.verify.tasks import headline_of
-
-LOCALIZABLE = (*RUN_LOCALIZES, tx.ORDERING)  # tier-1 failures that a layer's numbers can explain
 
 
 def _targets(run: Run) -> dict[str, Any]:
@@ -107,18 +103,25 @@ def reduce_step(run_dir: str | Path, model: str, inputs: str, target: str,
             f"next: parity reduce {shlex.quote(str(run_dir))} --check {which}{experiment}"]
 
 
-def _looks_inside(target) -> tuple[bool, bool]:
-    """Whether localize and fallback can look inside what `target` runs (Backend.localizes), and whether it runs a
-    file of typed tensors (TensorTypes: localized by tier 3's KLD, so a decision flip is localized too); (True,
-    False) when the backend is not installed where the report is rendered."""
-    from parity.backends import backend_class
+def _capabilities(target) -> tuple[bool, bool, bool]:
+    """Whether localize and fallback can look inside what `target` runs (Backend.localizes), whether it runs a
+    file of typed tensors (TensorTypes: localized by tier 3's KLD, so a decision flip is localized too), and whether
+    `parity fallback` has something to run its modules as (backends.fallback_kind: a reduced dtype, a quantized
+    target, or a backend class with a fallback of its own); looking inside, not typed and no fallback of the class's
+    own when the backend is not installed where the report is rendered."""
+    from parity.backends import backend_class, fallback_kind
     from parity.backends.base import TensorTypes
 
     try:
         cls = backend_class(target.backend)
-        return cls.localizes(target), issubclass(cls, TensorTypes)
+        inside, typed = cls.localizes(target), issubclass(cls, TensorTypes)
     except Exception:  # a plugin missing here, a class reference that does not import
-        return True, False
+        inside, typed = True, False
+    try:
+        fallback_kind(target)
+    except Exception:  # no fallback for this target (ParityError), or its backend is missing here
+        return inside, typed, False
+    return inside, typed, True
 
 
 def next_steps(check: Check, view: RunView, run_dir: str | Path) -> list[str]:
@@ -146,7 +149,7 @@ def next_steps(check: Check, view: RunView, run_dir: str | Path) -> list[str]:
         lines.append(f"diverges at {found.culprit}{where}{spread}")
     if found and found.specialized:
         s = found.specialized
-        lines.append(f"the target's trace is specialised at {s['where']}" + (f": {s['code']}" if s.get("code") else "")
+        lines.append(f"the target's trace is specialised at {s.where}" + (f": {s.code}" if s.code else "")
                      + "; trace it on inputs that take this input set's branch (the model's export_inputs), or make the branch "
                      "traceable (torch.where; torch.cond under torch.export)")
     found_pass = (found.compiler_pass if found else None) or {}
@@ -156,16 +159,15 @@ def next_steps(check: Check, view: RunView, run_dir: str | Path) -> list[str]:
     if single and not quantized:  # no int8 repro
         lines += reduce_step(run_dir, check.model, check.inputs, check.target, run.file)
     failure = check.failure_class
-    reduced = bool(target and (target.dtype in REDUCED or quantized))
     commands = []
-    inside, typed = _looks_inside(target) if target else (True, False)
+    inside, typed, falls_back = _capabilities(target) if target else (True, False, False)
     if not inside:
         return lines
     localize = f"parity localize {file} {which} --out {shlex.quote(localize_out(run_dir, check.model, check.inputs, check.target))}"
     if (failure in LOCALIZABLE or (typed and failure == tx.DECISION_FLIP)) and not found:
         commands.append(("localize", localize))
     lines += _cached_lines(check, view, commands, localize)
-    if failure in (*LOCALIZABLE, tx.DECISION_FLIP) and (reduced or (target and target.backend == "compile")):
+    if failure in (*LOCALIZABLE, tx.DECISION_FLIP) and falls_back:
         tier = " --tier 3" if task and headline_of(task) is not None else ""
         commands.append(("fallback", f"parity fallback {file} {which}{tier}"))
     if commands and file is None:  # parity check without --save-experiment, the Python API on a dict

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from parity.records.models import Layers
+    from parity.records.summary import LatencyRow
 
 PASS, FAIL, NEUTRAL = "#1a7f37", "#cf222e", "#8c959f"
 
@@ -143,30 +144,30 @@ def taxonomy_bars(counts: dict[str, dict[int, int]]) -> str:
     return data_uri(fig)
 
 
-def latency_chart(rows: list[dict[str, Any]]) -> str:
+def latency_chart(rows: list[LatencyRow]) -> str:
     return data_uri(latency_figure(rows))
 
 
-def latency_figure(rows: list[dict[str, Any]]):
+def latency_figure(rows: list[LatencyRow]):
     """Left: run time of every repeat (dots) and their median (bar), per model and backend; right: the
     one-time prepare cost (export, compile, load) apart, on its own scale. Both log scales, labelled at a few
     round values (`_few_ticks`): matplotlib's own labels every minor tick of a range under a decade, and they
     overlapped."""
     import numpy as np
 
-    one_job = len({(r["model"], r["inputs"]) for r in rows}) == 1  # then the backend alone names a row
-    labels = [_short(r["backend"], 32) if one_job else f"{_short(r['model'], 24)} / {_short(r['backend'], 24)}"
+    one_job = len({(r.model, r.inputs) for r in rows}) == 1  # then the backend alone names a row
+    labels = [_short(r.backend, 32) if one_job else f"{_short(r.model, 24)} / {_short(r.backend, 24)}"
               for r in rows]
     fig = _figure(9.0, 1.0 + 0.32 * len(rows))
     run_ax, prep_ax = fig.subplots(1, 2, sharey=True, width_ratios=[3, 2])
     ys = np.arange(len(rows))
     for y, r in zip(ys, rows, strict=True):
-        if r["run_s"]:
-            run_ax.barh(y, r["median_s"], height=0.6, color="#54aeff", alpha=0.55)
-            run_ax.scatter(r["run_s"], [y] * len(r["run_s"]), s=14, color="#0969da", zorder=3)
-        if r["prepare_s"]:
-            prep_ax.barh(y, r["prepare_s"], height=0.6, color="#bf8700", alpha=0.75)
-            prep_ax.text(r["prepare_s"], y, f" {r['prepare_s']:.3g} s", va="center", fontsize=7)
+        if r.run_s:
+            run_ax.barh(y, r.median_s, height=0.6, color="#54aeff", alpha=0.55)
+            run_ax.scatter(r.run_s, [y] * len(r.run_s), s=14, color="#0969da", zorder=3)
+        if r.prepare_s:
+            prep_ax.barh(y, r.prepare_s, height=0.6, color="#bf8700", alpha=0.75)
+            prep_ax.text(r.prepare_s, y, f" {r.prepare_s:.3g} s", va="center", fontsize=7)
     run_ax.set_yticks(ys, labels, fontsize=8)
     run_ax.invert_yaxis()
     for ax, title, most in ((run_ax, "run time per repeat (s): dots; median: bar", 6), (prep_ax, "prepare, once (s)", 4)):

@@ -9,7 +9,18 @@ from typing import Any
 
 from parity.dtypes import QUANTIZE_SCHEMES
 from parity.records import tolerance_key
-from parity.records.models import Check, LayerError, Layers, Note, Tier1Check, Tier3Check
+from parity.records.models import (
+    Check,
+    CpuInfo,
+    Environment,
+    GenerationText,
+    LayerError,
+    Layers,
+    Note,
+    Tier1Check,
+    Tier3Check,
+)
+from parity.records.summary import Summary, TargetTotals
 from parity.records.view import RunView
 from parity.report.next_steps import oracle_finding
 from parity.verify.localize import against_threshold
@@ -18,34 +29,32 @@ from parity.verify.tasks import headline_of
 NOT_RUN = "not run here"  # a target that cannot run on this machine: the one name every view gives that state
 
 
-def tolerance_title(summary: dict[str, Any]) -> str:
+def tolerance_title(summary: Summary) -> str:
     """`tier 1 at atol=.., rtol=..` when every target shares one tolerance, else where to read each."""
-    if summary["gate"] is None:
+    if summary.gate is None:
         return "tier 1"
-    if summary["uniform_tolerance"]:
-        first = next(iter(summary["per_target"].values()), {})
-        gate, rtol = first.get("gate", summary["gate"]), first.get("rtol", summary["rtol"])
-        by = " (gate: tier 3)" if first.get("gated_by") == "tier3" else ""
+    if summary.uniform_tolerance:
+        first = next(iter(summary.per_target.values()), None)
+        gate, rtol = (first.gate, first.rtol) if first else (summary.gate, summary.rtol)
+        by = " (gate: tier 3)" if first and first.gated_by == "tier3" else ""
         return f"tier 1 at atol={gate:g}, rtol={rtol:g}{by}"
     return "tier 1, each target at its own tolerance"
 
 
-def tolerance_lines(summary: dict[str, Any]) -> list[str]:
+def tolerance_lines(summary: Summary) -> list[str]:
     """Where targets are judged at different tolerances, one line per tolerance with the targets judged at it
     (else one per target judged at other than the experiment's); then the output rules, and one line per noise
     floor the checks show (the reference's own error, at each target's rtol), with the targets it concerns."""
     shared, rules, floors = {}, [], {}
-    for target, info in summary["per_target"].items():
-        if info.get("gate") is None:
-            continue
-        source = info.get("tolerance_source", "experiment")
-        if not summary["uniform_tolerance"] or source != "experiment" or info.get("gated_by") == "tier3":
-            shared.setdefault((info["gate"], info["rtol"], source, info.get("gated_by")), []).append(target)
-        if info.get("output_rules"):
-            rules.append(f"output rules {target}: {'; '.join(info['output_rules'])} (the leaves they matched)")
-        floor = info.get("noise_floor")
-        if floor and (floor.get("atol") or 0) > 0:
-            floors.setdefault((floor["atol"], floor["source"]), []).append(target)
+    for target, info in summary.per_target.items():
+        source = info.tolerance_source
+        if not summary.uniform_tolerance or source != "experiment" or info.gated_by == "tier3":
+            shared.setdefault((info.gate, info.rtol, source, info.gated_by), []).append(target)
+        if info.output_rules:
+            rules.append(f"output rules {target}: {'; '.join(info.output_rules)} (the leaves they matched)")
+        floor = info.noise_floor
+        if floor and floor.atol > 0:
+            floors.setdefault((floor.atol, floor.source), []).append(target)
     lines = [f"tolerance {', '.join(targets)}: {_gate_words(gate, source)}, rtol {rtol:g} ({source})"
              + ("; tier 3 decides the verdict (gate: tier3)" if gated_by == "tier3" else "")
              + _at_float_gate(summary, targets, source)
@@ -69,29 +78,33 @@ def _gate_words(gate: float, source: str) -> str:
     return f"atol {scheme.relative_gate:g} x the reference output's rms (each check's own; {gate:.3g} on the first)"
 
 
-def _at_float_gate(summary: dict[str, Any], targets: list[str], source: str) -> str:
+def _at_float_gate(summary: Summary, targets: list[str], source: str) -> str:
     """For targets at a quantized default: how their checks fare at the experiment's (float32's) gate, which the
     sweep still holds."""
-    gate = summary["gate"]
+    gate = summary.gate
     key = tolerance_key(gate) if gate is not None else None
-    if _scheme_of(source) is None or key not in summary["per_target"][targets[0]].get("per_tolerance", {}):
+    if _scheme_of(source) is None or key not in summary.per_target[targets[0]].per_tolerance:
         return ""
-    passed = sum(summary["per_target"][t]["per_tolerance"][key] for t in targets)
-    judged = sum(summary["per_target"][t]["passed"] + summary["per_target"][t]["failed"] for t in targets)
+    mine = [summary.per_target[t] for t in targets]
+    passed = sum(info.per_tolerance[key] for info in mine)
+    judged = sum(info.passed + info.failed for info in mine)
     return f"; at the experiment's gate {gate:g}: {passed}/{judged} pass"
 
 
-def target_tolerance(info: dict[str, Any]) -> str:
+def target_tolerance(info: TargetTotals) -> str:
     """A target's tolerance as the tables head its column with: `atol 1e-05, rtol 0.016`."""
-    return "" if info.get("gate") is None else f"atol {info['gate']:g}, rtol {info['rtol']:g}"
+    return f"atol {info.gate:g}, rtol {info.rtol:g}"
 
 
-def environment_line(env: dict[str, Any]) -> str:
+def environment_line(env: Environment) -> str:
     """One line for what the numbers depend on: the recorded libraries' versions, python, CPU, threads, CUDA.
     Records written before the runner chose the libraries have no `libraries`: torch, torchvision, onnxruntime."""
-    versions = ", ".join(f"{name} {env.get(name)}" for name in env.get("libraries", ("torch", "torchvision", "onnxruntime")))
-    return (f"{versions}, python {env['python']}, {env['cpu'].get('model', env['cpu']['machine'])}, {env['threads']} threads, "
-            f"CUDA: {env['cuda']['devices'] if env['cuda'] else 'none'}")
+    libraries = env.libraries if env.libraries is not None else ("torch", "torchvision", "onnxruntime")
+    versions = ", ".join(f"{name} {env.version(name)}" for name in libraries)
+    cpu = env.cpu or CpuInfo()
+    shown = cpu.model if cpu.model is not None else cpu.machine
+    return (f"{versions}, python {env.python}, {shown}, {env.threads} threads, "
+            f"CUDA: {env.cuda.devices if env.cuda else 'none'}")
 
 
 def describe_note(note: Note) -> str:
@@ -155,9 +168,9 @@ def generation_line(check: Tier3Check) -> str | None:
     if diverged:
         k, i = min(diverged)
         p = prompts[i]
-        words = p.text or {"context": str(p.context), "reference": str(p.reference), "target": str(p.target)}
-        line += (f"; first divergence: prompt {i} at new token {k}, after '{words['context']}': reference "
-                 f"'{words['reference']}', target '{words['target']}' (reference margin {p.margin:.3g}, {p.flip})")
+        words = p.text or GenerationText(context=str(p.context), reference=str(p.reference), target=str(p.target))
+        line += (f"; first divergence: prompt {i} at new token {k}, after '{words.context}': reference "
+                 f"'{words.reference}', target '{words.target}' (reference margin {p.margin:.3g}, {p.flip})")
     return line
 
 
@@ -185,14 +198,13 @@ def group_rows(record: Layers) -> list[tuple[str, ...]]:
     """A tensor-group localization's rows (runner/tensor_types.py), worst block first, each split block's attention
     and FFN under it: group, its type in the target's file, mean KLD ± SE alone at that type, the KLD it adds over
     the all-F16 floor and its share, same top-1."""
-    found = record.tensor_groups
-    rows = found["groups"]
+    rows = record.tensor_groups.groups
     out = []
-    for row in sorted((r for r in rows if r["parent"] is None), key=lambda r: -r["kl_added"]):
-        for r in [row, *(r for r in rows if r["parent"] == row["name"])]:
-            share = "" if r["share"] is None or r["parent"] else f"{r['share']:.1%}"
-            out.append(("  " * bool(r["parent"]) + r["name"], r["type"], f"{r['kl_mean']:.4g} ± {r['kl_mean_se']:.2g}",
-                        f"{r['kl_added']:.3g}", share, f"{r['same_top1']:.2%}"))
+    for row in sorted((r for r in rows if r.parent is None), key=lambda r: -r.kl_added):
+        for r in [row, *(r for r in rows if r.parent == row.name)]:
+            share = "" if r.share is None or r.parent else f"{r.share:.1%}"
+            out.append(("  " * bool(r.parent) + r.name, r.type, f"{r.kl_mean:.4g} ± {r.kl_mean_se:.2g}",
+                        f"{r.kl_added:.3g}", share, f"{r.same_top1:.2%}"))
     return out
 
 

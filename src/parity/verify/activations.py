@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from parity.backends import backend_class
+from parity.backends.base import CapturesLayers, RunsLayersTogether, SlicesLayers
 from parity.config.schema import BackendSpec
 from parity.errors import exception_words
 from parity.inputs import Inputs
@@ -277,7 +278,7 @@ def observes_layers(spec: BackendSpec) -> bool:
     exports the model into one graph that module hooks do not see, and its layers' own errors are what tier 2
     ranks for it (`calibration_inputs`)."""
     cls = backend_class(spec.backend)
-    return (cls.runs_module_hooks or cls.captures_layers) and spec.quantize is None
+    return (cls.runs_module_hooks or issubclass(cls, CapturesLayers)) and spec.quantize is None
 
 
 def calibration_inputs(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module,
@@ -441,10 +442,10 @@ def local_error(spec: BackendSpec, module: torch.nn.Module, calls: list[Call], r
 def local_errors(spec: BackendSpec, model: torch.nn.Module, calls: dict[str, list[Call]], rtol: float,
                  example: Inputs, own: dict[str, list[Inputs]] | None = None,
                  say: Callable[[str], None] = lambda text: None) -> dict[str, LayerError]:
-    """Each layer's own error (`local_error`), in call order. A backend that slices layers (`slices_layers`: ONNX
+    """Each layer's own error (`local_error`), in call order. A backend that slices layers (`SlicesLayers`: ONNX
     Runtime) runs them all as slices of one artifact of the whole model, prepared from `example` as the run prepared
     it, so a level costs one export rather than one per layer; a backend that runs layers together
-    (`runs_layers_together`: compile) prepares them side by side as one artifact, each fed its own recorded inputs,
+    (`RunsLayersTogether`: compile) prepares them side by side as one artifact, each fed its own recorded inputs,
     so a level costs one compilation. A layer it cannot slice, layers that cannot be prepared together (and every
     layer of a quantized target, calibrated per layer on `own`, its inputs in the calibration runs) are prepared
     alone, and say why.
@@ -454,7 +455,7 @@ def local_errors(spec: BackendSpec, model: torch.nn.Module, calls: dict[str, lis
     cls = backend_class(spec.backend)
     sliced: dict[str, list | str] = {}
     how = "slice"
-    if cls.runs_layers_together and own is None and spec.quantize is None and len(calls) > 1:
+    if issubclass(cls, RunsLayersTogether) and own is None and spec.quantize is None and len(calls) > 1:
         say(f"{len(calls)} layers prepared together")
         how = "together"
         try:
@@ -463,7 +464,7 @@ def local_errors(spec: BackendSpec, model: torch.nn.Module, calls: dict[str, lis
         except Exception as exc:  # one layer the backend cannot take: each is prepared alone
             why = f"the layers could not be prepared together: {exception_words(exc)}"
             sliced = dict.fromkeys(calls, why)
-    elif cls.slices_layers and own is None:
+    elif issubclass(cls, SlicesLayers) and own is None:
         say(f"{len(calls)} layers as slices of the whole model's artifact")
         try:
             with _backend_inside(spec) as backend:
@@ -538,7 +539,7 @@ def own_code_error(reference: BackendSpec, target: BackendSpec, model: torch.nn.
         return None
     name = f"{parent or 'the model'} (own code)"
     why = None
-    if backend_class(target.backend).slices_layers:
+    if issubclass(backend_class(target.backend), SlicesLayers):
         try:
             with _backend_inside(target) as backend:
                 got = backend.slice_own_code(model, (example if example is not None else inputs).clone(), parent,

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import torch
 
 from parity import taxonomy as tx
-from parity.backends.base import Backend, release_memory
+from parity.backends.base import BisectsCompiler, release_memory
 from parity.config.schema import BackendSpec
 from parity.errors import ParityError, did_you_mean, exception_words
 from parity.inputs import Inputs
@@ -64,7 +64,9 @@ FLAT_CHUNK = 24  # layers per end-to-end run in a flat (leaf, depth:N, list) com
 MODEL = "(model)"  # the culprit when the model's own top-level code is at fault
 LEAVES = "(every leaf)"  # the parent named for the level of every leaf, when the descent met several suspects
 REPEATS_MEASURED = 8  # the most instances of a repeated submodule measured beside the culprit
-LOCALIZABLE = (tx.NUMERIC_DRIFT, tx.NONFINITE)  # tier-1 failures that a layer's numbers can explain
+# Tier-1 failures that a layer's numbers can explain: a run localizes them (tiers.activations) and the reports
+# offer `parity localize` for them; the one set of both.
+LOCALIZABLE = (tx.NUMERIC_DRIFT, tx.NONFINITE, tx.ORDERING)
 SPREAD_RATIO = 3.0  # the worst layer within this factor of the median: the error has no single source
 COMPILER_PASS_BUDGET_S = 300.0  # a compiler-pass bisection compiles the model once per step: bounded
 
@@ -207,7 +209,7 @@ class Localization:
     # and the module whose code holds it (`specialized_at`), which names the culprit when no own error does.
     specialized: dict[str, Any] | None = None
     # No layer makes an error of its own on a compiler target: the compiler subsystem and pass that introduces the
-    # drift (Backend.compiler_pass: torch's CompilerBisector for compile), or why none was named.
+    # drift (BisectsCompiler.compiler_pass: torch's CompilerBisector for compile), or why none was named.
     compiler_pass: dict[str, Any] | None = None
     # The culprit lies in a stack of repeated blocks: the same submodule in every block, measured alike (`pattern`:
     # `layers.*.self_attn`, `measured`: the instances measured, `over`: those above the threshold, `blocks`: how many).
@@ -782,14 +784,14 @@ def switch_words(switch: dict[str, Any]) -> str:
 
 def compiler_pass_of(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, experiment,
                      example: Inputs | None) -> dict[str, Any] | None:
-    """The compiler pass that makes the check fail at the gate (`Backend.compiler_pass`), for a target whose backend
+    """The compiler pass that makes the check fail at the gate (`BisectsCompiler.compiler_pass`), for a target whose backend
     bisects its passes and whose check fails as it runs; None otherwise. The predicate runs the target as the run did
     (prepared from `example`) and judges it against the reference at the check's gate."""
     from parity.backends import backend_class
     from parity.execute.execution import execute
 
     cls = backend_class(target.backend)
-    if cls.compiler_pass is Backend.compiler_pass:
+    if not issubclass(cls, BisectsCompiler):
         return None
     tol = experiment.tolerance_for(target)
     reference = execute(job.reference, model, inputs, 1, example=example)
