@@ -186,7 +186,7 @@ def test_reports_show_a_task_s_headline_metrics_and_list_an_unknown_task_s(demo)
     [table] = _tier3_tables([Tier3Check.model_validate(check),
                              Tier3Check.model_validate({**check, "target": "u", "metrics": {"max_change": 0.05, "outputs": 1}})])
     assert [[c["low"] for c in row["cells"]] for row in table["rows"]] == [[True, False], [False, False]]
-    assert table["columns"][0]["threshold"] == 0.1
+    assert table["columns"][0].threshold == 0.1
 
     assert headline_figures(Tier3Check.model_validate(check)) == "max_change 0.5"
     assert headline_figures(Tier3Check.model_validate({**check, "task": "not-installed", "metrics": {"score": 0.25, "items": 3}})) \
@@ -238,7 +238,7 @@ def test_the_html_reads_a_threshold_from_records_of_either_spelling():
              "metrics": {"f1": 0.5}, "same_set": False}
     for thresholds in ({"iou": 0.5, "f1": 0.9}, {"detection_iou": 0.5, "detection_f1": 0.9, "top1_agreement": 0.99}):
         [table] = _tier3_tables([Tier3Check.model_validate({**check, "thresholds": thresholds})])
-        assert table["columns"][0]["threshold"] == 0.9 and table["rows"][0]["cells"][0]["low"] is True
+        assert table["columns"][0].threshold == 0.9 and table["rows"][0]["cells"][0]["low"] is True
 
 
 def test_another_source_s_key_left_null_is_accepted_as_before():
