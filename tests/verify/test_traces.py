@@ -4,13 +4,13 @@ not timed."""
 from __future__ import annotations
 
 import copy
-import json
 import xml.etree.ElementTree as ET
 
 import torch
 
 from parity.cli import main
 from parity.records import read_records
+from parity.records.summary import Summary
 from parity.report.markdown import render_markdown
 from tests.fixtures import traces
 from tests.support import tiny_experiment
@@ -144,7 +144,7 @@ def test_the_timed_repeats_of_a_job_take_turns_across_the_reference_and_the_targ
                           reference={"backend": f"{FIX}:CountingEager", "name": "ref"})
     out = tmp_path / "out"
     assert main(["run", str(write_yaml(exp)), "--out", str(out), "--quiet", "--no-report"]) == 0
-    report = render_markdown(read_records(out), json.loads((out / "summary.json").read_text()), out)
+    report = render_markdown(read_records(out), Summary.model_validate_json((out / "summary.json").read_text()), out)
     assert "The backends of each model and input set took turns (interleaved)." in report
     assert traces.RUNS == ["ref", "c1", "c2"] * 4  # the warm-up turn, then three timed turns
     runs = [r for r in read_records(out) if r["kind"] == "execution"]
