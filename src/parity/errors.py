@@ -60,8 +60,8 @@ class ParityError(Exception):
 
 
 class CacheLost(ParityError):
-    """The artifact cache failed under a running job (an entry removed as it was built): exit 2 naming the
-    cache, never a failure charged to the target (execute/execution.py lets it through)."""
+    """The artifact cache failed under a running job (an entry removed as it was built, its disk full): exit 2
+    naming the cache, never a failure charged to the target (execute/execution.py lets it through)."""
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:

@@ -163,13 +163,25 @@ def test_llamacpp_runs_the_reference_and_its_conversions(tiny_gguf, tiny_model, 
 
 @NEEDS_GGUF
 @NEEDS_LLAMACPP
-def test_kept_groups_come_from_the_higher_conversion_and_run_as_it(tiny_gguf, tiny_model):
+def test_kept_groups_come_from_the_higher_conversion_and_run_as_it(tiny_gguf, tiny_model, monkeypatch):
     """A Q4_0 target keeping blk.1 and output at F32: those groups' tensors have the F32 file's type in the mixed file,
     the rest Q4_0; keeping every group runs the F32 conversion's tensors, so its logits are the F32 target's bit for
-    bit (the mix copies raw tensor data, nothing is converted again)."""
+    bit (the mix copies raw tensor data, nothing is converted again). Each of the two conversions is parsed once for
+    all the mixes (gguf-py's reader: most of a mix's time)."""
     import copy
 
+    import gguf
+
     from parity.backends.llamacpp import group_of, tensor_groups
+
+    parsed = []
+
+    class Counted(gguf.GGUFReader):
+        def __init__(self, path, *args, **kwargs):
+            parsed.append(str(path))
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counted)
 
     inputs = _ids(tiny_gguf, TEXTS[0])
     spec = BackendSpec(backend="llamacpp", quantize={"scheme": "llamacpp-Q4_0"}, options={"keep": ["blk.1", "output"],
@@ -190,6 +202,8 @@ def test_kept_groups_come_from_the_higher_conversion_and_run_as_it(tiny_gguf, ti
         torch.testing.assert_close(kept, f32.run(inputs)["logits"], rtol=0, atol=0)
         backend.keep([], "F32")  # none kept: the Q4_0 file as prepared
         assert backend.path == backend.prepared
+        mixed = [path for path in parsed if path != str(tiny_gguf)]  # the source is read by each conversion
+        assert len(mixed) == len(set(mixed)) == 2 and str(backend.prepared) in mixed  # two mixes, two files read
     finally:
         backend.close()
         f32.close()

@@ -181,3 +181,48 @@ def test_a_build_records_warning_category_is_never_imported(tmp_path):
     assert not (tmp_path / "ran").exists() and "planted_category" not in sys.modules
     assert [(w.category.__name__, str(w.message)) for w in caught] == [
         ("UserWarning", "planted"), ("UserWarning", "not a warning"), ("TracerWarning", "torch's own")]
+
+
+@pytest.mark.parametrize("backend, left, full", [
+    ("DiskFull", 40 * 2 ** 30, True), ("DiskFullNoErrno", 2 ** 20, True), ("DiskFullInWorker", 2 ** 20, True),
+    ("DiskFullNoErrno", 40 * 2 ** 30, False)])
+def test_a_full_disk_under_an_export_is_exit_2_naming_the_cache_not_the_targets_failure(tmp_path, monkeypatch, backend,
+                                                                                        left, full):
+    """A write into the cache that runs out of space (ENOSPC, or an error without one, an OSError or a worker's,
+    while the disk has next to nothing left) is the machine's problem: exit 2, one line with the folder and the space left, and no
+    verdict for the target. An OSError without an errno while the disk has room stays the target's failure."""
+    from parity.execute import cache
+
+    monkeypatch.setattr(cache, "_free", lambda path: left)
+    path = _experiment(tmp_path, backend)
+    out, root = tmp_path / "work" / "out", tmp_path / "cache"
+    result = run_parity(["run", str(path), "--out", str(out), "--cache-dir", str(root), "--quiet", "--no-report"],
+                        tmp_path, tmp_path / "work", ["work/out", "cache"])
+    records = (out / "records.jsonl").read_text()
+    if full:
+        assert_user_error(result, f"cache folder {root}: no space left on the disk", f"{left // 2 ** 20} MiB left",
+                          "more than the 3 MiB it had written")
+        assert '"kind": "check"' not in records
+    else:
+        assert result.code == 1 and "backend_error" in records and "problem writing element" in records
+    assert [e for e in _entries(root)] == []  # the partial entry is gone
+
+
+def test_a_full_disk_as_an_entrys_manifest_is_written_is_no_build_failure(tmp_path, monkeypatch):
+    """The build wrote its files; the disk fills as the manifest that completes the entry is written."""
+    import errno
+
+    from parity.execute.cache import ENTRY_FILE
+
+    write_text = Path.write_text
+
+    def full_for_manifests(path, text, *args, **kwargs):
+        if path.name == ENTRY_FILE and '"files": {' in text:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return write_text(path, text, *args, **kwargs)
+
+    cache = ArtifactCache(tmp_path / "cache").open()
+    monkeypatch.setattr(Path, "write_text", full_for_manifests)
+    with pytest.raises(CacheLost, match=f"cache folder {cache.root}: no space left on the disk"):
+        cache.fetch_or_build("parts", _write, [])
+    assert _entries(cache.root) == []

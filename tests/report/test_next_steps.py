@@ -7,6 +7,8 @@ import shlex
 import xml.etree.ElementTree as ET
 
 from parity.cli import main
+from parity.records.view import RunView
+from parity.report.html import _failures
 from tests.fixtures.tiny import PerturbedEager as PerturbedEagerClass
 from tests.support import BF16_AT_FLOAT32, tiny_experiment
 from tests.support.cli import run_experiment
@@ -121,3 +123,19 @@ def test_fallback_is_offered_by_the_backend_classs_capability_not_its_name():
     assert any(line.startswith("next: parity fallback e.yaml --model m --target t") for line in offered)
     assert not any("parity fallback" in line for line in _failed("tests.fixtures.tiny:PerturbedEager", "numeric_drift"))
     assert any(line.startswith("next: parity localize") for line in _failed("tests.fixtures.tiny:PerturbedEager", "ordering"))
+
+
+def test_a_check_gated_on_tier3_says_its_failure_and_next_steps_once(write_yaml, tmp_path, capsys):
+    """`gate: tier3`: the tier-1 check fails by its tier-3 check's verdict. The console's failed line and
+    report.html's failures say it with its next steps; the console's tier-3 line gives its figures and points up,
+    not a second copy of the detail and the commands."""
+    flip = {"backend": "tests.fixtures.tiny:FlipLogits", "name": "flip", "dtype": "bfloat16", "tolerances": {"gate": "tier3"}}
+    exp = tiny_experiment([flip], tiers={"tasks": {"output": "out[1]"}},
+                          inputs=[{"name": "x", "synthetic": {"shape": [4, 3, 2, 2]}}])
+    exp["models"][0].update(entry="tests.fixtures.tiny:features_and_logits", task="classification")
+    code, path, out, printed = _run(write_yaml, tmp_path, capsys, exp, "--no-report")
+    command = f"next: parity fallback {path} --model tiny --target flip --inputs x --tier 3"
+    said = printed.replace("\n  ", " ")
+    assert code == 1 and printed.count("next: ") == 1 and command in said
+    assert said.count("decisions flipped") == 1 and "tier 3 decision_flip tiny / x / flip: top1_agreement 0" in said
+    assert [(f["tier"], f["next"]) for f in _failures(RunView.read(out), out)] == [(1, [command])]

@@ -123,8 +123,10 @@ def test_localize_names_the_block_and_the_group_that_depart(tmp_path):
 
 def test_fallback_keeps_the_fewest_groups_and_its_snippet_passes_when_pasted(tmp_path):
     """blk.1 alone at the kept type leaves blk.0.attn's small offset, under the KL threshold: the fewest groups are
-    [blk.1], with the bytes it costs; the snippet, pasted into the experiment's targets, runs and passes tier 3."""
-    runner, (model, target, inputs) = _runner(tmp_path)
+    [blk.1], with the bytes it costs; the snippet, pasted into the experiment's targets, runs and passes tier 3, and
+    its check passes as the target's own entry gates it (its `tolerances: {gate: tier3}` kept in the snippet)."""
+    gated = {**TARGET, "tolerances": {"gate": "tier3"}}
+    runner, (model, target, inputs) = _runner(tmp_path, [gated])
     result, record = runner.find_fallback(model, target, inputs, tier=3)
     found = result.tensor_types
     assert result.passed and result.modules == ["blk.1"] and not result.whole_model
@@ -133,12 +135,13 @@ def test_fallback_keeps_the_fewest_groups_and_its_snippet_passes_when_pasted(tmp
     lines = [text for _, text in fallback_lines(result, record, 1e-4, False, "lm", "text-generation")]
     assert found["snippet"] in lines and any("tokens/s" in line for line in lines)
     pasted = yaml.safe_load(found["snippet"])
-    assert pasted == [{**TARGET, "name": "typed-q4-kept", "options": {"keep": ["blk.1"], "keep_type": "Q8_0"}}]
+    assert pasted == [{**gated, "name": "typed-q4-kept", "options": {"keep": ["blk.1"], "keep_type": "Q8_0"}}]
     from parity.api import run_experiment
 
-    records = run_experiment(_experiment([TARGET, *pasted]), out=tmp_path / "pasted")
-    tier3 = {r["target"]: r["passed"] for r in records if r["kind"] == "check" and r["tier"] == 3}
-    assert tier3 == {"typed-q4": False, "typed-q4-kept": True}
+    records = run_experiment(_experiment([gated, *pasted]), out=tmp_path / "pasted")
+    for tier in (3, 1):
+        passed = {r["target"]: r["passed"] for r in records if r["kind"] == "check" and r["tier"] == tier}
+        assert passed == {"typed-q4": False, "typed-q4-kept": True}, tier
 
 
 class Drifting(Typed):

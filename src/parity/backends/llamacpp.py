@@ -115,13 +115,15 @@ def tensor_groups(path: Path) -> list[TensorGroup]:
                         sum(i.nbytes for i in infos)) for name, infos in found.items()]
 
 
-def write_mixed(low: Path, high: Path, keep, path: Path) -> None:
+def write_mixed(low, high, keep, path: Path) -> None:
     """A GGUF at `path` whose tensors in the `keep` groups are `high`'s (their raw data and type), the rest `low`'s,
     with `low`'s metadata: llama.cpp's quantizer takes per-tensor types only through a C++ vector
-    (docs/llamacpp.md), so two whole conversions are mixed instead, tensor by tensor, as gguf-py copies tensors."""
+    (docs/llamacpp.md), so two whole conversions are mixed instead, tensor by tensor, as gguf-py copies tensors.
+    `low` and `high` are paths or `gguf.GGUFReader`s of them: a search that mixes the same two files again and again
+    reads each once (gguf-py's reader parses a vocabulary's every entry into arrays of its own: most of a mix's time)."""
     import gguf
 
-    readers = gguf.GGUFReader(low), gguf.GGUFReader(high)
+    readers = tuple(r if isinstance(r, gguf.GGUFReader) else gguf.GGUFReader(r) for r in (low, high))
     chosen = {t.name: t for t in readers[0].tensors}
     for tensor in readers[1].tensors:
         if in_groups(tensor.name, keep):
@@ -251,8 +253,18 @@ class LlamaCppBackend(Backend):
             self._scratch = tempfile.TemporaryDirectory(prefix=f"{self.name}-", dir=state_folder())
         self._mixes = getattr(self, "_mixes", 0) + 1  # a new file, never rewritten under the one llama.cpp maps
         mixed = Path(self._scratch.name) / f"mixed-{self._mixes}.gguf"
-        write_mixed(self.prepared, high, groups, mixed)
+        write_mixed(self._reader(self.prepared), self._reader(high), groups, mixed)
         return mixed
+
+    def _reader(self, path: Path):
+        """gguf-py's reader of the conversion at `path` (a cached artifact, never rewritten), parsed once for every
+        mix this backend writes."""
+        import gguf
+
+        self._readers = getattr(self, "_readers", {})
+        if path not in self._readers:
+            self._readers[path] = gguf.GGUFReader(path)
+        return self._readers[path]
 
     def _convert(self, model: torch.nn.Module, source: Path, folder: Path, target: str) -> None:
         written = folder / (FILE if target == "ALL_F32" else "float32.gguf")
@@ -289,6 +301,7 @@ class LlamaCppBackend(Backend):
         if runtime is not None:
             runtime.close()
             self.runtime = None
+        self._readers = {}  # their files' maps let go
         super().close()
 
 

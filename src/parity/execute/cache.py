@@ -34,7 +34,8 @@ A cache is shared between processes too: a run holds a shared lock (flock) on ev
 `parity cache clear` takes each entry's lock without waiting and leaves the entries a live process holds
 (the kernel drops a dead process's locks, so a killed export's `.partial` is removed). An entry that still
 vanishes under a build (removed by hand) is built once more; when it vanishes again the run stops with exit 2
-naming the cache (`CacheLost`), never a failure charged to the target.
+naming the cache (`CacheLost`), never a failure charged to the target. So does a build that fails because the
+cache's disk is full (`ArtifactCache._check_space`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -57,7 +59,7 @@ import torch
 
 from parity import fingerprint
 from parity.digest import feed_tensor
-from parity.errors import CacheLost, ParityError
+from parity.errors import CacheLost, ParityError, first_line
 from parity.files import is_regular, user_path
 from parity.inputs import Inputs
 from parity.outdir import write_text
@@ -81,6 +83,9 @@ ENTRY_FILE = "parity-entry.json"  # an entry's manifest: its key, the key's part
 TAG_TEXT = ("Signature: 8a477f597d28d172789f06886806bc55\n"
             "# This folder is parity's artifact cache; `parity cache clear` empties it.\n")
 SYSTEM = (Path("/proc"), Path("/sys"))  # never a cache: not files on a disk
+# A build that fails with less than this left on the cache's disk failed for the disk (_check_space): a write that
+# ran out of space leaves under one block free; this margin takes in the space others free or fill meanwhile.
+FULL_BELOW = 16 * 2 ** 20
 
 # The artifacts of the model whose executions are running (ArtifactCache.for_model): a context, so that every
 # execution inside it (a run's, tier 2's on submodules, a fallback search's trials) finds them without each
@@ -225,6 +230,7 @@ class ArtifactCache:
                 (partial / ENTRY_FILE).write_text(json.dumps({"key": key, "parts": parts, "files": None}))
                 build(partial)
             except Exception as exc:
+                self._check_space(partial, exc)
                 if not (partial / ENTRY_FILE).is_file():  # removed under the build: not the target's failure
                     raise _Vanished(partial) from exc
                 raise
@@ -237,12 +243,61 @@ class ArtifactCache:
             os.replace(partial, final)
         except OSError as exc:  # another process finished the same entry first: keep theirs
             if not final.is_dir() or entry_problem(final, key, parts) is not None:
+                self._check_space(partial, exc)
                 if not partial.is_dir():  # removed under the build, between its files
                     raise _Vanished(partial) from exc
                 raise
         finally:
             _discard(partial)
         return final, False, damage
+
+    def _check_space(self, partial: Path, exc: BaseException) -> None:
+        """`CacheLost` when the entry being written into `partial` failed because its disk is full: the machine's
+        problem, never the target's (no verdict). Full means no space (ENOSPC) or quota (EDQUOT) anywhere in the
+        exception's chain, or under `FULL_BELOW` left on the disk as the build failed (a library can drop the
+        errno: numpy's `tofile`, which the ONNX exporter writes with, says only "problem writing element N")."""
+        assert self.root is not None
+        left = _free(partial if partial.is_dir() else self.root)
+        said = any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in _chain(exc))
+        if not said and (left is None or left >= FULL_BELOW):
+            return
+        mib = 2 ** 20
+        tmp = Path(tempfile.gettempdir())
+        other = _free(tmp) if _device(tmp) not in (None, _device(self.root)) else None
+        space = "unknown" if left is None else f"{left / mib:.0f} MiB left"
+        elsewhere = f"; the temporary folder {tmp}: {other / mib:.0f} MiB left" if other is not None else ""
+        try:
+            written = f"more than the {_size(partial)[1] / mib:.0f} MiB it had written"
+        except OSError:
+            written = "more than it had written"
+        raise CacheLost(f"cache folder {self.root}: no space left on the disk for the entry being written (the cache's "
+                        f"disk: {space}{elsewhere}; the entry needed {written}; "
+                        f"{type(exc).__name__}: {first_line(exc)}): free space, or give another --cache-dir (or "
+                        "--no-cache)") from exc
+
+
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """`exc` and the exceptions it was raised from or during, each once."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _free(path: Path) -> int | None:
+    """Bytes left to write on the disk holding `path` (None: it cannot say)."""
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def _device(path: Path) -> int | None:
+    try:
+        return path.stat().st_dev
+    except OSError:
+        return None
 
 
 class _Vanished(Exception):

@@ -93,6 +93,19 @@ class RunView:
         """The judged checks whose verdict is a failure (not those skipped or without a verdict)."""
         return [c for c in self.checks(tier, status="ok") if not c.passed]
 
+    def decides(self, check: Check) -> bool:
+        """Whether `check` is a failed tier-3 check that is its tier-1 check's verdict (`gate: tier3`): that check
+        fails by it, in its class, and says so with its next steps, so a report says this failure there, once."""
+        if check.tier != 3 or check.status != "ok" or check.passed:
+            return False
+        return any(c.tier1_passed is not None and c.status == "ok" and not c.passed and c.failure_class == check.failure_class
+                   for c in self.checks(1, model=check.model, inputs=check.inputs, target=check.target))
+
+    def failures(self) -> list[Any]:
+        """The failed checks a report lists, each failure once: every failed tier-1 check, then the failed tier-3
+        checks that are not a tier-1 check's verdict (`decides`)."""
+        return [*self.failed(1), *(c for c in self.failed(3) if not self.decides(c))]
+
     def executions(self, *, model: str | None = None, inputs: str | None = None, backend: str | None = None,
                    status: str | None = None, repeat: int | None = None) -> list[TimedRun]:
         """The `execution` records, in the order written, narrowed as asked."""

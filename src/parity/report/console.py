@@ -99,9 +99,11 @@ def render(records: RunView | list[dict], summary: Summary, out_dir, console, re
     for c in view.checks(3):
         figures = headline_figures(c)
         verdict = "[green]agrees[/green]" if c.passed else f"[red]{c.failure_class}[/red]"
-        console.print(f"tier 3 {verdict} " + escape(f"{view.key(c)}: {figures}"
-                                                    + (f" ({c.detail})" if c.detail else "")), soft_wrap=True)
-        for line in [flips_line(c), generation_line(c), cached_line(c), *(next_steps(c, view, out_dir) if not c.passed else ())]:
+        said = view.decides(c)  # its failure, detail and next steps are its tier-1 check's, printed above
+        why = " (the verdict of the failed check above: gate: tier3)" if said else f" ({c.detail})" if c.detail else ""
+        console.print(f"tier 3 {verdict} " + escape(f"{view.key(c)}: {figures}{why}"), soft_wrap=True)
+        steps = next_steps(c, view, out_dir) if not c.passed and not said else []
+        for line in [flips_line(c), generation_line(c), cached_line(c), *steps]:
             if line:
                 console.print("  " + escape(line), soft_wrap=True)
         for note in c.notes or ():

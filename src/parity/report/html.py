@@ -159,7 +159,7 @@ def _pass_rates(checks: list[Tier1Check], keys: list[str]) -> tuple[list[str], d
 
 def _failures(view: RunView, run_dir: str | Path) -> list[dict[str, Any]]:
     out = []
-    for c in [*view.failed(1), *view.failed(3)]:
+    for c in view.failures():
         worst = view.worst_leaves(c, 5)
         out.append({"key": _key(c), "tier": c.tier, "failure_class": c.failure_class, "detail": c.detail or "",
                     "next": next_steps(c, view, run_dir),

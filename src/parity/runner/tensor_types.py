@@ -214,14 +214,13 @@ def _metrics(trial: dict[str, Any]) -> dict[str, Any]:
 
 
 def snippet(target: BackendSpec, keep: list[str], keep_type: str) -> str:
-    """The target entry that runs the target with `keep` at `keep_type`, for an experiment's `targets:` list."""
+    """The target entry that runs the target with `keep` at `keep_type`, for an experiment's `targets:` list: the
+    target's own entry (its tolerances, its quantize scheme's settings: what its verdict is judged at) with a name
+    of its own and the kept groups added to its options."""
     import yaml
 
-    entry: dict[str, Any] = {"backend": target.backend, "name": f"{target.id}-kept"}
-    if target.quantize is not None:
-        entry["quantize"] = {"scheme": target.quantize.scheme}
-    if target.dtype != "float32":
-        entry["dtype"] = target.dtype
-    entry["options"] = {**{k: v for k, v in target.options.items() if k not in ("keep", "keep_type")},
-                        "keep": list(keep), "keep_type": keep_type}
+    own = target.model_dump(mode="json", exclude_defaults=True, exclude={"backend", "name", "options"})
+    options = {k: v for k, v in target.options.items() if k not in ("keep", "keep_type")}
+    entry: dict[str, Any] = {"backend": target.backend, "name": f"{target.id}-kept", **own,
+                             "options": {**options, "keep": list(keep), "keep_type": keep_type}}
     return "- " + yaml.safe_dump(entry, default_flow_style=True, sort_keys=False, width=10**6).strip()
