@@ -24,13 +24,13 @@ from tests.support import tiny_experiment
 COPIES = "tests.fixtures.copies:CopiesEager"
 
 
-def _run(tmp_path, monkeypatch, available: int | None, entry: str = "tests.fixtures.tiny:tiny_cnn"):
+def _run(tmp_path, monkeypatch, available: int | None, entry: str = "tests.fixtures.tiny:tiny_cnn", repeats: int = 2):
     """The model `entry` with a reference and three targets that count the copies alive, with `available` bytes
     of memory as the executor reads it."""
     monkeypatch.setattr(executors, "available_memory", lambda: available)
     copies.EVENTS.clear()
     targets = [{"backend": COPIES, "name": f"t{i}"} for i in (1, 2, 3)]
-    exp = tiny_experiment(targets, repeats=2, warmup=1, reference={"backend": COPIES, "name": "ref"},
+    exp = tiny_experiment(targets, repeats=repeats, warmup=1, reference={"backend": COPIES, "name": "ref"},
                           models=[{"name": "tiny", "source": "python", "entry": entry}])
     records = run_experiment(exp, out=tmp_path / "out")
     return records, [r for r in records if r["kind"] == "execution"]
@@ -83,6 +83,14 @@ def test_with_room_for_every_copy_the_timed_runs_take_turns(tmp_path, monkeypatc
     prepared = [n for step, n, _ in copies.EVENTS if step == "prepare"]
     assert prepared == ["ref", "t1", "t2", "t3"] and copies.EVENTS[3] == ("prepare", "t3", 4)
     assert all(r["latency_interleaved"] is True for r in runs)
+
+
+def test_one_timed_run_a_backend_means_one_at_a_time_whatever_the_room(tmp_path, monkeypatch):
+    """With one timed run each there are no turns to take: every backend held at once would only hold every copy
+    (and every language model's logits) together."""
+    records, runs = _run(tmp_path, monkeypatch, available=10**12, repeats=1)
+    assert max(n for _, _, n in copies.EVENTS) == 1 and not any(r["latency_interleaved"] for r in runs)
+    assert [c["passed"] for c in records if c["kind"] == "check"] == [True, True, True]
 
 
 def test_memory_unknown_means_one_at_a_time(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from parity.api import run_experiment
 from parity.backends.eager import EagerBackend
@@ -193,6 +194,48 @@ def test_nan_in_the_targets_scores_never_agrees():
     target["logits"][0, 0] = float("nan")
     result = evaluate(_logits(*rows), target, DEFAULTS, 1e-4)
     assert not result.passed and "NaN or Inf" in result.detail
+
+
+class LargestFloat64(TorchFunctionMode):
+    """Counts the elements of the largest float64 tensor any torch function or tensor method returns while it is
+    active."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float64:
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def test_the_statistics_work_a_chunk_of_positions_at_a_time_and_give_the_same_numbers_bit_for_bit(monkeypatch):
+    """A text's whole logits in float64 are larger than the model (2,048 positions of a 49,152-token vocabulary:
+    0.8 GB a side): the statistics take float64 CHUNK_ELEMENTS scores at a time, so the largest float64 tensor
+    made is a chunk's however many positions are scored, and every metric and record equals the one-chunk result
+    to the last bit (each value is a reduction over one row)."""
+    from parity.verify.tasks import text_generation
+
+    g = torch.Generator().manual_seed(0)
+    positions, vocabulary = 64, 400
+    reference = {"logits": torch.randn(2, positions, vocabulary, generator=g) * 3}
+    target = {"logits": reference["logits"] + 0.5 * torch.randn(2, positions, vocabulary, generator=g)}
+    mask = torch.ones(2, positions, dtype=torch.long)
+    mask[1, 50:] = 0
+    inputs = _text(*torch.randint(0, vocabulary, (2, positions), generator=g).tolist(), mask=mask.tolist(), scored_from=8)
+    monkeypatch.setattr(text_generation, "CHUNK_ELEMENTS", 10 * vocabulary)
+    with LargestFloat64() as seen:
+        chunked = evaluate(reference, target, DEFAULTS, 1e-4, inputs=inputs)
+    assert chunked.metrics["positions"] == 2 * (positions - 9) - (positions - 50) and chunked.metrics["real_flips"]
+    assert seen.largest <= 10 * vocabulary
+    monkeypatch.setattr(text_generation, "CHUNK_ELEMENTS", 2 * positions * vocabulary)
+    whole = evaluate(reference, target, DEFAULTS, 1e-4, inputs=inputs)
+    assert chunked.metrics.keys() == whole.metrics.keys()
+    assert all(str(chunked.metrics[k]) == str(whole.metrics[k]) for k in whole.metrics)  # NaN equals NaN here
+    assert chunked.record == whole.record
 
 
 class NegatedLogits(EagerBackend):

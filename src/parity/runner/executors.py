@@ -2,8 +2,9 @@
 time and judges it; the executor decides where the backend runs:
 
 - `local`: in this process (the default). A backend that segfaults or hangs takes the run with it. The
-  backends of one job are prepared together and their timed repeats interleaved when their copies of the
-  model fit in memory together; else one at a time, so that memory holds the model and one copy.
+  backends of one job are prepared together and their timed repeats interleaved when there are repeats to take
+  turns with (more than one) and their copies of the model fit in memory together; else one at a time, so that
+  memory holds the model and one copy.
 - `process`: in a worker process with a time limit (runner/process.py). A crash or a hang fails that
   execution's checks as `crash` or `timeout`, and the next execution gets a fresh worker. Each execution is
   timed alone (`latency_interleaved: false`).
@@ -36,8 +37,11 @@ log = logging.getLogger(__name__)
 
 class LocalExecutor(Executor):
     """Every execution in this process; the backends of one job prepared together and their timed repeats
-    interleaved (execute.execution.execute_together) when their copies of the model fit in memory together
-    (`fits_together`), else one at a time: each prepared, run and closed before the next makes its copy."""
+    interleaved (execute.execution.execute_together) when each is timed more than once and their copies of the
+    model fit in memory together (`fits_together`), else one at a time: each prepared, run and closed before the
+    next makes its copy. With one timed run a backend there are no turns to take, and holding every backend at
+    once would only hold every backend's copy, artifacts and outputs together (make llm-demo: nine language-model
+    targets, docs/benchmarks.md)."""
 
     def execute(self, job, spec, model, inputs, on_run=None, example=None):
         [result] = self.execute_together(job, [spec], model, inputs, on_run, example)
@@ -45,8 +49,8 @@ class LocalExecutor(Executor):
 
     def execute_together(self, job, specs, model, inputs, on_run=None, example=None, on_step=None, on_done=None):
         available = available_memory()
-        together = fits_together(model, len(specs), available)
-        if not together and len(specs) > 1:
+        together = job.repeats > 1 and fits_together(model, len(specs), available)
+        if not together and len(specs) > 1 and job.repeats > 1:
             log.info("model %s: its %d backends run one at a time, each making its own copy when it runs: %d copies of "
                      "%.2f GB would take more than %.0f%% of the memory available (%s); each is timed alone",
                      job.model.name, len(specs), len(specs), model_bytes(model) / 1e9, SHARE * 100,

@@ -84,6 +84,12 @@ class TextGenerationThresholds(Strict):
 def scores_of(output: Any, leaf: str | None = None) -> torch.Tensor:
     """The next-token scores in float64, [batch, positions, vocabulary] (or [positions, vocabulary]): the leaf
     `tiers.tasks.output` names, else the one named logits, else the only 3-D floating leaf."""
+    return logits_of(output, leaf).to(torch.float64)
+
+
+def logits_of(output: Any, leaf: str | None = None) -> torch.Tensor:
+    """`scores_of`'s leaf in its own dtype: a whole text's logits in float64 are twice their size again (a 49,152-token
+    vocabulary over 2,048 positions: 0.8 GB a side), so the statistics take float64 a chunk of positions at a time."""
     leaves = {k: v for k, v in flatten(output).items() if isinstance(v, torch.Tensor) and v.is_floating_point()}
     if leaf is not None:
         candidates = {leaf: leaves[leaf]} if leaf in leaves else {}
@@ -93,7 +99,7 @@ def scores_of(output: Any, leaf: str | None = None) -> torch.Tensor:
     if len(candidates) != 1 or next(iter(candidates.values())).dim() not in (2, 3):
         raise OutputsNotUnderstood(f"which output holds the next-token scores [batch, positions, vocabulary]? "
                                    f"candidates: {', '.join(candidates) or 'none'}; name it with tiers.tasks.output")
-    return next(iter(candidates.values())).detach().to(torch.float64)
+    return next(iter(candidates.values())).detach()
 
 
 def _margins(scores: torch.Tensor) -> torch.Tensor:
@@ -111,7 +117,10 @@ def flips(ref: torch.Tensor, tgt: torch.Tensor, near_tie: float, scored: torch.T
     differ = chosen_r != chosen_t
     if scored is not None:
         differ &= scored
-    margins = _margins(ref[differ]).tolist()  # only where they differ: a softmax of every position is large
+    differing = ref[differ]  # only where they differ: a softmax of every position is large; in float64 a chunk at a time
+    step = max(1, CHUNK_ELEMENTS // max(ref.shape[-1], 1))
+    margins = [m for start in range(0, differing.shape[0], step)
+               for m in _margins(differing[start:start + step].to(torch.float64)).tolist()]
     out = []
     for where, m in zip(differ.nonzero().tolist(), margins, strict=True):
         out.append({"position": where, "reference_token": int(chosen_r[tuple(where)]),
@@ -158,22 +167,24 @@ def scored_positions(ids: torch.Tensor | None, mask: torch.Tensor | None, shape:
     return real & nxt & (t >= first)
 
 
-def next_token_statistics(ref: torch.Tensor, tgt: torch.Tensor, next_tokens: torch.Tensor | None) -> dict[str, Any]:
+def next_token_statistics(ref: torch.Tensor, tgt: torch.Tensor, next_tokens: torch.Tensor | None,
+                          rows: torch.Tensor | None = None, chunk: int | None = None) -> dict[str, Any]:
     """The statistics `llama-perplexity --kl-divergence` prints (perplexity.cpp `kl_divergence`, per position in
     its `log_softmax(n_vocab, logits, base_log_prob, tok, kld)`), with the reference as its base and the target as
-    Q, over scored positions [n, vocabulary] (`next_tokens` [n]: the text's next token at each; None: unknown,
-    and the statistics on it are NaN). Its formulas, in float64: PPL = exp(mean NLL) ± PPL·SE; ln(PPL(Q)/PPL(base))
-    ± sqrt(SE_Q² + SE_base² − 2·cov); Cor(ln PPL(Q), ln PPL(base)) = cov / (SE_Q·SE_base); KLD mean ± SE and
+    Q, over scored positions [n, vocabulary] (`rows` [n]: which rows of `ref` and `tgt` they are; None: every row;
+    `next_tokens` [n]: the text's next token at each; None: unknown, and the statistics on it are NaN). Each
+    position's values are computed in float64 `chunk` positions at a time (default: CHUNK_ELEMENTS scores), so the
+    working memory is a chunk's whatever the text's length; the sums over positions are taken after, over all.
+    Its formulas, in float64: PPL = exp(mean NLL) ± PPL·SE; ln(PPL(Q)/PPL(base)) ± sqrt(SE_Q² + SE_base² − 2·cov); Cor(ln PPL(Q), ln PPL(base)) = cov / (SE_Q·SE_base); KLD mean ± SE and
     percentiles; Δp = p_Q(token) − p_base(token): mean ± SE, RMS ± 0.5/RMS·SE(mean Δp²) and percentiles; same
     top p ± sqrt(p(1−p)/(n−1)). The KL sums the reference's tokens of log probability above -16 only, as
     perplexity.cpp does (its base's log probabilities are stored in 16 bits, within 16 nats of the largest: what
     lies below is not kept); parity keeps the rest in float64 where llama.cpp rounds them to 16 bits."""
-    n = ref.shape[0]
+    rows = torch.arange(ref.shape[0]) if rows is None else rows
+    n = rows.numel()
     nan = math.nan
-    log_p, log_q = ref.log_softmax(-1), tgt.log_softmax(-1)
-    kept = log_p > KL_FLOOR  # perplexity.cpp sums only the base's tokens above it (`if (p_log_base > -16.f)`)
-    kld = torch.where(kept, log_p.exp() * (log_p - log_q), 0.0).sum(-1)
-    same = int((ref.argmax(-1) == tgt.argmax(-1)).sum())
+    kld, nll_q, nll_b, same = _per_position(ref, tgt, rows, next_tokens,
+                                            chunk or max(1, CHUNK_ELEMENTS // max(ref.shape[-1], 1)))
     m: dict[str, Any] = {"positions": n}
     kl_mean, kl_se = _mean_and_uncertainty(float(kld.sum()), float(kld.square().sum()), n)
     same_top = same / n if n else nan
@@ -184,8 +195,6 @@ def next_token_statistics(ref: torch.Tensor, tgt: torch.Tensor, next_tokens: tor
     if next_tokens is None or not n:
         m.update({k: nan for k in TEXT_STATISTICS})
         return m | {"_kld": kld}
-    nll_q = -log_q.gather(-1, next_tokens[:, None]).squeeze(-1)
-    nll_b = -log_p.gather(-1, next_tokens[:, None]).squeeze(-1)
     lq, lq_se = _mean_and_uncertainty(float(nll_q.sum()), float(nll_q.square().sum()), n)
     lb, lb_se = _mean_and_uncertainty(float(nll_b.sum()), float(nll_b.square().sum()), n)
     cov = _covariance(float(nll_q.sum()), float(nll_b.sum()), float((nll_q * nll_b).sum()), n)
@@ -206,6 +215,32 @@ def next_token_statistics(ref: torch.Tensor, tgt: torch.Tensor, next_tokens: tor
     return m | {"_kld": kld}
 
 
+def _per_position(ref: torch.Tensor, tgt: torch.Tensor, rows: torch.Tensor, next_tokens: torch.Tensor | None,
+                  chunk: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, int]:
+    """Each scored position's KL, the target's and the reference's NLL of the text's next token (None without it)
+    and the count of positions whose top-1 is the same, from `chunk` rows of `ref` and `tgt` at a time in float64:
+    every value is a reduction over one row's vocabulary, the same whichever rows it is computed beside."""
+    kld, nll_q, nll_b, same = [], [], [], 0
+    for start in range(0, rows.numel(), chunk):
+        at = rows[start:start + chunk]
+        r, t = ref[at].to(torch.float64), tgt[at].to(torch.float64)
+        same += int((r.argmax(-1) == t.argmax(-1)).sum())
+        log_p, log_q = r.log_softmax(-1), t.log_softmax(-1)
+        del r, t
+        kept = log_p > KL_FLOOR  # perplexity.cpp sums only the base's tokens above it (`if (p_log_base > -16.f)`)
+        kld.append(torch.where(kept, log_p.exp() * (log_p - log_q), 0.0).sum(-1))
+        if next_tokens is not None:
+            token = next_tokens[start:start + chunk, None]
+            nll_q.append(-log_q.gather(-1, token).squeeze(-1))
+            nll_b.append(-log_p.gather(-1, token).squeeze(-1))
+    empty = torch.zeros(0, dtype=torch.float64)
+    kld_all = torch.cat(kld) if kld else empty
+    if next_tokens is None:
+        return kld_all, None, None, same
+    return kld_all, (torch.cat(nll_q) if nll_q else empty), (torch.cat(nll_b) if nll_b else empty), same
+
+
+CHUNK_ELEMENTS = 1 << 22  # scores taken to float64 at a time by the statistics (32 MB; 85 positions of a 49,152 vocabulary)
 KL_PERCENTILES = (("kl_median", 0.5), ("kl_p90", 0.9), ("kl_p95", 0.95), ("kl_p99", 0.99), ("kl_p999", 0.999),
                   ("kl_max", 1.0))
 DP_PERCENTILES = (("delta_p_min", 0.0), ("delta_p_p01", 0.01), ("delta_p_p05", 0.05), ("delta_p_median", 0.5),
@@ -244,7 +279,7 @@ def evaluate(reference: Any, target: Any, thresholds: TextGenerationThresholds, 
     position of each window) of the logits a model returned on `inputs` (None: every position, the text unknown),
     and the verdict: top-1 agreement on real flips (near ties within `near_tie_margin` reported apart, and counted
     only with `count_near_ties`) and mean KL."""
-    ref, tgt = scores_of(reference, output), scores_of(target, output)
+    ref, tgt = logits_of(reference, output), logits_of(target, output)
     if ref.shape != tgt.shape:
         raise OutputsNotUnderstood(f"next-token scores of shape {list(tgt.shape)} vs reference {list(ref.shape)}")
     if ref.dim() == 2:
@@ -252,7 +287,7 @@ def evaluate(reference: Any, target: Any, thresholds: TextGenerationThresholds, 
     ids, mask, first = _text_of(inputs, ref.shape[:2])
     scored = scored_positions(ids, mask, ref.shape[:2], first)
     next_tokens = None if ids is None else ids.roll(-1, dims=1)[scored]
-    m = next_token_statistics(ref[scored], tgt[scored], next_tokens)
+    m = next_token_statistics(ref.flatten(0, 1), tgt.flatten(0, 1), next_tokens, rows=scored.flatten().nonzero().squeeze(1))
     kld = m.pop("_kld")
     found = flips(ref, tgt, thresholds.near_tie_margin, scored)
     real = sum(f["class"] == "real" for f in found)
