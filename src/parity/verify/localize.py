@@ -34,7 +34,7 @@ import torch
 
 from parity import taxonomy as tx
 from parity.backends.base import BisectsCompiler, release_memory
-from parity.config.schema import BackendSpec
+from parity.config.schema import BackendSpec, tasks_spec
 from parity.errors import ParityError, did_you_mean, exception_words
 from parity.inputs import Inputs
 from parity.records.models import LayerError
@@ -850,7 +850,7 @@ def module_code(model: torch.nn.Module, name: str | None) -> str | None:
         return None
 
 
-class Gate(NamedTuple):
+class GateCheck(NamedTuple):
     """What `gate_check` found: the tier-1 verdict at the gate, the target's notes, and for a text-generation model
     the cached decoding's verdict (`judge_cached`'s `cached`; None when it was not compared)."""
 
@@ -860,7 +860,7 @@ class Gate(NamedTuple):
 
 
 def gate_check(job, target: BackendSpec, model_for: Callable[[BackendSpec], torch.nn.Module], inputs: Inputs,
-               experiment, example: Inputs | None = None) -> Gate:
+               experiment, example: Inputs | None = None) -> GateCheck:
     """The tier-1 verdict of `target` at the gate (one run of each side, as `parity run` judges it with one
     repeat, no oracle), so that `parity localize` says first whether the check it explains passes; and what the
     target warned of in that run (its notes: a specialised trace), which the localization explains with. For a
@@ -868,7 +868,6 @@ def gate_check(job, target: BackendSpec, model_for: Callable[[BackendSpec], torc
     as tier 3 judges it, so that a check whose cached decoding fails is localized on the decode step.
     `model_for(spec)`: the model as `spec` runs it (the runner's, with that target's fallback modules); each
     side prepared from `example` (None: `inputs`), as the run prepared it."""
-    from parity.config.schema import tasks_spec
     from parity.execute import follow_up
     from parity.execute.execution import execute
 
@@ -889,6 +888,6 @@ def gate_check(job, target: BackendSpec, model_for: Callable[[BackendSpec], torc
     if ask is not None and reference.follow_up and ran.follow_up:
         cached = judge_cached(TaskResult(TEXT_GENERATION.name), reference.follow_up, ran.follow_up,
                               thresholds).get("cached")
-    return Gate({k: getattr(verdict, k) for k in ("passed", "failure_class", "detail", "required_atol", "gate", "rtol")},
+    return GateCheck({k: getattr(verdict, k) for k in ("passed", "failure_class", "detail", "required_atol", "gate", "rtol")},
                 ran.notes, cached)
 
