@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -204,6 +205,8 @@ def test_a_third_party_source_task_and_backend_run_through_parity_run(demo, writ
         assert checks[1]["passed"] is passed and checks[3]["passed"] is passed, out
         assert checks[3]["task"] == "agreement" and abs(checks[3]["metrics"]["max_change"] - 1e-3) < 1e-6
         assert checks[1]["failure_class"] is None if passed else checks[1]["failure_class"]
+        # max_change is lower-is-better (the demo task's headline): its column's threshold reads as a ceiling
+        assert re.search(r'<span class="small">≤ [0-9.e-]+</span>', (out / "report.html").read_text()), out
     capsys.readouterr()
 
 
