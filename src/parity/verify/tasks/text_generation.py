@@ -118,7 +118,7 @@ def flips(ref: torch.Tensor, tgt: torch.Tensor, near_tie: float, scored: torch.T
     if scored is not None:
         differ &= scored
     differing = ref[differ]  # only where they differ: a softmax of every position is large; in float64 a chunk at a time
-    step = max(1, CHUNK_ELEMENTS // max(ref.shape[-1], 1))
+    step = chunk_rows(ref.shape[-1])
     margins = [m for start in range(0, differing.shape[0], step)
                for m in _margins(differing[start:start + step].to(torch.float64)).tolist()]
     out = []
@@ -184,7 +184,7 @@ def next_token_statistics(ref: torch.Tensor, tgt: torch.Tensor, next_tokens: tor
     n = rows.numel()
     nan = math.nan
     kld, nll_q, nll_b, same = _per_position(ref, tgt, rows, next_tokens,
-                                            chunk or max(1, CHUNK_ELEMENTS // max(ref.shape[-1], 1)))
+                                            chunk or chunk_rows(ref.shape[-1]))
     m: dict[str, Any] = {"positions": n}
     kl_mean, kl_se = _mean_and_uncertainty(float(kld.sum()), float(kld.square().sum()), n)
     same_top = same / n if n else nan
@@ -241,6 +241,11 @@ def _per_position(ref: torch.Tensor, tgt: torch.Tensor, rows: torch.Tensor, next
 
 
 CHUNK_ELEMENTS = 1 << 22  # scores taken to float64 at a time by the statistics (32 MB; 85 positions of a 49,152 vocabulary)
+
+
+def chunk_rows(vocabulary: int) -> int:
+    """How many positions of a `vocabulary`-wide score matrix make one chunk of CHUNK_ELEMENTS (at least one)."""
+    return max(1, CHUNK_ELEMENTS // max(vocabulary, 1))
 KL_PERCENTILES = (("kl_median", 0.5), ("kl_p90", 0.9), ("kl_p95", 0.95), ("kl_p99", 0.99), ("kl_p999", 0.999),
                   ("kl_max", 1.0))
 DP_PERCENTILES = (("delta_p_min", 0.0), ("delta_p_p01", 0.01), ("delta_p_p05", 0.05), ("delta_p_median", 0.5),
