@@ -414,7 +414,7 @@ def decode_cached(backend, inputs, steps: int, leaf: str | None = None) -> dict[
     if decoded.logits.shape[:2] != forced.shape:
         return {"error": f"cached decoding returned logits of shape {list(decoded.logits.shape)} for {n} steps of "
                          f"{forced.shape[0]} sequences", "failure_class": tx.BACKEND_ERROR}
-    uncached = scores_of(backend.run(inputs.clone()), leaf)[:, real - n - 1:real - 1]
+    uncached = logits_of(backend.run(inputs.clone()), leaf)[:, real - n - 1:real - 1]  # n positions, not all, in float
     return {"prompt_tokens": real - n, "steps": n, "tokens": forced.tolist(), "logits": decoded.logits.float(),
             "uncached": uncached.float()}
 
