@@ -11,12 +11,22 @@ a message and no problem more than `PROBLEM_LIMIT`.
 from __future__ import annotations
 
 import difflib
+import logging
 import re
 from collections.abc import Iterable
 
 VALUE_LIMIT = 200
 PROBLEM_LIMIT = 2000
 _LONG_WORD = re.compile(rf"\S{{{VALUE_LIMIT + 1},}}")
+
+
+class PlainLines(logging.Formatter):
+    """A log message on a plain stream (CI logs, pipes, a worker's stderr copied to its parent's) as
+    `warning: ...`: the words scripts and tests read from parity's stderr; INFO as it is."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        return text if record.levelno == logging.INFO else f"{record.levelname.lower()}: {text}"
 
 
 def clip(text: str, limit: int = VALUE_LIMIT) -> str:

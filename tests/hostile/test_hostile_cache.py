@@ -140,13 +140,16 @@ def test_a_cache_clear_during_a_runs_export_is_no_target_failure(tmp_path, backe
     assert len([e for e in _entries(root) if not e.startswith(".")]) >= 1  # what it exported is in the cache
 
 
-@pytest.mark.parametrize("backend, code", [("Vanishing", 0), ("VanishingTwice", 2)])
-def test_an_entry_removed_by_hand_under_a_run_is_rebuilt_or_exit_2_naming_the_cache(tmp_path, backend, code):
+@pytest.mark.parametrize("backend, code, executor", [("Vanishing", 0, "local"), ("VanishingTwice", 2, "local"),
+                                                     ("VanishingTwice", 2, "process")])
+def test_an_entry_removed_by_hand_under_a_run_is_rebuilt_or_exit_2_naming_the_cache(tmp_path, backend, code, executor):
+    """Under the process executor the loss happens in the worker: the parent still stops with exit 2 naming the
+    cache, not with a worker crash charged to the target."""
     cache_users.Vanishing.removed = 0
     path = _experiment(tmp_path, backend)
     out, root = tmp_path / "work" / "out", tmp_path / "cache"
-    result = run_parity(["run", str(path), "--out", str(out), "--cache-dir", str(root), "--quiet", "--no-report"],
-                        tmp_path, tmp_path / "work", ["work/out", "cache"])
+    result = run_parity(["run", str(path), "--out", str(out), "--cache-dir", str(root), "--quiet", "--no-report",
+                         "--executor", executor], tmp_path, tmp_path / "work", ["work/out", "cache"])
     if code == 0:
         assert result.code == 0, result.err + result.out
         assert "was removed while it was being built: building it again" in result.err

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from parity.cli.terminal import make_console
+from parity.errors import PlainLines
 
 
 class _Stderr(logging.StreamHandler):
@@ -24,12 +25,6 @@ class _Stderr(logging.StreamHandler):
         pass
 
 
-class _Plain(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
-        return text if record.levelno == logging.INFO else f"{record.levelname.lower()}: {text}"
-
-
 def show_logs(verbose: bool = False) -> None:
     """parity's messages (its modules log through `logging`) on stderr, at INFO (`--verbose`: DEBUG): through
     rich on a terminal, as plain `warning: ...` lines elsewhere (CI logs, pipes, tests). Once per process:
@@ -43,7 +38,7 @@ def show_logs(verbose: bool = False) -> None:
         handler: logging.Handler = RichHandler(console=make_console(stderr=True), show_time=False, show_path=False)
     else:
         handler = _Stderr()
-        handler.setFormatter(_Plain("%(message)s"))
+        handler.setFormatter(PlainLines("%(message)s"))
     handler.parity_cli = True
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG if verbose else logging.INFO)
@@ -102,5 +97,5 @@ def library_logs(log_file: Path | None, verbose: bool):
 
 def _stderr_handler() -> logging.Handler:
     handler = _Stderr()
-    handler.setFormatter(_Plain("%(name)s: %(message)s"))
+    handler.setFormatter(PlainLines("%(name)s: %(message)s"))
     return handler

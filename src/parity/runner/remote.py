@@ -13,7 +13,7 @@ import torch
 
 from parity import taxonomy as tx
 from parity.config.schema import BackendSpec
-from parity.errors import ParityError
+from parity.errors import CacheLost, ParityError
 from parity.execute.cache import model_digest
 from parity.execute.execution import Execution, describe
 from parity.runner.base import OnRun
@@ -51,6 +51,9 @@ class RemoteExecution:
             if not ex.ok:  # as execute() leaves a failed execution: no outputs
                 ex.outputs, ex.run_s = [], []
             self.finished = True
+        elif kind == "lost":  # the artifact cache failed under the worker's build: exit 2, as in this process
+            self.finished = True
+            raise CacheLost(*fields)
         else:
             raise RuntimeError(f"unknown message from a worker: {kind!r}")
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import faulthandler
 import functools
 import json
+import logging
 import os
 import pickle
 import signal
@@ -36,6 +37,7 @@ import torch
 
 from parity import taxonomy as tx
 from parity.config.schema import BackendSpec, Experiment, ModelSpec
+from parity.errors import CacheLost, PlainLines
 from parity.execute import follow_up
 from parity.execute.cache import ArtifactCache, model_digest
 from parity.execute.execution import describe, ends_the_program, execute_together, format_traceback
@@ -104,9 +106,13 @@ def run_execution(exp: Experiment, models: ModelCache, model_name: str, inputs: 
     def on_run(ex, repeat: int) -> None:
         send(("repeat", repeat, ex.run_s[repeat], ex.outputs[repeat], ex.prepare_s, ex.cached, ex.notes, ex.warmup))
 
-    with model_scope(ARTIFACTS, model_spec, exp), follow_up.asking(task_follow_up(model_spec, exp)):
-        [ex] = execute_together([(spec, functools.partial(own_copy, model, spec, model_name))], inputs, repeats,
-                                on_run=on_run, warmup=exp.warmup, example=example)
+    try:
+        with model_scope(ARTIFACTS, model_spec, exp), follow_up.asking(task_follow_up(model_spec, exp)):
+            [ex] = execute_together([(spec, functools.partial(own_copy, model, spec, model_name))], inputs, repeats,
+                                    on_run=on_run, warmup=exp.warmup, example=example)
+    except CacheLost as exc:  # the machine's problem, not this target's: the parent stops the run with it
+        send(("lost", str(exc)))
+        return
     send(("done", ex.status, ex.error, ex.failure_class, ex.prepare_s, ex.cached, ex.notes, ex.warmup, ex.traceback,
           ex.warmup_outputs, ex.captured, ex.follow_up, ex.tokens))
 
@@ -142,6 +148,13 @@ def prepare_worker(settings: dict[str, Any]) -> None:
     hangs (faulthandler writes the Python stack to `crash_dir`/worker-PID.log on a fatal signal, and on
     SIGUSR1)."""
     global _crash_file, ARTIFACTS
+    logger = logging.getLogger("parity")
+    if not any(getattr(h, "parity_worker", False) for h in logger.handlers):  # a Ray worker may serve several runs
+        handler = logging.StreamHandler(sys.stderr)  # copied to the parent's stderr after each execution
+        handler.setFormatter(PlainLines("%(message)s"))
+        handler.parity_worker = True
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
     for entry in reversed(settings.get("sys_path", [])):
         if entry not in sys.path:
             sys.path.insert(0, entry)
