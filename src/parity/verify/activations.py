@@ -504,7 +504,7 @@ class Replay(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         out = self.outputs[len(self.received) % len(self.outputs)]
         self.received.append(_clone((args, kwargs)))
-        return out
+        return _clone(out)  # a copy: the parent's own code may add into it in place (`out += x`), run after run
 
 
 def as_the_target_hands_it(spec: BackendSpec) -> Callable[[Any], Any]:
@@ -556,18 +556,18 @@ def own_code_error(reference: BackendSpec, target: BackendSpec, model: torch.nn.
     prefix = f"{parent}." if parent else ""
     handed = as_the_target_hands_it(target)
     replays: dict[str, Replay] = {}
-    for name in members:
-        if name in calls:
-            relative = name[len(prefix):]
+    for member in members:
+        if member in calls:
+            relative = member[len(prefix):]
             owner, _, attr = relative.rpartition(".")
-            replays[name] = Replay([handed(c.output) for c in calls[name]])
-            setattr(block.get_submodule(owner) if owner else block, attr, replays[name])
+            replays[member] = Replay([handed(c.output) for c in calls[member]])
+            setattr(block.get_submodule(owner) if owner else block, attr, replays[member])
     errors = [local_error(target, block, calls[parent], rtol)]  # what the parent returns...
-    for name, replay in replays.items():  # ...and what its own code hands each submodule
+    for member, replay in replays.items():  # ...and what its own code hands each submodule
         got = [received for received in replay.received if _all_real(received)]
-        if len(got) == len(calls[name]):
-            errors += [layer_error(name, (c.inputs.args, c.inputs.kwargs), r, rtol)
-                       for c, r in zip(calls[name], got, strict=True)]
+        if len(got) == len(calls[member]):
+            errors += [layer_error(member, (c.inputs.args, c.inputs.kwargs), r, rtol)
+                       for c, r in zip(calls[member], got, strict=True)]
     return worst(errors).model_copy(update={"name": name, "measured_by": "export" + (f" ({why})" if why else "")})
 
 
