@@ -11,8 +11,10 @@ from parity.cli import main
 from parity.config.schema import BackendSpec
 from parity.inputs import Inputs
 from parity.records import read_records
-from parity.verify.activations import capture, layer_error
-from parity.verify.localize import introduction_rates, layer_names, localize
+from parity.runner.layer_runs import capture
+from parity.runner.localization import localize
+from parity.verify.activations import layer_error
+from parity.verify.localize import introduction_rates, layer_names
 from tests.fixtures.faults import inject
 from tests.fixtures.tiny import Branchy, DeepCNN, TinyCNN, TransformerBlock
 from tests.support import tiny_experiment
@@ -77,7 +79,7 @@ def test_onnx_layers_are_observed_at_their_own_boundaries():
     """The observed graph is exported without the exporter's optimizer, so a convolution keeps its own
     output (the optimizer would fold it into the batch norm after it), and a layer with no computation
     of its own (an Identity) is reported, not matched to a neighbour's value."""
-    from parity.verify.activations import propagated_errors
+    from parity.runner.layer_runs import propagated_errors
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Identity(),

@@ -508,7 +508,7 @@ class OnnxRuntimeBackend(Backend):
 
     def _artifact_once(self, kind: str, model: torch.nn.Module, example: Inputs, build) -> Path:
         """`artifact`, looked up once per model and kind by this backend: one backend looks inside one model for a
-        whole localization (verify/activations.py's `looking_inside`), and without a cache a scratch folder is made
+        whole localization (runner/layer_runs.py's `looking_inside`), and without a cache a scratch folder is made
         once per kind."""
         made = self.__dict__.setdefault("_artifacts_made", {})
         if (id(model), kind) not in made:

@@ -45,6 +45,7 @@ from parity.records.summary import RunResult, summarize, write_summary
 from parity.records.view import RunView
 from parity.runner.base import Executor
 from parity.runner.executors import make_executor
+from parity.runner.localization import gate_check, localize_check, localize_decode_check
 from parity.runner.plan import Job, example_for, plan
 from parity.runner.prepared import (
     built_model_problems,
@@ -64,7 +65,7 @@ from parity.runner.resume import (
 from parity.runner.search import FallbackResult, candidates_from, next_step, search_fallback
 from parity.runner.tensor_types import TASK, fallback_groups, has_tensor_types, localize_groups
 from parity.verify.judge import judge
-from parity.verify.localize import LOCALIZABLE, gate_check, localize_check, localize_decode_check
+from parity.verify.localize import LOCALIZABLE
 from parity.verify.tasks import evaluated, task_check
 
 log = logging.getLogger(__name__)

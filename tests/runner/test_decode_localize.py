@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from parity.config.schema import BackendSpec
-from parity.verify.localize import localize_decode_step
+from parity.runner.localization import localize_decode_step
 
 pytest.importorskip("transformers")
 
