@@ -28,7 +28,7 @@ def test_the_gate_check_releases_memory_after_each_side(monkeypatch):
         said.append(f"executed {spec.backend}")
         return result
 
-    monkeypatch.setattr(execution, "execute", execute)
+    monkeypatch.setattr(localization, "execute", execute)
     monkeypatch.setattr(localization, "release_memory", lambda: said.append("released"))
     experiment = SimpleNamespace(tolerance_for=lambda target: resolve(Tolerances(), target, "float32"))
     model = tiny_cnn().eval()

@@ -22,9 +22,11 @@ from typing import Any
 import torch
 
 from parity.backends import backend_class
-from parity.backends.base import CapturesLayers, RunsLayersTogether, SlicesLayers
+from parity.backends.base import CachedDecoding, CapturesLayers, RunsLayersTogether, SlicesLayers
 from parity.config.schema import BackendSpec
 from parity.errors import exception_words
+from parity.execute import calibration
+from parity.execute.execution import execute, new_backend
 from parity.inputs import Inputs
 from parity.outputs import flatten, map_tensors
 from parity.records.models import LayerError
@@ -84,8 +86,6 @@ def capture_decode_step(spec: BackendSpec, model: torch.nn.Module, prompt: torch
     modules' calls of that decode step only: the model's own pre-hook counts its calls (one per step), and the
     modules' hooks record during the second alone, so the prefill's activations are never kept. Raises
     NotImplementedError (one line) for a backend that has no cached decoding or runs no module hooks."""
-    from parity.backends.base import CachedDecoding
-
     cls = backend_class(spec.backend)
     if not cls.runs_module_hooks:
         raise NotImplementedError(f"target {spec.id} runs no module hooks: its decode step cannot be looked inside")
@@ -131,8 +131,6 @@ def calibration_inputs(reference: BackendSpec, target: BackendSpec, model: torch
     are what the layer's observers see when the whole model is calibrated (observers do not change what flows).
     Quantized alone on these and fed the reference's inputs, a layer shows its own quantization error, as
     torch.ao.ns's shadow loggers measure it. None for a target that observes no data."""
-    from parity.execute import calibration
-
     runs = calibration.for_spec(target)
     if runs is None:
         return None
@@ -165,8 +163,6 @@ def looking_inside(spec: BackendSpec) -> Iterator[None]:
     """Within, tier 2 looks inside the target `spec` (reads its layers' outputs, slices its layers) through one
     backend, so that the artifact of the whole model it looks inside (ONNX Runtime's graph) is made once for a whole
     localization, not once per level, even when nothing is cached."""
-    from parity.execute.execution import new_backend
-
     inside = _Inside(new_backend(spec))
     token = _INSIDE.set(inside)
     try:
@@ -179,8 +175,6 @@ def looking_inside(spec: BackendSpec) -> Iterator[None]:
 @contextmanager
 def _backend_inside(spec: BackendSpec) -> Iterator[Any]:
     """The backend `looking_inside` holds for `spec`, else one of its own, closed afterwards."""
-    from parity.execute.execution import new_backend
-
     held = _INSIDE.get()
     if held is not None and held.backend.spec == spec:
         yield held.backend
@@ -272,8 +266,6 @@ def propagated_errors(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs,
 
 def local_error(spec: BackendSpec, module: torch.nn.Module, calls: list[Call], rtol: float) -> LayerError:
     """The layer alone on the target, prepared alone and fed the reference's inputs to it: its own error."""
-    from parity.execute.execution import execute
-
     errors = []
     for call in calls:
         result = execute(spec, module, call.inputs, 1)
@@ -294,8 +286,6 @@ def local_errors(spec: BackendSpec, model: torch.nn.Module, calls: dict[str, lis
     layer of a quantized target, calibrated per layer on `own`, its inputs in the calibration runs) are prepared
     alone, and say why.
     `say` hears what is measured next (the slices; each layer prepared alone, k of n), for progress."""
-    from parity.execute import calibration
-
     cls = backend_class(spec.backend)
     sliced: dict[str, list | str] = {}
     how = "slice"

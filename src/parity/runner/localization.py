@@ -32,9 +32,12 @@ from typing import Any, NamedTuple
 
 import torch
 
+from parity.backends import backend_class
 from parity.backends.base import BisectsCompiler, release_memory
 from parity.config.schema import BackendSpec, tasks_spec
 from parity.errors import ParityError, exception_words
+from parity.execute import follow_up
+from parity.execute.execution import execute
 from parity.inputs import Inputs
 from parity.records.models import LayerError
 from parity.runner.layer_runs import (
@@ -391,9 +394,6 @@ def compiler_pass_of(job, target: BackendSpec, model: torch.nn.Module, inputs: I
     """The compiler pass that makes the check fail at the gate (`BisectsCompiler.compiler_pass`), for a target whose backend
     bisects its passes and whose check fails as it runs; None otherwise. The predicate runs the target as the run did
     (prepared from `example`) and judges it against the reference at the check's gate."""
-    from parity.backends import backend_class
-    from parity.execute.execution import execute
-
     cls = backend_class(target.backend)
     if not issubclass(cls, BisectsCompiler):
         return None
@@ -431,9 +431,6 @@ def gate_check(job, target: BackendSpec, model_for: Callable[[BackendSpec], torc
     as tier 3 judges it, so that a check whose cached decoding fails is localized on the decode step.
     `model_for(spec)`: the model as `spec` runs it (the runner's, with that target's fallback modules); each
     side prepared from `example` (None: `inputs`), as the run prepared it."""
-    from parity.execute import follow_up
-    from parity.execute.execution import execute
-
     ask = thresholds = None
     if job.model.task == TEXT_GENERATION.name:
         tasks = experiment.tiers.tasks or tasks_spec()

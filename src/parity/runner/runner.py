@@ -31,15 +31,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from parity.backends import fallback_kind
+from parity.backends import backend_class, fallback_kind
 from parity.config.schema import Activations, BackendSpec, Experiment, InputSetSpec, ModelSpec, tasks_spec
-from parity.errors import ParityError
+from parity.errors import ParityError, did_you_mean
 from parity.execute import follow_up
 from parity.execute.cache import ArtifactCache
 from parity.execute.execution import Execution
 from parity.inputs import Inputs, build_inputs
 from parity.models import source_fingerprint, source_notes
+from parity.models.sources import MODEL_KINDS
 from parity.outdir import IN_PLACE, OUTPUT_FILES, prepare
+from parity.plugins import SOURCES
 from parity.records import NOT_DIGESTED, RecordWriter, environment, experiment_digest
 from parity.records.summary import RunResult, summarize, write_summary
 from parity.records.view import RunView
@@ -160,8 +162,6 @@ def _fingerprints(exp: Experiment, model_part: dict[str, Any], inputs: Inputs, e
                   target: BackendSpec) -> dict[str, Any]:
     """A check's fingerprints (runner/resume.py), with the libraries its verdict rests on: torch, torchvision,
     numpy, the reference's and the target's."""
-    from parity.backends import backend_class
-
     backends = (backend_class(exp.reference.backend), backend_class(target.backend))
     libraries = ["torch", "torchvision", "numpy", *(lib for cls in backends for lib in cls.libraries)]
     return check_fingerprints(model_part, inputs, example, target.model_dump(mode="json"), libraries, backends)
@@ -409,9 +409,6 @@ def libraries(exp: Experiment) -> list[str]:
     """The libraries whose versions a run records: torch, torchvision and numpy, every library the
     experiment's reference and targets declare (`Backend.libraries`), and its models' sources' (transformers,
     timm: `Source.libraries`)."""
-    from parity.backends import backend_class
-    from parity.plugins import SOURCES
-
     found = ["torch", "torchvision", "numpy"]
     for spec in (exp.reference, *exp.targets):
         found += backend_class(spec.backend).libraries
@@ -421,8 +418,6 @@ def libraries(exp: Experiment) -> list[str]:
 
 
 def _pick(kind: str, name: str | None, choices: list[str], option: str) -> str:
-    from parity.errors import did_you_mean
-
     if name is None:
         if len(choices) == 1:
             return choices[0]
@@ -457,10 +452,6 @@ class Runner:
         first), for `localize` and `find_fallback`. A name the experiment lacks is a ParityError with
         did-you-mean; `option` says how the caller chooses (`--model`, `model=`); a target that cannot run
         here says why."""
-        from parity.backends import backend_class
-        from parity.models.sources import MODEL_KINDS
-        from parity.plugins import SOURCES
-
         exp = self.exp
         model_spec = next(m for m in exp.models if m.name == _pick("model", model, [m.name for m in exp.models], option))
         kind = SOURCES.get(model_spec.source).kind
