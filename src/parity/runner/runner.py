@@ -67,7 +67,7 @@ from parity.runner.resume import (
 from parity.runner.search import FallbackResult, candidates_from, next_step, search_fallback
 from parity.runner.tensor_types import TASK, fallback_groups, has_tensor_types, localize_groups
 from parity.verify.judge import judge
-from parity.verify.localize import LOCALIZABLE
+from parity.verify.localize import LOCALIZABLE, localizes_decode_step
 from parity.verify.tasks import evaluated, task_check
 
 log = logging.getLogger(__name__)
@@ -222,12 +222,17 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
             writer.write("check", **task)
         check = judge(reference, target, exp.tolerance_for(spec), **names, oracle=oracle, oracle_rule=exp.oracle,
                       task=task)
-        if exp.tiers.localize and check.failure_class in LOCALIZABLE and not writer.has(
+        cached = task.get("cached") if task else None  # a cached decoding that fails with the forward passing: its step
+        decode_step = localizes_decode_step(check.passed if check.tier1_passed is None else check.tier1_passed, cached)
+        if exp.tiers.localize and (decode_step or check.failure_class in LOCALIZABLE) and not writer.has(
                 "layers", job.model.name, job.inputs.name, spec.id):
             progress.describe(f"localizing {job.model.name} / {job.inputs.name} / {spec.id}")
-            writer.write("layers", **localize_check(job, spec, configured_model(model, spec, job.model.name), inputs, exp,
-                                                    example, target.notes,
-                                                    on_step=lambda text, spec=spec: progress.describe(f"localizing {spec.id}: {text}")))
+            configured = configured_model(model, spec, job.model.name)
+            step = lambda text, spec=spec: progress.describe(f"localizing {spec.id}: {text}")  # noqa: E731
+            writer.write("layers", **(localize_decode_check(job, spec, configured, inputs, exp, cached, example, step)
+                                      if decode_step else
+                                      localize_check(job, spec, configured, inputs, exp, example, target.notes,
+                                                     on_step=step)))
         writer.write("check", **check.model_dump(exclude_unset=True, exclude={"kind"}), fingerprints=fingerprints[spec.id])  # last: the judgement is complete
 
     def on_done(index: int, ex: Execution) -> None:
@@ -489,10 +494,9 @@ class Runner:
                               exp, example)
             configured = configured_model(model, target, model_spec.name)  # localize the target as it runs
             step = lambda text: bar.describe(f"{target.id}: {text}")  # noqa: E731
-            cached = gate.cached or {}
-            if gate.verdict["passed"] and cached.get("passed") is False and cached.get("side") == "target":
+            if localizes_decode_step(gate.verdict["passed"], gate.cached):
                 # its forward agrees, its cached decoding does not: the decode step is what to look inside
-                found = localize_decode_check(job, target, configured, inputs, exp, cached, example, step)
+                found = localize_decode_check(job, target, configured, inputs, exp, gate.cached, example, step)
             else:
                 found = localize_check(job, target, configured, inputs, exp, example, gate.notes, on_step=step)
             record = {**found, "tier1": gate.verdict}

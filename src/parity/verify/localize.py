@@ -28,6 +28,14 @@ LOCALIZABLE = (tx.NUMERIC_DRIFT, tx.NONFINITE, tx.ORDERING)
 SPREAD_RATIO = 3.0  # the worst layer within this factor of the median: the error has no single source
 
 
+def localizes_decode_step(forward_passed: bool | None, cached: dict[str, Any] | None) -> bool:
+    """Is a check explained on a decode step? When its forward passes at the gate (tier 1's own verdict) and its cached
+    decoding (tier 3's `cached`) fails on the target's side: what differs is the decode path, which the forward does not
+    run. The reference's own cached decoding failing is no target's to localize. A run and `parity localize` both ask
+    it here."""
+    return forward_passed is True and bool(cached) and cached.get("passed") is False and cached.get("side") == "target"
+
+
 def children(model: torch.nn.Module, parent: str) -> list[str]:
     """The submodules one level down, looked through where a level would say nothing of its own: containers that
     are never called themselves (ModuleList, ModuleDict) to their members, a parent's only child (a wrapper) to its
