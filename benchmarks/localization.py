@@ -51,7 +51,8 @@ from tests.fixtures.faults import inject  # noqa: E402
 from parity.config.schema import BackendSpec  # noqa: E402
 from parity.inputs import Inputs  # noqa: E402
 from parity.models.weights import redraw_fan_in  # noqa: E402
-from parity.verify.localize import Localization, localize  # noqa: E402
+from parity.runner.localization import localize  # noqa: E402
+from parity.verify.localize import Localization  # noqa: E402
 
 MODELS = {"resnet18": False, "mobilenet_v3_small": True, "efficientnet_b0": True, "squeezenet1_1": False,
           "densenet121": False}  # builder -> redraw_fan_in after building

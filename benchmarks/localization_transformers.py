@@ -46,7 +46,8 @@ from tests.fixtures.faults import inject  # noqa: E402
 
 from parity.config.schema import BackendSpec  # noqa: E402
 from parity.inputs import Inputs  # noqa: E402
-from parity.verify.localize import Localization, localize  # noqa: E402
+from parity.runner.localization import localize  # noqa: E402
+from parity.verify.localize import Localization  # noqa: E402
 
 EAGER = BackendSpec(backend="eager")
 FAULTY = BackendSpec(backend="tests.fixtures.faults:FaultyEager", name="faulty")

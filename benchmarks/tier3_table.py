@@ -29,10 +29,10 @@ from parity.api import run_experiment
 from parity.config.schema import Adapter
 from parity.experiment import experiment_from_dict
 from parity.inputs import build_inputs
+from parity.runner.localization import localize_check
 from parity.runner.plan import Job
 from parity.runner.prepared import prepared_model
 from parity.runner.search import candidates_from, search_fallback
-from parity.verify.localize import localize_check
 
 PHOTOS = ["sample:coffee", "sample:chelsea", "sample:astronaut", "sample:rocket"]
 DETECTORS = [

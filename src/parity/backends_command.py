@@ -3,6 +3,8 @@ quantize schemes with the target id each spells, so that a user finds `eager-int
 
 from __future__ import annotations
 
+from parity.backends import BACKENDS, backend_class
+from parity.config.schema import BackendSpec
 from parity.dtypes import QUANTIZE_SCHEMES
 from parity.errors import ParityError
 
@@ -11,9 +13,6 @@ def backends_tables() -> list:
     """The two rich tables `parity backends` prints: the backends, then the quantize schemes and their ids."""
     from rich.markup import escape
     from rich.table import Table
-
-    from parity.backends import BACKENDS, backend_class
-    from parity.config.schema import BackendSpec
 
     backends = Table(title="parity backends")
     for col in ("backend", "device", "available", "dtypes", "quantize", "options"):

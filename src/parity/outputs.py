@@ -97,6 +97,16 @@ def flatten(output: Any, root: str = ROOT) -> dict[str, Any]:
     return leaves
 
 
+def float_rms(output: Any) -> float:
+    """The root mean square, in float64, of the finite values of `output`'s floating-point tensor leaves; 0 when it
+    has none (`config.tolerances.Tolerance.at_scale` makes a scale-aware gate of it)."""
+    values = [v.detach().double().flatten() for v in flatten(output).values()
+              if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()]
+    every = torch.cat(values) if values else torch.zeros(0, dtype=torch.float64)
+    finite = every[torch.isfinite(every)]
+    return float(finite.pow(2).mean().sqrt()) if finite.numel() else 0.0
+
+
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     """Apply `fn` to every tensor inside the containers `flatten` understands, keeping their types."""
     if isinstance(obj, torch.Tensor):

@@ -4,7 +4,7 @@ upstream bug report (the equivalent of Polygraphy's `debug reduce` and torch's m
 From a run's records: the check (it must have failed), its `layers` record (tier 2 named the culprit) and
 the run record (the resolved experiment). The model is rebuilt as the run built it (`prepared_model`,
 `build_inputs`, the target's fallback), the culprit's input is captured on the reference with a forward
-hook (`verify.activations.capture`), and the folder gets:
+hook (`runner.layer_runs.capture`), and the folder gets:
 
 - `inputs.safetensors` (the captured tensors; numbers and other plain values are written in the script),
   `weights.safetensors` (the module's state_dict, which the script loads),
@@ -195,8 +195,8 @@ def reduce_check(run_dir: Path, which: str, out: Path | None, experiment: Path |
     from parity.inputs import build_inputs
     from parity.outdir import prepare
     from parity.records import read_run
+    from parity.runner.layer_runs import capture
     from parity.runner.prepared import configured_model, prepared_model
-    from parity.verify.activations import capture
     from parity.verify.localize import MODEL
 
     found = find_check(read_run(run_dir), run_dir, which)

@@ -22,8 +22,8 @@ from parity.execute.execution import execute
 from parity.experiment import load_experiment
 from parity.inputs import Inputs
 from parity.records.view import RunView
+from parity.runner.localization import localize
 from parity.runner.search import candidates_from, search_fallback
-from parity.verify.localize import localize
 from tests.fixtures.tiny import Sensitive
 from tests.support import tiny_experiment
 

@@ -17,8 +17,8 @@ from parity.config.tolerances import Tolerance
 from parity.errors import ParityError
 from parity.inputs import Inputs
 from parity.outputs import map_tensors
+from parity.runner.localization import localize
 from parity.runner.search import candidates_from, is_whole_model, next_step, search_fallback
-from parity.verify.localize import localize
 from tests.fixtures.faults import inject
 from tests.fixtures.tiny import DeepCNN
 from tests.support import tiny_experiment

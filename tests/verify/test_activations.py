@@ -11,8 +11,10 @@ from parity.cli import main
 from parity.config.schema import BackendSpec
 from parity.inputs import Inputs
 from parity.records import read_records
-from parity.verify.activations import capture, layer_error
-from parity.verify.localize import introduction_rates, layer_names, localize
+from parity.runner.layer_runs import capture
+from parity.runner.localization import localize
+from parity.verify.activations import layer_error
+from parity.verify.localize import introduction_rates, layer_names
 from tests.fixtures.faults import inject
 from tests.fixtures.tiny import Branchy, DeepCNN, TinyCNN, TransformerBlock
 from tests.support import tiny_experiment
@@ -77,7 +79,7 @@ def test_onnx_layers_are_observed_at_their_own_boundaries():
     """The observed graph is exported without the exporter's optimizer, so a convolution keeps its own
     output (the optimizer would fold it into the batch norm after it), and a layer with no computation
     of its own (an Identity) is reported, not matched to a neighbour's value."""
-    from parity.verify.activations import propagated_errors
+    from parity.runner.layer_runs import propagated_errors
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Identity(),
@@ -359,7 +361,7 @@ def test_a_replay_hands_back_the_recorded_output_however_the_parent_adds_into_it
     its recorded tensor itself was rewritten by every run (torch.compile's warm-up and run), and the parent's
     own code was blamed for the sum (MobileNetV3 on compile: relative RMSE 0.78 in its own code, where every
     layer's table row was below 1e-6)."""
-    from parity.verify.activations import Replay
+    from parity.runner.layer_runs import Replay
 
     replay = Replay([torch.ones(3)])
     for _ in range(3):
@@ -369,7 +371,7 @@ def test_a_replay_hands_back_the_recorded_output_however_the_parent_adds_into_it
 
 
 def test_the_own_code_error_is_named_for_its_parent_with_in_place_residuals():
-    from parity.verify.activations import own_code_error
+    from parity.runner.layer_runs import own_code_error
     from tests.fixtures.tiny import InPlaceResidual
 
     torch.manual_seed(0)

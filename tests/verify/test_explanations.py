@@ -8,7 +8,7 @@ import math
 import pytest
 
 from parity.verify.activations import LevelResult, new_layer_error
-from parity.verify.localize import Localization, _ranked
+from parity.verify.localize import Localization, rank
 
 
 def _level(errors: dict[str, float]) -> LevelResult:
@@ -24,7 +24,7 @@ def test_infinite_layer_errors_rank_above_every_finite_one_and_are_of_no_finite_
     """Layer errors 3e-4, inf, inf, 3e-4: the median is infinite, which once made every layer 'of the same
     order'. The first infinite layer is the culprit; no 'same order' clause beside it."""
     level = _level({"a": 3e-4, "b": math.inf, "c": math.inf, "d": 3e-4})
-    ranked = _ranked(level, 1e-5)
+    ranked = rank(level, 1e-5)
     assert [e.name for e in ranked[:2]] == ["b", "c"]
     loc = Localization("t", "hierarchical", 1e-5, levels=[("", level)], culprit="b", suspects=ranked[:3])
     assert not loc.evenly_spread()
@@ -33,9 +33,9 @@ def test_infinite_layer_errors_rank_above_every_finite_one_and_are_of_no_finite_
 
 def test_a_nan_layer_error_ranks_first_and_finite_errors_of_one_order_are_spread():
     level = _level({"a": 2e-3, "b": math.nan, "c": 3e-3})
-    assert _ranked(level, 1e-5)[0].name == "b"
+    assert rank(level, 1e-5)[0].name == "b"
     spread = _level({"a": 2e-3, "b": 3e-3, "c": 2.5e-3})
-    loc = Localization("t", "hierarchical", 1e-5, levels=[("", spread)], culprit="b", suspects=_ranked(spread, 1e-5))
+    loc = Localization("t", "hierarchical", 1e-5, levels=[("", spread)], culprit="b", suspects=rank(spread, 1e-5))
     assert loc.evenly_spread() and "same order" in loc.verdict()
 
 

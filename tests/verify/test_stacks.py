@@ -12,8 +12,9 @@ import torch
 
 from parity.config.schema import BackendSpec
 from parity.inputs import Inputs
+from parity.runner.localization import localize
 from parity.verify.activations import LevelResult, new_layer_error
-from parity.verify.localize import Localization, localize
+from parity.verify.localize import Localization
 from tests.fixtures import stacks
 from tests.fixtures.faults import inject
 

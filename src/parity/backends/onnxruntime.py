@@ -37,6 +37,7 @@ from parity.backends.base import (
 )
 from parity.backends.shapes import DynamicShapeOptions
 from parity.inputs import Inputs
+from parity.outputs import flatten
 
 LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 
@@ -508,7 +509,7 @@ class OnnxRuntimeBackend(Backend):
 
     def _artifact_once(self, kind: str, model: torch.nn.Module, example: Inputs, build) -> Path:
         """`artifact`, looked up once per model and kind by this backend: one backend looks inside one model for a
-        whole localization (verify/activations.py's `looking_inside`), and without a cache a scratch folder is made
+        whole localization (runner/layer_runs.py's `looking_inside`), and without a cache a scratch folder is made
         once per kind."""
         made = self.__dict__.setdefault("_artifacts_made", {})
         if (id(model), kind) not in made:
@@ -770,16 +771,12 @@ def pair(fits: list[list[int]], count: int) -> list[int] | str:
 
 def flatten_values(output: Any) -> list[torch.Tensor]:
     """The tensor leaves of a recorded output, in flatten order."""
-    from parity.outputs import flatten
-
     return [leaf for leaf in flatten(output).values() if isinstance(leaf, torch.Tensor)]
 
 
 def as_structure(reference: Any, tensors: list[torch.Tensor]) -> Any:
     """The slice's output tensors (in the flatten order of the reference's tensor leaves) in the structure of the
     reference's recorded output, its non-tensor leaves kept (as an exported graph's are): a tensor, or its leaves."""
-    from parity.outputs import flatten
-
     if isinstance(reference, torch.Tensor):
         return tensors[0]
     given = iter(tensors)

@@ -62,23 +62,13 @@ class Tolerance:
     rules: tuple[tuple[str, float | None, float | None, str], ...] = field(default=())  # pattern, atol, rtol, owner
     relative: float | None = None  # the gate is this fraction of the reference output's RMS (`at_scale` sets it)
 
-    def at_scale(self, reference_out: Any) -> Tolerance:
-        """This tolerance for a check whose reference returned `reference_out`: a scale-aware gate made an atol
-        (`relative` x the RMS of its floating-point leaves); unchanged without one, or when the output has no
-        floating-point values (the gate already holds the experiment's)."""
-        if self.relative is None:
+    def at_scale(self, rms: float) -> Tolerance:
+        """This tolerance for a check whose reference output's finite floating-point values have the root mean
+        square `rms` (`outputs.float_rms`, which the judge measures only when `relative` is set): a scale-aware gate
+        made an atol (`relative` x `rms`); unchanged without one, or at `rms` 0 (no floating-point value that is
+        finite and not zero: the gate already holds the experiment's)."""
+        if self.relative is None or not rms:
             return self
-        import torch
-
-        from parity.outputs import flatten
-
-        values = [v.detach().double().flatten() for v in flatten(reference_out).values()
-                  if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()]
-        every = torch.cat(values) if values else torch.zeros(0, dtype=torch.float64)
-        finite = every[torch.isfinite(every)]
-        if not finite.numel() or not float(finite.abs().max()):
-            return self
-        rms = float(finite.pow(2).mean().sqrt())
         return replace(self, gate=float(f"{self.relative * rms:.3g}"))
 
     def for_leaf(self, name: str) -> LeafTolerance:

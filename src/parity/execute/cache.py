@@ -58,11 +58,13 @@ from typing import Any
 import torch
 
 from parity import fingerprint
+from parity.backends.quantize import float_modules
 from parity.digest import feed_tensor
 from parity.errors import CacheLost, ParityError, first_line
 from parity.files import is_regular, user_path
 from parity.inputs import Inputs
 from parity.outdir import write_text
+from parity.records import cpu_info
 
 try:
     import fcntl
@@ -105,8 +107,6 @@ def kernel_tag() -> str:
     that cap them (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA). Inductor's own cache does not key on them
     (measured: a kernel compiled for AVX-512 and reused under ATEN_CPU_CAPABILITY=avx2 gave NaN), so each
     kind of kernel gets its own inductor folder, and artifacts carry the tag in their key."""
-    from parity.records import cpu_info
-
     cpu = cpu_info()
     parts = [cpu.get("machine"), *cpu.get("flags", []),
              *(f"{k}={os.environ.get(k, '')}" for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"))]
@@ -446,8 +446,6 @@ def quantize_part(backend: Any, model: torch.nn.Module) -> list[Any] | None:
     spec = backend.spec
     if getattr(spec, "quantize", None) is None:
         return None
-    from parity.backends.quantize import float_modules
-
     return [spec.quantize.scheme, [inputs_digest(c) for c in backend.calibration or []], float_modules(model)]
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from parity.backends import backend_class
 from parity.dtypes import DTYPES, QUANTIZE_SCHEMES
 from parity.errors import ParityError, did_you_mean
 from parity.plugins import BACKENDS
@@ -112,8 +113,6 @@ def _scheme(text: str, backend: str, word: str) -> str:
 
 def _runs(backend: str) -> tuple[str, ...]:
     """The quantize schemes `backend` runs (none when its class cannot be loaded here)."""
-    from parity.backends import backend_class
-
     try:
         return backend_class(backend).schemes_run()
     except ParityError:

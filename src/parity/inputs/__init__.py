@@ -12,7 +12,7 @@ from parity.inputs.base import Inputs
 from parity.inputs.images import load_images
 from parity.inputs.synthetic import make_synthetic
 from parity.inputs.tensors import load_tensors
-from parity.inputs.text import make_text
+from parity.inputs.text import make_text, make_windows, read_text
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +34,6 @@ def _build(spec, experiment, batch: str) -> Inputs:
     if spec.text is not None:
         return make_text(spec.text, experiment.resolve(spec.tokenizer))
     if spec.text_file is not None:
-        from parity.inputs.text import make_windows, read_text
-
         return make_windows(read_text(spec.text_file, experiment), experiment.resolve(spec.tokenizer), spec.n_ctx,
                             spec.windows)
     if spec.audio is not None:

@@ -1,6 +1,6 @@
 """An ONNX graph file as a torch module (`OnnxFileModel`), what `source: onnx` builds; and what the graph
-says of its inputs and outputs, read without its weights. Apart from the source's module so that checking an
-experiment file does not import torch."""
+says of its inputs and outputs, read without its weights. Apart from the source's module
+(models/sources/onnx_file.py), which declares the spec and checks the file against the input sets."""
 
 from __future__ import annotations
 

@@ -146,7 +146,8 @@ def next_steps(check: Check, view: RunView, run_dir: str | Path) -> list[str]:
         where = f" ({found.culprit_code})" if found.culprit_code else ""
         spread = " (the largest relative error of its own, but every layer drifts alike: no single culprit)" \
             if found.evenly_spread else ""
-        lines.append(f"diverges at {found.culprit}{where}{spread}")
+        step = " on the decode step (its cached decoding fails, its forward agrees)" if found.decode_step else ""
+        lines.append(f"diverges at {found.culprit}{where}{spread}{step}")
     if found and found.specialized:
         s = found.specialized
         lines.append(f"the target's trace is specialised at {s.where}" + (f": {s.code}" if s.code else "")
@@ -180,7 +181,8 @@ def next_steps(check: Check, view: RunView, run_dir: str | Path) -> list[str]:
 def _cached_lines(check: Check, view: RunView, commands: list[tuple[str, str]], localize: str) -> list[str]:
     """For a tier-3 check whose cached decoding fails: on the target, the `localize` command, which compares the decode
     step when the check's forward passes at the gate (its tier-1 check; when that fails, localize explains the forward
-    first, and its own next steps say so); on the reference, why no command helps. Appends to `commands`."""
+    first, and its own next steps say so); on the reference, why no command helps; nothing when the run localized the
+    check already (tier 2 on: its layers record). Appends to `commands`."""
     cached = getattr(check, "cached", None)
     if cached is None or cached.passed is not False:
         return []
@@ -188,6 +190,8 @@ def _cached_lines(check: Check, view: RunView, commands: list[tuple[str, str]], 
         return ["the reference's own cached decoding differs from its uncached forward: the model's decode path (its "
                 "cache, its positions) is wrong on the reference itself, which localize (a target against the "
                 "reference) does not show"]
+    if view.layers_for(check) is not None:
+        return []
     forward = view.checks(1, model=check.model, inputs=check.inputs, target=check.target)
     if forward and forward[0].passed and not any(verb == "localize" for verb, _ in commands):
         commands.append(("localize", localize))

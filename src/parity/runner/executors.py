@@ -29,8 +29,11 @@ from pydantic import model_validator
 
 from parity.config.schema import ExecutorSpec
 from parity.execute.execution import execute_together
+from parity.plugins import EXECUTORS
 from parity.runner.base import Executor
 from parity.runner.prepared import own_copy
+from parity.runner.process import ProcessExecutor
+from parity.runner.ray_executor import RayExecutor
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +98,6 @@ def available_memory() -> int | None:
 
 def make_executor(settings: ExecutorSpec) -> Executor:
     """The executor `settings.kind` names (parity.plugins.EXECUTORS), set up as `settings` says."""
-    from parity.plugins import EXECUTORS
-
     return EXECUTORS.get(settings.kind).make(settings)
 
 
@@ -169,8 +170,6 @@ class _Process(ExecutorPlugin):
     name, Spec = "process", ProcessSpec
 
     def make(self, settings):
-        from parity.runner.process import ProcessExecutor
-
         return ProcessExecutor(settings.timeout_s, settings.threads)
 
 
@@ -178,8 +177,6 @@ class _Ray(ExecutorPlugin):
     name, Spec = "ray", RaySpec
 
     def make(self, settings):
-        from parity.runner.ray_executor import RayExecutor
-
         return RayExecutor(settings.timeout_s, settings.execution_threads, settings.address, settings.workers)
 
 

@@ -46,16 +46,15 @@ from parity import taxonomy as tx
 from parity.backends import backend_class
 from parity.errors import ParityError
 from parity.execute.execution import Execution
+from parity.inputs import build_inputs
 from parity.offline import put_environ, state_folder
 from parity.runner.base import Executor
 from parity.runner.remote import Digests, RemoteExecution, crash_report, describe_worker_error
-from parity.runner.worker import package_file
+from parity.runner.worker import MODELS, package_file, prepare_worker, run_execution
 
 
 def _execution_task(settings: dict[str, Any], exp, model_name: str, inputs, example, spec, repeats: int):
     """A Ray task (a generator): says it started, then hands over every message of the execution at once."""
-    from parity.runner.worker import MODELS, prepare_worker, run_execution
-
     yield ("started", os.getpid(), socket.gethostname())
     prepare_worker(settings)
     messages: list[tuple] = []
@@ -162,8 +161,6 @@ class RayExecutor(Executor):
         super().start(exp, jobs, cache)
         if not jobs:  # a finished run started again: nothing to run, so no Ray to start (seconds)
             return
-        from parity.inputs import build_inputs
-
         ray = self._ready()
         refs: dict[tuple, Any] = {}  # by (model, input set): an input set is put once, examples included
 

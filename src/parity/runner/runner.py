@@ -31,20 +31,23 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from parity.backends import fallback_kind
+from parity.backends import backend_class, fallback_kind
 from parity.config.schema import Activations, BackendSpec, Experiment, InputSetSpec, ModelSpec, tasks_spec
-from parity.errors import ParityError
+from parity.errors import ParityError, did_you_mean
 from parity.execute import follow_up
 from parity.execute.cache import ArtifactCache
 from parity.execute.execution import Execution
 from parity.inputs import Inputs, build_inputs
 from parity.models import source_fingerprint, source_notes
+from parity.models.sources import MODEL_KINDS
 from parity.outdir import IN_PLACE, OUTPUT_FILES, prepare
+from parity.plugins import SOURCES
 from parity.records import NOT_DIGESTED, RecordWriter, environment, experiment_digest
 from parity.records.summary import RunResult, summarize, write_summary
 from parity.records.view import RunView
 from parity.runner.base import Executor
 from parity.runner.executors import make_executor
+from parity.runner.localization import gate_check, localize_check, localize_decode_check
 from parity.runner.plan import Job, example_for, plan
 from parity.runner.prepared import (
     built_model_problems,
@@ -64,7 +67,7 @@ from parity.runner.resume import (
 from parity.runner.search import FallbackResult, candidates_from, next_step, search_fallback
 from parity.runner.tensor_types import TASK, fallback_groups, has_tensor_types, localize_groups
 from parity.verify.judge import judge
-from parity.verify.localize import LOCALIZABLE, gate_check, localize_check, localize_decode_check
+from parity.verify.localize import LOCALIZABLE, localizes_decode_step
 from parity.verify.tasks import evaluated, task_check
 
 log = logging.getLogger(__name__)
@@ -159,8 +162,6 @@ def _fingerprints(exp: Experiment, model_part: dict[str, Any], inputs: Inputs, e
                   target: BackendSpec) -> dict[str, Any]:
     """A check's fingerprints (runner/resume.py), with the libraries its verdict rests on: torch, torchvision,
     numpy, the reference's and the target's."""
-    from parity.backends import backend_class
-
     backends = (backend_class(exp.reference.backend), backend_class(target.backend))
     libraries = ["torch", "torchvision", "numpy", *(lib for cls in backends for lib in cls.libraries)]
     return check_fingerprints(model_part, inputs, example, target.model_dump(mode="json"), libraries, backends)
@@ -221,12 +222,17 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
             writer.write("check", **task)
         check = judge(reference, target, exp.tolerance_for(spec), **names, oracle=oracle, oracle_rule=exp.oracle,
                       task=task)
-        if exp.tiers.localize and check.failure_class in LOCALIZABLE and not writer.has(
+        cached = task.get("cached") if task else None  # a cached decoding that fails with the forward passing: its step
+        decode_step = localizes_decode_step(check.passed if check.tier1_passed is None else check.tier1_passed, cached)
+        if exp.tiers.localize and (decode_step or check.failure_class in LOCALIZABLE) and not writer.has(
                 "layers", job.model.name, job.inputs.name, spec.id):
             progress.describe(f"localizing {job.model.name} / {job.inputs.name} / {spec.id}")
-            writer.write("layers", **localize_check(job, spec, configured_model(model, spec, job.model.name), inputs, exp,
-                                                    example, target.notes,
-                                                    on_step=lambda text, spec=spec: progress.describe(f"localizing {spec.id}: {text}")))
+            configured = configured_model(model, spec, job.model.name)
+            step = lambda text, spec=spec: progress.describe(f"localizing {spec.id}: {text}")  # noqa: E731
+            writer.write("layers", **(localize_decode_check(job, spec, configured, inputs, exp, cached, example, step)
+                                      if decode_step else
+                                      localize_check(job, spec, configured, inputs, exp, example, target.notes,
+                                                     on_step=step)))
         writer.write("check", **check.model_dump(exclude_unset=True, exclude={"kind"}), fingerprints=fingerprints[spec.id])  # last: the judgement is complete
 
     def on_done(index: int, ex: Execution) -> None:
@@ -408,9 +414,6 @@ def libraries(exp: Experiment) -> list[str]:
     """The libraries whose versions a run records: torch, torchvision and numpy, every library the
     experiment's reference and targets declare (`Backend.libraries`), and its models' sources' (transformers,
     timm: `Source.libraries`)."""
-    from parity.backends import backend_class
-    from parity.plugins import SOURCES
-
     found = ["torch", "torchvision", "numpy"]
     for spec in (exp.reference, *exp.targets):
         found += backend_class(spec.backend).libraries
@@ -420,8 +423,6 @@ def libraries(exp: Experiment) -> list[str]:
 
 
 def _pick(kind: str, name: str | None, choices: list[str], option: str) -> str:
-    from parity.errors import did_you_mean
-
     if name is None:
         if len(choices) == 1:
             return choices[0]
@@ -456,10 +457,6 @@ class Runner:
         first), for `localize` and `find_fallback`. A name the experiment lacks is a ParityError with
         did-you-mean; `option` says how the caller chooses (`--model`, `model=`); a target that cannot run
         here says why."""
-        from parity.backends import backend_class
-        from parity.models.sources import MODEL_KINDS
-        from parity.plugins import SOURCES
-
         exp = self.exp
         model_spec = next(m for m in exp.models if m.name == _pick("model", model, [m.name for m in exp.models], option))
         kind = SOURCES.get(model_spec.source).kind
@@ -497,10 +494,9 @@ class Runner:
                               exp, example)
             configured = configured_model(model, target, model_spec.name)  # localize the target as it runs
             step = lambda text: bar.describe(f"{target.id}: {text}")  # noqa: E731
-            cached = gate.cached or {}
-            if gate.verdict["passed"] and cached.get("passed") is False and cached.get("side") == "target":
+            if localizes_decode_step(gate.verdict["passed"], gate.cached):
                 # its forward agrees, its cached decoding does not: the decode step is what to look inside
-                found = localize_decode_check(job, target, configured, inputs, exp, cached, example, step)
+                found = localize_decode_check(job, target, configured, inputs, exp, gate.cached, example, step)
             else:
                 found = localize_check(job, target, configured, inputs, exp, example, gate.notes, on_step=step)
             record = {**found, "tier1": gate.verdict}

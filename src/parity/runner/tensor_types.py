@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from parity.backends import backend_class
 from parity.backends.base import TensorTypes
 from parity.config.schema import BackendSpec
 from parity.errors import ParityError
@@ -39,8 +40,6 @@ TIMED_RUNS = 3  # runs of each file, in turns, for tokens per second
 
 def has_tensor_types(spec: BackendSpec) -> bool:
     """Whether `spec`'s backend runs a file of typed tensors (the TensorTypes capability)."""
-    from parity.backends import backend_class
-
     return issubclass(backend_class(spec.backend), TensorTypes)
 
 

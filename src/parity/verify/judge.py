@@ -20,6 +20,7 @@ from parity import taxonomy as tx
 from parity.config.schema import BackendSpec, Oracle
 from parity.config.tolerances import Tolerance
 from parity.execute.execution import Execution
+from parity.outputs import float_rms
 from parity.records import tolerance_key
 from parity.records.models import Tier1Check
 from parity.verify.tensors import compare, oracle_verdict
@@ -67,8 +68,8 @@ def judge(reference: Execution, target: Execution | BackendSpec, tolerance: Tole
     tier-3 check record of the same pair (verify.tasks.task_check), for the ordering relabel and, when the
     tolerance is `gate: tier3`, the verdict."""
     spec = target.backend if isinstance(target, Execution) else target
-    if reference.ok:  # a scale-aware gate (a quantized target's default) becomes this check's atol here, once
-        tolerance = tolerance.at_scale(reference.outputs[0])
+    if reference.ok and tolerance.relative is not None:  # a scale-aware gate (a quantized target's default)
+        tolerance = tolerance.at_scale(float_rms(reference.outputs[0]))  # becomes this check's atol here, once
     about = {"model": model, "inputs": inputs, "reference": reference.backend.id, "target": spec.id,
              "tolerance": tolerance}
     if not reference.ok:

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from parity.errors import ParityError
 from parity.files import file_problem
+from parity.inputs.tensors import TensorFileError, describe
+from parity.models.onnx_graph import OnnxFileModel, read_graph
 from parity.models.sources import Source, file_digest, model_file_problem
 from parity.models.sources.saved import FileSpecBase
 
@@ -40,8 +42,6 @@ def fit_problem(inputs: list[GraphValue], input_set, experiment) -> str | None:
     graph = f"the ONNX graph's inputs are {'; '.join(map(str, inputs)) or 'none'}"
     if input_set.tensors is not None:  # saved tensors: their names, dtypes and shapes as the file holds them
         from types import SimpleNamespace
-
-        from parity.inputs.tensors import TensorFileError, describe
 
         try:
             given = [(name, SimpleNamespace(dtype=dtype, shape=shape))
@@ -87,8 +87,6 @@ class OnnxSource(Source):
     libraries = ("onnx", "onnxruntime")
 
     def build(self, spec, experiment):
-        from parity.models.onnx_graph import OnnxFileModel
-
         path = experiment.resolve(spec.path)
         inputs, outputs, _ = self._graph(spec, path)
         return OnnxFileModel(path, inputs, outputs)
@@ -97,8 +95,6 @@ class OnnxSource(Source):
         problem = model_file_problem(path, (".onnx",), "ONNX")
         if problem:
             raise ParityError(f"model '{spec.name}': {problem}")
-        from parity.models.onnx_graph import read_graph
-
         try:
             graph = read_graph(path)
         except Exception as exc:  # not a protobuf, or not an ONNX model
@@ -112,8 +108,6 @@ class OnnxSource(Source):
 
     def files_digest(self, spec, experiment):
         """The .onnx file's bytes; None (never cached) when its weights are in external data files."""
-        from parity.models.onnx_graph import read_graph
-
         path = experiment.resolve(spec.path)
         return None if read_graph(path)[2] else file_digest(path)
 

@@ -63,6 +63,8 @@ from parity import taxonomy as tx
 from parity.backends.base import CachedDecoding
 from parity.config.schema import Strict
 from parity.errors import exception_words
+from parity.inputs import Inputs
+from parity.inputs.text import load_tokenizer
 from parity.outputs import flatten
 from parity.verify.tasks import Headline, OutputsNotUnderstood, Task, TaskResult, fail, verdict
 
@@ -338,8 +340,6 @@ def generate(run, inputs, new_tokens: int, leaf: str | None = None) -> dict[str,
     """Each sequence's greedy continuation by `run` (a prepared backend), in a buffer of the inputs' own shape (see
     the module's docstring). Returns the prompts, each side's new tokens and its top-2 margin at each, or an
     `error` saying why no continuation can be generated."""
-    from parity.inputs import Inputs
-
     key, mask_key = _buffer_keys(inputs)
     ids, mask = inputs.kwargs.get(key), inputs.kwargs.get(mask_key)
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.shape[1] < 2:
@@ -522,8 +522,6 @@ def _decoder(input_spec, experiment):
     """Token ids to text with the input set's tokenizer (None: the input set has none, ids are shown)."""
     if getattr(input_spec, "tokenizer", None) is None:
         return None
-    from parity.inputs.text import load_tokenizer
-
     tokenizer = load_tokenizer(experiment.resolve(input_spec.tokenizer))
     return lambda ids: tokenizer.decode(ids)
 

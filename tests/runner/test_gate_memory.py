@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import torch
 
 import parity.execute.execution as execution
-import parity.verify.localize as localize
+import parity.runner.localization as localization
 from parity.config.schema import BackendSpec, Tolerances
 from parity.config.tolerances import resolve
 from parity.inputs import Inputs
@@ -28,12 +28,12 @@ def test_the_gate_check_releases_memory_after_each_side(monkeypatch):
         said.append(f"executed {spec.backend}")
         return result
 
-    monkeypatch.setattr(execution, "execute", execute)
-    monkeypatch.setattr(localize, "release_memory", lambda: said.append("released"))
+    monkeypatch.setattr(localization, "execute", execute)
+    monkeypatch.setattr(localization, "release_memory", lambda: said.append("released"))
     experiment = SimpleNamespace(tolerance_for=lambda target: resolve(Tolerances(), target, "float32"))
     model = tiny_cnn().eval()
     inputs = Inputs((torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(0)),))
-    verdict, _, _ = localize.gate_check(SimpleNamespace(reference=EAGER, model=SimpleNamespace(task=None)), ORT, lambda spec: model, inputs, experiment)
+    verdict, _, _ = localization.gate_check(SimpleNamespace(reference=EAGER, model=SimpleNamespace(task=None)), ORT, lambda spec: model, inputs, experiment)
     assert verdict["passed"] is True
     assert said == ["executed eager", "released", "executed onnxruntime", "released"]
 
@@ -45,7 +45,7 @@ def test_localizes_front_end_imports_no_model_or_exporter_library():
     import subprocess
     import sys
 
-    code = ("import sys, parity.cli, parity.runner.runner, parity.verify.localize, parity.report.console, "
+    code = ("import sys, parity.cli, parity.runner.runner, parity.runner.localization, parity.report.console, "
             "parity.records.io; print(sorted(m for m in ('torchvision', 'onnx', 'onnxruntime', 'onnxscript', "
             "'torch._dynamo', 'torch._inductor', 'sympy') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -13,8 +13,8 @@ from torch import nn
 from parity.backends.compile import CompileBackend
 from parity.config.schema import BackendSpec
 from parity.inputs import Inputs
-from parity.verify import activations
-from parity.verify.localize import localize
+from parity.runner import layer_runs
+from parity.runner.localization import localize
 from tests.fixtures.faults import inject
 
 EAGER = BackendSpec(backend="eager")
@@ -96,7 +96,7 @@ def test_layers_that_cannot_be_compiled_together_are_compiled_alone_say_why_and_
 def test_every_level_reads_one_observed_run_and_each_level_its_own_run_past_the_budget(monkeypatch, compilations):
     at_once = localize(EAGER, COMPILE, faulted(), VECTORS, 1e-5, 1e-4)
     n_at_once = compilations["n"]
-    monkeypatch.setattr(activations, "OBSERVED_AT_ONCE_BYTES", 8 * 3 * 4 - 1)  # less than the head's output alone
+    monkeypatch.setattr(layer_runs, "OBSERVED_AT_ONCE_BYTES", 8 * 3 * 4 - 1)  # less than the head's output alone
     compilations["n"] = 0
     per_level = localize(EAGER, COMPILE, faulted(), VECTORS, 1e-5, 1e-4)
     assert (n_at_once, compilations["n"]) == (1 + 2 * len(at_once.levels), 3 * len(per_level.levels))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from parity.config.schema import BackendSpec
-from parity.verify.localize import localize_decode_step
+from parity.runner.localization import localize_decode_step
 
 pytest.importorskip("transformers")
 
@@ -125,6 +125,42 @@ def test_a_failing_cached_check_prints_the_localize_that_compares_the_decode_ste
     assert "compared a decode step through each side's KV cache" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("forward", "cached", "localized"), [
+    (True, {"passed": False, "side": "target"}, True),
+    (False, {"passed": False, "side": "target"}, False),  # the forward fails: localize explains it first
+    (None, {"passed": False, "side": "target"}, False),  # no forward verdict (the reference failed)
+    (True, {"passed": False, "side": "reference"}, False),  # the reference's own cache: no target's to localize
+    (True, {"passed": True, "side": None}, False),
+    (True, {"side": "target", "error": "the target: no cached decoding"}, False),  # could not decode: no verdict
+    (True, None, False)])
+def test_a_check_is_localized_on_its_decode_step_when_its_forward_passes_and_the_targets_cache_fails(
+        forward, cached, localized):
+    """The one decision a run and `parity localize` share (verify.localize.localizes_decode_step)."""
+    from parity.verify.localize import localizes_decode_step
+
+    assert localizes_decode_step(forward, cached) is localized
+
+
+def test_a_run_with_tier_2_localizes_a_failing_cached_check_on_its_decode_step(tmp_path, capsys):
+    """`parity run` with tiers.activations on: the off-by-one target's forward passes and its cached decoding fails, so
+    the run itself compares the decode step, as `parity localize` does, and records it (the rotary embedding, entered
+    through its position ids); the console says where it diverges on the decode step and offers no localize to run
+    again."""
+    from tests.support.cli import run_experiment
+
+    exp = _experiment("llama")
+    exp["tiers"]["activations"] = True
+    ran = run_experiment(exp, tmp_path, "--no-report", capsys=capsys)
+    assert ran.code == 1 and ran.checks(1)["off-by-one"]["passed"] and not ran.checks(3)["off-by-one"]["passed"]
+    [layers] = [r for r in ran.records() if r["kind"] == "layers"]
+    assert (layers["target"], layers["mode"], layers["culprit"]) == ("off-by-one", "decode step", "model.rotary_emb")
+    assert layers["decode_step"]["entered_through"] == ["position_ids"] and layers["decode_step"]["cached"]["passed"] is False
+    assert layers["verdict"].startswith("on the decode step")
+    printed = " ".join(ran.printed.split())
+    assert "diverges at model.rotary_emb" in printed and "on the decode step" in printed
+    assert "next: parity localize" not in printed
+
+
 def test_the_api_localizes_gpt2s_decode_step_at_its_position_embedding():
     """parity.api.localize on GPT-2 (learned positions) with its positions off by one on decode steps: the record
     compares the decode step and names the position embedding; an eager target, whose cached decoding agrees, is
@@ -141,7 +177,8 @@ def test_the_api_localizes_gpt2s_decode_step_at_its_position_embedding():
 def test_the_next_steps_of_a_cached_failure_follow_its_side_and_its_forward():
     """The reference's own cached decoding failing: no localize (it compares a target against the reference), a line
     saying why; the target's failing while its tier-1 check fails too: no decode-step localize (localize explains the
-    forward first); while its tier-1 check passes: the localize command."""
+    forward first); while its tier-1 check passes: the localize command, unless the run localized it already (tier 2
+    on: its layers record)."""
     from types import SimpleNamespace
 
     from parity.report.next_steps import _cached_lines
@@ -149,12 +186,15 @@ def test_the_next_steps_of_a_cached_failure_follow_its_side_and_its_forward():
     def check(side):
         return SimpleNamespace(model="m", inputs="i", target="t", cached=SimpleNamespace(passed=False, side=side))
 
-    def view(forward_passes):
-        return SimpleNamespace(checks=lambda tier, **which: [SimpleNamespace(passed=forward_passes)])
+    def view(forward_passes, layers=None):
+        return SimpleNamespace(checks=lambda tier, **which: [SimpleNamespace(passed=forward_passes)],
+                               layers_for=lambda check: layers)
 
     commands = []
     [line] = _cached_lines(check("reference"), view(True), commands, "parity localize x")
     assert "wrong on the reference itself" in line and commands == []
     assert _cached_lines(check("target"), view(False), commands, "parity localize x") == [] and commands == []
+    assert _cached_lines(check("target"), view(True, layers=SimpleNamespace()), commands, "parity localize x") == []
+    assert commands == []
     assert _cached_lines(check("target"), view(True), commands, "parity localize x")
     assert commands == [("localize", "parity localize x")]

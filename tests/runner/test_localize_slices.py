@@ -16,7 +16,8 @@ from parity.backends.onnxruntime import OnnxRuntimeBackend
 from parity.config.schema import BackendSpec
 from parity.execute.cache import ENTRY_FILE, ArtifactCache, entry_problem
 from parity.inputs import Inputs
-from parity.verify.localize import MODEL, localize
+from parity.runner.localization import localize
+from parity.verify.localize import MODEL
 from tests.fixtures.faults import inject
 
 EAGER = BackendSpec(backend="eager")
