@@ -21,7 +21,7 @@ from parity.config.schema import BackendSpec, Oracle
 from parity.config.tolerances import Tolerance
 from parity.execute.execution import Execution
 from parity.records import tolerance_key
-from parity.records.models import Tier1Check
+from parity.records.models import Leaf, NoiseFloor, OracleVerdict, Tier1Check
 from parity.verify.tensors import compare, oracle_verdict
 from parity.verify.tokenizers import first_mismatch
 
@@ -35,8 +35,8 @@ def _check(*, model: str, inputs: str, reference: str, target: str, tolerance: T
            warnings: list[dict[str, Any]] | None = None, reference_failure_class: str | None = None,
            user_error: bool | None = None, required_atol: float | None = None, max_abs: float | None = None,
            verdicts: dict[str, bool] | None = None, nondeterminism: dict[str, float] | None = None,
-           leaves: list[dict[str, Any]] | None = None, oracle: dict[str, Any] | None = None,
-           noise_floor: dict[str, Any] | None = None, oracle_error: str | None = None) -> Tier1Check:
+           leaves: list[Leaf] | None = None, oracle: OracleVerdict | None = None,
+           noise_floor: NoiseFloor | None = None, oracle_error: str | None = None) -> Tier1Check:
     """The check record, its fields in the order parity has always written them (the archived records and a
     rerun's compare byte for byte). A field that does not apply is left out, as before: `warnings` when the target
     did not run, the reference's failure unless it failed, `noise_floor` unless the outputs were compared,
@@ -143,7 +143,7 @@ def _tier1(about: dict[str, Any], reference: Execution, target: Execution, oracl
                                   f"({failure or 'the float64 outputs differ in structure or shape'})")
     return _check(**about, status="ok", passed=failure is None, failure_class=failure, detail=detail,
                   warnings=target.notes, required_atol=required if math.isfinite(required) else None,
-                  max_abs=max((leaf.get("max_abs") or 0.0 for leaf in comparison.leaves), default=0.0),
+                  max_abs=max((leaf.max_abs or 0.0 for leaf in comparison.leaves), default=0.0),
                   verdicts={tolerance_key(a): required <= a for a in tol.sweep},
                   nondeterminism={"reference": reference_spread, "target": target_spread}, leaves=comparison.leaves,
                   oracle=found, noise_floor=_noise_floor(reference.outputs[0], oracle_out, reference_spread, tol),
@@ -180,7 +180,7 @@ def _reference_failed(about: dict[str, Any], reference: Execution) -> Tier1Check
                   user_error=reference.backend.backend == "eager" and reference.failure_class == tx.BACKEND_ERROR)
 
 
-def _noise_floor(reference_out: Any, oracle_out: Any, reference_spread: float, tol: Tolerance) -> dict[str, Any] | None:
+def _noise_floor(reference_out: Any, oracle_out: Any, reference_spread: float, tol: Tolerance) -> NoiseFloor | None:
     """The reference's own error, where the data show it: its distance from the float64 oracle and the
     spread of its repeats, as a required atol. No gate below it can be met, whatever the target does."""
     found = []
@@ -193,7 +193,7 @@ def _noise_floor(reference_out: Any, oracle_out: Any, reference_spread: float, t
     if not found:
         return None
     atol, source = max(found)
-    return {"atol": atol, "source": source}
+    return NoiseFloor(atol=atol, source=source)
 
 
 def _oracle_error(oracle: Execution | None, missing: str | None) -> str | None:
