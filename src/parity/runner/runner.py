@@ -218,7 +218,7 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
             _record_execution(writer, job, target, None)
         task = task_check(job, target, reference, exp, inputs) if exp.tiers.evaluate_tasks else None
         if task:
-            writer.write("check", **task)
+            writer.write("check", **task.model_dump(exclude_unset=True, exclude={"kind"}))
         check = judge(reference, target, exp.tolerance_for(spec), **names, oracle=oracle, oracle_rule=exp.oracle,
                       task=task)
         if exp.tiers.localize and check.failure_class in LOCALIZABLE and not writer.has(
