@@ -122,12 +122,13 @@ def test_integer_outputs_are_said_to_be_compared_exactly():
 
 
 def test_which_leaves_are_compared_exactly():
+    from parity.records.models import Leaf
     from parity.verify.tensors import compared_exactly
 
-    assert compared_exactly({"dtype": "int64"}) and compared_exactly({"dtype": "bool"})
-    assert not compared_exactly({"dtype": "float32"}) and not compared_exactly({"dtype": "bfloat16"})
-    assert not compared_exactly({"dtype": "complex64"})
-    assert not compared_exactly({"dtype": "int32", "reference_dtype": "int64"})  # a dtype mismatch, not exact
+    assert compared_exactly(Leaf(name="out", dtype="int64")) and compared_exactly(Leaf(name="out", dtype="bool"))
+    assert not compared_exactly(Leaf(name="out", dtype="float32")) and not compared_exactly(Leaf(name="out", dtype="bfloat16"))
+    assert not compared_exactly(Leaf(name="out", dtype="complex64")) and not compared_exactly(Leaf(name="out"))
+    assert not compared_exactly(Leaf(name="out", dtype="int32", reference_dtype="int64"))  # a mismatch, not exact
 
 
 def test_success_returns_the_numbers_per_target_and_leaf():

@@ -256,25 +256,25 @@ def assert_backends_agree(model: torch.nn.Module, inputs: Any, targets: list[str
         if check.passed:
             continue
         atol, rtol = check.gate, check.rtol
-        bad = [leaf for leaf in leaves if leaf["failure_class"]]
+        bad = [leaf for leaf in check.leaves if leaf.failure_class]
         lines = [f"Target {spec.id} does not match reference {ref_spec.id} ({check.failure_class}) "
                  f"at atol={atol:g}, rtol={rtol:g}:"]
         for leaf in bad:
-            if "max_abs" in leaf and "shape" in leaf:
+            if leaf.max_abs is not None and leaf.shape is not None:
                 n = 1
-                for d in leaf["shape"]:
+                for d in leaf.shape:
                     n *= d
                 exact = compared_exactly(leaf)  # integers and booleans: no tolerance applies
-                how = f", {leaf['dtype']} compared exactly (atol and rtol do not apply)" if exact else ""
+                how = f", {leaf.dtype} compared exactly (atol and rtol do not apply)" if exact else ""
                 lines.append(
-                    f"  {leaf['name']}: Mismatched elements: {round(leaf['mismatch_fraction'] * n)} / {n} "
-                    f"({leaf['mismatch_fraction']:.1%}){how}\n"
-                    f"    Greatest absolute difference: {leaf['max_abs']:.6g} "
+                    f"  {leaf.name}: Mismatched elements: {round(leaf.mismatch_fraction * n)} / {n} "
+                    f"({leaf.mismatch_fraction:.1%}){how}\n"
+                    f"    Greatest absolute difference: {leaf.max_abs:.6g} "
                     f"({'none' if exact else f'up to {atol:g}'} allowed)\n"
-                    f"    Greatest relative difference: {leaf['max_rel']:.6g} ({'none' if exact else f'up to {rtol:g}'} allowed)"
+                    f"    Greatest relative difference: {leaf.max_rel:.6g} ({'none' if exact else f'up to {rtol:g}'} allowed)"
                 )
             else:
-                lines.append(f"  {leaf['name']}: {leaf.get('detail', leaf['failure_class'])}")
+                lines.append(f"  {leaf.name}: {leaf.detail or leaf.failure_class}")
         problems.append("\n".join(lines))
     if problems:
         raise Disagreement("\n".join(problems), result)

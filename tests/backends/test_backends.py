@@ -49,7 +49,7 @@ def test_nested_outputs_keep_their_structure(backend):
     reference, target = run("eager", model, VECTOR), run(backend, model, VECTOR)
     assert isinstance(target, dict) and isinstance(target["dets"][0], dict)
     comparison = compare(reference, target, 1.3e-6, 1e-5)
-    names = [leaf["name"] for leaf in comparison.leaves]
+    names = [leaf.name for leaf in comparison.leaves]
     assert "out['dets'][0]['boxes']" in names and "out['pair'].features" in names
     assert comparison.failure_class is None, comparison.detail
 

@@ -73,10 +73,10 @@ def runs(cache):
 def test_matches_eager_and_catches_a_change_only_the_exported_graph_carries(reference, runs, backend):
     result = runs(backend)[0]
     assert result.ok, result.error
-    leaves = {leaf["name"]: leaf for leaf in compare(reference, result.outputs[0], 1e-5, 1e-5).leaves}
-    assert leaves["out['logits']"]["failure_class"] is None
-    assert leaves["out['nudged']"]["failure_class"] == "numeric_drift"
-    assert leaves["out['nudged']"]["required_atol"] == pytest.approx(NUDGE, rel=1e-2)
+    leaves = {leaf.name: leaf for leaf in compare(reference, result.outputs[0], 1e-5, 1e-5).leaves}
+    assert leaves["out['logits']"].failure_class is None
+    assert leaves["out['nudged']"].failure_class == "numeric_drift"
+    assert leaves["out['nudged']"].required_atol == pytest.approx(NUDGE, rel=1e-2)
 
 
 @pytest.mark.parametrize("backend", REACH)

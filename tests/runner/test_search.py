@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 import yaml
@@ -176,9 +174,9 @@ def test_a_task_level_fallback_never_passes_a_trial_that_tier_1_finds_nan_in(mon
     a target with NaN in its outputs finds no fallback, whatever the task's evaluator says of its decisions."""
     import parity.runner.search as search
     from parity.config.schema import tasks_spec
+    from parity.verify.tasks import TaskResult
 
-    monkeypatch.setattr(search, "evaluate", lambda *args: SimpleNamespace(passed=True, metrics={}, same_set=None,
-                                                                            failure_class=None, detail=""))
+    monkeypatch.setattr(search, "evaluate", lambda *args: TaskResult(args[0], passed=True, same_set=None))
     target = BackendSpec(backend="tests.runner.test_search:NaNEager", dtype="bfloat16")
     result = search_fallback(EAGER, target, faulty("bfloat16", 0.0), IMAGE, ["head"], at(1e-4),
                              task=("classification", tasks_spec()))

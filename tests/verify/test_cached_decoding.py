@@ -45,8 +45,9 @@ def _inputs(batch: int = 2, length: int = 10) -> Inputs:
 def _judged(reference, target):
     inputs = _inputs()
     result = evaluate(reference.run(inputs), target.run(inputs), DEFAULTS, 1e-4, inputs=inputs)
-    return result, judge_cached(result, decode_cached(reference, inputs, STEPS), decode_cached(target, inputs, STEPS),
-                                DEFAULTS)["cached"]
+    judged, fields = judge_cached(result, decode_cached(reference, inputs, STEPS), decode_cached(target, inputs, STEPS),
+                                  DEFAULTS)
+    return judged, fields["cached"]
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "gpt2"])
@@ -76,7 +77,7 @@ def test_a_bfloat16_target_gets_a_cached_verdict(kind):
     inputs = _inputs()
     result = evaluate(reference.run(inputs), target.run(inputs), loose, 1e-4, inputs=inputs)
     cached = judge_cached(result, decode_cached(reference, inputs, STEPS), decode_cached(target, inputs, STEPS),
-                          loose)["cached"]
+                          loose)[1]["cached"]
     assert cached["passed"] and cached["steps"] == STEPS and cached["prompt_tokens"] == 10 - STEPS
     assert cached["target"]["positions"] == 2 * STEPS and cached["target"]["max_abs"] > 0  # bfloat16 drifts
     assert cached["reference_self"]["max_abs"] < 1e-4
@@ -122,13 +123,14 @@ def test_a_target_that_cannot_run_the_cache_says_why_in_one_line_as_unsupported_
     assert "torchscript" in traced["error"] and "no KV cache" in no_cache["error"]
     result = evaluate({"logits": torch.zeros(1, 2, 3)}, {"logits": torch.zeros(1, 2, 3)}, DEFAULTS, 1e-4)
     reference = decode_cached(_backend(EagerBackend, decoder()), _inputs(), STEPS)
-    assert judge_cached(result, reference, traced, DEFAULTS)["cached"] == {
+    judged, fields = judge_cached(result, reference, traced, DEFAULTS)
+    assert fields["cached"] == {
         "side": "target", "error": f"the target: {traced['error']}", "failure_class": "unsupported_op"}
-    assert result.passed  # not compared is said, not failed: the uncached statistics judge the target
+    assert judged.passed  # not compared is said, not failed: the uncached statistics judge the target
     from parity.records.models import CachedDecodingCheck
     from parity.report.console import cached_line
 
-    record = SimpleNamespace(cached=CachedDecodingCheck(**judge_cached(result, reference, traced, DEFAULTS)["cached"]))
+    record = SimpleNamespace(cached=CachedDecodingCheck(**fields["cached"]))
     assert cached_line(record) == f"cached decoding: not compared (unsupported_op: the target: {traced['error']})"
 
 

@@ -348,7 +348,7 @@ def test_an_explanation_that_raises_leaves_the_verdict(monkeypatch, caplog):
                                  tolerance_for=lambda backend: SimpleNamespace(gate=1e-3))
     monkeypatch.setattr(detection.TASK, "record_fields", lambda *args: {})
     record = task_check(job, ran([none]), ran([dets]), experiment)
-    assert record["passed"] is False and record["failure_class"] == "decision_flip" and "flips" not in record
+    assert record.passed is False and record.failure_class == "decision_flip" and record.flips is None
     assert "could not explain its failure: RuntimeError: unforeseen" in caplog.text
 
 

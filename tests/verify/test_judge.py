@@ -18,8 +18,9 @@ from parity.config.tolerances import Tolerance
 from parity.execute.execution import Execution
 from parity.experiment.loading import experiment_from_dict
 from parity.records import tolerance_key
-from parity.records.models import Tier1Check
+from parity.records.models import Tier1Check, Tier3Check
 from parity.verify.judge import judge
+from parity.verify.tasks import TaskResult, tier3_check
 from tests.support import tiny_experiment
 
 pytest_plugins = ["pytester"]
@@ -91,8 +92,16 @@ def test_the_repeats_spread_is_part_of_the_required_atol(side):
 
 
 BY_TASK = Tolerance(sweep=(0.25, 0.5, 1.0), rtol=0.0, gate=0.25, by_task=True)
-AGREES = {"task": "classification", "passed": True, "failure_class": None, "detail": None, "same_set": False}
-FLIPS = {**AGREES, "passed": False, "failure_class": tx.DECISION_FLIP, "detail": "top-1 agreement 0.5"}
+
+
+def _tier3(task: str = "classification", **verdict) -> Tier3Check:
+    """The tier-3 check of a task's verdict, as the Runner hands it to the judge."""
+    return tier3_check(TaskResult(task, **verdict), model="m", inputs="x", reference="eager", target="t",
+                       thresholds=None)
+
+
+AGREES = _tier3()
+FLIPS = _tier3(passed=False, failure_class=tx.DECISION_FLIP, detail="top-1 agreement 0.5")
 
 
 @pytest.mark.parametrize(("target", "warmup", "failure"), [
@@ -128,7 +137,7 @@ def test_the_same_items_in_another_order_are_ordering_not_drift():
     """Tier 3 matched every item (same_set): tier 1's numeric drift is relabelled ordering; a failure of
     another class keeps its own."""
     exp = _experiment([0.25, 0.5, 1.0], gate=0.25)
-    same_set = {**AGREES, "task": "detection", "same_set": True}
+    same_set = _tier3("detection", same_set=True)
     check = _judge(exp, torch.tensor([1.0, 2.0]), torch.tensor([2.0, 1.0]), task=same_set)
     assert check.failure_class == tx.ORDERING and check.passed is False
     assert check.detail.startswith("the same detection outputs in another order")
@@ -150,7 +159,7 @@ def test_each_kind_of_check_records_its_fields_in_the_order_it_always_did():
     tol = exp.tolerance_for(spec)
     cases = {
         "compared": (judge(ok, Execution(spec, "ok", outputs=[torch.tensor([1.5])]), tol, oracle=failed_ref,
-                           oracle_rule=exp.oracle, task={**AGREES, "same_set": None}),
+                           oracle_rule=exp.oracle, task=_tier3(same_set=None)),
                      [*BASE, "warnings", *VERDICT, *NUMBERS, "noise_floor", "oracle_error"]),
         "gated": (judge(ok, Execution(spec, "ok", outputs=[torch.tensor([1.5])]), BY_TASK, task=AGREES),
                   [*BASE, "warnings", *VERDICT, *NUMBERS, "noise_floor", "tier1_passed"]),

@@ -67,8 +67,8 @@ def test_nan_in_the_target_where_float64_has_a_number_is_the_targets():
     reference, target = oracle.float(), oracle.float()
     target[3] = math.nan
     verdict = _verdict(reference, target, oracle)
-    assert verdict["worse"] == "target" and verdict["target_worse"]
-    assert (verdict["target_nonfinite_off"], verdict["reference_nonfinite_off"]) == (1, 0)
+    assert verdict.worse == "target" and verdict.target_worse
+    assert (verdict.target_nonfinite_off, verdict.reference_nonfinite_off) == (1, 0)
     assert oracle_finding(OracleVerdict.model_validate(verdict), False) == [
         "oracle: float64 has the reference's NaN/Inf pattern, not the target's: the target's NaN/Inf are its own "
         "(differing from float64 at 1 element(s) in the target, 0 in the reference)"]
@@ -81,8 +81,8 @@ def test_on_a_leaf_with_nan_or_inf_on_one_side_the_patterns_decide_not_the_rmse(
     reference, target = oracle.float(), (oracle + 1e-3).float()
     reference[7] = math.inf
     verdict = _verdict(reference, target, oracle)
-    assert verdict["target_rmse"] > 2 * verdict["reference_rmse"]
-    assert verdict["worse"] == "reference" and (verdict["target_nonfinite_off"], verdict["reference_nonfinite_off"]) == (0, 1)
+    assert verdict.target_rmse > 2 * verdict.reference_rmse
+    assert verdict.worse == "reference" and (verdict.target_nonfinite_off, verdict.reference_nonfinite_off) == (0, 1)
 
 
 def test_inf_in_the_reference_that_float64_lacks_makes_the_target_the_faithful_side(write_yaml, tmp_path, capsys):
@@ -106,7 +106,7 @@ def test_which_side_is_farther_from_float64_takes_a_factor_of_the_multiplier(tar
     reference = oracle + 1e-3
     target = oracle + 1e-3 * target_over_reference
     verdict = _verdict(reference, target, oracle, floor=0.0)
-    assert verdict["worse"] == worse and verdict["target_worse"] == (worse == "target")
+    assert verdict.worse == worse and verdict.target_worse == (worse == "target")
     [line] = oracle_finding(OracleVerdict.model_validate(verdict), False)
     assert line.startswith({"target": "oracle: the target is worse than the reference at out",
                             "reference": "oracle: the reference is the imprecise one",
@@ -119,7 +119,7 @@ def test_a_passing_target_much_farther_from_float64_is_said_relative_to_the_outp
     quiet, though the reference is just as exact, so the target is as many times farther."""
     oracle = torch.linspace(-1, 1, 64, dtype=torch.float64)
     verdict = _verdict(oracle.clone(), oracle + error * oracle.square().mean().sqrt(), oracle)
-    assert verdict["worse"] == "target" and verdict["notable"] is notable
+    assert verdict.worse == "target" and verdict.notable is notable
     lines = oracle_finding(OracleVerdict.model_validate(verdict), True)
     assert bool(lines) is notable
     assert not lines or lines[0].startswith("oracle: passes, but the target is much farther from float64")
@@ -151,10 +151,11 @@ def test_the_numbers_beside_the_oracle_verdict_are_those_of_the_leaves_that_deci
     """Leaf a: the reference is off (0.1 against 1e-3); leaf b: the target is further than the reference but within
     2x (0.0195 against 0.0103). The verdict is the reference, and its numbers are leaf a's: a line saying 'the
     target is closer' beside b's numbers (target 0.0195, reference 0.0103) would contradict itself."""
+    from parity.records.models import Leaf
     from parity.verify.tensors import Comparison, oracle_verdict
 
-    leaves = [{"name": "a", "oracle_rmse_target": 1e-3, "oracle_rmse_reference": 0.1},
-              {"name": "b", "oracle_rmse_target": 0.0195, "oracle_rmse_reference": 0.0103}]
+    leaves = [Leaf(name="a", oracle_rmse_target=1e-3, oracle_rmse_reference=0.1),
+              Leaf(name="b", oracle_rmse_target=0.0195, oracle_rmse_reference=0.0103)]
     verdict = oracle_verdict(Comparison(leaves=leaves), 2.0, 1e-8)
-    assert verdict["worse"] == "reference"
-    assert (verdict["target_rmse"], verdict["reference_rmse"]) == (1e-3, 0.1)
+    assert verdict.worse == "reference"
+    assert (verdict.target_rmse, verdict.reference_rmse) == (1e-3, 0.1)

@@ -107,7 +107,6 @@ class Explode(torch.nn.Module):
 def test_the_same_nan_on_both_sides_is_the_references_own_and_no_drift():
     """Both sides return the same NaN where float64 has numbers: the oracle said 'equally far (rmse 0, 0)' and
     localize 'from how the target transforms the whole graph', though the target equals the reference."""
-    from parity.records.models import OracleVerdict
     from parity.report.next_steps import oracle_finding
     from parity.verify.tensors import compare, oracle_verdict
 
@@ -117,8 +116,8 @@ def test_the_same_nan_on_both_sides_is_the_references_own_and_no_drift():
         ref, oracle = model(x), copy.deepcopy(model).double()(x.double())
     assert torch.isnan(ref).all() and torch.isfinite(oracle).all()
     found = oracle_verdict(compare(ref, ref.clone(), 1e-5, 1e-4, oracle), 3.0, 1e-8)
-    assert found["worse"] == "both" and found["nonfinite_alike"]
-    [line] = oracle_finding(OracleVerdict(**found), passed=False)
+    assert found.worse == "both" and found.nonfinite_alike
+    [line] = oracle_finding(found, passed=False)
     assert "both sides are wrong alike" in line and "no drift between them" in line
     twin = BackendSpec(backend="eager", name="twin")
     loc = localize(EAGER, twin, model, Inputs((x,)), 1e-5, 1e-4)

@@ -174,3 +174,26 @@ def test_drawable_keeps_the_highest_scores_rounded():
     [kept] = drawable(out, cap=2)
     assert kept == {"boxes": [[2.0, 2.0, 3.12, 3.0], [4.0, 4.0, 5.0, 5.0]], "labels": [2, 3], "scores": [0.9, 0.5],
                     "total": 3}
+
+
+def test_a_tasks_verdict_is_made_once_and_its_check_is_a_frozen_record_in_the_order_parity_writes():
+    """`verdict` and `with_failure` return a new result (the task's own is left as it was); `tier3_check` makes
+    the record once, its keys in the order of records.jsonl, a task's extra fields after the verdict's."""
+    from pydantic import ValidationError
+
+    from parity.records.models import Tier3Check
+    from parity.verify.tasks import TaskResult, tier3_check, verdict
+
+    agrees = TaskResult("classification", {"top1_agreement": 1.0}, same_set=True)
+    failed = verdict(agrees, ["top-1 agreement 0.5 < 0.99", "KL 0.3 > 0.1"])
+    assert agrees.passed and agrees.detail is None
+    assert not failed.passed and failed.failure_class == "decision_flip"
+    assert failed.detail == "top-1 agreement 0.5 < 0.99; KL 0.3 > 0.1"
+    check = tier3_check(failed, model="m", inputs="i", reference="r", target="t", thresholds={"top1_agreement": 0.99},
+                        fields={"notes": ["few positions"]})
+    assert isinstance(check, Tier3Check) and (check.passed, check.same_set, check.notes) == (False, True, ["few positions"])
+    assert list(check.model_dump(exclude_unset=True)) == [
+        "kind", "tier", "model", "inputs", "reference", "target", "task", "status", "passed", "failure_class",
+        "detail", "metrics", "thresholds", "same_set", "notes"]
+    with pytest.raises(ValidationError):
+        check.passed = True

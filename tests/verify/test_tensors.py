@@ -61,8 +61,8 @@ def test_nan_throughout_both_outputs_is_no_pass():
     """Both sides agree, but on no number: nothing was compared, so no tolerance can pass it."""
     nan = torch.full((2, 3), float("nan"))
     c = compare({"logits": nan, "loss": float("nan")}, {"logits": nan.clone(), "loss": float("nan")}, 0.0, 1e-4)
-    assert [leaf["failure_class"] for leaf in c.leaves] == [tx.NONFINITE, tx.NONFINITE] and c.required_atol > 1e9
-    assert "no number to compare" in c.leaves[0]["detail"]
+    assert [leaf.failure_class for leaf in c.leaves] == [tx.NONFINITE, tx.NONFINITE] and c.required_atol > 1e9
+    assert "no number to compare" in c.leaves[0].detail
     partly = torch.tensor([1.0, float("nan")])
     assert compare(partly, partly.clone(), 0.0, 0.0).failure_class is None  # numbers compared, NaN in place
     assert compare(torch.zeros(0), torch.zeros(0), 0.0, 0.0).failure_class is None  # empty: no detection is an answer
@@ -79,7 +79,7 @@ def test_shape_and_structure_mismatch():
 def test_float_precision_may_differ_but_integer_dtypes_may_not():
     ref = torch.tensor([1.0, 2.0])
     c = compare(ref, ref.to(torch.bfloat16), 0.0, 1e-4)
-    assert c.failure_class is None and c.leaves[0]["reference_dtype"] == "float32"
+    assert c.failure_class is None and c.leaves[0].reference_dtype == "float32"
     c = compare(torch.tensor([1, 2]), torch.tensor([1, 2], dtype=torch.int32), 0.0, 1e-4)
     assert c.failure_class == tx.DTYPE_MISMATCH
 
@@ -107,9 +107,9 @@ def test_oracle_tells_who_is_wrong():
     close_target = (oracle + 1e-8).float()
     far_target = (oracle + 1e-3).float()
     verdict = oracle_verdict(compare(reference, far_target, 0, 1e-4, oracle), 2.0, 1e-8)
-    assert verdict["target_worse"] and verdict["target_rmse"] > verdict["reference_rmse"]
+    assert verdict.target_worse and verdict.target_rmse > verdict.reference_rmse
     verdict = oracle_verdict(compare(reference, close_target, 0, 1e-4, oracle), 2.0, 1e-8)
-    assert not verdict["target_worse"]
+    assert not verdict.target_worse
 
 
 def test_statistics_of_a_tensor_larger_than_a_chunk_equal_the_whole_tensor_formulas():
@@ -135,3 +135,34 @@ def test_statistics_of_a_tensor_larger_than_a_chunk_equal_the_whole_tensor_formu
     assert stats["mismatch_fraction"] == pytest.approx((beyond + 1) / r.numel())
     clean, _ = error_stats(ref.float(), torch.where(keep, tgt, ref).float(), rtol=1e-2, gate=1e-3)
     assert clean["required_atol"] == pytest.approx(float((d - 1e-2 * r[keep].abs()).max()), rel=1e-9)
+
+
+STATS = ["max_abs", "rmse", "cosine", "nonfinite", "max_rel", "mean_abs", "mismatch_fraction", "reference_rms"]
+
+
+def test_each_kind_of_leaf_is_a_frozen_record_with_its_keys_in_the_order_parity_always_wrote_them():
+    """`compare` returns `Leaf` records; each dumps the keys it was made from in the order it measured them (the
+    bytes of records.jsonl), whatever order the model declares them in."""
+    from pydantic import ValidationError
+
+    from parity.records.models import Leaf, LeafTolerance
+
+    ref = {"x": torch.tensor([1.0, 2.0]), "n": 3, "s": torch.zeros(2), "gone": torch.zeros(1)}
+    tgt = {"x": torch.tensor([1.5, 2.0], dtype=torch.float64), "n": 4, "s": torch.zeros(3)}
+    oracle = {"x": torch.tensor([1.0, 2.0], dtype=torch.float64)}
+    rule = LeafTolerance(atol=0.1, rtol=0.0, rule="rule out['x']")
+    c = compare(ref, tgt, 0.0, 1e-4, oracle, lambda name: rule if name == "out['x']" else LeafTolerance(
+        atol=None, rtol=0.0, rule=None))
+    leaves = {leaf.name: leaf for leaf in c.leaves}
+    assert all(isinstance(leaf, Leaf) for leaf in c.leaves)
+    keys = {name: list(leaf.model_dump(exclude_unset=True)) for name, leaf in leaves.items()}
+    head = ["name", "required_atol", "failure_class"]
+    assert keys["out['x']"] == [*head, "shape", "dtype", "reference_dtype", *STATS, "detail", "tolerance",
+                                "oracle_rmse_target", "oracle_rmse_reference"]
+    assert keys["out['n']"] == [*head, "value", "reference_value", "detail"]
+    assert keys["out['s']"] == [*head, "shape", "dtype", "reference_shape", "detail"]
+    assert keys["out['gone']"] == [*head, "detail"]
+    x = leaves["out['x']"]
+    assert x.detail.endswith("(judged by the rule out['x'])") and x.tolerance == rule and x.required_atol == 0.5
+    with pytest.raises(ValidationError):
+        x.max_abs = 0.0  # frozen: no reader changes a value for the next

@@ -391,17 +391,18 @@ def test_continuations_are_judged_by_their_first_divergence_and_exact_match():
                  "margins": [[0.9] * 3, [0.9, 0.9, 0.8], [0.001, 0.5, 0.5]]}
     target = {**reference, "tokens": [[5, 6, 7], [4, 5, 9], [9, 8, 8]]}
     result = evaluate(_logits([1.0, 0.0]), _logits([1.0, 0.0]), DEFAULTS, 1e-4)
-    fields = judge_continuations(result, reference, target, DEFAULTS)
+    judged, fields = judge_continuations(result, reference, target, DEFAULTS)
     prompts = fields["generation"]["prompts"]
     assert [p["first_divergence"] for p in prompts] == [None, 2, 0]
     assert (prompts[1]["flip"], prompts[2]["flip"]) == ("real", "near_tie")
     assert (prompts[1]["context"], prompts[1]["reference"], prompts[1]["target"]) == ([2, 3, 4, 5], [6], [9])
-    assert result.metrics["exact_match"] == pytest.approx(1 / 3) and result.metrics["first_divergence"] == 0
-    assert result.passed
+    assert judged.metrics["exact_match"] == pytest.approx(1 / 3) and judged.metrics["first_divergence"] == 0
+    assert judged.passed and "exact_match" not in result.metrics  # a new result: the task's own is left as it was
     strict = TextGenerationThresholds(exact_match=0.5)
-    judge_continuations(result, reference, target, strict)
-    assert not result.passed and result.failure_class == "decision_flip" and "exact match" in result.detail
-    broken = judge_continuations(result, reference, {"error": "not a causal decoder: ..."}, DEFAULTS)
+    failed, _ = judge_continuations(result, reference, target, strict)
+    assert not failed.passed and failed.failure_class == "decision_flip" and "exact match" in failed.detail
+    assert result.passed
+    _, broken = judge_continuations(result, reference, {"error": "not a causal decoder: ..."}, DEFAULTS)
     assert broken == {"generation": {"error": "the target: not a causal decoder: ..."}}
 
 
@@ -446,13 +447,14 @@ def test_a_prompt_cut_to_make_room_for_the_new_tokens_is_said():
     found = generate(_run(Successor()), Inputs((), {"input_ids": ids}), new_tokens=DEFAULTS.new_tokens)
     assert found["new_tokens"] == 12 and [len(p) for p in found["prompts"]] == [1, 1]
     result = evaluate(_logits([1.0, 0.0]), _logits([1.0, 0.0]), DEFAULTS, 1e-4)
-    prompts = judge_continuations(result, found, found, DEFAULTS)["generation"]["prompts"]
+    result, fields = judge_continuations(result, found, found, DEFAULTS)
+    prompts = fields["generation"]["prompts"]
     assert [(p["prompt_tokens"], p["text_tokens"]) for p in prompts] == [(1, 13), (1, 13)]
     assert any("2 of 2 prompts cut" in n and "13 -> 1" in n for n in result.notes)
     mask = torch.tensor([[1] * 9 + [0] * 4] * 2)  # 9-token prompts, padded: 4 new tokens fit after them
     whole = generate(_run(Successor()), Inputs((), {"input_ids": ids, "attention_mask": mask}), new_tokens=4)
     result = evaluate(_logits([1.0, 0.0]), _logits([1.0, 0.0]), DEFAULTS, 1e-4)
-    judge_continuations(result, whole, whole, DEFAULTS)
+    result, _ = judge_continuations(result, whole, whole, DEFAULTS)
     assert not any("cut" in n for n in result.notes)
 
 

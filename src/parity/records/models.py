@@ -36,6 +36,26 @@ def _in_order(dumped: Any, given: Any) -> Any:
     return dumped
 
 
+class InOrder(Part):
+    """A part that `model_dump(exclude_unset=True)` gives back with the fields it was made from, in the order they
+    were given, its parts' too, not in the declarations' order (the mapping it was made from is kept for that
+    order alone: one reference, no copy). A record's line keeps its key order through a read and a write."""
+
+    _given: Any = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_order(cls, data: Any, handler: Any) -> Any:
+        made = handler(data)
+        if isinstance(data, dict):
+            made._given = data
+        return made
+
+    @model_serializer(mode="wrap")
+    def _in_given_order(self, handler: Any) -> Any:
+        return _in_order(handler(self), self._given)
+
+
 class Record(Part):
     """The fields every record has."""
 
@@ -221,8 +241,9 @@ class LeafTolerance(Part):
     rule: str | None = Field(description="Which rule of the experiment's `outputs:`.")
 
 
-class Leaf(Part):
-    """One output leaf (a tensor or a value in the output's structure) of a tier-1 check."""
+class Leaf(InOrder):
+    """One output leaf (a tensor or a value in the output's structure) of a tier-1 check, as verify/tensors.py
+    `compare` measured it (its fields in that order)."""
 
     name: str = Field(description="Its path in the output (`out[0].boxes`).")
     failure_class: str | None = Field(None, description="Why this leaf fails, or null.")
@@ -304,26 +325,10 @@ class Fingerprints(Part):
                                                          "null when not installed.")
 
 
-class Check(Record):
+class Check(InOrder, Record):
     """One verdict about one target on one model and input set. The judge's verdict is this record itself, and the
-    Runner writes it as it is: `model_dump(exclude_unset=True)` gives back the fields a check was made from, in the
-    order they were given, its parts' too (the order of its line in records.jsonl, or the order the judge wrote
-    them in, as parity always has, a leaf's keys as `compare` found them), not the declarations' (the mapping it
-    was made from is kept for that order alone: one reference, no copy)."""
-
-    _given: Any = PrivateAttr(default=None)
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _remember_order(cls, data: Any, handler: Any) -> Any:
-        check = handler(data)
-        if isinstance(data, dict):
-            check._given = data
-        return check
-
-    @model_serializer(mode="wrap")
-    def _in_given_order(self, handler: Any) -> Any:
-        return _in_order(handler(self), self._given)
+    Runner writes it as it is, its fields in the order it was made from (InOrder): that of its line in
+    records.jsonl, or the order the judge wrote them in, as parity always has."""
 
     kind: Literal["check"] = Field(description="`check`.")
     model: str = Field(description="The model's name.")

@@ -447,6 +447,6 @@ def gate_check(job, target: BackendSpec, model_for: Callable[[BackendSpec], torc
     cached = None
     if ask is not None and reference.follow_up and ran.follow_up:
         cached = judge_cached(TaskResult(TEXT_GENERATION.name), reference.follow_up, ran.follow_up,
-                              thresholds).get("cached")
+                              thresholds)[1].get("cached")
     return GateCheck({k: getattr(verdict, k) for k in ("passed", "failure_class", "detail", "required_atol", "gate", "rtol")},
                 ran.notes, cached)

@@ -219,10 +219,11 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
             _record_execution(writer, job, target, None)
         task = task_check(job, target, reference, exp, inputs) if exp.tiers.evaluate_tasks else None
         if task:
-            writer.write("check", **task)
+            writer.write("check", **task.model_dump(exclude_unset=True, exclude={"kind"}))
         check = judge(reference, target, exp.tolerance_for(spec), **names, oracle=oracle, oracle_rule=exp.oracle,
                       task=task)
-        cached = task.get("cached") if task else None  # a cached decoding that fails with the forward passing: its step
+        # a cached decoding that fails with the forward passing: its step
+        cached = task.cached.model_dump() if task is not None and task.cached is not None else None
         decode_step = localizes_decode_step(check.passed if check.tier1_passed is None else check.tier1_passed, cached)
         if exp.tiers.localize and (decode_step or check.failure_class in LOCALIZABLE) and not writer.has(
                 "layers", job.model.name, job.inputs.name, spec.id):

@@ -30,7 +30,7 @@ from parity.execute.execution import execute, new_backend
 from parity.inputs import Inputs
 from parity.verify.judge import judge
 from parity.verify.localize import children
-from parity.verify.tasks import evaluate
+from parity.verify.tasks import evaluate, tier3_check
 
 
 @dataclass
@@ -126,8 +126,8 @@ def search_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn
         if not ran.ok:
             return Trial(False, float("inf"))
         verdict = evaluate(task[0], reference_out, ran.outputs[0], task[1], tolerance.gate, inputs) if task else None
-        tier3 = verdict and {"task": task[0], "passed": verdict.passed, "same_set": verdict.same_set,
-                             "failure_class": verdict.failure_class, "detail": verdict.detail}
+        tier3 = verdict and tier3_check(verdict, model="", inputs="", reference=reference.id, target=target.id,
+                                        thresholds=None)
         check = judge(ref, ran, aimed, task=tier3)
         required = check.required_atol if check.required_atol is not None else float("inf")
         tier1 = check.passed if check.tier1_passed is None else check.tier1_passed

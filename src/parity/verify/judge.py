@@ -14,6 +14,7 @@ order of the record's fields, which `model_dump(exclude_unset=True)` gives back:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from parity import taxonomy as tx
@@ -22,7 +23,7 @@ from parity.config.tolerances import Tolerance
 from parity.execute.execution import Execution
 from parity.outputs import float_rms
 from parity.records import tolerance_key
-from parity.records.models import Tier1Check
+from parity.records.models import Leaf, NoiseFloor, OracleVerdict, Tier1Check, Tier3Check
 from parity.verify.tensors import compare, oracle_verdict
 from parity.verify.tokenizers import first_mismatch
 
@@ -31,20 +32,32 @@ from parity.verify.tokenizers import first_mismatch
 EXCUSABLE = (None, tx.NUMERIC_DRIFT, tx.ORDERING)
 
 
-def _check(*, model: str, inputs: str, reference: str, target: str, tolerance: Tolerance, status: str,
-           passed: bool | None, failure_class: str | None, detail: str | None,
+@dataclass(frozen=True)
+class _About:
+    """What every check of one target against the reference starts with: the pair's names and its tolerance."""
+
+    model: str
+    inputs: str
+    reference: str
+    target: str
+    tolerance: Tolerance
+
+
+def _check(about: _About, *, status: str, passed: bool | None, failure_class: str | None, detail: str | None,
            warnings: list[dict[str, Any]] | None = None, reference_failure_class: str | None = None,
            user_error: bool | None = None, required_atol: float | None = None, max_abs: float | None = None,
            verdicts: dict[str, bool] | None = None, nondeterminism: dict[str, float] | None = None,
-           leaves: list[dict[str, Any]] | None = None, oracle: dict[str, Any] | None = None,
-           noise_floor: dict[str, Any] | None = None, oracle_error: str | None = None) -> Tier1Check:
+           leaves: list[Leaf] | None = None, oracle: OracleVerdict | None = None,
+           noise_floor: NoiseFloor | None = None, oracle_error: str | None = None) -> Tier1Check:
     """The check record, its fields in the order parity has always written them (the archived records and a
     rerun's compare byte for byte). A field that does not apply is left out, as before: `warnings` when the target
     did not run, the reference's failure unless it failed, `noise_floor` unless the outputs were compared,
     `oracle_error` and `tier1_passed` when they have no value."""
-    fields: dict[str, Any] = {"kind": "check", "tier": 1, "model": model, "inputs": inputs, "reference": reference,
-                              "target": target, "rtol": tolerance.rtol, "gate": tolerance.gate,
-                              "tolerance_source": tolerance.source, "gated_by": "tier3" if tolerance.by_task else "tier1"}
+    tolerance = about.tolerance
+    fields: dict[str, Any] = {"kind": "check", "tier": 1, "model": about.model, "inputs": about.inputs,
+                              "reference": about.reference, "target": about.target, "rtol": tolerance.rtol,
+                              "gate": tolerance.gate, "tolerance_source": tolerance.source,
+                              "gated_by": "tier3" if tolerance.by_task else "tier1"}
     if status != "error":
         fields["warnings"] = warnings or []
     fields.update(status=status, passed=passed, failure_class=failure_class, detail=detail)
@@ -61,7 +74,7 @@ def _check(*, model: str, inputs: str, reference: str, target: str, tolerance: T
 
 def judge(reference: Execution, target: Execution | BackendSpec, tolerance: Tolerance, *, model: str = "",
           inputs: str = "", oracle: Execution | None = None, oracle_rule: Oracle | None = None,
-          task: dict[str, Any] | None = None) -> Tier1Check:
+          task: Tier3Check | None = None) -> Tier1Check:
     """The check of `target` (its execution; its spec alone when it was not run because the reference failed)
     against `reference`, on `model` / `inputs` (names for the record), at `tolerance`. `oracle`: the float64
     oracle's execution, judged by `oracle_rule` (the experiment's `oracle:`: multiplier, floor). `task`: the
@@ -70,24 +83,23 @@ def judge(reference: Execution, target: Execution | BackendSpec, tolerance: Tole
     spec = target.backend if isinstance(target, Execution) else target
     if reference.ok and tolerance.relative is not None:  # a scale-aware gate (a quantized target's default)
         tolerance = tolerance.at_scale(float_rms(reference.outputs[0]))  # becomes this check's atol here, once
-    about = {"model": model, "inputs": inputs, "reference": reference.backend.id, "target": spec.id,
-             "tolerance": tolerance}
+    about = _About(model, inputs, reference.backend.id, spec.id, tolerance)
     if not reference.ok:
         return _reference_failed(about, reference)
     if not isinstance(target, Execution):
         raise TypeError("a target is judged by its execution; its spec alone only when the reference failed")
     if target.status == "unavailable":
-        return _check(**about, status="skipped", passed=None, failure_class=None, detail=target.error,
+        return _check(about, status="skipped", passed=None, failure_class=None, detail=target.error,
                       warnings=target.notes)
     if not target.ok:
-        return _check(**about, status="ok", passed=False, failure_class=target.failure_class or tx.BACKEND_ERROR,
+        return _check(about, status="ok", passed=False, failure_class=target.failure_class or tx.BACKEND_ERROR,
                       detail=f"target {spec.id} failed: {target.error}", warnings=target.notes,
                       verdicts={tolerance_key(a): False for a in tolerance.sweep},
                       oracle_error=_oracle_error(oracle, "the target returned no output to hold against float64's"))
     check = _tier1(about, reference, target, oracle, oracle_rule)
     if task is not None:
-        if task["same_set"] and check.failure_class == tx.NUMERIC_DRIFT:
-            check = check.model_copy(update={"failure_class": tx.ORDERING, "detail": f"the same {task['task']} outputs "
+        if task.same_set and check.failure_class == tx.NUMERIC_DRIFT:
+            check = check.model_copy(update={"failure_class": tx.ORDERING, "detail": f"the same {task.task} outputs "
                                              f"in another order (tier 3 matched all): {check.detail}"})
         check = _gated(check, task) if tolerance.by_task else check
     return _tokenized(check, target)
@@ -119,10 +131,10 @@ def _runs(execution: Execution) -> list[Any]:
     return [*execution.outputs[:1], *execution.warmup_outputs, *execution.outputs[1:]]
 
 
-def _tier1(about: dict[str, Any], reference: Execution, target: Execution, oracle: Execution | None,
+def _tier1(about: _About, reference: Execution, target: Execution, oracle: Execution | None,
            oracle_rule: Oracle | None) -> Tier1Check:
     """Tier 1 of two executions that ran: the leaves at the tolerance, the repeats' spread, the oracle."""
-    tol: Tolerance = about["tolerance"]
+    tol = about.tolerance
     oracle_out = oracle.outputs[0] if oracle is not None and oracle.ok else None
     comparison = compare(reference.outputs[0], target.outputs[0], tol.rtol, tol.gate, oracle_out, tol.for_leaf)
     reference_spread = repeat_spread(_runs(reference), tol)
@@ -142,16 +154,16 @@ def _tier1(about: dict[str, Any], reference: Execution, target: Execution, oracl
         found = oracle_verdict(comparison, oracle_rule.multiplier, oracle_rule.floor)
     missing = None if found else (f"no output leaf could be held against float64's "
                                   f"({failure or 'the float64 outputs differ in structure or shape'})")
-    return _check(**about, status="ok", passed=failure is None, failure_class=failure, detail=detail,
+    return _check(about, status="ok", passed=failure is None, failure_class=failure, detail=detail,
                   warnings=target.notes, required_atol=required if math.isfinite(required) else None,
-                  max_abs=max((leaf.get("max_abs") or 0.0 for leaf in comparison.leaves), default=0.0),
+                  max_abs=max((leaf.max_abs or 0.0 for leaf in comparison.leaves), default=0.0),
                   verdicts={tolerance_key(a): required <= a for a in tol.sweep},
                   nondeterminism={"reference": reference_spread, "target": target_spread}, leaves=comparison.leaves,
                   oracle=found, noise_floor=_noise_floor(reference.outputs[0], oracle_out, reference_spread, tol),
                   oracle_error=_oracle_error(oracle, missing))
 
 
-def _gated(check: Tier1Check, task: dict[str, Any]) -> Tier1Check:
+def _gated(check: Tier1Check, task: Tier3Check) -> Tier1Check:
     """`gate: tier3`: the check's verdict becomes the task-level one when tier 1 found only numeric drift
     (or nothing); tier 1's own verdict is kept beside it (`tier1_passed`)."""
     failure, detail = check.failure_class, check.detail
@@ -161,27 +173,27 @@ def _gated(check: Tier1Check, task: dict[str, Any]) -> Tier1Check:
     if failure not in EXCUSABLE:
         return check.model_copy(update={"failure_class": failure, "tier1_passed": check.passed, "detail": f"tier 3 "
                                         f"cannot excuse {failure} (gate: tier3 decides numeric drift only): {detail}"})
-    if task["passed"]:
+    if task.passed:
         if failure:
             detail = f"tier 3 agrees, which decides this check (gate: tier3); tier 1: {failure}: {detail}"
         return check.model_copy(update={"passed": True, "failure_class": None, "detail": detail,
                                         "tier1_passed": check.passed})
-    return check.model_copy(update={"passed": False, "failure_class": task["failure_class"],
-                                    "detail": f"tier 3 (the gate): {task['detail']}", "tier1_passed": check.passed})
+    return check.model_copy(update={"passed": False, "failure_class": task.failure_class,
+                                    "detail": f"tier 3 (the gate): {task.detail}", "tier1_passed": check.passed})
 
 
-def _reference_failed(about: dict[str, Any], reference: Execution) -> Tier1Check:
+def _reference_failed(about: _About, reference: Execution) -> Tier1Check:
     """The check when the reference could not run: no verdict about the target (it was not run), status
     `error`, class `reference_error`. `user_error` says whether the model as written failed on its inputs
     (the eager reference raised), which is the user's to fix, not a backend's finding."""
-    return _check(**about, status="error", passed=None, failure_class=tx.REFERENCE_ERROR,
+    return _check(about, status="error", passed=None, failure_class=tx.REFERENCE_ERROR,
                   detail=f"the reference {reference.backend.id} failed ({reference.failure_class}), so "
-                         f"{about['target']} was not run: {reference.error}",
+                         f"{about.target} was not run: {reference.error}",
                   reference_failure_class=reference.failure_class,
                   user_error=reference.backend.backend == "eager" and reference.failure_class == tx.BACKEND_ERROR)
 
 
-def _noise_floor(reference_out: Any, oracle_out: Any, reference_spread: float, tol: Tolerance) -> dict[str, Any] | None:
+def _noise_floor(reference_out: Any, oracle_out: Any, reference_spread: float, tol: Tolerance) -> NoiseFloor | None:
     """The reference's own error, where the data show it: its distance from the float64 oracle and the
     spread of its repeats, as a required atol. No gate below it can be met, whatever the target does."""
     found = []
@@ -194,7 +206,7 @@ def _noise_floor(reference_out: Any, oracle_out: Any, reference_spread: float, t
     if not found:
         return None
     atol, source = max(found)
-    return {"atol": atol, "source": source}
+    return NoiseFloor(atol=atol, source=source)
 
 
 def _oracle_error(oracle: Execution | None, missing: str | None) -> str | None:

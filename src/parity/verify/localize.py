@@ -478,5 +478,3 @@ def module_code(model: torch.nn.Module, name: str | None) -> str | None:
         return f"{cls.__qualname__} ({inspect.getsourcefile(cls)}:{inspect.getsourcelines(cls)[1]})"
     except (AttributeError, OSError, TypeError):  # a class made at run time, or built in
         return None
-
-

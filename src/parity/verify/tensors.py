@@ -17,14 +17,14 @@ import torch
 
 from parity import taxonomy as tx
 from parity.outputs import Opaque, flatten
-from parity.records.models import LeafTolerance
+from parity.records.models import Leaf, LeafTolerance, OracleVerdict
 
 
-@dataclass
+@dataclass(frozen=True)
 class Comparison:
     """Every leaf of one target-vs-reference comparison, and what they add up to."""
 
-    leaves: list[dict[str, Any]] = field(default_factory=list)
+    leaves: list[Leaf] = field(default_factory=list)
     failure_class: str | None = None  # a failure that no tolerance can fix, or numeric_drift
     detail: str | None = None
 
@@ -36,7 +36,7 @@ class Comparison:
             return math.inf
         required = 0.0
         for leaf in self.leaves:
-            value, own = leaf["required_atol"], (leaf.get("tolerance") or {}).get("atol")
+            value, own = leaf.required_atol, leaf.tolerance.atol if leaf.tolerance else None
             if value is None or (own is not None and value > own):
                 return math.inf
             if own is None:
@@ -54,10 +54,10 @@ def _kind(t: torch.Tensor) -> str:
     return "float" if (t.is_floating_point() or t.is_complex()) else str(t.dtype)
 
 
-def compared_exactly(leaf: dict[str, Any]) -> bool:
+def compared_exactly(leaf: Leaf) -> bool:
     """Was this tensor leaf compared exactly (integer or boolean on both sides: labels, indices, masks),
     so that no tolerance applied to it? Read from its record, for the messages that render it."""
-    dtypes = [getattr(torch, d, None) for d in (leaf.get("dtype"), leaf.get("reference_dtype", leaf.get("dtype")))]
+    dtypes = [getattr(torch, d, None) if d else None for d in (leaf.dtype, leaf.reference_dtype or leaf.dtype)]
     return all(isinstance(d, torch.dtype) and not (d.is_floating_point or d.is_complex) for d in dtypes) \
         and dtypes[0] == dtypes[1]
 
@@ -167,63 +167,92 @@ NO_TENSOR = "the model returned no tensor to compare"
 ALL_NAN = "NaN in every element of both outputs: no number to compare (the reference itself computes none)"
 
 
-def _compare_leaf(name: str, ref: Any, tgt: Any, rtol: float, gate: float) -> dict[str, Any]:
-    leaf: dict[str, Any] = {"name": name, "required_atol": None, "failure_class": None}
+def _measure(ref: Any, tgt: Any, rtol: float, gate: float) -> tuple[float | None, str | None, str | None, dict[str, Any]]:
+    """One leaf's required atol, failure class and detail, and what was measured of it (a value's repr, or a
+    tensor's shape, dtype and error statistics), in the order its record has them."""
     if isinstance(ref, Opaque) or isinstance(tgt, Opaque):
         opaque = ref if isinstance(ref, Opaque) else tgt
-        leaf.update(failure_class=tx.UNCOMPARABLE, detail=f"an output of type {opaque.type_name} cannot be compared")
-        return leaf
+        return None, tx.UNCOMPARABLE, f"an output of type {opaque.type_name} cannot be compared", {}
     ref_t, tgt_t = isinstance(ref, torch.Tensor), isinstance(tgt, torch.Tensor)
     if ref_t != tgt_t:
-        leaf.update(failure_class=tx.STRUCTURE_MISMATCH,
-                    detail=f"reference has {type(ref).__name__}, target has {type(tgt).__name__}")
-        return leaf
+        return None, tx.STRUCTURE_MISMATCH, f"reference has {type(ref).__name__}, target has {type(tgt).__name__}", {}
     reasons = [f"{side} output is {why}" for side, t in (("the reference's", ref), ("the target's", tgt))
                if ref_t and (why := uncomparable_tensor(t))]
     if reasons:
-        leaf.update(failure_class=tx.UNCOMPARABLE, detail="; ".join(reasons))
-        return leaf
+        return None, tx.UNCOMPARABLE, "; ".join(reasons), {}
     if not ref_t:
-        equal = type(ref) is type(tgt) and ref == tgt
-        both_nan = isinstance(ref, float) and isinstance(tgt, float) and math.isnan(ref) and math.isnan(tgt)
-        leaf.update(value=repr(tgt)[:200], reference_value=repr(ref)[:200], required_atol=0.0 if equal else None)
-        if both_nan:
-            leaf.update(failure_class=tx.NONFINITE, detail=ALL_NAN)
-        elif not equal:
-            numbers = isinstance(ref, Number) and isinstance(tgt, Number) and not isinstance(ref, bool)
-            leaf.update(failure_class=tx.NUMERIC_DRIFT if numbers else tx.STRUCTURE_MISMATCH,
-                        detail=f"non-tensor output differs: reference {ref!r}, target {tgt!r}"[:300])
-        return leaf
-    leaf.update(shape=list(tgt.shape), dtype=str(tgt.dtype).removeprefix("torch."))
+        return _measure_value(ref, tgt)
+    shape, dtype = list(tgt.shape), str(tgt.dtype).removeprefix("torch.")
+    measured: dict[str, Any] = {"shape": shape, "dtype": dtype}
     if tgt.shape != ref.shape:
-        leaf.update(failure_class=tx.SHAPE_MISMATCH, reference_shape=list(ref.shape),
-                    detail=f"shape {list(tgt.shape)} vs reference {list(ref.shape)}")
-        return leaf
+        measured["reference_shape"] = list(ref.shape)
+        return None, tx.SHAPE_MISMATCH, f"shape {shape} vs reference {list(ref.shape)}", measured
+    reference_dtype = str(ref.dtype).removeprefix("torch.")
     if ref.dtype != tgt.dtype:
-        leaf["reference_dtype"] = str(ref.dtype).removeprefix("torch.")
+        measured["reference_dtype"] = reference_dtype
     if ref.is_complex() != tgt.is_complex():
-        leaf.update(failure_class=tx.DTYPE_MISMATCH, detail=f"dtype {leaf['dtype']} vs reference {leaf['reference_dtype']}")
-        return leaf
-    leaf.update(tensor_stats(ref, tgt, rtol, gate))
+        return None, tx.DTYPE_MISMATCH, f"dtype {dtype} vs reference {reference_dtype}", measured
+    stats = tensor_stats(ref, tgt, rtol, gate)
+    required, nonfinite, max_abs = stats.pop("required_atol"), stats["nonfinite"], stats["max_abs"]
+    measured.update(stats)
     exact = _kind(ref) != "float" and _kind(ref) == _kind(tgt)
     if exact and not torch.equal(ref, tgt):  # integers and booleans (labels, indices, masks) must be equal
         differ = int((ref != tgt).sum())
-        leaf.update(failure_class=tx.NUMERIC_DRIFT, required_atol=None, mismatch_fraction=differ / max(ref.numel(), 1),
-                    detail=f"{differ} of {ref.numel()} {leaf['dtype']} values differ (compared exactly)")
-        return leaf
+        measured["mismatch_fraction"] = differ / max(ref.numel(), 1)
+        return None, tx.NUMERIC_DRIFT, f"{differ} of {ref.numel()} {dtype} values differ (compared exactly)", measured
     if exact:
-        leaf["required_atol"] = 0.0
+        required = 0.0
     if _kind(ref) != _kind(tgt):
-        leaf.update(failure_class=tx.DTYPE_MISMATCH, detail=f"dtype {leaf['dtype']} vs reference {leaf['reference_dtype']}")
-    elif leaf["nonfinite"]:
-        leaf.update(failure_class=tx.NONFINITE, detail=f"{leaf['nonfinite']} element(s) are NaN/Inf in one output only")
-    elif leaf["max_abs"] == 0.0 and ref.numel() and bool(torch.isnan(ref).all()):  # nothing compared: no verdict
-        leaf.update(failure_class=tx.NONFINITE, required_atol=None, detail=ALL_NAN)
-    elif leaf["required_atol"] > gate:
-        leaf.update(failure_class=tx.NUMERIC_DRIFT,
-                    detail=f"max abs {leaf['max_abs']:.3g}, {leaf['mismatch_fraction']:.1%} of elements beyond "
-                           f"atol {gate:g} + rtol * |reference|; passes from atol {leaf['required_atol']:.3g}")
-    return leaf
+        return required, tx.DTYPE_MISMATCH, f"dtype {dtype} vs reference {reference_dtype}", measured
+    if nonfinite:
+        return required, tx.NONFINITE, f"{nonfinite} element(s) are NaN/Inf in one output only", measured
+    if max_abs == 0.0 and ref.numel() and bool(torch.isnan(ref).all()):  # nothing compared: no verdict
+        return None, tx.NONFINITE, ALL_NAN, measured
+    if required > gate:
+        return required, tx.NUMERIC_DRIFT, (f"max abs {max_abs:.3g}, {measured['mismatch_fraction']:.1%} of elements "
+                                            f"beyond atol {gate:g} + rtol * |reference|; passes from atol "
+                                            f"{required:.3g}"), measured
+    return required, None, None, measured
+
+
+def _measure_value(ref: Any, tgt: Any) -> tuple[float | None, str | None, str | None, dict[str, Any]]:
+    """A leaf that is no tensor on either side (a number, a string, None): compared exactly."""
+    measured = {"value": repr(tgt)[:200], "reference_value": repr(ref)[:200]}
+    equal = type(ref) is type(tgt) and ref == tgt
+    if isinstance(ref, float) and isinstance(tgt, float) and math.isnan(ref) and math.isnan(tgt):
+        return 0.0 if equal else None, tx.NONFINITE, ALL_NAN, measured
+    if equal:
+        return 0.0, None, None, measured
+    numbers = isinstance(ref, Number) and isinstance(tgt, Number) and not isinstance(ref, bool)
+    return None, tx.NUMERIC_DRIFT if numbers else tx.STRUCTURE_MISMATCH, \
+        f"non-tensor output differs: reference {ref!r}, target {tgt!r}"[:300], measured
+
+
+def _compare_leaf(name: str, ref: Any, tgt: Any, rtol: float, gate: float, rule: LeafTolerance | None = None,
+                  oracle: Any = None) -> Leaf:
+    """One leaf's record, made once from what was measured: at `rule`'s rtol and atol when an output rule judges
+    it, and with its distances from float64 when `oracle` (the float64 output's leaf) has its shape."""
+    if rule is not None:
+        rtol, gate = rule.rtol, gate if rule.atol is None else rule.atol
+    required, failure, detail, measured = _measure(ref, tgt, rtol, gate)
+    fields: dict[str, Any] = {"name": name, "required_atol": required, "failure_class": failure, **measured}
+    if detail is not None:
+        fields["detail"] = f"{detail} (judged by the {rule.rule})" if rule is not None and detail else detail
+    if rule is not None:
+        fields["tolerance"] = rule
+    judged = failure in (None, tx.NUMERIC_DRIFT, tx.NONFINITE) and "shape" in measured
+    if isinstance(oracle, torch.Tensor) and judged and oracle.shape == ref.shape:
+        fields.update(oracle_rmse_target=_rmse(tgt, oracle), oracle_rmse_reference=_rmse(ref, oracle))
+        # NaN/Inf on one side only, or NaN in every element of both: whose pattern float64 has decides
+        if measured.get("nonfinite") or fields.get("detail") == ALL_NAN:
+            fields.update(oracle_nonfinite_target=_nonfinite_off(tgt, oracle),
+                          oracle_nonfinite_reference=_nonfinite_off(ref, oracle))
+    return Leaf.model_validate(fields)
+
+
+def _unmatched(name: str, detail: str) -> Leaf:
+    return Leaf.model_validate({"name": name, "required_atol": None, "failure_class": tx.STRUCTURE_MISMATCH,
+                                "detail": detail})
 
 
 def compare(reference: Any, target: Any, rtol: float, gate: float, oracle: Any = None,
@@ -233,52 +262,31 @@ def compare(reference: Any, target: Any, rtol: float, gate: float, oracle: Any =
     and atol (output rules): the leaf is judged at them and records which rule applied."""
     ref_leaves, tgt_leaves = flatten(reference), flatten(target)
     oracle_leaves = flatten(oracle) if oracle is not None else {}
-    result = Comparison()
     missing = [n for n in ref_leaves if n not in tgt_leaves]
     extra = [n for n in tgt_leaves if n not in ref_leaves]
-    for name in missing:
-        result.leaves.append({"name": name, "required_atol": None, "failure_class": tx.STRUCTURE_MISMATCH,
-                              "detail": "missing in the target's outputs"})
-    for name in extra:
-        result.leaves.append({"name": name, "required_atol": None, "failure_class": tx.STRUCTURE_MISMATCH,
-                              "detail": "not in the reference's outputs"})
+    leaves = [_unmatched(name, "missing in the target's outputs") for name in missing]
+    leaves += [_unmatched(name, "not in the reference's outputs") for name in extra]
     for name, ref in ref_leaves.items():
         if name not in tgt_leaves:
             continue
         own = leaf_tolerance(name) if leaf_tolerance is not None else None
-        if own is not None and own.rule is not None:
-            leaf = _compare_leaf(name, ref, tgt_leaves[name], own.rtol, gate if own.atol is None else own.atol)
-            leaf["tolerance"] = own.model_dump()
-            if leaf.get("detail"):
-                leaf["detail"] += f" (judged by the {own.rule})"
-        else:
-            leaf = _compare_leaf(name, ref, tgt_leaves[name], rtol, gate)
-        orc = oracle_leaves.get(name)
-        judged = leaf.get("failure_class") in (None, tx.NUMERIC_DRIFT, tx.NONFINITE) and "shape" in leaf
-        if isinstance(orc, torch.Tensor) and judged and orc.shape == ref.shape:
-            leaf["oracle_rmse_target"] = _rmse(tgt_leaves[name], orc)
-            leaf["oracle_rmse_reference"] = _rmse(ref, orc)
-            # NaN/Inf on one side only, or NaN in every element of both: whose pattern float64 has decides
-            if leaf.get("nonfinite") or leaf.get("detail") == ALL_NAN:
-                leaf["oracle_nonfinite_target"] = _nonfinite_off(tgt_leaves[name], orc)
-                leaf["oracle_nonfinite_reference"] = _nonfinite_off(ref, orc)
-        result.leaves.append(leaf)
-    result.failure_class = tx.most_severe(leaf["failure_class"] for leaf in result.leaves)
+        leaves.append(_compare_leaf(name, ref, tgt_leaves[name], rtol, gate, own if own is not None and own.rule
+                                    is not None else None, oracle_leaves.get(name)))
+    failure = tx.most_severe(leaf.failure_class for leaf in leaves)
     no_tensor = not any(isinstance(v, torch.Tensor) for v in ref_leaves.values())  # None, (), {}, constants
-    if no_tensor and result.failure_class is None:  # otherwise it fails for its own reason
+    if no_tensor and failure is None:  # otherwise it fails for its own reason
         shown = ", ".join(f"{n} = {v!r}"[:60] for n, v in list(ref_leaves.items())[:3])
-        result.failure_class = tx.UNCOMPARABLE
-        result.detail = f"{NO_TENSOR} (it returned {shown}): a pass would check nothing it computes"
-        return result
+        return Comparison(leaves, tx.UNCOMPARABLE,
+                          f"{NO_TENSOR} (it returned {shown}): a pass would check nothing it computes")
     if missing or extra:
-        result.detail = f"{len(missing)} leaf(s) missing in the target, {len(extra)} extra: " + ", ".join((missing + extra)[:5])
-    else:
-        culprits = [leaf for leaf in result.leaves if leaf["failure_class"] == result.failure_class and leaf.get("detail")]
-        if culprits:
-            worst = max(culprits, key=lambda leaf: math.inf if leaf["required_atol"] is None else leaf["required_atol"])
-            more = f" (and {len(culprits) - 1} more leaf(s))" if len(culprits) > 1 else ""
-            result.detail = f"{worst['name']}: {worst['detail']}{more}"
-    return result
+        return Comparison(leaves, failure, f"{len(missing)} leaf(s) missing in the target, {len(extra)} extra: "
+                          + ", ".join((missing + extra)[:5]))
+    culprits = [leaf for leaf in leaves if leaf.failure_class == failure and leaf.detail]
+    if not culprits:
+        return Comparison(leaves, failure)
+    worst = max(culprits, key=lambda leaf: math.inf if leaf.required_atol is None else leaf.required_atol)
+    more = f" (and {len(culprits) - 1} more leaf(s))" if len(culprits) > 1 else ""
+    return Comparison(leaves, failure, f"{worst.name}: {worst.detail}{more}")
 
 
 # A passing check's target is worth a line when its rmse from float64 is above this share of the output's
@@ -286,13 +294,13 @@ def compare(reference: Any, target: Any, rtol: float, gate: float, oracle: Any =
 NOTABLE = 1e-6
 
 
-def _farther(leaf: dict[str, Any], multiplier: float, floor: float) -> str:
+def _farther(leaf: Leaf, multiplier: float, floor: float) -> str:
     """Which side of one leaf is farther from float64: target, reference, both (float64 has neither side's
     NaN/Inf pattern) or neither (equally far: each within `multiplier` times the other's rmse plus `floor`)."""
-    if "oracle_nonfinite_target" in leaf:
-        t_off, r_off = leaf["oracle_nonfinite_target"], leaf["oracle_nonfinite_reference"]
+    if leaf.oracle_nonfinite_target is not None:
+        t_off, r_off = leaf.oracle_nonfinite_target, leaf.oracle_nonfinite_reference
         return {(True, False): "target", (False, True): "reference", (True, True): "both"}.get((t_off > 0, r_off > 0), "neither")
-    t, r = leaf["oracle_rmse_target"], leaf["oracle_rmse_reference"]
+    t, r = leaf.oracle_rmse_target, leaf.oracle_rmse_reference
     if t > multiplier * r + floor:
         return "target"
     if r > multiplier * t + floor:
@@ -300,36 +308,36 @@ def _farther(leaf: dict[str, Any], multiplier: float, floor: float) -> str:
     return "neither"
 
 
-def oracle_verdict(comparison: Comparison, multiplier: float, floor: float) -> dict[str, Any] | None:
+def oracle_verdict(comparison: Comparison, multiplier: float, floor: float) -> OracleVerdict | None:
     """Which side is farther from the float64 oracle, leaf by leaf. As in PyTorch's own compile accuracy
     checks, a side is farther when its rmse from float64 exceeds `multiplier` times the other side's plus
     `floor`; when neither is, both are equally far. A leaf with NaN/Inf on one side only is judged by its
     non-finite pattern instead: the side whose pattern float64 does not have is the one that is off."""
-    leaves = [leaf for leaf in comparison.leaves if "oracle_rmse_target" in leaf]
+    leaves = [leaf for leaf in comparison.leaves if leaf.oracle_rmse_target is not None]
     if not leaves:
         return None
-    sides = {leaf["name"]: _farther(leaf, multiplier, floor) for leaf in leaves}
+    sides = {leaf.name: _farther(leaf, multiplier, floor) for leaf in leaves}
     worse = next((side for side in ("target", "both", "reference") if side in sides.values()), "neither")
     # the numbers said beside the verdict are those of the leaves that decided it, never another leaf's
-    deciding = [leaf for leaf in leaves if sides[leaf["name"]] == worse]
+    deciding = [leaf for leaf in leaves if sides[leaf.name] == worse]
     if worse == "reference":
-        worst = max(deciding, key=lambda leaf: leaf["oracle_rmse_reference"] - multiplier * leaf["oracle_rmse_target"])
+        worst = max(deciding, key=lambda leaf: leaf.oracle_rmse_reference - multiplier * leaf.oracle_rmse_target)
     else:
-        worst = max(deciding, key=lambda leaf: leaf["oracle_rmse_target"] - multiplier * leaf["oracle_rmse_reference"])
-    nonfinite = [leaf for leaf in deciding if "oracle_nonfinite_target" in leaf]
-    scale = worst.get("reference_rms") or 0.0
-    return {
-        "multiplier": multiplier,
-        "floor": floor,
-        "target_rmse": worst["oracle_rmse_target"],
-        "reference_rmse": worst["oracle_rmse_reference"],
-        "scale": scale,
-        "worse": worse,
-        "target_worse": worse == "target",
-        "leaves_target_worse": [name for name, side in sides.items() if side == "target"],
-        "notable": sides[worst["name"]] == "target" and worst["oracle_rmse_target"] > NOTABLE * scale,
-        "target_nonfinite_off": sum(leaf["oracle_nonfinite_target"] for leaf in nonfinite) if nonfinite else None,
-        "reference_nonfinite_off": sum(leaf["oracle_nonfinite_reference"] for leaf in nonfinite) if nonfinite else None,
+        worst = max(deciding, key=lambda leaf: leaf.oracle_rmse_target - multiplier * leaf.oracle_rmse_reference)
+    nonfinite = [leaf for leaf in deciding if leaf.oracle_nonfinite_target is not None]
+    scale = worst.reference_rms or 0.0
+    return OracleVerdict(
+        multiplier=multiplier,
+        floor=floor,
+        target_rmse=worst.oracle_rmse_target,
+        reference_rmse=worst.oracle_rmse_reference,
+        scale=scale,
+        worse=worse,
+        target_worse=worse == "target",
+        leaves_target_worse=[name for name, side in sides.items() if side == "target"],
+        notable=sides[worst.name] == "target" and worst.oracle_rmse_target > NOTABLE * scale,
+        target_nonfinite_off=sum(leaf.oracle_nonfinite_target for leaf in nonfinite) if nonfinite else None,
+        reference_nonfinite_off=sum(leaf.oracle_nonfinite_reference for leaf in nonfinite) if nonfinite else None,
         # both sides return the same NaN/Inf where float64 has numbers: wrong alike, no drift between them
-        "nonfinite_alike": worse == "both" and bool(nonfinite) and not any(leaf.get("nonfinite") for leaf in nonfinite),
-    }
+        nonfinite_alike=worse == "both" and bool(nonfinite) and not any(leaf.nonfinite for leaf in nonfinite),
+    )

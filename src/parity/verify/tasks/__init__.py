@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from pydantic import BaseModel
@@ -18,12 +18,15 @@ from pydantic import BaseModel
 from parity import taxonomy as tx
 from parity.errors import ParityError
 from parity.plugins import TASKS
+from parity.records.models import Tier3Check
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TaskResult:
+    """A task's verdict on one pair of outputs, made once (`verdict`, `with_failure` return a new one)."""
+
     task: str
     metrics: dict[str, Any] = field(default_factory=dict)
     passed: bool = True
@@ -86,9 +89,10 @@ class Task(ABC):
         return None
 
     def judge_follow_ups(self, result: TaskResult, reference: dict[str, Any], target: dict[str, Any], thresholds: Any,
-                         input_spec, experiment) -> dict[str, Any]:
-        """Fields both sides' follow-ups add to the tier-3 record; metrics and failures (`fail`) go into `result`."""
-        return {}
+                         input_spec, experiment) -> tuple[TaskResult, dict[str, Any]]:
+        """`result` with what both sides' follow-ups add to it (metrics, notes, failures: `with_failure`), and the
+        fields they add to the tier-3 record."""
+        return result, {}
 
     def explain(self, reference: Any, target: Any, thresholds: Any, reference_captured: list[Any],
                 target_captured: list[Any]) -> dict[str, Any]:
@@ -141,50 +145,62 @@ class OutputsNotUnderstood(ValueError):
 
 
 def verdict(result: TaskResult, failures: list[str]) -> TaskResult:
+    """`result` failed for each of `failures` (none: as it is)."""
     for failure in failures:
-        fail(result, failure)
+        result = with_failure(result, failure)
     return result
 
 
-def fail(result: TaskResult, failure: str) -> None:
-    """`result` fails for `failure` too: a decision flip, its detail the failures so far joined."""
-    result.passed, result.failure_class = False, result.failure_class or tx.DECISION_FLIP
-    result.detail = f"{result.detail}; {failure}" if result.detail else failure
+def with_failure(result: TaskResult, failure: str) -> TaskResult:
+    """`result` failing for `failure` too: a decision flip, its detail the failures so far joined."""
+    return replace(result, passed=False, failure_class=result.failure_class or tx.DECISION_FLIP,
+                   detail=f"{result.detail}; {failure}" if result.detail else failure)
 
 
-def task_check(job, target_exec, reference_exec, experiment, inputs=None) -> dict[str, Any] | None:
-    """The fields of a tier-3 `check` record, or None when the task has no evaluator or a side did not
-    run (its tier-1 check already says why). `same_set` is returned too, for the tier-1 check. A task may
-    add fields of its own (`Task.record_fields`; detection: the `pictures`); `inputs` gives their sizes."""
+def tier3_check(result: TaskResult, *, model: str, inputs: str, reference: str, target: str,
+                thresholds: dict[str, Any] | None, fields: dict[str, Any] | None = None) -> Tier3Check:
+    """The tier-3 check record of `result`, made once: its fields in the order parity has always written them, then
+    `fields` (what the task adds: `TaskResult.record`, its follow-ups', `Task.record_fields`, `Task.explain`)."""
+    made: dict[str, Any] = {"kind": "check", "tier": 3, "model": model, "inputs": inputs, "reference": reference,
+                            "target": target, "task": result.task, "status": "ok", "passed": result.passed,
+                            "failure_class": result.failure_class, "detail": result.detail, "metrics": result.metrics}
+    if thresholds is not None:
+        made["thresholds"] = thresholds
+    made["same_set"] = result.same_set
+    return Tier3Check.model_validate({**made, **(fields or {})})
+
+
+def task_check(job, target_exec, reference_exec, experiment, inputs=None) -> Tier3Check | None:
+    """The tier-3 `check` record, or None when the task has no evaluator or a side did not run (its tier-1 check
+    already says why); the judge reads its `same_set` and, under `gate: tier3`, its verdict. A task may add fields
+    of its own (`Task.record_fields`; detection: the `pictures`); `inputs` gives their sizes."""
     task = job.model.task
     if task not in evaluated() or not (reference_exec.ok and target_exec.ok):
         return None
     tasks_spec = experiment.tiers.tasks
     result = evaluate(task, reference_exec.outputs[0], target_exec.outputs[0], tasks_spec,
                       experiment.tolerance_for(target_exec.backend).gate, inputs)
-    followed = {}
+    followed: dict[str, Any] = {}
     if result.failure_class != tx.STRUCTURE_MISMATCH and None not in (reference_exec.follow_up, target_exec.follow_up):
-        followed = TASKS.get(task).judge_follow_ups(result, reference_exec.follow_up, target_exec.follow_up,
-                                                    tasks_spec.thresholds_for(task), job.inputs, experiment)
-    record = {"tier": 3, "model": job.model.name, "inputs": job.inputs.name, "reference": job.reference.id,
-              "target": target_exec.backend.id, "task": task, "status": "ok", "passed": result.passed,
-              "failure_class": result.failure_class, "detail": result.detail, "metrics": result.metrics,
-              "thresholds": tasks_spec.thresholds_for(task).model_dump(), "same_set": result.same_set,
-              **result.record, **followed}
+        result, followed = TASKS.get(task).judge_follow_ups(result, reference_exec.follow_up, target_exec.follow_up,
+                                                            tasks_spec.thresholds_for(task), job.inputs, experiment)
+    fields = {**result.record, **followed}
     if result.notes:  # the reports print them under the check
-        record["notes"] = result.notes
+        fields["notes"] = result.notes
     if result.failure_class != tx.STRUCTURE_MISMATCH:
-        record.update(TASKS.get(task).record_fields(job.inputs, reference_exec.outputs[0], target_exec.outputs[0],
+        fields.update(TASKS.get(task).record_fields(job.inputs, reference_exec.outputs[0], target_exec.outputs[0],
                                                     experiment, inputs))
     if result.failure_class == tx.DECISION_FLIP or (result.passed and result.same_set is False):
         try:
-            record.update(TASKS.get(task).explain(reference_exec.outputs[0], target_exec.outputs[0],
+            fields.update(TASKS.get(task).explain(reference_exec.outputs[0], target_exec.outputs[0],
                                                   tasks_spec.thresholds_for(task), reference_exec.captured,
                                                   target_exec.captured))
         except Exception as exc:  # an explanation is extra: it never costs the check its verdict
             log.warning("%s / %s / %s: tier 3 could not explain its failure: %s: %s", job.model.name,
                         job.inputs.name, target_exec.backend.id, type(exc).__name__, exc)
-    return record
+    return tier3_check(result, model=job.model.name, inputs=job.inputs.name, reference=job.reference.id,
+                       target=target_exec.backend.id, thresholds=tasks_spec.thresholds_for(task).model_dump(),
+                       fields=fields)
 
 
 def instrument(model: Any, task: str | None, tasks_spec) -> None:

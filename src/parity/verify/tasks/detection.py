@@ -121,8 +121,7 @@ def evaluate(reference: Any, target: Any, thresholds: DetectionThresholds, gate:
         "precision": precision, "recall": recall, "f1": f1,
         "map": average_precision(refs, tgts, thresholds.iou),
         "max_score_drift": score_drift, "max_box_drift": box_drift,
-    })
-    result.same_set = matched == n_ref == n_tgt and score_drift <= gate and box_drift <= gate
+    }, same_set=matched == n_ref == n_tgt and score_drift <= gate and box_drift <= gate)
     failures = []
     if f1 < thresholds.f1:
         failures.append(f"detection F1 {f1:.3f} < {thresholds.f1} ({matched} of {n_ref} reference boxes "

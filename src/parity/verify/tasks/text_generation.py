@@ -53,6 +53,7 @@ and says why, as `unsupported_op`.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -66,7 +67,7 @@ from parity.errors import exception_words
 from parity.inputs import Inputs
 from parity.inputs.text import load_tokenizer
 from parity.outputs import flatten
-from parity.verify.tasks import Headline, OutputsNotUnderstood, Task, TaskResult, fail, verdict
+from parity.verify.tasks import Headline, OutputsNotUnderstood, Task, TaskResult, verdict, with_failure
 
 MAX_FLIPS = 20  # flips a record lists, real ones first, then by margin
 CONTEXT = 6  # tokens a divergence is shown after
@@ -301,18 +302,20 @@ def evaluate(reference: Any, target: Any, thresholds: TextGenerationThresholds, 
     n = m["positions"]
     top1 = 1.0 - (len(found) if thresholds.count_near_ties else real) / n if n else math.nan
     m.update(top1_agreement=top1, flips=len(found), real_flips=real, near_tie_flips=len(found) - real)
-    result = TaskResult("text-generation", m, record={"kld_histogram": kld_histogram(kld)})
+    record: dict[str, Any] = {"kld_histogram": kld_histogram(kld)}
     if ids is not None and getattr(inputs, "texts", ()):  # a text's ids: what re-running the statistics needs
-        result.record["token_ids"] = ids.tolist()
+        record["token_ids"] = ids.tolist()
     if found:  # what a reader looks at: real flips first, then by the reference's margin (largest first)
         found.sort(key=lambda f: (f["class"] != "real", -f["margin"]))
-        result.record["token_flips"] = found[:MAX_FLIPS]
+        record["token_flips"] = found[:MAX_FLIPS]
+    notes = []
     if ids is None:
-        result.notes.append("no token ids among the inputs: the text's next tokens are unknown, so perplexity and "
-                            "delta p have no value; KL and top-1 are over every real position")
+        notes.append("no token ids among the inputs: the text's next tokens are unknown, so perplexity and "
+                     "delta p have no value; KL and top-1 are over every real position")
     if n < FEW_POSITIONS:
-        result.notes.append(f"only {n} scored positions (under {FEW_POSITIONS}): the statistics are rough "
-                            "(llama-perplexity prints none)")
+        notes.append(f"only {n} scored positions (under {FEW_POSITIONS}): the statistics are rough "
+                     "(llama-perplexity prints none)")
+    result = TaskResult("text-generation", m, notes=notes, record=record)
     failures = []
     if not n:
         failures.append("no scored position: every next token is padding or in a window's unscored first half")
@@ -468,20 +471,21 @@ def _cached_statistics(ref: torch.Tensor, tgt: torch.Tensor, tokens: torch.Tenso
 
 
 def judge_cached(result: TaskResult, reference: dict[str, Any] | None, target: dict[str, Any] | None,
-                 thresholds: TextGenerationThresholds) -> dict[str, Any]:
+                 thresholds: TextGenerationThresholds) -> tuple[TaskResult, dict[str, Any]]:
     """The `cached` field of a tier-3 record from both sides' `decode_cached`: the target's cached decoding against
     the reference's (`target`), the reference's cached decoding against its own uncached forward (`reference_self`:
     a cache bug in the reference itself), and the target's against its own (`target_self`, shown, not judged: it
     says whether a difference comes from the target's cache path). A failure of either judged comparison fails the
-    check; a side that could not decode says why (`error`, `side`, and the target's `failure_class`)."""
+    check (`result` failing too); a side that could not decode says why (`error`, `side`, and the target's
+    `failure_class`)."""
     if reference is None or target is None:  # a follow-up from before cached decoding, or none asked
-        return {}
+        return result, {}
     for side, found in (("reference", reference), ("target", target)):
         if "error" in found:
-            return {"cached": {"side": side, "error": f"the {side}: {found['error']}",
-                               "failure_class": found.get("failure_class")}}
+            return result, {"cached": {"side": side, "error": f"the {side}: {found['error']}",
+                                       "failure_class": found.get("failure_class")}}
     if (reference["prompt_tokens"], reference["steps"]) != (target["prompt_tokens"], target["steps"]):
-        return {"cached": {"error": "the two sides decoded different prompts", "failure_class": tx.BACKEND_ERROR}}
+        return result, {"cached": {"error": "the two sides decoded different prompts", "failure_class": tx.BACKEND_ERROR}}
     tokens = torch.tensor(reference["tokens"])
     versus, failures = _cached_statistics(reference["logits"], target["logits"], tokens, thresholds)
     own, own_failures = _cached_statistics(reference["uncached"], reference["logits"], tokens, thresholds)
@@ -496,8 +500,8 @@ def judge_cached(result: TaskResult, reference: dict[str, Any] | None, target: d
               "failure_class": tx.DECISION_FLIP if said else None, "detail": "; ".join(said) or None,
               "target": versus, "reference_self": own, "target_self": target_own}
     if said:
-        fail(result, "cached decoding: " + cached["detail"])
-    return {"cached": cached}
+        result = with_failure(result, "cached decoding: " + cached["detail"])
+    return result, {"cached": cached}
 
 
 def _decoded(backend, ids: torch.Tensor, prompt: torch.Tensor, n: int, lengths: torch.Tensor) -> dict[str, Any]:
@@ -527,13 +531,13 @@ def _decoder(input_spec, experiment):
 
 
 def judge_continuations(result: TaskResult, reference: dict[str, Any], target: dict[str, Any],
-                        thresholds: TextGenerationThresholds, decode=None) -> dict[str, Any]:
+                        thresholds: TextGenerationThresholds, decode=None) -> tuple[TaskResult, dict[str, Any]]:
     """The `generation` field of a tier-3 record, from both sides' `generate`: per prompt, where the continuations
-    first differ and the tokens around it; `exact_match` and `first_divergence` into the metrics, and a failure
-    when `exact_match` is below its threshold (when one is set)."""
+    first differ and the tokens around it; and `result` with `exact_match` and `first_divergence` in its metrics,
+    failing when `exact_match` is below its threshold (when one is set)."""
     for side, found in (("reference", reference), ("target", target)):
         if "error" in found:
-            return {"generation": {"error": f"the {side}: {found['error']}"}}
+            return result, {"generation": {"error": f"the {side}: {found['error']}"}}
     prompts = []
     texts = reference.get("text_tokens") or [len(p) for p in reference["prompts"]]  # follow-ups before it: uncut
     for i, (prompt, ref, tgt) in enumerate(zip(reference["prompts"], reference["tokens"], target["tokens"], strict=True)):
@@ -549,20 +553,21 @@ def judge_continuations(result: TaskResult, reference: dict[str, Any], target: d
                 entry["text"] = {part: decode(entry[part]) for part in ("context", "reference", "target")}
         prompts.append(entry)
     cut = [(p["text_tokens"], p["prompt_tokens"]) for p in prompts if "text_tokens" in p]
+    notes = list(result.notes)
     if cut:
         shown = ", ".join(f"{a} -> {b}" for a, b in cut[:4]) + (", ..." if len(cut) > 4 else "")
-        result.notes.append(f"free-running: {len(cut)} of {len(prompts)} prompts cut to leave room for "
-                            f"{reference['new_tokens']} new tokens in the input set's sequence length (tokens "
-                            f"{shown}); a lower new_tokens keeps more of each prompt")
+        notes.append(f"free-running: {len(cut)} of {len(prompts)} prompts cut to leave room for "
+                     f"{reference['new_tokens']} new tokens in the input set's sequence length (tokens "
+                     f"{shown}); a lower new_tokens keeps more of each prompt")
     diverged = [p["first_divergence"] for p in prompts if p["first_divergence"] is not None]
     exact = 1.0 - len(diverged) / len(prompts) if prompts else 1.0
-    result.metrics["exact_match"] = exact
-    if diverged:
-        result.metrics["first_divergence"] = min(diverged)
+    metrics = {**result.metrics, "exact_match": exact, **({"first_divergence": min(diverged)} if diverged else {})}
+    result = replace(result, metrics=metrics, notes=notes)
     if thresholds.exact_match is not None and exact < thresholds.exact_match:
-        fail(result, f"exact match of the continuations {exact:.3g} < {thresholds.exact_match} ({len(diverged)} of "
-                     f"{len(prompts)} greedy continuations of {reference['new_tokens']} tokens differ)")
-    return {"generation": {"new_tokens": reference["new_tokens"], "exact_match": exact, "prompts": prompts}}
+        result = with_failure(result, f"exact match of the continuations {exact:.3g} < {thresholds.exact_match} "
+                                      f"({len(diverged)} of {len(prompts)} greedy continuations of "
+                                      f"{reference['new_tokens']} tokens differ)")
+    return result, {"generation": {"new_tokens": reference["new_tokens"], "exact_match": exact, "prompts": prompts}}
 
 
 def _num(x: Any, fmt: str = ".6g") -> str:
@@ -629,9 +634,9 @@ class TextGeneration(Task):
         return partial(follow, new_tokens=thresholds.new_tokens, leaf=output) if thresholds.new_tokens else None
 
     def judge_follow_ups(self, result, reference, target, thresholds, input_spec, experiment):
-        cached = judge_cached(result, reference.get("cached"), target.get("cached"), thresholds)
-        return {**judge_continuations(result, reference, target, thresholds, _decoder(input_spec, experiment)),
-                **cached}
+        result, cached = judge_cached(result, reference.get("cached"), target.get("cached"), thresholds)
+        result, generation = judge_continuations(result, reference, target, thresholds, _decoder(input_spec, experiment))
+        return result, {**generation, **cached}
 
 
 TASK = TextGeneration()
