@@ -152,9 +152,9 @@ def next_steps(check: Check, view: RunView, run_dir: str | Path) -> list[str]:
         lines.append(f"the target's trace is specialised at {s.where}" + (f": {s.code}" if s.code else "")
                      + "; trace it on inputs that take this input set's branch (the model's export_inputs), or make the branch "
                      "traceable (torch.where; torch.cond under torch.export)")
-    found_pass = (found.compiler_pass if found else None) or {}
-    if found_pass.get("switch"):
-        lines.append(f"try the target with options: {{inductor_config: {{{switch_words(found_pass['switch'])}}}}} "
+    found_pass = found.compiler_pass if found else None
+    if found_pass and found_pass.switch:
+        lines.append(f"try the target with options: {{inductor_config: {{{switch_words(found_pass.switch)}}}}} "
                      f"(torch's compiler bisector: with it, {pass_path(found_pass)} no longer makes the drift)")
     if single and not quantized:  # no int8 repro
         lines += reduce_step(run_dir, check.model, check.inputs, check.target, run.file)
