@@ -630,7 +630,7 @@ class Layers(Record):
                                                      "(NaN where it has NaN): no drift between the sides.")
     uncalled: str | None = Field(None, description="A culprit that calls none of its submodules as modules "
                                                    "(nn.MultiheadAttention): a leaf, with no layers to rank.")
-    decode_step: DecodeStep | None = Field(
+    decode_step: DecodeStepCompared | None = Field(
         None, description="Localized on a decode step (mode `decode step`: the check's forward passes at the gate, its "
                           "cached decoding fails on the target): `prompt_tokens`, `step` (1: the first token fed after "
                           "the prompt), `sequences`; `entered_through`, the culprit's arguments that already differ (the "
@@ -743,7 +743,7 @@ class DecodeCached(Part):
     detail: str | None = Field(None, description="Its failures, in words.")
 
 
-class DecodeStep(Part):
+class DecodeStepCompared(Part):
     """A localization on a decode step: one token fed after the prompt through each side's own KV cache."""
 
     prompt_tokens: int = Field(description="The prompt's length in tokens.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from parity.config.tolerances import rounded_up
 from parity.errors import visible
-from parity.records.models import DecodeStep, Fallback, GateVerdict, Layers, Tier1Check
+from parity.records.models import DecodeStepCompared, Fallback, GateVerdict, Layers, Tier1Check
 from parity.records.summary import Summary, exit_code
 from parity.records.view import RunView
 from parity.report.next_steps import next_steps
@@ -212,7 +212,7 @@ def group_table(record: Layers):
     return table
 
 
-def decode_line(decode_step: DecodeStep) -> str:
+def decode_line(decode_step: DecodeStepCompared) -> str:
     """What `parity localize` says of a check localized on a decode step: its cached decoding fails, and what the
     tables compare instead of the forward."""
     detail = decode_step.cached.detail if decode_step.cached else None
