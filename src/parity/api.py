@@ -86,7 +86,8 @@ def fallback(source: str | Path | dict | Experiment, model: str | None = None, t
     from parity.runner.runner import Runner
 
     runner = Runner(_experiment(source), Path(out) if out is not None else None)
-    return runner.find_fallback(*runner.one_check(model, target, inputs, option="{}="), tier)[1]
+    found = runner.find_fallback(*runner.one_check(model, target, inputs, option="{}="), tier)
+    return found.model_dump(exclude={"kind", "schema_version"})
 
 
 def _as_inputs(inputs: Any) -> Inputs:

@@ -25,7 +25,7 @@ from parity.records.view import RunView
 from parity.runner.localization import localize
 from parity.runner.search import candidates_from, search_fallback
 from tests.fixtures.tiny import Sensitive
-from tests.support import tiny_experiment
+from tests.support import CHECK, localized, tiny_experiment
 
 EAGER = BackendSpec(backend="eager")
 PT2E = BackendSpec(backend="eager", quantize={"scheme": "pt2e-x86", "calibration": "calib"})
@@ -180,8 +180,8 @@ def test_tier2_ranks_layers_by_their_own_quantization_error(ranked):
 def test_fallback_keeps_the_sensitive_layer_in_float(ranked):
     model, loc = ranked
     with calibration.providing(lambda name: [CALIB]):
-        result = search_fallback(EAGER, PT2E, model, IMAGE, candidates_from(loc.record()), Tolerance((0.05,), 1e-5, 0.05),
-                                 latency_runs=2)
+        result = search_fallback(EAGER, PT2E, model, IMAGE, candidates_from(localized(loc)), Tolerance((0.05,), 1e-5, 0.05),
+                                 latency_runs=2, names=CHECK)
     assert result.runs_in == "float" and result.required_atol_before > 0.05
     assert result.passed and result.modules == ["b"] and result.required_atol_after <= 0.05
     assert result.latency_before_s > 0 and result.latency_after_s > 0

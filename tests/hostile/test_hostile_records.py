@@ -228,9 +228,11 @@ def test_report_of_a_whole_run_copied_elsewhere_still_renders(tmp_path, records)
 # -- pictures a record names: `parity report` draws them, never hangs or dies on them -----------------------
 
 def _view(path, size=None, preprocess=None, boxes=None):
+    from parity.records.models import PictureGeometry, PictureImage
     from parity.report.pictures import model_view
 
-    return model_view({"path": str(path) if path else None, "size": size}, preprocess or {}, boxes or [[0, 0, 10, 10]])
+    image = PictureImage(source="a record", path=str(path) if path else None, size=size)
+    return model_view(image, PictureGeometry(**preprocess or {}), boxes or [[0, 0, 10, 10]])
 
 
 def test_a_picture_path_that_is_a_fifo_is_not_opened(tmp_path):

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from parity.cli import build_parser
-from parity.runner.search import FallbackResult, next_step
-from tests.support import ROOT
+from parity.runner.search import next_step
+from tests.support import ROOT, fallback_found
 
 COMMANDS = ("command", "which", "file")  # the names parity's next: lines format their command from
 
@@ -70,7 +70,7 @@ def test_the_fallback_searchs_next_steps_are_commands_or_comments(aim, task, pas
     """Every branch of the search's advice: a `next: ` line is the command alone, the advice is its own line."""
     from parity.config.schema import BackendSpec
 
-    result = FallbackResult("eager-cpu-bfloat16", "float32", aim=aim, passed=whole, whole_model=whole,
+    result = fallback_found("eager-cpu-bfloat16", "float32", aim=aim, passed=whole, whole_model=whole,
                             required_atol_before=3.6e-5, passing_gate=passing_gate)
     command = f"parity fallback {shlex.quote(str(Path('my exp.yaml')))} --model m --target eager-cpu-bfloat16 --inputs x"
     text = next_step(result, command, task, BackendSpec(backend="eager", dtype="bfloat16"))

@@ -19,7 +19,7 @@ from parity.runner.localization import localize
 from parity.runner.search import candidates_from, is_whole_model, next_step, search_fallback
 from tests.fixtures.faults import inject
 from tests.fixtures.tiny import DeepCNN
-from tests.support import tiny_experiment
+from tests.support import CHECK, fallback_found, localized, tiny_experiment
 
 EAGER = BackendSpec(backend="eager")
 IMAGE = Inputs((torch.randn(2, 3, 10, 10, generator=torch.Generator().manual_seed(0)),))
@@ -42,7 +42,7 @@ def faulty(condition: str, magnitude: float):
 def test_the_faulty_module_is_the_minimal_fallback(target, condition, magnitude, gate):
     model = faulty(condition, magnitude)
     loc = localize(EAGER, target, model, IMAGE, 1e-5, 1e-4)
-    result = search_fallback(EAGER, target, model, IMAGE, candidates_from(loc.record()), at(gate))
+    result = search_fallback(EAGER, target, model, IMAGE, candidates_from(localized(loc)), at(gate), names=CHECK)
     assert result.required_atol_before > gate
     assert result.passed and result.modules == ["head"] and result.required_atol_after <= gate and result.tier1_passed_after
     assert result.latency_before_s > 0 and result.latency_after_s > 0
@@ -54,7 +54,7 @@ def test_a_module_the_check_passes_without_is_dropped_from_the_set():
     the faulty one is left out of the answer (the ceiling, both at once; two trials to grow, one to shrink)."""
     target = BackendSpec(backend="eager", dtype="bfloat16")
     result = search_fallback(EAGER, target, faulty("bfloat16", 0.3), IMAGE, ["stem", "head"], at(5e-2),
-                             latency_runs=1)
+                             latency_runs=1, names=CHECK)
     assert result.passed and result.modules == ["head"] and result.tried == 4  # the ceiling, 2 to grow, 1 to shrink
 
 
@@ -65,7 +65,7 @@ def test_no_fallback_when_the_drift_has_no_single_source():
     torch.manual_seed(0)
     model = DeepCNN().eval()
     target = BackendSpec(backend="eager", dtype="bfloat16")
-    result = search_fallback(EAGER, target, model, IMAGE, ["stem", "block1", "block2", "head"], at(1e-7))
+    result = search_fallback(EAGER, target, model, IMAGE, ["stem", "block1", "block2", "head"], at(1e-7), names=CHECK)
     assert not result.passed and not result.whole_model
     assert result.tried == 1 and result.ceiling_modules == 4  # the ceiling (all four in float32) failed: no search
     assert result.ceiling_atol > 1e-7 and result.passing_gate >= result.required_atol_before
@@ -106,10 +106,10 @@ def test_a_check_that_already_passes_is_not_localized():
         return ["head"]
 
     loose = search_fallback(EAGER, BackendSpec(backend="eager", dtype="bfloat16"), model, IMAGE, candidates,
-                          at(10.0, rtol=0.0), latency_runs=1)
+                          at(10.0, rtol=0.0), latency_runs=1, names=CHECK)
     assert loose.passed and loose.modules == [] and asked == []
     tight = search_fallback(EAGER, BackendSpec(backend="eager", dtype="bfloat16"), model, IMAGE, candidates,
-                          at(0.0, rtol=0.0), latency_runs=1)
+                          at(0.0, rtol=0.0), latency_runs=1, names=CHECK)
     assert asked == [True] and tight.tried >= 1
 
 
@@ -154,9 +154,9 @@ def test_a_task_level_fallback_restores_the_decision_where_no_set_reaches_a_tigh
     model = faulty("bfloat16", 30.0)
     target = BackendSpec(backend="eager", dtype="bfloat16")
     candidates = ["block2", "head", "block1", "stem"]
-    strict = search_fallback(EAGER, target, model, images, candidates, at(1e-7))
+    strict = search_fallback(EAGER, target, model, images, candidates, at(1e-7), names=CHECK)
     assert not strict.passed
-    aimed = search_fallback(EAGER, target, model, images, candidates, at(1e-7), task=("classification", tasks_spec()))
+    aimed = search_fallback(EAGER, target, model, images, candidates, at(1e-7), task=("classification", tasks_spec()), names=CHECK)
     assert aimed.aim == "tier 3" and aimed.task_before["top1_agreement"] < 0.99
     assert aimed.passed and aimed.modules == ["head"] and aimed.task_after["top1_agreement"] == 1.0
     assert aimed.required_atol_after > 1e-7 and aimed.tier1_passed_after is False  # only the decisions were the aim
@@ -179,7 +179,7 @@ def test_a_task_level_fallback_never_passes_a_trial_that_tier_1_finds_nan_in(mon
     monkeypatch.setattr(search, "evaluate", lambda *args: TaskResult(args[0], passed=True, same_set=None))
     target = BackendSpec(backend="tests.runner.test_search:NaNEager", dtype="bfloat16")
     result = search_fallback(EAGER, target, faulty("bfloat16", 0.0), IMAGE, ["head"], at(1e-4),
-                             task=("classification", tasks_spec()))
+                             task=("classification", tasks_spec()), names=CHECK)
     assert not result.passed and result.required_atol_before == float("inf")
 
 
@@ -226,24 +226,26 @@ def test_what_counts_as_the_whole_model():
 
 
 def test_next_steps_for_each_aim():
-    from parity.runner.search import FallbackResult
-
-    partial = FallbackResult("t", "eager", modules=["head"], passed=True)
+    partial = fallback_found(modules=["head"], passed=True)
     assert next_step(partial, "parity fallback f.yaml", "classification") is None
-    whole = FallbackResult("t", "eager", modules=["a", "b"], passed=True, whole_model=True, required_atol_before=0.5)
+    whole = fallback_found(modules=["a", "b"], passed=True, whole_model=True, required_atol_before=0.5)
     assert "\nnext: parity fallback f.yaml --tier 3\n" in next_step(whole, "parity fallback f.yaml", "detection") + "\n"
-    whole.passing_gate = 0.5
+    whole = whole.model_copy(update={"passing_gate": 0.5})
     assert "    tolerances: {gate: 0.5}" in next_step(whole, "parity fallback f.yaml", None, BackendSpec(backend="eager"))
-    nonfinite = FallbackResult("t", "eager", required_atol_before=float("inf"))
+    nonfinite = fallback_found(required_atol_before=float("inf"))
     assert "no atol passes" in next_step(nonfinite, "parity fallback f.yaml", None)
-    task_aim = FallbackResult("t", "float32", aim="tier 3")
+    task_aim = fallback_found(runs_in="float32", aim="tier 3")
     assert "lower the thresholds in tiers.tasks" in next_step(task_aim, "parity fallback f.yaml", "classification")
 
 
 def test_a_whole_graph_localization_leads_the_candidates_with_its_first_divergent_layer():
     """No suspects (no own error above the threshold): the layer its propagated error names comes first."""
-    layers = [{"name": n, "local": {"rel_rmse": e, "error": None}} for n, e in (("a", 0.0), ("b", 0.0), ("c", 1e-9))]
-    record = {"suspects": [], "first_divergent": "b", "levels": [{"layers": layers}]}
+    from parity.records.models import Layers
+
+    layers = [{"name": n, "local": {"name": n, "rel_rmse": e, "error": None}} for n, e in (("a", 0.0), ("b", 0.0), ("c", 1e-9))]
+    record = Layers.model_validate({"kind": "layers", "model": "m", "inputs": "x", "target": "t", "verdict": "whole graph",
+                                    "mode": "own", "threshold": 1e-3, "suspects": [], "first_divergent": "b",
+                                    "levels": [{"parent": None, "layers": layers}]})
     assert candidates_from(record) == ["b", "c", "a"]
 
 

@@ -127,14 +127,14 @@ def test_fallback_keeps_the_fewest_groups_and_its_snippet_passes_when_pasted(tmp
     its check passes as the target's own entry gates it (its `tolerances: {gate: tier3}` kept in the snippet)."""
     gated = {**TARGET, "tolerances": {"gate": "tier3"}}
     runner, (model, target, inputs) = _runner(tmp_path, [gated])
-    result, record = runner.find_fallback(model, target, inputs, tier=3)
+    result = runner.find_fallback(model, target, inputs, tier=3)
     found = result.tensor_types
     assert result.passed and result.modules == ["blk.1"] and not result.whole_model
-    assert (found["bytes_before"], found["bytes_after"]) == (5 * BYTES, 5 * BYTES + 2 * (KEPT_BYTES - BYTES))
+    assert (found.bytes_before, found.bytes_after) == (5 * BYTES, 5 * BYTES + 2 * (KEPT_BYTES - BYTES))
     assert result.task_before["kl_mean"] > 0.05 >= result.task_after["kl_mean"]
-    lines = [text for _, text in fallback_lines(result, record, 1e-4, False, "lm", "text-generation")]
-    assert found["snippet"] in lines and any("tokens/s" in line for line in lines)
-    pasted = yaml.safe_load(found["snippet"])
+    lines = [text for _, text in fallback_lines(result, 1e-4, False, "lm", "text-generation")]
+    assert found.snippet in lines and any("tokens/s" in line for line in lines)
+    pasted = yaml.safe_load(found.snippet)
     assert pasted == [{**gated, "name": "typed-q4-kept", "options": {"keep": ["blk.1"], "keep_type": "Q8_0"}}]
     from parity.api import run_experiment
 
@@ -155,9 +155,9 @@ class Drifting(Typed):
 
 def test_no_prefix_that_passes_is_said(tmp_path):
     runner, (model, target, inputs) = _runner(tmp_path, [{**TARGET, "backend": "tests.runner.test_tensor_types:Drifting"}])
-    result, record = runner.find_fallback(model, target, inputs, tier=3)
-    assert not result.passed and result.tensor_types["snippet"] is None and result.next_step
-    lines = [text for _, text in fallback_lines(result, record, 1e-4, False, "lm", "text-generation")]
+    result = runner.find_fallback(model, target, inputs, tier=3)
+    assert not result.passed and result.tensor_types.snippet is None and result.next_step
+    lines = [text for _, text in fallback_lines(result, 1e-4, False, "lm", "text-generation")]
     assert any("no prefix" in line for line in lines)
 
 

@@ -33,3 +33,22 @@ def tiny_experiment(targets: list[dict], **overrides) -> dict:
     }
     exp.update(overrides)
     return exp
+
+
+def fallback_found(target: str = "t", runs_in: str = "eager", **fields):
+    """A `fallback` record as a search makes one (runner/search.py `fallback_record`): nothing found, nothing tried,
+    unless `fields` say otherwise."""
+    from parity.runner.search import fallback_record
+
+    return fallback_record(model="m", inputs="x", reference="eager", target=target, runs_in=runs_in,
+                           **{"aim": "tier 1", "modules": [], "passed": False, "tried": 0, "whole_model": False, **fields})
+
+
+CHECK = ("m", "x")  # the (model, input set) a search's record names, where a test searches outside a run
+
+
+def localized(loc):
+    """A Localization (verify/localize.py) as the `layers` record a run writes of it, for one check."""
+    from parity.records.models import Layers
+
+    return Layers(kind="layers", model=CHECK[0], inputs=CHECK[1], **loc.record())

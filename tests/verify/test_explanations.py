@@ -9,6 +9,7 @@ import pytest
 
 from parity.verify.activations import LevelResult, new_layer_error
 from parity.verify.localize import Localization, rank
+from tests.support import fallback_found
 
 
 def _level(errors: dict[str, float]) -> LevelResult:
@@ -66,23 +67,22 @@ def test_a_fallback_whose_tier3_aim_already_agrees_says_tier1_fails_and_how_to_g
 
 def test_fallback_names_its_modules():
     from parity.report.console import fallback_lines
-    from parity.runner.search import FallbackResult
 
-    failed = FallbackResult("t", "float32", modules=["a.conv", "b", "c.0"], required_atol_before=1e-2,
+    failed = fallback_found(runs_in="float32", modules=["a.conv", "b", "c.0"], required_atol_before=1e-2,
                             required_atol_after=1e-3, tried=6)
-    lines = [text for _, text in fallback_lines(failed, failed.record(), 1e-4, False, "m", None)]
+    lines = [text for _, text in fallback_lines(failed, 1e-4, False, "m", None)]
     assert "with 3 module(s) in float32 (a.conv, b, c.0)" in lines[0]
-    aimed = FallbackResult("t", "float32", aim="tier 3", modules=["head"], passed=True, required_atol_before=1e-2,
+    aimed = fallback_found(runs_in="float32", aim="tier 3", modules=["head"], passed=True, required_atol_before=1e-2,
                            required_atol_after=1e-3, latency_before_s=1.0, latency_after_s=1.0)
-    lines = [text for _, text in fallback_lines(aimed, aimed.record(), 1e-4, False, "m", "classification")]
+    lines = [text for _, text in fallback_lines(aimed, 1e-4, False, "m", "classification")]
     assert "apply it: in the target's entry, fallback: [m:head]" in lines
     assert any("tier 1 still fails with it" in line and "gate: tier3" in line for line in lines)
-    gated = [text for _, text in fallback_lines(aimed, aimed.record(), 1e-4, True, "m", "classification")]
+    gated = [text for _, text in fallback_lines(aimed, 1e-4, True, "m", "classification")]
     assert not any("gate: tier3" in line for line in gated)  # the target gates on tier 3 already
     # tier 1's verdict is the judge's, recorded by the search: an output rule may pass a leaf above the gate
-    ruled = FallbackResult("t", "float32", aim="tier 3", modules=["head"], passed=True, required_atol_before=1e-2,
+    ruled = fallback_found(runs_in="float32", aim="tier 3", modules=["head"], passed=True, required_atol_before=1e-2,
                            required_atol_after=1e-3, tier1_passed_after=True, latency_before_s=1.0, latency_after_s=1.0)
-    lines = [text for _, text in fallback_lines(ruled, ruled.record(), 1e-4, False, "m", "classification")]
+    lines = [text for _, text in fallback_lines(ruled, 1e-4, False, "m", "classification")]
     assert not any("tier 1 still fails" in line for line in lines)
 
 

@@ -386,7 +386,7 @@ def test_class_agnostic_candidates_correspond_by_index_when_an_anchor_changes_it
 def test_record_candidates_keeps_one_images_post_processing_only_in_a_watched_eager_run(monkeypatch):
     import parity
     from parity.execute import capture
-    from parity.verify.tasks.detection_capture import candidates_of
+    from parity.verify.tasks.detection_capture import HeadsCall, candidates_of
 
     boxes, scores = torch.tensor([[0.0, 0, 10, 10], FAR]), torch.tensor([0.6, 0.9])
     labels, kept = torch.tensor([1, 1]), torch.tensor([1, 0])
@@ -406,7 +406,9 @@ def test_record_candidates_keeps_one_images_post_processing_only_in_a_watched_ea
         record()  # a compiler tracing the model: its fake tensors are no candidates
     assert traced == []
     # with a torchvision head's capture in the same run, which of the two explains the outputs is unknown
-    assert candidates_of([*captured, {"kind": "torchvision_roi_heads"}]) is None
+    heads = HeadsCall(torch.ones(1, 3), torch.zeros(1, 12), [torch.zeros(1, 4)], [(8, 8)], (10.0, 10.0, 5.0, 5.0), 4.0,
+                      0.05, 0.5, 100, ([boxes], [scores], [labels]))
+    assert candidates_of([*captured, heads]) is None
 
 
 class GridDetector(torch.nn.Module):

@@ -105,8 +105,8 @@ def cmd_fallback(args: argparse.Namespace) -> int:
     exp, model_spec, target, input_spec = _one_check(args)
     command = f"parity fallback {shlex.quote(str(args.file))} --model {model_spec.name} --target {target.id} --inputs {input_spec.name}"
     with library_logs(_log_file(args), getattr(args, "verbose", False)):
-        result, record = _runner(args, exp).find_fallback(model_spec, target, input_spec, args.tier, command)
+        result = _runner(args, exp).find_fallback(model_spec, target, input_spec, args.tier, command)
     tol = exp.tolerance_for(target)
-    render_fallback(fallback_lines(result, record, tol.gate, tol.by_task, model_spec.name, model_spec.task), make_console())
+    render_fallback(fallback_lines(result, tol.gate, tol.by_task, model_spec.name, model_spec.task), make_console())
     _said_records(args)
     return EXIT_OK if result.passed and not result.whole_model else EXIT_FAILED

@@ -450,13 +450,13 @@ class CachedDecodingCheck(Part):
                                                "own uncached forward, or it could not decode) or target.")
     detail: str | None = Field(None, description="Its failures, in words.")
     error: str | None = Field(None, description="Why nothing was compared, in one line.")
-    target: dict[str, Any] | None = Field(None, description="The target's cached decoding against the reference's, "
+    target: CachedMetrics | None = Field(None, description="The target's cached decoding against the reference's, "
                                                             "judged: positions, kl_mean, kl_max, same_top1, "
                                                             "top1_agreement, real_flips, near_tie_flips, max_abs, "
                                                             "first_flip (the earliest step that flips).")
-    reference_self: dict[str, Any] | None = Field(None, description="The reference's cached decoding against its "
+    reference_self: CachedMetrics | None = Field(None, description="The reference's cached decoding against its "
                                                                     "own uncached forward, judged (same metrics).")
-    target_self: dict[str, Any] | None = Field(None, description="The target's cached decoding against its own "
+    target_self: CachedMetrics | None = Field(None, description="The target's cached decoding against its own "
                                                                  "uncached forward, shown, not judged (same metrics).")
 
 
@@ -468,8 +468,10 @@ class Tier3Check(Check):
     metrics: dict[str, Any] = Field(description="The evaluator's metrics.")
     thresholds: dict[str, Any] | None = Field(None, description="The thresholds they were judged at: the task's own (`tiers.tasks.<task>`); records written before tasks were plugins hold the flat set of every task's.")
     same_set: bool | None = Field(None, description="Whether both sides gave the same items in another order.")
-    pictures: dict[str, Any] | None = Field(None, description="Detection: the images and each side's boxes, for "
-                                                              "reports to draw.")
+    pictures: DetectionPictures | dict[str, Any] | None = Field(
+        None, union_mode="left_to_right", description="Detection: the images and each side's boxes, for reports to "
+                                                      "draw; a mapping that is not one (a record edited by hand) is "
+                                                      "kept as read, and the report says it cannot be drawn.")
     token_flips: list[dict[str, Any]] | None = Field(
         None, description="Text generation, when a next-token decision differs: up to 20 positions ([sequence, "
                           "position]), real flips first, each with both sides' tokens, the reference's top-2 "
@@ -481,7 +483,7 @@ class Tier3Check(Check):
     notes: list[str] | None = Field(None, description="What a reader must know of the metrics: few scored "
                                                     "positions (under 100), no token ids, prompts cut for "
                                                     "free-running.")
-    kld_histogram: dict[str, Any] | None = Field(None, description="Text generation: the scored positions' KL "
+    kld_histogram: KldHistogram | None = Field(None, description="Text generation: the scored positions' KL "
                                                                    "divergence counted per decade (`edges`, and "
                                                                    "`counts`: one more than the edges), for a "
                                                                    "report's picture.")
@@ -622,7 +624,7 @@ class Layers(Record):
     specialized: Specialized | None = Field(
         None, description="The target's trace took one branch of a data-dependent condition: the warned line and the "
                           "innermost module whose class holds it.")
-    compiler_pass: dict[str, Any] | None = Field(
+    compiler_pass: CompilerPass | None = Field(
         None, description="No layer makes an error of its own on a compiler target: the pass torch's CompilerBisector "
                           "names (`found`, `backend`, `subsystem`, `application`, `debug_info`, `switch`: the setting "
                           "that removes the drift, `steps`, `elapsed_s`), or why it named none (`why`).")
@@ -633,7 +635,7 @@ class Layers(Record):
                                                      "(NaN where it has NaN): no drift between the sides.")
     uncalled: str | None = Field(None, description="A culprit that calls none of its submodules as modules "
                                                    "(nn.MultiheadAttention): a leaf, with no layers to rank.")
-    decode_step: dict[str, Any] | None = Field(
+    decode_step: DecodeStepCompared | None = Field(
         None, description="Localized on a decode step (mode `decode step`: the check's forward passes at the gate, its "
                           "cached decoding fails on the target): `prompt_tokens`, `step` (1: the first token fed after "
                           "the prompt), `sequences`; `entered_through`, the culprit's arguments that already differ (the "
@@ -677,7 +679,6 @@ class Fallback(Record):
     task_after: dict[str, Any] | None = Field(description="... and with it.")
     latency_before_s: float | None = Field(description="Median run time without fallback.")
     latency_after_s: float | None = Field(description="... and with it.")
-    latency_ratio: float | None = Field(description="after / before.")
     latency_float_s: float | None = Field(
         description="int8 targets: the float model's median run time on the same backend, timed alongside.")
     tried: int = Field(description="How many sets were tried.")
@@ -689,11 +690,12 @@ class Fallback(Record):
                                                          "as it is passes, verified by judging its run again at it.")
     next_step: str | None = Field(description="What to try when no partial fallback exists, one line each; a line "
                                               "starting `next: ` is a command.")
-    tensor_types: dict[str, Any] | None = Field(
+    tensor_types: KeptGroups | None = Field(
         None, description="A target that runs a file of typed tensors (llama.cpp's GGUF): `modules` are tensor "
                           "groups kept at `keep_type`; `bytes_before`/`bytes_after` of the file, "
                           "`tokens_per_s_before`/`after` (the two files run in turns), `snippet` (the target entry "
                           "that reproduces it), `localization` (the ranking the search followed).")
+    latency_ratio: float | None = Field(description="latency_after_s / latency_before_s.")
 
 
 class InputWarning(Record):
@@ -718,3 +720,121 @@ TIERS = tuple(tier for kind, tier in RECORDS if kind == "check")
 AnyCheck = Annotated[Tier1Check | Tier3Check, Field(discriminator="tier")]
 AnyRecord = Annotated[Run | Resume | ModelBuilt | TimedRun | AnyCheck | Layers | Fallback | InputWarning,
                       Field(discriminator="kind")]
+
+
+# -- parts of the findings above, typed so that the reports read them by attribute (declared after the records;
+# the records that hold them are rebuilt below) --------------------------------------------------------------
+
+class CompilerPass(Part):
+    """The compiler pass torch's CompilerBisector names (backends/compile.py `compiler_pass`), or why it named none."""
+
+    found: bool = Field(description="Whether it named a pass.")
+    steps: int | None = Field(None, description="How many compilations it ran.")
+    elapsed_s: float | None = Field(None, description="Seconds it took.")
+    why: str | None = Field(None, description="Why it named none.")
+    backend: str | None = Field(None, description="The compiler backend it stops at (inductor, aot_eager, ...).")
+    subsystem: str | None = Field(None, description="Its subsystem (or the inductor setting that is the pass).")
+    application: int | None = Field(None, description="Which application of that subsystem.")
+    debug_info: str | None = Field(None, description="What that application did (clipped).")
+    switch: dict[str, Any] | None = Field(None, description="The inductor setting that removes the drift "
+                                                            "({field: value}), when the pass is one.")
+
+
+class DecodeCached(Part):
+    """The cached decoding's verdict a decode-step localization explains."""
+
+    passed: bool | None = Field(None, description="Whether the cached decoding passed.")
+    steps: int | None = Field(None, description="The decode steps it compared.")
+    detail: str | None = Field(None, description="Its failures, in words.")
+
+
+class DecodeStepCompared(Part):
+    """A localization on a decode step: one token fed after the prompt through each side's own KV cache."""
+
+    prompt_tokens: int = Field(description="The prompt's length in tokens.")
+    step: int | None = Field(None, description="Which decode step (1: the first token fed after the prompt).")
+    sequences: int | None = Field(None, description="How many sequences.")
+    entered_through: list[str] | None = Field(None, description="The culprit's arguments that already differ (the "
+                                                                "departure reaches it from its caller).")
+    model_arguments: list[str] | None = Field(None, description="The arguments of the model's own call in that step "
+                                                                "that differ.")
+    cached: DecodeCached | None = Field(None, description="The cached decoding's verdict it explains.")
+
+
+class CachedMetrics(Part):
+    """One comparison of cached decodings (text generation's `_cached_statistics`): the teacher-forced statistics of
+    the decode steps."""
+
+    positions: int | None = Field(None, description="The decode steps compared, over every sequence.")
+    kl_mean: float | None = Field(None, description="Mean KL divergence.")
+    kl_max: float | None = Field(None, description="Largest KL divergence.")
+    same_top1: float | None = Field(None, description="Share of steps with the same top-1 token.")
+    top1_agreement: float | None = Field(None, description="Top-1 agreement as judged (near ties counted or not).")
+    real_flips: int | None = Field(None, description="Steps whose decision differs beyond a near tie.")
+    near_tie_flips: int | None = Field(None, description="Steps whose decision differs within a near tie.")
+    max_abs: float | None = Field(None, description="Largest absolute difference of the logits.")
+    first_flip: int | None = Field(None, description="The earliest step that flips; absent: none does.")
+
+
+class KldHistogram(Part):
+    """The scored positions' KL divergence counted per decade, for a report's picture; read leniently (a record
+    edited by hand, or written before it had one, may lack either list)."""
+
+    edges: list[float] | None = Field(None, description="The decades' edges.")
+    counts: list[int] | None = Field(None, description="Positions per bin: one more than the edges.")
+
+
+class KeptGroups(Part):
+    """A tensor-group fallback (runner/tensor_types.py `fallback_groups`): what keeping the groups costs, and the
+    target entry that reproduces it."""
+
+    keep_type: str = Field(description="The type the groups are kept at.")
+    groups: int = Field(description="How many groups the file has.")
+    bytes_before: int = Field(description="The file's bytes as it is.")
+    bytes_after: int = Field(description="... and with the groups kept.")
+    tokens: int = Field(description="The tokens each timed run reads.")
+    tokens_per_s_before: float = Field(description="Tokens per second of the file as it is ...")
+    tokens_per_s_after: float = Field(description="... and with the groups kept (the two run in turns).")
+    snippet: str | None = Field(None, description="The target entry that reproduces it; null: no set passes.")
+    localization: dict[str, Any] | None = Field(None, description="The ranking the search followed (as a `layers` "
+                                                                  "record's `tensor_groups`).")
+
+
+class PictureImage(Part):
+    """One input image of a detection check's pictures."""
+
+    source: str = Field(description="The input set's name for it (a file, `sample:...`, or synthetic).")
+    path: str | None = Field(None, description="The file, resolved; null: a synthetic input.")
+    size: list[int] | None = Field(None, description="[H, W] the model saw it at; null: unknown.")
+
+
+class PictureGeometry(Part):
+    """The input set's preprocessing that moves pixels (config/schema.py `Preprocess`)."""
+
+    resize: list[int] | None = Field(None, description="[S]: the shorter side; [H, W].")
+    center_crop: list[int] | None = Field(None, description="[S]: a square; [H, W].")
+    resize_multiple: int | None = Field(None, description="Each side resized to a multiple of it.")
+
+
+class DrawnDetections(Part):
+    """One side's detections on one image, as drawn: its highest-scoring boxes, rounded, and how many it had."""
+
+    boxes: list[list[float | None]] = Field(description="xyxy, to 0.01 px, highest score first.")
+    labels: list[int] = Field(description="Their labels.")
+    scores: list[float | None] = Field(description="Their scores, to 1e-4.")
+    total: int = Field(description="How many boxes the side found on the image.")
+
+
+class DetectionPictures(Part):
+    """What a report needs to draw reference and target boxes on each input image (verify/tasks/detection.py
+    `detection_pictures`)."""
+
+    images: list[PictureImage] = Field(description="The input images, in order.")
+    preprocess: PictureGeometry | None = Field(None, description="The geometry that took each file to the model's view.")
+    cap: int | None = Field(None, description="The most boxes kept per image and side.")
+    reference: list[DrawnDetections] = Field(description="The reference's detections, one per image.")
+    target: list[DrawnDetections] = Field(description="The target's detections, one per image.")
+
+
+for _model in (CachedDecodingCheck, Tier3Check, Layers, Fallback):  # they name the parts declared after them
+    _model.model_rebuild()

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from parity.outdir import write_text
 from parity.records.keys import gate_atol, tolerance_key
-from parity.records.models import LeafTolerance, NoiseFloor, Specialized, Tier1Check, Tier3Check
+from parity.records.models import CompilerPass, LeafTolerance, NoiseFloor, Specialized, Tier1Check, Tier3Check
 from parity.records.view import RunView
 
 judged = RunView.judged
@@ -107,7 +107,7 @@ class Localized(_Part):
     as_a_whole: bool | None
     first_divergent: str | None
     specialized: Specialized | None
-    compiler_pass: dict[str, Any] | None
+    compiler_pass: CompilerPass | None
 
 
 class BackendLatency(_Part):

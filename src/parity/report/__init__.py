@@ -8,11 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from parity.records.summary import Summary
-    from parity.records.view import RunView
+from parity.errors import ParityError
+from parity.plugins import REPORTS
+from parity.records.summary import Summary, summarize
+from parity.records.view import RunView
 
 
 @dataclass(frozen=True)
@@ -23,8 +24,6 @@ class ReportWriter:
 
 
 def report_writers() -> list[ReportWriter]:
-    from parity.plugins import REPORTS
-
     return [REPORTS.get(name) for name in REPORTS.names()]
 
 
@@ -32,10 +31,6 @@ def write_reports(out_dir: str | Path, records: RunView | list[dict[str, Any]], 
                   names: tuple[str, ...] | None = None) -> list[Path]:
     """Write the reports whose file names are `names` (every registered writer's by default) of one run into
     `out_dir`; returns their paths."""
-    from parity.errors import ParityError
-    from parity.records.summary import summarize
-    from parity.records.view import RunView
-
     writers = {w.filename: w for w in report_writers()}
     unknown = [n for n in names or () if n not in writers]
     if unknown:

@@ -3,11 +3,9 @@ gate with the greatest absolute difference."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from parity.config.tolerances import rounded_up
 from parity.errors import visible
-from parity.records.models import GateVerdict, Layers, Tier1Check
+from parity.records.models import DecodeStepCompared, Fallback, GateVerdict, Layers, Tier1Check
 from parity.records.summary import Summary, exit_code
 from parity.records.view import RunView
 from parity.report.next_steps import next_steps
@@ -129,7 +127,7 @@ def render(records: RunView | list[dict], summary: Summary, out_dir, console, re
                                    if loc.as_a_whole else "")
         if loc.specialized:
             where += f" (its trace is specialised at {loc.specialized.where})"
-        if (loc.compiler_pass or {}).get("found"):
+        if loc.compiler_pass and loc.compiler_pass.found:
             where += f"; compiler pass: {pass_path(loc.compiler_pass)}"
         if loc.evenly_spread:
             where += " (every layer drifts alike: no single source)"
@@ -169,7 +167,7 @@ def render_layers(record: Layers, console) -> None:
     for level in record.levels:
         title = f"{RunView.key(record)}: layers of {level.parent or 'the model'}"
         if record.decode_step:
-            title += f" on the decode step (after a {record.decode_step['prompt_tokens']}-token prompt)"
+            title += f" on the decode step (after a {record.decode_step.prompt_tokens}-token prompt)"
         table = Table(title=escape(title))
         for col in ("layer", "local max abs", "local rel rmse", "local SQNR dB", "propagated rel rmse", "R"):
             table.add_column(col, justify="left" if col == "layer" else "right")
@@ -214,12 +212,12 @@ def group_table(record: Layers):
     return table
 
 
-def decode_line(decode_step: dict[str, Any]) -> str:
+def decode_line(decode_step: DecodeStepCompared) -> str:
     """What `parity localize` says of a check localized on a decode step: its cached decoding fails, and what the
     tables compare instead of the forward."""
-    cached = decode_step.get("cached") or {}
-    return (f"its cached decoding fails ({cached.get('detail')}): the layers below are compared on the decode step, "
-            f"one token fed after the same {decode_step['prompt_tokens']}-token prompt through each side's own KV cache")
+    detail = decode_step.cached.detail if decode_step.cached else None
+    return (f"its cached decoding fails ({detail}): the layers below are compared on the decode step, "
+            f"one token fed after the same {decode_step.prompt_tokens}-token prompt through each side's own KV cache")
 
 
 def gate_line(tier1: GateVerdict, forward: bool = False) -> str:
@@ -238,8 +236,7 @@ def gate_line(tier1: GateVerdict, forward: bool = False) -> str:
             f"({tier1.failure_class}: {tier1.detail})")
 
 
-def fallback_lines(result, record: dict[str, Any], gate: float, by_task: bool, model: str,
-                   task: str | None) -> list[tuple[str, str]]:
+def fallback_lines(result: Fallback, gate: float, by_task: bool, model: str, task: str | None) -> list[tuple[str, str]]:
     """What `parity fallback` prints, as (style, text) lines: the numbers before and after with the modules named,
     then what the search found. A check that fails at tier 1 while its task decisions agree is said to, with the
     `gate: tier3` line that gates it on them: never "the check already passes" for a check the table calls FAIL."""
@@ -267,7 +264,7 @@ def fallback_lines(result, record: dict[str, Any], gate: float, by_task: bool, m
         lines.append(("yellow", f"fallback: [{', '.join(result.modules)}]: {_whole_model_note(result)}"))
     elif result.passed:
         lines.append(("", f"fallback: [{', '.join(result.modules)}]; median latency {result.latency_before_s * 1e3:.2f} ms "
-                          f"-> {result.latency_after_s * 1e3:.2f} ms ({record['latency_ratio']:.2f}x)"))
+                          f"-> {result.latency_after_s * 1e3:.2f} ms ({result.latency_ratio:.2f}x)"))
         if result.latency_float_s is not None:
             lines.append(("", f"the float model on the same backend: {result.latency_float_s * 1e3:.2f} ms (quantized "
                               f"{result.latency_before_s / result.latency_float_s:.2f}x, with the fallback "
@@ -290,34 +287,38 @@ def fallback_lines(result, record: dict[str, Any], gate: float, by_task: bool, m
     return lines
 
 
-def _tensor_type_lines(result, task: str | None) -> list[tuple[str, str]]:
+# What the tensor-group fallback's lines show of tier 3's metrics (text generation's), before and after.
+KEPT_METRICS = (("mean KLD", "kl_mean", ".4g"), ("top-1", "top1_agreement", ".4f"))
+
+
+def _tensor_type_lines(result: Fallback, task: str | None) -> list[tuple[str, str]]:
     """`parity fallback` on a file of typed tensors (llama.cpp): the groups kept at a higher type, tier 3 before and
     after, what it costs in bytes and tokens per second, and the target entry that reproduces it."""
     found = result.tensor_types
-    shown = lambda m: f"mean KLD {m['kl_mean']:.4g}, top-1 {m['top1_agreement']:.4f}"  # noqa: E731
-    lines = [("", f"{result.target}: {len(result.modules)} of {found['groups']} tensor group(s) at {found['keep_type']}"
+    shown = lambda m: ", ".join(f"{words} {m[key]:{spec}}" for words, key, spec in KEPT_METRICS)  # noqa: E731
+    lines = [("", f"{result.target}: {len(result.modules)} of {found.groups} tensor group(s) at {found.keep_type}"
                   f"{' (' + ', '.join(result.modules) + ')' if result.modules else ''}, {result.tried} trial run(s)"),
              ("", f"tier 3 ({task}): {shown(result.task_before)} -> {shown(result.task_after)}")]
     if result.passed and not result.modules:
         lines.append(("", "tier 3 already passes: no tensor needs a higher type"))
         return lines
     if not result.passed:
-        lines.append(("red", f"no prefix of the localized groups at {found['keep_type']} passes tier 3"))
+        lines.append(("red", f"no prefix of the localized groups at {found.keep_type} passes tier 3"))
     else:
         mb = 2 ** 20
-        lines.append(("", f"cost: {found['bytes_before'] / mb:.1f} MiB -> {found['bytes_after'] / mb:.1f} MiB "
-                          f"({found['bytes_after'] / found['bytes_before']:.2f}x), {found['tokens_per_s_before']:.0f} -> "
-                          f"{found['tokens_per_s_after']:.0f} tokens/s over {found['tokens']} tokens"))
+        lines.append(("", f"cost: {found.bytes_before / mb:.1f} MiB -> {found.bytes_after / mb:.1f} MiB "
+                          f"({found.bytes_after / found.bytes_before:.2f}x), {found.tokens_per_s_before:.0f} -> "
+                          f"{found.tokens_per_s_after:.0f} tokens/s over {found.tokens} tokens"))
         if result.whole_model:
-            lines.append(("yellow", f"every group is kept: this is the whole file at {found['keep_type']}"))
+            lines.append(("yellow", f"every group is kept: this is the whole file at {found.keep_type}"))
         lines.append(("", "apply it: add this target to the experiment's targets:"))
-        lines.append(("", found["snippet"]))
+        lines.append(("", found.snippet))
     for line in (result.next_step or "").splitlines():
         lines.append(("", line))
     return lines
 
 
-def _whole_model_note(result) -> str:
+def _whole_model_note(result: Fallback) -> str:
     """What a passing set that is the whole model amounts to, in the fallback kind's words."""
     where = {"eager": "run entirely eager", "float": "left in float (no quantization)"}.get(
         result.runs_in, "at the reference's precision (float32)")

@@ -19,7 +19,7 @@ from parity.errors import visible
 from parity.outdir import write_text
 from parity.plugins import TASKS
 from parity.records import tolerance_key
-from parity.records.models import CpuInfo, Layers, Run, Tier1Check, Tier3Check
+from parity.records.models import CpuInfo, DetectionPictures, Layers, Run, Tier1Check, Tier3Check
 from parity.records.summary import Summary, latency_rows
 from parity.records.view import RunView
 from parity.report import ReportWriter, pictures, plots
@@ -267,15 +267,15 @@ def _tier2(layers: list[Layers]) -> list[dict[str, Any]]:
 def _detections(tier3: list[Tier3Check]) -> list[dict[str, Any]]:
     out = []
     for c in tier3:
-        pics = c.pictures  # as recorded (maybe edited by hand): pictures.py checks what it draws
-        if not pics:
+        if not c.pictures:
             continue
-        try:
+        try:  # as recorded (maybe edited by hand): a mapping that is not a detection's pictures says why here
+            pics = c.pictures if isinstance(c.pictures, DetectionPictures) else DetectionPictures.model_validate(c.pictures)
             drawn = []
-            for i, image in enumerate(pics["images"][:PICTURED_IMAGES]):
+            for i, image in enumerate(pics.images[:PICTURED_IMAGES]):
                 uri, note = pictures.side_by_side(pics, i, c.target)
                 drawn.append({"label": pictures.image_label(image), "uri": uri, "note": note})
-            more = max(0, len(pics["images"]) - PICTURED_IMAGES)
+            more = max(0, len(pics.images) - PICTURED_IMAGES)
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:  # a record edited by hand
             drawn, more = [{"label": "not drawn", "uri": None, "note": f"this check's pictures cannot be drawn "
                             f"(records edited by hand?): {type(exc).__name__}: {exc}"[:300]}], 0

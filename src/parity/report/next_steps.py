@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from parity import taxonomy as tx
+from parity.backends import backend_class, fallback_kind
+from parity.backends.base import TensorTypes
+from parity.config.schema import BackendSpec
 from parity.records.models import Check, Layers, OracleVerdict, Run
 from parity.records.view import RunView
 from parity.verify.localize import LOCALIZABLE, pass_path, switch_words
@@ -16,8 +19,6 @@ from parity.verify.tasks import headline_of
 
 def _targets(run: Run) -> dict[str, Any]:
     """The run's targets by id, as config/schema.py reads the experiment's entries (BackendSpec)."""
-    from parity.config.schema import BackendSpec
-
     out = {}
     for entry in run.config.targets:
         try:
@@ -109,9 +110,6 @@ def _capabilities(target) -> tuple[bool, bool, bool]:
     `parity fallback` has something to run its modules as (backends.fallback_kind: a reduced dtype, a quantized
     target, or a backend class with a fallback of its own); looking inside, not typed and no fallback of the class's
     own when the backend is not installed where the report is rendered."""
-    from parity.backends import backend_class, fallback_kind
-    from parity.backends.base import TensorTypes
-
     try:
         cls = backend_class(target.backend)
         inside, typed = cls.localizes(target), issubclass(cls, TensorTypes)
@@ -153,9 +151,9 @@ def next_steps(check: Check, view: RunView, run_dir: str | Path) -> list[str]:
         lines.append(f"the target's trace is specialised at {s.where}" + (f": {s.code}" if s.code else "")
                      + "; trace it on inputs that take this input set's branch (the model's export_inputs), or make the branch "
                      "traceable (torch.where; torch.cond under torch.export)")
-    found_pass = (found.compiler_pass if found else None) or {}
-    if found_pass.get("switch"):
-        lines.append(f"try the target with options: {{inductor_config: {{{switch_words(found_pass['switch'])}}}}} "
+    found_pass = found.compiler_pass if found else None
+    if found_pass and found_pass.switch:
+        lines.append(f"try the target with options: {{inductor_config: {{{switch_words(found_pass.switch)}}}}} "
                      f"(torch's compiler bisector: with it, {pass_path(found_pass)} no longer makes the drift)")
     if single and not quantized:  # no int8 repro
         lines += reduce_step(run_dir, check.model, check.inputs, check.target, run.file)

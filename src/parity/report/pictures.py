@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.files import file_problem
+from parity.records.models import DetectionPictures, DrawnDetections, PictureGeometry, PictureImage
 from parity.report.plots import data_uri
 
 MAX_SIDE = 4096  # pixels a side of a drawn picture, whatever a record says
@@ -28,9 +29,9 @@ def _resize_shorter(img, size: int):
     return img.resize((size, int(size * h / w)))
 
 
-def _geometry(img, preprocess: dict[str, Any]):
+def _geometry(img, preprocess: PictureGeometry):
     """torchvision's resize and center-crop semantics (see parity.inputs.images.preprocess_image)."""
-    resize, crop, multiple = preprocess.get("resize"), preprocess.get("center_crop"), preprocess.get("resize_multiple")
+    resize, crop, multiple = preprocess.resize, preprocess.center_crop, preprocess.resize_multiple
     if resize:
         img = _resize_shorter(img, resize[0]) if len(resize) == 1 else img.resize((resize[1], resize[0]))
     if crop:
@@ -47,19 +48,20 @@ def _geometry(img, preprocess: dict[str, Any]):
     return img
 
 
-def model_view(image: dict[str, Any], preprocess: dict[str, Any], boxes: list[list[float]]):
+def model_view(image: PictureImage, preprocess: PictureGeometry | None, boxes: list[list[float | None]]):
     """The picture as the model saw it (an RGB array) and a note when it could not be read."""
     import numpy as np
     from PIL import Image
 
-    size = _size(image.get("size"))
-    path = image.get("path")
+    size = _size(image.size)
+    path = image.path
     note = None
     problem = file_problem(Path(path), "picture") if path else None
     if path and not problem:
         try:
             with Image.open(path) as im:
-                picture = _geometry(im.convert("RGB"), preprocess if _bounded(preprocess) else {})
+                geometry = preprocess if preprocess is not None and _bounded(preprocess) else PictureGeometry()
+                picture = _geometry(im.convert("RGB"), geometry)
             if size and list(picture.size[::-1]) != list(size):
                 picture = picture.resize((size[1], size[0]))
             return np.asarray(picture), None
@@ -76,11 +78,11 @@ def model_view(image: dict[str, Any], preprocess: dict[str, Any], boxes: list[li
     return np.full((size[0], size[1], 3), 235, dtype=np.uint8), note
 
 
-def _bounded(preprocess: dict[str, Any]) -> bool:
+def _bounded(preprocess: PictureGeometry) -> bool:
     """Whether every size of a record's preprocessing is one a picture can have (an edited record may say 10**12)."""
-    values = [v for key in ("resize", "center_crop") for v in (preprocess.get(key) or [])]
-    values += [preprocess["resize_multiple"]] if preprocess.get("resize_multiple") else []
-    return all(isinstance(v, int) and 0 < v <= MAX_SIDE for v in values)
+    values = [*(preprocess.resize or []), *(preprocess.center_crop or [])]
+    values += [preprocess.resize_multiple] if preprocess.resize_multiple else []
+    return all(0 < v <= MAX_SIDE for v in values)
 
 
 def _size(size: Any) -> list[int] | None:
@@ -90,17 +92,17 @@ def _size(size: Any) -> list[int] | None:
     return None
 
 
-def _draw(ax, picture, detections: dict[str, Any], colours, under: dict[str, Any] | None = None) -> None:
+def _draw(ax, picture, detections: DrawnDetections, colours, under: DrawnDetections | None = None) -> None:
     from matplotlib.patches import Rectangle
 
     ax.imshow(picture)
     ax.set_axis_off()
     if under is not None:  # the reference's boxes, faint, under the target's: what moved shows
-        for box in under["boxes"]:
+        for box in under.boxes:
             if box and all(v is not None for v in box):
                 ax.add_patch(Rectangle((box[0], box[1]), box[2] - box[0], box[3] - box[1], fill=False,
                                        edgecolor="white", linestyle="--", linewidth=0.8, alpha=0.9))
-    for k, (box, label, score) in enumerate(zip(detections["boxes"], detections["labels"], detections["scores"], strict=True)):
+    for k, (box, label, score) in enumerate(zip(detections.boxes, detections.labels, detections.scores, strict=True)):
         if not box or any(v is None for v in box):
             continue
         colour = colours(label % 10)
@@ -113,24 +115,24 @@ def _draw(ax, picture, detections: dict[str, Any], colours, under: dict[str, Any
                     bbox={"facecolor": colour, "edgecolor": "none", "pad": 1.0, "alpha": 0.85}, clip_on=True)
 
 
-def _caption(side: str, detections: dict[str, Any]) -> str:
-    shown, total = len(detections["boxes"]), detections["total"]
+def _caption(side: str, detections: DrawnDetections) -> str:
+    shown, total = len(detections.boxes), detections.total
     return f"{side}: {total} box{'es' if total != 1 else ''}" + (f" (top {shown} by score drawn)" if shown < total else "")
 
 
-def side_by_side(pictures: dict[str, Any], index: int, target_name: str) -> tuple[str, str | None]:
+def side_by_side(pictures: DetectionPictures, index: int, target_name: str) -> tuple[str, str | None]:
     """One PNG with the reference's boxes (left) and the target's (right, over the reference's in dashed
     white) on image `index`; and a note when the image itself could not be shown."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
-    ref, tgt = pictures["reference"][index], pictures["target"][index]
-    picture, note = model_view(pictures["images"][index], pictures.get("preprocess") or {}, ref["boxes"] + tgt["boxes"])
+    ref, tgt = pictures.reference[index], pictures.target[index]
+    picture, note = model_view(pictures.images[index], pictures.preprocess, ref.boxes + tgt.boxes)
     h, w = picture.shape[:2]
     panel_w = 4.4
     fig = Figure(figsize=(2 * panel_w, panel_w * h / w + 0.45), layout="constrained")
     left, right = fig.subplots(1, 2)
-    colours = colormaps["tab10"]
+    colours = colormaps.get_cmap("tab10")
     _draw(left, picture, ref, colours)
     _draw(right, picture, tgt, colours, under=ref)
     left.set_title(_caption("reference", ref), fontsize=9)
@@ -138,6 +140,6 @@ def side_by_side(pictures: dict[str, Any], index: int, target_name: str) -> tupl
     return data_uri(fig, "png", dpi=110, tight=True), note
 
 
-def image_label(image: dict[str, Any]) -> str:
-    path = image.get("path")
-    return image["source"] + (f" ({Path(path).name})" if path and Path(path).name not in image["source"] else "")
+def image_label(image: PictureImage) -> str:
+    path = image.path
+    return image.source + (f" ({Path(path).name})" if path and Path(path).name not in image.source else "")

@@ -66,7 +66,7 @@ def pass_rate_heatmap(models: list[str], targets: list[str], rates: dict[tuple[s
                 grid[i, j] = rates[(m, t)]
     fig = _figure(min(2.0 + 1.25 * len(targets), 11.0), 0.9 + 0.5 * len(models))
     ax = fig.add_subplot()
-    cmap = colormaps["RdYlGn"].with_extremes(bad="#d0d7de")
+    cmap = colormaps.get_cmap("RdYlGn").with_extremes(bad="#d0d7de")
     image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
     for i in range(len(models)):
         for j in range(len(targets)):

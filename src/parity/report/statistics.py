@@ -4,7 +4,6 @@ input set and task, a column per target: what every report (console, report.md, 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from parity.records.models import Tier3Check
 from parity.verify.tasks import statistics_of
@@ -39,11 +38,7 @@ def statistics_tables(tier3: list[Tier3Check]) -> list[StatisticsTable]:
 def kld_counts(check: Tier3Check) -> tuple[list[float], list[int]] | None:
     """A check's KL histogram as recorded (edges, counts: one more than the edges), or None when it has none or it
     does not add up (a record edited by hand)."""
-    h: Any = check.kld_histogram
-    if not isinstance(h, dict):
+    h = check.kld_histogram
+    if h is None or h.edges is None or h.counts is None or len(h.counts) != len(h.edges) + 1:
         return None
-    edges, counts = h.get("edges"), h.get("counts")
-    if (not isinstance(edges, list) or not isinstance(counts, list) or len(counts) != len(edges) + 1
-            or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in [*edges, *counts])):
-        return None
-    return [float(e) for e in edges], [int(c) for c in counts]
+    return list(h.edges), list(h.counts)

@@ -10,6 +10,7 @@ from typing import Any
 from parity.dtypes import QUANTIZE_SCHEMES
 from parity.records import tolerance_key
 from parity.records.models import (
+    CachedMetrics,
     Check,
     CpuInfo,
     Environment,
@@ -182,16 +183,18 @@ def cached_line(check: Tier3Check) -> str | None:
         return None
     if c.error:
         return f"cached decoding: not compared ({f'{c.failure_class}: ' if c.failure_class else ''}{c.error})"
-    t, own, theirs = c.target or {}, c.reference_self or {}, c.target_self or {}
+    nothing = CachedMetrics()
 
-    def compared(m: dict) -> str:
-        flipped = f", first flip at step {m['first_flip']}" if "first_flip" in m else ""
-        return f"mean KL {m.get('kl_mean', math.nan):.3g}, top-1 {percent(m.get('top1_agreement'))}{flipped}"
+    def compared(m: CachedMetrics | None) -> str:
+        m = m or nothing
+        flipped = f", first flip at step {m.first_flip}" if m.first_flip is not None else ""
+        kl = m.kl_mean if m.kl_mean is not None else math.nan
+        return f"mean KL {kl:.3g}, top-1 {percent(m.top1_agreement)}{flipped}"
 
     verdict = "agrees" if c.passed else f"fails ({c.side})"
     return (f"cached decoding, {c.steps} steps after a {c.prompt_tokens}-token prompt: {verdict}; target vs reference: "
-            f"{compared(t)}; reference cached vs uncached: {compared(own)}; target cached vs uncached: "
-            f"{compared(theirs)}")
+            f"{compared(c.target)}; reference cached vs uncached: {compared(c.reference_self)}; target cached vs "
+            f"uncached: {compared(c.target_self)}")
 
 
 def group_rows(record: Layers) -> list[tuple[str, ...]]:

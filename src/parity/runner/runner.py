@@ -43,6 +43,7 @@ from parity.models.sources import MODEL_KINDS
 from parity.outdir import IN_PLACE, OUTPUT_FILES, prepare
 from parity.plugins import SOURCES
 from parity.records import NOT_DIGESTED, RecordWriter, environment, experiment_digest
+from parity.records.models import Fallback, Layers
 from parity.records.summary import RunResult, summarize, write_summary
 from parity.records.view import RunView
 from parity.runner.base import Executor
@@ -64,7 +65,7 @@ from parity.runner.resume import (
     resuming,
     without_stale,
 )
-from parity.runner.search import FallbackResult, candidates_from, next_step, search_fallback
+from parity.runner.search import candidates_from, fallback_record, next_step, search_fallback
 from parity.runner.tensor_types import TASK, fallback_groups, has_tensor_types, localize_groups
 from parity.verify.judge import judge
 from parity.verify.localize import LOCALIZABLE, localizes_decode_step
@@ -505,10 +506,10 @@ class Runner:
         return record
 
     def find_fallback(self, model_spec: ModelSpec, target: BackendSpec, input_spec: InputSetSpec, tier: int = 1,
-                      command: str | None = None) -> tuple[FallbackResult, dict[str, Any]]:
+                      command: str | None = None) -> Fallback:
         """A small set of modules to run eager (compile) or in float32 (bfloat16/float16) so that the check
         passes at the gate (`tier` 3: and its task metrics hold); `command` is the one that asked (its next
-        step repeats it). Returns the search's result and its `fallback` record."""
+        step repeats it). Returns the `fallback` record it writes."""
         exp = self._tier2()
         if has_tensor_types(target):
             return self._fallback_groups(model_spec, target, input_spec)
@@ -527,17 +528,16 @@ class Runner:
             layers = localize_check(job, target, model, inputs, exp, example, bisect=False)
             if layers.get("error"):
                 raise ParityError(f"localizing {target.id} failed, so there are no candidates: {layers['error']}")
-            return candidates_from(layers)
+            return candidates_from(Layers(kind="layers", **layers))
 
         with model_scope(self.cache, model_spec, exp):  # the trials' exports are cached as a run's
             result = search_fallback(exp.reference, target, model, inputs, candidates, tol, task=task,
-                                     example=example)
+                                     example=example, names=(model_spec.name, input_spec.name))
         if command is not None:
-            result.next_step = next_step(result, command, model_spec.task if model_spec.task in evaluated() else None,
-                                         target)
-        record = {"model": model_spec.name, "inputs": input_spec.name, "reference": exp.reference.id, **result.record()}
-        self._write_record("fallback", record)
-        return result, record
+            result = result.model_copy(update={"next_step": next_step(
+                result, command, model_spec.task if model_spec.task in evaluated() else None, target)})
+        self._write_record("fallback", result.model_dump(exclude={"kind", "schema_version"}))
+        return result
 
     def _typed_task(self, model_spec: ModelSpec, target: BackendSpec) -> None:
         if model_spec.task != TASK:
@@ -545,7 +545,7 @@ class Runner:
                               f"statistics (mean KLD); model '{model_spec.name}' has task '{model_spec.task}'")
 
     def _fallback_groups(self, model_spec: ModelSpec, target: BackendSpec,
-                         input_spec: InputSetSpec) -> tuple[FallbackResult, dict[str, Any]]:
+                         input_spec: InputSetSpec) -> Fallback:
         """`find_fallback` for a file of typed tensors (llama.cpp): the fewest tensor groups to keep at a higher type
         so that tier 3 passes (runner/tensor_types.py), whatever `--tier` asked: its tier 1 has no fallback."""
         exp = self.exp
@@ -555,13 +555,14 @@ class Runner:
         with model_scope(self.cache, model_spec, exp):
             found = fallback_groups(exp.reference, target, model, inputs, example, exp.tiers.tasks or tasks_spec(),
                                     exp.tolerance_for(target).gate)
-        result = FallbackResult(target.id, **found)
+        result = fallback_record(model=model_spec.name, inputs=input_spec.name, reference=exp.reference.id,
+                                 target=target.id, **found)
         if not result.passed:
-            result.next_step = (f"no set of tensor groups at {found['runs_in']} passes tier 3: keep them at a higher "
-                                "type (F16), or relax the text-generation thresholds")
-        record = {"model": model_spec.name, "inputs": input_spec.name, "reference": exp.reference.id, **result.record()}
-        self._write_record("fallback", record)
-        return result, record
+            result = result.model_copy(update={"next_step": f"no set of tensor groups at {result.runs_in} passes tier 3: "
+                                                            "keep them at a higher type (F16), or relax the "
+                                                            "text-generation thresholds"})
+        self._write_record("fallback", result.model_dump(exclude={"kind", "schema_version"}))
+        return result
 
     def _tier2(self) -> Experiment:
         """The experiment as `localize` and `find_fallback` read it: tier 2 at its `tiers.activations`, or at

@@ -16,7 +16,7 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,43 +28,10 @@ from parity.config.tolerances import Tolerance, rounded_up
 from parity.errors import ParityError
 from parity.execute.execution import execute, new_backend
 from parity.inputs import Inputs
+from parity.records.models import Fallback, Layers
 from parity.verify.judge import judge
 from parity.verify.localize import children
 from parity.verify.tasks import evaluate, tier3_check
-
-
-@dataclass
-class FallbackResult:
-    target: str
-    runs_in: str  # eager (out of torch.compile), float32 (out of a reduced dtype) or float (out of int8)
-    aim: str = "tier 1"  # what must pass: tier 1 at the gate, or tier 3 (the task-level verdict)
-    modules: list[str] = field(default_factory=list)
-    passed: bool = False
-    required_atol_before: float | None = None
-    required_atol_after: float | None = None
-    tier1_passed_after: bool | None = None  # the judge's tier-1 verdict with the set found (or the last set tried)
-    task_before: dict[str, Any] | None = None  # tier-3 metrics, when the aim is tier 3
-    task_after: dict[str, Any] | None = None
-    latency_before_s: float | None = None
-    latency_after_s: float | None = None
-    latency_float_s: float | None = None  # int8 targets: the float model on the same backend, timed alongside
-    tried: int = 0
-    whole_model: bool = False  # the passing set is the whole model: no partial fallback exists
-    # The ceiling: the required atol with every candidate module in fallback at once, measured before the search;
-    # above the gate, no set of them can pass and the search stops there.
-    ceiling_atol: float | None = None
-    ceiling_modules: int | None = None  # how many modules that was (the candidates, nested ones in their parent)
-    # The smallest gate at which the target as it is passes, verified by judging its run again at it (None: no
-    # atol passes it, or the check passes already)
-    passing_gate: float | None = None
-    next_step: str | None = None  # what to try when no partial fallback exists, in lines (set by the caller)
-    # A file of typed tensors (runner/tensor_types.py): bytes and tokens per second before and after, the snippet
-    tensor_types: dict[str, Any] | None = None
-
-    def record(self) -> dict[str, Any]:
-        ratio = (self.latency_after_s / self.latency_before_s
-                 if self.latency_before_s and self.latency_after_s else None)
-        return {**self.__dict__, "latency_ratio": ratio}
 
 
 @dataclass
@@ -105,14 +72,16 @@ def _latencies(runs_on: list[tuple[BackendSpec, torch.nn.Module]], inputs, runs:
 
 def search_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn.Module, inputs: Inputs,
                     candidates: list[str] | Callable[[], list[str]], tolerance: Tolerance, latency_runs: int = 7,
-                    task: tuple[str, Any] | None = None, example: Inputs | None = None) -> FallbackResult:
+                    task: tuple[str, Any] | None = None, example: Inputs | None = None, *,
+                    names: tuple[str, str]) -> Fallback:
     """The smallest set of `candidates` (tried in the order given) whose fallback makes the check pass, each
     trial judged by the run's judge at the target's `tolerance`: tier 1 at its gate, or with `task` = (task
     name, tier-3 thresholds) as under `gate: tier3` (the task-level verdict decides numeric drift), which a
     reduced-precision target can often regain where no set brings every output within a tight gate.
     `candidates` may be a function that finds them (tier 2, minutes on a large model): it is called only
     when the check fails without fallback. Every trial is prepared from `example` (the run's example inputs;
-    None: `inputs`) and judged on `inputs`, as the run prepared and judged the check."""
+    None: `inputs`) and judged on `inputs`, as the run prepared and judged the check. Returns the `fallback`
+    record of the check `names` (model, input set), its `next_step` left for the caller (`next_step`)."""
     kind = fallback_kind(target)
     ref = execute(reference, model, inputs, 1, example=example)
     if not ref.ok:
@@ -133,22 +102,32 @@ def search_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn
         tier1 = check.passed if check.tier1_passed is None else check.tier1_passed
         return Trial(bool(check.passed), required, verdict.metrics if verdict else None, bool(tier1), ran)
 
-    result = FallbackResult(target.id, kind, aim="tier 3" if task else "tier 1")
-    trial = run_trial([])
-    result.required_atol_before, result.task_before = trial.required_atol, trial.task
-    if not trial.passed:
-        result.passing_gate = _passing_gate(ref, trial.ran, tolerance)
+    def found(modules: list[str], last: Trial, passed: bool = False,
+              latencies: tuple[float | None, ...] = (None, None, None)) -> Fallback:
+        """The record: `modules` with `last`, their trial (the set found, or the last set tried)."""
+        before_s, after_s, float_s = latencies
+        ceiling_atol, ceiling_modules = ceiling if ceiling is not None else (None, None)
+        return fallback_record(model=names[0], inputs=names[1], reference=reference.id, target=target.id,
+                               runs_in=kind, aim="tier 3" if task else "tier 1", modules=modules, passed=passed,
+                               required_atol_before=first.required_atol, required_atol_after=last.required_atol,
+                               tier1_passed_after=last.tier1_passed, task_before=first.task, task_after=last.task,
+                               latency_before_s=before_s, latency_after_s=after_s, latency_float_s=float_s, tried=tried,
+                               whole_model=passed and is_whole_model(model, modules), ceiling_atol=ceiling_atol,
+                               ceiling_modules=ceiling_modules, passing_gate=passing_gate)
+
+    first = trial = run_trial([])
+    passing_gate = None if trial.passed else _passing_gate(ref, trial.ran, tolerance)
+    tried = 0
+    ceiling: tuple[float, int] | None = None  # its required atol, and how many modules it put in fallback
     if callable(candidates):
         candidates = [] if trial.passed else candidates()
     if not trial.passed and candidates:  # the ceiling: every candidate at once; if that fails, no subset passes
         outermost = [c for c in candidates if not any(c.startswith(o + ".") for o in candidates if o != c)]
-        ceiling = run_trial(outermost)
-        result.tried += 1
-        result.ceiling_atol, result.ceiling_modules = ceiling.required_atol, len(outermost)
-        if not ceiling.passed:
-            result.modules, result.required_atol_after, result.task_after = outermost, ceiling.required_atol, ceiling.task
-            result.tier1_passed_after = ceiling.tier1_passed
-            return result
+        every = run_trial(outermost)
+        tried += 1
+        ceiling = (every.required_atol, len(outermost))
+        if not every.passed:
+            return found(outermost, every)
     chosen: list[str] = []
     for name in candidates:  # grow: add the next suspect until the check passes
         if trial.passed:
@@ -157,28 +136,31 @@ def search_fallback(reference: BackendSpec, target: BackendSpec, model: torch.nn
             continue
         chosen = [c for c in chosen if not c.startswith(name + ".")] + [name]
         trial = run_trial(chosen)
-        result.tried += 1
+        tried += 1
     if not trial.passed:
-        result.modules, result.required_atol_after, result.task_after = chosen, trial.required_atol, trial.task
-        result.tier1_passed_after = trial.tier1_passed
-        return result
+        return found(chosen, trial)
     for name in list(chosen):  # shrink: drop each module the check passes without
         if len(chosen) == 1:  # without it, no module: the check ran so first, and failed
             break
         smaller = run_trial([c for c in chosen if c != name])
-        result.tried += 1
+        tried += 1
         if smaller.passed:
             chosen, trial = [c for c in chosen if c != name], smaller
-    result.modules, result.passed = chosen, True
-    result.whole_model = is_whole_model(model, chosen)
-    result.required_atol_after, result.task_after = trial.required_atol, trial.task
-    result.tier1_passed_after = trial.tier1_passed
     timed = [(target, model), (target, apply_fallback(model, chosen, target))]
     if target.quantize is not None:  # what int8 saves at all: the float model on the same backend
         timed.append((target.model_copy(update={"quantize": None}), model))
-    result.latency_before_s, result.latency_after_s, *float_s = _latencies(timed, inputs, latency_runs, example)
-    result.latency_float_s = float_s[0] if float_s else None
-    return result
+    before_s, after_s, *float_s = _latencies(timed, inputs, latency_runs, example)
+    return found(chosen, trial, passed=True, latencies=(before_s, after_s, float_s[0] if float_s else None))
+
+
+def fallback_record(*, latency_before_s: float | None = None, latency_after_s: float | None = None,
+                    **fields: Any) -> Fallback:
+    """The `fallback` record of what a search found (this one, or runner/tensor_types.py's): a field it did not
+    measure is null, and `latency_ratio` is after / before when both were timed."""
+    unmeasured = {name: None for name, f in Fallback.model_fields.items() if f.is_required() and name not in fields}
+    ratio = latency_after_s / latency_before_s if latency_before_s and latency_after_s else None
+    return Fallback(**{**unmeasured, "kind": "fallback", **fields, "latency_before_s": latency_before_s,
+                       "latency_after_s": latency_after_s, "latency_ratio": ratio})
 
 
 def _passing_gate(reference, ran, tolerance: Tolerance) -> float | None:
@@ -195,16 +177,16 @@ def _passing_gate(reference, ran, tolerance: Tolerance) -> float | None:
     return gate if judge(reference, ran, at_gate).passed else None
 
 
-def candidates_from(localization_record: dict[str, Any]) -> list[str]:
+def candidates_from(localized: Layers) -> list[str]:
     """Every layer a localization looked at, by its own error, largest first (suspects lead, then the first
     layer over the threshold, which is all a whole-graph verdict names)."""
     seen: dict[str, float] = {}
-    for level in localization_record["levels"]:
-        for layer in level["layers"]:
-            local = layer["local"] or {}
-            if not local.get("error"):
-                seen[layer["name"]] = max(seen.get(layer["name"], 0.0), local.get("rel_rmse") or 0.0)
-    named = [s["name"] for s in localization_record["suspects"]] + [localization_record.get("first_divergent")]
+    for level in localized.levels or ():
+        for layer in level.layers:
+            if not (layer.local and layer.local.error):
+                own = (layer.local.rel_rmse if layer.local else None) or 0.0
+                seen[layer.name] = max(seen.get(layer.name, 0.0), own)
+    named = [s.name for s in localized.suspects or ()] + [localized.first_divergent]
     leading = list(dict.fromkeys(n for n in named if n in seen))
     rest = sorted((n for n in seen if n not in leading), key=lambda n: -seen[n])
     return leading + rest
@@ -223,7 +205,7 @@ def is_whole_model(model: torch.nn.Module, modules: list[str]) -> bool:
     return bool(every) and every <= held
 
 
-def next_step(result: FallbackResult, command: str, task: str | None, target: BackendSpec | None = None) -> str | None:
+def next_step(result: Fallback, command: str, task: str | None, target: BackendSpec | None = None) -> str | None:
     """What to try when the search found no partial fallback, in lines (a `next:` line is a command and nothing
     else): the task-level aim (`command --tier 3`) when the aim was tier 1 and the model has a task tier 3
     evaluates; the gate at which the target as it is passes, as the target's own entry with it (`target`: its

@@ -17,7 +17,7 @@ import torch
 
 from parity import taxonomy as tx
 from parity.errors import ParityError, did_you_mean
-from parity.records.models import LayerError
+from parity.records.models import CompilerPass, LayerError
 from parity.verify.activations import LevelResult
 
 MODEL = "(model)"  # the culprit when the model's own top-level code is at fault
@@ -171,7 +171,8 @@ class Localization:
         text = self._modules_verdict()
         found = self.compiler_pass
         if found and found.get("found"):
-            text += f"; torch's compiler bisector names the pass that introduces it: {pass_path(found)}"
+            text += ("; torch's compiler bisector names the pass that introduces it: "
+                     f"{pass_path(CompilerPass.model_validate(found))}")
             if found.get("switch"):
                 text += f" (the setting {switch_words(found['switch'])} removes the drift)"
         elif found:
@@ -426,11 +427,11 @@ def all_identical(loc: Localization) -> bool:
             and all(not e.error and e.max_abs == 0 and e.required_atol == 0 for e in [*errors, *own]))
 
 
-def pass_path(found: dict[str, Any]) -> str:
+def pass_path(found: CompilerPass) -> str:
     """`inductor / emulate_precision_casts`, or `inductor / lowerings / application 3 (aten.add)`."""
-    path = f"{found['backend']} / {found['subsystem']}" if found.get("subsystem") else found["backend"]
-    if found.get("subsystem") and not found.get("switch") and found.get("application"):
-        path += f" / application {found['application']}" + (f" ({found['debug_info']})" if found.get("debug_info") else "")
+    path = f"{found.backend} / {found.subsystem}" if found.subsystem else found.backend
+    if found.subsystem and not found.switch and found.application:
+        path += f" / application {found.application}" + (f" ({found.debug_info})" if found.debug_info else "")
     return path
 
 

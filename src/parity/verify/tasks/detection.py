@@ -11,6 +11,7 @@ from pydantic import Field
 
 from parity.config.schema import Strict
 from parity.inputs.images import image_files
+from parity.records.models import DetectionPictures, DrawnDetections, PictureGeometry, PictureImage
 from parity.verify.tasks import Headline, OutputsNotUnderstood, Task, TaskResult, verdict
 from parity.verify.tasks.detection_capture import candidates_of, install
 from parity.verify.tasks.flips import attribute
@@ -154,19 +155,16 @@ def behind(detections: list[dict], captured: list | None) -> list | None:
 PICTURE_BOXES = 50  # boxes per image kept in a record for the report's pictures: the highest scores
 
 
-def drawable(output: Any, cap: int = PICTURE_BOXES) -> list[dict[str, Any]]:
+def drawable(output: Any, cap: int = PICTURE_BOXES) -> list[DrawnDetections]:
     """Per image, the `cap` highest-scoring detections, rounded (boxes to 0.01 px, scores to 1e-4), and how
     many there were: enough for a report to draw reference and target boxes, small enough for a record."""
     images = []
     for d in detections_of(output):
         scores = d["scores"].double()
         order = torch.argsort(scores, descending=True, stable=True)[:cap]
-        images.append({
-            "boxes": [[round(float(v), 2) for v in box] for box in d["boxes"][order].double()],
-            "labels": [int(label) for label in d["labels"][order]],
-            "scores": [round(float(s), 4) for s in scores[order]],
-            "total": len(scores),
-        })
+        images.append(DrawnDetections(boxes=[[round(float(v), 2) for v in box] for box in d["boxes"][order].double()],
+                                      labels=[int(label) for label in d["labels"][order]],
+                                      scores=[round(float(s), 4) for s in scores[order]], total=len(scores)))
     return images
 
 
@@ -181,7 +179,7 @@ def _image_sizes(inputs) -> list[list[int]]:
     return sizes
 
 
-def detection_pictures(input_spec, reference_out: Any, target_out: Any, experiment, inputs=None) -> dict[str, Any]:
+def detection_pictures(input_spec, reference_out: Any, target_out: Any, experiment, inputs=None) -> DetectionPictures:
     """What a report needs to draw reference and target boxes on each input image, from the record alone:
     the image files (resolved paths; `path` is None for synthetic inputs), the size the model saw them at,
     the preprocessing geometry that took the file there, and each side's highest-scoring boxes."""
@@ -191,10 +189,10 @@ def detection_pictures(input_spec, reference_out: Any, target_out: Any, experime
     images = []
     for i in range(len(reference)):
         source, path = files[i] if i < len(files) else ("synthetic", None)
-        images.append({"source": source, "path": str(path) if path else None,
-                       "size": sizes[i] if len(sizes) == len(reference) else None})
-    geometry = input_spec.preprocess.model_dump(include={"resize", "center_crop", "resize_multiple"})
-    return {"images": images, "preprocess": geometry, "cap": PICTURE_BOXES, "reference": reference, "target": target}
+        images.append(PictureImage(source=source, path=str(path) if path else None,
+                                   size=sizes[i] if len(sizes) == len(reference) else None))
+    geometry = PictureGeometry(**input_spec.preprocess.model_dump(include=set(PictureGeometry.model_fields)))
+    return DetectionPictures(images=images, preprocess=geometry, cap=PICTURE_BOXES, reference=reference, target=target)
 
 
 class Detection(Task):
@@ -209,7 +207,8 @@ class Detection(Task):
         return evaluate(reference, target, thresholds, gate, output)
 
     def record_fields(self, input_spec, reference, target, experiment, inputs):
-        return {"pictures": detection_pictures(input_spec, reference, target, experiment, inputs)}
+        # task_check's record is a mapping, written as it is: the pictures go in as their dump
+        return {"pictures": detection_pictures(input_spec, reference, target, experiment, inputs).model_dump()}
 
     def instrument(self, model, thresholds):
         if thresholds.attribution:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import types
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,9 +25,44 @@ import torch
 from parity.execute import capture
 from parity.verify.tasks.flips import Candidates
 
-KIND = "torchvision_roi_heads"
-RPN = "torchvision_rpn"
-OWN = "detector_candidates"  # what record_candidates keeps: one image's Candidates
+
+@dataclass(frozen=True)
+class HeadsCall:
+    """One call of a torchvision RoIHeads' `postprocess_detections`: its arguments, settings and result."""
+
+    class_logits: torch.Tensor
+    box_regression: torch.Tensor
+    proposals: list[torch.Tensor]
+    image_shapes: list[tuple[int, ...]]
+    weights: tuple[float, ...]
+    clip: float
+    score_threshold: float
+    nms_iou: float
+    top_k: int
+    outputs: tuple[list[torch.Tensor], ...]  # boxes, scores, labels: one tensor per image each
+
+
+@dataclass(frozen=True)
+class ProposalsCall:
+    """One call of a torchvision RegionProposalNetwork's `filter_proposals`."""
+
+    proposals: torch.Tensor
+    objectness: torch.Tensor
+    image_shapes: list[tuple[int, ...]]
+    levels: list[int]  # anchors per feature level
+    pre_top_k: int
+    top_k: int
+    nms_iou: float
+    score_threshold: float
+    min_size: float
+    outputs: list[torch.Tensor]  # the proposals kept, per image
+
+
+@dataclass(frozen=True)
+class OwnCandidates:
+    """What `record_candidates` keeps: one image's candidates, from a detector's own post-processing."""
+
+    candidates: Candidates
 
 
 def _plain(*tensors) -> bool:
@@ -47,11 +83,10 @@ def _recording(original):
     def postprocess_detections(self, class_logits, box_regression, proposals, image_shapes):
         result = original(self, class_logits, box_regression, proposals, image_shapes)
         if capture.watched() and not _tracing() and _plain(class_logits, box_regression, *proposals):
-            capture.record({"kind": KIND, "class_logits": class_logits, "box_regression": box_regression,
-                            "proposals": list(proposals), "image_shapes": [tuple(s) for s in image_shapes],
-                            "weights": tuple(self.box_coder.weights), "clip": self.box_coder.bbox_xform_clip,
-                            "score_threshold": float(self.score_thresh), "nms_iou": float(self.nms_thresh),
-                            "top_k": int(self.detections_per_img), "outputs": tuple(list(r) for r in result)})
+            capture.record(HeadsCall(class_logits, box_regression, list(proposals), [tuple(s) for s in image_shapes],
+                                     tuple(self.box_coder.weights), self.box_coder.bbox_xform_clip,
+                                     float(self.score_thresh), float(self.nms_thresh), int(self.detections_per_img),
+                                     tuple(list(r) for r in result)))
         return result
 
     return postprocess_detections
@@ -64,12 +99,10 @@ def _recording_proposals(original):
     def filter_proposals(self, proposals, objectness, image_shapes, num_anchors_per_level):
         result = original(self, proposals, objectness, image_shapes, num_anchors_per_level)
         if capture.watched() and not _tracing() and _plain(proposals, objectness):
-            capture.record({"kind": RPN, "proposals": proposals, "objectness": objectness,
-                            "image_shapes": [tuple(s) for s in image_shapes],
-                            "levels": list(num_anchors_per_level), "pre_top_k": int(self.pre_nms_top_n()),
-                            "top_k": int(self.post_nms_top_n()), "nms_iou": float(self.nms_thresh),
-                            "score_threshold": float(self.score_thresh), "min_size": float(self.min_size),
-                            "outputs": list(result[0])})
+            capture.record(ProposalsCall(proposals, objectness, [tuple(s) for s in image_shapes],
+                                         list(num_anchors_per_level), int(self.pre_nms_top_n()),
+                                         int(self.post_nms_top_n()), float(self.nms_thresh), float(self.score_thresh),
+                                         float(self.min_size), list(result[0])))
         return result
 
     return filter_proposals
@@ -86,9 +119,9 @@ def record_candidates(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.T
     a compiler, a tracer, an exporter) it does nothing and costs a check."""
     if _tracing() or not capture.watched() or not _plain(boxes, scores, labels, kept):
         return
-    capture.record({"kind": OWN, "candidates": Candidates(
+    capture.record(OwnCandidates(Candidates(
         boxes.detach(), scores.detach(), labels.detach(), kept.detach().to(torch.int64), float(score_threshold),
-        float(nms_iou), int(top_k), min_size=float(min_size), class_agnostic=class_agnostic)})
+        float(nms_iou), int(top_k), min_size=float(min_size), class_agnostic=class_agnostic)))
 
 
 def install(model: torch.nn.Module) -> bool:
@@ -117,27 +150,27 @@ def _kept(candidates: torch.Tensor, outputs: torch.Tensor) -> torch.Tensor | Non
     return torch.tensor(kept, dtype=torch.int64)
 
 
-def _proposal_candidates(rec: dict[str, Any]) -> list[Candidates] | None:
+def _proposal_candidates(rec: ProposalsCall) -> list[Candidates] | None:
     """Per image, every anchor's proposal with its objectness (labels: the feature level), as the region
     proposal network chose among them: a top-k per level, the threshold, NMS per level, the post-NMS top-k.
     Its outputs are found among them by box and level (objectness through sigmoid at another shape may
     differ in the last bit)."""
     from torchvision.ops import boxes as box_ops
 
-    objectness = torch.sigmoid(rec["objectness"].detach().reshape(len(rec["proposals"]), -1))
-    levels = torch.cat([torch.full((n,), i, dtype=torch.int64) for i, n in enumerate(rec["levels"])])
+    objectness = torch.sigmoid(rec.objectness.detach().reshape(len(rec.proposals), -1))
+    levels = torch.cat([torch.full((n,), i, dtype=torch.int64) for i, n in enumerate(rec.levels)])
     images = []
-    for boxes, scores, shape, out in zip(rec["proposals"], objectness, rec["image_shapes"], rec["outputs"], strict=True):
+    for boxes, scores, shape, out in zip(rec.proposals, objectness, rec.image_shapes, rec.outputs, strict=True):
         boxes = box_ops.clip_boxes_to_image(boxes.detach(), shape)
         kept = _kept(boxes, out)
         if kept is None:
             return None
-        images.append(Candidates(boxes, scores, levels, kept, rec["score_threshold"], rec["nms_iou"], rec["top_k"],
-                                 min_size=rec["min_size"], group_top_k=rec["pre_top_k"]))
+        images.append(Candidates(boxes, scores, levels, kept, rec.score_threshold, rec.nms_iou, rec.top_k,
+                                 min_size=rec.min_size, group_top_k=rec.pre_top_k))
     return images
 
 
-def _image_candidates(boxes, scores, proposals, image_shape, outputs, rec) -> Candidates | None:
+def _image_candidates(boxes, scores, proposals, image_shape, outputs, rec: HeadsCall) -> Candidates | None:
     from torchvision.ops import boxes as box_ops
 
     num_classes = scores.shape[-1]
@@ -151,8 +184,8 @@ def _image_candidates(boxes, scores, proposals, image_shape, outputs, rec) -> Ca
     kept = _kept(rows, torch.cat([out_boxes.double(), out_scores.double()[:, None], out_labels.double()[:, None]], 1))
     if kept is None:
         return None
-    return Candidates(boxes.detach(), scores.detach(), labels, kept, rec["score_threshold"], rec["nms_iou"],
-                      rec["top_k"], min_size=1e-2, origins=origins.detach(), per_proposal=num_classes - 1)
+    return Candidates(boxes.detach(), scores.detach(), labels, kept, rec.score_threshold, rec.nms_iou,
+                      rec.top_k, min_size=1e-2, origins=origins.detach(), per_proposal=num_classes - 1)
 
 
 def candidates_of(captured: list[Any]) -> list[Candidates] | None:
@@ -161,22 +194,22 @@ def candidates_of(captured: list[Any]) -> list[Candidates] | None:
     twice, or not at all) or its outputs are not found among its candidates."""
     from torchvision.models.detection._utils import BoxCoder
 
-    own = [r["candidates"] for r in captured if isinstance(r, dict) and r.get("kind") == OWN]
-    records = [r for r in captured if isinstance(r, dict) and r.get("kind") == KIND]
+    own = [r.candidates for r in captured if isinstance(r, OwnCandidates)]
+    records = [r for r in captured if isinstance(r, HeadsCall)]
     if own:
         return None if records else own  # two kinds of capture in one run: which explains the outputs is unknown
     if len(records) != 1:
         return None
     rec = records[0]
-    rpn = [r for r in captured if isinstance(r, dict) and r.get("kind") == RPN]
+    rpn = [r for r in captured if isinstance(r, ProposalsCall)]
     with torch.no_grad():
-        coder = BoxCoder(rec["weights"], rec["clip"])
-        per_image = [len(p) for p in rec["proposals"]]
-        boxes = coder.decode(rec["box_regression"], rec["proposals"]).split(per_image, 0)
-        scores = torch.nn.functional.softmax(rec["class_logits"], -1).split(per_image, 0)
+        coder = BoxCoder(rec.weights, rec.clip)
+        per_image = [len(p) for p in rec.proposals]
+        boxes = coder.decode(rec.box_regression, rec.proposals).split(per_image, 0)
+        scores = torch.nn.functional.softmax(rec.class_logits, -1).split(per_image, 0)
         images = []
-        for n, (b, s, p, shape) in enumerate(zip(boxes, scores, rec["proposals"], rec["image_shapes"], strict=True)):
-            outputs = tuple(side[n] for side in rec["outputs"])
+        for n, (b, s, p, shape) in enumerate(zip(boxes, scores, rec.proposals, rec.image_shapes, strict=True)):
+            outputs = tuple(side[n] for side in rec.outputs)
             image = _image_candidates(b, s, p, shape, outputs, rec)
             if image is None:
                 return None
