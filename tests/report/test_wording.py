@@ -64,3 +64,18 @@ def test_every_report_writes_a_metric_and_a_difference_the_same_way():
     assert [number(x) for x in (3.1e-4, None)] == ["3.10e-04", "-"] and number(None, none="inf") == "inf"
     assert number(-12.345, ".1f") == "-12.3"
     assert [scientific(x) for x in (3.14e-4, 0.0, None)] == ["3.1e-04", "0", "–"]
+
+
+def test_a_cached_decoding_is_said_from_its_typed_metrics():
+    """Each side's metrics are a CachedMetrics: its first flip is said when it has one, a missing KL reads nan."""
+    from parity.records.models import CachedDecodingCheck, CachedMetrics, Tier3Check
+    from parity.report.wording import cached_line
+
+    cached = CachedDecodingCheck(prompt_tokens=6, steps=4, passed=False, side="target",
+                                 target=CachedMetrics(kl_mean=0.125, top1_agreement=0.75, first_flip=2),
+                                 reference_self=CachedMetrics(kl_mean=0.0, top1_agreement=1.0), target_self=None)
+    check = Tier3Check(kind="check", tier=3, model="m", inputs="x", target="t", task="text-generation", status="ok",
+                       passed=False, failure_class="decision_flip", detail="d", metrics={}, cached=cached)
+    assert cached_line(check) == ("cached decoding, 4 steps after a 6-token prompt: fails (target); target vs "
+                                  "reference: mean KL 0.125, top-1 75%, first flip at step 2; reference cached vs "
+                                  "uncached: mean KL 0, top-1 100%; target cached vs uncached: mean KL nan, top-1 -")
