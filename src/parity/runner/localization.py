@@ -57,14 +57,15 @@ from parity.verify.localize import (
     LEAVES,
     MODEL,
     Localization,
-    all_identical,
     children,
     descendants,
     first_divergent,
+    flat_finding,
     layer_names,
     module_code,
     rank,
     repeated,
+    settled_identical,
     size,
     specialized_at,
     spread,
@@ -136,21 +137,11 @@ def _localize(reference, target, model, inputs, rtol, threshold, granularity, mo
             level.shared += part.shared
             level.local.update(part.local)
             level.propagated.update(part.propagated)
-        loc = Localization(target.id, "flat", threshold, [("", level)], mode_used=mode)
-        loc.skipped = [e.name for e in level.local.values() if e.error]
-        ranked = rank(level, threshold)
-        loc.suspects = ranked[:3]
-        loc.culprit = ranked[0].name if ranked else None
-        loc.whole_graph = not ranked and bool(level.local) and not loc.skipped
-        basis = "own" if ranked and level.local else "propagated"
-        loc.first_divergent = first_divergent(level, threshold, basis)
-        loc.first_divergent_by = basis if loc.first_divergent else None
+        loc = flat_finding(target.id, level, threshold, mode)
     else:
         loc = _descend(reference, target, model, inputs, rtol, threshold, mode, example, say)
         loc.mode_used = mode
-    if all_identical(loc):
-        loc.identical, loc.whole_graph, loc.culprit, loc.first_divergent, loc.first_divergent_by = True, False, None, None, None
-    return loc
+    return settled_identical(loc)
 
 
 def _descend(reference, target, model, inputs, rtol, threshold, mode, example, say) -> Localization:

@@ -418,13 +418,32 @@ def rank(level: LevelResult, threshold: float) -> list[LayerError]:
     return sorted(over, key=lambda e: growth[e.name], reverse=True)
 
 
-def all_identical(loc: Localization) -> bool:
-    """Every layer compared, alone and inside the target's end-to-end run, gives exactly the reference's output
-    (NaN where the reference has NaN): nothing differs between the sides."""
+def flat_finding(target: str, level: LevelResult, threshold: float, mode: str) -> Localization:
+    """What a flat comparison (one level: every leaf, a depth, or named modules) finds: the largest own error above the
+    threshold is the culprit (in propagated mode alone, the largest growth); none while every layer was compared alone:
+    the whole graph; and the first layer in call order above it, by the error that ranked them."""
+    loc = Localization(target, "flat", threshold, [("", level)], mode_used=mode)
+    loc.skipped = [e.name for e in level.local.values() if e.error]
+    ranked = rank(level, threshold)
+    loc.suspects = ranked[:3]
+    loc.culprit = ranked[0].name if ranked else None
+    loc.whole_graph = not ranked and bool(level.local) and not loc.skipped
+    basis = "own" if ranked and level.local else "propagated"
+    loc.first_divergent = first_divergent(level, threshold, basis)
+    loc.first_divergent_by = basis if loc.first_divergent else None
+    return loc
+
+
+def settled_identical(loc: Localization) -> Localization:
+    """`loc`, marked `identical` (no culprit, no first divergent layer, not the whole graph) when every layer compared,
+    alone and inside the target's end-to-end run, gives exactly the reference's output (NaN where the reference has
+    NaN): nothing differs between the sides."""
     errors = [e for _, level in loc.levels for e in (*level.local.values(), *level.propagated.values())]
     own = [level.own_code for _, level in loc.levels if level.own_code is not None]
-    return (any(level.propagated for _, level in loc.levels)
-            and all(not e.error and e.max_abs == 0 and e.required_atol == 0 for e in [*errors, *own]))
+    if (any(level.propagated for _, level in loc.levels)
+            and all(not e.error and e.max_abs == 0 and e.required_atol == 0 for e in [*errors, *own])):
+        loc.identical, loc.whole_graph, loc.culprit, loc.first_divergent, loc.first_divergent_by = True, False, None, None, None
+    return loc
 
 
 def pass_path(found: CompilerPass) -> str:
