@@ -558,7 +558,7 @@ class GroupTrial(Part):
     nbytes: int | None = Field(None, description="The file's bytes.")
 
 
-class GroupRow(GroupTrial):
+class GroupRow(InOrder, GroupTrial):
     """One tensor group alone at the target's type, the rest at the trial type."""
 
     name: str = Field(description="The group (token_embd, output, blk.N, blk.N.attn, blk.N.ffn).")
@@ -593,7 +593,7 @@ class GateVerdict(Part):
     rtol: float | None = Field(None, description="The rtol it was judged at.")
 
 
-class Layers(Record):
+class Layers(InOrder, Record):
     """Tier 2 for one failing check: which layer introduces the difference."""
 
     kind: Literal["layers"] = Field(description="`layers`.")

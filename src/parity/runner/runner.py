@@ -487,8 +487,8 @@ class Runner:
             self._typed_task(model_spec, target)
             with model_scope(self.cache, model_spec, exp), bar.running():
                 record = localize_groups(exp.reference, target, model, inputs, example, exp.tiers.tasks or tasks_spec(),
-                                         exp.tolerance_for(target).gate, lambda text: bar.describe(f"{target.id}: {text}"))
-            record = {"model": model_spec.name, "inputs": input_spec.name, **record}
+                                         exp.tolerance_for(target).gate, lambda text: bar.describe(f"{target.id}: {text}"),
+                                         names=(model_spec.name, input_spec.name)).model_dump(exclude_unset=True, exclude={"kind"})
             self._write_record("layers", record)
             return record
         with model_scope(self.cache, model_spec, exp), bar.running():
@@ -558,9 +558,9 @@ class Runner:
         with model_scope(self.cache, model_spec, exp):
             found = fallback_groups(exp.reference, target, model, inputs, example, exp.tiers.tasks or tasks_spec(),
                                     exp.tolerance_for(target).gate)
-        result = FallbackResult(target.id, **found)
+        result = FallbackResult(target.id, **vars(found))
         if not result.passed:
-            result.next_step = (f"no set of tensor groups at {found['runs_in']} passes tier 3: keep them at a higher "
+            result.next_step = (f"no set of tensor groups at {found.runs_in} passes tier 3: keep them at a higher "
                                 "type (F16), or relax the text-generation thresholds")
         record = {"model": model_spec.name, "inputs": input_spec.name, "reference": exp.reference.id, **result.record()}
         self._write_record("fallback", record)
