@@ -405,7 +405,19 @@ class GenerationText(Part):
     target: str = Field(description="The target's tokens from the divergence on.")
 
 
-class GeneratedPrompt(Part):
+class TokenFlip(Part):
+    """One scored position whose next-token decision differs (text generation's teacher-forced statistics), as a
+    tier-3 check's `token_flips` lists it."""
+
+    model_config = ConfigDict(populate_by_name=True)
+    position: list[int] = Field(description="[sequence, position].")
+    reference_token: int = Field(description="The reference's top-1 token.")
+    target_token: int = Field(description="The target's top-1 token.")
+    margin: float = Field(description="The reference's top-2 probability margin there.")
+    flip: str = Field(alias="class", description="near_tie (the margin within near_tie_margin) or real.")
+
+
+class GeneratedPrompt(InOrder):
     """One prompt's greedy continuations (text generation's free-running), the reference's against the target's."""
 
     prompt_tokens: int = Field(description="The prompt's length in tokens: the sequence's first tokens, as many as "
