@@ -10,7 +10,7 @@ Fields that records written by earlier versions lack (the archived study records
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer, model_validator
 
@@ -39,16 +39,16 @@ def _in_order(dumped: Any, given: Any) -> Any:
 class InOrder(Part):
     """A part that `model_dump(exclude_unset=True)` gives back with the fields it was made from, in the order they
     were given, its parts' too, not in the declarations' order (the mapping it was made from is kept for that
-    order alone: one reference, no copy). A record's line keeps its key order through a read and a write."""
+    order alone: one reference, no copy). `made` makes one so; a `Check` is also made so when it is read, so that a
+    record's line keeps its key order through a read and a write."""
 
     _given: Any = PrivateAttr(default=None)
 
-    @model_validator(mode="wrap")
     @classmethod
-    def _remember_order(cls, data: Any, handler: Any) -> Any:
-        made = handler(data)
-        if isinstance(data, dict):
-            made._given = data
+    def made(cls, fields: dict[str, Any]) -> Self:
+        """Validated from `fields`, and dumped in their order."""
+        made = cls.model_validate(fields)
+        made._given = fields
         return made
 
     @model_serializer(mode="wrap")
@@ -329,6 +329,14 @@ class Check(InOrder, Record):
     """One verdict about one target on one model and input set. The judge's verdict is this record itself, and the
     Runner writes it as it is, its fields in the order it was made from (InOrder): that of its line in
     records.jsonl, or the order the judge wrote them in, as parity always has."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_order(cls, data: Any, handler: Any) -> Any:
+        check = handler(data)
+        if isinstance(data, dict):
+            check._given = data
+        return check
 
     kind: Literal["check"] = Field(description="`check`.")
     model: str = Field(description="The model's name.")

@@ -145,7 +145,7 @@ def _localize(trials: _Trials, reference: BackendSpec, target: BackendSpec, task
                "llama.cpp's kernels, not the types, make the difference")
     located = TensorGroups(statistic="kl_mean", trial_type=LOCALIZE_TYPE, trials=trials.count, whole=whole.summary(),
                            floor=floor.summary(), added=added, groups=measured)
-    return Layers.model_validate({
+    return Layers.made({
         "kind": "layers", "model": names[0], "inputs": names[1], "target": target.id, "reference": reference.id,
         "tier": 2, "mode": "tensor groups", "threshold": kl_threshold, "verdict": verdict, "culprit": culprit,
         "suspects": [],  # layers' own errors: a group's number is its KLD, in `tensor_groups`
@@ -167,7 +167,7 @@ class _Row:
         """Its record, with its share of what the block-level groups add together (`added`)."""
         m, kl_added = self.trial.verdict.metrics, self.added(floor)
         own = sorted({t for g, t in types.items() if g == self.name or g.startswith(self.name + ".")})
-        return GroupRow.model_validate({
+        return GroupRow.made({
             "name": self.name, "parent": self.parent, "type": "+".join(own), "kl_mean": m["kl_mean"],
             "kl_mean_se": m["kl_mean_se"], "kl_added": kl_added, "same_top1": m["same_top1"],
             "top1_agreement": m.get("top1_agreement"), "share": kl_added / added if added > 0 else None})

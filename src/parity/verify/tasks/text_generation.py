@@ -573,7 +573,7 @@ def _continuation(prompt: list[int], ref: list[int], tgt: list[int], text_tokens
                       context=context, reference=reference, target=target)
         if decode is not None:
             fields["text"] = GenerationText(context=decode(context), reference=decode(reference), target=decode(target))
-    return GeneratedPrompt.model_validate(fields)
+    return GeneratedPrompt.made(fields)
 
 
 def _num(x: Any, fmt: str = ".6g") -> str:
