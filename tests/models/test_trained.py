@@ -290,5 +290,5 @@ def test_the_nudenet_detectors_flips_are_attributed_through_its_anchors():
     (ref_out, ref_captured), (tgt_out, tgt_captured) = sides
     assert len(ref_out[0]["labels"]) == 3 and len(tgt_out[0]["labels"]) == 1
     result = flips(ref_out, tgt_out, DetectionThresholds(), ref_captured, tgt_captured)
-    assert result["candidates"] == "both"
-    assert result["counts"] == {"score_threshold": 1, "nms_iou": 1}
+    assert result.candidates == "both"
+    assert result.counts == {"score_threshold": 1, "nms_iou": 1}

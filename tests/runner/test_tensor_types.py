@@ -100,11 +100,17 @@ def test_localize_names_the_block_and_the_group_that_depart(tmp_path):
     adds the KLD and its attention none; token_embd, unperturbed, adds nothing over the floor (the offset every
     file has)."""
     runner, (model, target, inputs) = _runner(tmp_path)
-    record = typed({"kind": "layers", **runner.localize(model, target, inputs)})
+    written = runner.localize(model, target, inputs)
+    record = typed({"kind": "layers", **written})
     found = record.tensor_groups
+    # the keys in the order parity always wrote them: a typed record, made once, dumps what it was made from
+    assert list(written)[:6] == ["model", "inputs", "target", "reference", "tier", "mode"]
+    assert list(written["tensor_groups"]["groups"][0]) == ["name", "parent", "type", "kl_mean", "kl_mean_se", "kl_added",
+                                                           "same_top1", "top1_agreement", "share"]
     rows = {r.name: r for r in found.groups}
     assert record.mode == "tensor groups" and record.culprit == "blk.1"
     assert rows["blk.1"].share > 0.9 and rows["token_embd"].kl_added == 0.0
+    assert sum(r.share for r in found.groups if r.parent is None) == pytest.approx(1.0)  # shares of what they add
     assert rows["blk.1.ffn"].parent == "blk.1" and rows["blk.1.ffn"].kl_added > 0 == rows["blk.1.attn"].kl_added
     assert found.floor.kl_mean > 0 and found.whole.kl_mean > rows["blk.1"].kl_mean * 0.9
     assert [r[0] for r in group_rows(record)][:3] == ["blk.1", "  blk.1.attn", "  blk.1.ffn"]

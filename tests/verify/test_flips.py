@@ -32,7 +32,7 @@ def flips(ref, tgt, match_iou=0.5, captured=True):
     result = attribute([r], [t], [match(r, t, match_iou)], match_iou, [rc] if captured else None,
                        [tc] if captured else None)
     unmatched = len(r["labels"]) + len(t["labels"]) - 2 * len(match(r, t, match_iou))
-    assert sum(result["counts"].values()) == unmatched  # every unmatched box is classed, once
+    assert sum(result.counts.values()) == unmatched  # every unmatched box is classed, once
     return result
 
 
@@ -41,15 +41,15 @@ FAR = [100.0, 100, 110, 110]  # a box that overlaps nothing else here
 
 def test_score_threshold_a_reference_box_whose_score_falls_below_the_threshold_in_the_target():
     result = flips(side([[0, 0, 10, 10], FAR], [0.6, 0.9]), side([[0, 0, 10, 10], FAR], [0.4, 0.9]))
-    assert result["counts"] == {"score_threshold": 1}
-    example = result["examples"][0]
-    assert (example["side"], example["mechanism"]) == ("reference", "score_threshold")
-    assert "threshold 0.5" in example["detail"]
+    assert result.counts == {"score_threshold": 1}
+    example = result.examples[0]
+    assert (example.side, example.mechanism) == ("reference", "score_threshold")
+    assert "threshold 0.5" in example.detail
 
 
 def test_score_threshold_the_other_way_a_target_box_the_reference_scored_below_it():
     result = flips(side([[0, 0, 10, 10]], [0.45]), side([[0, 0, 10, 10]], [0.55]))
-    assert result["counts"] == {"score_threshold": 1} and result["examples"][0]["side"] == "target"
+    assert result.counts == {"score_threshold": 1} and result.examples[0].side == "target"
 
 
 def test_nms_iou_the_overlap_with_a_kept_box_crosses_the_nms_threshold():
@@ -57,8 +57,8 @@ def test_nms_iou_the_overlap_with_a_kept_box_crosses_the_nms_threshold():
     suppressed), scores unchanged."""
     k = [0.0, 0, 10, 10]
     result = flips(side([k, [3.8, 0, 13.8, 10]], [0.9, 0.8]), side([k, [2.9, 0, 12.9, 10]], [0.9, 0.8]))
-    assert result["counts"] == {"nms_iou": 1}
-    assert "threshold 0.5" in result["examples"][0]["detail"]
+    assert result.counts == {"nms_iou": 1}
+    assert "threshold 0.5" in result.examples[0].detail
 
 
 def test_tie_order_nms_kept_the_other_of_a_tied_pair():
@@ -66,19 +66,19 @@ def test_tie_order_nms_kept_the_other_of_a_tied_pair():
     keeps the other one, so both sides have one unmatched box."""
     boxes = [[0.0, 0, 10, 10], [2.5, 0, 12.5, 10]]
     result = flips(side(boxes, [0.7, 0.700001]), side(boxes, [0.700001, 0.7]), match_iou=0.7)
-    assert result["counts"] == {"tie_order": 2}
+    assert result.counts == {"tie_order": 2}
 
 
 def test_tie_order_at_the_top_k_cut():
     result = flips(side([[0, 0, 10, 10], FAR], [0.7, 0.700001], top_k=1),
                    side([[0, 0, 10, 10], FAR], [0.700001, 0.7], top_k=1))
-    assert result["counts"] == {"tie_order": 2}
-    assert "top-1 cut" in result["examples"][0]["detail"]
+    assert result.counts == {"tie_order": 2}
+    assert "top-1 cut" in result.examples[0].detail
 
 
 def test_top_k_a_box_beyond_the_detections_per_image_cut_on_one_side_only():
     result = flips(side([[0, 0, 10, 10], FAR], [0.9, 0.8], top_k=1), side([[0, 0, 10, 10], FAR], [0.7, 0.8], top_k=1))
-    assert result["counts"] == {"top_k": 2}
+    assert result.counts == {"top_k": 2}
 
 
 def test_top_k_before_nms_a_per_label_cut_as_a_region_proposal_network_makes_per_level():
@@ -89,9 +89,9 @@ def test_top_k_before_nms_a_per_label_cut_as_a_region_proposal_network_makes_per
         return {"boxes": boxes[kept], "scores": cands.scores[kept], "labels": labels[kept]}, cands
 
     result = flips(cut([0.9, 0.8], [0]), cut([0.7, 0.8], [1]))
-    assert result["counts"] == {"top_k": 2} and "pre-NMS top 1" in result["examples"][0]["detail"]
+    assert result.counts == {"top_k": 2} and "pre-NMS top 1" in result.examples[0].detail
     result = flips(cut([0.9, 0.8], [0]), cut([0.8, 0.800001], [1]))
-    assert result["counts"] == {"tie_order": 1, "top_k": 1}  # the target's cut fell between equals
+    assert result.counts == {"tie_order": 1, "top_k": 1}  # the target's cut fell between equals
 
 
 def test_a_flip_upstream_is_classed_in_the_stage_that_chose_the_proposals():
@@ -107,14 +107,14 @@ def test_a_flip_upstream_is_classed_in_the_stage_that_chose_the_proposals():
         return {"boxes": proposal, "scores": torch.tensor([0.9]), "labels": torch.tensor([1])}, head
 
     result = flips(two_stages([0.9, 0.5], 0), two_stages([0.5, 0.9], 1))
-    assert result["counts"] == {"top_k": 2}
-    assert result["examples"][0]["detail"].startswith("its proposal, missing in the target: score 0.5")
+    assert result.counts == {"top_k": 2}
+    assert result.examples[0].detail.startswith("its proposal, missing in the target: score 0.5")
 
 
 def test_score_order_overlapping_boxes_that_swap_by_more_than_a_tie():
     boxes = [[0.0, 0, 10, 10], [2.5, 0, 12.5, 10]]
     result = flips(side(boxes, [0.6, 0.8]), side(boxes, [0.8, 0.6]), match_iou=0.7)
-    assert result["counts"] == {"score_order": 2}
+    assert result.counts == {"score_order": 2}
 
 
 def test_label_change_with_candidates_and_from_the_outputs_alone():
@@ -123,16 +123,16 @@ def test_label_change_with_candidates_and_from_the_outputs_alone():
     ref, tgt = side(boxes, [0.8, 0.6], labels, threshold=0.7), side(boxes, [0.6, 0.8], labels, threshold=0.7)
     for captured in (True, False):
         result = flips(ref, tgt, captured=captured)
-        assert result["counts"] == {"label_change": 2}
-        assert result["examples"][0]["detail"] == "label 1 in the reference, 2 in the target"
+        assert result.counts == {"label_change": 2}
+        assert result.examples[0].detail == "label 1 in the reference, 2 in the target"
 
 
 def test_geometry_the_same_box_moved_beyond_the_match_iou():
     ref, tgt = side([[0.0, 0, 10, 10]], [0.8]), side([[5.0, 0, 15, 10]], [0.8])
     with_candidates = flips(ref, tgt)
-    assert with_candidates["counts"] == {"geometry": 2} and with_candidates["candidates"] == "both"
+    assert with_candidates.counts == {"geometry": 2} and with_candidates.candidates == "both"
     from_outputs = flips(ref, tgt, captured=False)
-    assert from_outputs["counts"] == {"geometry": 2} and from_outputs["candidates"] == "none"
+    assert from_outputs.counts == {"geometry": 2} and from_outputs.candidates == "none"
 
 
 def test_a_box_kept_on_both_sides_that_the_matching_paired_otherwise_is_not_called_geometry():
@@ -142,7 +142,7 @@ def test_a_box_kept_on_both_sides_that_the_matching_paired_otherwise_is_not_call
     ref = side([[0.0, 0, 10, 10], [2.0, 0, 12, 10]], [0.9, 0.8], nms_iou=0.7)
     tgt = side([[2.0, 0, 12, 10], [2.0, 0, 12, 10]], [0.9, 0.3], nms_iou=0.7)
     result = flips(ref, tgt)
-    assert result["counts"] == {"unattributed": 1} and "paired it with another box" in result["examples"][0]["detail"]
+    assert result.counts == {"unattributed": 1} and "paired it with another box" in result.examples[0].detail
 
 
 def test_two_mechanisms_in_one_image():
@@ -151,30 +151,39 @@ def test_two_mechanisms_in_one_image():
     ref = side([[0.0, 0, 10, 10], *tied], [0.6, 0.7, 0.700001])
     tgt = side([[0.0, 0, 10, 10], *tied], [0.4, 0.700001, 0.7])
     result = flips(ref, tgt, match_iou=0.7)
-    assert result["counts"] == {"tie_order": 2, "score_threshold": 1}
+    assert result.counts == {"tie_order": 2, "score_threshold": 1}
+
+
+def test_an_example_names_the_image_its_box_is_in():
+    same = side([[0.0, 0, 10, 10]], [0.9])
+    ref, tgt = side([[0, 0, 10, 10], FAR], [0.6, 0.9]), side([[0, 0, 10, 10], FAR], [0.4, 0.9])
+    refs, tgts = [same[0], ref[0]], [same[0], tgt[0]]
+    result = attribute(refs, tgts, [match(r, t, 0.5) for r, t in zip(refs, tgts, strict=True)], 0.5,
+                       [same[1], ref[1]], [same[1], tgt[1]])
+    assert [(e.image, e.mechanism) for e in result.examples] == [(1, "score_threshold")]
 
 
 def test_nothing_flipped_nothing_counted():
     ref = side([[0.0, 0, 10, 10], FAR], [0.9, 0.8])
     result = flips(ref, side([[0.0, 0, 10, 10], FAR], [0.9, 0.8]))
-    assert result == {"counts": {}, "candidates": "both", "examples": []}
+    assert result.model_dump() == {"counts": {}, "candidates": "both", "examples": []}
 
 
 def test_what_cannot_be_shown_is_unattributed_never_guessed():
     # from the outputs alone, a box crossing the threshold leaves no trace on the other side
     result = flips(side([[0, 0, 10, 10], FAR], [0.6, 0.9]), side([[0, 0, 10, 10], FAR], [0.4, 0.9]), captured=False)
-    assert result["counts"] == {"unattributed": 1}
+    assert result.counts == {"unattributed": 1}
     # the target's candidate came from another proposal: its flip is upstream of this post-processing
     ref = side([[0, 0, 10, 10]], [0.6], origins=[[0, 0, 10, 10]])
     tgt = side([[0, 0, 10, 10]], [0.4], origins=[[40, 40, 50, 50]])
     result = flips(ref, tgt)
-    assert result["counts"] == {"unattributed": 1} and "upstream" in result["examples"][0]["detail"]
+    assert result.counts == {"unattributed": 1} and "upstream" in result.examples[0].detail
     # a box the target's post-processing would have kept: the target does not post-process as the reference
     ref = side([[0, 0, 10, 10], FAR], [0.6, 0.9])
     tgt = side([[0, 0, 10, 10], FAR], [0.6, 0.9])
     tgt[1].kept, tgt = tgt[1].kept[1:], ({k: v[1:] for k, v in tgt[0].items()}, tgt[1])
     result = flips(ref, tgt)
-    assert result["counts"] == {"unattributed": 1} and "would keep it" in result["examples"][0]["detail"]
+    assert result.counts == {"unattributed": 1} and "would keep it" in result.examples[0].detail
 
 
 # -- end to end: a torchvision detector whose post-processing inputs are captured on both sides ----------------
@@ -323,7 +332,7 @@ def test_attribution_off_neither_instruments_nor_classes():
     dets = side([[0.0, 0, 10, 10]], [0.9])[0]
     none = {"boxes": torch.zeros(0, 4), "scores": torch.zeros(0), "labels": torch.zeros(0, dtype=torch.int64)}
     assert TASK.explain([dets], [none], DetectionThresholds(attribution=False), [], []) == {}
-    assert TASK.explain([dets], [none], DetectionThresholds(), [], [])["flips"]["counts"] == {"unattributed": 1}
+    assert TASK.explain([dets], [none], DetectionThresholds(), [], [])["flips"].counts == {"unattributed": 1}
 
 
 def test_an_explanation_that_raises_leaves_the_verdict(monkeypatch, caplog):
@@ -368,9 +377,9 @@ def test_class_agnostic_nms_a_box_suppressed_by_one_of_another_label():
     ref = agnostic([k, [3.8, 0, 13.8, 10]], [0.9, 0.8], [1, 2])
     tgt = agnostic([k, [2.9, 0, 12.9, 10]], [0.9, 0.8], [1, 2])
     result = flips(ref, tgt)
-    assert result["counts"] == {"nms_iou": 1} and result["examples"][0]["label"] == 2
+    assert result.counts == {"nms_iou": 1} and result.examples[0].label == 2
     ref[1].class_agnostic = tgt[1].class_agnostic = False  # the same candidates read as per-label NMS
-    assert flips(ref, tgt)["counts"] == {"unattributed": 1}
+    assert flips(ref, tgt).counts == {"unattributed": 1}
 
 
 def test_class_agnostic_candidates_correspond_by_index_when_an_anchor_changes_its_label():
@@ -378,9 +387,9 @@ def test_class_agnostic_candidates_correspond_by_index_when_an_anchor_changes_it
     classed as such, not left unattributed for want of a counterpart."""
     ref = side([[0, 0, 10, 10], FAR], [0.6, 0.9], labels=[1, 3])
     tgt = side([[0, 0, 10, 10], FAR], [0.4, 0.9], labels=[2, 3])
-    assert flips(ref, tgt)["counts"] == {"unattributed": 1}  # per-label candidates: no counterpart
+    assert flips(ref, tgt).counts == {"unattributed": 1}  # per-label candidates: no counterpart
     ref[1].class_agnostic = tgt[1].class_agnostic = True
-    assert flips(ref, tgt)["counts"] == {"score_threshold": 1}
+    assert flips(ref, tgt).counts == {"score_threshold": 1}
 
 
 def test_record_candidates_keeps_one_images_post_processing_only_in_a_watched_eager_run(monkeypatch):

@@ -268,6 +268,7 @@ def test_a_decoder_with_the_text_generation_task_gets_tier_3_in_every_report(tmp
     assert not negated["passed"] and negated["failure_class"] == "decision_flip"
     assert negated["metrics"]["positions"] == 14 and negated["metrics"]["same_top1"] == 0.0  # 7 next tokens a row
     assert negated["token_flips"] and negated["thresholds"]["top1_agreement"] == 0.9
+    assert list(negated["token_flips"][0]) == ["position", "reference_token", "target_token", "margin", "class"]
     report = (tmp_path / "out" / "report.md").read_text()
     assert "kl_mean" in report and "real_flips" in report
 
@@ -392,10 +393,12 @@ def test_continuations_are_judged_by_their_first_divergence_and_exact_match():
     target = {**reference, "tokens": [[5, 6, 7], [4, 5, 9], [9, 8, 8]]}
     result = evaluate(_logits([1.0, 0.0]), _logits([1.0, 0.0]), DEFAULTS, 1e-4)
     judged, fields = judge_continuations(result, reference, target, DEFAULTS)
-    prompts = fields["generation"]["prompts"]
-    assert [p["first_divergence"] for p in prompts] == [None, 2, 0]
-    assert (prompts[1]["flip"], prompts[2]["flip"]) == ("real", "near_tie")
-    assert (prompts[1]["context"], prompts[1]["reference"], prompts[1]["target"]) == ([2, 3, 4, 5], [6], [9])
+    prompts = fields["generation"].prompts
+    assert [p.first_divergence for p in prompts] == [None, 2, 0]
+    assert (prompts[1].flip, prompts[2].flip) == ("real", "near_tie")
+    assert (prompts[1].context, prompts[1].reference, prompts[1].target) == ([2, 3, 4, 5], [6], [9])
+    assert list(prompts[1].model_dump(exclude_unset=True)) == [  # the keys in the order parity always wrote them
+        "prompt_tokens", "first_divergence", "margin", "flip", "context", "reference", "target"]
     assert judged.metrics["exact_match"] == pytest.approx(1 / 3) and judged.metrics["first_divergence"] == 0
     assert judged.passed and "exact_match" not in result.metrics  # a new result: the task's own is left as it was
     strict = TextGenerationThresholds(exact_match=0.5)
@@ -403,7 +406,7 @@ def test_continuations_are_judged_by_their_first_divergence_and_exact_match():
     assert not failed.passed and failed.failure_class == "decision_flip" and "exact match" in failed.detail
     assert result.passed
     _, broken = judge_continuations(result, reference, {"error": "not a causal decoder: ..."}, DEFAULTS)
-    assert broken == {"generation": {"error": "the target: not a causal decoder: ..."}}
+    assert broken["generation"].model_dump(exclude_unset=True) == {"error": "the target: not a causal decoder: ..."}
 
 
 def _successor_experiment(executor: str = "local") -> dict:
@@ -448,8 +451,9 @@ def test_a_prompt_cut_to_make_room_for_the_new_tokens_is_said():
     assert found["new_tokens"] == 12 and [len(p) for p in found["prompts"]] == [1, 1]
     result = evaluate(_logits([1.0, 0.0]), _logits([1.0, 0.0]), DEFAULTS, 1e-4)
     result, fields = judge_continuations(result, found, found, DEFAULTS)
-    prompts = fields["generation"]["prompts"]
-    assert [(p["prompt_tokens"], p["text_tokens"]) for p in prompts] == [(1, 13), (1, 13)]
+    prompts = fields["generation"].prompts
+    assert [(p.prompt_tokens, p.text_tokens) for p in prompts] == [(1, 13), (1, 13)]
+    assert list(prompts[0].model_dump(exclude_unset=True))[:3] == ["prompt_tokens", "first_divergence", "text_tokens"]
     assert any("2 of 2 prompts cut" in n and "13 -> 1" in n for n in result.notes)
     mask = torch.tensor([[1] * 9 + [0] * 4] * 2)  # 9-token prompts, padded: 4 new tokens fit after them
     whole = generate(_run(Successor()), Inputs((), {"input_ids": ids, "attention_mask": mask}), new_tokens=4)

@@ -10,7 +10,7 @@ Fields that records written by earlier versions lack (the archived study records
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer, model_validator
 
@@ -39,16 +39,16 @@ def _in_order(dumped: Any, given: Any) -> Any:
 class InOrder(Part):
     """A part that `model_dump(exclude_unset=True)` gives back with the fields it was made from, in the order they
     were given, its parts' too, not in the declarations' order (the mapping it was made from is kept for that
-    order alone: one reference, no copy). A record's line keeps its key order through a read and a write."""
+    order alone: one reference, no copy). `made` makes one so; a `Check` is also made so when it is read, so that a
+    record's line keeps its key order through a read and a write."""
 
     _given: Any = PrivateAttr(default=None)
 
-    @model_validator(mode="wrap")
     @classmethod
-    def _remember_order(cls, data: Any, handler: Any) -> Any:
-        made = handler(data)
-        if isinstance(data, dict):
-            made._given = data
+    def made(cls, fields: dict[str, Any]) -> Self:
+        """Validated from `fields`, and dumped in their order."""
+        made = cls.model_validate(fields)
+        made._given = fields
         return made
 
     @model_serializer(mode="wrap")
@@ -330,6 +330,14 @@ class Check(InOrder, Record):
     Runner writes it as it is, its fields in the order it was made from (InOrder): that of its line in
     records.jsonl, or the order the judge wrote them in, as parity always has."""
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_order(cls, data: Any, handler: Any) -> Any:
+        check = handler(data)
+        if isinstance(data, dict):
+            check._given = data
+        return check
+
     kind: Literal["check"] = Field(description="`check`.")
     model: str = Field(description="The model's name.")
     inputs: str = Field(description="The input set's name.")
@@ -405,7 +413,19 @@ class GenerationText(Part):
     target: str = Field(description="The target's tokens from the divergence on.")
 
 
-class GeneratedPrompt(Part):
+class TokenFlip(Part):
+    """One scored position whose next-token decision differs (text generation's teacher-forced statistics), as a
+    tier-3 check's `token_flips` lists it."""
+
+    model_config = ConfigDict(populate_by_name=True)
+    position: list[int] = Field(description="[sequence, position].")
+    reference_token: int = Field(description="The reference's top-1 token.")
+    target_token: int = Field(description="The target's top-1 token.")
+    margin: float = Field(description="The reference's top-2 probability margin there.")
+    flip: str = Field(alias="class", description="near_tie (the margin within near_tie_margin) or real.")
+
+
+class GeneratedPrompt(InOrder):
     """One prompt's greedy continuations (text generation's free-running), the reference's against the target's."""
 
     prompt_tokens: int = Field(description="The prompt's length in tokens: the sequence's first tokens, as many as "
@@ -560,7 +580,7 @@ class GroupTrial(Part):
     nbytes: int | None = Field(None, description="The file's bytes.")
 
 
-class GroupRow(GroupTrial):
+class GroupRow(InOrder, GroupTrial):
     """One tensor group alone at the target's type, the rest at the trial type."""
 
     name: str = Field(description="The group (token_embd, output, blk.N, blk.N.attn, blk.N.ffn).")
@@ -595,7 +615,7 @@ class GateVerdict(Part):
     rtol: float | None = Field(None, description="The rtol it was judged at.")
 
 
-class Layers(Record):
+class Layers(InOrder, Record):
     """Tier 2 for one failing check: which layer introduces the difference."""
 
     kind: Literal["layers"] = Field(description="`layers`.")

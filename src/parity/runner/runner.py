@@ -486,8 +486,8 @@ class Runner:
             self._typed_task(model_spec, target)
             with model_scope(self.cache, model_spec, exp), bar.running():
                 record = localize_groups(exp.reference, target, model, inputs, example, exp.tiers.tasks or tasks_spec(),
-                                         exp.tolerance_for(target).gate, lambda text: bar.describe(f"{target.id}: {text}"))
-            record = {"model": model_spec.name, "inputs": input_spec.name, **record}
+                                         exp.tolerance_for(target).gate, lambda text: bar.describe(f"{target.id}: {text}"),
+                                         names=(model_spec.name, input_spec.name)).model_dump(exclude_unset=True, exclude={"kind"})
             self._write_record("layers", record)
             return record
         with model_scope(self.cache, model_spec, exp), bar.running():
@@ -556,7 +556,7 @@ class Runner:
             found = fallback_groups(exp.reference, target, model, inputs, example, exp.tiers.tasks or tasks_spec(),
                                     exp.tolerance_for(target).gate)
         result = fallback_record(model=model_spec.name, inputs=input_spec.name, reference=exp.reference.id,
-                                 target=target.id, **found)
+                                 target=target.id, **vars(found))
         if not result.passed:
             result = result.model_copy(update={"next_step": f"no set of tensor groups at {result.runs_in} passes tier 3: "
                                                             "keep them at a higher type (F16), or relax the "

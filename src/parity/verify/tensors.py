@@ -247,11 +247,11 @@ def _compare_leaf(name: str, ref: Any, tgt: Any, rtol: float, gate: float, rule:
         if measured.get("nonfinite") or fields.get("detail") == ALL_NAN:
             fields.update(oracle_nonfinite_target=_nonfinite_off(tgt, oracle),
                           oracle_nonfinite_reference=_nonfinite_off(ref, oracle))
-    return Leaf.model_validate(fields)
+    return Leaf.made(fields)
 
 
 def _unmatched(name: str, detail: str) -> Leaf:
-    return Leaf.model_validate({"name": name, "required_atol": None, "failure_class": tx.STRUCTURE_MISMATCH,
+    return Leaf.made({"name": name, "required_atol": None, "failure_class": tx.STRUCTURE_MISMATCH,
                                 "detail": detail})
 
 

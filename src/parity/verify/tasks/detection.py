@@ -11,7 +11,7 @@ from pydantic import Field
 
 from parity.config.schema import Strict
 from parity.inputs.images import image_files
-from parity.records.models import DetectionPictures, DrawnDetections, PictureGeometry, PictureImage
+from parity.records.models import DetectionPictures, DrawnDetections, Flips, PictureGeometry, PictureImage
 from parity.verify.tasks import Headline, OutputsNotUnderstood, Task, TaskResult, verdict
 from parity.verify.tasks.detection_capture import candidates_of, install
 from parity.verify.tasks.flips import attribute
@@ -131,7 +131,7 @@ def evaluate(reference: Any, target: Any, thresholds: DetectionThresholds, gate:
 
 
 def flips(reference: Any, target: Any, thresholds: DetectionThresholds, reference_captured: list[Any],
-          target_captured: list[Any]) -> dict[str, Any]:
+          target_captured: list[Any]) -> Flips:
     """Every unmatched box classed by the mechanism that made it differ (flips.py), through both sides'
     post-processing inputs when both were captured, else from the outputs alone."""
     refs, tgts = detections_of(reference), detections_of(target)
@@ -219,7 +219,7 @@ class Detection(Task):
         if not thresholds.attribution:
             return {}
         classed = flips(reference, target, thresholds, reference_captured, target_captured)
-        return {"flips": classed} if classed["counts"] else {}
+        return {"flips": classed} if classed.counts else {}
 
 
 TASK = Detection()

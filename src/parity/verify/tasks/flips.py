@@ -26,9 +26,10 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
 
 import torch
+
+from parity.records.models import FlipExample, Flips
 
 CLASSES = ("tie_order", "score_threshold", "nms_iou", "top_k", "score_order", "label_change", "geometry",
            "unattributed")
@@ -161,8 +162,9 @@ def _pairs(a: list[int], b: list[int], iou: torch.Tensor, accept) -> list[tuple[
 
 
 def classify_image(ref: dict, tgt: dict, matched: list[tuple[int, int, float]], match_iou: float,
-                   ref_cands: Candidates | None = None, tgt_cands: Candidates | None = None) -> list[dict[str, Any]]:
-    """Every unmatched box of one image: {side, index, label, score, mechanism, detail}."""
+                   ref_cands: Candidates | None = None, tgt_cands: Candidates | None = None,
+                   image: int = 0) -> list[FlipExample]:
+    """Every unmatched box of one image (the `image`-th), classed."""
     ref_left = sorted(set(range(len(ref["labels"]))) - {r for r, _, _ in matched})
     tgt_left = sorted(set(range(len(tgt["labels"]))) - {t for _, t, _ in matched})
     iou = _iou(ref["boxes"], tgt["boxes"]) if len(ref_left) and len(tgt_left) else torch.zeros(0, 0)
@@ -187,8 +189,8 @@ def classify_image(ref: dict, tgt: dict, matched: list[tuple[int, int, float]], 
     for side, left, dets in (("reference", ref_left, ref), ("target", tgt_left, tgt)):
         for i in left:
             flip_class, detail = classed.get((side, i), ("unattributed", "no post-processing inputs for both sides"))
-            rows.append({"side": side, "index": i, "label": int(dets["labels"][i]), "score": float(dets["scores"][i]),
-                         "mechanism": flip_class, "detail": detail})
+            rows.append(FlipExample(image=image, side=side, index=i, label=int(dets["labels"][i]),
+                                    score=float(dets["scores"][i]), mechanism=flip_class, detail=detail))
     return rows
 
 
@@ -217,7 +219,7 @@ def _from_candidates(i: int, this: Candidates, other: Candidates, match_iou: flo
 
 def attribute(refs: list[dict], tgts: list[dict], matches: list[list[tuple[int, int, float]]], match_iou: float,
               ref_captured: list[Candidates] | None = None, tgt_captured: list[Candidates] | None = None
-              ) -> dict[str, Any]:
+              ) -> Flips:
     """Counts of every unmatched box per class over all images, a few examples, and which sides' candidates
     were used (`candidates`: both, or none when a side has no capture for every image)."""
     both = (ref_captured is not None and tgt_captured is not None
@@ -226,9 +228,9 @@ def attribute(refs: list[dict], tgts: list[dict], matches: list[list[tuple[int, 
     examples = []
     for n, (r, t, pairs) in enumerate(zip(refs, tgts, matches, strict=True)):
         rc, tc = (ref_captured[n], tgt_captured[n]) if both else (None, None)
-        for row in classify_image(r, t, pairs, match_iou, rc, tc):
-            counts[row["mechanism"]] += 1
+        for row in classify_image(r, t, pairs, match_iou, rc, tc, image=n):
+            counts[row.mechanism] += 1
             if len(examples) < EXAMPLES:
-                examples.append({"image": n, **row})
-    return {"counts": {k: counts[k] for k in CLASSES if counts[k]}, "candidates": "both" if both else "none",
-            "examples": examples}
+                examples.append(row)
+    return Flips(counts={k: counts[k] for k in CLASSES if counts[k]}, candidates="both" if both else "none",
+                 examples=examples)

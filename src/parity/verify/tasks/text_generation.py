@@ -67,6 +67,7 @@ from parity.errors import exception_words
 from parity.inputs import Inputs
 from parity.inputs.text import load_tokenizer
 from parity.outputs import flatten
+from parity.records.models import GeneratedPrompt, Generation, GenerationText, TokenFlip
 from parity.verify.tasks import Headline, OutputsNotUnderstood, Task, TaskResult, verdict, with_failure
 
 MAX_FLIPS = 20  # flips a record lists, real ones first, then by margin
@@ -112,7 +113,7 @@ def _margins(scores: torch.Tensor) -> torch.Tensor:
     return top2[..., 0] - top2[..., 1]
 
 
-def flips(ref: torch.Tensor, tgt: torch.Tensor, near_tie: float, scored: torch.Tensor | None = None) -> list[dict[str, Any]]:
+def flips(ref: torch.Tensor, tgt: torch.Tensor, near_tie: float, scored: torch.Tensor | None = None) -> list[TokenFlip]:
     """Every scored position (`scored`: a mask over [sequence, position]; None: all) whose top-1 differs
     ([sequence, position]), with the reference's top-2 margin (the difference of its two largest probabilities)
     and its class: near_tie within `near_tie`, else real."""
@@ -124,12 +125,9 @@ def flips(ref: torch.Tensor, tgt: torch.Tensor, near_tie: float, scored: torch.T
     step = chunk_rows(ref.shape[-1])
     margins = [m for start in range(0, differing.shape[0], step)
                for m in _margins(differing[start:start + step].to(torch.float64)).tolist()]
-    out = []
-    for where, m in zip(differ.nonzero().tolist(), margins, strict=True):
-        out.append({"position": where, "reference_token": int(chosen_r[tuple(where)]),
-                    "target_token": int(chosen_t[tuple(where)]), "margin": m,
-                    "class": "near_tie" if m <= near_tie else "real"})
-    return out
+    return [TokenFlip(position=where, reference_token=int(chosen_r[tuple(where)]), target_token=int(chosen_t[tuple(where)]),
+                      margin=m, flip="near_tie" if m <= near_tie else "real")
+            for where, m in zip(differ.nonzero().tolist(), margins, strict=True)]
 
 
 def _mean_and_uncertainty(total: float, total2: float, count: int) -> tuple[float, float]:
@@ -298,7 +296,7 @@ def evaluate(reference: Any, target: Any, thresholds: TextGenerationThresholds, 
     m = next_token_statistics(ref.flatten(0, 1), tgt.flatten(0, 1), next_tokens, rows=scored.flatten().nonzero().squeeze(1))
     kld = m.pop("_kld")
     found = flips(ref, tgt, thresholds.near_tie_margin, scored)
-    real = sum(f["class"] == "real" for f in found)
+    real = sum(f.flip == "real" for f in found)
     n = m["positions"]
     top1 = 1.0 - (len(found) if thresholds.count_near_ties else real) / n if n else math.nan
     m.update(top1_agreement=top1, flips=len(found), real_flips=real, near_tie_flips=len(found) - real)
@@ -306,8 +304,8 @@ def evaluate(reference: Any, target: Any, thresholds: TextGenerationThresholds, 
     if ids is not None and getattr(inputs, "texts", ()):  # a text's ids: what re-running the statistics needs
         record["token_ids"] = ids.tolist()
     if found:  # what a reader looks at: real flips first, then by the reference's margin (largest first)
-        found.sort(key=lambda f: (f["class"] != "real", -f["margin"]))
-        record["token_flips"] = found[:MAX_FLIPS]
+        found.sort(key=lambda f: (f.flip != "real", -f.margin))
+        record["token_flips"] = [f.model_dump(by_alias=True) for f in found[:MAX_FLIPS]]
     notes = []
     if ids is None:
         notes.append("no token ids among the inputs: the text's next tokens are unknown, so perplexity and "
@@ -451,14 +449,14 @@ def _cached_statistics(ref: torch.Tensor, tgt: torch.Tensor, tokens: torch.Tenso
     m = next_token_statistics(ref.flatten(0, 1), tgt.flatten(0, 1), tokens.flatten())
     m.pop("_kld")
     found = flips(ref, tgt, thresholds.near_tie_margin)
-    real = sum(f["class"] == "real" for f in found)
+    real = sum(f.flip == "real" for f in found)
     n = m["positions"]
     top1 = 1.0 - (len(found) if thresholds.count_near_ties else real) / n
     kept = {k: m[k] for k in ("positions", "kl_mean", "kl_max", "same_top1")}
     kept.update(top1_agreement=top1, real_flips=real, near_tie_flips=len(found) - real,
                 max_abs=float((ref - tgt).abs().max()))
     if found:
-        kept["first_flip"] = min(f["position"][1] for f in found)  # the earliest step whose decision differs
+        kept["first_flip"] = min(f.position[1] for f in found)  # the earliest step whose decision differs
     failures = []
     if top1 < thresholds.top1_agreement:
         failures.append(f"top-1 agreement {top1:.4f} < {thresholds.top1_agreement} ({real} real flips, "
@@ -537,29 +535,18 @@ def judge_continuations(result: TaskResult, reference: dict[str, Any], target: d
     failing when `exact_match` is below its threshold (when one is set)."""
     for side, found in (("reference", reference), ("target", target)):
         if "error" in found:
-            return result, {"generation": {"error": f"the {side}: {found['error']}"}}
-    prompts = []
+            return result, {"generation": Generation(error=f"the {side}: {found['error']}")}
     texts = reference.get("text_tokens") or [len(p) for p in reference["prompts"]]  # follow-ups before it: uncut
-    for i, (prompt, ref, tgt) in enumerate(zip(reference["prompts"], reference["tokens"], target["tokens"], strict=True)):
-        k = first_divergence(ref, tgt)
-        entry: dict[str, Any] = {"prompt_tokens": len(prompt), "first_divergence": k}
-        if texts[i] > len(prompt):
-            entry["text_tokens"] = texts[i]
-        if k is not None:
-            margin = reference["margins"][i][k]
-            entry.update(margin=margin, flip="near_tie" if margin <= thresholds.near_tie_margin else "real",
-                         context=(prompt + ref[:k])[-CONTEXT:], reference=ref[k:k + SHOWN], target=tgt[k:k + SHOWN])
-            if decode is not None:
-                entry["text"] = {part: decode(entry[part]) for part in ("context", "reference", "target")}
-        prompts.append(entry)
-    cut = [(p["text_tokens"], p["prompt_tokens"]) for p in prompts if "text_tokens" in p]
+    prompts = [_continuation(prompt, ref, tgt, text, margins, thresholds, decode) for prompt, ref, tgt, text, margins
+               in zip(reference["prompts"], reference["tokens"], target["tokens"], texts, reference["margins"], strict=True)]
+    cut = [(p.text_tokens, p.prompt_tokens) for p in prompts if p.text_tokens is not None]
     notes = list(result.notes)
     if cut:
         shown = ", ".join(f"{a} -> {b}" for a, b in cut[:4]) + (", ..." if len(cut) > 4 else "")
         notes.append(f"free-running: {len(cut)} of {len(prompts)} prompts cut to leave room for "
                      f"{reference['new_tokens']} new tokens in the input set's sequence length (tokens "
                      f"{shown}); a lower new_tokens keeps more of each prompt")
-    diverged = [p["first_divergence"] for p in prompts if p["first_divergence"] is not None]
+    diverged = [p.first_divergence for p in prompts if p.first_divergence is not None]
     exact = 1.0 - len(diverged) / len(prompts) if prompts else 1.0
     metrics = {**result.metrics, "exact_match": exact, **({"first_divergence": min(diverged)} if diverged else {})}
     result = replace(result, metrics=metrics, notes=notes)
@@ -567,7 +554,24 @@ def judge_continuations(result: TaskResult, reference: dict[str, Any], target: d
         result = with_failure(result, f"exact match of the continuations {exact:.3g} < {thresholds.exact_match} "
                                       f"({len(diverged)} of {len(prompts)} greedy continuations of "
                                       f"{reference['new_tokens']} tokens differ)")
-    return result, {"generation": {"new_tokens": reference["new_tokens"], "exact_match": exact, "prompts": prompts}}
+    return result, {"generation": Generation(new_tokens=reference["new_tokens"], exact_match=exact, prompts=prompts)}
+
+
+def _continuation(prompt: list[int], ref: list[int], tgt: list[int], text_tokens: int, margins: list[float],
+                  thresholds: TextGenerationThresholds, decode=None) -> GeneratedPrompt:
+    """One prompt's continuations compared, made once: where they first differ, the reference's margin there and
+    the tokens around it (in words with `decode`); `text_tokens` when the prompt was cut shorter than its text."""
+    k = first_divergence(ref, tgt)
+    fields: dict[str, Any] = {"prompt_tokens": len(prompt), "first_divergence": k}
+    if text_tokens > len(prompt):
+        fields["text_tokens"] = text_tokens
+    if k is not None:
+        context, reference, target = (prompt + ref[:k])[-CONTEXT:], ref[k:k + SHOWN], tgt[k:k + SHOWN]
+        fields.update(margin=margins[k], flip="near_tie" if margins[k] <= thresholds.near_tie_margin else "real",
+                      context=context, reference=reference, target=target)
+        if decode is not None:
+            fields["text"] = GenerationText(context=decode(context), reference=decode(reference), target=decode(target))
+    return GeneratedPrompt.made(fields)
 
 
 def _num(x: Any, fmt: str = ".6g") -> str:
