@@ -55,6 +55,18 @@ def test_a_model_that_cannot_be_built_again_is_kept_and_each_copy_deep_copied():
     assert torch.equal(one.weight, kept.weight) and torch.equal(two.weight, kept.weight)
 
 
+def test_kept_after_the_first_copy_went_the_model_is_built_again_once_and_deep_copied_from():
+    """Backends prepared together (LocalExecutor): the first build already handed to an earlier job's reference."""
+    home = _copies("tests.fixtures.copies:tied")
+    first = home.model()
+    home.keep()
+    one, two = home.model(), home.model()
+    for model in (one, two):
+        assert model.head.weight is model.embed.weight  # deep copies keep the ties
+        assert all(torch.equal(t, first.state_dict()[name]) for name, t in model.state_dict().items())
+    assert len({id(first), id(one), id(two)}) == 3 and one.embed.weight.data_ptr() != two.embed.weight.data_ptr()
+
+
 def test_a_targets_copy_carries_its_fallback_modules_and_the_others_none():
     home = _copies("tests.fixtures.tiny:tiny_cnn")
     plain = home.own(BackendSpec(backend="eager", dtype="bfloat16"))
@@ -77,8 +89,8 @@ def test_a_builder_that_gives_other_weights_when_built_again_is_the_users_error_
 
 @pytest.mark.parametrize("available", [1, 10**12], ids=["one at a time", "together"])
 def test_the_runner_holds_no_model_while_a_backend_prepares(tmp_path, monkeypatch, available):
-    """Every model alive counted, however made: one at a time, the backend's copy is the only one; together, the
-    backends' copies (the old schedules held the runner's model beside them)."""
+    """Every model alive counted, however made: one at a time, the backend's copy is the only one (the old schedule
+    held the runner's model beside it); together, every backend's copy and the model they are deep-copied from."""
     monkeypatch.setattr(executors, "available_memory", lambda: available)
     copies.HELD.clear()
     targets = [{"backend": COPIES, "name": f"t{i}"} for i in (1, 2)]
@@ -86,7 +98,7 @@ def test_the_runner_holds_no_model_while_a_backend_prepares(tmp_path, monkeypatc
                           models=[{"name": "tiny", "source": "python", "entry": "tests.fixtures.copies:counted"}])
     records = run_experiment(exp, out=tmp_path / "out")
     assert [c["passed"] for c in records if c["kind"] == "check"] == [True, True]
-    expected = [1, 1, 1] if available == 1 else [1, 2, 3]
+    expected = [1, 1, 1] if available == 1 else [2, 3, 4]
     assert copies.HELD == [(name, n) for name, n in zip(("ref", "t1", "t2"), expected, strict=True)]
 
 

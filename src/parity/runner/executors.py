@@ -3,8 +3,9 @@ time and judges it; the executor decides where the backend runs:
 
 - `local`: in this process (the default). A backend that segfaults or hangs takes the run with it. The
   backends of one job are prepared together and their timed repeats interleaved when there are repeats to take
-  turns with (more than one) and their copies of the model fit in memory together; else one at a time, so that
-  memory holds one copy (runner/prepared.py `ModelCopies`: the runner keeps no model beside it).
+  turns with (more than one) and their copies of the model fit in memory together (each then deep-copied from
+  a model kept beside them); else one at a time, so that memory holds one copy (runner/prepared.py `ModelCopies`:
+  the runner keeps no model beside it, each copy is built again from the model's spec).
 - `process`: in a worker process with a time limit (runner/process.py). A crash or a hang fails that
   execution's checks as `crash` or `timeout`, and the next execution gets a fresh worker. Each execution is
   timed alone (`latency_interleaved: false`).
@@ -52,6 +53,8 @@ class LocalExecutor(Executor):
                      "%.2f GB would take more than %.0f%% of the memory available (%s); each is timed alone",
                      job.model.name, len(specs), len(specs), copies.bytes / 1e9, SHARE * 100,
                      "unknown" if available is None else f"{available / 1e9:.1f} GB")
+        if together:  # every copy alive at once: each deep-copied from a kept model (one copy more), not built again
+            copies.keep()
         own = [(spec, lambda spec=spec: copies.own(spec)) for spec in specs]
         return execute_together(own, inputs, job.repeats, on_run=on_run, warmup=self.exp.warmup, example=example,
                                 on_step=on_step, interleave=together, on_done=on_done)

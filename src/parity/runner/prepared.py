@@ -38,12 +38,11 @@ class ModelCopies:
     (`digest`), so that nothing holds the model beside a backend's copy; a model that cannot be built again (a
     worker's cached build) is kept, and each copy deep-copied from it."""
 
-    def __init__(self, model: torch.nn.Module, name: str, rebuild: Callable[[], torch.nn.Module] | None = None,
-                 digest: str | None = None):
+    def __init__(self, model: torch.nn.Module, name: str, rebuild: Callable[[], torch.nn.Module] | None = None):
         """`model`: the model as built for the experiment (adapters applied); `name`: its spec's, for its targets'
-        fallback entries; `digest`: its model_digest, when already computed."""
+        fallback entries."""
         self.name, self._rebuild, self._held = name, rebuild, model
-        self.digest = digest if digest is not None else model_digest(model)
+        self.digest = model_digest(model)
         self.bytes = model_bytes(model)
 
     @classmethod
@@ -57,8 +56,15 @@ class ModelCopies:
         model = self.model()
         return apply_fallback(model, names, spec) if names else model
 
+    def keep(self) -> None:
+        """From now on, keep the model and deep-copy each copy from it (as a model that cannot be built again): for
+        backends prepared together, whose copies are all alive at once anyway, a deep copy costs less than a build."""
+        if self._rebuild is not None:
+            self._held = self._held if self._held is not None else self.model()
+            self._rebuild = None
+
     def model(self) -> torch.nn.Module:
-        """A copy of the model as built, the caller's own (tier 2 and fallback searches read one)."""
+        """A copy of the model as built, the caller's own (the copy `own` gives a target its fallback modules in)."""
         if self._rebuild is None:
             return copy.deepcopy(self._held)
         if self._held is not None:
