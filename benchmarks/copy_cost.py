@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from memory_scale import experiment, llama, parameters  # noqa: E402
 
 from parity.api import _experiment  # noqa: E402
-from parity.execute.cache import model_digest  # noqa: E402
+from parity.execute.cache import weights_digest  # noqa: E402
 from parity.runner.prepared import ModelCopies, model_bytes, prepared_model  # noqa: E402
 
 
@@ -45,7 +45,7 @@ def row(name: str, spec, exp, repeats: int) -> str:
     build = time.perf_counter() - start
     size = model_bytes(first) / 1e9
     deep = statistics.median(timed(copy.deepcopy, first) for _ in range(repeats))
-    digest = statistics.median(timed(model_digest, first) for _ in range(repeats))
+    digest = statistics.median(timed(weights_digest, first) for _ in range(repeats))
     home = ModelCopies.built(spec, exp, first)
     del first
     home.model()  # the first build, handed to the first copy

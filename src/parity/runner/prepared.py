@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,7 +19,7 @@ from parity.adapters.fallback import apply_fallback, fallback_for
 from parity.config.schema import BackendSpec
 from parity.errors import NotRebuilt, ParityError, did_you_mean
 from parity.execute import calibration
-from parity.execute.cache import model_digest
+from parity.execute.cache import model_digest, weights_digest
 from parity.execute.execution import ends_the_program
 from parity.inputs import build_inputs
 from parity.models import build_model, source_fingerprint
@@ -34,16 +35,22 @@ def configured_model(model: torch.nn.Module, spec: BackendSpec, model_name: str)
 class ModelCopies:
     """The one home of a model's copies (principle 2: every backend runs its own, and nothing it does reaches
     another). A model its spec can build again (`rebuild`) is not kept: its first build is handed to the first copy
-    asked for, and every later copy is built again and must have the first build's module tree and weights
-    (`digest`), so that nothing holds the model beside a backend's copy; a model that cannot be built again (a
+    asked for, and every later copy is built again and must have the first build's weights (its parameters' and
+    buffers' names and bytes: a module's printed form may hold an address), so that nothing holds the model beside a
+    backend's copy; a model that cannot be built again (a
     worker's cached build) is kept, and each copy deep-copied from it."""
 
     def __init__(self, model: torch.nn.Module, name: str, rebuild: Callable[[], torch.nn.Module] | None = None):
         """`model`: the model as built for the experiment (adapters applied); `name`: its spec's, for its targets'
         fallback entries."""
         self.name, self._rebuild, self._held = name, rebuild, model
-        self.digest = model_digest(model)
-        self.bytes = model_bytes(model)
+        self.weights, self.bytes = weights_digest(model), model_bytes(model)
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """The model's model_digest, which a worker's build must match (the process and ray executors ask for it
+        before any copy is taken here; asked later, it is a copy built again)."""
+        return model_digest(self._held if self._held is not None else self.model())
 
     @classmethod
     def built(cls, spec, exp, model: torch.nn.Module) -> ModelCopies:
@@ -74,7 +81,7 @@ class ModelCopies:
             model = self._rebuild()
         except ParityError as exc:
             raise NotRebuilt(*exc.problems) from exc
-        if model_digest(model) != self.digest:
+        if weights_digest(model) != self.weights:
             raise NotRebuilt(f"model '{self.name}': building it again for a backend's copy gave other weights than its "
                              "first build (its builder is not deterministic for a seed): each backend's copy is built "
                              "from the model's spec")
