@@ -19,6 +19,8 @@ commit the memory work started from:
 
     nice -n 10 .venv/bin/python benchmarks/memory_scale.py --layers 6 --targets onnxruntime --before adf9a77
     nice -n 10 .venv/bin/python benchmarks/memory_scale.py --layers 6 --targets three --before adf9a77
+
+and against 438ff62, the last commit whose runner held its model beside every backend's copy (`--before 438ff62`).
 """
 
 from __future__ import annotations

@@ -74,6 +74,11 @@ class CacheLost(ParityError):
     naming the cache, never a failure charged to the target (execute/execution.py lets it through)."""
 
 
+class NotRebuilt(ParityError):
+    """A backend's copy of a model, built again from its spec, is not the model its first build was (its builder
+    raised this time, or gave other weights): exit 2 naming the model, never a failure charged to the target."""
+
+
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """' (did you mean 'x'?)' for the closest choice, or '' when nothing is close."""
     if len(str(name)) > VALUE_LIMIT:  # nothing a user meant is that long, and comparing it costs seconds

@@ -76,6 +76,7 @@ def test_process_executor_keeps_its_worker_and_refuses_a_model_it_cannot_rebuild
     from parity.inputs import build_inputs
     from parity.models import build_model
     from parity.runner.plan import plan
+    from parity.runner.prepared import ModelCopies
     from parity.runner.process import ProcessExecutor
 
     data = tiny_experiment([{"backend": "eager", "name": "same"}])
@@ -85,15 +86,16 @@ def test_process_executor_keeps_its_worker_and_refuses_a_model_it_cannot_rebuild
     with ProcessExecutor(timeout_s=60) as executor:
         executor.start(exp, jobs)
         job = jobs[0]
-        model, inputs = build_model(job.model, exp), build_inputs(job.inputs, exp)
-        first = executor.execute(job, job.reference, model, inputs)
+        copies, inputs = ModelCopies(build_model(job.model, exp), job.model.name), build_inputs(job.inputs, exp)
+        first = executor.execute(job, job.reference, copies, inputs)
         pid = executor.worker_pid
-        second = executor.execute(job, job.targets[0], model, inputs)
+        second = executor.execute(job, job.targets[0], copies, inputs)
         assert first.ok and second.ok and executor.worker_pid == pid
         assert first.outputs[0].equal(second.outputs[0])
         unseeded = jobs[1]
         with pytest.raises(ParityError, match="not deterministic"):
-            executor.execute(unseeded, unseeded.reference, build_model(unseeded.model, exp), inputs)
+            executor.execute(unseeded, unseeded.reference, ModelCopies(build_model(unseeded.model, exp), "unseeded"),
+                             inputs)
 
 
 def test_executor_settings_in_the_file_and_on_the_command_line(tmp_path, write_yaml, capsys):
@@ -201,7 +203,7 @@ def test_an_executor_that_runs_elsewhere_runs_a_jobs_backends_one_after_the_othe
     from parity.runner.base import Executor
 
     class Told(Executor):  # each backend's status as its name says
-        def execute(self, job, spec, model, inputs, on_run=None, example=None):
+        def execute(self, job, spec, copies, inputs, on_run=None, example=None):
             asked.append(spec.name)
             return Execution(spec, "error" if spec.name.startswith("bad") else "ok")
 

@@ -17,7 +17,8 @@ from parity.config.schema import BackendSpec
 from parity.execute.execution import execute_together
 from parity.inputs import Inputs
 from parity.runner import executors
-from parity.runner.executors import SHARE, fits_together, model_bytes
+from parity.runner.executors import SHARE, fits_together
+from parity.runner.prepared import ModelCopies, model_bytes
 from tests.fixtures import copies, traces
 from tests.support import tiny_experiment
 
@@ -102,8 +103,9 @@ def test_copies_fit_together_within_their_share_of_the_available_memory():
     model = nn.Linear(8, 4)  # 36 float32 values: 144 bytes
     assert model_bytes(model) == 144
     room = int(4 * 144 / SHARE)
-    assert fits_together(model, 4, room) and not fits_together(model, 4, room - 1)
-    assert not fits_together(model, 1, None)
+    copies = ModelCopies(model, "linear")
+    assert fits_together(copies, 4, room) and not fits_together(copies, 4, room - 1)
+    assert not fits_together(copies, 1, None)
     embed, head = nn.Embedding(10, 8), nn.Linear(8, 10, bias=False)
     head.weight = embed.weight  # tied, as a language model's embedding and output head often are: counted once
     assert model_bytes(nn.Sequential(embed, head)) == 320

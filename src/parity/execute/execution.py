@@ -18,7 +18,7 @@ from parity import taxonomy as tx
 from parity.backends import backend_class
 from parity.backends.base import OwnTokenizer, release_memory
 from parity.config.schema import BackendSpec
-from parity.errors import CacheLost
+from parity.errors import CacheLost, NotRebuilt
 from parity.execute import cache, calibration, capture, follow_up, notes
 from parity.inputs import Inputs
 from parity.taxonomy import classify_exception
@@ -299,7 +299,7 @@ class _Run:
         try:
             with self.collector.step():
                 yield
-        except CacheLost:  # the cache failed under the run, not the target: exit 2 naming it
+        except (CacheLost, NotRebuilt):  # the cache failed under the run, or the model's builder: exit 2 naming it
             raise
         except Exception as exc:
             result.status = "error"

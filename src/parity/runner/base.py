@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-
-import torch
+from typing import Any
 
 from parity.config.schema import BackendSpec, Experiment
 from parity.execute.cache import ArtifactCache
@@ -34,14 +33,14 @@ class Executor(ABC):
         self.cache = cache if cache is not None else ArtifactCache(None)
 
     @abstractmethod
-    def execute(self, job: Job, spec: BackendSpec, model: torch.nn.Module, inputs: Inputs,
+    def execute(self, job: Job, spec: BackendSpec, copies: Any, inputs: Inputs,
                 on_run: OnRun = None, example: Inputs | None = None) -> Execution:
-        """`spec` on `model` (as built for the experiment: adapters applied, the target's fallback not yet)
-        and `inputs`, `job.repeats` times, prepared from `example` (the inputs of `job.prepared_from`;
-        None: from `inputs`). Executors that run elsewhere use `model` only to check that their worker
-        built the same."""
+        """`spec` on its own copy of the model (`copies`: the model's runner.prepared.ModelCopies, which makes a
+        target's copy with its fallback modules) and `inputs`, `job.repeats` times, prepared from `example` (the
+        inputs of `job.prepared_from`; None: from `inputs`). Executors that run elsewhere use `copies.digest`
+        only, to check that their worker built the same model."""
 
-    def execute_together(self, job: Job, specs: list[BackendSpec], model: torch.nn.Module, inputs: Inputs,
+    def execute_together(self, job: Job, specs: list[BackendSpec], copies: Any, inputs: Inputs,
                          on_run: OnRun = None, example: Inputs | None = None, on_step=None,
                          on_done=None) -> list[Execution]:
         """`execute` for each of `specs` (the first is what the others are judged against: when it fails, the
@@ -52,7 +51,7 @@ class Executor(ABC):
         for spec in specs:
             if on_step is not None:
                 on_step(spec.id)
-            done.append(self.execute(job, spec, model, inputs, on_run, example))
+            done.append(self.execute(job, spec, copies, inputs, on_run, example))
             if on_done is not None:
                 on_done(len(done) - 1, done[-1])
             if not done[0].ok:

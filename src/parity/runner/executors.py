@@ -3,8 +3,9 @@ time and judges it; the executor decides where the backend runs:
 
 - `local`: in this process (the default). A backend that segfaults or hangs takes the run with it. The
   backends of one job are prepared together and their timed repeats interleaved when there are repeats to take
-  turns with (more than one) and their copies of the model fit in memory together; else one at a time, so that
-  memory holds the model and one copy.
+  turns with (more than one) and their copies of the model fit in memory together (each then deep-copied from
+  a model kept beside them); else one at a time, so that memory holds one copy (runner/prepared.py `ModelCopies`:
+  the runner keeps no model beside it, each copy is built again from the model's spec).
 - `process`: in a worker process with a time limit (runner/process.py). A crash or a hang fails that
   execution's checks as `crash` or `timeout`, and the next execution gets a fresh worker. Each execution is
   timed alone (`latency_interleaved: false`).
@@ -17,21 +18,18 @@ than receive a pickled one, and the parent checks that they built the same weigh
 
 from __future__ import annotations
 
-import functools
-import itertools
 import logging
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import ClassVar, Literal
 
-import torch
 from pydantic import model_validator
 
 from parity.config.schema import ExecutorSpec
 from parity.execute.execution import execute_together
 from parity.plugins import EXECUTORS
 from parity.runner.base import Executor
-from parity.runner.prepared import own_copy
+from parity.runner.prepared import ModelCopies
 from parity.runner.process import ProcessExecutor
 from parity.runner.ray_executor import RayExecutor
 
@@ -46,20 +44,22 @@ class LocalExecutor(Executor):
     once would only hold every backend's copy, artifacts and outputs together (make llm-demo: nine language-model
     targets, docs/benchmarks.md)."""
 
-    def execute(self, job, spec, model, inputs, on_run=None, example=None):
-        [result] = self.execute_together(job, [spec], model, inputs, on_run, example)
+    def execute(self, job, spec, copies, inputs, on_run=None, example=None):
+        [result] = self.execute_together(job, [spec], copies, inputs, on_run, example)
         return result
 
-    def execute_together(self, job, specs, model, inputs, on_run=None, example=None, on_step=None, on_done=None):
+    def execute_together(self, job, specs, copies, inputs, on_run=None, example=None, on_step=None, on_done=None):
         available = available_memory()
-        together = job.repeats > 1 and fits_together(model, len(specs), available)
+        together = job.repeats > 1 and fits_together(copies, len(specs), available)
         if not together and len(specs) > 1 and job.repeats > 1:
             log.info("model %s: its %d backends run one at a time, each making its own copy when it runs: %d copies of "
                      "%.2f GB would take more than %.0f%% of the memory available (%s); each is timed alone",
-                     job.model.name, len(specs), len(specs), model_bytes(model) / 1e9, SHARE * 100,
+                     job.model.name, len(specs), len(specs), copies.bytes / 1e9, SHARE * 100,
                      "unknown" if available is None else f"{available / 1e9:.1f} GB")
-        copies = [(spec, functools.partial(own_copy, model, spec, job.model.name)) for spec in specs]
-        return execute_together(copies, inputs, job.repeats, on_run=on_run, warmup=self.exp.warmup, example=example,
+        if together:  # every copy alive at once: each deep-copied from a kept model (one copy more), not built again
+            copies.keep()
+        own = [(spec, lambda spec=spec: copies.own(spec)) for spec in specs]
+        return execute_together(own, inputs, job.repeats, on_run=on_run, warmup=self.exp.warmup, example=example,
                                 on_step=on_step, interleave=together, on_done=on_done)
 
 
@@ -68,14 +68,9 @@ class LocalExecutor(Executor):
 SHARE = 0.25
 
 
-def fits_together(model: torch.nn.Module, copies: int, available: int | None) -> bool:
-    """Whether `copies` copies of `model` take at most SHARE of `available` bytes (None: unknown, so no)."""
-    return available is not None and copies * model_bytes(model) <= SHARE * available
-
-
-def model_bytes(model: torch.nn.Module) -> int:
-    """What one copy of the model's parameters and buffers takes (a tensor shared by two modules counts once)."""
-    return sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
+def fits_together(copies: ModelCopies, n: int, available: int | None) -> bool:
+    """Whether `n` of the model's `copies` take at most SHARE of `available` bytes (None: unknown, so no)."""
+    return available is not None and n * copies.bytes <= SHARE * available
 
 
 def available_memory() -> int | None:

@@ -1,12 +1,15 @@
 """The model as every command runs it: built (a builder that raises or exits is the user's error),
 adapters applied, fallbacks checked against its modules; what identifies it in the artifact cache;
-each target's copy with its fallback modules; and what `parity validate --deep` finds on the built models."""
+each backend's own copy (`ModelCopies`, with its fallback modules); and what `parity validate --deep` finds on the
+built models."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
+import functools
+import itertools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -14,8 +17,9 @@ import torch
 from parity.adapters import apply_adapters
 from parity.adapters.fallback import apply_fallback, fallback_for
 from parity.config.schema import BackendSpec
-from parity.errors import ParityError, did_you_mean
+from parity.errors import NotRebuilt, ParityError, did_you_mean
 from parity.execute import calibration
+from parity.execute.cache import model_digest, weights_digest
 from parity.execute.execution import ends_the_program
 from parity.inputs import build_inputs
 from parity.models import build_model, source_fingerprint
@@ -28,10 +32,65 @@ def configured_model(model: torch.nn.Module, spec: BackendSpec, model_name: str)
     return apply_fallback(model, names, spec) if names else model
 
 
-def own_copy(model: torch.nn.Module, spec: BackendSpec, model_name: str) -> torch.nn.Module:
-    """The target `spec`'s own copy of the model, as it runs it (with its fallback modules, when it has some)."""
-    names = fallback_for(spec, model_name)
-    return apply_fallback(model, names, spec) if names else copy.deepcopy(model)
+class ModelCopies:
+    """The one home of a model's copies (principle 2: every backend runs its own, and nothing it does reaches
+    another). A model its spec can build again (`rebuild`) is not kept: its first build is handed to the first copy
+    asked for, and every later copy is built again and must have the first build's weights (its parameters' and
+    buffers' names and bytes: a module's printed form may hold an address), so that nothing holds the model beside a
+    backend's copy; a model that cannot be built again (a
+    worker's cached build) is kept, and each copy deep-copied from it."""
+
+    def __init__(self, model: torch.nn.Module, name: str, rebuild: Callable[[], torch.nn.Module] | None = None):
+        """`model`: the model as built for the experiment (adapters applied); `name`: its spec's, for its targets'
+        fallback entries."""
+        self.name, self._rebuild, self._held = name, rebuild, model
+        self.weights, self.bytes = weights_digest(model), model_bytes(model)
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """The model's model_digest, which a worker's build must match (the process and ray executors ask for it
+        before any copy is taken here; asked later, it is a copy built again)."""
+        return model_digest(self._held if self._held is not None else self.model())
+
+    @classmethod
+    def built(cls, spec, exp, model: torch.nn.Module) -> ModelCopies:
+        """The copies of model `spec`, whose first build (prepared_model's) is `model`: each later one built again."""
+        return cls(model, spec.name, lambda: prepared_model(spec, exp)[0])
+
+    def own(self, spec: BackendSpec) -> torch.nn.Module:
+        """The target `spec`'s own copy of the model, as it runs it (with its fallback modules, when it has some)."""
+        names = fallback_for(spec, self.name)
+        model = self.model()
+        return apply_fallback(model, names, spec) if names else model
+
+    def keep(self) -> None:
+        """From now on, keep the model and deep-copy each copy from it (as a model that cannot be built again): for
+        backends prepared together, whose copies are all alive at once anyway, a deep copy costs less than a build."""
+        if self._rebuild is not None:
+            self._held = self._held if self._held is not None else self.model()
+            self._rebuild = None
+
+    def model(self) -> torch.nn.Module:
+        """A copy of the model as built, the caller's own (the copy `own` gives a target its fallback modules in)."""
+        if self._rebuild is None:
+            return copy.deepcopy(self._held)
+        if self._held is not None:
+            model, self._held = self._held, None  # the first build is the first copy: not held beside it
+            return model
+        try:
+            model = self._rebuild()
+        except ParityError as exc:
+            raise NotRebuilt(*exc.problems) from exc
+        if weights_digest(model) != self.weights:
+            raise NotRebuilt(f"model '{self.name}': building it again for a backend's copy gave other weights than its "
+                             "first build (its builder is not deterministic for a seed): each backend's copy is built "
+                             "from the model's spec")
+        return model
+
+
+def model_bytes(model: torch.nn.Module) -> int:
+    """What one copy of the model's parameters and buffers takes (a tensor shared by two modules counts once)."""
+    return sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
 
 
 def prepared_model(spec, exp) -> tuple:

@@ -33,7 +33,7 @@ from parity.errors import ParityError
 from parity.execute.execution import Execution
 from parity.offline import state_folder
 from parity.runner.base import Executor
-from parity.runner.remote import Digests, RemoteExecution, crash_report, describe_worker_error, ending
+from parity.runner.remote import RemoteExecution, crash_report, describe_worker_error, ending
 from parity.runner.worker import package_file, receive, send
 
 STARTUP_S = 120.0  # at least this long to start a worker (importing torch on a busy machine), else the time limit
@@ -87,7 +87,6 @@ class ProcessExecutor(Executor):
         self.timeout_s = timeout_s
         self.threads = threads
         self._worker: _Worker | None = None
-        self._digest = Digests()
         self._scratch: tempfile.TemporaryDirectory | None = None
         self._spawned = 0  # workers started: names their output files
 
@@ -148,18 +147,18 @@ class ProcessExecutor(Executor):
         worker.ready = True
         return None
 
-    def execute(self, job, spec, model, inputs, on_run=None, example=None) -> Execution:
+    def execute(self, job, spec, copies, inputs, on_run=None, example=None) -> Execution:
         """One execution in the worker; what it printed is copied to this process's streams afterwards."""
         if self._worker is None:
             self._spawn()
         worker = self._worker
         try:
-            return self._execute(job, spec, model, inputs, on_run, example)
+            return self._execute(job, spec, copies, inputs, on_run, example)
         finally:
             worker.copy_output()
 
-    def _execute(self, job, spec, model, inputs, on_run, example) -> Execution:
-        remote = RemoteExecution(job, spec, self._digest(model), on_run)
+    def _execute(self, job, spec, copies, inputs, on_run, example) -> Execution:
+        remote = RemoteExecution(job, spec, copies.digest, on_run)
         problem = self._ready()
         if problem is not None:
             return remote.fail(tx.CRASH, problem)

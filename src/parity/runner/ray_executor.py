@@ -49,7 +49,7 @@ from parity.execute.execution import Execution
 from parity.inputs import build_inputs
 from parity.offline import put_environ, state_folder
 from parity.runner.base import Executor
-from parity.runner.remote import Digests, RemoteExecution, crash_report, describe_worker_error
+from parity.runner.remote import RemoteExecution, crash_report, describe_worker_error
 from parity.runner.worker import MODELS, package_file, prepare_worker, run_execution
 
 
@@ -152,7 +152,6 @@ class RayExecutor(Executor):
         self._tasks: dict[tuple, _Task] = {}
         self._running: dict[int, _Task] = {}  # by id() of the generator
         self._submitted = 0  # tasks; those not in _running are done
-        self._digest = Digests()
         self._started_ray = False
         self._scratch: tempfile.TemporaryDirectory | None = None
         self._environment = contextlib.ExitStack()  # Ray's settings in os.environ, until close
@@ -248,7 +247,7 @@ class RayExecutor(Executor):
         self._submitted += 1
         return task
 
-    def execute(self, job, spec, model, inputs, on_run=None, example=None) -> Execution:
+    def execute(self, job, spec, copies, inputs, on_run=None, example=None) -> Execution:
         task = self._tasks.pop(self._key(job, spec), None)
         if task is None:  # not in the plan given to start()
             ray = self._ready()
@@ -257,7 +256,7 @@ class RayExecutor(Executor):
         if task.unavailable:
             return Execution(spec, "unavailable", error=task.unavailable)
         messages = self._get(task, task.result) if task.result is not None else None
-        remote = RemoteExecution(job, spec, self._digest(model), on_run, streamed=False)
+        remote = RemoteExecution(job, spec, copies.digest, on_run, streamed=False)
         for message in messages or []:
             remote.receive(message)
         if task.failure is not None:

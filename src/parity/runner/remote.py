@@ -1,20 +1,16 @@
 """The parent's side of executions that run in a worker process (the process and ray executors): the
-execution assembled from the worker's messages, the digests that prove the worker built the same model, and
-how a worker that died is described."""
+execution assembled from the worker's messages, checked against the digest of the model this process built
+(runner.prepared.ModelCopies.digest) to prove the worker built the same, and how a worker that died is described."""
 
 from __future__ import annotations
 
 import re
 import signal
-import weakref
 from pathlib import Path
-
-import torch
 
 from parity import taxonomy as tx
 from parity.config.schema import BackendSpec
 from parity.errors import CacheLost, ParityError
-from parity.execute.cache import model_digest
 from parity.execute.execution import Execution, describe
 from parity.runner.base import OnRun
 from parity.runner.plan import Job
@@ -75,18 +71,6 @@ class RemoteExecution:
     def timed_out(self, limit_s: float, site: str | None = None) -> Execution:
         where = f" in {site}" if site else ""
         return self.fail(tx.TIMEOUT, f"ran past the time limit of {limit_s:g} s{where} and was stopped{self._progress()}")
-
-
-class Digests:
-    """The digest of each model this process built (execute/cache.py's model_digest), computed once per model."""
-
-    def __init__(self):
-        self._digests: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
-
-    def __call__(self, model: torch.nn.Module) -> str:
-        if model not in self._digests:
-            self._digests[model] = model_digest(model)
-        return self._digests[model]
 
 
 def ending(returncode: int) -> str:

@@ -1,9 +1,11 @@
-"""The Runner: one experiment into one output folder. It builds each model once, runs every backend on its
-own copy through an executor, judges, localizes, records (`run`); and, for one failing check, explains it
+"""The Runner: one experiment into one output folder. It builds each model, runs every backend on its own
+copy through an executor (each copy built again from the model's spec: runner/prepared.py `ModelCopies`), judges,
+localizes, records (`run`); and, for one failing check, explains it
 layer by layer (`localize`) or finds modules to fall back (`find_fallback`). Every execution keeps its
 exports in the Runner's artifact cache. The command line and the Python API only parse, call it and render.
 
-Memory stays bounded by one model and input set (and its example) at a time: the backends of a job are
+Memory stays bounded by one model and input set (and its example) at a time, and the runner holds no model
+while a backend holds its copy (the first build is the first backend's copy): the backends of a job are
 prepared together (their timed repeats interleave, under the local executor) when their copies of the model
 fit in memory together, else one at a time (runner/executors.py); each target is judged as soon as its backend
 is closed and the reference's (and oracle's) outputs are in, and its outputs are dropped once its check is written,
@@ -51,6 +53,7 @@ from parity.runner.executors import make_executor
 from parity.runner.localization import gate_check, localize_check, localize_decode_check
 from parity.runner.plan import Job, example_for, plan
 from parity.runner.prepared import (
+    ModelCopies,
     built_model_problems,
     configured_model,
     model_scope,
@@ -190,7 +193,7 @@ def _stale(writer: RecordWriter, exp: Experiment, jobs: list[Job]) -> dict[tuple
     return stale
 
 
-def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _Progress,
+def _run_job(job: Job, copies: ModelCopies, exp: Experiment, writer: RecordWriter, progress: _Progress,
              executor: Executor, examples: _Examples, model_part: dict[str, Any]) -> None:
     pending = [spec for spec in job.targets if not judged(writer, job, spec)]
     if not pending:
@@ -229,7 +232,7 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
         if exp.tiers.localize and (decode_step or check.failure_class in LOCALIZABLE) and not writer.has(
                 "layers", job.model.name, job.inputs.name, spec.id):
             progress.describe(f"localizing {job.model.name} / {job.inputs.name} / {spec.id}")
-            configured = configured_model(model, spec, job.model.name)
+            configured = copies.own(spec)  # its own copy, with this target's fallback modules
             step = lambda text, spec=spec: progress.describe(f"localizing {spec.id}: {text}")  # noqa: E731
             writer.write("layers", **(localize_decode_check(job, spec, configured, inputs, exp, cached, example, step)
                                       if decode_step else
@@ -251,7 +254,7 @@ def _run_job(job: Job, model, exp: Experiment, writer: RecordWriter, progress: _
         ex.outputs, ex.warmup_outputs, ex.follow_up = [], [], None
 
     with follow_up.asking(task_follow_up(job.model, exp)):  # a worker asks the same of its own executions
-        done = executor.execute_together(job, specs, model, inputs, example=example, on_run=on_run, on_done=on_done,
+        done = executor.execute_together(job, specs, copies, inputs, example=example, on_run=on_run, on_done=on_done,
                                          on_step=lambda text: progress.describe(f"{job.model.name} / {job.inputs.name} / {text}"))
     reference = done[0]
     for index, ex in enumerate(done if reference.ok else done[:1]):
@@ -392,10 +395,12 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool, fresh: boo
                     log.info("model %s: %s", model_spec.name, note)
                 writer.write("model", model=model_spec.name, parameters=sum(p.numel() for p in model.parameters()),
                              build_s=time.perf_counter() - start, adapters=notes, notes=built_notes or None)
+                copies = ModelCopies.built(model_spec, exp, model)  # holds the model until its first copy takes it
+                del model
                 with model_scope(cache, model_spec, exp):
                     for job in model_jobs:
-                        _run_job(job, model, exp, writer, bar, executor, examples, model_part)
-                del model
+                        _run_job(job, copies, exp, writer, bar, executor, examples, model_part)
+                del copies
         records = writer.records
     summary = summarize(records)
     write_summary(summary, out_dir / "summary.json")

@@ -21,7 +21,6 @@ talks over the socket FD, keeps built models between executions, and dies with i
 from __future__ import annotations
 
 import faulthandler
-import functools
 import json
 import logging
 import os
@@ -39,11 +38,11 @@ from parity import taxonomy as tx
 from parity.config.schema import BackendSpec, Experiment, ModelSpec
 from parity.errors import CacheLost, PlainLines
 from parity.execute import follow_up
-from parity.execute.cache import ArtifactCache, model_digest
+from parity.execute.cache import ArtifactCache
 from parity.execute.execution import describe, ends_the_program, execute_together, format_traceback
 from parity.inputs import Inputs
 from parity.offline import die_with_parent
-from parity.runner.prepared import model_scope, own_copy, prepared_model, task_follow_up
+from parity.runner.prepared import ModelCopies, model_scope, prepared_model, task_follow_up
 from parity.taxonomy import PREPARE, classify_exception
 
 
@@ -54,15 +53,15 @@ class ModelCache:
 
     def __init__(self, size: int = 2):
         self.size = size
-        self._models: OrderedDict[str, tuple[torch.nn.Module, str]] = OrderedDict()
+        self._models: OrderedDict[str, ModelCopies] = OrderedDict()
 
     @staticmethod
     def key(spec: ModelSpec, exp: Experiment) -> str:
         return json.dumps([spec.model_dump(mode="json"), exp.seed, str(exp.base_dir),
                            [a.model_dump(mode="json") for a in exp.adapters_for(spec)]], sort_keys=True, default=str)
 
-    def get(self, spec: ModelSpec, exp: Experiment) -> tuple[torch.nn.Module, str]:
-        """The model and its digest (execute/cache.py's model_digest)."""
+    def get(self, spec: ModelSpec, exp: Experiment) -> ModelCopies:
+        """The model, kept: each execution's copy deep-copied from it; its digest what the parent checks."""
         key = self.key(spec, exp)
         if key in self._models:
             self._models.move_to_end(key)
@@ -70,7 +69,7 @@ class ModelCache:
         while len(self._models) >= self.size:
             self._models.popitem(last=False)
         model, _ = prepared_model(spec, exp)
-        self._models[key] = model, model_digest(model)
+        self._models[key] = ModelCopies(model, spec.name)
         return self._models[key]
 
 
@@ -90,7 +89,7 @@ def run_execution(exp: Experiment, models: ModelCache, model_name: str, inputs: 
     `inputs`), reported through `send`; its artifacts go to the cache `prepare_worker` opened."""
     model_spec = next(m for m in exp.models if m.name == model_name)
     try:
-        model, digest = models.get(model_spec, exp)
+        copies = models.get(model_spec, exp)
     except Exception as exc:  # the parent built it; a worker that cannot is this execution's failure
         send(("done", "error", f"rebuilding the model in the worker failed: {describe(exc)}", classify_exception(exc, PREPARE),
               None, None, [], 0, format_traceback(exc), [], [], None, None))
@@ -101,14 +100,14 @@ def run_execution(exp: Experiment, models: ModelCache, model_name: str, inputs: 
         send(("done", "error", f"rebuilding the model in the worker failed: {ends_the_program(exc)}", tx.CRASH,
               None, None, [], 0, format_traceback(exc), [], [], None, None))
         return
-    send(("built", digest))
+    send(("built", copies.digest))
 
     def on_run(ex, repeat: int) -> None:
         send(("repeat", repeat, ex.run_s[repeat], ex.outputs[repeat], ex.prepare_s, ex.cached, ex.notes, ex.warmup))
 
     try:
         with model_scope(ARTIFACTS, model_spec, exp), follow_up.asking(task_follow_up(model_spec, exp)):
-            [ex] = execute_together([(spec, functools.partial(own_copy, model, spec, model_name))], inputs, repeats,
+            [ex] = execute_together([(spec, lambda: copies.own(spec))], inputs, repeats,
                                     on_run=on_run, warmup=exp.warmup, example=example)
     except CacheLost as exc:  # the machine's problem, not this target's: the parent stops the run with it
         send(("lost", str(exc)))
