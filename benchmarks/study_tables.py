@@ -1161,7 +1161,8 @@ def block_localize(s: Study) -> str:
                  else "evenly spread" if r.get("evenly_spread") else "" if first else (r.get("verdict") or "")[:160])
         per_check.append([r["model"], r["target"],
                           f"{first} (`{_survey_type(r, first)}`, {r.get('first_divergent_by')})" if first else "none",
-                          f"{culprit} (`{_survey_type(r, culprit)}`)" if culprit else "none",
+                          f"{culprit} (`{_survey_type(r, culprit)}`{', own code' if _blames_own_code(r) else ''})"
+                          if culprit else "none",
                           sci(tier1["required_atol"]) if tier1.get("required_atol") is not None else "-",
                           seconds(r.get("wall_s")), shape])
     head = (f"{len(s.survey)} float32 tier-1 failures (numeric_drift or nonfinite) to localize: {len(done)} localized, "
@@ -1172,6 +1173,13 @@ def block_localize(s: Study) -> str:
               "culprit localize names, the check's required atol when localize ran it again, and the seconds "
               "localize took.\n\n"
             + table(["model", "target", "first divergent", "culprit", "required atol", "seconds", "note"], per_check))
+
+
+def _blames_own_code(r: dict) -> bool:
+    """Whether a survey line's verdict blamed its culprit's own code (the survey's lines keep the verdict's words, not
+    the layers record's `in_own_code`): every such line predates 45a3f53, whose replays were rewritten by a parent that
+    adds into a submodule's output in place (v4 correction 14)."""
+    return "(in its own code" in (r.get("verdict") or "")
 
 
 def _shape(r: dict) -> str:
@@ -1198,31 +1206,39 @@ def block_localize_rerun(s: Study) -> str:
     if not s.rerun:
         return "No check of the survey was localized again."
     surveyed = {(r["model"], r["inputs"], r["target"]): r for r in s.survey or []}
-    rows, same = [], 0
+    rows, same, own_before, own_now = [], 0, 0, 0
     for r in s.rerun:
-        before = (surveyed.get((r["model"], r["inputs"], r["target"])) or {}).get("first_divergent")
-        first = r.get("first_divergent")
+        line = surveyed.get((r["model"], r["inputs"], r["target"])) or {}
+        before, first = line.get("first_divergent"), r.get("first_divergent")
         same += before == first
+        own_before += _blames_own_code(line)
+        own_now += bool(r.get("in_own_code"))
+        survey_culprit = (line.get("culprit") or "none") + (" (own code)" if _blames_own_code(line) else "")
         rows.append([r["model"], r["target"], before or "-",
                      f"{first} (`{rerun_type(r, first, s.survey or [])}`)" if first else "none",
-                     "same" if before == first else "**differs**", r.get("culprit") or "none", _shape(r),
+                     "same" if before == first else "**differs**", survey_culprit,
+                     (r.get("culprit") or "none") + (" (own code)" if r.get("in_own_code") else ""), _shape(r),
                      sum(len(level.get("layers") or []) for level in r.get("levels") or []), seconds(r.get("wall_s"))])
     runs = dict.fromkeys((r.get("git_commit") or "unknown")[:10] + " on " + (r.get("cpu") or {}).get("model", "?")
                          + f" ({', '.join((r.get('cpu') or {}).get('flags') or [])})" for r in s.rerun)
     head = (f"{len(s.rerun)} of the survey's checks localized again in v4 (`parity localize`, one check per process, one "
             f"torch thread; parity at {'; '.join(runs)}): {same} name the same first divergent module as the survey. "
             f"Their layers records are archived whole ({RERUN_ARCHIVE.name}): each level's rows, a layer's own and "
-            f"propagated errors, which the survey's archive did not keep.")
+            f"propagated errors, which the survey's archive did not keep. A culprit in its parent's own code: {own_before} "
+            f"of the survey's lines for these checks, {own_now} of the reruns.")
     backbone = [r for r in s.rerun if s.family(r["model"]) == "mobilenet_v3_large" and s.task(r["model"]) != "detection"]
     types = Counter(rerun_type(r, r.get("first_divergent"), s.survey or []) for r in backbone)
+    culprits = Counter(rerun_type(r, r.get("culprit"), s.survey or []) if r.get("culprit") else "none" for r in backbone)
     shapes = Counter(_shape(r) or "none of these" for r in backbone)
     counts = (f"\n\nOn MobileNetV3-large's backbone (the classifier and its seeds, LR-ASPP, DeepLabV3): {len(backbone)} "
               f"of these checks; their first divergent module's class: "
-              + ", ".join(f"`{k}` {n}" for k, n in types.most_common()) + "; the drift's shape: "
+              + ", ".join(f"`{k}` {n}" for k, n in types.most_common()) + "; their culprit's class: "
+              + ", ".join(f"`{k}` {n}" if k != "none" else f"none {n}" for k, n in culprits.most_common())
+              + "; the drift's shape: "
               + ", ".join(f"{k} {n}" for k, n in shapes.most_common()) + ".") if backbone else ""
     return head + counts + "\n\n" + table(["model", "target", "survey's first divergent", "rerun's first divergent", "",
-                                            "rerun's culprit", "shape", "layer rows archived", "localize's own seconds"],
-                                           rows)
+                                            "survey's culprit", "rerun's culprit", "shape", "layer rows archived",
+                                            "localize's own seconds"], rows)
 
 
 def merge_reruns(archived: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:

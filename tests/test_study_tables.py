@@ -567,17 +567,24 @@ def test_a_check_localized_again_is_set_beside_the_survey_s_first_divergent_modu
     survey = [{"model": m, "inputs": "photos", "target": "ort", "first_divergent": f}
               for m, f in (("m1", "features.11"), ("m2", "features.12"))]
     survey[0]["module_types"] = {"features.11": "InvertedResidual"}
+    survey[1].update(culprit="features.12", verdict="features.12 (in its own code, between its submodules) introduces ...")
     rerun[1].update(as_a_whole=True, culprit_code="SqueezeExcitation (misc.py:225)")
+    rerun[0]["in_own_code"] = False
     study = SimpleNamespace(rerun=rerun, survey=survey, family=lambda m: "mobilenet_v3_large", task=lambda m: "x")
     text = st.block_localize_rerun(study)  # the fields the block reads
     assert text.startswith("2 of the survey's checks localized again in v4 (`parity localize`, one check per process, "
                            "one torch thread; parity at 8434d745de on EPYC (avx2)): 1 name the same first divergent")
+    assert "A culprit in its parent's own code: 1 of the survey's lines for these checks, 0 of the reruns." in text
     assert ("2 of these checks; their first divergent module's class: `InvertedResidual` 1, `SqueezeExcitation` 1; "
+            "their culprit's class: `InvertedResidual` 1, `SqueezeExcitation` 1; "
             "the drift's shape: none of these 1, only as a whole 1.") in text
     assert rows_of(text.split("\n\n", 2)[2]) == [
-        ["m1", "ort", "features.11", "features.11 (`InvertedResidual`)", "same", "features.11", "", "4", "12.5"],
-        ["m2", "ort", "features.12", "features.13 (`SqueezeExcitation`)", "**differs**", "features.13",
-         "only as a whole", "4", "12.5"]]
+        ["m1", "ort", "features.11", "features.11 (`InvertedResidual`)", "same", "none", "features.11", "", "4", "12.5"],
+        ["m2", "ort", "features.12", "features.13 (`SqueezeExcitation`)", "**differs**", "features.12 (own code)",
+         "features.13", "only as a whole", "4", "12.5"]]
+    rerun[1]["in_own_code"] = True
+    again = st.block_localize_rerun(study)
+    assert "1 of the survey's lines for these checks, 1 of the reruns." in again and "features.13 (own code)" in again
     study.task = lambda m: "detection"  # a detector on the backbone is not counted among the backbone's checks
     assert "these checks;" not in st.block_localize_rerun(study)
 
