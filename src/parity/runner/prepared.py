@@ -40,11 +40,13 @@ class ModelCopies:
     backend's copy; a model that cannot be built again (a
     worker's cached build) is kept, and each copy deep-copied from it."""
 
-    def __init__(self, model: torch.nn.Module, name: str, rebuild: Callable[[], torch.nn.Module] | None = None):
+    def __init__(self, model: torch.nn.Module, name: str, rebuild: Callable[[], torch.nn.Module] | None = None,
+                 weights: str | None = None):
         """`model`: the model as built for the experiment (adapters applied); `name`: its spec's, for its targets'
-        fallback entries."""
+        fallback entries; `weights`: its weights_digest when the caller has it (only a model built again needs it)."""
         self.name, self._rebuild, self._held = name, rebuild, model
-        self.weights, self.bytes = weights_digest(model), model_bytes(model)
+        self.bytes = model_bytes(model)
+        self.weights = weights if weights is not None or rebuild is None else weights_digest(model)
 
     @functools.cached_property
     def digest(self) -> str:
@@ -53,15 +55,14 @@ class ModelCopies:
         return model_digest(self._held if self._held is not None else self.model())
 
     @classmethod
-    def built(cls, spec, exp, model: torch.nn.Module) -> ModelCopies:
-        """The copies of model `spec`, whose first build (prepared_model's) is `model`: each later one built again."""
-        return cls(model, spec.name, lambda: prepared_model(spec, exp)[0])
+    def built(cls, spec, exp, model: torch.nn.Module, weights: str | None = None) -> ModelCopies:
+        """The copies of model `spec`, whose first build (prepared_model's) is `model` (its weights_digest `weights`,
+        None: measured here): each later one built again."""
+        return cls(model, spec.name, lambda: prepared_model(spec, exp)[0], weights)
 
     def own(self, spec: BackendSpec) -> torch.nn.Module:
         """The target `spec`'s own copy of the model, as it runs it (with its fallback modules, when it has some)."""
-        names = fallback_for(spec, self.name)
-        model = self.model()
-        return apply_fallback(model, names, spec) if names else model
+        return configured_model(self.model(), spec, self.name)
 
     def keep(self) -> None:
         """From now on, keep the model and deep-copy each copy from it (as a model that cannot be built again): for

@@ -395,7 +395,8 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool, fresh: boo
                     log.info("model %s: %s", model_spec.name, note)
                 writer.write("model", model=model_spec.name, parameters=sum(p.numel() for p in model.parameters()),
                              build_s=time.perf_counter() - start, adapters=notes, notes=built_notes or None)
-                copies = ModelCopies.built(model_spec, exp, model)  # holds the model until its first copy takes it
+                # holds the model until its first copy takes it; its weights digest is the fingerprints' own
+                copies = ModelCopies.built(model_spec, exp, model, model_part["model_weights"])
                 del model
                 with model_scope(cache, model_spec, exp):
                     for job in model_jobs:
