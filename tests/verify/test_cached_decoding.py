@@ -45,9 +45,8 @@ def _inputs(batch: int = 2, length: int = 10) -> Inputs:
 def _judged(reference, target):
     inputs = _inputs()
     result = evaluate(reference.run(inputs), target.run(inputs), DEFAULTS, 1e-4, inputs=inputs)
-    judged, fields = judge_cached(result, decode_cached(reference, inputs, STEPS), decode_cached(target, inputs, STEPS),
-                                  DEFAULTS)
-    return judged, fields["cached"]
+    return judge_cached(result, decode_cached(reference, inputs, STEPS), decode_cached(target, inputs, STEPS),
+                        DEFAULTS)
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "gpt2"])
@@ -77,10 +76,10 @@ def test_a_bfloat16_target_gets_a_cached_verdict(kind):
     inputs = _inputs()
     result = evaluate(reference.run(inputs), target.run(inputs), loose, 1e-4, inputs=inputs)
     cached = judge_cached(result, decode_cached(reference, inputs, STEPS), decode_cached(target, inputs, STEPS),
-                          loose)[1]["cached"]
-    assert cached["passed"] and cached["steps"] == STEPS and cached["prompt_tokens"] == 10 - STEPS
-    assert cached["target"]["positions"] == 2 * STEPS and cached["target"]["max_abs"] > 0  # bfloat16 drifts
-    assert cached["reference_self"]["max_abs"] < 1e-4
+                          loose)[1]
+    assert cached.passed and cached.steps == STEPS and cached.prompt_tokens == 10 - STEPS
+    assert cached.target.positions == 2 * STEPS and cached.target.max_abs > 0  # bfloat16 drifts
+    assert cached.reference_self.max_abs < 1e-4
 
 
 def test_an_off_by_one_rotary_offset_fails_the_cached_check_and_passes_the_uncached_one():
@@ -90,13 +89,13 @@ def test_an_off_by_one_rotary_offset_fails_the_cached_check_and_passes_the_uncac
     reference, target = _backend(EagerBackend, decoder()), _backend(OffByOneCache, decoder())
     result, cached = _judged(reference, target)
     assert result.metrics["kl_mean"] == 0.0 and result.metrics["top1_agreement"] == 1.0  # uncached: the same
-    assert not cached["passed"] and cached["side"] == "target" and cached["failure_class"] == "decision_flip"
-    assert cached["target"]["kl_mean"] > DEFAULTS.kl_mean and cached["target_self"]["kl_mean"] > DEFAULTS.kl_mean
-    assert cached["reference_self"]["kl_mean"] < 1e-9
-    assert "its cache path" in cached["detail"]
+    assert not cached.passed and cached.side == "target" and cached.failure_class == "decision_flip"
+    assert cached.target.kl_mean > DEFAULTS.kl_mean and cached.target_self.kl_mean > DEFAULTS.kl_mean
+    assert cached.reference_self.kl_mean < 1e-9
+    assert "its cache path" in cached.detail
     assert not result.passed and result.detail.startswith("cached decoding: the target's cached decoding")
     fine, cached = _judged(reference, _backend(EagerBackend, decoder()))
-    assert fine.passed and cached["passed"] and cached["target"]["max_abs"] == 0.0
+    assert fine.passed and cached.passed and cached.target.max_abs == 0.0
 
 
 def test_a_cache_bug_in_the_reference_is_charged_to_the_reference():
@@ -104,8 +103,8 @@ def test_a_cache_bug_in_the_reference_is_charged_to_the_reference():
     cached decoding against its own uncached forward is what fails."""
     reference, target = _backend(EagerBackend, shifted_llama()), _backend(EagerBackend, shifted_llama())
     result, cached = _judged(reference, target)
-    assert not cached["passed"] and cached["side"] == "reference"
-    assert cached["target"]["kl_mean"] == 0.0 and cached["reference_self"]["kl_mean"] > DEFAULTS.kl_mean
+    assert not cached.passed and cached.side == "reference"
+    assert cached.target.kl_mean == 0.0 and cached.reference_self.kl_mean > DEFAULTS.kl_mean
     assert "the reference's cached decoding against its own uncached forward" in result.detail
 
 
@@ -119,19 +118,18 @@ def test_a_target_that_cannot_run_the_cache_says_why_in_one_line_as_unsupported_
     plain = torch.nn.Sequential(torch.nn.Embedding(VOCABULARY, 8), torch.nn.Linear(8, VOCABULARY))
     no_cache = decode_cached(_backend(EagerBackend, _KeywordIds(plain)), _inputs(), STEPS)
     for found in (traced, no_cache):
-        assert found["failure_class"] == "unsupported_op" and "\n" not in found["error"]
-    assert "torchscript" in traced["error"] and "no KV cache" in no_cache["error"]
+        assert found.failure_class == "unsupported_op" and "\n" not in found.error
+    assert "torchscript" in traced.error and "no KV cache" in no_cache.error
     result = evaluate({"logits": torch.zeros(1, 2, 3)}, {"logits": torch.zeros(1, 2, 3)}, DEFAULTS, 1e-4)
     reference = decode_cached(_backend(EagerBackend, decoder()), _inputs(), STEPS)
-    judged, fields = judge_cached(result, reference, traced, DEFAULTS)
-    assert fields["cached"] == {
-        "side": "target", "error": f"the target: {traced['error']}", "failure_class": "unsupported_op"}
+    judged, cached = judge_cached(result, reference, traced, DEFAULTS)
+    assert cached.model_dump(exclude_unset=True) == {
+        "failure_class": "unsupported_op", "side": "target", "error": f"the target: {traced.error}"}
     assert judged.passed  # not compared is said, not failed: the uncached statistics judge the target
-    from parity.records.models import CachedDecodingCheck
     from parity.report.console import cached_line
 
-    record = SimpleNamespace(cached=CachedDecodingCheck(**fields["cached"]))
-    assert cached_line(record) == f"cached decoding: not compared (unsupported_op: the target: {traced['error']})"
+    record = SimpleNamespace(cached=cached)
+    assert cached_line(record) == f"cached decoding: not compared (unsupported_op: the target: {traced.error})"
 
 
 class _KeywordIds(torch.nn.Module):

@@ -84,14 +84,16 @@ class Task(ABC):
 
     def follow_up(self, thresholds: Any, output: str | None):
         """What this task asks of every backend's prepared artifact after its timed runs, each on its own
-        (execute/follow_up.py: a callable `(run, inputs) -> dict`), or None. text-generation: greedy continuations.
+        (execute/follow_up.py: a callable `(backend, inputs) -> value`, handed back to `judge_follow_ups`), or None.
+        text-generation: greedy continuations and its cached decoding.
         `output`: the leaf that holds the task's result (tiers.tasks.output), as in `evaluate`."""
         return None
 
-    def judge_follow_ups(self, result: TaskResult, reference: dict[str, Any], target: dict[str, Any], thresholds: Any,
-                         input_spec, experiment) -> tuple[TaskResult, dict[str, Any]]:
+    def judge_follow_ups(self, result: TaskResult, reference: Any, target: Any, thresholds: Any, input_spec,
+                         experiment) -> tuple[TaskResult, dict[str, Any]]:
         """`result` with what both sides' follow-ups add to it (metrics, notes, failures: `with_failure`), and the
-        fields they add to the tier-3 record."""
+        fields they add to the tier-3 record. Each follow-up is what `follow_up`'s callable returned, or
+        `{"error": line}` when it raised."""
         return result, {}
 
     def explain(self, reference: Any, target: Any, thresholds: Any, reference_captured: list[Any],
