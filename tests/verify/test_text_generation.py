@@ -518,6 +518,19 @@ def test_a_statistic_without_a_value_prints_nan_never_none():
     assert not any("None" in v for v in rows.values())
 
 
+def test_the_table_says_which_flips_were_judged_from_the_thresholds_it_was_judged_at():
+    """The record's thresholds as written (this task's own), the flat set of every task's that records before tasks
+    were plugins hold, and one edited by hand (the defaults): the top-1 row says which flips it counted."""
+    from parity.verify.tasks.text_generation import statistics_rows
+
+    m = evaluate(_logits([1.0, 0.0]), _logits([1.0, 0.0]), DEFAULTS, 1e-4).metrics
+    label = lambda thresholds: next(k for k, _ in statistics_rows(m, thresholds) if k.startswith("top-1"))  # noqa: E731
+    assert label(DEFAULTS.model_dump()) == "top-1 agreement (judged: real flips only)"
+    assert label({**DEFAULTS.model_dump(), "count_near_ties": True}) == "top-1 agreement (judged: every flip)"
+    assert label({"count_near_ties": True, "detection_iou": 0.5, "miou": 0.9}) == "top-1 agreement (judged: every flip)"
+    assert label({"count_near_ties": "yes", "kl_mean": -1}) == "top-1 agreement (judged: real flips only)"
+
+
 def test_the_kl_leaves_out_reference_tokens_below_minus_16_as_llama_cpp_does():
     """The reference puts 0.4% of its mass on 100,000 tokens of log probability about -17 (below perplexity.cpp's
     floor of -16), the target is uniform: the KL is the kept token's term alone, 0.02 above the full sum."""
