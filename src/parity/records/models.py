@@ -478,6 +478,9 @@ class CachedDecodingCheck(Part):
                                                                     "own uncached forward, judged (same metrics).")
     target_self: CachedMetrics | None = Field(None, description="The target's cached decoding against its own "
                                                                  "uncached forward, shown, not judged (same metrics).")
+    cache: CacheComparison | None = Field(None, description="Both sides' KV caches at the end of their cached "
+                                                           "decodings, layer by layer, shown, not judged; absent "
+                                                           "from records before it.")
 
 
 class Tier3Check(Check):
@@ -779,6 +782,37 @@ class DecodeStepCompared(Part):
     model_arguments: list[str] | None = Field(None, description="The arguments of the model's own call in that step "
                                                                 "that differ.")
     cached: DecodeCached | None = Field(None, description="The cached decoding's verdict it explains.")
+
+
+class CacheTensorError(Part):
+    """How far one cache tensor of the target (a layer's keys or values) is from the reference's, measured as tier 2
+    measures a layer."""
+
+    max_abs: float = Field(description="Largest absolute difference.")
+    rel_rmse: float = Field(description="rmse / rms(reference): comparable across layers.")
+    required_atol: float | None = Field(description="The atol it passes at, at the target's rtol; null: none (NaN or "
+                                                    "Inf on one side only).")
+    exceeds: bool = Field(description="Whether it exceeds the target's gate (scale-aware where the target's is).")
+
+
+class CachedLayer(Part):
+    """One layer's cache, keys and values apart."""
+
+    layer: int = Field(description="The layer's index in the cache (0: the first block's).")
+    keys: CacheTensorError = Field(description="Its keys [batch, heads, positions, head dim].")
+    values: CacheTensorError = Field(description="Its values.")
+
+
+class CacheComparison(Part):
+    """Both sides' KV caches at the end of their cached decodings (text generation's `compare_caches`): the prompt
+    and every decode step's token but the last, compared layer by layer."""
+
+    layers: list[CachedLayer] | None = Field(None, description="Every layer, first to last.")
+    first_layer: int | None = Field(None, description="The first layer whose keys or values exceed the gate; absent: "
+                                                      "none does.")
+    first_parts: list[str] | None = Field(None, description="Which of that layer's exceed it: keys, values or both.")
+    error: str | None = Field(None, description="Why they were not compared (a side whose runtime does not expose its "
+                                                "cache: ONNX Runtime GenAI, OpenVINO, llama.cpp).")
 
 
 class CachedMetrics(Part):

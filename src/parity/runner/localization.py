@@ -438,6 +438,6 @@ def gate_check(job, target: BackendSpec, model_for: Callable[[BackendSpec], torc
     cached = None
     if ask is not None and reference.follow_up and ran.follow_up:
         cached = judge_cached(TaskResult(TEXT_GENERATION.name), unraised(reference.follow_up), unraised(ran.follow_up),
-                              thresholds)[1]
+                              thresholds, experiment.tolerance_for(target))[1]
     return GateCheck({k: getattr(verdict, k) for k in ("passed", "failure_class", "detail", "required_atol", "gate", "rtol")},
                 ran.notes, cached)

@@ -63,13 +63,17 @@ from pydantic import Field, ValidationError
 from parity import taxonomy as tx
 from parity.backends.base import CachedDecoding
 from parity.config.schema import Strict
+from parity.config.tolerances import Tolerance
 from parity.errors import exception_words
 from parity.inputs import Inputs
 from parity.inputs.text import load_tokenizer
 from parity.outputs import flatten
 from parity.records.models import (
+    CacheComparison,
     CachedDecodingCheck,
+    CachedLayer,
     CachedMetrics,
+    CacheTensorError,
     GeneratedPrompt,
     Generation,
     GenerationText,
@@ -82,6 +86,9 @@ MAX_FLIPS = 20  # flips a record lists, real ones first, then by margin
 CONTEXT = 6  # tokens a divergence is shown after
 SHOWN = 4  # tokens of each side's continuation shown from a divergence on
 CAUSAL_RTOL = 1e-3  # how far a prompt's scores may move when a later token is written (a backend's own jitter)
+
+
+KVCache = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # each layer's (keys, values), as `Decoded.cache` holds them
 
 
 @dataclass(frozen=True)
@@ -110,13 +117,14 @@ class Continuations:
 class CachedRun:
     """A side's cached decoding teacher-forced on the text (`decode_cached`): the prompt's length, the steps, the
     forced ids [batch, steps], the logits of each step through the cache and the same positions' logits from its
-    uncached forward [batch, steps, vocabulary] float32."""
+    uncached forward [batch, steps, vocabulary] float32, and its KV cache at the end (None: not exposed)."""
 
     prompt_tokens: int
     steps: int
     tokens: list[list[int]]
     logits: torch.Tensor
     uncached: torch.Tensor
+    cache: KVCache | None = None
 
 
 @dataclass(frozen=True)
@@ -463,8 +471,9 @@ def decode_cached(backend, inputs, steps: int, leaf: str | None = None) -> Cache
     """The backend's cached decoding (`CachedDecoding`), teacher-forced on the text: a prompt of each sequence's
     first tokens (as many as leave `steps` real tokens after the shortest), then `steps` decode steps fed the text's
     own next tokens, so both sides' steps read the same tokens and line up; beside them, the same positions' logits
-    from the backend's uncached forward over the whole sequence (`run`), which a correct cache reproduces. Or why
-    not (one line), with the `failure_class` of a target that cannot run the cache (always `unsupported_op`)."""
+    from the backend's uncached forward over the whole sequence (`run`), which a correct cache reproduces, and its
+    KV cache at the end where it exposes it. Or why not (one line), with the `failure_class` of a target that cannot
+    run the cache (always `unsupported_op`)."""
     if not isinstance(backend, CachedDecoding):
         return Unavailable(f"backend '{backend.name}' has no cached decoding (it does not implement CachedDecoding: "
                            "an export or trace captured without the cache, or a runtime whose cache parity does not "
@@ -483,7 +492,7 @@ def decode_cached(backend, inputs, steps: int, leaf: str | None = None) -> Cache
                            f"{forced.shape[0]} sequences", tx.BACKEND_ERROR)
     uncached = logits_of(backend.run(inputs.clone()), leaf)[:, real - n - 1:real - 1]  # n positions, not all, in float
     return CachedRun(prompt_tokens=real - n, steps=n, tokens=forced.tolist(), logits=decoded.logits.float(),
-                     uncached=uncached.float())
+                     uncached=uncached.float(), cache=decoded.cache)
 
 
 def cached_prompt(inputs, steps: int) -> tuple[torch.Tensor, torch.Tensor] | str:
@@ -534,13 +543,15 @@ def _cached_statistics(ref: torch.Tensor, tgt: torch.Tensor, tokens: torch.Tenso
 
 
 def judge_cached(result: TaskResult, reference: CachedRun | Unavailable | None, target: CachedRun | Unavailable | None,
-                 thresholds: TextGenerationThresholds) -> tuple[TaskResult, CachedDecodingCheck | None]:
+                 thresholds: TextGenerationThresholds,
+                 tolerance: Tolerance) -> tuple[TaskResult, CachedDecodingCheck | None]:
     """The `cached` field of a tier-3 record from both sides' `decode_cached`: the target's cached decoding against
     the reference's (`target`), the reference's cached decoding against its own uncached forward (`reference_self`:
     a cache bug in the reference itself), and the target's against its own (`target_self`, shown, not judged: it
-    says whether a difference comes from the target's cache path). A failure of either judged comparison fails the
-    check (`result` failing too); a side that could not decode says why (`error`, `side`, and the target's
-    `failure_class`)."""
+    says whether a difference comes from the target's cache path); and both sides' KV caches at the end, layer by
+    layer, at the target's `tolerance` (`compare_caches`: shown, not judged). A failure of either judged comparison
+    fails the check (`result` failing too); a side that could not decode says why (`error`, `side`, and the
+    target's `failure_class`)."""
     if reference is None or target is None:  # a follow-up that raised, or none asked
         return result, None
     for side, found in (("reference", reference), ("target", target)):
@@ -563,10 +574,57 @@ def judge_cached(result: TaskResult, reference: CachedRun | Unavailable | None, 
     cached = CachedDecodingCheck(prompt_tokens=reference.prompt_tokens, steps=reference.steps, passed=not said,
                                  side="reference" if own_failures else "target" if failures else None,
                                  failure_class=tx.DECISION_FLIP if said else None, detail=detail,
-                                 target=versus, reference_self=own, target_self=target_own)
+                                 target=versus, reference_self=own, target_self=target_own,
+                                 cache=compare_caches(reference.cache, target.cache, tolerance))
     if said:
         result = with_failure(result, f"cached decoding: {detail}")
     return result, cached
+
+
+NOT_EXPOSED = ("its runtime does not expose its KV cache (it keeps it in its own process: ONNX Runtime GenAI, "
+               "OpenVINO, llama.cpp)")
+
+
+def compare_caches(reference: KVCache | None, target: KVCache | None, tolerance: Tolerance) -> CacheComparison:
+    """Both sides' KV caches at the end of their cached decodings, layer by layer, keys and values apart, measured as
+    tier 2 measures a layer (max abs, rmse / rms of the reference, the required atol at `tolerance`'s rtol) and
+    judged at its gate (scale-aware where the target's is: `Tolerance.at_scale` of each reference tensor's RMS);
+    `first_layer`: the first layer whose keys or values exceed it. Or why they are not compared (`error`)."""
+    for side, cache in (("the reference", reference), ("the target", target)):
+        if cache is None:
+            return CacheComparison(error=f"{side}: {NOT_EXPOSED}")
+    if len(reference) != len(target):
+        return CacheComparison(error=f"the target's cache has {len(target)} layers, the reference's {len(reference)}")
+    layers = []
+    for i, ((ref_keys, ref_values), (tgt_keys, tgt_values)) in enumerate(zip(reference, target, strict=True)):
+        for name, ref, tgt in (("keys", ref_keys, tgt_keys), ("values", ref_values, tgt_values)):
+            if ref.shape != tgt.shape:
+                return CacheComparison(error=f"layer {i}'s {name}: shape {list(tgt.shape)} vs reference "
+                                             f"{list(ref.shape)}")
+        layers.append(CachedLayer(layer=i, keys=_cache_error(ref_keys, tgt_keys, tolerance),
+                                  values=_cache_error(ref_values, tgt_values, tolerance)))
+    first = next((layer for layer in layers if layer.keys.exceeds or layer.values.exceeds), None)
+    if first is None:
+        return CacheComparison(layers=layers)
+    return CacheComparison(layers=layers, first_layer=first.layer,
+                           first_parts=[name for name, e in (("keys", first.keys), ("values", first.values))
+                                        if e.exceeds])
+
+
+def _cache_error(ref: torch.Tensor, tgt: torch.Tensor, tolerance: Tolerance) -> CacheTensorError:
+    """One cache tensor's error, as tier 2 measures a layer's output (verify/activations.py `layer_error`): its
+    required atol None, and exceeding, where NaN/Inf stand on one side only."""
+    r, t = ref.double(), tgt.double()
+    finite = torch.isfinite(r) & torch.isfinite(t)
+    unmatched = bool(((~finite) & ~((r == t) | (r.isnan() & t.isnan()))).any())
+    r, t = r[finite], t[finite]
+    diff = (t - r).abs()
+    rms = float(r.square().mean().sqrt()) if r.numel() else 0.0
+    rmse = float(diff.square().mean().sqrt()) if r.numel() else 0.0
+    required = None if unmatched else max(float((diff - tolerance.rtol * r.abs()).max()) if r.numel() else 0.0, 0.0)
+    gate = tolerance.at_scale(rms).gate
+    return CacheTensorError(max_abs=float(diff.max()) if r.numel() else 0.0, rel_rmse=rmse / rms if rms else rmse,
+                            required_atol=required, exceeds=required is None or required > gate)
 
 
 def _decoded(backend, ids: torch.Tensor, prompt: torch.Tensor, n: int, lengths: torch.Tensor) -> Continuations:
@@ -720,9 +778,9 @@ class TextGeneration(Task):
     def follow_up(self, thresholds, output):
         return partial(follow, new_tokens=thresholds.new_tokens, leaf=output) if thresholds.new_tokens else None
 
-    def judge_follow_ups(self, result, reference, target, thresholds, input_spec, experiment):
+    def judge_follow_ups(self, result, reference, target, thresholds, input_spec, experiment, tolerance):
         reference, target = _followed(reference), _followed(target)
-        result, cached = judge_cached(result, reference.cached, target.cached, thresholds)
+        result, cached = judge_cached(result, reference.cached, target.cached, thresholds, tolerance)
         result, generation = judge_continuations(result, reference.generation, target.generation, thresholds,
                                                  _decoder(input_spec, experiment))
         return result, {"generation": generation} | ({"cached": cached} if cached is not None else {})
