@@ -143,6 +143,23 @@ def test_a_cache_not_exposed_is_said_and_each_cache_is_judged_at_the_target_s_ga
     assert scaled.first_layer is None and min(layer.values.rel_rmse for layer in scaled.layers) == 0.0
 
 
+def test_a_follow_up_that_raised_gives_no_continuation_and_no_cached_verdict():
+    """execute/follow_up.py keeps what a follow-up raised as `{"error": line}`: judged, that side has no continuation
+    (the record's generation says why) and the cached decoding is not compared (no `cached` field), as before."""
+    from parity.verify.tasks.text_generation import TASK, follow
+
+    eager = _backend(EagerBackend, decoder())
+    inputs = _inputs()
+    result = evaluate(eager.run(inputs), eager.run(inputs), DEFAULTS, 1e-4, inputs=inputs)
+    followed = follow(eager, inputs, STEPS)
+    judged, fields = TASK.judge_follow_ups(result, followed, {"error": "RuntimeError: boom"}, DEFAULTS, None, None,
+                                           FLOAT32)
+    assert list(fields) == ["generation"] and fields["generation"].error == "the target: RuntimeError: boom"
+    assert judged.passed
+    _, both = TASK.judge_follow_ups(result, followed, followed, DEFAULTS, None, None, FLOAT32)
+    assert list(both) == ["generation", "cached"] and both["cached"].passed and both["generation"].exact_match == 1.0
+
+
 def _logits():
     return {"logits": torch.zeros(1, 2, 3)}
 
