@@ -46,8 +46,10 @@ statistics judge every decision on the same prefix.
 Cached decoding (the same `new_tokens` steps): a backend that decodes through its KV cache (`CachedDecoding`) does
 so in the same follow-up, teacher-forced on the text (`decode_cached`), so both sides' steps line up; `judge_cached`
 compares the target's cached decoding with the reference's and each side's with its own uncached forward (the
-record's `cached`, its own verdict; a failure fails the check). A target that cannot run the cache is not compared
-and says why, as `unsupported_op`.
+record's `cached`, its own verdict; a failure fails the check), and where both sides' caches run in this process
+(eager, compile) their KV caches at the end layer by layer, keys and values apart (`compare_caches`: shown, not
+judged; where the cache first differs). A target that cannot run the cache is not compared and says why, as
+`unsupported_op`.
 """
 
 from __future__ import annotations
