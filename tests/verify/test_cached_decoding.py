@@ -12,9 +12,11 @@ import torch
 
 from parity.backends.base import CachedDecoding
 from parity.backends.eager import EagerBackend
+from parity.config.tolerances import Tolerance
 from parity.inputs import Inputs
 from parity.verify.tasks.text_generation import (
     TextGenerationThresholds,
+    compare_caches,
     decode_cached,
     evaluate,
     judge_cached,
@@ -27,6 +29,7 @@ from tests.fixtures.decoders import VOCABULARY, OffByOneCache, decoder, shifted_
 
 DEFAULTS = TextGenerationThresholds()
 STEPS = 4
+FLOAT32 = Tolerance(sweep=(1e-4,), rtol=1e-5, gate=1e-4)  # the caches are judged at the target's tolerance
 
 
 def _backend(cls, model, dtype: str = "float32"):
@@ -45,9 +48,8 @@ def _inputs(batch: int = 2, length: int = 10) -> Inputs:
 def _judged(reference, target):
     inputs = _inputs()
     result = evaluate(reference.run(inputs), target.run(inputs), DEFAULTS, 1e-4, inputs=inputs)
-    judged, fields = judge_cached(result, decode_cached(reference, inputs, STEPS), decode_cached(target, inputs, STEPS),
-                                  DEFAULTS)
-    return judged, fields["cached"]
+    return judge_cached(result, decode_cached(reference, inputs, STEPS), decode_cached(target, inputs, STEPS),
+                        DEFAULTS, FLOAT32)
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "gpt2"])
@@ -77,10 +79,10 @@ def test_a_bfloat16_target_gets_a_cached_verdict(kind):
     inputs = _inputs()
     result = evaluate(reference.run(inputs), target.run(inputs), loose, 1e-4, inputs=inputs)
     cached = judge_cached(result, decode_cached(reference, inputs, STEPS), decode_cached(target, inputs, STEPS),
-                          loose)[1]["cached"]
-    assert cached["passed"] and cached["steps"] == STEPS and cached["prompt_tokens"] == 10 - STEPS
-    assert cached["target"]["positions"] == 2 * STEPS and cached["target"]["max_abs"] > 0  # bfloat16 drifts
-    assert cached["reference_self"]["max_abs"] < 1e-4
+                          loose, FLOAT32)[1]
+    assert cached.passed and cached.steps == STEPS and cached.prompt_tokens == 10 - STEPS
+    assert cached.target.positions == 2 * STEPS and cached.target.max_abs > 0  # bfloat16 drifts
+    assert cached.reference_self.max_abs < 1e-4
 
 
 def test_an_off_by_one_rotary_offset_fails_the_cached_check_and_passes_the_uncached_one():
@@ -90,13 +92,76 @@ def test_an_off_by_one_rotary_offset_fails_the_cached_check_and_passes_the_uncac
     reference, target = _backend(EagerBackend, decoder()), _backend(OffByOneCache, decoder())
     result, cached = _judged(reference, target)
     assert result.metrics["kl_mean"] == 0.0 and result.metrics["top1_agreement"] == 1.0  # uncached: the same
-    assert not cached["passed"] and cached["side"] == "target" and cached["failure_class"] == "decision_flip"
-    assert cached["target"]["kl_mean"] > DEFAULTS.kl_mean and cached["target_self"]["kl_mean"] > DEFAULTS.kl_mean
-    assert cached["reference_self"]["kl_mean"] < 1e-9
-    assert "its cache path" in cached["detail"]
+    assert not cached.passed and cached.side == "target" and cached.failure_class == "decision_flip"
+    assert cached.target.kl_mean > DEFAULTS.kl_mean and cached.target_self.kl_mean > DEFAULTS.kl_mean
+    assert cached.reference_self.kl_mean < 1e-9
+    assert "its cache path" in cached.detail
     assert not result.passed and result.detail.startswith("cached decoding: the target's cached decoding")
     fine, cached = _judged(reference, _backend(EagerBackend, decoder()))
-    assert fine.passed and cached["passed"] and cached["target"]["max_abs"] == 0.0
+    assert fine.passed and cached.passed and cached.target.max_abs == 0.0
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_the_kv_caches_are_compared_layer_by_layer_and_name_where_the_target_s_first_differs(kind):
+    """Both sides' caches at the end of the decoding, keys and values apart, at the target's tolerance. The off-by-one
+    position of a LLaMA decode step moves the rotary angle of its keys only: layer 0's keys differ and its values
+    agree exactly (they read no position), layer 1's both (it reads layer 0's output); GPT-2's position embedding
+    row enters the block's input, so layer 0's keys and values both differ. A correct target's caches agree."""
+    reference = _backend(EagerBackend, decoder(kind))
+    _, cached = _judged(reference, _backend(OffByOneCache, decoder(kind)))
+    cache = cached.cache
+    assert len(cache.layers) == 2 and cache.first_layer == 0
+    first, second = cache.layers
+    assert second.keys.exceeds and second.values.exceeds
+    if kind == "llama":
+        assert cache.first_parts == ["keys"] and first.keys.exceeds and first.keys.rel_rmse > 0.01
+        assert first.values.max_abs == 0.0 and not first.values.exceeds
+    else:
+        assert cache.first_parts == ["keys", "values"] and first.keys.exceeds and first.values.exceeds
+    _, fine = _judged(reference, _backend(EagerBackend, decoder(kind)))
+    assert fine.cache.first_layer is None and fine.cache.error is None
+    assert all(not (e.exceeds or e.max_abs) for layer in fine.cache.layers for e in (layer.keys, layer.values))
+
+
+def test_a_cache_not_exposed_is_said_and_each_cache_is_judged_at_the_target_s_gate():
+    """A runtime that keeps its cache in its own process (ONNX Runtime GenAI, OpenVINO, llama.cpp: `Decoded.cache`
+    None) is not compared, and says so; a difference within the gate does not exceed it, one beyond it does, and a
+    scale-aware gate (a quantized target's) is made an atol of each tensor's own RMS."""
+    from dataclasses import replace
+
+    reference = decode_cached(_backend(EagerBackend, decoder()), _inputs(), STEPS)
+    hidden = judge_cached(evaluate(_logits(), _logits(), DEFAULTS, 1e-4), reference, replace(reference, cache=None),
+                          DEFAULTS, FLOAT32)[1]
+    assert hidden.passed and hidden.cache.layers is None
+    assert hidden.cache.error.startswith("the target: its runtime does not expose its KV cache")
+    nudged = tuple((keys + 1e-5, values + (1e-3 if i == 1 else 0.0)) for i, (keys, values) in enumerate(reference.cache))
+    cache = compare_caches(reference.cache, nudged, FLOAT32)
+    assert [(layer.keys.exceeds, layer.values.exceeds) for layer in cache.layers] == [(False, False), (False, True)]
+    assert cache.first_layer == 1 and cache.first_parts == ["values"]
+    assert cache.layers[0].keys.required_atol == pytest.approx(1e-5, rel=0.2)
+    scaled = compare_caches(reference.cache, nudged, replace(FLOAT32, relative=0.01))  # a gate 1% of each tensor's RMS
+    assert scaled.first_layer is None and min(layer.values.rel_rmse for layer in scaled.layers) == 0.0
+
+
+def test_a_follow_up_that_raised_gives_no_continuation_and_no_cached_verdict():
+    """execute/follow_up.py keeps what a follow-up raised as `{"error": line}`: judged, that side has no continuation
+    (the record's generation says why) and the cached decoding is not compared (no `cached` field), as before."""
+    from parity.verify.tasks.text_generation import TASK, follow
+
+    eager = _backend(EagerBackend, decoder())
+    inputs = _inputs()
+    result = evaluate(eager.run(inputs), eager.run(inputs), DEFAULTS, 1e-4, inputs=inputs)
+    followed = follow(eager, inputs, STEPS)
+    judged, fields = TASK.judge_follow_ups(result, followed, {"error": "RuntimeError: boom"}, DEFAULTS, None, None,
+                                           FLOAT32)
+    assert list(fields) == ["generation"] and fields["generation"].error == "the target: RuntimeError: boom"
+    assert judged.passed
+    _, both = TASK.judge_follow_ups(result, followed, followed, DEFAULTS, None, None, FLOAT32)
+    assert list(both) == ["generation", "cached"] and both["cached"].passed and both["generation"].exact_match == 1.0
+
+
+def _logits():
+    return {"logits": torch.zeros(1, 2, 3)}
 
 
 def test_a_cache_bug_in_the_reference_is_charged_to_the_reference():
@@ -104,8 +169,8 @@ def test_a_cache_bug_in_the_reference_is_charged_to_the_reference():
     cached decoding against its own uncached forward is what fails."""
     reference, target = _backend(EagerBackend, shifted_llama()), _backend(EagerBackend, shifted_llama())
     result, cached = _judged(reference, target)
-    assert not cached["passed"] and cached["side"] == "reference"
-    assert cached["target"]["kl_mean"] == 0.0 and cached["reference_self"]["kl_mean"] > DEFAULTS.kl_mean
+    assert not cached.passed and cached.side == "reference"
+    assert cached.target.kl_mean == 0.0 and cached.reference_self.kl_mean > DEFAULTS.kl_mean
     assert "the reference's cached decoding against its own uncached forward" in result.detail
 
 
@@ -119,19 +184,18 @@ def test_a_target_that_cannot_run_the_cache_says_why_in_one_line_as_unsupported_
     plain = torch.nn.Sequential(torch.nn.Embedding(VOCABULARY, 8), torch.nn.Linear(8, VOCABULARY))
     no_cache = decode_cached(_backend(EagerBackend, _KeywordIds(plain)), _inputs(), STEPS)
     for found in (traced, no_cache):
-        assert found["failure_class"] == "unsupported_op" and "\n" not in found["error"]
-    assert "torchscript" in traced["error"] and "no KV cache" in no_cache["error"]
+        assert found.failure_class == "unsupported_op" and "\n" not in found.error
+    assert "torchscript" in traced.error and "no KV cache" in no_cache.error
     result = evaluate({"logits": torch.zeros(1, 2, 3)}, {"logits": torch.zeros(1, 2, 3)}, DEFAULTS, 1e-4)
     reference = decode_cached(_backend(EagerBackend, decoder()), _inputs(), STEPS)
-    judged, fields = judge_cached(result, reference, traced, DEFAULTS)
-    assert fields["cached"] == {
-        "side": "target", "error": f"the target: {traced['error']}", "failure_class": "unsupported_op"}
+    judged, cached = judge_cached(result, reference, traced, DEFAULTS, FLOAT32)
+    assert cached.model_dump(exclude_unset=True) == {
+        "failure_class": "unsupported_op", "side": "target", "error": f"the target: {traced.error}"}
     assert judged.passed  # not compared is said, not failed: the uncached statistics judge the target
-    from parity.records.models import CachedDecodingCheck
     from parity.report.console import cached_line
 
-    record = SimpleNamespace(cached=CachedDecodingCheck(**fields["cached"]))
-    assert cached_line(record) == f"cached decoding: not compared (unsupported_op: the target: {traced['error']})"
+    record = SimpleNamespace(cached=cached)
+    assert cached_line(record) == f"cached decoding: not compared (unsupported_op: the target: {traced.error})"
 
 
 class _KeywordIds(torch.nn.Module):
@@ -181,3 +245,5 @@ def test_a_run_records_the_cached_verdict_and_every_report_prints_it(tmp_path):
     assert shifted["cached"]["side"] == "target" and shifted["cached"]["target"]["first_flip"] >= 1  # not the prefill
     report = (tmp_path / "out" / "report.md").read_text()
     assert f"cached decoding, {STEPS} steps after a {10 - STEPS}-token prompt: fails (target)" in report
+    assert shifted["cached"]["cache"]["first_layer"] == 0 and shifted["cached"]["cache"]["first_parts"] == ["keys"]
+    assert "its cache first differs at layer 0's keys (values agree)" in report

@@ -366,10 +366,10 @@ def test_a_continuation_is_generated_greedily_in_a_buffer_of_the_inputs_shape():
     ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8], [7, 8, 9, 0, 0, 0, 0, 0]])
     mask = torch.tensor([[1] * 8, [1, 1, 1, 0, 0, 0, 0, 0]])
     found = generate(_run(Successor()), Inputs((), {"input_ids": ids, "attention_mask": mask}), new_tokens=3)
-    assert found["new_tokens"] == 3 and found["prompts"] == [[1, 2, 3, 4, 5], [7, 8, 9]]
-    assert found["tokens"] == [[6, 7, 8], [0, 1, 2]]
-    assert all(m > 0.9 for row in found["margins"] for m in row)
-    assert generate(_run(Successor()), Inputs((), {"input_ids": ids}), new_tokens=20)["new_tokens"] == 7  # 1-token prompts
+    assert found.new_tokens == 3 and found.prompts == [[1, 2, 3, 4, 5], [7, 8, 9]]
+    assert found.tokens == [[6, 7, 8], [0, 1, 2]]
+    assert all(m > 0.9 for row in found.margins for m in row)
+    assert generate(_run(Successor()), Inputs((), {"input_ids": ids}), new_tokens=20).new_tokens == 7  # 1-token prompts
 
 
 def test_a_model_that_is_not_a_causal_decoder_or_left_padding_gets_no_continuation_and_says_why():
@@ -377,23 +377,26 @@ def test_a_model_that_is_not_a_causal_decoder_or_left_padding_gets_no_continuati
     from parity.verify.tasks.text_generation import generate
 
     ids = torch.tensor([[1, 2, 3, 4, 5, 7]])  # the first new token (5) is not the 4 that was there
-    assert "not a causal decoder" in generate(_run(Bidirectional()), Inputs((), {"input_ids": ids}), 3)["error"]
+    assert "not a causal decoder" in generate(_run(Bidirectional()), Inputs((), {"input_ids": ids}), 3).error
     left = {"input_ids": ids, "attention_mask": torch.tensor([[0, 0, 1, 1, 1, 1]])}
-    assert "right-padded" in generate(_run(Successor()), Inputs((), left), 3)["error"]
-    assert "input_ids" in generate(_run(Successor()), Inputs((ids,), {}), 3)["error"]  # ids given by position
+    assert "right-padded" in generate(_run(Successor()), Inputs((), left), 3).error
+    assert "input_ids" in generate(_run(Successor()), Inputs((ids,), {}), 3).error  # ids given by position
 
 
 def test_continuations_are_judged_by_their_first_divergence_and_exact_match():
     """Prompt 0 matches; prompt 1 diverges at new token 2 where the reference was sure (a real flip); prompt 2 at
     new token 0 on a near tie. exact_match 1/3, first_divergence 0; reported, not judged, unless exact_match is set."""
-    from parity.verify.tasks.text_generation import judge_continuations
+    from dataclasses import replace
 
-    reference = {"new_tokens": 3, "prompts": [[1], [2, 3], [4]], "tokens": [[5, 6, 7], [4, 5, 6], [8, 8, 8]],
-                 "margins": [[0.9] * 3, [0.9, 0.9, 0.8], [0.001, 0.5, 0.5]]}
-    target = {**reference, "tokens": [[5, 6, 7], [4, 5, 9], [9, 8, 8]]}
+    from parity.verify.tasks.text_generation import Continuations, Unavailable, judge_continuations
+
+    reference = Continuations(new_tokens=3, prompts=[[1], [2, 3], [4]], text_tokens=[1, 2, 1],
+                              tokens=[[5, 6, 7], [4, 5, 6], [8, 8, 8]],
+                              margins=[[0.9] * 3, [0.9, 0.9, 0.8], [0.001, 0.5, 0.5]])
+    target = replace(reference, tokens=[[5, 6, 7], [4, 5, 9], [9, 8, 8]])
     result = evaluate(_logits([1.0, 0.0]), _logits([1.0, 0.0]), DEFAULTS, 1e-4)
-    judged, fields = judge_continuations(result, reference, target, DEFAULTS)
-    prompts = fields["generation"].prompts
+    judged, generation = judge_continuations(result, reference, target, DEFAULTS)
+    prompts = generation.prompts
     assert [p.first_divergence for p in prompts] == [None, 2, 0]
     assert (prompts[1].flip, prompts[2].flip) == ("real", "near_tie")
     assert (prompts[1].context, prompts[1].reference, prompts[1].target) == ([2, 3, 4, 5], [6], [9])
@@ -405,8 +408,8 @@ def test_continuations_are_judged_by_their_first_divergence_and_exact_match():
     failed, _ = judge_continuations(result, reference, target, strict)
     assert not failed.passed and failed.failure_class == "decision_flip" and "exact match" in failed.detail
     assert result.passed
-    _, broken = judge_continuations(result, reference, {"error": "not a causal decoder: ..."}, DEFAULTS)
-    assert broken["generation"].model_dump(exclude_unset=True) == {"error": "the target: not a causal decoder: ..."}
+    _, broken = judge_continuations(result, reference, Unavailable("not a causal decoder: ..."), DEFAULTS)
+    assert broken.model_dump(exclude_unset=True) == {"error": "the target: not a causal decoder: ..."}
 
 
 def _successor_experiment(executor: str = "local") -> dict:
@@ -448,10 +451,10 @@ def test_a_prompt_cut_to_make_room_for_the_new_tokens_is_said():
 
     ids = torch.arange(26).view(2, 13) % VOCABULARY
     found = generate(_run(Successor()), Inputs((), {"input_ids": ids}), new_tokens=DEFAULTS.new_tokens)
-    assert found["new_tokens"] == 12 and [len(p) for p in found["prompts"]] == [1, 1]
+    assert found.new_tokens == 12 and [len(p) for p in found.prompts] == [1, 1]
     result = evaluate(_logits([1.0, 0.0]), _logits([1.0, 0.0]), DEFAULTS, 1e-4)
-    result, fields = judge_continuations(result, found, found, DEFAULTS)
-    prompts = fields["generation"].prompts
+    result, generation = judge_continuations(result, found, found, DEFAULTS)
+    prompts = generation.prompts
     assert [(p.prompt_tokens, p.text_tokens) for p in prompts] == [(1, 13), (1, 13)]
     assert list(prompts[0].model_dump(exclude_unset=True))[:3] == ["prompt_tokens", "first_divergence", "text_tokens"]
     assert any("2 of 2 prompts cut" in n and "13 -> 1" in n for n in result.notes)
@@ -513,6 +516,19 @@ def test_a_statistic_without_a_value_prints_nan_never_none():
     rows = dict(statistics_rows(recorded, DEFAULTS.model_dump()))
     assert rows["PPL(target)"] == "nan ± nan" and rows["mean Δp"] == "nan ± nan %"
     assert not any("None" in v for v in rows.values())
+
+
+def test_the_table_says_which_flips_were_judged_from_the_thresholds_it_was_judged_at():
+    """The record's thresholds as written (this task's own), the flat set of every task's that records before tasks
+    were plugins hold, and one edited by hand (the defaults): the top-1 row says which flips it counted."""
+    from parity.verify.tasks.text_generation import statistics_rows
+
+    m = evaluate(_logits([1.0, 0.0]), _logits([1.0, 0.0]), DEFAULTS, 1e-4).metrics
+    label = lambda thresholds: next(k for k, _ in statistics_rows(m, thresholds) if k.startswith("top-1"))  # noqa: E731
+    assert label(DEFAULTS.model_dump()) == "top-1 agreement (judged: real flips only)"
+    assert label({**DEFAULTS.model_dump(), "count_near_ties": True}) == "top-1 agreement (judged: every flip)"
+    assert label({"count_near_ties": True, "detection_iou": 0.5, "miou": 0.9}) == "top-1 agreement (judged: every flip)"
+    assert label({"count_near_ties": "yes", "kl_mean": -1}) == "top-1 agreement (judged: real flips only)"
 
 
 def test_the_kl_leaves_out_reference_tokens_below_minus_16_as_llama_cpp_does():

@@ -255,10 +255,14 @@ class ArtifactStore(Protocol):
 class Decoded:
     """What a cached decoding returns: `tokens` [B, steps] int64, the token fed after each step (its own greedy
     choice, or the forced one); `logits` [B, steps, vocab] float32 on the CPU, step i's next-token logits (step 0:
-    after the prefill over the prompt; step i > 0: after feeding tokens[:, i - 1] through the cache)."""
+    after the prefill over the prompt; step i > 0: after feeding tokens[:, i - 1] through the cache); `cache` the KV
+    cache at the end, each layer's (keys, values) [B, heads, positions, head_dim] float32 on the CPU, where the
+    decoding runs a cache in this process that parity can read (eager, compile); None where the runtime keeps it in
+    another process and does not expose it (ONNX Runtime GenAI, OpenVINO, llama.cpp)."""
 
     tokens: torch.Tensor
     logits: torch.Tensor
+    cache: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None
 
 
 @runtime_checkable

@@ -151,7 +151,8 @@ class EagerBackend(Backend):
             decoded = cached_decoding(self.model, prompt.to(self.device), steps,
                                       None if forced is None else forced.to(self.device), self.decoding_module())
             synchronize(self.device)
-        return Decoded(decoded.tokens, decoded.logits.float())  # outside the float64 oracle's casts
+        cache = tuple((keys.float(), values.float()) for keys, values in decoded.cache or ())
+        return Decoded(decoded.tokens, decoded.logits.float(), cache or None)  # outside the float64 oracle's casts
 
 
 class NoCache(NotImplementedError):
@@ -169,7 +170,8 @@ def cached_decoding(model: torch.nn.Module, prompt: torch.Tensor, steps: int, fo
     """`steps` next-token logits of a Hugging Face decoder `model` with its cache, as `CachedDecoding.decode` defines
     them, computed by `call` (default: `model`; compile: its compiled module, whose forward takes *args): the prefill
     over `prompt` with an empty DynamicCache (what generate() makes by default), then each token fed alone with the
-    same cache, its position read by the model from the cache's length. Logits as the model returns them, on the CPU."""
+    same cache, its position read by the model from the cache's length. Logits, and the cache's keys and values at the
+    end (the prompt and every fed token but the last), as the model returns them, on the CPU."""
     import inspect
 
     parameters = inspect.signature(getattr(model, "forward", model)).parameters
@@ -188,7 +190,8 @@ def cached_decoding(model: torch.nn.Module, prompt: torch.Tensor, steps: int, fo
         tokens.append(token.cpu())
         if step + 1 < steps:
             logits.append(call(input_ids=token[:, None], use_cache=True, **{keyword: cache}).logits[:, -1].detach().cpu())
-    return Decoded(torch.stack(tokens, 1).long(), torch.stack(logits, 1))
+    kept = tuple((layer.keys.detach().cpu(), layer.values.detach().cpu()) for layer in cache.layers)
+    return Decoded(torch.stack(tokens, 1).long(), torch.stack(logits, 1), kept or None)
 
 
 @contextlib.contextmanager

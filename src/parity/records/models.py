@@ -478,6 +478,9 @@ class CachedDecodingCheck(Part):
                                                                     "own uncached forward, judged (same metrics).")
     target_self: CachedMetrics | None = Field(None, description="The target's cached decoding against its own "
                                                                  "uncached forward, shown, not judged (same metrics).")
+    cache: CacheComparison | None = Field(None, description="Both sides' KV caches at the end of their cached "
+                                                           "decodings, layer by layer, shown, not judged; absent "
+                                                           "from records before it.")
 
 
 class Tier3Check(Check):
@@ -781,6 +784,37 @@ class DecodeStepCompared(Part):
     cached: DecodeCached | None = Field(None, description="The cached decoding's verdict it explains.")
 
 
+class CacheTensorError(Part):
+    """How far one cache tensor of the target (a layer's keys or values) is from the reference's, measured as tier 2
+    measures a layer."""
+
+    max_abs: float = Field(description="Largest absolute difference.")
+    rel_rmse: float = Field(description="rmse / rms(reference): comparable across layers.")
+    required_atol: float | None = Field(description="The atol it passes at, at the target's rtol; null: none (NaN or "
+                                                    "Inf on one side only).")
+    exceeds: bool = Field(description="Whether it exceeds the target's gate (scale-aware where the target's is).")
+
+
+class CachedLayer(Part):
+    """One layer's cache, keys and values apart."""
+
+    layer: int = Field(description="The layer's index in the cache (0: the first block's).")
+    keys: CacheTensorError = Field(description="Its keys [batch, heads, positions, head dim].")
+    values: CacheTensorError = Field(description="Its values.")
+
+
+class CacheComparison(Part):
+    """Both sides' KV caches at the end of their cached decodings (text generation's `compare_caches`): the prompt
+    and every decode step's token but the last, compared layer by layer."""
+
+    layers: list[CachedLayer] | None = Field(None, description="Every layer, first to last.")
+    first_layer: int | None = Field(None, description="The first layer whose keys or values exceed the gate; absent: "
+                                                      "none does.")
+    first_parts: list[str] | None = Field(None, description="Which of that layer's exceed it: keys, values or both.")
+    error: str | None = Field(None, description="Why they were not compared (a side whose runtime does not expose its "
+                                                "cache: ONNX Runtime GenAI, OpenVINO, llama.cpp).")
+
+
 class CachedMetrics(Part):
     """One comparison of cached decodings (text generation's `_cached_statistics`): the teacher-forced statistics of
     the decode steps."""
@@ -794,6 +828,53 @@ class CachedMetrics(Part):
     near_tie_flips: int | None = Field(None, description="Steps whose decision differs within a near tie.")
     max_abs: float | None = Field(None, description="Largest absolute difference of the logits.")
     first_flip: int | None = Field(None, description="The earliest step that flips; absent: none does.")
+
+
+class NextTokenMetrics(Part):
+    """A text-generation check's `metrics` (verify/tasks/text_generation.py `next_token_statistics`, then the
+    verdict's counts and the free-running's): llama-perplexity's `--kl-divergence` statistics, Q the target and base
+    the reference, in the order the record has them; NaN (null in the records) where a statistic has no value. A
+    check's `metrics` stay an open mapping (every task has its own): this is how text generation writes and reads
+    its own."""
+
+    positions: int | None = Field(None, description="Scored positions.")
+    kl_mean: float | None = Field(None, description="Mean KL divergence ...")
+    kl_mean_se: float | None = Field(None, description="... and its standard error.")
+    same_top1: float | None = Field(None, description="Share of positions with the same top-1 token ...")
+    same_top1_se: float | None = Field(None, description="... and its standard error.")
+    kl_median: float | None = Field(None, description="KL divergence percentiles: median, ...")
+    kl_p90: float | None = Field(None, description="... 90th, ...")
+    kl_p95: float | None = Field(None, description="... 95th, ...")
+    kl_p99: float | None = Field(None, description="... 99th, ...")
+    kl_p999: float | None = Field(None, description="... 99.9th ...")
+    kl_max: float | None = Field(None, description="... and the largest.")
+    ppl_target: float | None = Field(None, description="The target's perplexity on the text's next tokens ...")
+    ppl_target_se: float | None = Field(None, description="... and its standard error.")
+    ppl_reference: float | None = Field(None, description="The reference's perplexity ...")
+    ppl_reference_se: float | None = Field(None, description="... and its standard error.")
+    ln_ppl_ratio: float | None = Field(None, description="ln(PPL(target) / PPL(reference)) ...")
+    ln_ppl_ratio_se: float | None = Field(None, description="... and its standard error.")
+    perplexity_ratio: float | None = Field(None, description="PPL(target) / PPL(reference) ...")
+    perplexity_ratio_se: float | None = Field(None, description="... and its standard error.")
+    ln_ppl_correlation: float | None = Field(None, description="Correlation of the two sides' ln PPL.")
+    delta_p_mean: float | None = Field(None, description="Mean of the target's probability of the next token less "
+                                                         "the reference's ...")
+    delta_p_mean_se: float | None = Field(None, description="... and its standard error.")
+    delta_p_rms: float | None = Field(None, description="RMS of that difference ...")
+    delta_p_rms_se: float | None = Field(None, description="... and its standard error.")
+    delta_p_min: float | None = Field(None, description="Its percentiles: the smallest, ...")
+    delta_p_p01: float | None = Field(None, description="... 1st, ...")
+    delta_p_p05: float | None = Field(None, description="... 5th, ...")
+    delta_p_median: float | None = Field(None, description="... median, ...")
+    delta_p_p95: float | None = Field(None, description="... 95th, ...")
+    delta_p_p99: float | None = Field(None, description="... 99th ...")
+    delta_p_max: float | None = Field(None, description="... and the largest.")
+    top1_agreement: float | None = Field(None, description="Top-1 agreement as judged (near ties counted or not).")
+    flips: int | None = Field(None, description="Scored positions whose top-1 differs ...")
+    real_flips: int | None = Field(None, description="... beyond a near tie ...")
+    near_tie_flips: int | None = Field(None, description="... and within one.")
+    exact_match: float | None = Field(None, description="Free-running: the share of continuations that match.")
+    first_divergence: int | None = Field(None, description="Free-running: the earliest divergent new token.")
 
 
 class KldHistogram(Part):

@@ -114,17 +114,19 @@ def render(records: RunView | list[dict], summary: Summary, out_dir, console, re
         for name, values in stats.rows:
             table.add_row(escape(name), *map(escape, values))
         console.print(table)
+    decode_steps = {view.key(r) for r in view.layers if r.decode_step}  # localized on a decode step, as next steps say
     for key, loc in summary.localized.items():
+        step = " on the decode step (its cached decoding fails, its forward agrees)" if key in decode_steps else ""
         if loc.error:
             where = f"not localized ({loc.error})"
         elif loc.whole_graph:
-            where = "the whole graph (no layer alone exceeds the threshold)" + (
+            where = f"the whole graph{step} (no layer alone exceeds the threshold)" + (
                 f"; its propagated error first exceeds it at {loc.first_divergent}" if loc.first_divergent else "")
         elif loc.culprit is None:
-            where = "no single layer (see the tier-2 verdict in report.md)"
+            where = f"no single layer{step} (see the tier-2 verdict in report.md)"
         else:
-            where = loc.culprit + (" as a whole (none of its submodules alone exceeds the threshold)"
-                                   if loc.as_a_whole else "")
+            where = loc.culprit + step + (" as a whole (none of its submodules alone exceeds the threshold)"
+                                          if loc.as_a_whole else "")
         if loc.specialized:
             where += f" (its trace is specialised at {loc.specialized.where})"
         if loc.compiler_pass and loc.compiler_pass.found:

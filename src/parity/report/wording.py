@@ -10,6 +10,7 @@ from typing import Any
 from parity.dtypes import QUANTIZE_SCHEMES
 from parity.records import tolerance_key
 from parity.records.models import (
+    CacheComparison,
     CachedMetrics,
     Check,
     CpuInfo,
@@ -192,9 +193,23 @@ def cached_line(check: Tier3Check) -> str | None:
         return f"mean KL {kl:.3g}, top-1 {percent(m.top1_agreement)}{flipped}"
 
     verdict = "agrees" if c.passed else f"fails ({c.side})"
+    cache = "" if c.passed or c.cache is None else f"; {cache_words(c.cache)}"
     return (f"cached decoding, {c.steps} steps after a {c.prompt_tokens}-token prompt: {verdict}; target vs reference: "
             f"{compared(c.target)}; reference cached vs uncached: {compared(c.reference_self)}; target cached vs "
-            f"uncached: {compared(c.target_self)}")
+            f"uncached: {compared(c.target_self)}{cache}")
+
+
+def cache_words(cache: CacheComparison) -> str:
+    """Where the target's KV cache first differs from the reference's, in words (a failed cached decoding says it):
+    "its cache first differs at layer 0's keys (values agree)"."""
+    if cache.error:
+        return f"its cache: not compared ({cache.error})"
+    if cache.first_layer is None:
+        return f"its cache agrees at every layer ({len(cache.layers or ())}, keys and values)"
+    parts = cache.first_parts or []
+    where = " and ".join(parts)
+    agree = next((f" ({part} agree)" for part in ("keys", "values") if part not in parts), "")
+    return f"its cache first differs at layer {cache.first_layer}'s {where}{agree}"
 
 
 def group_rows(record: Layers) -> list[tuple[str, ...]]:

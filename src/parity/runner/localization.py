@@ -39,7 +39,7 @@ from parity.errors import ParityError, exception_words
 from parity.execute import follow_up
 from parity.execute.execution import execute
 from parity.inputs import Inputs
-from parity.records.models import LayerError
+from parity.records.models import CachedDecodingCheck, LayerError
 from parity.runner.layer_runs import (
     calibration_inputs,
     capture,
@@ -73,7 +73,7 @@ from parity.verify.localize import (
 )
 from parity.verify.tasks import TaskResult
 from parity.verify.tasks.text_generation import TASK as TEXT_GENERATION
-from parity.verify.tasks.text_generation import cached_prompt, decode_cached, judge_cached
+from parity.verify.tasks.text_generation import cached_prompt, decode_cached, judge_cached, unraised
 
 log = logging.getLogger(__name__)
 
@@ -328,7 +328,7 @@ def localize_decode_step(reference: BackendSpec, target: BackendSpec, model: tor
 
 
 def localize_decode_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, experiment,
-                          cached: dict[str, Any], example: Inputs | None = None,
+                          cached: CachedDecodingCheck, example: Inputs | None = None,
                           on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The fields of a `layers` record for a check whose cached decoding fails on the target (`cached`, the verdict
     `gate_check` found): compared on the first decode step of that decoding, after the same prompt."""
@@ -336,7 +336,7 @@ def localize_decode_check(job, target: BackendSpec, model: torch.nn.Module, inpu
     tol = experiment.tolerance_for(target)
     threshold = settings.threshold if settings.threshold is not None else tol.gate
     base = {"tier": 2, "model": job.model.name, "inputs": job.inputs.name, "reference": job.reference.id}
-    found = cached_prompt(inputs, cached["steps"])
+    found = cached_prompt(inputs, cached.steps)
     if isinstance(found, str):
         return {**base, "target": target.id, "error": found}
     prompt, forced = found
@@ -347,7 +347,7 @@ def localize_decode_check(job, target: BackendSpec, model: torch.nn.Module, inpu
         raise
     except Exception as exc:  # localization is evidence; a failure to gather it says why
         return {**base, "target": target.id, "error": f"{type(exc).__name__}: {exc}"[:500]}
-    loc.decode_step["cached"] = {k: cached.get(k) for k in ("passed", "steps", "detail")}
+    loc.decode_step["cached"] = {"passed": cached.passed, "steps": cached.steps, "detail": cached.detail}
     return {**base, **loc.record(), "culprit_code": module_code(model, loc.culprit), "error": None}
 
 
@@ -410,7 +410,7 @@ class GateCheck(NamedTuple):
 
     verdict: dict[str, Any]
     notes: list[dict[str, Any]]
-    cached: dict[str, Any] | None
+    cached: CachedDecodingCheck | None
 
 
 def gate_check(job, target: BackendSpec, model_for: Callable[[BackendSpec], torch.nn.Module], inputs: Inputs,
@@ -437,7 +437,7 @@ def gate_check(job, target: BackendSpec, model_for: Callable[[BackendSpec], torc
     verdict = judge(reference, ran, experiment.tolerance_for(target))
     cached = None
     if ask is not None and reference.follow_up and ran.follow_up:
-        cached = judge_cached(TaskResult(TEXT_GENERATION.name), reference.follow_up, ran.follow_up,
-                              thresholds)[1].get("cached")
+        cached = judge_cached(TaskResult(TEXT_GENERATION.name), unraised(reference.follow_up), unraised(ran.follow_up),
+                              thresholds, experiment.tolerance_for(target))[1]
     return GateCheck({k: getattr(verdict, k) for k in ("passed", "failure_class", "detail", "required_atol", "gate", "rtol")},
                 ran.notes, cached)

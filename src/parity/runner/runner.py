@@ -234,7 +234,7 @@ def _run_job(job: Job, copies: ModelCopies, exp: Experiment, writer: RecordWrite
             progress.describe(f"localizing {job.model.name} / {job.inputs.name} / {spec.id}")
             configured = copies.own(spec)  # its own copy, with this target's fallback modules
             step = lambda text, spec=spec: progress.describe(f"localizing {spec.id}: {text}")  # noqa: E731
-            writer.write("layers", **(localize_decode_check(job, spec, configured, inputs, exp, cached, example, step)
+            writer.write("layers", **(localize_decode_check(job, spec, configured, inputs, exp, task.cached, example, step)
                                       if decode_step else
                                       localize_check(job, spec, configured, inputs, exp, example, target.notes,
                                                      on_step=step)))
@@ -502,7 +502,7 @@ class Runner:
                               exp, example)
             configured = configured_model(model, target, model_spec.name)  # localize the target as it runs
             step = lambda text: bar.describe(f"{target.id}: {text}")  # noqa: E731
-            if localizes_decode_step(gate.verdict["passed"], gate.cached):
+            if localizes_decode_step(gate.verdict["passed"], gate.cached and gate.cached.model_dump()):
                 # its forward agrees, its cached decoding does not: the decode step is what to look inside
                 found = localize_decode_check(job, target, configured, inputs, exp, gate.cached, example, step)
             else:

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel
 
 from parity import taxonomy as tx
+from parity.config.tolerances import Tolerance
 from parity.errors import ParityError
 from parity.plugins import TASKS
 from parity.records.models import Tier3Check
@@ -84,14 +85,16 @@ class Task(ABC):
 
     def follow_up(self, thresholds: Any, output: str | None):
         """What this task asks of every backend's prepared artifact after its timed runs, each on its own
-        (execute/follow_up.py: a callable `(run, inputs) -> dict`), or None. text-generation: greedy continuations.
+        (execute/follow_up.py: a callable `(backend, inputs) -> value`, handed back to `judge_follow_ups`), or None.
+        text-generation: greedy continuations and its cached decoding.
         `output`: the leaf that holds the task's result (tiers.tasks.output), as in `evaluate`."""
         return None
 
-    def judge_follow_ups(self, result: TaskResult, reference: dict[str, Any], target: dict[str, Any], thresholds: Any,
-                         input_spec, experiment) -> tuple[TaskResult, dict[str, Any]]:
+    def judge_follow_ups(self, result: TaskResult, reference: Any, target: Any, thresholds: Any, input_spec, experiment,
+                         tolerance: Tolerance) -> tuple[TaskResult, dict[str, Any]]:
         """`result` with what both sides' follow-ups add to it (metrics, notes, failures: `with_failure`), and the
-        fields they add to the tier-3 record."""
+        fields they add to the tier-3 record; `tolerance`: the target's (text-generation judges the KV caches at it).
+        Each follow-up is what `follow_up`'s callable returned, or `{"error": line}` when it raised."""
         return result, {}
 
     def explain(self, reference: Any, target: Any, thresholds: Any, reference_captured: list[Any],
@@ -178,12 +181,13 @@ def task_check(job, target_exec, reference_exec, experiment, inputs=None) -> Tie
     if task not in evaluated() or not (reference_exec.ok and target_exec.ok):
         return None
     tasks_spec = experiment.tiers.tasks
-    result = evaluate(task, reference_exec.outputs[0], target_exec.outputs[0], tasks_spec,
-                      experiment.tolerance_for(target_exec.backend).gate, inputs)
+    tolerance = experiment.tolerance_for(target_exec.backend)
+    result = evaluate(task, reference_exec.outputs[0], target_exec.outputs[0], tasks_spec, tolerance.gate, inputs)
     followed: dict[str, Any] = {}
     if result.failure_class != tx.STRUCTURE_MISMATCH and None not in (reference_exec.follow_up, target_exec.follow_up):
         result, followed = TASKS.get(task).judge_follow_ups(result, reference_exec.follow_up, target_exec.follow_up,
-                                                            tasks_spec.thresholds_for(task), job.inputs, experiment)
+                                                            tasks_spec.thresholds_for(task), job.inputs, experiment,
+                                                            tolerance)
     fields = {**result.record, **followed}
     if result.notes:  # the reports print them under the check
         fields["notes"] = result.notes
