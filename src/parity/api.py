@@ -112,7 +112,7 @@ def target_spec(target: str | dict | BackendSpec) -> BackendSpec:
                           f"mapping), not a {type(target).__name__}")
     try:
         if isinstance(target, str):
-            return BackendSpec.model_validate(parse_target(target))
+            return BackendSpec.model_validate(parse_target(target).entry())
         return BackendSpec.model_validate(target)
     except ValidationError as exc:
         error = exc.errors()[0]

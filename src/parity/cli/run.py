@@ -144,7 +144,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                             images=args.images or [], preprocess=args.preprocess, resize=args.resize,
                             crop=args.crop, gate=args.gate, rtol=args.rtol, seed=args.seed, name=args.name)
     exp = experiment_from_dict(data, "parity check", Path.cwd())
-    for note in check_notes(data):
+    for note in check_notes(exp):
         print(note, file=sys.stderr)
     if args.save_experiment:  # refused (an existing file) before the output folder is made
         save_experiment(data, Path(args.save_experiment))
