@@ -113,6 +113,7 @@ def with_executor_options(exp: Experiment, args: argparse.Namespace) -> Experime
     from pydantic import ValidationError
 
     from parity.config.schema import ExecutorSpec
+    from parity.experiment.validate import field_errors
 
     settings = exp.executor.model_dump(exclude_none=True)
     if args.executor and args.executor != exp.executor.kind:
@@ -128,9 +129,9 @@ def with_executor_options(exp: Experiment, args: argparse.Namespace) -> Experime
     try:
         executor = ExecutorSpec.model_validate(settings)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(map(str, error["loc"])) or "executor"
-        raise ParityError(f"--executor/--address/--workers/--timeout: {where}: {error['msg'].removeprefix('Value error, ')}") from exc
+        error = field_errors(exc)[0]
+        where = ".".join(map(str, error.loc)) or "executor"
+        raise ParityError(f"--executor/--address/--workers/--timeout: {where}: {error.message}") from exc
     return exp.model_copy(update={"executor": executor})
 
 
