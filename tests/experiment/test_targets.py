@@ -87,6 +87,10 @@ def test_every_command_finds_an_experiments_target_by_any_spelling_check_takes()
     with pytest.raises(ParityError, match=r"--target compile: the experiment has no such target \(it has: "
                                           r"onnxruntime-cpu, eager-cpu-bfloat16, eager-cpu-int8-weight\)"):
         choose("compile", targets)
+    plain, reduced = BackendSpec(backend="eager"), BackendSpec(backend="eager", dtype="bfloat16")
+    assert choose("eager:bf16", [plain, reduced]) is reduced  # the dtype tells them apart, and the device
+    assert choose("eager", [plain, reduced]) is plain and choose("eager-cpu", [reduced, plain]) is plain
+    assert choose("eager", [BackendSpec(backend="eager", device="cuda"), plain]) is plain
 
 
 def test_a_scheme_alone_is_refused_with_the_ids_that_run_it():
