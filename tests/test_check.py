@@ -159,12 +159,23 @@ def test_a_model_file_is_a_model_and_runs_as_its_source_does(tmp_path, capsys):
     assert "nowhere.onnx': no such file here" in capsys.readouterr().err
 
 
+def test_the_experiment_keeps_the_key_order_its_saved_file_is_written_in():
+    """save_experiment dumps the dict as it is (sort_keys=False): each entry's keys in the order the file has
+    always had them."""
+    data = check_experiment("torchvision:resnet18", ["compile-cpu-int8-pt2e-x86", "eager-cpu-bfloat16"],
+                            weights="DEFAULT", name="net")
+    assert [list(m) for m in data["models"]] == [["name", "source", "builder", "task", "weights"]]
+    assert [list(t) for t in data["targets"]] == [["backend", "quantize", "device"], ["backend", "device", "dtype"]]
+    assert list(data["targets"][0]["quantize"]) == ["scheme", "calibration"]
+
+
 def test_an_int8_column_header_typed_back_is_a_target_calibrated_on_the_checked_inputs():
     from parity.experiment.targets import parse_target
 
-    assert parse_target("compile-cpu-int8-pt2e-x86") == {"backend": "compile", "device": "cpu",
-                                                         "quantize": {"scheme": "pt2e-x86"}}
-    assert parse_target("eager-int8-dynamic") == {"backend": "eager", "quantize": {"scheme": "torchao-int8-dynamic"}}
+    assert parse_target("compile-cpu-int8-pt2e-x86").entry() == {"backend": "compile", "device": "cpu",
+                                                                 "quantize": {"scheme": "pt2e-x86"}}
+    assert parse_target("eager-int8-dynamic").entry() == {"backend": "eager",
+                                                          "quantize": {"scheme": "torchao-int8-dynamic"}}
     data = check_experiment(TINY, ["compile-cpu-int8-pt2e-x86", "eager-int8-weight"], shapes=["2x3x16x16"])
     assert [t.get("quantize") for t in data["targets"]] == [{"scheme": "pt2e-x86", "calibration": "2x3x16x16"},
                                                              {"scheme": "torchao-int8-weight"}]

@@ -293,7 +293,7 @@ def test_records_code_names_every_model_and_backend_that_would_be_imported():
 
 
 def test_a_torch_class_gets_no_sys_path_line_and_the_readme_says_so():
-    from parity.reduce import _path_root
+    from parity.reduce import CodeReference, _path_root
 
-    assert _path_root({"class": "torch.nn.modules.conv.Conv2d", "sys_path": "/venv/lib/site-packages"}) == ""
-    assert _path_root({"class": "mymodels.Block", "sys_path": "/home/me/code"}) == "/home/me/code"
+    assert _path_root(CodeReference("torch.nn.modules.conv.Conv2d", "conv.py:1", "conv", "/venv/lib/site-packages")) == ""
+    assert _path_root(CodeReference("mymodels.Block", "block.py:1", "block", "/home/me/code")) == "/home/me/code"

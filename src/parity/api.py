@@ -17,7 +17,7 @@ from parity.errors import ParityError, clip
 from parity.execute.execution import Execution, execute
 from parity.experiment import experiment_from_dict, load_experiment
 from parity.experiment.targets import parse_target
-from parity.experiment.validate import backend_problems
+from parity.experiment.validate import backend_problems, field_errors
 from parity.experiment.yaml_io import format_path
 from parity.inputs import Inputs
 from parity.records.summary import RunResult
@@ -112,12 +112,12 @@ def target_spec(target: str | dict | BackendSpec) -> BackendSpec:
                           f"mapping), not a {type(target).__name__}")
     try:
         if isinstance(target, str):
-            return BackendSpec.model_validate(parse_target(target))
+            return BackendSpec.model_validate(parse_target(target).entry())
         return BackendSpec.model_validate(target)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(map(str, error["loc"])) or "target"
-        raise ParityError(f"target {clip(repr(target))}: {where}: {error['msg']}") from exc
+        error = field_errors(exc)[0]
+        where = ".".join(map(str, error.loc)) or "target"
+        raise ParityError(f"target {clip(repr(target))}: {where}: {error.msg}") from exc
 
 
 @dataclass
@@ -174,9 +174,9 @@ def _tolerance(spec: BackendSpec, reference: BackendSpec, atol: float | None, rt
     try:
         own = TargetTolerances(**given) if given else None
     except ValidationError as exc:
-        error = exc.errors()[0]
-        name = {"gate": "atol"}.get(str(error["loc"][0]), error["loc"][0])
-        raise ParityError(f"{name}: {error['msg'].removeprefix('Value error, ')}") from exc
+        error = field_errors(exc)[0]
+        name = {"gate": "atol"}.get(str(error.loc[0]), error.loc[0])
+        raise ParityError(f"{name}: {error.message}") from exc
     if own is not None and own.gate == "tier3":
         raise ParityError("atol: a number, not 'tier3': assert_backends_agree judges tier 1 (no task is evaluated)")
     return resolve(Tolerances(), spec.model_copy(update={"tolerances": own}), reference.dtype)

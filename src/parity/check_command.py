@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from parity.config.schema import BackendSpec, plain_name
+from parity.config.schema import BackendSpec, Experiment, plain_name
 from parity.dtypes import QUANTIZE_SCHEMES
 from parity.errors import ParityError, did_you_mean
 from parity.files import file_problem, user_path
@@ -47,15 +48,34 @@ def _torchvision_task(builder: str) -> str:
     return "other"
 
 
+@dataclass(frozen=True)
+class ModelEntry:
+    """The model MODEL names: what choosing its default inputs reads (name, source, path, task) and the keys of
+    its source's own (`builder`, `entry`, ...), as the `models:` entry `entry()` writes."""
+
+    name: str
+    source: str
+    path: str | None = None  # absolute: a model file, a repository or a save_pretrained folder
+    keys: dict[str, str] = field(default_factory=dict)  # the source's own keys, in the order the entry writes them
+    task: str | None = None  # None: the entry says none (the schema's `other`)
+    weights: str | None = None  # "DEFAULT" or an absolute path; None: a seeded init
+
+    def entry(self) -> dict[str, Any]:
+        """The `models:` entry, in the order an experiment file writes it."""
+        return {"name": self.name, "source": self.source, **({"path": self.path} if self.path is not None else {}),
+                **self.keys, **({"task": self.task} if self.task is not None else {}),
+                **({"weights": self.weights} if self.weights is not None else {})}
+
+
 def model_entry(ref: str, entry: str | None = None, hubconf: str | None = None,
-                weights: str | None = None) -> dict[str, Any]:
-    """The `models:` entry that MODEL (and --entry, --hubconf, --weights) name."""
+                weights: str | None = None) -> ModelEntry:
+    """The model that MODEL (and --entry, --hubconf, --weights) name."""
     from parity.models.sources.torchvision import torchvision_builders
 
     folder = user_path(ref, "MODEL")
     if (entry or hubconf) and not folder.is_dir():
         raise ParityError(f"--entry/--hubconf go with a repository folder as MODEL; '{ref}' is no folder here")
-    spec: dict[str, Any]
+    spec: ModelEntry
     suffix = Path(ref).suffix.lower()
     if HF.match(ref):
         spec = hf_entry(ref)
@@ -67,20 +87,20 @@ def model_entry(ref: str, entry: str | None = None, hubconf: str | None = None,
             raise ParityError(problem)
         if weights is not None:
             raise ParityError(f"--weights: the model file '{ref}' holds its own weights")
-        return {"name": plain_name(folder.stem, "model"), "source": MODEL_FILES[suffix], "path": str(folder.absolute())}
+        return ModelEntry(plain_name(folder.stem, "model"), MODEL_FILES[suffix], str(folder.absolute()))
     elif folder.is_dir():
         if (entry is None) == (hubconf is None):
             raise ParityError(f"MODEL '{ref}' is a folder: say what builds the model in it with --entry "
                               "module:callable or --hubconf NAME (one of them)")
-        spec = {"name": plain_name(folder.absolute().name, "model"), "source": "repo", "path": str(folder.absolute()),
-                **({"entry": entry} if entry else {"hubconf": hubconf})}
+        spec = ModelEntry(plain_name(folder.absolute().name, "model"), "repo", str(folder.absolute()),
+                          {"entry": entry} if entry else {"hubconf": hubconf})
     elif ref.startswith("torchvision:"):
         builder = ref.removeprefix("torchvision:")
         if builder not in torchvision_builders():
             raise ParityError(f"MODEL '{ref}': unknown torchvision builder '{builder}'"
                               f"{did_you_mean(builder, torchvision_builders())}")
-        spec = {"name": plain_name(builder, "model"), "source": "torchvision", "builder": builder,
-                "task": _torchvision_task(builder)}
+        spec = ModelEntry(plain_name(builder, "model"), "torchvision", keys={"builder": builder},
+                          task=_torchvision_task(builder))
     elif ref.startswith("timm:"):
         from parity.models.sources.timm import architecture_problem
 
@@ -88,18 +108,18 @@ def model_entry(ref: str, entry: str | None = None, hubconf: str | None = None,
         problem = architecture_problem(architecture)
         if problem:
             raise ParityError(f"MODEL '{ref}': {problem}")
-        spec = {"name": plain_name(architecture, "model"), "source": "timm", "architecture": architecture,
-                "task": "classification"}  # timm's models are image classifiers (their heads can be removed)
+        spec = ModelEntry(plain_name(architecture, "model"), "timm", keys={"architecture": architecture},
+                          task="classification")  # timm's models are image classifiers (their heads can be removed)
     elif ":" in ref:
         from parity.registry import import_object
 
         import_object(ref, "MODEL")  # a typo is one message now, not a failed run later
-        spec = {"name": plain_name(ref.rpartition(":")[2], "model"), "source": "python", "entry": ref}
+        spec = ModelEntry(plain_name(ref.rpartition(":")[2], "model"), "python", keys={"entry": ref})
     else:
         hint = f"; did you mean 'torchvision:{ref}'?" if ref in torchvision_builders() else ""
         raise ParityError(f"MODEL '{ref}' is not torchvision:NAME, module:callable nor a folder here{hint}")
     if weights is not None:
-        spec["weights"] = weights if weights == "DEFAULT" else str(user_path(weights, "--weights").absolute())
+        spec = replace(spec, weights=weights if weights == "DEFAULT" else str(user_path(weights, "--weights").absolute()))
     return spec
 
 
@@ -140,7 +160,7 @@ def _hf_config(folder: Path) -> dict[str, Any]:
     return config
 
 
-def hf_entry(ref: str) -> dict[str, Any]:
+def hf_entry(ref: str) -> ModelEntry:
     """`hf:FOLDER`: a save_pretrained folder on this machine (never a hub name: nothing is downloaded), built as
     the class its config.json names (`architectures`), as `source: transformers` with `path:` builds it."""
     from parity.models.sources.transformers import folder_problem
@@ -150,14 +170,13 @@ def hf_entry(ref: str) -> dict[str, Any]:
     if problem:
         raise ParityError(f"MODEL '{ref}': {problem}")
     architectures = _hf_config(folder).get("architectures") or ["AutoModel"]
-    return {"name": plain_name(folder.name, "model"), "source": "transformers", "path": str(folder),
-            "architecture": architectures[0]}
+    return ModelEntry(plain_name(folder.name, "model"), "transformers", str(folder), {"architecture": architectures[0]})
 
 
-def token_input(model: dict[str, Any]) -> dict[str, Any]:
+def token_input(model: ModelEntry) -> dict[str, Any]:
     """An hf: model's default input: seeded token ids below its vocabulary (decoder ids too for an
     encoder-decoder), with an attention mask of ones."""
-    config = _hf_config(Path(model["path"]))
+    config = _hf_config(Path(model.path))
     ids = {"shape": [1, TOKENS], "dtype": "int64", "distribution": "randint", "high": int(config.get("vocab_size") or 100)}
     tokens = {"input_ids": ids, "attention_mask": {"shape": [1, TOKENS], "dtype": "int64", "distribution": "ones"}}
     if config.get("is_encoder_decoder"):
@@ -165,7 +184,7 @@ def token_input(model: dict[str, Any]) -> dict[str, Any]:
     return {"name": "tokens", "synthetic": tokens}
 
 
-def input_entry(model: dict[str, Any], shapes: list[str], images: list[str], preprocess: str | None,
+def input_entry(model: ModelEntry, shapes: list[str], images: list[str], preprocess: str | None,
                 resize: int | None, crop: int | None) -> dict[str, Any]:
     """The `inputs:` entry: random tensors (--input), images (--images) or the model's default photo."""
     if shapes and images:
@@ -191,14 +210,14 @@ def input_entry(model: dict[str, Any], shapes: list[str], images: list[str], pre
             return {"name": "random", "synthetic": {name: _tensor(shape) for name, _, shape in named}}
         specs = [_tensor(s) for s in shapes]
         return {"name": plain_name(shapes[0], "random") if len(shapes) == 1 else "random", "synthetic": specs[0] if len(specs) == 1 else specs}
-    task = model.get("task", "other")
-    if not images and model.get("source") == "transformers":
+    task = model.task or "other"
+    if not images and model.source == "transformers":
         return token_input(model)
-    if not images and model.get("source") == "onnx":
+    if not images and model.source == "onnx":
         return graph_input(model)
     if not images:
         if task not in DEFAULT_PREPROCESS:
-            raise ParityError(f"model '{model['name']}' has no default input: give --input SHAPE (a seeded random "
+            raise ParityError(f"model '{model.name}' has no default input: give --input SHAPE (a seeded random "
                               "tensor, e.g. 1x3x224x224) or --images FILE|GLOB|sample:NAME")
         images = [DEFAULT_PHOTO]
     settings = dict(PREPROCESS[preprocess or DEFAULT_PREPROCESS.get(task, "none")])
@@ -210,32 +229,31 @@ def input_entry(model: dict[str, Any], shapes: list[str], images: list[str], pre
     return {"name": "images", "images": refs, "preprocess": settings}
 
 
-def graph_input(model: dict[str, Any]) -> dict[str, Any]:
+def graph_input(model: ModelEntry) -> dict[str, Any]:
     """An ONNX file's default input: seeded random tensors of the shapes its graph declares (a dimension it
     leaves open, such as the batch, is 1); integer inputs need their bound, which no graph declares."""
     from parity.models.onnx_graph import read_graph
 
-    inputs, _, _ = read_graph(Path(model["path"]))
+    inputs, _, _ = read_graph(Path(model.path))
     declared = "; ".join(map(str, inputs)) or "none"
     floats = ("float32", "float16", "float64", "bfloat16")
     if not inputs or any(i.dims is None or i.dtype not in floats for i in inputs):
-        raise ParityError(f"model '{model['name']}': the ONNX graph's inputs are {declared}; give --input for each "
+        raise ParityError(f"model '{model.name}': the ONNX graph's inputs are {declared}; give --input for each "
                           "(SHAPE, or SHAPE:int64:HIGH for integers in [0, HIGH); NAME=SHAPE by name)")
     tensors = {i.name: {"shape": [d or 1 for d in i.dims], "dtype": i.dtype} for i in inputs}
     return {"name": "graph_shapes", "synthetic": tensors}
 
 
-def check_notes(data: dict[str, Any]) -> list[str]:
-    """What `parity check` says before it runs about an experiment it chose for the user: an ONNX file's
-    reference and the input shapes it read from the graph."""
-    model, inputs = data["models"][0], data["inputs"][0]
-    if model["source"] != "onnx":
+def check_notes(exp: Experiment) -> list[str]:
+    """What `parity check` says before it runs about the experiment it chose for the user (validated): an ONNX
+    file's reference and the input shapes it read from the graph."""
+    model, inputs = exp.models[0], exp.inputs[0]
+    if model.source != "onnx":
         return []
     notes = ["reference: ONNX Runtime (CPU, float32): an .onnx model is run by ONNX Runtime, so eager (the "
              "reference's backend) runs the graph there"]
-    if inputs["name"] == "graph_shapes":
-        shapes = ", ".join(f"{name} {t['dtype']}[{'x'.join(map(str, t['shape']))}]"
-                           for name, t in inputs["synthetic"].items())
+    if inputs.name == "graph_shapes":
+        shapes = ", ".join(f"{name} {t.dtype}[{'x'.join(map(str, t.shape))}]" for name, t in inputs.synthetic.items())
         notes.append(f"inputs: seeded random tensors of the graph's declared shapes ({shapes}; an open dimension is 1); "
                      "--input sets others")
     return notes
@@ -251,12 +269,11 @@ def target_entries(targets: list[str], reference: str | None,
     entries, problems, seen = [], [], {}
     for flag, text in [("--reference", reference or "eager"), *(("--target", t) for t in targets)]:
         try:
-            entry = parse_target(text)
+            words = parse_target(text)
         except ParityError as exc:
             problems.append(f"{flag} {text}: {exc.problems[0]}")
             continue
-        if "quantize" in entry and QUANTIZE_SCHEMES[entry["quantize"]["scheme"]].calibrated:
-            entry["quantize"]["calibration"] = calibration
+        entry = words.entry(calibration if words.scheme and QUANTIZE_SCHEMES[words.scheme].calibrated else None)
         spec = BackendSpec.model_validate(entry)
         problems += [f"{flag} {text}: {msg}" for _, msg in backend_problems(spec, ())]
         if spec.id in seen:
@@ -281,10 +298,10 @@ def check_experiment(model: str, targets: list[str], *, reference: str | None = 
         if plain_name(name, "") != name:
             raise ParityError(f"--name '{name}': a name is letters, digits, _ . + - (starting with a letter, digit "
                               f"or _), e.g. '{plain_name(name, 'model')}'")
-        spec["name"] = name
+        spec = replace(spec, name=name)
     inputs = input_entry(spec, list(shapes), list(images), preprocess, resize, crop)
     ref, target_list = target_entries(list(targets), reference, inputs["name"])
-    data: dict[str, Any] = {"name": spec["name"], "seed": seed, "models": [spec], "inputs": [inputs]}
+    data: dict[str, Any] = {"name": spec.name, "seed": seed, "models": [spec.entry()], "inputs": [inputs]}
     if reference is not None:
         data["reference"] = ref
     data["targets"] = target_list

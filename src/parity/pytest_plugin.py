@@ -22,6 +22,7 @@ off again only for the time of each test that takes the `parity` fixture.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -88,21 +89,30 @@ def _option_targets(config: pytest.Config) -> list[Any] | None:
     return specs
 
 
-def _settings(marker) -> dict[str, Any]:
-    """The marker's keyword settings; `targets` may also be its one positional argument."""
-    settings = dict(marker.kwargs)
+@dataclass(frozen=True)
+class MarkerSettings:
+    """What @pytest.mark.parity says: its targets, and the keywords of `assert_backends_agree` it sets
+    (`reference`, `atol`, `rtol`: those it gives, which a `parity.check` call's own override)."""
+
+    targets: list[Any] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def _settings(marker) -> MarkerSettings:
+    """The marker's settings, as the test wrote them; `targets` may also be its one positional argument."""
+    given = dict(marker.kwargs)
     if marker.args:
-        if len(marker.args) > 1 or "targets" in settings:
+        if len(marker.args) > 1 or "targets" in given:
             raise pytest.UsageError("@pytest.mark.parity takes the targets once: parity(targets=[...])")
-        settings["targets"] = marker.args[0]
-    unknown = set(settings) - {"targets", "reference", "atol", "rtol"}
+        given["targets"] = marker.args[0]
+    unknown = set(given) - {"targets", "reference", "atol", "rtol"}
     if unknown:
         raise pytest.UsageError(f"@pytest.mark.parity: unknown setting(s) {', '.join(sorted(unknown))} "
                                 "(known: targets, reference, atol, rtol)")
-    targets = settings.get("targets")
+    targets = given.pop("targets", None)
     if isinstance(targets, str) or not targets:
         raise pytest.UsageError("@pytest.mark.parity needs targets=[...], a list of at least one target")
-    return settings
+    return MarkerSettings(targets, given)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -118,7 +128,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     specs = _option_targets(metafunc.config)
     if specs is None:
         try:
-            specs = [target_spec(t) for t in _settings(marker)["targets"]]
+            specs = [target_spec(t) for t in _settings(marker).targets]
         except ParityError as exc:
             raise pytest.UsageError(f"{metafunc.definition.nodeid}: @pytest.mark.parity: {exc.problems[0]}") from None
     metafunc.parametrize("parity", specs, ids=[s.id for s in specs], indirect=True)
@@ -129,7 +139,7 @@ class Parity:
     against the reference with `parity.assert_backends_agree` (judged by `parity.verify.judge`, as `parity run`
     judges) and returns the `Agreement`; a disagreement fails the test with torch.testing-style lines."""
 
-    def __init__(self, target, settings: dict[str, Any], references: dict, record_property, config: pytest.Config):
+    def __init__(self, target, settings: MarkerSettings, references: dict, record_property, config: pytest.Config):
         self.target = target  # the marker's target of this test (a BackendSpec), or None without the marker
         self.settings = settings
         self._references = references
@@ -146,7 +156,7 @@ class Parity:
                 raise pytest.UsageError("parity.check(model, inputs) without targets=[...] needs the test to have "
                                         "@pytest.mark.parity(targets=[...])")
             targets = [self.target]
-        options = {k: v for k, v in self.settings.items() if k != "targets"} | settings
+        options = self.settings.options | settings
         _, reference_unavailable = _split_by_availability([options.get("reference", "eager")])
         if reference_unavailable:
             _not_run(self._config, [f"the reference {reference_unavailable[0]}"])
@@ -213,7 +223,7 @@ def parity(request: pytest.FixtureRequest):
 
 def _parity(request: pytest.FixtureRequest) -> Parity:
     marker = request.node.get_closest_marker("parity")
-    settings = _settings(marker) if marker is not None else {}
+    settings = _settings(marker) if marker is not None else MarkerSettings()
     target = getattr(request, "param", None)
     if target is not None:
         _, unavailable = _split_by_availability([target])

@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from parity.backends import backend_class
 from parity.errors import ParityError, clip
 from parity.records.models import GateVerdict, Layers, Run, Tier1Check
 from parity.report.next_steps import single_culprit
@@ -152,27 +153,31 @@ def vouched_experiment(path: Path, run: Run, found: Found):
     if problem:
         raise ParityError(problem)
     exp = load_experiment(path)
-    mine = exp.model_dump(mode="json")
-    theirs = run.config.model_dump(exclude_unset=True)
     target_class = type(exp.reference)
 
-    def target_id(spec: dict) -> str | None:  # as the schema names a target (its id is no key of the dump)
+    def target_id(spec: dict) -> str | None:  # as the schema names a target (the record keeps no id)
         try:
             return target_class.model_validate(spec).id
         except ValueError:
             return None
 
-    pairs = [("model", found.model, "models", lambda d: d.get("name")),
-             ("input set", found.inputs, "inputs", lambda d: d.get("name")),
-             ("target", found.target, "targets", target_id)]
-    for what, name, key, name_of in pairs:
-        ours = next((d for d in mine[key] if name_of(d) == name), None)
-        recorded = next((d for d in theirs.get(key, []) if isinstance(d, dict) and name_of(d) == name), None)
+    # each side as it would be recorded: the file's entry dumped as the run dumps its experiment, the record's as
+    # it was written (an input set and a target are open mappings in the record: the schema is config/schema.py's)
+    config = run.config
+    pairs = [("model", found.model, [(m.name, m.model_dump(mode="json")) for m in exp.models],
+              [(m.name, m.model_dump(exclude_unset=True)) for m in config.models]),
+             ("input set", found.inputs, [(s.name, s.model_dump(mode="json")) for s in exp.inputs],
+              [(s.get("name"), s) for s in config.inputs]),
+             ("target", found.target, [(t.id, t.model_dump(mode="json")) for t in exp.targets],
+              [(target_id(t), t) for t in config.targets])]
+    for what, name, mine, theirs in pairs:
+        ours = next((dump for key, dump in mine if key == name), None)
+        recorded = next((dump for key, dump in theirs if key == name), None)
         if ours is None or ours != recorded:
             how = "does not have" if ours is None else "differs from the records' in"
             raise ParityError(f"--experiment {path}: {how} the {what} '{name}' the records ran; reduce rebuilds "
                               "only what the file you pass holds exactly as it ran")
-    if mine["reference"] != theirs.get("reference"):
+    if exp.reference.model_dump(mode="json") != config.setting("reference"):
         raise ParityError(f"--experiment {path}: its reference differs from the records'; reduce rebuilds only what "
                           "the file you pass holds exactly as it ran")
     return exp
@@ -191,7 +196,6 @@ def reduce_check(run_dir: Path, which: str, out: Path | None, experiment: Path |
                  trust_records: bool = False) -> Path:
     """Write the repro folder of check `which` (MODEL/INPUTS/TARGET) of the run in `run_dir`; return it. Code
     is imported only from `experiment` (the user's file) or, with `trust_records`, from what the records name."""
-    from parity.backends import backend_class
     from parity.inputs import build_inputs
     from parity.outdir import prepare
     from parity.records import read_run
@@ -224,13 +228,7 @@ def reduce_check(run_dir: Path, which: str, out: Path | None, experiment: Path |
                           "alone would be quantized with another calibration than the whole model's, so a script "
                           "could not reproduce the run; reduce cuts float targets down (parity fallback finds the "
                           "layers to keep in float)")
-    snippets = {}
-    for role, spec in (("reference", exp.reference), ("target", target)):
-        snippets[role] = snippet(backend_class(spec.backend), spec)
-        if snippets[role] is None:
-            raise ParityError(f"the {role} {spec.id}: backend '{spec.backend}' does not say how to reproduce its "
-                              "runs alone (Backend.repro_snippet); reduce writes no script that would compare eager "
-                              "with eager")
+    snippets = Snippets(_snippet_of("reference", exp.reference), _snippet_of("target", target))
     prepare(out, "--out", files=FILES)  # as every --out: made, writable, no link where a file goes; before the work
     model, _ = prepared_model(model_spec, exp)
     inputs = build_inputs(input_spec, exp, model_spec.batch_mode)
@@ -250,6 +248,24 @@ def reduce_check(run_dir: Path, which: str, out: Path | None, experiment: Path |
 # What a backend overrides to run a model its own way: a subclass that overrides one of these below the
 # class whose snippet it inherits (a plugin on top of eager) runs differently from what that snippet says.
 RUNS_BY = ("prepare", "run", "call", "convert", "context")
+
+
+@dataclass(frozen=True)
+class Snippets:
+    """How each side runs the module in repro.py: the reference's backend's `repro_snippet`, and the target's."""
+
+    reference: str
+    target: str
+
+
+def _snippet_of(role: str, spec) -> str:
+    """`spec`'s snippet; a backend without one is refused: never a script that would compare eager with eager."""
+    found = snippet(backend_class(spec.backend), spec)
+    if found is None:
+        raise ParityError(f"the {role} {spec.id}: backend '{spec.backend}' does not say how to reproduce its "
+                          "runs alone (Backend.repro_snippet); reduce writes no script that would compare eager "
+                          "with eager")
+    return found
 
 
 def snippet(cls: type, spec) -> str | None:
@@ -287,7 +303,7 @@ def _worst_call(target, module: torch.nn.Module, calls: list, rtol: float) -> in
     return max(range(len(calls)), key=lambda i: error(calls[i]))
 
 
-def _payload(module, inputs, found: Found, exp, target, snippets: dict[str, str], n_calls: int, index: int) -> dict:
+def _payload(module, inputs, found: Found, exp, target, snippets: Snippets, n_calls: int, index: int) -> dict:
     """Every file of the folder, as bytes: made before anything is written, so that a module that cannot be
     pickled or saved leaves no half-written folder."""
     from safetensors.torch import save
@@ -310,7 +326,7 @@ def _payload(module, inputs, found: Found, exp, target, snippets: dict[str, str]
         "inputs.safetensors": save(tensors),
         "weights.safetensors": save(weights),
         "module.pt": pickled.getvalue(),
-        "module.txt": "".join(f"{k}: {v}\n" for k, v in code.items() if k != "sys_path").encode(),
+        "module.txt": f"class: {code.cls}\nsource: {code.source}\nname: {code.name}\n".encode(),
         "repro.py": script.encode(),
         "README.txt": readme(found, exp, target, code, call).encode(),
     }
@@ -335,15 +351,24 @@ def _expression(value: Any, key: str, tensors: dict[str, torch.Tensor]) -> str:
                       "(tensors, numbers, strings, None and lists, tuples and dicts of them)")
 
 
-def code_reference(module: torch.nn.Module, name: str) -> dict[str, str]:
-    """The module's class, where its code is, its name in the model, and the folder its class imports from."""
+@dataclass(frozen=True)
+class CodeReference:
+    """The culprit's code: its class (dotted), where that class is written (file:line), its name in the model, and
+    the folder its class imports from (`import_root`); module.txt and the README say the first three."""
+
+    cls: str
+    source: str
+    name: str
+    sys_path: str
+
+
+def code_reference(module: torch.nn.Module, name: str) -> CodeReference:
     cls = type(module)
     try:
         where = f"{inspect.getsourcefile(cls)}:{inspect.getsourcelines(cls)[1]}"
     except (OSError, TypeError):  # a class made at run time
         where = "(no source file)"
-    return {"class": f"{cls.__module__}.{cls.__qualname__}", "source": where, "name": name,
-            "sys_path": import_root(cls)}
+    return CodeReference(f"{cls.__module__}.{cls.__qualname__}", where, name, import_root(cls))
 
 
 def import_root(cls: type) -> str:
@@ -432,26 +457,26 @@ sys.exit(1 if diverges else 0)
 '''
 
 
-def _path_root(code: dict[str, str]) -> str:
+def _path_root(code: CodeReference) -> str:
     """The folder repro.py puts first on sys.path: the class's import root; none for torch's own classes."""
-    return "" if code["class"].startswith("torch.") else code["sys_path"]
+    return "" if code.cls.startswith("torch.") else code.sys_path
 
 
-def repro_script(code: dict[str, str], found: Found, reference, target, snippets: dict[str, str], args: str,
+def repro_script(code: CodeReference, found: Found, reference, target, snippets: Snippets, args: str,
                  kwargs: str) -> str:
     root = _path_root(code)
-    path_line = (f"sys.path.insert(0, {root!r})  # {code['class'].rpartition('.')[0]} (the module's class) imports from here"
+    path_line = (f"sys.path.insert(0, {root!r})  # {code.cls.rpartition('.')[0]} (the module's class) imports from here"
                  if root else "# the module's class is torch's own")
     check = found.check
     required = check.required_atol
     return SCRIPT.format(
-        culprit=found.layers.culprit, cls=code["class"], source=code["source"], model=found.model,
-        culprit_as="the whole model" if code["name"] == "(model)" else f"'{code['name']}'",
+        culprit=found.layers.culprit, cls=code.cls, source=code.source, model=found.model,
+        culprit_as="the whole model" if code.name == "(model)" else f"'{code.name}'",
         check=f"{found.model}/{found.inputs}/{found.target}", failure=check.failure_class,
         required=f"{required:.3g}" if isinstance(required, float) else required, gate=check.gate, rtol=check.rtol,
         reference=reference.id, target=_described(target), path_line=path_line, args=args, kwargs=kwargs,
-        reference_snippet=textwrap.indent(snippets["reference"], "    "),
-        target_snippet=textwrap.indent(snippets["target"], "    "))
+        reference_snippet=textwrap.indent(snippets.reference, "    "),
+        target_snippet=textwrap.indent(snippets.target, "    "))
 
 
 def _described(spec) -> str:
@@ -459,7 +484,7 @@ def _described(spec) -> str:
     return f"{spec.id} ({spec.backend} on {spec.device} in {spec.dtype}{f'; {options}' if options else ''})"
 
 
-def readme(found: Found, exp, target, code: dict[str, str], call: str) -> str:
+def readme(found: Found, exp, target, code: CodeReference, call: str) -> str:
     check, layers = found.check, found.layers
     required = check.required_atol
     lines = [
@@ -471,7 +496,7 @@ def readme(found: Found, exp, target, code: dict[str, str], call: str) -> str:
         f"at rtol {check.rtol:g}: {check.detail}",
         f"Tier 2 (localization): {layers.verdict}",
         "",
-        f"The culprit: {code['class']} ({code['source']}), named '{layers.culprit}' in the model"
+        f"The culprit: {code.cls} ({code.source}), named '{layers.culprit}' in the model"
         + (f"; {call}" if call else "") + ".",
         "",
         "Files:",

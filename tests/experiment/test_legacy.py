@@ -31,6 +31,22 @@ def test_translation():
     assert (exp.tolerances.rtol, exp.tolerances.gate_atol) == (1e-5, 1e-5)
 
 
+def test_the_files_tolerances_and_preprocessing_are_translated_each_to_its_own_key():
+    from parity.experiment.legacy import translate
+
+    data = {"from": "repo", "repo": {"path": "r", "class": "pkg.mod.Net"}, "params": {"width": 2},
+            "inputs": ["a/cat.jpg", "b/cat.jpg"], "means": [0.5], "stds": [0.25], "options": {"resize_multiple": 16},
+            "verification": {"tol": {"atol": 1e-3, "rtol": 2e-5}}}
+    experiment, problems, warnings = translate(data, FIXTURES / "old.yaml")
+    assert problems == [] and warnings == []
+    assert experiment["models"] == [{"name": "Net", "source": "repo", "path": "r", "entry": "pkg.mod:Net",
+                                     "params": {"width": 2}}]
+    assert [s["name"] for s in experiment["inputs"]] == ["image0-cat", "image1-cat"]  # one stem twice
+    assert experiment["inputs"][0]["preprocess"] == {"resize_multiple": 16, "mean": [0.5], "std": [0.25]}
+    assert experiment["tolerances"] == {"atol": [1e-6, 1e-5, 1e-4, 1e-3], "rtol": 2e-5, "gate": 1e-3}
+    assert translate({**data, "verification": {}}, FIXTURES / "old.yaml")[0]["tolerances"]["gate"] == 1e-5
+
+
 def test_legacy_file_runs_from_another_directory(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # relative paths resolve against the file's folder, not the cwd
     code = main(["run", str(LEGACY), "--out", "out", "--quiet"])

@@ -20,13 +20,13 @@ from parity.experiment.targets import parse_target
     ("eager-cuda1-half", {"backend": "eager", "device": "cuda:1", "dtype": "float16"}, "eager-cuda1-float16"),
 ])
 def test_targets_parse_and_the_ids_they_print_parse_back(text, entry, printed):
-    assert parse_target(text) == entry
+    assert parse_target(text).entry() == entry
     assert BackendSpec.model_validate(entry).id == printed
-    assert BackendSpec.model_validate(parse_target(printed)).id == printed
+    assert BackendSpec.model_validate(parse_target(printed).entry()).id == printed
 
 
 def test_a_backend_class_is_a_target_as_in_experiment_files():
-    assert parse_target("tests.fixtures.tiny:PerturbedEager") == {"backend": "tests.fixtures.tiny:PerturbedEager"}
+    assert parse_target("tests.fixtures.tiny:PerturbedEager").entry() == {"backend": "tests.fixtures.tiny:PerturbedEager"}
 
 
 @pytest.mark.parametrize("text, message", [
@@ -53,12 +53,12 @@ def test_unknown_targets_are_refused_with_did_you_mean(text, message):
     ("eager-int8-pt2e-xnn", "pt2e-xnnpack", "eager-cpu-int8-pt2e-xnnpack"),  # the only scheme it starts
 ])
 def test_quantized_ids_and_their_unambiguous_short_forms_parse(text, scheme, printed):
-    entry = parse_target(text)
-    assert entry["quantize"] == {"scheme": scheme}
+    words = parse_target(text)
+    assert words.scheme == scheme and words.entry()["quantize"] == {"scheme": scheme}
     from parity.dtypes import QUANTIZE_SCHEMES
 
-    calibrated = {"calibration": "x"} if QUANTIZE_SCHEMES[scheme].calibrated else {}
-    assert BackendSpec.model_validate({**entry, "quantize": {**entry["quantize"], **calibrated}}).id == printed
+    calibration = "x" if QUANTIZE_SCHEMES[scheme].calibrated else None
+    assert BackendSpec.model_validate(words.entry(calibration)).id == printed
 
 
 @pytest.mark.parametrize("text, message", [
@@ -87,6 +87,10 @@ def test_every_command_finds_an_experiments_target_by_any_spelling_check_takes()
     with pytest.raises(ParityError, match=r"--target compile: the experiment has no such target \(it has: "
                                           r"onnxruntime-cpu, eager-cpu-bfloat16, eager-cpu-int8-weight\)"):
         choose("compile", targets)
+    plain, reduced = BackendSpec(backend="eager"), BackendSpec(backend="eager", dtype="bfloat16")
+    assert choose("eager:bf16", [plain, reduced]) is reduced  # the dtype tells them apart, and the device
+    assert choose("eager", [plain, reduced]) is plain and choose("eager-cpu", [reduced, plain]) is plain
+    assert choose("eager", [BackendSpec(backend="eager", device="cuda"), plain]) is plain
 
 
 def test_a_scheme_alone_is_refused_with_the_ids_that_run_it():

@@ -69,28 +69,30 @@ def narrowed(exp: Experiment, args: argparse.Namespace) -> Experiment:
     from parity.runner.plan import example_for
 
     where = f"{exp.file}: " if exp.file else ""
-    chosen = {}
 
-    for option, names in (("--model", [m.name for m in exp.models]), ("--target", [t.id for t in exp.targets]),
-                          ("--inputs", [s.name for s in exp.inputs])):
-        given = getattr(args, option.removeprefix("--") + "_filter") or []
-        if option == "--target":  # the grammar `parity check --target` takes: `onnxruntime` is onnxruntime-cpu
-            given = [choose(text, exp.targets, f"{where}--target").id for text in given]
+    def chosen(option: str, names: list[str], given: list[str]) -> set[str]:
+        """The names `option` chose (all of them when it is not given); a name the experiment lacks is refused."""
         for name in given:
             if name not in names:
                 raise ParityError(f"{where}{option} {name}: the experiment has no such {option[2:]}"
                                   f"{did_you_mean(name, names)} (it has: {', '.join(names)})")
-        chosen[option] = set(given or names)
+        return set(given or names)
+
+    model_names = chosen("--model", [m.name for m in exp.models], args.model_filter or [])
+    # the grammar `parity check --target` takes: `onnxruntime` is onnxruntime-cpu
+    target_ids = chosen("--target", [t.id for t in exp.targets],
+                        [choose(text, exp.targets, f"{where}--target").id for text in args.target_filter or []])
+    input_names = chosen("--inputs", [s.name for s in exp.inputs], args.inputs_filter or [])
     models = []
     for m in exp.models:
-        sets = [s.name for s in exp.inputs_for(m) if s.name in chosen["--inputs"]]
-        if m.name in chosen["--model"] and sets:
+        sets = [s.name for s in exp.inputs_for(m) if s.name in input_names]
+        if m.name in model_names and sets:
             models.append(m.model_copy(update={"inputs": sets, "export_inputs": example_for(exp, m).name}))
     if not models:
         raise ParityError(f"{where}--model/--inputs: no model of the experiment runs on the input sets chosen "
                           "(a model's `inputs:` names the sets it runs on)")
     return exp.model_copy(update={"models": models,
-                                  "targets": [t for t in exp.targets if t.id in chosen["--target"]]})
+                                  "targets": [t for t in exp.targets if t.id in target_ids]})
 
 
 def _print_tracebacks(records: list[dict]) -> None:
@@ -111,9 +113,10 @@ def with_executor_options(exp: Experiment, args: argparse.Namespace) -> Experime
     from pydantic import ValidationError
 
     from parity.config.schema import ExecutorSpec
+    from parity.experiment.validate import field_errors
 
     settings = exp.executor.model_dump(exclude_none=True)
-    if args.executor and args.executor != settings["kind"]:
+    if args.executor and args.executor != exp.executor.kind:
         keep = ("timeout", "threads") if args.executor != "local" else ()
         settings = {"kind": args.executor, **{k: v for k, v in settings.items() if k in keep}}
     if args.address is not None:
@@ -126,9 +129,9 @@ def with_executor_options(exp: Experiment, args: argparse.Namespace) -> Experime
     try:
         executor = ExecutorSpec.model_validate(settings)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(map(str, error["loc"])) or "executor"
-        raise ParityError(f"--executor/--address/--workers/--timeout: {where}: {error['msg'].removeprefix('Value error, ')}") from exc
+        error = field_errors(exc)[0]
+        where = ".".join(map(str, error.loc)) or "executor"
+        raise ParityError(f"--executor/--address/--workers/--timeout: {where}: {error.message}") from exc
     return exp.model_copy(update={"executor": executor})
 
 
@@ -144,7 +147,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                             images=args.images or [], preprocess=args.preprocess, resize=args.resize,
                             crop=args.crop, gate=args.gate, rtol=args.rtol, seed=args.seed, name=args.name)
     exp = experiment_from_dict(data, "parity check", Path.cwd())
-    for note in check_notes(data):
+    for note in check_notes(exp):
         print(note, file=sys.stderr)
     if args.save_experiment:  # refused (an existing file) before the output folder is made
         save_experiment(data, Path(args.save_experiment))

@@ -52,6 +52,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -536,46 +537,63 @@ def _made(root: Path) -> list[str]:
     return [name for name in made if name in (ARTIFACTS, INDUCTOR)] if isinstance(made, list) else []
 
 
-def usage(root: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class CacheUsage:
+    """What a cache folder holds (`usage`) and, after `clear`, what clearing it did: `left`, what was left and why;
+    `in_use`, the entries left for the process that holds them; `freed`, bytes (nothing, for `usage`)."""
+
+    tagged: bool  # parity's own tag is in the folder: `clear` empties only such a folder
+    entries: int  # finished artifact entries
+    artifact_bytes: int
+    inductor_files: int
+    inductor_bytes: int
+    foreign: tuple[str, ...]  # what `artifacts/` holds that is no entry, and the links parity never makes
+    left: tuple[str, ...] = ()
+    in_use: tuple[str, ...] = ()
+    freed: int = 0
+
+
+def usage(root: Path) -> CacheUsage:
     """What the cache at `root` holds: its artifact entries (and what else is in `artifacts/`), inductor's
     files, their sizes, and whether parity tagged the folder."""
     check_location(root)
-    found: dict[str, Any] = {"tagged": tagged(root), "entries": 0, "artifact_bytes": 0, "foreign": [],
-                             "inductor_files": 0, "inductor_bytes": 0}
+    entries = artifact_bytes = inductor_files = inductor_bytes = 0
+    foreign: list[str] = []
     try:
         artifacts = root / ARTIFACTS
         if artifacts.is_dir() and not artifacts.is_symlink():
             for child in sorted(artifacts.iterdir()):
                 if ENTRY.fullmatch(child.name):
-                    found["entries"] += not child.name.startswith(".")
-                    found["artifact_bytes"] += _size(child)[1]
+                    entries += not child.name.startswith(".")
+                    artifact_bytes += _size(child)[1]
                 else:
-                    found["foreign"].append(child.name)
+                    foreign.append(child.name)
         elif artifacts.is_symlink():
-            found["foreign"].append(f"{ARTIFACTS} (a symbolic link)")
+            foreign.append(f"{ARTIFACTS} (a symbolic link)")
         inductor = root / INDUCTOR
         if inductor.is_symlink():
-            found["foreign"].append(f"{INDUCTOR} (a symbolic link)")
+            foreign.append(f"{INDUCTOR} (a symbolic link)")
         elif inductor.is_dir():
-            found["inductor_files"], found["inductor_bytes"] = _size(inductor)
+            inductor_files, inductor_bytes = _size(inductor)
     except OSError as exc:
         raise ParityError(f"cache folder {root}: cannot be read ({exc.strerror or exc}: {exc.filename})") from exc
-    return found
+    return CacheUsage(tagged(root), entries, artifact_bytes, inductor_files, inductor_bytes, tuple(foreign))
 
 
-def clear(root: Path) -> dict[str, Any]:
+def clear(root: Path) -> CacheUsage:
     """Remove what parity wrote in the cache at `root`, and only that: each artifact entry's files as its
     manifest names them (then its folders, when empty), `artifacts/` when parity made it and nothing else is
     left in it, and `inductor/` when parity made it (MADE). Never `root` itself, and no symbolic link is
     followed or removed (parity never makes one). A folder without parity's own tag is not a parity cache and
     is left as it is, and so is an entry a live process holds (a run writing or using it: `in_use`). Returns what
-    was there (`usage`), with `left`: what was left, and why, `in_use`: the entries left for their process, and
-    `freed`: bytes."""
+    was there (`usage`), with what was left, the entries in use and the bytes freed."""
     found = usage(root)
-    found["left"], found["in_use"], found["freed"] = [], [], 0
+    left: list[str] = []
+    held: list[str] = []
+    freed = 0
     if not root.exists():
         return found
-    if not found["tagged"]:
+    if not found.tagged:
         raise ParityError(f"cache folder {root}: not a parity cache (no {TAG} written by parity); nothing removed")
     made = _made(root)
     try:
@@ -585,10 +603,10 @@ def clear(root: Path) -> dict[str, Any]:
                 if ENTRY.fullmatch(child.name):
                     release = in_use(child)
                     if release is None:
-                        found["in_use"].append(f"{ARTIFACTS}/{child.name}")
+                        held.append(f"{ARTIFACTS}/{child.name}")
                         continue
                     try:
-                        found["freed"] += _clear_entry(child, found["left"])
+                        freed += _clear_entry(child, left)
                     finally:
                         release()
             if ARTIFACTS in made and not any(artifacts.iterdir()):
@@ -596,15 +614,15 @@ def clear(root: Path) -> dict[str, Any]:
         inductor = root / INDUCTOR
         if inductor.is_dir() and not inductor.is_symlink():
             if INDUCTOR in made:
-                found["freed"] += found["inductor_bytes"]
+                freed += found.inductor_bytes
                 shutil.rmtree(inductor)
             else:
-                found["left"].append(f"{INDUCTOR}/ (not made by parity)")
+                left.append(f"{INDUCTOR}/ (not made by parity)")
         if not (root / ARTIFACTS).exists() and not (root / INDUCTOR).exists():
             _discard(root / MADE)
     except OSError as exc:
         raise ParityError(f"cache folder {root}: cannot remove {exc.filename}: {exc.strerror or exc}") from exc
-    return found
+    return replace(found, left=tuple(left), in_use=tuple(held), freed=freed)
 
 
 def _clear_entry(entry: Path, left: list[str]) -> int:

@@ -13,7 +13,7 @@ from parity.config.schema import Experiment, flat_thresholds, plain_name, spec_c
 from parity.config.tolerances import shadowed
 from parity.errors import ParityError, did_you_mean
 from parity.experiment import legacy
-from parity.experiment.validate import experiment_problems
+from parity.experiment.validate import FieldError, experiment_problems, field_errors
 from parity.experiment.yaml_io import KeyPath, format_path, line_of, load_yaml
 
 log = logging.getLogger(__name__)
@@ -31,19 +31,17 @@ def _shown(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _message(err: dict) -> str:
-    kind = err["type"]
-    if kind == "extra_forbidden":
+def _message(err: FieldError) -> str:
+    if err.kind == "extra_forbidden":
         return "unknown key"
-    if kind == "missing":
+    if err.kind == "missing":
         return "required key is missing"
-    if _EXPECTED.get(kind) and "input" in err:
-        return f"expected {_EXPECTED[kind]}, got {_shown(err['input'])}"
-    msg = err["msg"].removeprefix("Value error, ")
-    if kind in ("literal_error", "enum") and "input" in err:
-        expected = err.get("ctx", {}).get("expected", "")
-        choices = [c.strip().strip("'") for c in expected.replace(" or ", ",").split(",") if c.strip()]
-        msg += did_you_mean(str(err["input"]), choices)
+    if _EXPECTED.get(err.kind) and err.has_input:
+        return f"expected {_EXPECTED[err.kind]}, got {_shown(err.input)}"
+    msg = err.message
+    if err.kind in ("literal_error", "enum") and err.has_input:
+        choices = [c.strip().strip("'") for c in err.expected.replace(" or ", ",").split(",") if c.strip()]
+        msg += did_you_mean(str(err.input), choices)
     return msg
 
 
@@ -62,22 +60,22 @@ def _clean_loc(loc: tuple) -> KeyPath:
 
 def _pydantic_problems(exc: ValidationError, model_cls: type, data: Any) -> list[tuple[KeyPath, str]]:
     """One problem per key path: the branches of a union that all failed become one 'expected X or Y'."""
-    by_loc: dict[KeyPath, list[dict]] = {}
-    for err in exc.errors():
-        by_loc.setdefault(_clean_loc(tuple(err["loc"])), []).append(err)
+    by_loc: dict[KeyPath, list[FieldError]] = {}
+    for err in field_errors(exc):
+        by_loc.setdefault(_clean_loc(err.loc), []).append(err)
     out = []
     for loc, errs in by_loc.items():
+        first = errs[0]
         # `1:`, `~:`, `1e5:` are numbers or null to YAML, not names: at the top level pydantic says
         # invalid_key, in a mapping field (`options`, `params`) string_type at `KEY.[key]`
-        if errs[0]["type"] == "invalid_key" or (errs[0]["type"] == "string_type" and errs[0]["loc"][-1] == "[key]"):
-            key = errs[0].get("input")
-            out.append((loc[:-1], f"key {key!r} is {type(key).__name__}, not a name; put it in quotes"))
+        if first.kind == "invalid_key" or (first.kind == "string_type" and first.loc[-1] == "[key]"):
+            out.append((loc[:-1], f"key {first.input!r} is {type(first.input).__name__}, not a name; put it in quotes"))
             continue
-        if errs[0]["type"] == "extra_forbidden":
+        if first.kind == "extra_forbidden":
             msg = _unknown_key(model_cls, loc, data)
-        elif len(errs) > 1 and all(_EXPECTED.get(e["type"]) for e in errs):
-            wanted = list(dict.fromkeys(_EXPECTED[e["type"]] for e in errs))
-            msg = f"expected {' or '.join(wanted)}, got {_shown(errs[0].get('input'))}"
+        elif len(errs) > 1 and all(_EXPECTED.get(e.kind) for e in errs):
+            wanted = list(dict.fromkeys(_EXPECTED[e.kind] for e in errs))
+            msg = f"expected {' or '.join(wanted)}, got {_shown(first.input)}"
         else:
             msg = "; ".join(dict.fromkeys(_message(e) for e in errs))
         out.append((loc, msg))

@@ -21,6 +21,7 @@ types through this module: `parity check --target` and the Python API parse it i
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from parity.backends import backend_class
@@ -60,14 +61,43 @@ def _known_backend(text: str, names: list[str]) -> str | None:
     return max(fits, key=len, default=None)
 
 
-def parse_target(text: str) -> dict[str, Any]:
-    """The backend entry (`{"backend", "device", "dtype"}`, only the keys the text gives) that `text` names."""
+@dataclass(frozen=True)
+class TargetWords:
+    """What a target's text says: its backend, and the device, dtype and quantize scheme it names (None: the
+    text does not say, and the schema's default applies)."""
+
+    backend: str
+    device: str | None = None
+    dtype: str | None = None
+    scheme: str | None = None
+
+    def entry(self, calibration: str | None = None) -> dict[str, Any]:
+        """The backend entry, as an experiment file writes it: only the keys the text gives (quantize first, as
+        the id's suffix is read first); `calibration` the input set a calibrated scheme is calibrated on."""
+        entry: dict[str, Any] = {"backend": self.backend}
+        if self.scheme is not None:
+            entry["quantize"] = {"scheme": self.scheme, **({"calibration": calibration} if calibration else {})}
+        if self.device is not None:
+            entry["device"] = self.device
+        if self.dtype is not None:
+            entry["dtype"] = self.dtype
+        return entry
+
+    def names(self, target: Any) -> bool:
+        """Whether the experiment's target (a BackendSpec) is the one this text names, defaults and all."""
+        return (target.backend == self.backend and target.device == (self.device or "cpu")
+                and target.dtype == (self.dtype or "float32")
+                and (target.quantize.scheme if target.quantize else None) == self.scheme)
+
+
+def parse_target(text: str) -> TargetWords:
+    """What `text` names, as the grammar above reads it."""
     text = text.strip()
     names = BACKENDS.names()
     backend = _known_backend(text, names)
     if backend is None:
         if _CLASS_REF.match(text) and not _qualifier(text.rpartition(":")[2]):
-            return {"backend": text}
+            return TargetWords(text)
         head = re.split(r"[-:]", text, maxsplit=1)[0]
         if re.fullmatch(r"u?int\d+", head):  # a scheme alone (`int8`): which backend runs it is the user's to say
             ids = ", ".join(f"{n}-{s.word}" for n in ("eager", "compile") for s in QUANTIZE_SCHEMES.values()
@@ -77,22 +107,21 @@ def parse_target(text: str) -> dict[str, Any]:
         hint = did_you_mean(head, names) or did_you_mean(text, _ids(names))
         raise ParityError(f"unknown target '{text}': no backend '{head}'{hint} (a target is {GRAMMAR}; "
                           f"backends: {', '.join(names)})")
-    entry: dict[str, Any] = {"backend": backend}
     rest = text[len(backend) + 1:]
     tokens = re.split(r"[-:]", rest) if rest else []
     quant = next((i for i, t in enumerate(tokens) if re.fullmatch(r"u?int\d+", t)), None)
+    scheme = device = dtype = None
     if quant is not None:  # the id's quantize suffix, `-int8-weight`: `quantize: {scheme: ...}`
-        entry["quantize"] = {"scheme": _scheme(text, backend, "-".join(tokens[quant:]))}
+        scheme = _scheme(text, backend, "-".join(tokens[quant:]))
         tokens = tokens[:quant]
     for token in tokens:
-        device, dtype = _device(token), _dtype(token)
-        if device is not None and "device" not in entry and "dtype" not in entry:
-            entry["device"] = device
-        elif dtype is not None and "dtype" not in entry:
-            entry["dtype"] = dtype
+        if _device(token) is not None and device is None and dtype is None:
+            device = _device(token)
+        elif _dtype(token) is not None and dtype is None:
+            dtype = _dtype(token)
         else:
-            raise ParityError(f"unknown target '{text}': {_misplaced(token, entry)} (a target is {GRAMMAR})")
-    return entry
+            raise ParityError(f"unknown target '{text}': {_misplaced(token, device is not None)} (a target is {GRAMMAR})")
+    return TargetWords(backend, device, dtype, scheme)
 
 
 def _scheme(text: str, backend: str, word: str) -> str:
@@ -127,13 +156,11 @@ def choose(text: str, targets: list[Any], option: str = "--target") -> Any:
     if text in by_id:
         return by_id[text]
     try:
-        entry = parse_target(text)
+        words = parse_target(text)
     except ParityError:
-        entry = None
-    if entry is not None:
-        scheme = entry.get("quantize", {}).get("scheme")
-        fits = [t for t in targets if t.backend == entry["backend"] and t.device == entry.get("device", "cpu")
-                and t.dtype == entry.get("dtype", "float32") and (t.quantize.scheme if t.quantize else None) == scheme]
+        words = None
+    if words is not None:
+        fits = [t for t in targets if words.names(t)]
         if len(fits) == 1:
             return fits[0]
         if fits:
@@ -143,9 +170,9 @@ def choose(text: str, targets: list[Any], option: str = "--target") -> Any:
                       f"(it has: {', '.join(by_id)})")
 
 
-def _misplaced(token: str, entry: dict[str, Any]) -> str:
+def _misplaced(token: str, has_device: bool) -> str:
     if _device(token) is not None:
-        return f"a second device '{token}'" if "device" in entry else f"the device '{token}' comes before the dtype"
+        return f"a second device '{token}'" if has_device else f"the device '{token}' comes before the dtype"
     if _dtype(token) is not None:
         return f"a second dtype '{token}'"
     return f"no device, dtype or quantize scheme '{token}'{did_you_mean(token, ['cpu', 'cuda', *DTYPES, *DTYPE_ALIASES])}"

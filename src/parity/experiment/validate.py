@@ -7,6 +7,8 @@ Each problem is (key path, message); `loading` adds the file name and line.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -20,6 +22,36 @@ from parity.inputs.text import text_file_problem, tokenizer_problem
 from parity.models.sources import MODEL_KINDS, Problem
 from parity.models.weights import weights_problem
 from parity.plugins import BACKENDS, SOURCES
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One error of a pydantic ValidationError, read once from the mapping pydantic gives (`errors()`): its key
+    path, pydantic's error type, its message, the input it refused (`has_input`: pydantic named one) and, from its
+    context, the choices a literal expected and a validator's own exception."""
+
+    loc: tuple
+    kind: str
+    msg: str
+    has_input: bool
+    input: Any
+    expected: str  # a literal's or an enum's choices, in pydantic's words; "" for other errors
+    error: BaseException | None  # what a validator raised (a value_error)
+
+    @property
+    def message(self) -> str:
+        """The message without the prefix pydantic puts before a validator's own sentence."""
+        return self.msg.removeprefix("Value error, ")
+
+
+def field_errors(exc: ValidationError) -> list[FieldError]:
+    """Each error of `exc`, typed."""
+    out = []
+    for err in exc.errors():
+        context = err.get("ctx") or {}
+        out.append(FieldError(tuple(err["loc"]), err["type"], err["msg"], "input" in err, err.get("input"),
+                              context.get("expected", ""), context.get("error")))
+    return out
 
 
 def _unique(names: list[str], key: str, what: str) -> list[Problem]:
@@ -59,15 +91,14 @@ def backend_problems(spec: BackendSpec, path: tuple) -> list[Problem]:
     try:
         cls.Options.model_validate(spec.options)
     except ValidationError as exc:
-        for err in exc.errors():
-            loc = tuple(err["loc"])
-            msg = err["msg"]
-            if err["type"] == "extra_forbidden":
+        for err in field_errors(exc):
+            msg = err.msg
+            if err.kind == "extra_forbidden":
                 fields = list(cls.Options.model_fields)
-                msg = f"unknown option for backend '{spec.backend}'{did_you_mean(str(loc[-1]), fields)} (known: {', '.join(fields) or 'none'})"
-            elif err["type"] == "value_error":  # an Options validator's own sentence, without pydantic's prefix
-                msg = str(err["ctx"]["error"])
-            out.append((path + ("options",) + loc, msg))
+                msg = f"unknown option for backend '{spec.backend}'{did_you_mean(str(err.loc[-1]), fields)} (known: {', '.join(fields) or 'none'})"
+            elif err.kind == "value_error":  # an Options validator's own sentence, without pydantic's prefix
+                msg = str(err.error)
+            out.append((path + ("options",) + err.loc, msg))
     return out
 
 
