@@ -37,16 +37,17 @@ from parity.experiment import load_experiment
 from parity.inputs import build_inputs
 from parity.runner.prepared import prepared_model
 from parity.verify.tasks.detection import average_precision, detections_of, match
+from parity.verify.tasks.flips import Detections
 
 REPO = Path(__file__).resolve().parents[1]
 ADAPTER = "deterministic_nms"
 MATCH_IOU = 0.5
 
 
-def fidelity(unadapted: list[dict], adapted: list[dict]) -> dict[str, float | int]:
+def fidelity(unadapted: list[Detections], adapted: list[Detections]) -> dict[str, float | int]:
     """Boxes on each side, the unadapted boxes the adapted run keeps, F1 and mAP of adapted against unadapted."""
-    boxes_before = sum(len(d["labels"]) for d in unadapted)
-    boxes_after = sum(len(d["labels"]) for d in adapted)
+    boxes_before = sum(len(d) for d in unadapted)
+    boxes_after = sum(len(d) for d in adapted)
     kept = sum(len(match(u, a, MATCH_IOU)) for u, a in zip(unadapted, adapted, strict=True))
     f1 = 1.0 if boxes_before + boxes_after == 0 else 2 * kept / (boxes_before + boxes_after)
     return {"boxes_before": boxes_before, "boxes_after": boxes_after, "kept": kept, "f1": f1,

@@ -156,6 +156,7 @@ def test_the_adapter_fidelity_benchmark_counts_kept_boxes_f1_and_map():
     moved away (IoU < 0.5) and one dropped; F1 = 2 * kept / (boxes before + boxes after)."""
     import importlib.util
 
+    from parity.verify.tasks.flips import Detections
     from tests.support import ROOT
 
     spec = importlib.util.spec_from_file_location("adapter_fidelity", ROOT / "benchmarks" / "adapter_fidelity.py")
@@ -163,8 +164,7 @@ def test_the_adapter_fidelity_benchmark_counts_kept_boxes_f1_and_map():
     spec.loader.exec_module(bench)
 
     def detections(boxes, labels, scores):
-        return {"boxes": torch.tensor(boxes, dtype=torch.float32), "labels": torch.tensor(labels),
-                "scores": torch.tensor(scores)}
+        return Detections(torch.tensor(boxes, dtype=torch.float32), torch.tensor(labels), torch.tensor(scores))
 
     before = [detections([[0, 0, 10, 10], [20, 20, 30, 30], [40, 40, 50, 50]], [1, 1, 2], [0.9, 0.8, 0.7])]
     after = [detections([[0, 0, 10, 10], [26, 26, 36, 36]], [1, 1], [0.9, 0.8])]

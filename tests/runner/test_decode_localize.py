@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from parity.config.schema import BackendSpec
+from parity.records.models import CachedDecodingCheck as Cached
 from parity.runner.localization import localize_decode_step
 
 pytest.importorskip("transformers")
@@ -46,12 +47,12 @@ def test_positions_off_by_one_on_the_decode_step_name_the_position_embedding(kin
     assert loc.culprit == culprit == _first_over(top) == loc.first_divergent and not loc.in_own_code
     before = top.names[:top.names.index(culprit)]
     assert before and all(top.propagated[n].max_abs == 0 for n in before)  # the token embedding: the same token
-    assert loc.decode_step == {"prompt_tokens": 6, "step": 1, "sequences": 2, "entered_through": [argument],
-                               "model_arguments": ["position_ids"]}
+    assert loc.decode_step.model_dump(exclude_unset=True) == {
+        "prompt_tokens": 6, "step": 1, "sequences": 2, "entered_through": [argument], "model_arguments": ["position_ids"]}
     verdict = loc.verdict()
     assert verdict.startswith("on the decode step (one token fed after a 6-token prompt")
     assert f"{culprit} is the first module whose output departs" in verdict and f"argument {argument} already" in verdict
-    assert loc.record()["decode_step"] == loc.decode_step
+    assert loc.record("m", "x").decode_step == loc.decode_step
 
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
@@ -64,14 +65,14 @@ def test_an_attention_over_the_cache_scaled_wrong_names_the_attention_in_its_own
     assert [parent for parent, _ in loc.levels] == ["", attention.rsplit(".", 1)[0], attention]
     assert loc.culprit == attention and loc.in_own_code
     assert loc.first_divergent == _first_over(loc.levels[-1][1]) and loc.first_divergent.endswith(("o_proj", "c_proj"))
-    assert loc.decode_step["model_arguments"] == [] and loc.decode_step["entered_through"]
+    assert loc.decode_step.model_arguments == [] and loc.decode_step.entered_through
     assert f"the departure is in {attention}'s own code" in loc.verdict()
 
 
 def test_a_target_whose_decode_step_agrees_names_nothing():
     """Eager against eager: every module's output on the decode step is the reference's; no culprit."""
     loc = _localized("llama", EAGER)
-    assert loc.culprit is None and loc.decode_step["model_arguments"] == []
+    assert loc.culprit is None and loc.decode_step.model_arguments == []
     assert all(e.max_abs == 0 for e in loc.levels[0][1].propagated.values())
     assert "no module's output departs from the reference's beyond the threshold" in loc.verdict()
 
@@ -126,12 +127,12 @@ def test_a_failing_cached_check_prints_the_localize_that_compares_the_decode_ste
 
 
 @pytest.mark.parametrize(("forward", "cached", "localized"), [
-    (True, {"passed": False, "side": "target"}, True),
-    (False, {"passed": False, "side": "target"}, False),  # the forward fails: localize explains it first
-    (None, {"passed": False, "side": "target"}, False),  # no forward verdict (the reference failed)
-    (True, {"passed": False, "side": "reference"}, False),  # the reference's own cache: no target's to localize
-    (True, {"passed": True, "side": None}, False),
-    (True, {"side": "target", "error": "the target: no cached decoding"}, False),  # could not decode: no verdict
+    (True, Cached(passed=False, side="target"), True),
+    (False, Cached(passed=False, side="target"), False),  # the forward fails: localize explains it first
+    (None, Cached(passed=False, side="target"), False),  # no forward verdict (the reference failed)
+    (True, Cached(passed=False, side="reference"), False),  # the reference's own cache: no target's to localize
+    (True, Cached(passed=True, side=None), False),
+    (True, Cached(side="target", error="the target: no cached decoding"), False),  # could not decode: no verdict
     (True, None, False)])
 def test_a_check_is_localized_on_its_decode_step_when_its_forward_passes_and_the_targets_cache_fails(
         forward, cached, localized):

@@ -34,7 +34,7 @@ def test_the_gate_check_releases_memory_after_each_side(monkeypatch):
     model = tiny_cnn().eval()
     inputs = Inputs((torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(0)),))
     verdict, _, _ = localization.gate_check(SimpleNamespace(reference=EAGER, model=SimpleNamespace(task=None)), ORT, lambda spec: model, inputs, experiment)
-    assert verdict["passed"] is True
+    assert verdict.passed is True
     assert said == ["executed eager", "released", "executed onnxruntime", "released"]
 
 

@@ -93,9 +93,9 @@ def test_a_slice_names_the_faulty_layer_and_says_how_each_layer_was_measured(fau
     # what a slice cannot express is exported alone, and the record says why
     assert top["mix"].measured_by.startswith("export (its slice's inputs cannot be told apart")
     assert loc.levels[0][1].own_code.measured_by.startswith("export (mix: its slice's inputs cannot be told apart")
-    record = loc.record()["levels"][0]["layers"]
-    assert {layer["name"]: layer["local"]["measured_by"] for layer in record}["stem"] == "slice"
-    assert all(layer["propagated"]["measured_by"] is None for layer in record)
+    record = loc.record("m", "x").levels[0].layers
+    assert {layer.name: layer.local.measured_by for layer in record}["stem"] == "slice"
+    assert all(layer.propagated.measured_by is None for layer in record)
 
 
 class Unsliced(OnnxRuntimeBackend):

@@ -113,6 +113,7 @@ def test_localize_names_the_block_and_the_group_that_depart(tmp_path):
     assert sum(r.share for r in found.groups if r.parent is None) == pytest.approx(1.0)  # shares of what they add
     assert rows["blk.1.ffn"].parent == "blk.1" and rows["blk.1.ffn"].kl_added > 0 == rows["blk.1.attn"].kl_added
     assert found.floor.kl_mean > 0 and found.whole.kl_mean > rows["blk.1"].kl_mean * 0.9
+    assert 0 < rows["blk.1"].kl_mean_se < rows["blk.1"].kl_mean and 0 < found.whole.kl_mean_se < found.whole.kl_mean
     assert [r[0] for r in group_rows(record)][:3] == ["blk.1", "  blk.1.attn", "  blk.1.ffn"]
     assert "blk.1 departs most" in record.verdict
     from parity.report.next_steps import single_culprit

@@ -49,6 +49,4 @@ CHECK = ("m", "x")  # the (model, input set) a search's record names, where a te
 
 def localized(loc):
     """A Localization (verify/localize.py) as the `layers` record a run writes of it, for one check."""
-    from parity.records.models import Layers
-
-    return Layers(kind="layers", model=CHECK[0], inputs=CHECK[1], **loc.record())
+    return loc.record(*CHECK)

@@ -255,8 +255,8 @@ def test_a_whole_graph_drift_is_not_blamed_on_one_layer(granularity):
     assert "introduces" not in verdict and "gives exactly the reference's output" in verdict
     assert "the drift comes from how the target transforms the whole graph (fusion, layout, quantization)" in verdict
     assert "named instead: conv, the first layer whose output inside the target's end-to-end run" in verdict
-    record = loc.record()
-    assert record["whole_graph"] and record["first_divergent"] == "conv" and record["first_divergent_by"] == "propagated"
+    record = loc.record("m", "x")
+    assert record.whole_graph and record.first_divergent == "conv" and record.first_divergent_by == "propagated"
 
 
 def test_the_whole_graph_verdict_follows_the_propagated_error_down_to_a_leaf():

@@ -115,6 +115,7 @@ def test_a_specialised_trace_is_explained_by_its_warned_line_and_module_not_the_
     line = inspect.getsourcelines(Gate.forward)[1] + 1  # `if x.mean() > 0:`
     assert layers["specialized"]["where"].endswith(f"specialized.py:{line}")
     assert layers["culprit"] == "pre.gate" and not layers["whole_graph"]
+    assert layers["culprit_code"].startswith("Gate (") and layers["reference"] == "eager-cpu"  # what the run's record names
     assert "trace is specialised" in layers["verdict"] and "if x.mean() > 0:" in layers["verdict"]
     assert "comes from how the target transforms the whole graph" not in layers["verdict"]
     assert "diverges at gated / shifted / torchscript-cpu: pre.gate (its trace is specialised at" in console

@@ -8,7 +8,7 @@ import torch
 
 from parity.backends.eager import EagerBackend
 from parity.verify.tasks.detection import match
-from parity.verify.tasks.flips import Candidates, attribute
+from parity.verify.tasks.flips import Candidates, Detections, attribute
 
 
 def side(boxes, scores, labels=None, threshold=0.5, nms_iou=0.5, top_k=10, origins=None):
@@ -23,7 +23,12 @@ def side(boxes, scores, labels=None, threshold=0.5, nms_iou=0.5, top_k=10, origi
     kept = above[batched_nms(boxes[above], scores[above], labels[above], nms_iou)][:top_k]
     cands = Candidates(boxes, scores, labels, kept, threshold, nms_iou, top_k,
                        origins=torch.tensor(origins, dtype=torch.float32) if origins is not None else None)
-    return {"boxes": boxes[kept], "scores": scores[kept], "labels": labels[kept]}, cands
+    return Detections(boxes[kept], labels[kept], scores[kept]), cands
+
+
+def output(dets: Detections) -> dict[str, torch.Tensor]:
+    """The detections as a torchvision detector returns them for one image."""
+    return {"boxes": dets.boxes, "labels": dets.labels, "scores": dets.scores}
 
 
 def flips(ref, tgt, match_iou=0.5, captured=True):
@@ -31,7 +36,7 @@ def flips(ref, tgt, match_iou=0.5, captured=True):
     (r, rc), (t, tc) = ref, tgt
     result = attribute([r], [t], [match(r, t, match_iou)], match_iou, [rc] if captured else None,
                        [tc] if captured else None)
-    unmatched = len(r["labels"]) + len(t["labels"]) - 2 * len(match(r, t, match_iou))
+    unmatched = len(r) + len(t) - 2 * len(match(r, t, match_iou))
     assert sum(result.counts.values()) == unmatched  # every unmatched box is classed, once
     return result
 
@@ -86,7 +91,7 @@ def test_top_k_before_nms_a_per_label_cut_as_a_region_proposal_network_makes_per
 
     def cut(scores, kept):
         cands = Candidates(boxes, torch.tensor(scores), labels, torch.tensor(kept), 0.0, 0.7, 10, group_top_k=1)
-        return {"boxes": boxes[kept], "scores": cands.scores[kept], "labels": labels[kept]}, cands
+        return Detections(boxes[kept], labels[kept], cands.scores[kept]), cands
 
     result = flips(cut([0.9, 0.8], [0]), cut([0.7, 0.8], [1]))
     assert result.counts == {"top_k": 2} and "pre-NMS top 1" in result.examples[0].detail
@@ -104,7 +109,7 @@ def test_a_flip_upstream_is_classed_in_the_stage_that_chose_the_proposals():
         proposal = anchors[kept_proposal:kept_proposal + 1]
         head = Candidates(proposal.clone(), torch.tensor([0.9]), torch.tensor([1]), torch.tensor([0]), 0.5, 0.5, 10,
                           origins=proposal, proposals=rpn)
-        return {"boxes": proposal, "scores": torch.tensor([0.9]), "labels": torch.tensor([1])}, head
+        return Detections(proposal, torch.tensor([1]), torch.tensor([0.9])), head
 
     result = flips(two_stages([0.9, 0.5], 0), two_stages([0.5, 0.9], 1))
     assert result.counts == {"top_k": 2}
@@ -181,7 +186,7 @@ def test_what_cannot_be_shown_is_unattributed_never_guessed():
     # a box the target's post-processing would have kept: the target does not post-process as the reference
     ref = side([[0, 0, 10, 10], FAR], [0.6, 0.9])
     tgt = side([[0, 0, 10, 10], FAR], [0.6, 0.9])
-    tgt[1].kept, tgt = tgt[1].kept[1:], ({k: v[1:] for k, v in tgt[0].items()}, tgt[1])
+    tgt[1].kept, tgt = tgt[1].kept[1:], (tgt[0].taking(slice(1, None)), tgt[1])
     result = flips(ref, tgt)
     assert result.counts == {"unattributed": 1} and "would keep it" in result.examples[0].detail
 
@@ -304,8 +309,8 @@ def test_candidates_are_used_only_when_they_are_behind_the_outputs():
 
     dets, cands = side([[0.0, 0, 10, 10], FAR], [0.6, 0.9])
     assert behind([dets], [cands]) == [cands]
-    assert behind([{k: v[:1] for k, v in dets.items()}], [cands]) is None  # one box dropped
-    assert behind([{k: v.flip(0) for k, v in dets.items()}], [cands]) is None  # reordered
+    assert behind([dets.taking(slice(0, 1))], [cands]) is None  # one box dropped
+    assert behind([dets.taking(torch.tensor([1, 0]))], [cands]) is None  # reordered
     assert behind([dets], None) is None
 
 
@@ -329,7 +334,7 @@ def test_attribution_off_neither_instruments_nor_classes():
     assert "postprocess_detections" not in vars(model.roi_heads)
     TASK.instrument(model, DetectionThresholds())
     assert "postprocess_detections" in vars(model.roi_heads) and "filter_proposals" in vars(model.rpn)
-    dets = side([[0.0, 0, 10, 10]], [0.9])[0]
+    dets = output(side([[0.0, 0, 10, 10]], [0.9])[0])
     none = {"boxes": torch.zeros(0, 4), "scores": torch.zeros(0), "labels": torch.zeros(0, dtype=torch.int64)}
     assert TASK.explain([dets], [none], DetectionThresholds(attribution=False), [], []) == {}
     assert TASK.explain([dets], [none], DetectionThresholds(), [], [])["flips"].counts == {"unattributed": 1}
@@ -347,7 +352,7 @@ def test_an_explanation_that_raises_leaves_the_verdict(monkeypatch, caplog):
         raise RuntimeError("unforeseen")
 
     monkeypatch.setattr(detection, "flips", broken)
-    dets = side([[0.0, 0, 10, 10]], [0.9])[0]
+    dets = output(side([[0.0, 0, 10, 10]], [0.9])[0])
     none = {"boxes": torch.zeros(0, 4), "scores": torch.zeros(0), "labels": torch.zeros(0, dtype=torch.int64)}
     ran = lambda out: SimpleNamespace(ok=True, outputs=[out], captured=[], follow_up=None,  # noqa: E731
                                       backend=SimpleNamespace(id="t"))
@@ -371,7 +376,7 @@ def test_class_agnostic_nms_a_box_suppressed_by_one_of_another_label():
         d, c = side(boxes, scores, labels=[0, 0])  # one NMS group, as class-agnostic NMS has
         c.labels = torch.tensor(labels)
         c.class_agnostic = True
-        return {**d, "labels": c.labels[c.kept]}, c
+        return Detections(d.boxes, c.labels[c.kept], d.scores), c
 
     k = [0.0, 0, 10, 10]
     ref = agnostic([k, [3.8, 0, 13.8, 10]], [0.9, 0.8], [1, 2])

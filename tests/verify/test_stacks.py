@@ -12,6 +12,7 @@ import torch
 
 from parity.config.schema import BackendSpec
 from parity.inputs import Inputs
+from parity.records.models import Specialized
 from parity.runner.localization import localize
 from parity.verify.activations import LevelResult, new_layer_error
 from parity.verify.localize import Localization
@@ -51,8 +52,8 @@ def test_a_fault_in_every_block_is_named_as_the_repeated_submodule_and_its_first
     was read along the descended path (blocks.1's) only."""
     loc = localize(EAGER, FAULTY, _faulty_blocks(), Inputs((stacks.tokens(),)), 1e-5, 1e-4)
     assert loc.culprit == "blocks.1.attn" and not loc.evenly_spread(), loc.verdict()
-    assert loc.repeated and loc.repeated["pattern"] == "blocks.*.attn"
-    assert loc.repeated["over"] == ["blocks.0.attn", "blocks.1.attn"]
+    assert loc.repeated and loc.repeated.pattern == "blocks.*.attn"
+    assert loc.repeated.over == ["blocks.0.attn", "blocks.1.attn"]
     assert loc.first_divergent == "blocks.0.attn"
     assert "same order" not in loc.verdict() and "(blocks.*.attn) exceeds the threshold in 2 of the 2" in loc.verdict()
 
@@ -90,7 +91,7 @@ def test_an_unmeasured_own_code_and_an_unrelated_trace_warning_are_not_claimed()
     inner = LevelResult(names=["a.x"], local={"a.x": new_layer_error("a.x", max_abs=1e-6, rel_rmse=1e-6, required_atol=1e-6)})
     loc = Localization("t", "hierarchical", 1e-4, [("", top), ("a", inner)], culprit="a", as_a_whole=True,
                        suspects=[top.local["a"]],
-                       specialized={"where": "m.py:3", "code": "for row in x:", "module": "a"})
+                       specialized=Specialized(where="m.py:3", code="for row in x:", module="a"))
     verdict = loc.verdict()
     assert "nor its own code" not in verdict and "its own code was not measured on this target" in verdict
     assert "not offered as the cause" in verdict and "also specialised" not in verdict

@@ -11,7 +11,7 @@ from parity.config.schema import tasks_spec
 from parity.records.view import RunView
 from parity.verify.tasks import evaluate
 from parity.verify.tasks.classification import rank_distance
-from parity.verify.tasks.detection import average_precision, match
+from parity.verify.tasks.detection import average_precision, detections_of, match
 from tests.support import tiny_experiment
 
 T = tasks_spec()
@@ -80,19 +80,20 @@ def test_zero_area_boxes_match_nothing_instead_of_crashing():
 
 
 def test_matching_respects_labels_and_iou():
-    relabelled = dets([[0, 0, 10, 10]], [2], [0.9])
-    assert match(REF[0], relabelled, 0.5) == []
-    far = dets([[5, 5, 15, 15]], [1], [0.9])  # IoU 25/175
-    assert match(REF[0], far, 0.5) == [] and len(match(REF[0], far, 0.1)) == 1
+    [ref, relabelled, far] = detections_of([REF[0], dets([[0, 0, 10, 10]], [2], [0.9]),
+                                            dets([[5, 5, 15, 15]], [1], [0.9])])  # far: IoU 25/175
+    assert match(ref, relabelled, 0.5) == []
+    assert match(ref, far, 0.5) == [] and len(match(ref, far, 0.1)) == 1
 
 
 def test_average_precision():
-    assert average_precision(REF, REF, 0.5) == pytest.approx(1.0)
+    ref = detections_of(REF)
+    assert average_precision(ref, ref, 0.5) == pytest.approx(1.0)
     # label 1: a confident false positive ranked first; precision 0, 1/2, 2/3 at recall 0, 1/2, 1, so the
     # interpolated AP is 2/3 * 1/2 + 2/3 * 1/2 = 2/3; label 2 is perfect: mAP = (2/3 + 1) / 2
     extra = [dets([[100, 100, 110, 110], [0, 0, 10, 10], [50, 50, 60, 70], [20, 20, 40, 40]],
                   [1, 1, 1, 2], [0.99, 0.9, 0.7, 0.8])]
-    assert average_precision(REF, extra, 0.5) == pytest.approx(5 / 6)
+    assert average_precision(ref, detections_of(extra), 0.5) == pytest.approx(5 / 6)
 
 
 def test_segmentation_pixel_agreement_and_miou():

@@ -8,16 +8,16 @@ import pytest
 import torch
 
 from parity import taxonomy as tx
-from parity.verify.tensors import compare, oracle_verdict, tensor_stats
+from parity.verify.tensors import compare, error_stats, oracle_verdict
 
 
 def test_required_atol_is_the_smallest_passing_atol():
     ref = torch.tensor([1.0, 100.0, 0.0], dtype=torch.float64)
     tgt = torch.tensor([1.0 + 3e-5, 100.0 + 2e-3, 1e-6], dtype=torch.float64)
     rtol = 1e-5
-    stats = tensor_stats(ref, tgt, rtol, gate=1e-4)
+    stats = error_stats(ref, tgt, rtol, gate=1e-4)
     # per element |t - r| - rtol * |r|: 3e-5 - 1e-5, 2e-3 - 1e-3, 1e-6
-    assert stats["required_atol"] == pytest.approx(1e-3, rel=1e-6)
+    assert stats.required_atol == pytest.approx(1e-3, rel=1e-6)
     comparison = compare(ref, tgt, rtol, 1e-4)
     assert comparison.required_atol > 0.99e-3 and comparison.required_atol <= 1.01e-3
     # the verdict at every atol agrees with torch.isclose
@@ -27,12 +27,12 @@ def test_required_atol_is_the_smallest_passing_atol():
 
 def test_statistics():
     ref, tgt = torch.tensor([1.0, -2.0, 4.0]), torch.tensor([1.0, -2.5, 4.0])
-    s = tensor_stats(ref, tgt, rtol=0.0, gate=0.1)
-    assert s["max_abs"] == 0.5 and s["max_rel"] == 0.25
-    assert s["mean_abs"] == pytest.approx(0.5 / 3) and s["rmse"] == pytest.approx(math.sqrt(0.25 / 3))
-    assert s["mismatch_fraction"] == pytest.approx(1 / 3)
-    assert 0.99 < s["cosine"] < 1.0
-    assert s["reference_rms"] == pytest.approx(math.sqrt((1 + 4 + 16) / 3))  # the scale of required_atol
+    s = error_stats(ref, tgt, rtol=0.0, gate=0.1)
+    assert s.max_abs == 0.5 and s.max_rel == 0.25
+    assert s.mean_abs == pytest.approx(0.5 / 3) and s.rmse == pytest.approx(math.sqrt(0.25 / 3))
+    assert s.mismatch_fraction == pytest.approx(1 / 3)
+    assert 0.99 < s.cosine < 1.0
+    assert s.reference_rms == pytest.approx(math.sqrt((1 + 4 + 16) / 3))  # the scale of required_atol
 
 
 def test_identical_outputs_pass_at_zero():
@@ -115,26 +115,26 @@ def test_oracle_tells_who_is_wrong():
 def test_statistics_of_a_tensor_larger_than_a_chunk_equal_the_whole_tensor_formulas():
     """error_stats works a chunk at a time; what it adds up must be what one pass over the whole gives,
     a NaN in a later chunk included."""
-    from parity.verify.tensors import CHUNK, error_stats
+    from parity.verify.tensors import CHUNK
 
     g = torch.Generator().manual_seed(0)
     ref = torch.randn(2 * CHUNK + 123, generator=g, dtype=torch.float64)
     tgt = ref + 1e-3 * torch.randn(ref.shape, generator=g, dtype=torch.float64)
     tgt[CHUNK + 5] = float("nan")
-    stats, energy = error_stats(ref.float(), tgt.float(), rtol=1e-2, gate=1e-3)
+    stats = error_stats(ref.float(), tgt.float(), rtol=1e-2, gate=1e-3)
     r, t = ref.float().double(), tgt.float().double()
     keep = torch.isfinite(t)
     d = (t - r)[keep].abs()
-    assert stats["nonfinite"] == 1 and stats["required_atol"] is None
-    assert stats["max_abs"] == pytest.approx(float(d.max()), rel=1e-12)
-    assert stats["rmse"] == pytest.approx(float(d.square().mean().sqrt()), rel=1e-9)
-    assert stats["mean_abs"] == pytest.approx(float(d.mean()), rel=1e-9)
-    assert energy == pytest.approx(float(r[keep].square().sum()), rel=1e-9)
-    assert stats["reference_rms"] == pytest.approx(float(r[keep].square().mean().sqrt()), rel=1e-9)
+    assert stats.nonfinite == 1 and stats.required_atol is None
+    assert stats.max_abs == pytest.approx(float(d.max()), rel=1e-12)
+    assert stats.rmse == pytest.approx(float(d.square().mean().sqrt()), rel=1e-9)
+    assert stats.mean_abs == pytest.approx(float(d.mean()), rel=1e-9)
+    assert stats.reference_energy == pytest.approx(float(r[keep].square().sum()), rel=1e-9)
+    assert stats.reference_rms == pytest.approx(float(r[keep].square().mean().sqrt()), rel=1e-9)
     beyond = int((d - 1e-2 * r[keep].abs() > 1e-3).sum())
-    assert stats["mismatch_fraction"] == pytest.approx((beyond + 1) / r.numel())
-    clean, _ = error_stats(ref.float(), torch.where(keep, tgt, ref).float(), rtol=1e-2, gate=1e-3)
-    assert clean["required_atol"] == pytest.approx(float((d - 1e-2 * r[keep].abs()).max()), rel=1e-9)
+    assert stats.mismatch_fraction == pytest.approx((beyond + 1) / r.numel())
+    clean = error_stats(ref.float(), torch.where(keep, tgt, ref).float(), rtol=1e-2, gate=1e-3)
+    assert clean.required_atol == pytest.approx(float((d - 1e-2 * r[keep].abs()).max()), rel=1e-9)
 
 
 STATS = ["max_abs", "rmse", "cosine", "nonfinite", "max_rel", "mean_abs", "mismatch_fraction", "reference_rms"]

@@ -9,7 +9,7 @@ import torch
 from parity import taxonomy as tx
 from parity.backends.base import Backend
 from parity.config.schema import BackendSpec
-from parity.execute.execution import Execution, first_difference, own_tokens
+from parity.execute.execution import Execution, OwnTokens, first_difference, own_tokens
 from parity.experiment.loading import experiment_from_dict
 from parity.inputs import Inputs
 from parity.verify.judge import judge
@@ -20,9 +20,9 @@ from tests.support import tiny_experiment
 def _tokens(reference, reference_pieces, target, target_pieces):
     """own_tokens's record of one text from both sides' ids and token texts."""
     at = first_difference(reference, target)
-    return {"texts": ["a cat"], "reference": [reference], "target": [target], "at": [at],
-            "reference_piece": [reference_pieces[at] if at is not None and at < len(reference) else None],
-            "target_piece": [target_pieces[at] if at is not None and at < len(target) else None]}
+    return OwnTokens(texts=["a cat"], reference=[reference], target=[target], at=[at],
+                     reference_piece=[reference_pieces[at] if at is not None and at < len(reference) else None],
+                     target_piece=[target_pieces[at] if at is not None and at < len(target) else None])
 
 
 SAME = _tokens([5, 7, 9], ["a", " c", "at"], [5, 7, 9], ["a", " c", "at"])
@@ -88,8 +88,8 @@ def test_the_execution_tokenizes_the_texts_with_the_backends_own_tokenizer():
     inputs = Inputs((), {"input_ids": ids, "attention_mask": torch.tensor([[1, 1, 0]])}, texts=("hi there",),
                     text_ids=((4, 6),), pieces=(("hi", " there"),))
     tokens = own_tokens(TokenizingBackend(BackendSpec(backend="eager")), inputs)
-    assert tokens["reference"] == [[4, 6]] and tokens["target"] == [[1, 2]]  # the text's ids, not the padded row
-    assert tokens["at"] == [0] and tokens["reference_piece"] == ["hi"] and tokens["target_piece"] == ["<1>"]
+    assert tokens.reference == [[4, 6]] and tokens.target == [[1, 2]]  # the text's ids, not the padded row
+    assert tokens.at == [0] and tokens.reference_piece == ["hi"] and tokens.target_piece == ["<1>"]
     result = execute(BackendSpec(backend="tests.verify.test_tokenizers:TokenizingBackend"), torch.nn.Identity(), inputs,
                      repeats=2)
     assert result.ok and first_mismatch(result.tokens).position == 0
@@ -108,7 +108,7 @@ def test_a_text_cut_into_windows_is_compared_whole_not_window_by_window():
     inputs = Inputs((), {"input_ids": torch.tensor([[1, 2, 3], [4, 5, 6]]), "attention_mask": torch.ones(2, 3)},
                     texts=("one text",), text_ids=((1, 2, 3, 4, 5, 6),), pieces=(("a", "b", "c", "d", "e", "f"),))
     tokens = own_tokens(WholeText(BackendSpec(backend="eager")), inputs)
-    assert tokens["reference"] == [[1, 2, 3, 4, 5, 6]] and first_mismatch(tokens) is None
+    assert tokens.reference == [[1, 2, 3, 4, 5, 6]] and first_mismatch(tokens) is None
 
 
 class LaterDifference(TokenizingBackend):

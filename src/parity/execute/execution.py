@@ -24,6 +24,20 @@ from parity.inputs import Inputs
 from parity.taxonomy import classify_exception
 
 
+@dataclass(frozen=True)
+class OwnTokens:
+    """The texts of a text input set tokenized by both sides (`own_tokens`), one entry per text in each list: the ids
+    the reference's tokenizer gave and the backend's own, the first position where they differ (`at`: None where they
+    agree), and each side's text of the token there (None: its ids end first)."""
+
+    texts: list[str]
+    reference: list[list[int]]
+    target: list[list[int]]
+    at: list[int | None]
+    reference_piece: list[str | None]
+    target_piece: list[str | None]
+
+
 @dataclass
 class Execution:
     """The outputs of every repeat (or why there are none) and the timings."""
@@ -45,7 +59,7 @@ class Execution:
     follow_up: dict[str, Any] | None = None  # what the task asked of the prepared backend afterwards (follow_up.py)
     # A backend with its own tokenizer (`backends.base.OwnTokenizer`) on a text input set: the texts, each side's ids and
     # token texts (verify/tokenizers.py compares them)
-    tokens: dict[str, Any] | None = None
+    tokens: OwnTokens | None = None
 
     @property
     def ok(self) -> bool:
@@ -104,7 +118,7 @@ def execute(spec: BackendSpec, model: torch.nn.Module, inputs: Inputs, repeats: 
     return result
 
 
-def own_tokens(backend, inputs: Inputs) -> dict[str, Any]:
+def own_tokens(backend, inputs: Inputs) -> OwnTokens:
     """The texts of `inputs` tokenized by `backend`'s own tokenizer beside the ids the reference's tokenizer gave
     (`text_ids`: each text's unpadded ids; a text_file cut into windows: the span its windows take, and the
     backend's ids over that span), with each side's text of the first token where they differ (`at`: None where they
@@ -118,10 +132,10 @@ def own_tokens(backend, inputs: Inputs) -> dict[str, Any]:
     def piece(pieces, j):
         return pieces[j] if j is not None and j < len(pieces) else None
 
-    return {"texts": list(inputs.texts), "reference": reference, "target": target, "at": at,
-            "reference_piece": [piece(p, j) for p, j in zip(inputs.pieces, at, strict=True)],
-            "target_piece": [backend.token_texts([t[j]])[0] if j is not None and j < len(t) else None
-                             for t, j in zip(target, at, strict=True)]}
+    return OwnTokens(texts=list(inputs.texts), reference=reference, target=target, at=at,
+                     reference_piece=[piece(p, j) for p, j in zip(inputs.pieces, at, strict=True)],
+                     target_piece=[backend.token_texts([t[j]])[0] if j is not None and j < len(t) else None
+                                   for t, j in zip(target, at, strict=True)])
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:

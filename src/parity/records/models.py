@@ -571,6 +571,15 @@ class Specialized(Part):
     module_code: str | None = Field(None, description="Where that module's class is defined.")
 
 
+class Repeated(Part):
+    """A culprit in a stack of repeated blocks: the same submodule measured alone in each block."""
+
+    pattern: str = Field(description="The submodule's path with its block index starred (`layers.*.self_attn`).")
+    measured: list[str] = Field(description="The instances measured, in block order.")
+    over: list[str] = Field(description="Those whose own error exceeds the threshold.")
+    blocks: int = Field(description="How many blocks the stack has.")
+
+
 class GroupTrial(Part):
     """One run of a file of typed tensors with chosen groups at another type, as tier 3 judged it."""
 
@@ -651,7 +660,7 @@ class Layers(InOrder, Record):
         None, description="No layer makes an error of its own on a compiler target: the pass torch's CompilerBisector "
                           "names (`found`, `backend`, `subsystem`, `application`, `debug_info`, `switch`: the setting "
                           "that removes the drift, `steps`, `elapsed_s`), or why it named none (`why`).")
-    repeated: dict[str, Any] | None = Field(
+    repeated: Repeated | None = Field(
         None, description="The culprit lies in a stack of repeated blocks: the same submodule measured in each "
                           "(`pattern`: `layers.*.self_attn`, `measured`, `over`: those above the threshold, `blocks`).")
     identical: bool | None = Field(None, description="Whether every layer compared equals the reference's output "

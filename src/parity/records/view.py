@@ -36,10 +36,21 @@ class RunView:
     def __init__(self, records: Iterable[Record | dict[str, Any]]):
         """`records` as models, or as the dicts a writer wrote (validated into their models here)."""
         self.records: list[Record] = [r if isinstance(r, Record) else typed(r) for r in records]
-        self._by_kind: dict[str, list[Any]] = {}
-        for r in self.records:
-            self._by_kind.setdefault(r.kind, []).append(r)
-        self._layers = {self.identity(r): r for r in self._by_kind.get("layers", [])}
+        self._runs: list[Run] = []
+        self._models: list[ModelBuilt] = []
+        self._warnings: list[InputWarning] = []
+        self._fallbacks: list[Fallback] = []
+        self._layers_written: list[Layers] = []
+        self._checks: list[Check] = []
+        self._executions: list[TimedRun] = []
+        kinds = ((Run, self._runs), (ModelBuilt, self._models), (InputWarning, self._warnings),
+                 (Fallback, self._fallbacks), (Layers, self._layers_written), (Check, self._checks),
+                 (TimedRun, self._executions))
+        for r in self.records:  # each kind's records in the order written (a `resume` record is no reader's)
+            found = next((found for kind, found in kinds if isinstance(r, kind)), None)
+            if found is not None:
+                found.append(r)
+        self._layers = {self.identity(r): r for r in self._layers_written}
 
     @classmethod
     def read(cls, folder: str | Path) -> RunView:
@@ -55,31 +66,28 @@ class RunView:
     def __len__(self) -> int:
         return len(self.records)
 
-    def of_kind(self, kind: str) -> list[Any]:
-        return list(self._by_kind.get(kind, []))
-
     @property
     def run(self) -> Run:
         """The `run` record (read_run refuses a file without one)."""
-        return self._by_kind["run"][0]
+        return self._runs[0]
 
     @property
     def models(self) -> list[ModelBuilt]:
-        return self.of_kind("model")
+        return list(self._models)
 
     @property
     def warnings(self) -> list[InputWarning]:
         """`warning` records: input sets that came out constant."""
-        return self.of_kind("warning")
+        return list(self._warnings)
 
     @property
     def fallbacks(self) -> list[Fallback]:
-        return self.of_kind("fallback")
+        return list(self._fallbacks)
 
     @property
     def layers(self) -> list[Layers]:
         """Every `layers` record (tier 2), in the order written."""
-        return self.of_kind("layers")
+        return list(self._layers_written)
 
     def checks(self, tier: int | None = None, *, model: str | None = None, inputs: str | None = None,
                target: str | None = None, status: str | None = None) -> list[Any]:
@@ -87,7 +95,7 @@ class RunView:
         of one model, input set, target or status when given."""
         wanted = {"tier": tier, "model": model, "inputs": inputs, "target": target, "status": status}
         wanted = {k: v for k, v in wanted.items() if v is not None}
-        return [c for c in self._by_kind.get("check", []) if all(getattr(c, k) == v for k, v in wanted.items())]
+        return [c for c in self._checks if all(getattr(c, k) == v for k, v in wanted.items())]
 
     def failed(self, tier: int | None = None) -> list[Any]:
         """The judged checks whose verdict is a failure (not those skipped or without a verdict)."""
@@ -111,7 +119,7 @@ class RunView:
         """The `execution` records, in the order written, narrowed as asked."""
         wanted = {"model": model, "inputs": inputs, "backend": backend, "status": status, "repeat": repeat}
         wanted = {k: v for k, v in wanted.items() if v is not None}
-        return [r for r in self._by_kind.get("execution", []) if all(getattr(r, k) == v for k, v in wanted.items())]
+        return [r for r in self._executions if all(getattr(r, k) == v for k, v in wanted.items())]
 
     def targets(self) -> list[str]:
         """The targets of the tier-1 checks, in the order first judged."""

@@ -39,7 +39,16 @@ from parity.errors import ParityError, exception_words
 from parity.execute import follow_up
 from parity.execute.execution import execute
 from parity.inputs import Inputs
-from parity.records.models import CachedDecodingCheck, LayerError
+from parity.records.models import (
+    CachedDecodingCheck,
+    CompilerPass,
+    DecodeCached,
+    DecodeStepCompared,
+    GateVerdict,
+    LayerError,
+    Layers,
+    Repeated,
+)
 from parity.runner.layer_runs import (
     calibration_inputs,
     capture,
@@ -259,7 +268,7 @@ def _repeated(loc: Localization, reference, target, model, inputs, rtol, thresho
     if len(over) < 2:
         return
     loc.levels.append((pattern, level))
-    loc.repeated = {"pattern": pattern, "measured": level.names, "over": over, "blocks": len(names)}
+    loc.repeated = Repeated(pattern=pattern, measured=level.names, over=over, blocks=len(names))
     if loc.first_divergent is None or over[0].startswith(loc.first_divergent + ".") or over[0] == loc.first_divergent:
         loc.first_divergent, loc.first_divergent_by = over[0], "own"
 
@@ -298,8 +307,7 @@ def localize_decode_step(reference: BackendSpec, target: BackendSpec, model: tor
     tgt = capture_decode_step(target, model, prompt, token, names, example)
     loc = Localization(target.id, "decode step", threshold, mode_used="propagated")
     given = differing(ref.model_arguments, tgt.model_arguments, rtol, threshold)
-    loc.decode_step = {"prompt_tokens": int(prompt.shape[1]), "step": 1, "sequences": int(prompt.shape[0]),
-                       "entered_through": None, "model_arguments": given}
+    entered: list[str] | None = None
     parent = ""
     while level_names := [n for n in ref.calls if n in set(children(model, parent))]:  # in call order
         level = LevelResult(names=level_names, shared=[n for n in level_names if len(ref.calls[n]) > 1],
@@ -314,7 +322,6 @@ def localize_decode_step(reference: BackendSpec, target: BackendSpec, model: tor
         entered = differing(arguments(module, ref.calls[first][0].inputs), arguments(module, tgt.calls[first][0].inputs),
                             rtol, threshold)
         if entered:
-            loc.decode_step["entered_through"] = entered
             if parent or not given:  # computed by code whose own arguments agree: that code is the culprit
                 loc.culprit, loc.in_own_code = parent or MODEL, True
                 loc.suspects = [level.propagated[first]]
@@ -323,22 +330,33 @@ def localize_decode_step(reference: BackendSpec, target: BackendSpec, model: tor
             break
         loc.culprit, loc.suspects = first, [level.propagated[first]]
         parent = first
+    loc.decode_step = DecodeStepCompared(prompt_tokens=int(prompt.shape[1]), step=1, sequences=int(prompt.shape[0]),
+                                         entered_through=entered or None, model_arguments=given)
     loc.elapsed_s = time.perf_counter() - start
     return loc
 
 
+def _failed(job, target: BackendSpec, why: str) -> Layers:
+    """The `layers` record of a check whose localization failed: why."""
+    return Layers.made({"kind": "layers", "tier": 2, "model": job.model.name, "inputs": job.inputs.name,
+                        "reference": job.reference.id, "target": target.id, "error": why})
+
+
+def _found(loc: Localization, job, model: torch.nn.Module) -> Layers:
+    return loc.record(job.model.name, job.inputs.name, job.reference.id, module_code(model, loc.culprit))
+
+
 def localize_decode_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, experiment,
                           cached: CachedDecodingCheck, example: Inputs | None = None,
-                          on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """The fields of a `layers` record for a check whose cached decoding fails on the target (`cached`, the verdict
-    `gate_check` found): compared on the first decode step of that decoding, after the same prompt."""
+                          on_step: Callable[[str], None] | None = None) -> Layers:
+    """The `layers` record of a check whose cached decoding fails on the target (`cached`, the verdict `gate_check`
+    found): compared on the first decode step of that decoding, after the same prompt."""
     settings = experiment.tiers.activations
     tol = experiment.tolerance_for(target)
     threshold = settings.threshold if settings.threshold is not None else tol.gate
-    base = {"tier": 2, "model": job.model.name, "inputs": job.inputs.name, "reference": job.reference.id}
     found = cached_prompt(inputs, cached.steps)
     if isinstance(found, str):
-        return {**base, "target": target.id, "error": found}
+        return _failed(job, target, found)
     prompt, forced = found
     try:
         loc = localize_decode_step(job.reference, target, model, prompt, forced[:, 0], tol.rtol, threshold,
@@ -346,15 +364,16 @@ def localize_decode_check(job, target: BackendSpec, model: torch.nn.Module, inpu
     except ParityError:
         raise
     except Exception as exc:  # localization is evidence; a failure to gather it says why
-        return {**base, "target": target.id, "error": f"{type(exc).__name__}: {exc}"[:500]}
-    loc.decode_step["cached"] = {"passed": cached.passed, "steps": cached.steps, "detail": cached.detail}
-    return {**base, **loc.record(), "culprit_code": module_code(model, loc.culprit), "error": None}
+        return _failed(job, target, f"{type(exc).__name__}: {exc}"[:500])
+    loc.decode_step = loc.decode_step.model_copy(update={"cached": DecodeCached(
+        passed=cached.passed, steps=cached.steps, detail=cached.detail)})
+    return _found(loc, job, model)
 
 
 def localize_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, experiment,
                    example: Inputs | None = None, notes: list[dict[str, Any]] = (),
-                   bisect: bool = True, on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """The fields of a `layers` record for one failing check; end to end, each side is prepared from `example`
+                   bisect: bool = True, on_step: Callable[[str], None] | None = None) -> Layers:
+    """The `layers` record of one failing check; end to end, each side is prepared from `example`
     (the job's example inputs; None: `inputs`), as the run prepared it. `notes`: what the target warned of in the
     run (execute/notes.py); a `trace_specialized` note names the warned line and its module. `bisect`: look for the
     compiler pass when no layer makes an error of its own (a fallback search, which wants only the layers, does not).
@@ -362,26 +381,25 @@ def localize_check(job, target: BackendSpec, model: torch.nn.Module, inputs: Inp
     settings = experiment.tiers.activations
     tol = experiment.tolerance_for(target)
     threshold = settings.threshold if settings.threshold is not None else tol.gate
-    base = {"tier": 2, "model": job.model.name, "inputs": job.inputs.name, "reference": job.reference.id}
     try:
         loc = localize(job.reference, target, model, inputs, tol.rtol, threshold,
                        settings.granularity, settings.mode, example, on_step)
     except ParityError:
         raise
     except Exception as exc:  # localization is evidence; a failure to gather it must not end the run
-        return {**base, "target": target.id, "error": f"{type(exc).__name__}: {exc}"[:500]}
+        return _failed(job, target, f"{type(exc).__name__}: {exc}"[:500])
     loc.specialized = None if loc.identical else specialized_at(model, notes)
     if loc.specialized and not loc.suspects:
-        loc.culprit, loc.whole_graph = loc.specialized.get("module"), False
+        loc.culprit, loc.whole_graph = loc.specialized.module, False
     if bisect and not loc.suspects and not loc.specialized and not loc.identical and any(e.error is None for _, lv in loc.levels for e in lv.local.values()):
         if on_step is not None:
             on_step("torch's compiler bisector")
         loc.compiler_pass = compiler_pass_of(job, target, model, inputs, experiment, example)
-    return {**base, **loc.record(), "culprit_code": module_code(model, loc.culprit), "error": None}
+    return _found(loc, job, model)
 
 
 def compiler_pass_of(job, target: BackendSpec, model: torch.nn.Module, inputs: Inputs, experiment,
-                     example: Inputs | None) -> dict[str, Any] | None:
+                     example: Inputs | None) -> CompilerPass | None:
     """The compiler pass that makes the check fail at the gate (`BisectsCompiler.compiler_pass`), for a target whose backend
     bisects its passes and whose check fails as it runs; None otherwise. The predicate runs the target as the run did
     (prepared from `example`) and judges it against the reference at the check's gate."""
@@ -399,16 +417,17 @@ def compiler_pass_of(job, target: BackendSpec, model: torch.nn.Module, inputs: I
     if passes():  # nothing to bisect
         return None
     try:
-        return cls.compiler_pass(target, passes, COMPILER_PASS_BUDGET_S)
+        found = cls.compiler_pass(target, passes, COMPILER_PASS_BUDGET_S)
     except Exception as exc:  # evidence, not the run: say why there is none
-        return {"found": False, "why": f"the bisection failed: {exception_words(exc)}"}
+        return CompilerPass(found=False, why=f"the bisection failed: {exception_words(exc)}")
+    return None if found is None else CompilerPass.model_validate(found)  # the backend's mapping, read once
 
 
 class GateCheck(NamedTuple):
     """What `gate_check` found: the tier-1 verdict at the gate, the target's notes, and for a text-generation model
     the cached decoding's verdict (`judge_cached`'s `cached`; None when it was not compared)."""
 
-    verdict: dict[str, Any]
+    verdict: GateVerdict
     notes: list[dict[str, Any]]
     cached: CachedDecodingCheck | None
 
@@ -439,5 +458,6 @@ def gate_check(job, target: BackendSpec, model_for: Callable[[BackendSpec], torc
     if ask is not None and reference.follow_up and ran.follow_up:
         cached = judge_cached(TaskResult(TEXT_GENERATION.name), unraised(reference.follow_up), unraised(ran.follow_up),
                               thresholds, experiment.tolerance_for(target))[1]
-    return GateCheck({k: getattr(verdict, k) for k in ("passed", "failure_class", "detail", "required_atol", "gate", "rtol")},
-                ran.notes, cached)
+    gate = GateVerdict(passed=verdict.passed, failure_class=verdict.failure_class, detail=verdict.detail,
+                       required_atol=verdict.required_atol, gate=verdict.gate, rtol=verdict.rtol)
+    return GateCheck(gate, ran.notes, cached)

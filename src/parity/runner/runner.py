@@ -45,7 +45,7 @@ from parity.models.sources import MODEL_KINDS
 from parity.outdir import IN_PLACE, OUTPUT_FILES, prepare
 from parity.plugins import SOURCES
 from parity.records import NOT_DIGESTED, RecordWriter, environment, experiment_digest
-from parity.records.models import Fallback, Layers
+from parity.records.models import Fallback
 from parity.records.summary import RunResult, summarize, write_summary
 from parity.records.view import RunView
 from parity.runner.base import Executor
@@ -227,17 +227,16 @@ def _run_job(job: Job, copies: ModelCopies, exp: Experiment, writer: RecordWrite
         check = judge(reference, target, exp.tolerance_for(spec), **names, oracle=oracle, oracle_rule=exp.oracle,
                       task=task)
         # a cached decoding that fails with the forward passing: its step
-        cached = task.cached.model_dump() if task is not None and task.cached is not None else None
+        cached = task.cached if task is not None else None
         decode_step = localizes_decode_step(check.passed if check.tier1_passed is None else check.tier1_passed, cached)
         if exp.tiers.localize and (decode_step or check.failure_class in LOCALIZABLE) and not writer.has(
                 "layers", job.model.name, job.inputs.name, spec.id):
             progress.describe(f"localizing {job.model.name} / {job.inputs.name} / {spec.id}")
             configured = copies.own(spec)  # its own copy, with this target's fallback modules
             step = lambda text, spec=spec: progress.describe(f"localizing {spec.id}: {text}")  # noqa: E731
-            writer.write("layers", **(localize_decode_check(job, spec, configured, inputs, exp, task.cached, example, step)
-                                      if decode_step else
-                                      localize_check(job, spec, configured, inputs, exp, example, target.notes,
-                                                     on_step=step)))
+            layers = (localize_decode_check(job, spec, configured, inputs, exp, cached, example, step) if decode_step
+                      else localize_check(job, spec, configured, inputs, exp, example, target.notes, on_step=step))
+            writer.write("layers", **layers.model_dump(exclude_unset=True, exclude={"kind"}))
         writer.write("check", **check.model_dump(exclude_unset=True, exclude={"kind"}), fingerprints=fingerprints[spec.id])  # last: the judgement is complete
 
     def on_done(index: int, ex: Execution) -> None:
@@ -502,12 +501,12 @@ class Runner:
                               exp, example)
             configured = configured_model(model, target, model_spec.name)  # localize the target as it runs
             step = lambda text: bar.describe(f"{target.id}: {text}")  # noqa: E731
-            if localizes_decode_step(gate.verdict["passed"], gate.cached and gate.cached.model_dump()):
+            if localizes_decode_step(gate.verdict.passed, gate.cached):
                 # its forward agrees, its cached decoding does not: the decode step is what to look inside
                 found = localize_decode_check(job, target, configured, inputs, exp, gate.cached, example, step)
             else:
                 found = localize_check(job, target, configured, inputs, exp, example, gate.notes, on_step=step)
-            record = {**found, "tier1": gate.verdict}
+            record = {**found.model_dump(exclude_unset=True, exclude={"kind"}), "tier1": gate.verdict.model_dump()}
         self._write_record("layers", record)
         return record
 
@@ -532,9 +531,9 @@ class Runner:
 
         def candidates() -> list[str]:  # tier 2, only when the check fails without fallback
             layers = localize_check(job, target, model, inputs, exp, example, bisect=False)
-            if layers.get("error"):
-                raise ParityError(f"localizing {target.id} failed, so there are no candidates: {layers['error']}")
-            return candidates_from(Layers(kind="layers", **layers))
+            if layers.error:
+                raise ParityError(f"localizing {target.id} failed, so there are no candidates: {layers.error}")
+            return candidates_from(layers)
 
         with model_scope(self.cache, model_spec, exp):  # the trials' exports are cached as a run's
             result = search_fallback(exp.reference, target, model, inputs, candidates, tol, task=task,

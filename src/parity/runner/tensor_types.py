@@ -47,11 +47,22 @@ def has_tensor_types(spec: BackendSpec) -> bool:
 
 @dataclass(frozen=True)
 class _Trial:
-    """One run of the file with some groups at another type: the task's verdict on it, the file's bytes, its time."""
+    """One run of the file with some groups at another type: the task's verdict on it, the file's bytes, its time, and
+    what a record keeps of it (`summary`)."""
 
     verdict: TaskResult
     nbytes: int
     run_s: float
+    summary: GroupTrial
+
+    @classmethod
+    def judged(cls, verdict: TaskResult, nbytes: int, run_s: float) -> _Trial:
+        """A trial with its summary, read once from the task's metrics (the task's open mapping by metric name:
+        text generation's `next_token_statistics`)."""
+        m = verdict.metrics
+        return cls(verdict, nbytes, run_s, GroupTrial(
+            kl_mean=m["kl_mean"], kl_mean_se=m["kl_mean_se"], same_top1=m["same_top1"],
+            top1_agreement=m.get("top1_agreement"), passed=verdict.passed, nbytes=nbytes))
 
     @property
     def passed(self) -> bool:
@@ -59,13 +70,7 @@ class _Trial:
 
     @property
     def kl_mean(self) -> float:
-        return self.verdict.metrics["kl_mean"]
-
-    def summary(self) -> GroupTrial:
-        """What a record keeps of it (the task's metrics are text generation's: `next_token_statistics`)."""
-        m = self.verdict.metrics
-        return GroupTrial(kl_mean=m["kl_mean"], kl_mean_se=m["kl_mean_se"], same_top1=m["same_top1"],
-                          top1_agreement=m.get("top1_agreement"), passed=self.passed, nbytes=self.nbytes)
+        return self.summary.kl_mean
 
 
 class _Trials:
@@ -92,7 +97,7 @@ class _Trials:
         spent = time.perf_counter() - start
         verdict = evaluate(TASK, self.reference_out, out, self.tasks_spec, self.gate, self.inputs)
         self.count += 1
-        return _Trial(verdict, nbytes, spent)
+        return _Trial.judged(verdict, nbytes, spent)
 
     def close(self) -> None:
         self.backend.close()
@@ -142,8 +147,8 @@ def _localize(trials: _Trials, reference: BackendSpec, target: BackendSpec, task
                f"{whole.kl_mean:.3g} (threshold {kl_threshold:g})" if culprit else
                f"no group adds KLD over the all-{LOCALIZE_TYPE} file's {floor.kl_mean:.3g}: "
                "llama.cpp's kernels, not the types, make the difference")
-    located = TensorGroups(statistic="kl_mean", trial_type=LOCALIZE_TYPE, trials=trials.count, whole=whole.summary(),
-                           floor=floor.summary(), added=added, groups=measured)
+    located = TensorGroups(statistic="kl_mean", trial_type=LOCALIZE_TYPE, trials=trials.count, whole=whole.summary,
+                           floor=floor.summary, added=added, groups=measured)
     return Layers.made({
         "kind": "layers", "model": names[0], "inputs": names[1], "target": target.id, "reference": reference.id,
         "tier": 2, "mode": "tensor groups", "threshold": kl_threshold, "verdict": verdict, "culprit": culprit,
@@ -164,12 +169,12 @@ class _Row:
 
     def record(self, types: dict[str, str], floor: _Trial, added: float) -> GroupRow:
         """Its record, with its share of what the block-level groups add together (`added`)."""
-        m, kl_added = self.trial.verdict.metrics, self.added(floor)
+        m, kl_added = self.trial.summary, self.added(floor)
         own = sorted({t for g, t in types.items() if g == self.name or g.startswith(self.name + ".")})
         return GroupRow.made({
-            "name": self.name, "parent": self.parent, "type": "+".join(own), "kl_mean": m["kl_mean"],
-            "kl_mean_se": m["kl_mean_se"], "kl_added": kl_added, "same_top1": m["same_top1"],
-            "top1_agreement": m.get("top1_agreement"), "share": kl_added / added if added > 0 else None})
+            "name": self.name, "parent": self.parent, "type": "+".join(own), "kl_mean": m.kl_mean,
+            "kl_mean_se": m.kl_mean_se, "kl_added": kl_added, "same_top1": m.same_top1,
+            "top1_agreement": m.top1_agreement, "share": kl_added / added if added > 0 else None})
 
 
 def _blocks(names: list[str]) -> list[str]:

@@ -77,17 +77,17 @@ def layer_error(name: str, reference: Any, target: Any, rtol: float) -> LayerErr
     if shapes(ref_leaves) != shapes(tgt_leaves):
         return new_layer_error(name, required_atol=None, error=f"outputs differ in structure or shape: {shapes(tgt_leaves)} vs {shapes(ref_leaves)}")
     r, t = _floats(reference), _floats(target)
-    stats, ref_energy = error_stats(r, t, rtol, gate=math.inf, full=False)
-    noise = stats["rmse"] ** 2 * max(r.numel(), 1)
-    rms = math.sqrt(ref_energy / max(r.numel(), 1))
+    stats = error_stats(r, t, rtol, gate=math.inf, full=False)
+    noise = stats.rmse ** 2 * max(r.numel(), 1)
+    rms = math.sqrt(stats.reference_energy / max(r.numel(), 1))
     return new_layer_error(
         name,
-        max_abs=stats["max_abs"],
-        rmse=stats["rmse"],
-        rel_rmse=stats["rmse"] / (rms + EPS) if stats["required_atol"] is not None else math.inf,
-        cosine=stats["cosine"],
-        sqnr_db=10 * math.log10((ref_energy + EPS) / noise) if noise > 0 else None,
-        required_atol=stats["required_atol"],
+        max_abs=stats.max_abs,
+        rmse=stats.rmse,
+        rel_rmse=stats.rmse / (rms + EPS) if stats.required_atol is not None else math.inf,
+        cosine=stats.cosine,
+        sqnr_db=10 * math.log10((stats.reference_energy + EPS) / noise) if noise > 0 else None,
+        required_atol=stats.required_atol,
     )
 
 

@@ -17,7 +17,17 @@ import torch
 
 from parity import taxonomy as tx
 from parity.errors import ParityError, did_you_mean
-from parity.records.models import CompilerPass, LayerError
+from parity.records.models import (
+    CachedDecodingCheck,
+    CompilerPass,
+    DecodeStepCompared,
+    Layer,
+    LayerError,
+    Layers,
+    Level,
+    Repeated,
+    Specialized,
+)
 from parity.verify.activations import LevelResult
 
 MODEL = "(model)"  # the culprit when the model's own top-level code is at fault
@@ -28,12 +38,12 @@ LOCALIZABLE = (tx.NUMERIC_DRIFT, tx.NONFINITE, tx.ORDERING)
 SPREAD_RATIO = 3.0  # the worst layer within this factor of the median: the error has no single source
 
 
-def localizes_decode_step(forward_passed: bool | None, cached: dict[str, Any] | None) -> bool:
+def localizes_decode_step(forward_passed: bool | None, cached: CachedDecodingCheck | None) -> bool:
     """Is a check explained on a decode step? When its forward passes at the gate (tier 1's own verdict) and its cached
     decoding (tier 3's `cached`) fails on the target's side: what differs is the decode path, which the forward does not
     run. The reference's own cached decoding failing is no target's to localize. A run and `parity localize` both ask
     it here."""
-    return forward_passed is True and bool(cached) and cached.get("passed") is False and cached.get("side") == "target"
+    return forward_passed is True and cached is not None and cached.passed is False and cached.side == "target"
 
 
 def children(model: torch.nn.Module, parent: str) -> list[str]:
@@ -147,36 +157,33 @@ class Localization:
     mode_used: str = "both"
     # The run's trace took one branch of a data-dependent condition (a `trace_specialized` note): the warned line
     # and the module whose code holds it (`specialized_at`), which names the culprit when no own error does.
-    specialized: dict[str, Any] | None = None
+    specialized: Specialized | None = None
     # No layer makes an error of its own on a compiler target: the compiler subsystem and pass that introduces the
     # drift (BisectsCompiler.compiler_pass: torch's CompilerBisector for compile), or why none was named.
-    compiler_pass: dict[str, Any] | None = None
-    # The culprit lies in a stack of repeated blocks: the same submodule in every block, measured alike (`pattern`:
-    # `layers.*.self_attn`, `measured`: the instances measured, `over`: those above the threshold, `blocks`: how many).
-    repeated: dict[str, Any] | None = None
+    compiler_pass: CompilerPass | None = None
+    # The culprit lies in a stack of repeated blocks: the same submodule in every block, measured alike.
+    repeated: Repeated | None = None
     # Every layer's output inside the target's run, and each alone, equals the reference's (NaN where it has NaN):
     # there is no drift between them to localize, whatever the check failed on (a NaN both sides return).
     identical: bool = False
     # The culprit calls none of its submodules as modules (nn.MultiheadAttention computes with its out_proj's weight
     # in one function): it is a leaf here, with no layers to rank.
     uncalled: str | None = None
-    # Compared on a decode step (`localize_decode_step`): `prompt_tokens`, `step`, `sequences`; `entered_through`, the
-    # culprit's arguments that already differ (the departure reaches it from its caller); `model_arguments`, those of
-    # the model's own call in that step that differ (what the decode loop hands the model: its position ids).
-    decode_step: dict[str, Any] | None = None
+    # Compared on a decode step (`localize_decode_step`): the step, the culprit's arguments that already differ
+    # (`entered_through`) and those of the model's own call in that step (`model_arguments`: its position ids).
+    decode_step: DecodeStepCompared | None = None
 
     def verdict(self) -> str:
         if self.decode_step is not None:
             return self._decode_verdict()
         text = self._modules_verdict()
         found = self.compiler_pass
-        if found and found.get("found"):
-            text += ("; torch's compiler bisector names the pass that introduces it: "
-                     f"{pass_path(CompilerPass.model_validate(found))}")
-            if found.get("switch"):
-                text += f" (the setting {switch_words(found['switch'])} removes the drift)"
+        if found and found.found:
+            text += f"; torch's compiler bisector names the pass that introduces it: {pass_path(found)}"
+            if found.switch:
+                text += f" (the setting {switch_words(found.switch)} removes the drift)"
         elif found:
-            text += f"; torch's compiler bisector named no pass: {found['why']}"
+            text += f"; torch's compiler bisector named no pass: {found.why}"
         return text
 
     def _modules_verdict(self) -> str:
@@ -217,15 +224,15 @@ class Localization:
                      "one function, as nn.MultiheadAttention does): it has no layers of its own to rank")
         if self.repeated:
             r = self.repeated
-            more = f", {r['blocks'] - len(r['measured'])} not measured" if r["blocks"] > len(r["measured"]) else ""
-            text += (f"; the same submodule ({r['pattern']}) exceeds the threshold in {len(r['over'])} of the "
-                     f"{len(r['measured'])} blocks measured ({', '.join(r['over'][:6])}{more})")
+            more = f", {r.blocks - len(r.measured)} not measured" if r.blocks > len(r.measured) else ""
+            text += (f"; the same submodule ({r.pattern}) exceeds the threshold in {len(r.over)} of the "
+                     f"{len(r.measured)} blocks measured ({', '.join(r.over[:6])}{more})")
         if self.skipped:
             text += (f"; inconclusive for {', '.join(self.skipped[:5])}: the target could not run "
                      f"{'it' if len(self.skipped) == 1 else 'them'} alone")
         if self.specialized:
             s = self.specialized
-            text += (f"; the target's trace also warned at {s['where']} ({s.get('code', '')!r}), which is not offered "
+            text += (f"; the target's trace also warned at {s.where} ({s.code or ''!r}), which is not offered "
                      "as the cause: no measurement ties that line to the diverging value")
         return text
 
@@ -233,7 +240,7 @@ class Localization:
         """The finding of a decode step's comparison: the first module in call order whose output departs, and
         whether the departure reaches it through its arguments (from its caller) or is its own computation."""
         d = self.decode_step
-        step = (f"on the decode step (one token fed after a {d['prompt_tokens']}-token prompt, each side through its "
+        step = (f"on the decode step (one token fed after a {d.prompt_tokens}-token prompt, each side through its "
                 "own KV cache)")
         compared = [e for _, level in self.levels for e in level.propagated.values() if not e.error]
         if not compared:
@@ -245,7 +252,7 @@ class Localization:
                     + against_threshold(largest.required_atol, self.threshold, largest.rel_rmse, largest.max_abs))
         e = self.suspects[0]
         numbers = against_threshold(e.required_atol, self.threshold, e.rel_rmse, e.max_abs)
-        entered = d.get("entered_through") or []
+        entered = d.entered_through or []
         args = f"{'arguments' if len(entered) > 1 else 'argument'} {', '.join(entered)}"
         name = "the model" if self.culprit == MODEL else self.culprit
         if self.in_own_code and entered:
@@ -262,7 +269,7 @@ class Localization:
                      "the code that calls it, not from its own computation")
         else:
             text += ", with the same arguments on both sides: it computes differently itself"
-        given = d.get("model_arguments") or []
+        given = d.model_arguments or []
         if given:
             text += (f"; the model itself is called with a different {', '.join(given)} on this step (what the decode "
                      "loop hands it)")
@@ -279,9 +286,9 @@ class Localization:
         an error of its own: the layers re-traced here take the branch these inputs take, the run's artifact took
         the example's, so what differs is the warned condition, not how the target transforms the graph."""
         s = self.specialized
-        where = f" in {s['module']} ({s['module_code']})" if s.get("module") else " (in no module's class: a function it calls)"
+        where = f" in {s.module} ({s.module_code})" if s.module else " (in no module's class: a function it calls)"
         return (f"the target's trace is specialised: traced on the example, it took one branch of the data-dependent "
-                f"condition at {s['where']} ({s.get('code', '')!r}){where}, and runs that branch for every input; "
+                f"condition at {s.where} ({s.code or ''!r}){where}, and runs that branch for every input; "
                 f"each layer traced alone on these inputs (taking their branch) gives the reference's output within the "
                 f"threshold {self.threshold:g}: the drift is the branch baked into the run's trace, not how the target "
                 "transforms the whole graph")
@@ -344,31 +351,29 @@ class Localization:
         level = self._culprit_level()
         return level is not None and spread(level, self.threshold)
 
-    def record(self) -> dict[str, Any]:
+    def record(self, model: str, inputs: str, reference: str | None = None, culprit_code: str | None = None) -> Layers:
+        """The `layers` record of this finding for the check of `model` on `inputs` against `reference`, its fields in
+        the order parity has always written them (a layer's error dumps every field: `new_layer_error` gives them all)."""
         levels = []
         for parent, level in self.levels:
-            own = level.own_code.model_dump() if level.own_code else None
             ordered = [level.propagated[n] for n in level.names if n in level.propagated]
             rates = dict(zip([e.name for e in ordered], introduction_rates(ordered), strict=True))
-            layers = []
-            for order, name in enumerate(level.names):
-                layers.append({
-                    "name": name, "depth": name.count(".") + 1, "call_order": order,
-                    "local": level.local[name].model_dump() if name in level.local else None,
-                    "propagated": level.propagated[name].model_dump() if name in level.propagated else None,
-                    "introduction_rate": rates.get(name),
-                })
-            levels.append({"parent": parent, "layers": layers, "own_code": own})
-        return {
+            levels.append(Level(parent=parent, own_code=level.own_code, layers=[
+                Layer(name=name, depth=name.count(".") + 1, call_order=order, local=level.local.get(name),
+                      propagated=level.propagated.get(name), introduction_rate=rates.get(name))
+                for order, name in enumerate(level.names)]))
+        return Layers.made({
+            "kind": "layers", "tier": 2, "model": model, "inputs": inputs, "reference": reference,
             "target": self.target, "mode": self.mode, "threshold": self.threshold, "culprit": self.culprit,
             "in_own_code": self.in_own_code, "whole_graph": self.whole_graph, "as_a_whole": self.as_a_whole,
             "evenly_spread": self.evenly_spread(), "first_divergent": self.first_divergent,
             "first_divergent_by": self.first_divergent_by,
-            "suspects": [s.model_dump() for s in self.suspects], "verdict": self.verdict(), "skipped": self.skipped,
+            "suspects": list(self.suspects), "verdict": self.verdict(), "skipped": self.skipped,
             "levels": levels, "elapsed_s": self.elapsed_s, "specialized": self.specialized,
             "compiler_pass": self.compiler_pass, "repeated": self.repeated, "identical": self.identical,
             "uncalled": self.uncalled, **({"decode_step": self.decode_step} if self.decode_step is not None else {}),
-        }
+            "culprit_code": culprit_code, "error": None,
+        })
 
 
 def spread(level: LevelResult, threshold: float) -> bool:
@@ -459,7 +464,7 @@ def switch_words(switch: dict[str, Any]) -> str:
     return ", ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in switch.items())
 
 
-def specialized_at(model: torch.nn.Module, notes) -> dict[str, Any] | None:
+def specialized_at(model: torch.nn.Module, notes) -> Specialized | None:
     """The first `trace_specialized` note's line (`where`, `code`) and the innermost module whose class's source
     holds it (`module`, `module_code`; none when the line is in a function outside every module's class)."""
     import inspect
@@ -470,7 +475,7 @@ def specialized_at(model: torch.nn.Module, notes) -> dict[str, Any] | None:
     file, _, line = note["where"].rpartition(":")
     found = {"where": note["where"], **({"code": note["code"]} if note.get("code") else {})}
     if not line.isdigit():
-        return found
+        return Specialized(**found)
     holders = []
     for name, module in model.named_modules():
         try:
@@ -483,7 +488,7 @@ def specialized_at(model: torch.nn.Module, notes) -> dict[str, Any] | None:
     if holders:
         module = max(holders, key=lambda n: (n != MODEL) + n.count("."))  # the innermost
         found.update(module=module, module_code=module_code(model, module))
-    return found
+    return Specialized(**found)
 
 
 def module_code(model: torch.nn.Module, name: str | None) -> str | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from numbers import Number
 from typing import Any
 
@@ -70,13 +70,35 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return (torch.view_as_real(t) if t.is_complex() else t).reshape(-1)
 
 
-def error_stats(ref: torch.Tensor, tgt: torch.Tensor, rtol: float, gate: float,
-                full: bool = True) -> tuple[dict[str, Any], float]:
-    """tensor_stats, and the energy (sum of squares) of the reference's finite values, which tier 2's
-    SQNR needs. Tier 2 runs this on every layer of a model while holding two runs' activations, so it
+@dataclass(frozen=True)
+class ErrorStats:
+    """Error statistics of two same-shape tensors (`error_stats`); non-finite values must match in place and kind."""
+
+    max_abs: float
+    rmse: float
+    cosine: float
+    required_atol: float | None  # None: NaN/Inf in one output only, which no atol passes
+    nonfinite: int  # elements NaN/Inf in one output only (or another kind of them)
+    reference_energy: float  # the sum of squares of the reference's finite values: tier 2's SQNR
+    # what tier 1 keeps beside them (`full`), None when left out
+    max_rel: float | None = None
+    mean_abs: float | None = None
+    mismatch_fraction: float | None = None
+    reference_rms: float | None = None
+
+    def leaf_fields(self) -> dict[str, Any]:
+        """What a `Leaf` record keeps of them, in the order it has always had them (the required atol apart)."""
+        return {"max_abs": self.max_abs, "rmse": self.rmse, "cosine": self.cosine, "nonfinite": self.nonfinite,
+                "max_rel": self.max_rel, "mean_abs": self.mean_abs, "mismatch_fraction": self.mismatch_fraction,
+                "reference_rms": self.reference_rms}
+
+
+def error_stats(ref: torch.Tensor, tgt: torch.Tensor, rtol: float, gate: float, full: bool = True) -> ErrorStats:
+    """The error statistics of two same-shape tensors, with the energy of the reference's finite values, which tier
+    2's SQNR needs. Tier 2 runs this on every layer of a model while holding two runs' activations, so it
     is lean: float64 a chunk at a time, finite energies prove that a chunk's values are all finite (the
     masks, the costliest part, are for the rare chunk with NaN/Inf), and `full=False` leaves out what
-    tier 2 does not use (max_rel, mean_abs, mismatch_fraction)."""
+    tier 2 does not use (max_rel, mean_abs, mismatch_fraction, reference_rms)."""
     r_all, t_all = _flat(ref), _flat(tgt)
     n = r_all.numel()
     n_bad = compared = mismatches = 0
@@ -106,23 +128,15 @@ def error_stats(ref: torch.Tensor, tgt: torch.Tensor, rtol: float, gate: float,
             abs_sum, mismatches = abs_sum + float(diff.sum()), mismatches + int((excess > gate).sum())
             rel = diff.div_(abs_r).masked_fill_(abs_r == 0, 0.0)  # x/0 and 0/0 are no relative errors
             max_rel = max(max_rel, float(rel.max()))
-    stats: dict[str, Any] = {
-        "max_abs": max_abs,
-        "rmse": math.sqrt(sq_diff / compared) if compared else 0.0,
-        "cosine": _cosine(dot, ref_energy, tgt_energy),
-        "required_atol": None if n_bad else max(max_excess, 0.0),
-        "nonfinite": n_bad,
-    }
-    if full:
-        stats.update(max_rel=max_rel, mean_abs=abs_sum / compared if compared else 0.0,
-                     mismatch_fraction=(mismatches + n_bad) / n if n else 0.0,
-                     reference_rms=math.sqrt(ref_energy / compared) if compared else 0.0)
-    return stats, ref_energy
-
-
-def tensor_stats(ref: torch.Tensor, tgt: torch.Tensor, rtol: float, gate: float) -> dict[str, Any]:
-    """Error statistics of two same-shape tensors; non-finite values must match in place and kind."""
-    return error_stats(ref, tgt, rtol, gate)[0]
+    stats = ErrorStats(max_abs=max_abs, rmse=math.sqrt(sq_diff / compared) if compared else 0.0,
+                       cosine=_cosine(dot, ref_energy, tgt_energy),
+                       required_atol=None if n_bad else max(max_excess, 0.0), nonfinite=n_bad,
+                       reference_energy=ref_energy)
+    if not full:
+        return stats
+    return replace(stats, max_rel=max_rel, mean_abs=abs_sum / compared if compared else 0.0,
+                   mismatch_fraction=(mismatches + n_bad) / n if n else 0.0,
+                   reference_rms=math.sqrt(ref_energy / compared) if compared else 0.0)
 
 
 def _cosine(dot: float, ref_energy: float, tgt_energy: float) -> float:
@@ -192,9 +206,9 @@ def _measure(ref: Any, tgt: Any, rtol: float, gate: float) -> tuple[float | None
         measured["reference_dtype"] = reference_dtype
     if ref.is_complex() != tgt.is_complex():
         return None, tx.DTYPE_MISMATCH, f"dtype {dtype} vs reference {reference_dtype}", measured
-    stats = tensor_stats(ref, tgt, rtol, gate)
-    required, nonfinite, max_abs = stats.pop("required_atol"), stats["nonfinite"], stats["max_abs"]
-    measured.update(stats)
+    stats = error_stats(ref, tgt, rtol, gate)
+    required, nonfinite, max_abs = stats.required_atol, stats.nonfinite, stats.max_abs
+    measured.update(stats.leaf_fields())
     exact = _kind(ref) != "float" and _kind(ref) == _kind(tgt)
     if exact and not torch.equal(ref, tgt):  # integers and booleans (labels, indices, masks) must be equal
         differ = int((ref != tgt).sum())
@@ -209,7 +223,7 @@ def _measure(ref: Any, tgt: Any, rtol: float, gate: float) -> tuple[float | None
     if max_abs == 0.0 and ref.numel() and bool(torch.isnan(ref).all()):  # nothing compared: no verdict
         return None, tx.NONFINITE, ALL_NAN, measured
     if required > gate:
-        return required, tx.NUMERIC_DRIFT, (f"max abs {max_abs:.3g}, {measured['mismatch_fraction']:.1%} of elements "
+        return required, tx.NUMERIC_DRIFT, (f"max abs {max_abs:.3g}, {stats.mismatch_fraction:.1%} of elements "
                                             f"beyond atol {gate:g} + rtol * |reference|; passes from atol "
                                             f"{required:.3g}"), measured
     return required, None, None, measured
@@ -236,15 +250,17 @@ def _compare_leaf(name: str, ref: Any, tgt: Any, rtol: float, gate: float, rule:
         rtol, gate = rule.rtol, gate if rule.atol is None else rule.atol
     required, failure, detail, measured = _measure(ref, tgt, rtol, gate)
     fields: dict[str, Any] = {"name": name, "required_atol": required, "failure_class": failure, **measured}
+    said = f"{detail} (judged by the {rule.rule})" if rule is not None and detail else detail
     if detail is not None:
-        fields["detail"] = f"{detail} (judged by the {rule.rule})" if rule is not None and detail else detail
+        fields["detail"] = said
     if rule is not None:
         fields["tolerance"] = rule
     judged = failure in (None, tx.NUMERIC_DRIFT, tx.NONFINITE) and "shape" in measured
     if isinstance(oracle, torch.Tensor) and judged and oracle.shape == ref.shape:
         fields.update(oracle_rmse_target=_rmse(tgt, oracle), oracle_rmse_reference=_rmse(ref, oracle))
         # NaN/Inf on one side only, or NaN in every element of both: whose pattern float64 has decides
-        if measured.get("nonfinite") or fields.get("detail") == ALL_NAN:
+        one_side = failure == tx.NONFINITE and detail != ALL_NAN  # a judged leaf's other NONFINITE: NaN/Inf counted
+        if one_side or said == ALL_NAN:
             fields.update(oracle_nonfinite_target=_nonfinite_off(tgt, oracle),
                           oracle_nonfinite_reference=_nonfinite_off(ref, oracle))
     return Leaf.made(fields)

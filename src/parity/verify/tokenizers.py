@@ -7,9 +7,9 @@ logits are still compared on the reference's ids, so tier 1 says how the kernels
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from parity.errors import clip
+from parity.execute.execution import OwnTokens
 
 
 @dataclass(frozen=True)
@@ -29,17 +29,16 @@ class Mismatch:
                 "tokens)")
 
 
-def first_mismatch(tokens: dict[str, Any] | None) -> Mismatch | None:
-    """The first token where the two tokenizers disagree (execute.execution.own_tokens's record), or None."""
-    if not tokens:
+def first_mismatch(tokens: OwnTokens | None) -> Mismatch | None:
+    """The first token where the two tokenizers disagree (execute.execution.own_tokens's), or None."""
+    if tokens is None:
         return None
-    for i, at in enumerate(tokens["at"]):
+    for i, at in enumerate(tokens.at):
         if at is None:
             continue
-        ref, tgt = tokens["reference"][i], tokens["target"][i]
-
-        return Mismatch(i, at, _token(ref, tokens["reference_piece"][i], at),
-                        _token(tgt, tokens["target_piece"][i], at), (len(ref), len(tgt)))
+        ref, tgt = tokens.reference[i], tokens.target[i]
+        return Mismatch(i, at, _token(ref, tokens.reference_piece[i], at),
+                        _token(tgt, tokens.target_piece[i], at), (len(ref), len(tgt)))
     return None
 
 

@@ -14,17 +14,19 @@ from parity.inputs.images import image_files
 from parity.records.models import DetectionPictures, DrawnDetections, Flips, PictureGeometry, PictureImage
 from parity.verify.tasks import Headline, OutputsNotUnderstood, Task, TaskResult, verdict
 from parity.verify.tasks.detection_capture import candidates_of, install
-from parity.verify.tasks.flips import attribute
+from parity.verify.tasks.flips import Detections, attribute
 
 
-def detections_of(output: Any) -> list[dict[str, torch.Tensor]]:
-    """torchvision's list (one per image) of {boxes [N, 4], labels [N], scores [N]}."""
+def detections_of(output: Any) -> list[Detections]:
+    """torchvision's list (one per image) of {boxes [N, 4], labels [N], scores [N]}, read once: the model's output,
+    a mapping by leaf name, becomes one `Detections` per image."""
     if not isinstance(output, list | tuple) or not all(isinstance(d, dict) for d in output):
         raise OutputsNotUnderstood("a detection model should return a list of dicts with boxes, labels and scores")
     for d in output:
         if not {"boxes", "labels", "scores"} <= set(d):
             raise OutputsNotUnderstood(f"a detection has keys {sorted(d)}; expected boxes, labels and scores")
-    return [{k: d[k].detach().to("cpu") for k in ("boxes", "labels", "scores")} for d in output]
+    return [Detections(boxes=d["boxes"].detach().to("cpu"), labels=d["labels"].detach().to("cpu"),
+                       scores=d["scores"].detach().to("cpu")) for d in output]
 
 
 def _iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -35,44 +37,45 @@ def _iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.where((a[:, None, :] == b[None, :, :]).all(-1), 1.0, iou)
 
 
-def match(ref: dict, tgt: dict, iou_threshold: float) -> list[tuple[int, int, float]]:
+def match(ref: Detections, tgt: Detections, iou_threshold: float) -> list[tuple[int, int, float]]:
     """(reference index, target index, IoU) of the boxes matched one to one within each label."""
     from scipy.optimize import linear_sum_assignment
 
     pairs = []
-    for label in torch.unique(torch.cat([ref["labels"], tgt["labels"]])):
-        ri = torch.nonzero(ref["labels"] == label).flatten()
-        ti = torch.nonzero(tgt["labels"] == label).flatten()
+    for label in torch.unique(torch.cat([ref.labels, tgt.labels])):
+        ri = torch.nonzero(ref.labels == label).flatten()
+        ti = torch.nonzero(tgt.labels == label).flatten()
         if not len(ri) or not len(ti):
             continue
-        iou = _iou(ref["boxes"][ri], tgt["boxes"][ti])
+        iou = _iou(ref.boxes[ri], tgt.boxes[ti])
         rows, cols = linear_sum_assignment(-iou.numpy())
         pairs += [(int(ri[r]), int(ti[c]), float(iou[r, c])) for r, c in zip(rows, cols, strict=True)
                   if iou[r, c] >= iou_threshold]
     return pairs
 
 
-def average_precision(refs: list[dict], tgts: list[dict], iou_threshold: float) -> float:
+def average_precision(refs: list[Detections], tgts: list[Detections], iou_threshold: float) -> float:
     """mAP at one IoU of the target's detections, the reference's boxes taken as ground truth
     (VOC-style: detections by descending score, greedy matching, all-point interpolated AP, mean over
     the labels the reference has)."""
 
-    labels = torch.unique(torch.cat([r["labels"] for r in refs])) if refs else torch.zeros(0)
+    labels = torch.unique(torch.cat([r.labels for r in refs])) if refs else torch.zeros(0)
     if not len(labels):
-        return 1.0 if all(len(t["labels"]) == 0 for t in tgts) else 0.0
+        return 1.0 if all(len(t) == 0 for t in tgts) else 0.0
     aps = []
     for label in labels:
         scored = []  # (score, image, box)
         n_truth = 0
         for i, (r, t) in enumerate(zip(refs, tgts, strict=True)):
-            n_truth += int((r["labels"] == label).sum())
-            for box, score in zip(t["boxes"][t["labels"] == label], t["scores"][t["labels"] == label], strict=True):
+            n_truth += int((r.labels == label).sum())
+            own = t.taking(t.labels == label)
+            for box, score in zip(own.boxes, own.scores, strict=True):
                 scored.append((float(score), i, box))
         scored.sort(key=lambda s: -s[0])
-        taken = {i: torch.zeros(int((r["labels"] == label).sum()), dtype=torch.bool) for i, r in enumerate(refs)}
+        taken = {i: torch.zeros(int((r.labels == label).sum()), dtype=torch.bool) for i, r in enumerate(refs)}
         hits = []
         for _, i, box in scored:
-            truth = refs[i]["boxes"][refs[i]["labels"] == label]
+            truth = refs[i].boxes[refs[i].labels == label]
             hit = False
             if len(truth):
                 iou = _iou(box[None], truth)[0]
@@ -110,10 +113,10 @@ def evaluate(reference: Any, target: Any, thresholds: DetectionThresholds, gate:
     for r, t in zip(refs, tgts, strict=True):
         pairs = match(r, t, thresholds.iou)
         matched += len(pairs)
-        n_ref, n_tgt = n_ref + len(r["labels"]), n_tgt + len(t["labels"])
+        n_ref, n_tgt = n_ref + len(r), n_tgt + len(t)
         for ri, ti, _ in pairs:
-            score_drift = max(score_drift, abs(float(t["scores"][ti]) - float(r["scores"][ri])))
-            box_drift = max(box_drift, float((t["boxes"][ti].double() - r["boxes"][ri].double()).abs().max()))
+            score_drift = max(score_drift, abs(float(t.scores[ti]) - float(r.scores[ri])))
+            box_drift = max(box_drift, float((t.boxes[ti].double() - r.boxes[ri].double()).abs().max()))
     precision = matched / n_tgt if n_tgt else 1.0
     recall = matched / n_ref if n_ref else 1.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
@@ -140,14 +143,14 @@ def flips(reference: Any, target: Any, thresholds: DetectionThresholds, referenc
                      behind(tgts, candidates_of(target_captured)))
 
 
-def behind(detections: list[dict], captured: list | None) -> list | None:
+def behind(detections: list[Detections], captured: list | None) -> list | None:
     """The captured candidates when they are behind these outputs: per image, the kept candidates' scores
     and labels are the output's, in its order (not so when code after the detector's head dropped or
     reordered boxes: then nothing is attributed through them)."""
     if captured is None or len(captured) != len(detections):
         return None
     for d, c in zip(detections, captured, strict=True):
-        if not (torch.equal(c.scores[c.kept], d["scores"]) and torch.equal(c.labels[c.kept], d["labels"])):
+        if not (torch.equal(c.scores[c.kept], d.scores) and torch.equal(c.labels[c.kept], d.labels)):
             return None
     return captured
 
@@ -160,10 +163,10 @@ def drawable(output: Any, cap: int = PICTURE_BOXES) -> list[DrawnDetections]:
     many there were: enough for a report to draw reference and target boxes, small enough for a record."""
     images = []
     for d in detections_of(output):
-        scores = d["scores"].double()
+        scores = d.scores.double()
         order = torch.argsort(scores, descending=True, stable=True)[:cap]
-        images.append(DrawnDetections(boxes=[[round(float(v), 2) for v in box] for box in d["boxes"][order].double()],
-                                      labels=[int(label) for label in d["labels"][order]],
+        images.append(DrawnDetections(boxes=[[round(float(v), 2) for v in box] for box in d.boxes[order].double()],
+                                      labels=[int(label) for label in d.labels[order]],
                                       scores=[round(float(s), 4) for s in scores[order]], total=len(scores)))
     return images
 

@@ -16,7 +16,8 @@ Each is classed by the mechanism that made the sides differ:
 - `unattributed`: none of these can be shown from what was captured (no post-processing inputs for a side,
   a candidate whose proposal the other side does not have, a chain of suppressions). Never a guess.
 
-Everything here is a pure function of plain tensors. The post-processing inputs (`Candidates`) of a torchvision
+Everything here is a pure function of plain tensors: each side's output boxes (`Detections`) and the post-processing
+inputs behind them (`Candidates`). The post-processing inputs (`Candidates`) of a torchvision
 two-stage detector are captured by verify/tasks/detection_capture.py; a side without them (an exported graph
 runs no Python post-processing) leaves only the output-level classes, label_change and geometry.
 """
@@ -36,6 +37,23 @@ CLASSES = ("tie_order", "score_threshold", "nms_iou", "top_k", "score_order", "l
 TIE_RTOL = 1e-5  # two scores are tied when they differ by at most this fraction of the larger
 ORIGIN_IOU = 0.9  # two candidates come from the same proposal (anchor) when their origins overlap this much
 EXAMPLES = 5  # unmatched boxes described in a record, beside the counts
+
+
+@dataclass(frozen=True)
+class Detections:
+    """One image's detections on one side, as a torchvision detector returns them: boxes [N, 4], labels [N], scores
+    [N] (verify/tasks/detection.py `detections_of` reads them from the model's output once)."""
+
+    boxes: torch.Tensor
+    labels: torch.Tensor
+    scores: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def taking(self, keep: torch.Tensor | slice) -> Detections:
+        """The detections that `keep` (indices, a mask or a slice) selects, in its order."""
+        return Detections(self.boxes[keep], self.labels[keep], self.scores[keep])
 
 
 @dataclass
@@ -161,16 +179,16 @@ def _pairs(a: list[int], b: list[int], iou: torch.Tensor, accept) -> list[tuple[
     return pairs
 
 
-def classify_image(ref: dict, tgt: dict, matched: list[tuple[int, int, float]], match_iou: float,
+def classify_image(ref: Detections, tgt: Detections, matched: list[tuple[int, int, float]], match_iou: float,
                    ref_cands: Candidates | None = None, tgt_cands: Candidates | None = None,
                    image: int = 0) -> list[FlipExample]:
     """Every unmatched box of one image (the `image`-th), classed."""
-    ref_left = sorted(set(range(len(ref["labels"]))) - {r for r, _, _ in matched})
-    tgt_left = sorted(set(range(len(tgt["labels"]))) - {t for _, t, _ in matched})
-    iou = _iou(ref["boxes"], tgt["boxes"]) if len(ref_left) and len(tgt_left) else torch.zeros(0, 0)
+    ref_left = sorted(set(range(len(ref))) - {r for r, _, _ in matched})
+    tgt_left = sorted(set(range(len(tgt))) - {t for _, t, _ in matched})
+    iou = _iou(ref.boxes, tgt.boxes) if len(ref_left) and len(tgt_left) else torch.zeros(0, 0)
     classed: dict[tuple[str, int], tuple[str, str]] = {}
-    for i, j in _pairs(ref_left, tgt_left, iou, lambda i, j, v: v >= match_iou and ref["labels"][i] != tgt["labels"][j]):
-        detail = f"label {int(ref['labels'][i])} in the reference, {int(tgt['labels'][j])} in the target"
+    for i, j in _pairs(ref_left, tgt_left, iou, lambda i, j, v: v >= match_iou and ref.labels[i] != tgt.labels[j]):
+        detail = f"label {int(ref.labels[i])} in the reference, {int(tgt.labels[j])} in the target"
         classed[("reference", i)] = classed[("target", j)] = ("label_change", detail)
     if ref_cands is not None and tgt_cands is not None:
         for side, left, this, other in (("reference", ref_left, ref_cands, tgt_cands),
@@ -181,7 +199,7 @@ def classify_image(ref: dict, tgt: dict, matched: list[tuple[int, int, float]], 
     else:  # from the outputs alone: same-label boxes that are each other's best overlap, below the match IoU
         ref_open = [i for i in ref_left if ("reference", i) not in classed]
         tgt_open = [j for j in tgt_left if ("target", j) not in classed]
-        for i, j in _pairs(ref_open, tgt_open, iou, lambda i, j, v: v > 0 and ref["labels"][i] == tgt["labels"][j]
+        for i, j in _pairs(ref_open, tgt_open, iou, lambda i, j, v: v > 0 and ref.labels[i] == tgt.labels[j]
                            and _mutual_best(iou, i, j, ref_open, tgt_open)):
             detail = f"IoU {float(iou[i, j]):.4g} < the match IoU {match_iou:g}"
             classed[("reference", i)] = classed[("target", j)] = ("geometry", detail)
@@ -189,8 +207,8 @@ def classify_image(ref: dict, tgt: dict, matched: list[tuple[int, int, float]], 
     for side, left, dets in (("reference", ref_left, ref), ("target", tgt_left, tgt)):
         for i in left:
             flip_class, detail = classed.get((side, i), ("unattributed", "no post-processing inputs for both sides"))
-            rows.append(FlipExample(image=image, side=side, index=i, label=int(dets["labels"][i]),
-                                    score=float(dets["scores"][i]), mechanism=flip_class, detail=detail))
+            rows.append(FlipExample(image=image, side=side, index=i, label=int(dets.labels[i]),
+                                    score=float(dets.scores[i]), mechanism=flip_class, detail=detail))
     return rows
 
 
@@ -217,7 +235,7 @@ def _from_candidates(i: int, this: Candidates, other: Candidates, match_iou: flo
     return why_not_kept(c, this, other)
 
 
-def attribute(refs: list[dict], tgts: list[dict], matches: list[list[tuple[int, int, float]]], match_iou: float,
+def attribute(refs: list[Detections], tgts: list[Detections], matches: list[list[tuple[int, int, float]]], match_iou: float,
               ref_captured: list[Candidates] | None = None, tgt_captured: list[Candidates] | None = None
               ) -> Flips:
     """Counts of every unmatched box per class over all images, a few examples, and which sides' candidates
