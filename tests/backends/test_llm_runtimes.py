@@ -18,7 +18,7 @@ import torch
 from parity import taxonomy as tx
 from parity.api import run_experiment
 from parity.backends.base import CachedDecoding
-from parity.backends.openvino_llm import OptimumOpenVinoBackend
+from parity.backends.openvino_llm import OptimumOpenVinoBackend, group_size_problem
 from parity.backends.ortgenai import OrtGenAIBackend, _GenAIRuntime
 from parity.config.schema import BackendSpec
 from parity.inputs import Inputs
@@ -202,6 +202,41 @@ def test_a_weight_changed_in_the_exported_artifact_fails_both_tiers(backend, fol
     checks = {r["tier"]: r for r in records if r["kind"] == "check"}
     assert checks[1]["passed"] is False and checks[1]["failure_class"] == tx.NUMERIC_DRIFT
     assert checks[3]["passed"] is False and checks[3]["metrics"]["kl_mean"] > 0.05
+
+
+class Conv1D(torch.nn.Module):
+    """transformers' GPT-2 linear layer by its class name: its weight is [in, out]."""
+
+    def __init__(self, width_in: int, width_out: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(width_in, width_out))
+
+
+def test_a_group_size_that_divides_no_width_names_one_that_does():
+    """SmolLM2-135M's widths (576, 1536) do not divide by nncf-int4's default 128: the words name the widths it
+    misses and 64, which divides both; a GPT-2 Conv1D's width is its weight's first axis."""
+    model = torch.nn.Sequential(torch.nn.Linear(576, 1536), torch.nn.Linear(1536, 576), Conv1D(576, 8))
+    assert group_size_problem(model, 128) == (
+        "nncf-int4's group_size 128 does not divide the input width of each of the model's linear layers (576 of the "
+        "widths 576, 1536): set options: {group_size: 64} (the largest power of two below 128 that divides every "
+        "width) or {group_size: -1} (one group per channel)")
+    assert "{group_size: 32}" in group_size_problem(torch.nn.Sequential(Conv1D(96, 8), torch.nn.Linear(64, 8)), 128)
+    assert "a group size that divides them" in group_size_problem(torch.nn.Sequential(torch.nn.ReLU()), 128)
+
+
+@NEEDS_OPTIMUM
+def test_nncf_int4_at_a_group_size_the_model_refuses_says_which_to_set(folders, tmp_path):
+    """The tiny decoder's widths are 64 and 128: nncf-int4 at its default group size (128) is refused by NNCF, and
+    the execution's error is parity's one line naming the option to set, not NNCF's traceback."""
+    target = {"backend": "optimum-openvino", "quantize": {"scheme": "nncf-int4"}}
+    records = run_experiment(_experiment(folders["llama"], [target]), out=tmp_path / "out")
+    failed = [r for r in records if r["kind"] == "execution" and r["status"] == "error"]
+    assert len(failed) == 1, failed
+    assert failed[0]["failure_class"] == tx.BACKEND_ERROR
+    assert failed[0]["error"].startswith(
+        "ParityError: target optimum-openvino-cpu-int4-nncf: nncf-int4's group_size 128 does not divide the input "
+        "width of each of the model's linear layers (64 of the widths 64, 128): set options: {group_size: 64} (the "
+        "largest power of two below 128 that divides every width) or {group_size: -1} (one group per channel)")
 
 
 class AbortingOrtGenAI(OrtGenAIBackend):

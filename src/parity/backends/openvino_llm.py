@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -113,6 +114,10 @@ class OptimumOpenVinoBackend(Backend):
             except (ValueError, KeyError, NotImplementedError) as exc:  # an architecture or a setting it refuses
                 raise ParityError(f"target {self.spec.id}: optimum-intel cannot export {type(model).__name__} "
                                   f"as asked: {first_line(exc)}") from exc
+            except Exception as exc:
+                if type(exc).__name__ != "InvalidGroupSizeError":  # nncf.errors': the group size must divide a width
+                    raise
+                raise ParityError(f"target {self.spec.id}: {group_size_problem(model, options.group_size)}") from exc
 
     def run(self, inputs: Inputs) -> Any:
         ids, mask = _ids_and_mask(inputs)
@@ -171,3 +176,28 @@ def _ids_and_mask(inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
         raise ValueError(f"{RUNTIME} takes token ids: an `input_ids` tensor [batch, tokens] of integers")
     mask = kwargs.pop("attention_mask", None)
     return ids.to(torch.int64), None if mask is None else mask.to(torch.int64)
+
+
+def group_size_problem(model: torch.nn.Module, group_size: int) -> str:
+    """Why NNCF refuses int4 groups of `group_size` weights on `model`, and the option that works: NNCF groups each
+    linear layer's weights along its input width, which the group size must divide (SmolLM2-135M's 576 does not
+    divide by the default 128)."""
+    widths = sorted(set(_input_widths(model)))
+    odd = [w for w in widths if w % group_size]
+    said = f"nncf-int4's group_size {group_size} does not divide the input width of each of the model's linear layers"
+    if not odd:  # no linear layer parity can read the width of (or NNCF grouped another axis): its words, not a guess
+        return said + ": set options: {group_size: -1} (one group per channel) or a group size that divides them"
+    common = math.gcd(*widths)
+    fits = max(g for g in (2 ** k for k in range(group_size.bit_length())) if common % g == 0)
+    return (f"{said} ({', '.join(map(str, odd))} of the widths {', '.join(map(str, widths))}): set options: "
+            f"{{group_size: {fits}}} (the largest power of two below {group_size} that divides every width) or "
+            "{group_size: -1} (one group per channel)")
+
+
+def _input_widths(model: torch.nn.Module):
+    """Each linear layer's input width: torch's Linear, and transformers' Conv1D (GPT-2's, its weight [in, out])."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            yield module.in_features
+        elif type(module).__name__ == "Conv1D" and getattr(module, "weight", None) is not None:
+            yield module.weight.shape[0]
