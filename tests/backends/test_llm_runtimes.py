@@ -270,10 +270,10 @@ def test_the_targets_ids_read_back_and_their_quantization_options_need_a_scheme(
     from parity.experiment.targets import parse_target
 
     assert BackendSpec(**GENAI_INT4).id == "onnxruntime-genai-cpu-int4-block"
-    assert parse_target("onnxruntime-genai-cpu-int4-block")["quantize"] == {"scheme": "ortgenai-int4"}
-    assert parse_target("onnxruntime-genai-int8")["quantize"] == {"scheme": "ortgenai-int8"}
-    assert parse_target("optimum-openvino-int4")["quantize"] == {"scheme": "nncf-int4"}
-    assert parse_target("eager-int4")["quantize"] == {"scheme": "torchao-int4-weight"}
+    assert parse_target("onnxruntime-genai-cpu-int4-block").scheme == "ortgenai-int4"
+    assert parse_target("onnxruntime-genai-int8").scheme == "ortgenai-int8"
+    assert parse_target("optimum-openvino-int4").scheme == "nncf-int4"
+    assert parse_target("eager-int4").scheme == "torchao-int4-weight"
     assert BackendSpec(**OV_INT8).id == "optimum-openvino-cpu-int8-nncf"
     problem = OrtGenAIBackend.spec_problem(BackendSpec(backend="onnxruntime-genai", options={"block_size": 64}))
     assert problem == ("target onnxruntime-genai-cpu: block_size set the model builder's weight quantization: give "
