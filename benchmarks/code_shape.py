@@ -10,7 +10,7 @@ see before and after.
   `layers` contract of pyproject.toml's import-linter section (the top-level one and each folder's, within its
   `containers`), read at that commit or, with `--contracts REF`, at one commit for all (the later contracts
   judge the earlier code); its `ignore_imports` are what let such edges through;
-- string-key reads: `x["k"]` (a subscript by a string constant, read) and `x.get("k", ...)`, in src/parity and in
+- string-key reads: `x["k"]` (a subscript by a string constant, read; not `Literal["k"]`) and `x.get("k", ...)`, in src/parity and in
   report/ alone (issue 40: readers use attributes);
 - twin types: a class name (or a type alias: a capitalized name bound at module level to a subscripted type, a
   union or a class) defined in more than one module, and how many modules define each;
@@ -169,16 +169,23 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
 
 
 def string_keys(tree: ast.Module) -> int:
-    """`x["k"]` read and `x.get("k"...)` calls in `tree`."""
+    """`x["k"]` read and `x.get("k"...)` calls in `tree`; `Literal["k"]`, a type, is not a read."""
     found = 0
     for node in ast.walk(tree):
         if (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load)
-                and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str)):
+                and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str)
+                and not _is_literal(node.value)):
             found += 1
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
               and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
             found += 1
     return found
+
+
+def _is_literal(node: ast.expr) -> bool:
+    """`Literal` or `typing.Literal`."""
+    return (isinstance(node, ast.Name) and node.id == "Literal") or (
+        isinstance(node, ast.Attribute) and node.attr == "Literal")
 
 
 def type_names(tree: ast.Module) -> set[str]:
