@@ -44,11 +44,11 @@ def test_clear_leaves_an_entry_this_run_holds(tmp_path, when):
     folder, hit, _ = cache.fetch_or_build("parts", build, held)
     assert hit is (when == "on a hit")
     cleared = seen.get("cleared") or clear(cache.root)
-    assert len(cleared["in_use"]) == 1 and cleared["left"] == [], cleared
+    assert len(cleared.in_use) == 1 and cleared.left == (), cleared
     assert (folder / "model.bin").read_bytes() == b"x" * 10
     for fd in held:  # the run's model is done: its entries are free to clear
         os.close(fd)
-    assert clear(cache.root)["in_use"] == [] and _entries(cache.root) == []
+    assert clear(cache.root).in_use == () and _entries(cache.root) == []
 
 
 def _holder(path: Path) -> subprocess.Popen:
@@ -93,7 +93,7 @@ def test_a_killed_exports_partial_entry_holds_no_lock_and_is_cleared(tmp_path):
     release = in_use(cache.root / ARTIFACTS / partial)  # the dead writer's lock is gone with it
     assert partial.endswith(".partial") and release is not None
     release()
-    assert clear(cache.root)["in_use"] == [] and _entries(cache.root) == []
+    assert clear(cache.root).in_use == () and _entries(cache.root) == []
 
 
 @pytest.mark.parametrize("times, lost", [(1, False), (2, True)])

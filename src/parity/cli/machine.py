@@ -27,21 +27,21 @@ def cmd_cache(args: argparse.Namespace) -> int:
         print("the artifact cache is off (PARITY_CACHE_DIR=off); give --cache-dir DIR to name one")
         return EXIT_OK
     found = cache.usage(root) if args.action == "info" else cache.clear(root)
-    entries = found["entries"]
-    held = (f"{entries} artifact {'entry' if entries == 1 else 'entries'} ({_amount(found['artifact_bytes'])}), "
-            f"inductor {found['inductor_files']} files ({_amount(found['inductor_bytes'])})")
+    entries = found.entries
+    held = (f"{entries} artifact {'entry' if entries == 1 else 'entries'} ({_amount(found.artifact_bytes)}), "
+            f"inductor {found.inductor_files} files ({_amount(found.inductor_bytes)})")
     if not root.exists():
         print(f"cache {root}: does not exist (nothing cached yet)")
     elif args.action == "info":
-        tagged = "" if found["tagged"] else f"; not tagged as parity's ({cache.TAG}), so `parity cache clear` leaves it"
+        tagged = "" if found.tagged else f"; not tagged as parity's ({cache.TAG}), so `parity cache clear` leaves it"
         print(f"cache {root}: {held}{tagged}")
     else:
-        print(f"cleared cache {root}: {held}; {_amount(found['freed'])} freed")
-    left = [*found["foreign"], *found.get("left", [])]
+        print(f"cleared cache {root}: {held}; {_amount(found.freed)} freed")
+    left = [*found.foreign, *found.left]
     if left:
         print(f"not parity's, left alone: {', '.join(left)}")
-    if found.get("in_use"):
-        print(f"in use by a running parity process, left for it: {', '.join(found['in_use'])}")
+    if found.in_use:
+        print(f"in use by a running parity process, left for it: {', '.join(found.in_use)}")
     return EXIT_OK
 
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import errno
 import hashlib
 import json
@@ -56,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from parity import fingerprint
 from parity.backends.quantize import float_modules
@@ -65,6 +67,7 @@ from parity.files import is_regular, user_path
 from parity.inputs import Inputs
 from parity.outdir import write_text
 from parity.records import cpu_info
+from parity.records.models import CpuInfo
 
 try:
     import fcntl
@@ -107,8 +110,8 @@ def kernel_tag() -> str:
     that cap them (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA). Inductor's own cache does not key on them
     (measured: a kernel compiled for AVX-512 and reused under ATEN_CPU_CAPABILITY=avx2 gave NaN), so each
     kind of kernel gets its own inductor folder, and artifacts carry the tag in their key."""
-    cpu = cpu_info()
-    parts = [cpu.get("machine"), *cpu.get("flags", []),
+    cpu = CpuInfo.model_validate(cpu_info())
+    parts = [cpu.machine, *(cpu.flags or []),
              *(f"{k}={os.environ.get(k, '')}" for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"))]
     return "cpu-" + hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:12]
 
@@ -227,14 +230,14 @@ class ArtifactCache:
         _hold(partial, held)  # the lock stays with the folder when it is renamed into place
         try:
             try:
-                (partial / ENTRY_FILE).write_text(json.dumps({"key": key, "parts": parts, "files": None}))
+                (partial / ENTRY_FILE).write_text(Manifest(key=key, parts=parts, files=None).text())
                 build(partial)
             except Exception as exc:
                 self._check_space(partial, exc)
                 if not (partial / ENTRY_FILE).is_file():  # removed under the build: not the target's failure
                     raise _Vanished(partial) from exc
                 raise
-            (partial / ENTRY_FILE).write_text(json.dumps({"key": key, "parts": parts, "files": _digests(partial)}))
+            (partial / ENTRY_FILE).write_text(Manifest(key=key, parts=parts, files=_digests(partial)).text())
             if damage is not None:  # set aside and removed, never loaded
                 aside = final.parent / f".{key}.{os.getpid()}.damaged"
                 with contextlib.suppress(FileNotFoundError):
@@ -381,6 +384,30 @@ class ModelArtifacts:
         return folder, hit
 
 
+class Manifest(BaseModel):
+    """An entry's manifest (ENTRY_FILE): its key, what the key was made of, and the sha256 of every file it holds by
+    path (None while the entry is being built). Read once, where the JSON is read, and by attribute after."""
+
+    model_config = ConfigDict(strict=True, frozen=True)
+    key: str
+    parts: str
+    files: dict[str, str] | None
+
+    @classmethod
+    def read(cls, path: Path) -> Manifest | None:
+        """The manifest in `path`; None when its JSON is not one of parity's (OSError, or ValueError when it is not
+        JSON: unreadable)."""
+        data = json.loads(path.read_text())
+        try:
+            return cls.model_validate(data)
+        except ValidationError:
+            return None
+
+    def text(self) -> str:
+        """As ENTRY_FILE holds it (the bytes every parity wrote: json.dumps of key, parts, files)."""
+        return json.dumps(self.model_dump())
+
+
 def digest_key(parts: str) -> str:
     return hashlib.sha256(parts.encode()).hexdigest()[:32]
 
@@ -418,18 +445,18 @@ def entry_problem(folder: Path, key: str, parts: str) -> str | None:
     if manifest_path.is_symlink() or (os.path.lexists(manifest_path) and not is_regular(manifest_path)):
         return f"{ENTRY_FILE} is not a regular file"  # a FIFO would block the read
     try:
-        manifest = json.loads((folder / ENTRY_FILE).read_text())
+        manifest = Manifest.read(folder / ENTRY_FILE)
     except (OSError, ValueError) as exc:
         return f"no readable {ENTRY_FILE} ({getattr(exc, 'strerror', None) or exc})"
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+    if not isinstance(manifest, Manifest) or manifest.files is None:
         return f"{ENTRY_FILE} lists no files"
-    if manifest.get("key") != key or manifest.get("parts") != parts or digest_key(str(manifest.get("parts"))) != key:
+    if manifest.key != key or manifest.parts != parts or digest_key(str(manifest.parts)) != key:
         return f"{ENTRY_FILE} was written for other key inputs"
     try:
         found = _digests(folder)
     except OSError as exc:
         return str(exc.strerror or exc)
-    expected = manifest["files"]
+    expected = manifest.files
     for name in sorted(set(expected) | set(found)):
         if name not in found:
             return f"{name} is missing"
@@ -536,34 +563,51 @@ def _made(root: Path) -> list[str]:
     return [name for name in made if name in (ARTIFACTS, INDUCTOR)] if isinstance(made, list) else []
 
 
-def usage(root: Path) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class CacheUsage:
+    """What a cache holds (`usage`): its artifact entries and their bytes, what else is in `artifacts/`
+    (`foreign`), inductor's files and bytes, whether parity tagged the folder; after `clear`, also what was
+    `left` (and why), the entries left `in_use` by their process, and the bytes `freed`."""
+
+    tagged: bool
+    entries: int = 0
+    artifact_bytes: int = 0
+    foreign: tuple[str, ...] = ()
+    inductor_files: int = 0
+    inductor_bytes: int = 0
+    left: tuple[str, ...] = ()
+    in_use: tuple[str, ...] = ()
+    freed: int = 0
+
+
+def usage(root: Path) -> CacheUsage:
     """What the cache at `root` holds: its artifact entries (and what else is in `artifacts/`), inductor's
     files, their sizes, and whether parity tagged the folder."""
     check_location(root)
-    found: dict[str, Any] = {"tagged": tagged(root), "entries": 0, "artifact_bytes": 0, "foreign": [],
-                             "inductor_files": 0, "inductor_bytes": 0}
+    entries = artifact_bytes = inductor_files = inductor_bytes = 0
+    foreign: list[str] = []
     try:
         artifacts = root / ARTIFACTS
         if artifacts.is_dir() and not artifacts.is_symlink():
             for child in sorted(artifacts.iterdir()):
                 if ENTRY.fullmatch(child.name):
-                    found["entries"] += not child.name.startswith(".")
-                    found["artifact_bytes"] += _size(child)[1]
+                    entries += not child.name.startswith(".")
+                    artifact_bytes += _size(child)[1]
                 else:
-                    found["foreign"].append(child.name)
+                    foreign.append(child.name)
         elif artifacts.is_symlink():
-            found["foreign"].append(f"{ARTIFACTS} (a symbolic link)")
+            foreign.append(f"{ARTIFACTS} (a symbolic link)")
         inductor = root / INDUCTOR
         if inductor.is_symlink():
-            found["foreign"].append(f"{INDUCTOR} (a symbolic link)")
+            foreign.append(f"{INDUCTOR} (a symbolic link)")
         elif inductor.is_dir():
-            found["inductor_files"], found["inductor_bytes"] = _size(inductor)
+            inductor_files, inductor_bytes = _size(inductor)
     except OSError as exc:
         raise ParityError(f"cache folder {root}: cannot be read ({exc.strerror or exc}: {exc.filename})") from exc
-    return found
+    return CacheUsage(tagged(root), entries, artifact_bytes, tuple(foreign), inductor_files, inductor_bytes)
 
 
-def clear(root: Path) -> dict[str, Any]:
+def clear(root: Path) -> CacheUsage:
     """Remove what parity wrote in the cache at `root`, and only that: each artifact entry's files as its
     manifest names them (then its folders, when empty), `artifacts/` when parity made it and nothing else is
     left in it, and `inductor/` when parity made it (MADE). Never `root` itself, and no symbolic link is
@@ -572,10 +616,12 @@ def clear(root: Path) -> dict[str, Any]:
     was there (`usage`), with `left`: what was left, and why, `in_use`: the entries left for their process, and
     `freed`: bytes."""
     found = usage(root)
-    found["left"], found["in_use"], found["freed"] = [], [], 0
+    left: list[str] = []
+    held: list[str] = []
+    freed = 0
     if not root.exists():
         return found
-    if not found["tagged"]:
+    if not found.tagged:
         raise ParityError(f"cache folder {root}: not a parity cache (no {TAG} written by parity); nothing removed")
     made = _made(root)
     try:
@@ -585,10 +631,10 @@ def clear(root: Path) -> dict[str, Any]:
                 if ENTRY.fullmatch(child.name):
                     release = in_use(child)
                     if release is None:
-                        found["in_use"].append(f"{ARTIFACTS}/{child.name}")
+                        held.append(f"{ARTIFACTS}/{child.name}")
                         continue
                     try:
-                        found["freed"] += _clear_entry(child, found["left"])
+                        freed += _clear_entry(child, left)
                     finally:
                         release()
             if ARTIFACTS in made and not any(artifacts.iterdir()):
@@ -596,15 +642,15 @@ def clear(root: Path) -> dict[str, Any]:
         inductor = root / INDUCTOR
         if inductor.is_dir() and not inductor.is_symlink():
             if INDUCTOR in made:
-                found["freed"] += found["inductor_bytes"]
+                freed += found.inductor_bytes
                 shutil.rmtree(inductor)
             else:
-                found["left"].append(f"{INDUCTOR}/ (not made by parity)")
+                left.append(f"{INDUCTOR}/ (not made by parity)")
         if not (root / ARTIFACTS).exists() and not (root / INDUCTOR).exists():
             _discard(root / MADE)
     except OSError as exc:
         raise ParityError(f"cache folder {root}: cannot remove {exc.filename}: {exc.strerror or exc}") from exc
-    return found
+    return dataclasses.replace(found, left=tuple(left), in_use=tuple(held), freed=freed)
 
 
 def _clear_entry(entry: Path, left: list[str]) -> int:
@@ -617,9 +663,9 @@ def _clear_entry(entry: Path, left: list[str]) -> int:
     try:
         if (entry / ENTRY_FILE).is_symlink() or not is_regular(entry / ENTRY_FILE):
             raise ValueError("not a regular file")  # a FIFO would block the read
-        manifest = json.loads((entry / ENTRY_FILE).read_text())
-        files = manifest.get("files") if manifest.get("key") == entry.name.removeprefix(".").split(".")[0] else False
-    except (OSError, ValueError, AttributeError):
+        manifest = Manifest.read(entry / ENTRY_FILE)
+        files = manifest.files if isinstance(manifest, Manifest) and manifest.key == entry.name.removeprefix(".").split(".")[0] else False
+    except (OSError, ValueError):
         files = False
     unfinished = entry.name.startswith(".")
     if files is False or not (isinstance(files, dict) or unfinished and files is None):
