@@ -154,7 +154,7 @@ class WorkerSettings:
     crash_dir: str | None
 
     @classmethod
-    def of_parent(cls, cache: ArtifactCache, threads: int | None, crash_dir: str) -> WorkerSettings:
+    def of_parent(cls, cache: ArtifactCache, threads: int | None, crash_dir: str | None) -> WorkerSettings:
         """This process's settings, for a worker it starts."""
         return cls(tuple(p for p in sys.path if p), None if cache.root is None else str(cache.root), threads, crash_dir)
 
