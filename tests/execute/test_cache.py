@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -244,6 +245,21 @@ def _rebuild(store) -> tuple[bool, str | None, list[str]]:
     built = []
     folder, hit, damage = store.fetch_or_build("parts", lambda f: (built.append(f), (f / "model.bin").write_bytes(b"new")))
     return hit, damage, sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*"))
+
+
+def test_an_entry_written_by_an_earlier_parity_is_a_hit_and_its_manifest_keeps_its_bytes(tmp_path):
+    """The manifest is read into a typed Manifest; an entry whose manifest main's code wrote (json.dumps of key,
+    parts, files, in that order) is still used, and a new entry's manifest has the same bytes."""
+    store, entry = _entry(tmp_path)
+    files = {"model.bin": hashlib.sha256(b"model").hexdigest(), "sub/weights": hashlib.sha256(b"weights").hexdigest()}
+    earlier = json.dumps({"key": entry.name, "parts": "parts", "files": files})
+    assert sorted(json.loads((entry / cache.ENTRY_FILE).read_text())) == ["files", "key", "parts"]
+    assert (entry / cache.ENTRY_FILE).read_text() == earlier
+    (entry / cache.ENTRY_FILE).write_text(earlier)
+    assert store.fetch_or_build("parts", lambda f: pytest.fail("rebuilt an earlier parity's entry")) == (entry, True, None)
+    for files in (None, "model.bin", ["model.bin"]):  # unfinished, or not a manifest of parity's
+        (entry / cache.ENTRY_FILE).write_text(json.dumps({"key": entry.name, "parts": "parts", "files": files}))
+        assert cache.entry_problem(entry, entry.name, "parts") == f"{cache.ENTRY_FILE} lists no files"
 
 
 @pytest.mark.parametrize(("tamper", "said"), [

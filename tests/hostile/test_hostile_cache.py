@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from parity.errors import CacheLost
@@ -184,6 +185,31 @@ def test_a_build_records_warning_category_is_never_imported(tmp_path):
     assert not (tmp_path / "ran").exists() and "planted_category" not in sys.modules
     assert [(w.category.__name__, str(w.message)) for w in caught] == [
         ("UserWarning", "planted"), ("UserWarning", "not a warning"), ("TracerWarning", "torch's own")]
+
+
+def test_what_a_build_warned_of_and_noted_is_said_again_from_its_build_record(tmp_path):
+    """`_recording` writes a build's warnings and notes beside the artifact (BUILD_RECORD, the JSON every parity
+    wrote); a backend that finds the artifact says them again: the record is read into a BuildRecord once."""
+    import warnings
+
+    from parity.backends.eager import EagerBackend
+    from parity.config.schema import BackendSpec
+
+    first = EagerBackend(BackendSpec(backend="eager"))
+
+    def build(folder):
+        first.note("exporter", "fell back to the other capture")
+        warnings.warn("might cause the trace to be incorrect", torch.jit.TracerWarning, stacklevel=1)
+
+    first._recording(build)(tmp_path)
+    assert first.notes == ()  # kept in the record, said when the artifact is used
+    again = EagerBackend(BackendSpec(backend="eager"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again._say_again(tmp_path)
+    assert again.notes == ({"kind": "exporter", "message": "fell back to the other capture"},)
+    assert [(w.category, str(w.message)) for w in caught] == [
+        (torch.jit.TracerWarning, "might cause the trace to be incorrect")]
 
 
 @pytest.mark.parametrize("backend, left, full", [

@@ -4,15 +4,22 @@ hang (tests/fixtures/tiny.py) must never run in the test process itself."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import pickle
 import re
+import sys
 
 import pytest
 
 from parity.api import run_experiment
 from parity.cli import main
 from parity.errors import ParityError
+from parity.execute.cache import ArtifactCache
 from parity.experiment import experiment_from_dict
 from parity.records import read_records
+from parity.runner import worker
+from parity.runner.worker import WorkerSettings, prepare_worker
 from tests.support import BF16_AT_FLOAT32, tiny_experiment
 
 SEGFAULTING = {"backend": "tests.fixtures.tiny:SegfaultingEager", "name": "segfaulting"}
@@ -215,3 +222,19 @@ def test_an_executor_that_runs_elsewhere_runs_a_jobs_backends_one_after_the_othe
     asked.clear()
     assert [ex.status for ex in Told().execute_together(None, [specs[1], specs[2]], None, None)] == ["error"]
     assert asked == ["bad-t1"]
+
+
+def test_a_worker_is_told_the_parents_sys_path_and_cache_as_worker_settings(tmp_path, monkeypatch):
+    """The process and Ray executors pickle a frozen WorkerSettings to each worker; prepare_worker puts the
+    parent's sys.path entries first and opens the parent's cache folder."""
+    logger = logging.getLogger("parity")
+    monkeypatch.setattr(logger, "handlers", list(logger.handlers))
+    monkeypatch.setattr(logger, "level", logger.level)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p])
+    monkeypatch.setattr(worker, "ARTIFACTS", worker.ARTIFACTS)
+    settings = WorkerSettings.of_parent(ArtifactCache(tmp_path / "cache"), None, None)
+    assert settings == WorkerSettings(tuple(sys.path), str(tmp_path / "cache"), None, None)
+    told = pickle.loads(pickle.dumps(dataclasses.replace(settings, sys_path=(str(tmp_path / "mods"), *settings.sys_path))))
+    prepare_worker(told)
+    assert sys.path[0] == str(tmp_path / "mods")
+    assert worker.ARTIFACTS.root == tmp_path / "cache"

@@ -226,19 +226,45 @@ class Backend(ABC):
         """What building the artifact in `folder` warned of, warned again where it was warned first, and what
         it noted, noted again."""
         path = folder / BUILD_RECORD
-        record = json.loads(path.read_text()) if path.exists() else {}
-        for w in record.get("warnings", []):
-            module, _, name = w["category"].partition(":")
+        record = BuildRecord.model_validate_json(path.read_text()) if path.exists() else BuildRecord()
+        for w in record.warnings:
+            module, _, name = w.category.partition(":")
             # a name read from a cache entry: looked up among the modules imported already, never imported
             category = getattr(sys.modules.get(module), name, None)
             if not (isinstance(category, type) and issubclass(category, Warning)):
                 category = UserWarning
-            warnings.warn_explicit(w["message"], category, w["filename"], w["lineno"])
-        for note in record.get("notes", []):
-            self.note(note["kind"], note["message"])
+            warnings.warn_explicit(w.message, category, w.filename, w.lineno)
+        for note in record.notes:
+            self.note(note.kind, note.message)
 
 
 BUILD_RECORD = "build-record.json"  # beside an artifact: what building it warned of and noted
+
+
+class BuiltWarning(BaseModel):
+    """A warning building an artifact raised, as BUILD_RECORD keeps it (`category`: 'module:QualName')."""
+
+    model_config = ConfigDict(strict=True, frozen=True)
+    message: str
+    category: str
+    filename: str
+    lineno: int
+
+
+class BuiltNote(BaseModel):
+    """A note a backend kept while building an artifact (`Backend.note`)."""
+
+    model_config = ConfigDict(strict=True, frozen=True)
+    kind: str
+    message: str
+
+
+class BuildRecord(BaseModel):
+    """What building an artifact warned of and noted (BUILD_RECORD beside it), validated once where it is read."""
+
+    model_config = ConfigDict(strict=True, frozen=True)
+    warnings: tuple[BuiltWarning, ...] = ()
+    notes: tuple[BuiltNote, ...] = ()
 MAX_BUILD_WARNINGS = 100
 
 

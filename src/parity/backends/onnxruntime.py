@@ -161,7 +161,7 @@ def forget_last_match() -> None:
 # The exporter's progress line for each way it tries to capture the model (torch/onnx/_internal/exporter/
 # _capture_strategies.py): "[torch.onnx] Obtain model graph for `Net()` with `torch.export.export(...,
 # strict=False)`... ❌", then the next one it tries, until one is ✅.
-_ATTEMPT = re.compile(r"^\[torch\.onnx\] Obtain model graph for `.*` with `(?P<how>.+)`\.\.\. (?P<mark>✅|❌)\s*$",
+_ATTEMPT = re.compile(r"^\[torch\.onnx\] Obtain model graph for `.*` with `(.+)`\.\.\. (✅|❌)\s*$",
                       re.MULTILINE)
 
 
@@ -169,7 +169,7 @@ def capture_fallback(progress: str) -> tuple[str, str] | None:
     """(the capture the exporter tried first, the one its graph comes from) when the first failed and a later
     one succeeded, from its progress lines (it tries the next only when one fails, and stops at the first that
     succeeds); None when the first succeeded, or none did."""
-    attempts = [(m["how"], m["mark"] == "✅") for m in _ATTEMPT.finditer(progress)]
+    attempts = [(how, mark == "✅") for how, mark in (m.groups() for m in _ATTEMPT.finditer(progress))]
     if len(attempts) < 2 or not attempts[-1][1]:
         return None
     return attempts[0][0], attempts[-1][0]

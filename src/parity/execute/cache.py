@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from parity import fingerprint
 from parity.backends.quantize import float_modules
@@ -66,6 +67,7 @@ from parity.files import is_regular, user_path
 from parity.inputs import Inputs
 from parity.outdir import write_text
 from parity.records import cpu_info
+from parity.records.models import CpuInfo
 
 try:
     import fcntl
@@ -108,8 +110,8 @@ def kernel_tag() -> str:
     that cap them (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA). Inductor's own cache does not key on them
     (measured: a kernel compiled for AVX-512 and reused under ATEN_CPU_CAPABILITY=avx2 gave NaN), so each
     kind of kernel gets its own inductor folder, and artifacts carry the tag in their key."""
-    cpu = cpu_info()
-    parts = [cpu.get("machine"), *cpu.get("flags", []),
+    cpu = CpuInfo.model_validate(cpu_info())
+    parts = [cpu.machine, *(cpu.flags or []),
              *(f"{k}={os.environ.get(k, '')}" for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"))]
     return "cpu-" + hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:12]
 
@@ -228,14 +230,14 @@ class ArtifactCache:
         _hold(partial, held)  # the lock stays with the folder when it is renamed into place
         try:
             try:
-                (partial / ENTRY_FILE).write_text(json.dumps({"key": key, "parts": parts, "files": None}))
+                (partial / ENTRY_FILE).write_text(Manifest(key=key, parts=parts, files=None).text())
                 build(partial)
             except Exception as exc:
                 self._check_space(partial, exc)
                 if not (partial / ENTRY_FILE).is_file():  # removed under the build: not the target's failure
                     raise _Vanished(partial) from exc
                 raise
-            (partial / ENTRY_FILE).write_text(json.dumps({"key": key, "parts": parts, "files": _digests(partial)}))
+            (partial / ENTRY_FILE).write_text(Manifest(key=key, parts=parts, files=_digests(partial)).text())
             if damage is not None:  # set aside and removed, never loaded
                 aside = final.parent / f".{key}.{os.getpid()}.damaged"
                 with contextlib.suppress(FileNotFoundError):
@@ -382,6 +384,30 @@ class ModelArtifacts:
         return folder, hit
 
 
+class Manifest(BaseModel):
+    """An entry's manifest (ENTRY_FILE): its key, what the key was made of, and the sha256 of every file it holds by
+    path (None while the entry is being built). Read once, where the JSON is read, and by attribute after."""
+
+    model_config = ConfigDict(strict=True, frozen=True)
+    key: str
+    parts: str
+    files: dict[str, str] | None
+
+    @classmethod
+    def read(cls, path: Path) -> Manifest | None:
+        """The manifest in `path`; None when its JSON is not one of parity's (OSError, or ValueError when it is not
+        JSON: unreadable)."""
+        data = json.loads(path.read_text())
+        try:
+            return cls.model_validate(data)
+        except ValidationError:
+            return None
+
+    def text(self) -> str:
+        """As ENTRY_FILE holds it (the bytes every parity wrote: json.dumps of key, parts, files)."""
+        return json.dumps(self.model_dump())
+
+
 def digest_key(parts: str) -> str:
     return hashlib.sha256(parts.encode()).hexdigest()[:32]
 
@@ -419,18 +445,18 @@ def entry_problem(folder: Path, key: str, parts: str) -> str | None:
     if manifest_path.is_symlink() or (os.path.lexists(manifest_path) and not is_regular(manifest_path)):
         return f"{ENTRY_FILE} is not a regular file"  # a FIFO would block the read
     try:
-        manifest = json.loads((folder / ENTRY_FILE).read_text())
+        manifest = Manifest.read(folder / ENTRY_FILE)
     except (OSError, ValueError) as exc:
         return f"no readable {ENTRY_FILE} ({getattr(exc, 'strerror', None) or exc})"
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+    if not isinstance(manifest, Manifest) or manifest.files is None:
         return f"{ENTRY_FILE} lists no files"
-    if manifest.get("key") != key or manifest.get("parts") != parts or digest_key(str(manifest.get("parts"))) != key:
+    if manifest.key != key or manifest.parts != parts or digest_key(str(manifest.parts)) != key:
         return f"{ENTRY_FILE} was written for other key inputs"
     try:
         found = _digests(folder)
     except OSError as exc:
         return str(exc.strerror or exc)
-    expected = manifest["files"]
+    expected = manifest.files
     for name in sorted(set(expected) | set(found)):
         if name not in found:
             return f"{name} is missing"
@@ -635,9 +661,9 @@ def _clear_entry(entry: Path, left: list[str]) -> int:
     try:
         if (entry / ENTRY_FILE).is_symlink() or not is_regular(entry / ENTRY_FILE):
             raise ValueError("not a regular file")  # a FIFO would block the read
-        manifest = json.loads((entry / ENTRY_FILE).read_text())
-        files = manifest.get("files") if manifest.get("key") == entry.name.removeprefix(".").split(".")[0] else False
-    except (OSError, ValueError, AttributeError):
+        manifest = Manifest.read(entry / ENTRY_FILE)
+        files = manifest.files if isinstance(manifest, Manifest) and manifest.key == entry.name.removeprefix(".").split(".")[0] else False
+    except (OSError, ValueError):
         files = False
     unfinished = entry.name.startswith(".")
     if files is False or not (isinstance(files, dict) or unfinished and files is None):

@@ -34,7 +34,7 @@ from parity.execute.execution import Execution
 from parity.offline import state_folder
 from parity.runner.base import Executor
 from parity.runner.remote import RemoteExecution, crash_report, describe_worker_error, ending
-from parity.runner.worker import package_file, receive, send
+from parity.runner.worker import WorkerSettings, package_file, receive, send
 
 STARTUP_S = 120.0  # at least this long to start a worker (importing torch on a busy machine), else the time limit
 # Imports parity from where this process has it, even when only this process's sys.path says where.
@@ -112,9 +112,7 @@ class ProcessExecutor(Executor):
             for output in outputs:
                 output.file.close()
         conn = Connection(ours.detach())
-        settings = {"sys_path": [p for p in sys.path if p], "cache_root": str(self.cache.root) if self.cache.root else None,
-                    "threads": self.threads, "crash_dir": self._scratch.name}
-        send(conn, settings)  # small: they wait in the socket's buffer until the worker has started
+        send(conn, WorkerSettings.of_parent(self.cache, self.threads, self._scratch.name))  # small: they wait in the socket's buffer until the worker has started
         send(conn, self.exp)
         crash_file = Path(self._scratch.name) / f"worker-{process.pid}.log"
         self._worker = _Worker(process, conn, crash_file, time.monotonic(), outputs)

@@ -50,10 +50,10 @@ from parity.inputs import build_inputs
 from parity.offline import put_environ, state_folder
 from parity.runner.base import Executor
 from parity.runner.remote import RemoteExecution, crash_report, describe_worker_error
-from parity.runner.worker import MODELS, package_file, prepare_worker, run_execution
+from parity.runner.worker import MODELS, WorkerSettings, package_file, prepare_worker, run_execution
 
 
-def _execution_task(settings: dict[str, Any], exp, model_name: str, inputs, example, spec, repeats: int):
+def _execution_task(settings: WorkerSettings, exp, model_name: str, inputs, example, spec, repeats: int):
     """A Ray task (a generator): says it started, then hands over every message of the execution at once."""
     yield ("started", os.getpid(), socket.gethostname())
     prepare_worker(settings)
@@ -195,8 +195,7 @@ class RayExecutor(Executor):
         self._scratch = scratch
         self._gpus = ray.cluster_resources().get("GPU", 0)
         self._remote = ray.remote(max_retries=0)(_execution_task)
-        self._settings = {"sys_path": [p for p in sys.path if p], "threads": self.threads, "crash_dir": self._scratch.name,
-                          "cache_root": str(self.cache.root) if self.cache.root else None}
+        self._settings = WorkerSettings.of_parent(self.cache, self.threads, self._scratch.name)
         self._exp_ref = ray.put(self.exp)
         return ray
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import signal
 from pathlib import Path
+from typing import NamedTuple
 
 from parity import taxonomy as tx
 from parity.config.schema import BackendSpec
@@ -89,7 +90,15 @@ def ending(returncode: int) -> str:
 # What faulthandler writes first for each fatal signal it handles.
 _FATAL = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
           "Floating-point exception": "SIGFPE", "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL"}
-_FRAME = re.compile(r'^\s+File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+) in (\S+)')
+
+
+class Frame(NamedTuple):
+    """One frame of a faulthandler stack, as it writes it: `File "path", line N in func`."""
+
+    path: str
+    line: str
+    func: str
 
 
 def crash_report(path: Path | None) -> tuple[str | None, str | None]:
@@ -100,10 +109,10 @@ def crash_report(path: Path | None) -> tuple[str | None, str | None]:
     text = path.read_text(errors="replace")
     name = next((sig for words, sig in _FATAL.items() if f"Fatal Python error: {words}" in text), None)
     for block in re.split(r"\n(?=(?:Current thread|Thread) 0x)", text):
-        frames = [m for m in map(_FRAME.match, block.splitlines()) if m]
-        if any(m["path"].endswith(("parity/runner/worker.py", "parity/runner/ray_executor.py")) for m in frames):
+        frames = [Frame(*m.groups()) for m in map(_FRAME.match, block.splitlines()) if m]
+        if any(f.path.endswith(("parity/runner/worker.py", "parity/runner/ray_executor.py")) for f in frames):
             top = frames[0]
-            return name, f"{top['func']} ({Path(top['path']).name}:{top['line']})"
+            return name, f"{top.func} ({Path(top.path).name}:{top.line})"
     return name, None
 
 

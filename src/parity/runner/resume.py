@@ -13,6 +13,7 @@ inputs by value (execute/cache.py): one home for each.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -24,9 +25,20 @@ import torch
 from parity import fingerprint
 from parity.execute.cache import inputs_digest, weights_digest
 from parity.inputs import Inputs
-from parity.records.models import Tier1Check
+from parity.records.models import (
+    Check,
+    Fallback,
+    Fingerprints,
+    InputWarning,
+    Layers,
+    ModelBuilt,
+    Record,
+    Tier1Check,
+    TimedRun,
+)
+from parity.records.view import RunView
 
-Line = dict[str, Any]  # one record as records.jsonl holds it (without_stale rewrites the file's lines)
+Line = dict[str, Any]  # one record as records.jsonl holds it (without_stale rewrites the file's lines, read as their models)
 # The parts compared, and how a change of each is said (model, inputs: the check's names).
 SAID = {"model_code": "model code of {model}", "model_weights": "weights of {model}",
         "inputs": "input set {inputs} of {model}", "target": "settings of target {target}",
@@ -36,7 +48,17 @@ UNVERIFIABLE = ("model code of {model} cannot be fingerprinted (past the fingerp
 UNRECORDED = "recorded by a parity that did not fingerprint its checks"
 
 
-def model_fingerprints(model: torch.nn.Module, files: dict[str, Any] | None) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class ModelPart:
+    """The model's part of its checks' fingerprints (`model_fingerprints`): `code` (None: it cannot be told
+    unchanged), `weights`, and the libraries its code `reached`."""
+
+    code: str | None
+    weights: str
+    reached: tuple[str, ...]
+
+
+def model_fingerprints(model: torch.nn.Module, files: dict[str, Any] | None) -> ModelPart:
     """The model's part of its checks' fingerprints: its code, the user code it runs together with `files`
     (what its source reads it from: a model file, a repository's .py files, the entry's module; the
     source's `files_digest`) (None: past the walk's bounds or unreadable, so it can never be told
@@ -44,41 +66,42 @@ def model_fingerprints(model: torch.nn.Module, files: dict[str, Any] | None) -> 
     code = fingerprint.code_fingerprint(model)
     digest = None if code is None or files is None else hashlib.sha256(
         f"{code[0]} {json.dumps(files, sort_keys=True, default=str)}".encode()).hexdigest()
-    return {"model_code": digest, "model_weights": weights_digest(model), "reached": sorted(code[1]) if code else []}
+    return ModelPart(digest, weights_digest(model), tuple(sorted(code[1])) if code else ())
 
 
-def check_fingerprints(model_part: dict[str, Any], inputs: Inputs, example: Inputs, target: dict[str, Any],
-                       libraries: list[str], backends: tuple[type, ...] = ()) -> dict[str, Any]:
+def check_fingerprints(model_part: ModelPart, inputs: Inputs, example: Inputs, target: dict[str, Any],
+                       libraries: list[str], backends: tuple[type, ...] = ()) -> Fingerprints:
     """The `fingerprints` of one check: `model_part` (model_fingerprints), the input set and the example the
     backends were prepared from, by value; the target's settings (its spec, as JSON); the code of the
     reference's and the target's `backends` (a plugin's class is user code, as the artifact cache keys it);
     parity's source; the versions (and installed file lists) of `libraries` (the reference's and the target's)
     and of those the model's and the backends' code reach."""
     code = fingerprint.code_fingerprint(None, *backends)
-    found = fingerprint.versions([*libraries, *model_part["reached"], *(sorted(code[1]) if code else [])])
-    return {"recorded_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-            "model_code": model_part["model_code"], "model_weights": model_part["model_weights"],
-            "inputs": hashlib.sha256(f"{inputs_digest(inputs)} {inputs_digest(example)}".encode()).hexdigest(),
-            "target": hashlib.sha256(json.dumps(target, sort_keys=True).encode()).hexdigest(),
-            "backend_code": code[0] if code else None,
-            "parity": fingerprint.parity_digest(),
-            "libraries": {name: None if v is None else f"{v} ({files})" for name, (v, files) in found.items()}}
+    found = fingerprint.versions([*libraries, *model_part.reached, *(sorted(code[1]) if code else [])])
+    return Fingerprints(
+        recorded_at=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        model_code=model_part.code, model_weights=model_part.weights,
+        inputs=hashlib.sha256(f"{inputs_digest(inputs)} {inputs_digest(example)}".encode()).hexdigest(),
+        target=hashlib.sha256(json.dumps(target, sort_keys=True).encode()).hexdigest(),
+        backend_code=code[0] if code else None,
+        parity=fingerprint.parity_digest(),
+        libraries={name: None if v is None else f"{v} ({files})" for name, (v, files) in found.items()})
 
 
-def changes(recorded: Tier1Check, now: dict[str, Any]) -> list[str]:
+def changes(recorded: Tier1Check, now: Fingerprints) -> list[str]:
     """Why the recorded tier-1 check `recorded` no longer holds for what would run now (`now`, its
     check_fingerprints), in words; [] when it still holds."""
     old = recorded.fingerprints
     names = {"model": recorded.model, "inputs": recorded.inputs, "target": recorded.target}
     if not old:
         return [UNRECORDED]
-    found = [UNVERIFIABLE.format(**names)] if now["model_code"] is None else []
-    if now["backend_code"] is None:
-        found.append(f"the code of {names['target']}'s backend cannot be fingerprinted, so it cannot be told unchanged")
+    found = [UNVERIFIABLE.format(**names)] if now.model_code is None else []
+    if now.backend_code is None:
+        found.append(f"the code of {recorded.target}'s backend cannot be fingerprinted, so it cannot be told unchanged")
     found += [said.format(**names) + " changed" for part, said in SAID.items()
-              if now[part] is not None and getattr(old, part) != now[part]]
+              if getattr(now, part) is not None and getattr(old, part) != getattr(now, part)]
     libraries = old.libraries
-    moved = [f"{name} {_version(libraries.get(name))} -> {_version(v)}" for name, v in now["libraries"].items()
+    moved = [f"{name} {_version(libraries.get(name))} -> {_version(v)}" for name, v in now.libraries.items()
              if libraries.get(name) != v]
     if moved:
         found.append(f"library versions changed ({', '.join(moved)})")
@@ -129,14 +152,13 @@ def without_stale(records: list[Line], stale: set[tuple[str, str, str]],
         return []
     models = {m for m, _ in planned} - {m for m, i in planned if (m, i) not in pairs}
 
-    def stale_record(r: Line) -> bool:
-        kind = r["kind"]
-        if kind in ("check", "layers", "fallback"):
-            return (r["model"], r["inputs"], r["target"]) in stale
-        if kind == "execution":
-            return (r["model"], r["inputs"], r["backend"]) in stale or (r["model"], r["inputs"]) in pairs
-        if kind == "warning":
-            return (r["model"], r["inputs"]) in pairs
-        return kind == "model" and r["model"] in models
+    def stale_record(r: Record) -> bool:
+        if isinstance(r, Check | Layers | Fallback):
+            return (r.model, r.inputs, r.target) in stale
+        if isinstance(r, TimedRun):
+            return (r.model, r.inputs, r.backend) in stale or (r.model, r.inputs) in pairs
+        if isinstance(r, InputWarning):
+            return (r.model, r.inputs) in pairs
+        return isinstance(r, ModelBuilt) and r.model in models
 
-    return [r for r in records if not stale_record(r)]
+    return [line for line, r in zip(records, RunView(records), strict=True) if not stale_record(r)]

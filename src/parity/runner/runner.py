@@ -45,7 +45,8 @@ from parity.models.sources import MODEL_KINDS
 from parity.outdir import IN_PLACE, OUTPUT_FILES, prepare
 from parity.plugins import SOURCES
 from parity.records import NOT_DIGESTED, RecordWriter, environment, experiment_digest
-from parity.records.models import Fallback
+from parity.records.io import typed
+from parity.records.models import Fallback, Fingerprints, Run
 from parity.records.summary import RunResult, summarize, write_summary
 from parity.records.view import RunView
 from parity.runner.base import Executor
@@ -61,6 +62,7 @@ from parity.runner.prepared import (
     task_follow_up,
 )
 from parity.runner.resume import (
+    ModelPart,
     changes,
     check_fingerprints,
     model_fingerprints,
@@ -162,8 +164,8 @@ def _job_inputs(job: Job, exp: Experiment, examples: _Examples) -> tuple[Inputs,
     return example if job.inputs.name == job.prepared_from.name else _build(job.inputs, exp, job.model), example
 
 
-def _fingerprints(exp: Experiment, model_part: dict[str, Any], inputs: Inputs, example: Inputs,
-                  target: BackendSpec) -> dict[str, Any]:
+def _fingerprints(exp: Experiment, model_part: ModelPart, inputs: Inputs, example: Inputs,
+                  target: BackendSpec) -> Fingerprints:
     """A check's fingerprints (runner/resume.py), with the libraries its verdict rests on: torch, torchvision,
     numpy, the reference's and the target's."""
     backends = (backend_class(exp.reference.backend), backend_class(target.backend))
@@ -194,7 +196,7 @@ def _stale(writer: RecordWriter, exp: Experiment, jobs: list[Job]) -> dict[tuple
 
 
 def _run_job(job: Job, copies: ModelCopies, exp: Experiment, writer: RecordWriter, progress: _Progress,
-             executor: Executor, examples: _Examples, model_part: dict[str, Any]) -> None:
+             executor: Executor, examples: _Examples, model_part: ModelPart) -> None:
     pending = [spec for spec in job.targets if not judged(writer, job, spec)]
     if not pending:
         progress.advance(job.executions)
@@ -237,7 +239,7 @@ def _run_job(job: Job, copies: ModelCopies, exp: Experiment, writer: RecordWrite
             layers = (localize_decode_check(job, spec, configured, inputs, exp, cached, example, step) if decode_step
                       else localize_check(job, spec, configured, inputs, exp, example, target.notes, on_step=step))
             writer.write("layers", **layers.model_dump(exclude_unset=True, exclude={"kind"}))
-        writer.write("check", **check.model_dump(exclude_unset=True, exclude={"kind"}), fingerprints=fingerprints[spec.id])  # last: the judgement is complete
+        writer.write("check", **check.model_dump(exclude_unset=True, exclude={"kind"}), fingerprints=fingerprints[spec.id].model_dump())  # last: the judgement is complete
 
     def on_done(index: int, ex: Execution) -> None:
         """A target is judged as soon as it ends, once the reference (and the oracle) have, and its outputs let go:
@@ -265,7 +267,7 @@ def _run_job(job: Job, copies: ModelCopies, exp: Experiment, writer: RecordWrite
     if not reference.ok:  # nothing to judge the targets against: their checks say so, and they are not run
         for spec in pending:
             check = judge(reference, spec, exp.tolerance_for(spec), **names)
-            writer.write("check", **check.model_dump(exclude_unset=True, exclude={"kind"}), fingerprints=fingerprints[spec.id])
+            writer.write("check", **check.model_dump(exclude_unset=True, exclude={"kind"}), fingerprints=fingerprints[spec.id].model_dump())
         return
     oracle = done[1] if job.oracle else None
     for index in range(len(job.baselines), len(done)):
@@ -312,21 +314,21 @@ def _discard(path: Path) -> None:
 def _same_experiment(writer: RecordWriter, config: dict, base_dir: str, digest: str) -> None:
     """Refuses records of another experiment. Targets alone may differ: each check's fingerprints hold its
     target's settings, so the run re-runs the changed targets' checks (runner/resume.py)."""
-    first, path = writer.records[0], writer.path
+    first, path = typed(writer.records[0]), writer.path  # the file's lines are valid records
     again = "give another --out, or pass --fresh to discard those records and start over"
-    if first.get("kind") != "run":
+    if not isinstance(first, Run):
         raise ParityError(f"{path}: does not start with a run record; {again}")
-    if "digest" not in first:
+    if first.digest is None:
         raise ParityError(f"{path}: was written by a parity that did not record experiment digests, so it cannot "
                           f"be continued; {again}")
-    if first["digest"] != digest:
-        old = first.get("config") or {}
+    if first.digest != digest:
+        old = first.config.model_dump(exclude_unset=True)
         changed = sorted(k for k in set(old) | set(config) if old.get(k) != config.get(k) and k not in NOT_DIGESTED)
-        if first.get("base_dir") != base_dir:
-            changed.append(f"base_dir {first.get('base_dir')} -> {base_dir}")
+        if first.base_dir != base_dir:
+            changed.append(f"base_dir {first.base_dir} -> {base_dir}")
         if changed == ["targets"]:
             return
-        raise ParityError(f"{path.parent}: holds a run of experiment '{first.get('experiment')}' with other settings "
+        raise ParityError(f"{path.parent}: holds a run of experiment '{first.experiment}' with other settings "
                           f"(changed: {', '.join(changed) or 'details'}); a run continues only the same experiment: "
                           f"{again}")
 
@@ -347,7 +349,7 @@ def _keep_what_holds(writer: RecordWriter, exp: Experiment, jobs: list[Job], out
                  ", ".join(sorted({t for _, _, t in gone})))
     if stale:
         log.info("%s", re_running(stale, checks))
-    if stale or gone or writer.records[0]["digest"] != digest:
+    if stale or gone or typed(writer.records[0]).digest != digest:
         kept = without_stale(writer.records, set(stale) | gone, planned)
         if kept:
             kept[0] = {**kept[0], "digest": digest, "config": config}
@@ -395,7 +397,7 @@ def run_experiment_to(exp: Experiment, out_dir: Path, progress: bool, fresh: boo
                 writer.write("model", model=model_spec.name, parameters=sum(p.numel() for p in model.parameters()),
                              build_s=time.perf_counter() - start, adapters=notes, notes=built_notes or None)
                 # holds the model until its first copy takes it; its weights digest is the fingerprints' own
-                copies = ModelCopies.built(model_spec, exp, model, model_part["model_weights"])
+                copies = ModelCopies.built(model_spec, exp, model, model_part.weights)
                 del model
                 with model_scope(cache, model_spec, exp):
                     for job in model_jobs:

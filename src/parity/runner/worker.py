@@ -20,6 +20,7 @@ talks over the socket FD, keeps built models between executions, and dies with i
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import json
 import logging
@@ -141,7 +142,24 @@ def use_cpus(n: int) -> None:
 _crash_file = None  # kept open: faulthandler writes to its descriptor when the process dies
 
 
-def prepare_worker(settings: dict[str, Any]) -> None:
+@dataclasses.dataclass(frozen=True)
+class WorkerSettings:
+    """What a worker is told before its first execution (pickled to it: a process worker's pipe, a Ray task's
+    argument): the parent's sys.path entries, its artifact cache's folder (None: no cache), the CPUs asked for
+    (None: all) and where it writes its crash log (None: nowhere)."""
+
+    sys_path: tuple[str, ...]
+    cache_root: str | None
+    threads: int | None
+    crash_dir: str | None
+
+    @classmethod
+    def of_parent(cls, cache: ArtifactCache, threads: int | None, crash_dir: str | None) -> WorkerSettings:
+        """This process's settings, for a worker it starts."""
+        return cls(tuple(p for p in sys.path if p), None if cache.root is None else str(cache.root), threads, crash_dir)
+
+
+def prepare_worker(settings: WorkerSettings) -> None:
     """Make this process run executions as the parent would: its sys.path entries (model modules next to
     the experiment, test fixtures), its artifact cache, the CPUs asked for; and say where it crashes or
     hangs (faulthandler writes the Python stack to `crash_dir`/worker-PID.log on a fatal signal, and on
@@ -154,16 +172,15 @@ def prepare_worker(settings: dict[str, Any]) -> None:
         handler.parity_worker = True
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
-    for entry in reversed(settings.get("sys_path", [])):
+    for entry in reversed(settings.sys_path):
         if entry not in sys.path:
             sys.path.insert(0, entry)
-    root = settings.get("cache_root")
+    root = settings.cache_root
     ARTIFACTS = ArtifactCache(None if root is None else Path(root)).open()
-    if settings.get("threads"):
-        use_cpus(settings["threads"])
-    crash_dir = settings.get("crash_dir")
-    if crash_dir:
-        path = Path(crash_dir) / f"worker-{os.getpid()}.log"
+    if settings.threads:
+        use_cpus(settings.threads)
+    if settings.crash_dir:
+        path = Path(settings.crash_dir) / f"worker-{os.getpid()}.log"
         if _crash_file is None or _crash_file.name != str(path):  # a Ray worker may serve several runs
             if _crash_file is not None:
                 _crash_file.close()
