@@ -13,11 +13,11 @@ import torch
 from parity.config.schema import BackendSpec, Experiment, TargetTolerances, Tolerances
 from parity.config.tolerances import Tolerance, resolve
 from parity.digest import feed_value
-from parity.errors import ParityError, clip
+from parity.errors import ParityError, clip, field_errors
 from parity.execute.execution import Execution, execute
 from parity.experiment import experiment_from_dict, load_experiment
 from parity.experiment.targets import parse_target
-from parity.experiment.validate import backend_problems, field_errors
+from parity.experiment.validate import backend_problems
 from parity.experiment.yaml_io import format_path
 from parity.inputs import Inputs
 from parity.records.summary import RunResult

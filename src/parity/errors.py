@@ -14,6 +14,11 @@ import difflib
 import logging
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 VALUE_LIMIT = 200
 PROBLEM_LIMIT = 2000
@@ -92,3 +97,34 @@ def first_line(exc: BaseException) -> str:
     of advice and hundreds of characters)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return clip(lines[0] if lines else type(exc).__name__)
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One error of a pydantic ValidationError, read once from the mapping pydantic gives (`errors()`): its key
+    path, pydantic's error type, its message, the input it refused (`has_input`: pydantic named one) and, from its
+    context, the choices a literal expected and a validator's own exception."""
+
+    loc: tuple
+    kind: str
+    msg: str
+    has_input: bool
+    input: Any
+    expected: str  # a literal's or an enum's choices, in pydantic's words; "" for other errors
+    error: BaseException | None  # what a validator raised (a value_error)
+
+    @property
+    def message(self) -> str:
+        """The message without the prefix pydantic puts before a validator's own sentence."""
+        return self.msg.removeprefix("Value error, ")
+
+
+def field_errors(exc: ValidationError) -> list[FieldError]:
+    """Each error of `exc`, typed: the one place that reads pydantic's error mappings (the experiment's checks and
+    the records' reader both speak of them)."""
+    out = []
+    for err in exc.errors():
+        context = err.get("ctx") or {}
+        out.append(FieldError(tuple(err["loc"]), err["type"], err["msg"], "input" in err, err.get("input"),
+                              context.get("expected", ""), context.get("error")))
+    return out

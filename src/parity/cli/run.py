@@ -113,7 +113,7 @@ def with_executor_options(exp: Experiment, args: argparse.Namespace) -> Experime
     from pydantic import ValidationError
 
     from parity.config.schema import ExecutorSpec
-    from parity.experiment.validate import field_errors
+    from parity.errors import field_errors
 
     settings = exp.executor.model_dump(exclude_none=True)
     if args.executor and args.executor != exp.executor.kind:

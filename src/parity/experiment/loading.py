@@ -11,9 +11,9 @@ from pydantic import ValidationError
 
 from parity.config.schema import Experiment, flat_thresholds, plain_name, spec_class_for
 from parity.config.tolerances import shadowed
-from parity.errors import ParityError, did_you_mean
+from parity.errors import FieldError, ParityError, did_you_mean, field_errors
 from parity.experiment import legacy
-from parity.experiment.validate import FieldError, experiment_problems, field_errors
+from parity.experiment.validate import experiment_problems
 from parity.experiment.yaml_io import KeyPath, format_path, line_of, load_yaml
 
 log = logging.getLogger(__name__)

@@ -7,14 +7,12 @@ Each problem is (key path, message); `loading` adds the file name and line.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any
 
 from pydantic import ValidationError
 
 from parity.backends import backend_class, fallback_kind
 from parity.config.schema import ORACLE, BackendSpec, Experiment
-from parity.errors import ParityError, did_you_mean
+from parity.errors import ParityError, did_you_mean, field_errors
 from parity.inputs.audio import audio_problem
 from parity.inputs.images import image_problem
 from parity.inputs.tensors import tensors_problem
@@ -22,36 +20,6 @@ from parity.inputs.text import text_file_problem, tokenizer_problem
 from parity.models.sources import MODEL_KINDS, Problem
 from parity.models.weights import weights_problem
 from parity.plugins import BACKENDS, SOURCES
-
-
-@dataclass(frozen=True)
-class FieldError:
-    """One error of a pydantic ValidationError, read once from the mapping pydantic gives (`errors()`): its key
-    path, pydantic's error type, its message, the input it refused (`has_input`: pydantic named one) and, from its
-    context, the choices a literal expected and a validator's own exception."""
-
-    loc: tuple
-    kind: str
-    msg: str
-    has_input: bool
-    input: Any
-    expected: str  # a literal's or an enum's choices, in pydantic's words; "" for other errors
-    error: BaseException | None  # what a validator raised (a value_error)
-
-    @property
-    def message(self) -> str:
-        """The message without the prefix pydantic puts before a validator's own sentence."""
-        return self.msg.removeprefix("Value error, ")
-
-
-def field_errors(exc: ValidationError) -> list[FieldError]:
-    """Each error of `exc`, typed."""
-    out = []
-    for err in exc.errors():
-        context = err.get("ctx") or {}
-        out.append(FieldError(tuple(err["loc"]), err["type"], err["msg"], "input" in err, err.get("input"),
-                              context.get("expected", ""), context.get("error")))
-    return out
 
 
 def _unique(names: list[str], key: str, what: str) -> list[Problem]:

@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from parity.errors import ParityError
+from parity.errors import FieldError, ParityError, field_errors
 from parity.files import file_problem
 from parity.outdir import open_records, reason, write_bytes
 from parity.records.keys import record_key
@@ -98,7 +98,7 @@ def typed(record: Any) -> Record:
     try:
         return model.model_validate(record)
     except ValidationError as exc:
-        raise RecordProblem(f"a '{kind}' record: {_said(exc.errors(include_url=False)[0], model)}") from None
+        raise RecordProblem(f"a '{kind}' record: {_said(field_errors(exc)[0], model)}") from None
 
 
 class NewerRecords(ParityError):
@@ -110,17 +110,17 @@ _EXPECTED = {"string_type": "a string", "int_type": "an integer", "float_type": 
              "list_type": "a list", "literal_error": "another value"}
 
 
-def _said(error: dict[str, Any], model: type[BaseModel]) -> str:
+def _said(error: FieldError, model: type[BaseModel]) -> str:
     """One pydantic error as a record problem: 'config.tolerances.atol[0]: expected a number, got null'."""
-    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"]).lstrip(".")
-    if error["type"] == "missing":
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.loc).lstrip(".")
+    if error.kind == "missing":
         return f"{where}: missing"
-    if error["type"] == "value_error":  # a model's own rule: the message names the field
-        return ".".join(filter(None, (where, error["msg"].removeprefix("Value error, "))))
-    expected = _EXPECTED.get(error["type"], error["msg"].lower().removeprefix("input should be "))
-    got = "null" if error["input"] is None else {bool: "true or false", dict: "a mapping", list: "a list", str: "a string",
-                                                 int: "an integer", float: "a number"}.get(type(error["input"]), "?")
-    if _allows_null(model, error["loc"]):
+    if error.kind == "value_error":  # a model's own rule: the message names the field
+        return ".".join(filter(None, (where, error.message)))
+    expected = _EXPECTED.get(error.kind, error.msg.lower().removeprefix("input should be "))
+    got = "null" if error.input is None else {bool: "true or false", dict: "a mapping", list: "a list", str: "a string",
+                                              int: "an integer", float: "a number"}.get(type(error.input), "?")
+    if _allows_null(model, error.loc):
         expected = expected.replace(" or ", ", ") + " or null"  # true, false or null
     return f"{where or 'the record'}: expected {expected}, got {got}"
 
