@@ -74,7 +74,8 @@ def localize(source: str | Path | dict | Experiment, model: str | None = None, t
     from parity.runner.runner import Runner
 
     runner = Runner(_experiment(source), Path(out) if out is not None else None)
-    return runner.localize(*runner.one_check(model, target, inputs, option="{}="))
+    return runner.localize(*runner.one_check(model, target, inputs, option="{}=")).model_dump(exclude_unset=True,
+                                                                                           exclude={"kind"})
 
 
 def fallback(source: str | Path | dict | Experiment, model: str | None = None, target: str | None = None,

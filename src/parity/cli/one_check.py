@@ -77,14 +77,12 @@ def _said_records(args: argparse.Namespace) -> None:
 def cmd_localize(args: argparse.Namespace) -> int:
     """Localize one model x target without running the whole experiment; print the per-layer tables, and
     the `parity reduce` command that cuts the culprit out (its record is in --out)."""
-    from parity.records.io import typed
     from parity.report.console import escape, render_layers
     from parity.report.next_steps import reduce_step, single_culprit
 
     exp, model_spec, target, input_spec = _one_check(args)
     with library_logs(_log_file(args), getattr(args, "verbose", False)):
-        record = typed({"kind": "layers", **_runner(args, exp).localize(model_spec, target, input_spec,
-                                                                        progress=sys.stderr.isatty())})
+        record = _runner(args, exp).localize(model_spec, target, input_spec, progress=sys.stderr.isatty())
     console = make_console()
     render_layers(record, console)
     _said_records(args)

@@ -46,7 +46,7 @@ from parity.outdir import IN_PLACE, OUTPUT_FILES, prepare
 from parity.plugins import SOURCES
 from parity.records import NOT_DIGESTED, RecordWriter, environment, experiment_digest
 from parity.records.io import typed
-from parity.records.models import Fallback, Fingerprints, Run
+from parity.records.models import Fallback, Fingerprints, Layers, Run
 from parity.records.summary import RunResult, summarize, write_summary
 from parity.records.view import RunView
 from parity.runner.base import Executor
@@ -481,7 +481,7 @@ class Runner:
         return model_spec, spec, input_spec
 
     def localize(self, model_spec: ModelSpec, target: BackendSpec, input_spec: InputSetSpec,
-                 progress: bool = False) -> dict[str, Any]:
+                 progress: bool = False) -> Layers:
         """The `layers` record of one model x target x input set, without running the whole experiment, with
         the tier-1 verdict it explains (`tier1`: does the check pass at the gate at all?). `progress`: a bar on stderr
         says what it does (the level, the layer k of n) and the time spent, as the run's does."""
@@ -494,8 +494,8 @@ class Runner:
             with model_scope(self.cache, model_spec, exp), bar.running():
                 record = localize_groups(exp.reference, target, model, inputs, example, exp.tiers.tasks or tasks_spec(),
                                          exp.tolerance_for(target).gate, lambda text: bar.describe(f"{target.id}: {text}"),
-                                         names=(model_spec.name, input_spec.name)).model_dump(exclude_unset=True, exclude={"kind"})
-            self._write_record("layers", record)
+                                         names=(model_spec.name, input_spec.name))
+            self._write_record("layers", record.model_dump(exclude_unset=True, exclude={"kind"}))
             return record
         with model_scope(self.cache, model_spec, exp), bar.running():
             bar.describe(f"{target.id}: the check at the gate")
@@ -508,8 +508,8 @@ class Runner:
                 found = localize_decode_check(job, target, configured, inputs, exp, gate.cached, example, step)
             else:
                 found = localize_check(job, target, configured, inputs, exp, example, gate.notes, on_step=step)
-            record = {**found.model_dump(exclude_unset=True, exclude={"kind"}), "tier1": gate.verdict.model_dump()}
-        self._write_record("layers", record)
+            record = Layers.made({**found.model_dump(exclude_unset=True), "tier1": gate.verdict.model_dump()})
+        self._write_record("layers", record.model_dump(exclude_unset=True, exclude={"kind"}))
         return record
 
     def find_fallback(self, model_spec: ModelSpec, target: BackendSpec, input_spec: InputSetSpec, tier: int = 1,
