@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from parity.cli import main
 from parity.experiment import experiment_from_dict
 from parity.inputs import build_inputs
-from parity.reduce import snippet
+from parity.repro import snippet
 from parity.runner.prepared import prepared_model
 from tests.support import tiny_experiment
 from tests.support.cli import run_experiment
@@ -162,7 +162,7 @@ def test_only_a_backend_that_runs_as_its_snippet_says_has_one():
 
 def test_arguments_are_written_as_source_and_tensors_stored_by_key():
     from parity.errors import ParityError
-    from parity.reduce import _expression
+    from parity.repro import _expression
 
     tensors: dict = {}
     value = [torch.ones(2), (3, float("inf")), {"mask": torch.zeros(1), "mode": None}]
@@ -188,7 +188,7 @@ def test_the_script_adds_the_folder_a_class_imports_from():
     from collections import OrderedDict
     from pathlib import Path
 
-    from parity.reduce import import_root
+    from parity.repro import import_root
     from tests.fixtures.culprit import Offset
 
     assert Path(import_root(Offset)) / "tests" / "fixtures" / "culprit.py" == Path(sys.modules[Offset.__module__].__file__)
@@ -293,7 +293,7 @@ def test_records_code_names_every_model_and_backend_that_would_be_imported():
 
 
 def test_a_torch_class_gets_no_sys_path_line_and_the_readme_says_so():
-    from parity.reduce import CodeReference, _path_root
+    from parity.repro import CodeReference, _path_root
 
     assert _path_root(CodeReference("torch.nn.modules.conv.Conv2d", "conv.py:1", "conv", "/venv/lib/site-packages")) == ""
     assert _path_root(CodeReference("mymodels.Block", "block.py:1", "block", "/home/me/code")) == "/home/me/code"
