@@ -25,8 +25,8 @@ import time
 
 import torch
 
+from parity.adapters.nms import DeterministicNmsSpec
 from parity.api import run_experiment
-from parity.config.schema import Adapter
 from parity.experiment import experiment_from_dict
 from parity.inputs import build_inputs
 from parity.runner.localization import localize_check
@@ -86,7 +86,7 @@ def _adapter_cost(builder: str, params: dict, photos: list[str], runs: int) -> t
         "inputs": [{"name": "photos", "images": photos}], "targets": [{"backend": "eager", "name": "t"}]})
     model, _ = prepared_model(exp.models[0], exp)
     inputs = build_inputs(exp.inputs[0], exp, "list")
-    grid = Adapter(name="deterministic_nms").score_grid_for(exp)  # the grid `adapters: [deterministic_nms]` would use
+    grid = DeterministicNmsSpec(name="deterministic_nms").score_grid_for(exp)  # the grid `adapters: [deterministic_nms]` would use
     nms_calls, topk_calls = [], []
     plain_nms = box_ops.batched_nms
     rpns = [m for m in model.modules() if hasattr(m, "_get_top_n_idx")]

@@ -38,8 +38,8 @@ import torch
 from PIL import Image
 
 from parity.execute.capture import watching
-from parity.verify.tasks.detection import match
-from parity.verify.tasks.flips import attribute
+from parity.verify.tasks.detection import detections_of, match
+from parity.verify.tasks.flips import Detections, attribute
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -126,11 +126,20 @@ def load(path: Path) -> torch.Tensor:
     return torch.from_numpy(pixels).permute(2, 0, 1)[None].contiguous()
 
 
-def decide(post: NudenetDetector, raw: torch.Tensor, size: tuple[int, int]) -> tuple[dict, object]:
-    """The post-processing's detections of one image and the candidates it recorded."""
+def decide(post: NudenetDetector, raw: torch.Tensor, size: tuple[int, int]) -> tuple[Detections, object]:
+    """The post-processing's detections of one image, read as tier 3 reads them, and the candidates it recorded."""
     with watching() as recorded:
-        detections = post.postprocess_detections(raw, size)[0]
-    return detections, recorded[0]["candidates"]
+        [detections] = detections_of(post.postprocess_detections(raw, size))
+    return detections, recorded[0].candidates  # record_candidates keeps an OwnCandidates
+
+
+def compared(ref: Detections, tgt: Detections, ref_candidates, tgt_candidates) -> dict:
+    """One image's row fields: the boxes of each side, those matched, F1 and the flips by mechanism."""
+    pairs = match(ref, tgt, MATCH_IOU)
+    total = len(ref) + len(tgt)
+    flips = attribute([ref], [tgt], [pairs], MATCH_IOU, [ref_candidates], [tgt_candidates])
+    return {"boxes_reference": len(ref), "boxes_target": len(tgt), "matched": len(pairs),
+            "f1": 1.0 if total == 0 else 2 * len(pairs) / total, "flips": flips.counts}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,13 +172,9 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append({**row, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"})
                     continue
                 tgt, tgt_candidates = decide(post, raw, batch.shape[-2:])
-                pairs = match(ref, tgt, MATCH_IOU)
-                total = len(ref["labels"]) + len(tgt["labels"])
-                flips = attribute([ref], [tgt], [pairs], MATCH_IOU, [ref_candidates], [tgt_candidates])
                 rms = float(raw_ref.pow(2).mean().sqrt())
-                rows.append({**row, "boxes_reference": len(ref["labels"]), "boxes_target": len(tgt["labels"]),
-                             "matched": len(pairs), "f1": 1.0 if total == 0 else 2 * len(pairs) / total,
-                             "flips": flips["counts"], "max_abs_over_rms": float((raw - raw_ref).abs().max()) / rms,
+                rows.append({**row, **compared(ref, tgt, ref_candidates, tgt_candidates),
+                             "max_abs_over_rms": float((raw - raw_ref).abs().max()) / rms,
                              "relative_rmse": float((raw - raw_ref).pow(2).mean().sqrt()) / rms})
     if args.json is not None:
         with open(args.json, "a", encoding="utf-8") as f:

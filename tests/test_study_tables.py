@@ -891,3 +891,28 @@ def test_the_smollm2_tables_read_each_statistic_with_its_standard_error_from_the
     assert spread[1] == ["llamacpp-cpu-q4_k_m", "4.40e-02", "1.10e-01", "2.75e-01", "5.50e-01", "1.10e+00",
                          "-0.996 ± 0.2", "-68.80", "-21.20", "15.40", "23.20"]
     assert st.block_smollm2(st.Experiments()) == "study/smollm2.yaml's run did not come with the study."
+
+
+def test_detector_at_scale_compares_one_image_as_tier_3_reads_its_boxes(monkeypatch):
+    """study/detector_at_scale.py's row of one image: the post-processing's boxes read once as tier 3's Detections
+    (match and attribute take them since #40), an anchor's class changed on the target: one box of each side
+    unmatched, classed as a label change, F1 0."""
+    import torch
+
+    monkeypatch.syspath_prepend(str(ROOT / "study"))  # as the script runs: its folder first on the path
+    spec = importlib.util.spec_from_file_location("detector_at_scale", ROOT / "study" / "detector_at_scale.py")
+    scale = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "detector_at_scale", scale)
+    spec.loader.exec_module(scale)
+    post = scale.NudenetDetector(torch.nn.Identity(), score_thresh=0.5).eval()
+    raw = torch.zeros(1, 4 + 2, 3)  # one image, two classes, three anchors: centre x, y, width, height, scores
+    raw[0, :4, 0] = torch.tensor([10.0, 10.0, 4.0, 4.0])
+    raw[0, 4, 0] = 0.9
+    changed = raw.clone()
+    changed[0, 4:, 0] = torch.tensor([0.1, 0.9])
+    with torch.inference_mode():
+        ref, ref_candidates = scale.decide(post, raw, (32, 32))
+        tgt, tgt_candidates = scale.decide(post, changed, (32, 32))
+    row = scale.compared(ref, tgt, ref_candidates, tgt_candidates)
+    assert (row["boxes_reference"], row["boxes_target"], row["matched"], row["f1"]) == (1, 1, 0, 0.0)
+    assert sum(row["flips"].values()) == 2 and json.loads(json.dumps(row)) == row

@@ -164,6 +164,16 @@ def _logits():
     return {"logits": torch.zeros(1, 2, 3)}
 
 
+def test_a_cached_record_keeps_the_key_order_its_records_had_before_it_was_typed():
+    """`cached` written from the CachedDecodingCheck model has its keys in the order the dict it replaced wrote them
+    (side before failure_class), the cache comparison added last: a records.jsonl line compared with an older run's
+    differs only by what is new."""
+    _, cached = _judged(_backend(EagerBackend, decoder()), _backend(OffByOneCache, decoder()))
+    assert list(cached.model_dump(exclude_unset=True)) == [
+        "prompt_tokens", "steps", "passed", "side", "failure_class", "detail", "target", "reference_self",
+        "target_self", "cache"]
+
+
 def test_a_cache_bug_in_the_reference_is_charged_to_the_reference():
     """The same bug in the model: every side has it, so the target agrees with the reference, and the reference's
     cached decoding against its own uncached forward is what fails."""
@@ -191,6 +201,7 @@ def test_a_target_that_cannot_run_the_cache_says_why_in_one_line_as_unsupported_
     judged, cached = judge_cached(result, reference, traced, DEFAULTS, FLOAT32)
     assert cached.model_dump(exclude_unset=True) == {
         "failure_class": "unsupported_op", "side": "target", "error": f"the target: {traced.error}"}
+    assert list(cached.model_dump(exclude_unset=True)) == ["side", "error", "failure_class"]  # as records had it
     assert judged.passed  # not compared is said, not failed: the uncached statistics judge the target
     from parity.report.console import cached_line
 

@@ -462,14 +462,15 @@ class CachedDecodingCheck(Part):
     prompt_tokens: int | None = Field(None, description="The prompt's length (the same for every sequence).")
     steps: int | None = Field(None, description="The decode steps compared (step 0: the logits after the prefill).")
     passed: bool | None = Field(None, description="The cached path's own verdict; null when it was not compared.")
+    # side, error, failure_class, detail: the order its records have always had them in (a line's keys on disk)
+    side: str | None = Field(None, description="The side charged: reference (its cached decoding differs from its "
+                                               "own uncached forward, or it could not decode) or target.")
+    error: str | None = Field(None, description="Why nothing was compared, in one line.")
     failure_class: str | None = Field(None, description="decision_flip when it fails; when a side could not decode, "
                                                         "that side's class (unsupported_op: a target that cannot run "
                                                         "the cache), or null when the inputs or the model give no "
                                                         "cached decoding to compare.")
-    side: str | None = Field(None, description="The side charged: reference (its cached decoding differs from its "
-                                               "own uncached forward, or it could not decode) or target.")
     detail: str | None = Field(None, description="Its failures, in words.")
-    error: str | None = Field(None, description="Why nothing was compared, in one line.")
     target: CachedMetrics | None = Field(None, description="The target's cached decoding against the reference's, "
                                                             "judged: positions, kl_mean, kl_max, same_top1, "
                                                             "top1_agreement, real_flips, near_tie_flips, max_abs, "
