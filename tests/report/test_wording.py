@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 import re
 
-from parity.records.models import LayerError
-from parity.report.wording import figure, number, scientific, suspect_words
+from parity.records.models import CacheComparison, LayerError
+from parity.report.wording import cache_words, figure, number, scientific, suspect_words
 from parity.verify.activations import LevelResult, new_layer_error
 from parity.verify.localize import Localization
 
@@ -79,3 +79,16 @@ def test_a_cached_decoding_is_said_from_its_typed_metrics():
     assert cached_line(check) == ("cached decoding, 4 steps after a 6-token prompt: fails (target); target vs "
                                   "reference: mean KL 0.125, top-1 75%, first flip at step 2; reference cached vs "
                                   "uncached: mean KL 0, top-1 100%; target cached vs uncached: mean KL nan, top-1 -")
+
+
+def test_the_cache_words_say_the_cause_may_lie_before_the_first_layer_that_differs():
+    """A layer's keys and values are made from its input: a wrong attention in layer 0 shows first in layer 1's cache,
+    so the words for layer 1 send the reader to it or before it, and layer 0's to its own key/value path or the
+    embedding; the part that agrees is named."""
+    assert cache_words(CacheComparison(first_layer=0, first_parts=["keys"])) == (
+        "its cache first differs at layer 0's keys (values agree): made from that layer's input, so the cause is in "
+        "its key/value path or the embedding")
+    assert cache_words(CacheComparison(first_layer=1, first_parts=["keys", "values"])) == (
+        "its cache first differs at layer 1's keys and values: made from that layer's input, so the cause is in its "
+        "key/value path or before it")
+    assert cache_words(CacheComparison(layers=[])) == "its cache agrees at every layer (0, keys and values)"

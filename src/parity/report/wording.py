@@ -201,7 +201,9 @@ def cached_line(check: Tier3Check) -> str | None:
 
 def cache_words(cache: CacheComparison) -> str:
     """Where the target's KV cache first differs from the reference's, in words (a failed cached decoding says it):
-    "its cache first differs at layer 0's keys (values agree)"."""
+    "its cache first differs at layer 0's keys (values agree)". A layer's keys and values are made from that layer's
+    input, so the words say the cause may lie before it: a wrong attention in layer 0 leaves layer 0's cache equal and
+    shows first in layer 1's."""
     if cache.error:
         return f"its cache: not compared ({cache.error})"
     if cache.first_layer is None:
@@ -209,7 +211,9 @@ def cache_words(cache: CacheComparison) -> str:
     parts = cache.first_parts or []
     where = " and ".join(parts)
     agree = next((f" ({part} agree)" for part in ("keys", "values") if part not in parts), "")
-    return f"its cache first differs at layer {cache.first_layer}'s {where}{agree}"
+    before = " or before it" if cache.first_layer else " or the embedding"
+    return (f"its cache first differs at layer {cache.first_layer}'s {where}{agree}: made from that layer's input, so "
+            f"the cause is in its key/value path{before}")
 
 
 def group_rows(record: Layers) -> list[tuple[str, ...]]:
