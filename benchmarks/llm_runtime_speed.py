@@ -74,8 +74,10 @@ def measure(target: str, model, inputs, reference, new_tokens: int, threads: int
     """`target`: a target id, optionally followed by its options as `id:key=value,key=value` (nncf-int4's
     `group_size=64`, which SmolLM2-135M's width 576 needs)."""
     name, _, given = target.partition(":")
-    options = {"threads": threads, **{k: int(v) for k, v in (o.split("=") for o in given.split(",") if o)}}
-    spec = BackendSpec(**parse_target(name).entry(), options=options)
+    entry = parse_target(name).entry()
+    pinned = {"threads": threads} if "threads" in backend_class(entry["backend"]).Options.model_fields else {}
+    options = {**pinned, **{k: int(v) for k, v in (o.split("=") for o in given.split(",") if o)}}
+    spec = BackendSpec(**entry, options=options)
     backend = backend_class(spec.backend)(spec)
     _, prepare_s = timed(lambda: backend.prepare(copy.deepcopy(model), inputs))
     try:
