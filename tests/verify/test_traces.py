@@ -196,3 +196,16 @@ def test_a_trace_from_the_artifact_cache_is_flagged_as_the_fresh_trace_was(write
                       for run in ("cold", "warm"))
     assert (cold["cached"], warm["cached"]) == (False, True)
     assert [n["kind"] for n in warm["warnings"]] == ["trace_specialized"] and warm["warnings"] == cold["warnings"]
+
+
+def test_the_specialised_line_is_the_first_trace_note_that_names_one():
+    """A trace_specialized note without a line (a warning whose location was lost) is passed over for the next one
+    that has it; a line in no module's class names no module; no such note: nothing."""
+    from parity.verify.localize import specialized_at
+
+    notes = [{"kind": "graph_break", "message": "a break", "where": "x.py:1", "count": 2},
+             {"kind": "trace_specialized", "message": "lost its place"},
+             {"kind": "trace_specialized", "message": "fixed a branch", "where": "nowhere.py:3", "code": "if x:"}]
+    found = specialized_at(torch.nn.Linear(2, 2), notes)
+    assert found.model_dump(exclude_unset=True) == {"where": "nowhere.py:3", "code": "if x:"}
+    assert specialized_at(torch.nn.Linear(2, 2), notes[:2]) is None

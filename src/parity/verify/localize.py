@@ -25,6 +25,7 @@ from parity.records.models import (
     LayerError,
     Layers,
     Level,
+    Note,
     Repeated,
     Specialized,
 )
@@ -469,11 +470,11 @@ def specialized_at(model: torch.nn.Module, notes) -> Specialized | None:
     holds it (`module`, `module_code`; none when the line is in a function outside every module's class)."""
     import inspect
 
-    note = next((n for n in notes if n.get("kind") == "trace_specialized" and n.get("where")), None)
+    note = next((n for n in map(Note.model_validate, notes) if n.kind == "trace_specialized" and n.where), None)
     if note is None:
         return None
-    file, _, line = note["where"].rpartition(":")
-    found = {"where": note["where"], **({"code": note["code"]} if note.get("code") else {})}
+    file, _, line = note.where.rpartition(":")
+    found = {"where": note.where, **({"code": note.code} if note.code else {})}
     if not line.isdigit():
         return Specialized(**found)
     holders = []
