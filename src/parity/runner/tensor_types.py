@@ -31,7 +31,7 @@ from parity.config.schema import BackendSpec
 from parity.errors import ParityError
 from parity.execute.execution import execute, new_backend
 from parity.inputs import Inputs
-from parity.records.models import GroupRow, GroupTrial, Layers, TensorGroups
+from parity.records.models import GroupRow, GroupTrial, Layers, NextTokenMetrics, TensorGroups
 from parity.verify.tasks import TaskResult, evaluate
 
 TASK = "text-generation"  # the task whose statistic judges a trial
@@ -57,12 +57,12 @@ class _Trial:
 
     @classmethod
     def judged(cls, verdict: TaskResult, nbytes: int, run_s: float) -> _Trial:
-        """A trial with its summary, read once from the task's metrics (the task's open mapping by metric name:
-        text generation's `next_token_statistics`)."""
-        m = verdict.metrics
+        """A trial with its summary, read once from the task's metrics (text generation's, as its `NextTokenMetrics`
+        says them)."""
+        m = NextTokenMetrics.model_validate(verdict.metrics)
         return cls(verdict, nbytes, run_s, GroupTrial(
-            kl_mean=m["kl_mean"], kl_mean_se=m["kl_mean_se"], same_top1=m["same_top1"],
-            top1_agreement=m.get("top1_agreement"), passed=verdict.passed, nbytes=nbytes))
+            kl_mean=m.kl_mean, kl_mean_se=m.kl_mean_se, same_top1=m.same_top1,
+            top1_agreement=m.top1_agreement, passed=verdict.passed, nbytes=nbytes))
 
     @property
     def passed(self) -> bool:
