@@ -175,24 +175,21 @@ def latency_rows(records: RunView | list[dict]) -> list[LatencyRow]:
     spread, the one-time prepare cost (export, compile, load: repeat 0 carries it) apart, and whether its timed
     runs took turns with the other backends' (`interleaved`). A backend that failed or could not run has its
     status and error instead of times."""
-    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+    groups: dict[tuple[str, str, str], list] = {}
     for r in RunView.of(records).executions():
-        row = rows.setdefault((r.model, r.inputs, r.backend), {
-            "model": r.model, "inputs": r.inputs, "backend": r.backend, "device": r.device, "dtype": r.dtype,
-            "status": "ok", "error": None, "run_s": [], "prepare_s": None, "interleaved": None})
-        if r.status != "ok":
-            row["status"], row["error"] = r.status, r.error
-        elif r.run_s is not None:
-            row["run_s"].append(r.run_s)
-        if r.repeat == 0 and r.prepare_s is not None:
-            row["prepare_s"] = r.prepare_s
-        if r.repeat == 0 and r.status == "ok":  # None: records from before it was recorded
-            row["interleaved"] = r.latency_interleaved
+        groups.setdefault((r.model, r.inputs, r.backend), []).append(r)
     out = []
-    for row in rows.values():
-        runs = row["run_s"]
-        out.append(LatencyRow(**row, median_s=statistics.median(runs) if runs else None,
-                              min_s=min(runs) if runs else None, max_s=max(runs) if runs else None))
+    for (model, inputs, backend), ran in groups.items():
+        failed = [r for r in ran if r.status != "ok"]  # the last failure says why
+        runs = [r.run_s for r in ran if r.status == "ok" and r.run_s is not None]
+        prepared = [r.prepare_s for r in ran if r.repeat == 0 and r.prepare_s is not None]
+        turns = [r.latency_interleaved for r in ran if r.repeat == 0 and r.status == "ok"]  # None: records before it
+        out.append(LatencyRow(
+            model=model, inputs=inputs, backend=backend, device=ran[0].device, dtype=ran[0].dtype,
+            status=failed[-1].status if failed else "ok", error=failed[-1].error if failed else None, run_s=runs,
+            prepare_s=prepared[-1] if prepared else None, interleaved=turns[-1] if turns else None,
+            median_s=statistics.median(runs) if runs else None, min_s=min(runs) if runs else None,
+            max_s=max(runs) if runs else None))
     return out
 
 
