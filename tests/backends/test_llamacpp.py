@@ -104,6 +104,21 @@ def test_a_dead_worker_is_a_crash():
     assert tx.classify_exception(RuntimeError("llama.cpp: bad"), tx.RUN) == tx.BACKEND_ERROR
 
 
+@pytest.mark.parametrize("in_process", [False, True], ids=["worker", "in-process"])
+def test_a_request_the_worker_does_not_know_is_the_runtimes_error(in_process):
+    """An op the worker script has no request for: its refusal, raised as the backend's error in one line, by the
+    worker process and the in-process stand-in alike; in this process an abort is refused, not done."""
+    runtime = _LlamaRuntime(in_process=in_process)
+    try:
+        with pytest.raises(RuntimeError, match=r"^llama.cpp: unknown request 'nope'$"):
+            runtime.request({"op": "nope"})
+        if in_process:
+            with pytest.raises(RuntimeError, match="cannot abort"):
+                runtime.request({"op": "abort"})
+    finally:
+        runtime.close()
+
+
 class AbortingLlamaCpp(LlamaCppBackend):
     """llama.cpp's backend whose worker aborts when it runs, as llama.cpp does on a file it asserts on."""
 
@@ -233,3 +248,27 @@ def test_a_failing_llamacpp_check_is_sent_to_localize_and_fallback_unless_it_run
     assert (_capabilities(converted), _capabilities(as_is)) == ((True, True, True), (False, True, False))
     assert _capabilities(BackendSpec(backend="eager")) == (True, False, False)
     assert _capabilities(BackendSpec(backend="no_such_module:Backend")) == (True, False, False)
+
+
+@NEEDS_GGUF
+@NEEDS_LLAMACPP
+def test_llama_cpp_in_this_process_answers_as_its_worker_does(tiny_gguf, tiny_model):
+    """`in_process: true` parses and handles each request with the worker script's own code: the same logits, ids and
+    token texts as the worker process replies, each reply read into its typed header."""
+    import copy
+
+    inputs = _ids(tiny_gguf, TEXTS[0])
+    answers = []
+    for in_process in (False, True):
+        backend = LlamaCppBackend(BackendSpec(backend="llamacpp", options={"gguf": str(tiny_gguf), "in_process": in_process}))
+        backend.prepare(copy.deepcopy(tiny_model), inputs)
+        assert (backend.runtime.process is None) == in_process
+        try:
+            ids = backend.tokenize(TEXTS)
+            answers.append((backend.run(inputs)["logits"], ids, backend.token_texts(ids[0])))
+        finally:
+            backend.close()
+    (logits, ids, pieces), (local_logits, local_ids, local_pieces) = answers
+    torch.testing.assert_close(local_logits, logits, rtol=0, atol=0)
+    assert logits.shape[:2] == inputs.kwargs["input_ids"].shape and local_ids == ids and local_pieces == pieces
+    assert ids[0] == inputs.kwargs["input_ids"][0].tolist() and "".join(pieces) == TEXTS[0]

@@ -129,10 +129,13 @@ def test_each_runtime_gives_a_verdict_with_the_tier3_statistics(kind, folders, t
 
 
 @pytest.mark.parametrize("target", [pytest.param(GENAI_FP32, marks=NEEDS_GENAI, id="onnxruntime-genai"),
+                                    pytest.param({**GENAI_FP32, "options": {"in_process": True}}, marks=NEEDS_GENAI,
+                                                 id="onnxruntime-genai-in-process"),
                                     pytest.param(OV_FP32, marks=NEEDS_OPTIMUM, id="optimum-openvino")])
 def test_cached_decoding_through_the_runtimes_own_cache(target):
     """`decode` is the runtime's own prefill and steps through its KV cache: teacher-forced, each step's logits are the
-    reference's uncached logits at that position; free-running, it picks what the reference's greedy loop picks."""
+    reference's uncached logits at that position; free-running, it picks what the reference's greedy loop picks. In the
+    worker process or in this one (`in_process`), each reply's header read into its typed value alike."""
     from parity.backends import backend_class
 
     model = _decoder("llama")
@@ -237,6 +240,18 @@ def test_nncf_int4_at_a_group_size_the_model_refuses_says_which_to_set(folders, 
         "ParityError: target optimum-openvino-cpu-int4-nncf: nncf-int4's group_size 128 does not divide the input "
         "width of each of the model's linear layers (64 of the widths 64, 128): set options: {group_size: 64} (the "
         "largest power of two below 128 that divides every width) or {group_size: -1} (one group per channel)")
+
+
+@pytest.mark.parametrize("in_process", [False, True], ids=["worker", "in-process"])
+def test_a_request_the_genai_worker_does_not_know_is_the_runtimes_error(in_process):
+    """An op the worker script has no request for is the backend's error in one line, from the worker process and
+    from the script run in this process alike (needs no runtime: nothing is loaded)."""
+    runtime = _GenAIRuntime(in_process=in_process)
+    try:
+        with pytest.raises(RuntimeError, match=r"^ONNX Runtime GenAI: ValueError: unknown request 'nope'$"):
+            runtime.request({"op": "nope"})
+    finally:
+        runtime.close()
 
 
 class AbortingOrtGenAI(OrtGenAIBackend):

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from parity.backends.base import Backend, TensorGroup, not_installed, runtime_threads
 from parity.backends.llm import token_ids
-from parity.backends.worker import WorkerProcess, script_in_process
+from parity.backends.worker import LogitsReply, R, Reply, WorkerProcess, script_in_process
 from parity.config.schema import MAX_THREADS
 from parity.dtypes import LLAMACPP_TYPES, QUANTIZE_SCHEMES
 from parity.errors import ParityError
@@ -61,6 +61,16 @@ LLAMA_NAMES = {
     "model.layers.{}.mlp.up_proj.weight": "blk.{}.ffn_up.weight",
     "model.layers.{}.mlp.down_proj.weight": "blk.{}.ffn_down.weight",
 }
+class IdsReply(Reply):
+    """The reply to `tokenize`: each text's ids."""
+    ids: list[list[int]]
+
+
+class PiecesReply(Reply):
+    """The reply to `pieces`: each token's text."""
+    pieces: list[str]
+
+
 # Metadata the written file says for itself rather than copies (its type, the quantizer's version, the alignment).
 OWN_KEYS = ("general.file_type", "general.quantization_version", "general.alignment")
 
@@ -281,20 +291,20 @@ class LlamaCppBackend(Backend):
             # token a call): a context twice as long, so that the model is loaded again a few times, not every call
             self.n_ctx = max(tokens.shape[1], 2 * self.n_ctx)
             self.runtime.request({**self.load, "n_ctx": self.n_ctx})
-        header, payload = self.runtime.request({"op": "eval", "tokens": tokens.tolist()})
+        header, payload = self.runtime.request({"op": "eval", "tokens": tokens.tolist()}, LogitsReply)
         import numpy as np
 
-        logits = np.frombuffer(payload, dtype=np.float32).reshape(header["shape"])
+        logits = np.frombuffer(payload, dtype=np.float32).reshape(header.shape)
         return {"logits": torch.from_numpy(logits.copy())}
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         """The ids llama.cpp's own tokenizer (the GGUF's vocabulary) gives each text, with the special tokens the
         file says to add (llama_tokenize's add_special, as llama.cpp's tools tokenize a prompt)."""
-        return self.runtime.request({"op": "tokenize", "texts": texts, "add_bos": True})[0]["ids"]
+        return self.runtime.request({"op": "tokenize", "texts": texts, "add_bos": True}, IdsReply)[0].ids
 
     def token_texts(self, ids: list[int]) -> list[str]:
         """Each token's text, as llama.cpp's tokenizer writes it."""
-        return self.runtime.request({"op": "pieces", "ids": ids})[0]["pieces"]
+        return self.runtime.request({"op": "pieces", "ids": ids}, PiecesReply)[0].pieces
 
     def close(self) -> None:
         runtime = getattr(self, "runtime", None)
@@ -377,29 +387,19 @@ class _LlamaRuntime:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def request(self, message: dict) -> tuple[dict, bytes]:
-        if self.local is not None:
-            return self._in_process(dict(message))
-        return self.process.request(message)
-
-    def _in_process(self, message: dict) -> tuple[dict, bytes]:
-        worker, op = self.local, message.pop("op")
-        if op == "load":
-            return worker.load(**message), b""
-        if op == "eval":
-            logits = worker.eval(message["tokens"])
-            return {"shape": list(logits.shape)}, logits.tobytes()
-        if op == "tokenize":
-            return {"ids": [worker.llm.tokenize(t.encode(), add_bos=message["add_bos"]) for t in message["texts"]]}, b""
-        if op == "pieces":
-            return {"pieces": [worker.llm.detokenize([i], special=True).decode("utf-8", "replace")
-                               for i in message["ids"]]}, b""
-        if op == "quantize":
-            reply = self.module.quantize(**message)
-            if "error" in reply:
-                raise RuntimeError(f"llama.cpp: {reply['error']}")
-            return reply, b""
-        raise RuntimeError(f"llama.cpp in this process cannot {op}")
+    def request(self, message: dict, reply: type[R] = Reply) -> tuple[R, bytes]:
+        """The reply to `message`, as `reply`, and its raw payload; in this process the worker script's own parse and
+        handling, its refusal a RuntimeError as the worker process's is, and no abort (it would end this process)."""
+        if self.local is None:
+            return self.process.request(message, reply)
+        try:
+            request = self.module.parse(message)
+            if isinstance(request, self.module.Abort):
+                raise RuntimeError("llama.cpp in this process cannot abort")
+            header, payload = self.local.handle(request)
+        except self.module.Refused as exc:
+            raise RuntimeError(f"llama.cpp: {exc}") from exc
+        return reply.model_validate(header), payload
 
     def close(self) -> None:
         if self.process is not None:

@@ -14,15 +14,69 @@ mix with it: fd 1 is pointed at stderr), followed by `nbytes` raw bytes when the
 - {"op": "pieces", "ids": [...]} -> {"pieces": [...]}: each token's text
 - {"op": "quantize", "source": PATH, "target": PATH, "ftype": NAME, "threads": T} -> {}
 - {"op": "abort"} -> the process aborts (what tests use to construct a crash in C)
-An error is {"error": "..."}; the process goes on.
+An error is {"error": "..."}; the process goes on. Each request is read once, into the frozen dataclass of its op
+(`parse`), read by attribute afterwards; the in-process stand-in (backends/llamacpp.py) parses and handles the same way.
 """
 
 import json
 import os
 import sys
+from dataclasses import dataclass
 
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     del sys.path[0]  # run as a script: its folder (parity's backends, `openvino.py`...) must not shadow libraries
+
+
+class Refused(Exception):
+    """A request the worker turns down: its error is this message alone."""
+
+
+@dataclass(frozen=True)
+class Load:
+    model: str
+    n_ctx: int
+    threads: int
+
+
+@dataclass(frozen=True)
+class Eval:
+    tokens: list
+
+
+@dataclass(frozen=True)
+class Tokenize:
+    texts: list
+    add_bos: bool
+
+
+@dataclass(frozen=True)
+class Pieces:
+    ids: list
+
+
+@dataclass(frozen=True)
+class Quantize:
+    source: str
+    target: str
+    ftype: str
+    threads: int
+
+
+@dataclass(frozen=True)
+class Abort:
+    pass
+
+
+REQUESTS = {"load": Load, "eval": Eval, "tokenize": Tokenize, "pieces": Pieces, "quantize": Quantize, "abort": Abort}
+
+
+def parse(message):
+    """The request a parsed JSON line says, as its op's dataclass (a missing or unknown field: TypeError)."""
+    fields = dict(message)
+    op = fields.pop("op", None)
+    if op not in REQUESTS:
+        raise Refused(f"unknown request {op!r}")
+    return REQUESTS[op](**fields)
 
 
 class LlamaWorker:
@@ -39,16 +93,17 @@ class LlamaWorker:
             self.out.write(payload)
         self.out.flush()
 
-    def load(self, model, n_ctx, threads):
+    def load(self, request):
         from llama_cpp import Llama
 
-        if self.loaded == (model, n_ctx, threads):
+        if self.loaded == request:
             return {"n_vocab": self.llm.n_vocab()}
         self.llm = None
+        n_ctx, threads = request.n_ctx, request.threads
         # chat_format given: the binding then guesses nothing from the file's chat template (which parity never renders)
-        self.llm = Llama(model_path=model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=threads,
+        self.llm = Llama(model_path=request.model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=threads,
                          n_threads_batch=threads, logits_all=True, verbose=False, chat_format="llama-2", seed=0)
-        self.loaded = (model, n_ctx, threads)
+        self.loaded = request
         return {"n_vocab": self.llm.n_vocab()}
 
     def eval(self, tokens):
@@ -63,42 +118,43 @@ class LlamaWorker:
             logits[i, :len(sequence)] = self.llm.scores[:len(sequence)]
         return logits
 
+    def handle(self, request):
+        """The reply to one parsed request, and its raw payload (b"" when none)."""
+        if isinstance(request, Load):
+            return self.load(request), b""
+        if isinstance(request, Eval):
+            logits = self.eval(request.tokens)
+            return {"shape": list(logits.shape)}, logits.tobytes()
+        if isinstance(request, Tokenize):
+            return {"ids": [self.llm.tokenize(t.encode("utf-8"), add_bos=request.add_bos, special=False)
+                            for t in request.texts]}, b""
+        if isinstance(request, Pieces):
+            return {"pieces": [self.llm.detokenize([i], special=True).decode("utf-8", "replace")
+                               for i in request.ids]}, b""
+        if isinstance(request, Quantize):
+            return quantize(request), b""
+        os.abort()  # Abort
+
     def serve(self, stdin):
         for line in stdin:
-            request = json.loads(line)
-            op = request.pop("op")
             try:
-                if op == "load":
-                    self.reply(self.load(**request))
-                elif op == "eval":
-                    logits = self.eval(request["tokens"])
-                    self.reply({"shape": list(logits.shape)}, logits.tobytes())
-                elif op == "tokenize":
-                    ids = [self.llm.tokenize(t.encode("utf-8"), add_bos=request["add_bos"], special=False)
-                           for t in request["texts"]]
-                    self.reply({"ids": ids})
-                elif op == "pieces":
-                    pieces = [self.llm.detokenize([i], special=True).decode("utf-8", "replace") for i in request["ids"]]
-                    self.reply({"pieces": pieces})
-                elif op == "quantize":
-                    self.reply(quantize(**request))
-                elif op == "abort":
-                    os.abort()
-                else:
-                    self.reply({"error": f"unknown request {op!r}"})
+                reply, payload = self.handle(parse(json.loads(line)))
+            except Refused as exc:
+                reply, payload = {"error": str(exc)}, b""
             except Exception as exc:  # the parent raises it as the backend's error
-                self.reply({"error": f"{type(exc).__name__}: {exc}"})
+                reply, payload = {"error": f"{type(exc).__name__}: {exc}"}, b""
+            self.reply(reply, payload)
 
 
-def quantize(source, target, ftype, threads):
+def quantize(request):
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_{ftype}")
-    params.nthread = threads
-    code = llama_cpp.llama_model_quantize(source.encode(), target.encode(), params)
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_{request.ftype}")
+    params.nthread = request.threads
+    code = llama_cpp.llama_model_quantize(request.source.encode(), request.target.encode(), params)
     if code != 0:
-        return {"error": f"llama_model_quantize to {ftype} returned {code}"}
+        raise Refused(f"llama_model_quantize to {request.ftype} returned {code}")
     return {}
 
 

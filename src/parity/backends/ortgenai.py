@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from parity.backends.base import Backend, Decoded, not_installed, runtime_threads
 from parity.backends.llm import decoder_problem, hf_folder, token_ids
-from parity.backends.worker import WorkerProcess, script_in_process
+from parity.backends.worker import LogitsReply, R, Reply, WorkerProcess, script_in_process
 from parity.config.schema import MAX_THREADS
 from parity.dtypes import QUANTIZE_SCHEMES
 from parity.errors import ParityError, first_line
@@ -41,6 +41,11 @@ PRECISIONS = {"float32": "fp32"}  # the builder's precisions this backend runs o
 
 
 QUANTIZATION_OPTIONS = ("block_size", "symmetric", "accuracy_level")
+
+
+class DecodeReply(LogitsReply):
+    """The reply to `decode`: each sequence's chosen tokens, besides its logits' shape."""
+    tokens: list[list[int]]
 
 
 class OrtGenAIOptions(BaseModel):
@@ -111,14 +116,15 @@ class OrtGenAIBackend(Backend):
 
     def run(self, inputs: Inputs) -> Any:
         tokens = token_ids(inputs, RUNTIME)
-        header, payload = self.runtime.request({"op": "logits", "tokens": tokens.tolist()})
-        return {"logits": _floats(payload, header["shape"])}
+        header, payload = self.runtime.request({"op": "logits", "tokens": tokens.tolist()}, LogitsReply)
+        return {"logits": _floats(payload, header.shape)}
 
     def decode(self, prompt: torch.Tensor, steps: int, forced: torch.Tensor | None = None) -> Decoded:
         header, payload = self.runtime.request({"op": "decode", "prompt": prompt.tolist(), "steps": steps,
-                                                "forced": None if forced is None else forced.tolist()})
-        return Decoded(torch.tensor(header["tokens"], dtype=torch.int64).reshape(prompt.shape[0], steps),
-                       _floats(payload, header["shape"]))
+                                                "forced": None if forced is None else forced.tolist()},
+                                               DecodeReply)
+        return Decoded(torch.tensor(header.tokens, dtype=torch.int64).reshape(prompt.shape[0], steps),
+                       _floats(payload, header.shape))
 
     def close(self) -> None:
         runtime = getattr(self, "runtime", None)
@@ -140,7 +146,7 @@ def build_model(hf: Path, out: Path, precision: str, extra: dict[str, str], cach
         builder.create_model(None, str(hf), str(out), precision, "cpu", str(cache), **options)
 
 
-def _floats(payload: bytes, shape: list[int]) -> torch.Tensor:
+def _floats(payload: bytes, shape: tuple[int, ...]) -> torch.Tensor:
     import numpy as np
 
     return torch.from_numpy(np.frombuffer(payload, dtype=np.float32).reshape(shape).copy())
@@ -157,13 +163,15 @@ class _GenAIRuntime:
         else:
             self.process = WorkerProcess(WORKER, RUNTIME)
 
-    def request(self, message: dict) -> tuple[dict, bytes]:
-        if self.local is not None:
-            try:
-                return self.local.handle(message)
-            except Exception as exc:  # as the worker process says it
-                raise RuntimeError(f"{RUNTIME}: {type(exc).__name__}: {exc}") from exc
-        return self.process.request(message)
+    def request(self, message: dict, reply: type[R] = Reply) -> tuple[R, bytes]:
+        """The reply to `message`, as `reply`, and its raw payload; in this process the worker script's own handling."""
+        if self.local is None:
+            return self.process.request(message, reply)
+        try:
+            header, payload = self.local.handle(message)
+        except Exception as exc:  # as the worker process says it
+            raise RuntimeError(f"{RUNTIME}: {type(exc).__name__}: {exc}") from exc
+        return reply.model_validate(header), payload
 
     def close(self) -> None:
         if self.process is not None:

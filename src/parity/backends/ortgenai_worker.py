@@ -15,15 +15,52 @@ with it: fd 1 is pointed at stderr), followed by `nbytes` raw bytes when the rep
   "shape": [B, N, V], "nbytes": ...} + float32 logits: a prefill, then one token at a time through the generator's
   KV cache (its own greedy choice, or the forced one)
 - {"op": "abort"} -> the process aborts (what tests use to construct a crash in C)
-An error is {"error": "..."}; the process goes on.
+An error is {"error": "..."}; the process goes on. Each request is read once, into the frozen dataclass of its op
+(`parse`), read by attribute afterwards.
 """
 
 import json
 import os
 import sys
+from dataclasses import dataclass
 
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     del sys.path[0]  # run as a script: its folder (parity's backends, `onnxruntime.py`...) must not shadow libraries
+
+
+@dataclass(frozen=True)
+class Load:
+    folder: str
+    threads: int
+
+
+@dataclass(frozen=True)
+class Logits:
+    tokens: list
+
+
+@dataclass(frozen=True)
+class Decode:
+    prompt: list
+    steps: int
+    forced: list | None
+
+
+@dataclass(frozen=True)
+class Abort:
+    pass
+
+
+REQUESTS = {"load": Load, "logits": Logits, "decode": Decode, "abort": Abort}
+
+
+def parse(message):
+    """The request a parsed JSON line says, as its op's dataclass (a missing or unknown field: TypeError)."""
+    fields = dict(message)
+    op = fields.pop("op", None)
+    if op not in REQUESTS:
+        raise ValueError(f"unknown request {op!r}")
+    return REQUESTS[op](**fields)
 
 
 class GenAIWorker:
@@ -39,13 +76,13 @@ class GenAIWorker:
             self.out.write(payload)
         self.out.flush()
 
-    def load(self, folder, threads):
+    def load(self, request):
         import onnxruntime_genai as og
 
-        config = og.Config(folder)
+        config = og.Config(request.folder)
         # the runtime's thread pool as parity sizes every runtime's (backends/base.py runtime_threads)
         config.overlay(json.dumps({"model": {"decoder": {"session_options": {
-            "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
+            "intra_op_num_threads": request.threads, "inter_op_num_threads": 1}}}}))
         self.model = og.Model(config)
         return {}
 
@@ -72,9 +109,10 @@ class GenAIWorker:
             out[i, :len(row)] = row
         return out
 
-    def decode(self, prompt, steps, forced):
+    def decode(self, request):
         import numpy as np
 
+        prompt, steps, forced = request.prompt, request.steps, request.forced
         chosen, logits = [], []
         for i, sequence in enumerate(prompt):
             generator = self._generator(len(sequence) + steps)
@@ -93,20 +131,17 @@ class GenAIWorker:
         return chosen, np.ascontiguousarray(np.stack(logits), dtype=np.float32)
 
     def handle(self, request):
-        """The reply to one request, and its raw payload (b"" when none)."""
-        request = dict(request)
-        op = request.pop("op")
-        if op == "load":
-            return self.load(**request), b""
-        if op == "logits":
-            out = self.logits(request["tokens"])
+        """The reply to one request (its parsed JSON), and its raw payload (b"" when none)."""
+        request = parse(request)
+        if isinstance(request, Load):
+            return self.load(request), b""
+        if isinstance(request, Logits):
+            out = self.logits(request.tokens)
             return {"shape": list(out.shape)}, out.tobytes()
-        if op == "decode":
-            tokens, out = self.decode(**request)
+        if isinstance(request, Decode):
+            tokens, out = self.decode(request)
             return {"tokens": tokens, "shape": list(out.shape)}, out.tobytes()
-        if op == "abort":
-            os.abort()
-        raise ValueError(f"unknown request {op!r}")
+        os.abort()  # Abort
 
     def serve(self, stdin):
         for line in stdin:

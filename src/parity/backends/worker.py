@@ -5,6 +5,7 @@ target's `crash` (taxonomy.WorkerDied), never the run's end.
 The worker is a script beside the backend (`llamacpp_worker.py`, `ortgenai_worker.py`) that imports its runtime and
 numpy, never parity or torch. Protocol: each request one JSON line on its stdin; each reply one JSON line on its
 stdout, followed by `nbytes` raw bytes when the reply says so; `{"error": ...}` is the runtime's error, raised here.
+Each reply is read once, into the `Reply` model the caller names (`LogitsReply`...), read by attribute afterwards.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, ConfigDict
 
 from parity.offline import state_folder
 from parity.taxonomy import WorkerDied
@@ -30,6 +34,26 @@ def script_in_process(script: Path, name: str):
     return module
 
 
+class Reply(BaseModel):
+    """A worker's reply, read once from its JSON line: a message kind's fields in a subclass, the ones it does not
+    name (`nbytes`, fields a newer worker adds) ignored; this class itself is a reply whose fields nobody reads."""
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class LogitsReply(Reply):
+    """The header of a reply carrying float32 logits as its raw payload: their shape."""
+    shape: tuple[int, ...]
+
+
+class _Frame(Reply):
+    """What every reply may say to the protocol itself: the runtime's error, the raw payload's length."""
+    error: str | None = None
+    nbytes: int | None = None
+
+
+R = TypeVar("R", bound=Reply)
+
+
 class WorkerProcess:
     def __init__(self, script: Path, runtime: str):
         self.runtime = runtime  # how messages name it: "llama.cpp"
@@ -38,8 +62,9 @@ class WorkerProcess:
         self.process: subprocess.Popen | None = subprocess.Popen(
             [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
 
-    def request(self, message: dict) -> tuple[dict, bytes]:
-        """The worker's reply to `message` and its raw payload; its error as RuntimeError, its death as WorkerDied."""
+    def request(self, message: dict, reply: type[R] = Reply) -> tuple[R, bytes]:
+        """The worker's reply to `message`, as `reply`, and its raw payload; its error as RuntimeError, its death as
+        WorkerDied."""
         process = self.process
         if process is None:
             raise WorkerDied(f"{self.runtime}'s worker process was closed")
@@ -51,13 +76,13 @@ class WorkerProcess:
             line = b""
         if not line:
             raise WorkerDied(self._death())
-        reply = json.loads(line)
-        if "error" in reply:
-            raise RuntimeError(f"{self.runtime}: {reply['error']}")
-        body = process.stdout.read(reply["nbytes"]) if "nbytes" in reply else b""
-        if "nbytes" in reply and len(body) != reply["nbytes"]:
+        frame = _Frame.model_validate_json(line)
+        if frame.error is not None:
+            raise RuntimeError(f"{self.runtime}: {frame.error}")
+        body = b"" if frame.nbytes is None else process.stdout.read(frame.nbytes)
+        if frame.nbytes is not None and len(body) != frame.nbytes:
             raise WorkerDied(self._death())
-        return reply, body
+        return reply.model_validate_json(line), body
 
     def _death(self) -> str:
         """What ended the worker: its signal or exit code, and the last line it wrote to stderr."""
