@@ -93,7 +93,7 @@ def test_the_writer_refuses_a_field_of_the_wrong_type(tmp_path, fields, problem)
 def test_the_writer_refuses_a_field_the_models_do_not_declare(tmp_path, record, field):
     fields = {k: v for k, v in record.items() if k != "kind"}
     with RecordWriter(tmp_path / "records.jsonl") as writer, \
-            pytest.raises(RuntimeError, match=rf"undeclared field\(s\) {field.replace('[', '.').replace(']', '.')}"):
+            pytest.raises(RuntimeError, match=rf"a 'check' record: undeclared field\(s\) {field.replace('[', '.').replace(']', '.')}"):
         writer.write("check", **fields)
 
 
@@ -127,6 +127,32 @@ def test_the_reader_says_what_is_wrong_with_a_record(record, problem):
 
 def test_a_failed_localization_needs_no_finding():
     assert record_problem({"kind": "layers", "model": "m", "inputs": "i", "target": "t", "error": "it raised"}) is None
+
+
+def test_a_run_holds_one_record_of_each_identity_and_resume_and_fallback_records_may_repeat(tmp_path):
+    """Each kind's identity (its model's `record_key`) is every field that makes it one of a kind: a record that
+    differs in one of them is another record, one that differs in none is not written again, before or after
+    the run is resumed."""
+    def execution(repeat):
+        return {"model": "m", "inputs": "i", "backend": "b", "device": "cpu", "dtype": "float32", "repeat": repeat,
+                "status": "ok", "prepare_s": 0.0, "run_s": 0.0}
+    writes = [("run", RUN), ("model", {"model": "m"}), ("model", {"model": "n"}),
+              ("execution", execution(0)), ("execution", execution(1)),
+              *[("check", {k: v for k, v in check(target, tier).items() if k != "kind"})
+                for target in ("t", "u") for tier in (1, 3)],
+              *[("layers", {"model": "m", "inputs": "i", "target": target, "error": "it raised"}) for target in "tu"],
+              *[("warning", {"model": "m", "inputs": "i", "message": message}) for message in ("constant", "nan")],
+              ("resume", {})]
+    path = tmp_path / "records.jsonl"
+    with RecordWriter(path) as writer:
+        assert all(writer.write(kind, **fields) is not None for kind, fields in writes)
+        assert [writer.write(kind, **fields) for kind, fields in writes] == [None] * (len(writes) - 1) + [
+            {"kind": "resume", "schema_version": SCHEMA_VERSION}]
+    with RecordWriter(path, resume=True) as writer:
+        assert [writer.write(kind, **fields) for kind, fields in writes][:-1] == [None] * (len(writes) - 1)
+        assert writer.has("check", "m", "i", "u", 3) and writer.has("layers", "m", "i", "u")
+        writer.keep_only(writer.records[:3])
+        assert writer.write("model", model="n") is None and writer.write("execution", **execution(0)) is not None
 
 
 @pytest.mark.parametrize("resume", [False, True])

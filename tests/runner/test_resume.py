@@ -18,7 +18,8 @@ import yaml
 from parity.api import run_experiment
 from parity.cli import main
 from parity.errors import ParityError
-from parity.records import RecordWriter, read_records, record_key
+from parity.records import RecordWriter, read_records
+from parity.records.io import typed
 from parity.records.view import RunView
 from tests.support import tiny_experiment
 from tests.support.cli import process_command
@@ -69,7 +70,7 @@ def verdicts(records: list[dict]) -> dict[tuple, object]:
 
 
 def duplicates(records: list[dict]) -> list[tuple]:
-    counts = Counter(record_key(r) for r in records)
+    counts = Counter(typed(r).record_key for r in records)
     return [key for key, n in counts.items() if key is not None and n > 1]
 
 
@@ -165,7 +166,7 @@ def test_a_run_cut_between_a_targets_tier3_and_tier1_records_writes_neither_twic
     path.write_text("".join(lines[:cut]))
     resumed = run_experiment(data, out=tmp_path / "cut")
     assert duplicates(resumed) == [] and verdicts(resumed) == verdicts(full)
-    assert {record_key(r) for r in resumed} - {None} == {record_key(r) for r in full} - {None}  # nothing missing
+    assert {typed(r).record_key for r in resumed} - {None} == {typed(r).record_key for r in full} - {None}  # nothing missing
     assert [r["kind"] for r in resumed].count("layers") == [r["kind"] for r in full].count("layers") > 0
 
 

@@ -8,7 +8,7 @@ wrong type is a bug, raised where it is made) and every line when read (a Parity
 and the line). Reports and summaries are rendered from these lines alone. Non-finite floats (an infinite
 required atol) are written as null: the file stays strict JSON.
 
-A run can be continued: `record_key` says what identifies a record, and a writer opened with
+A run can be continued: each model's `record_key` says what identifies a record, and a writer opened with
 `resume=True` keeps the records already in the file and never writes a second record with the same key.
 A process killed while writing leaves at most one torn last line (no newline); it is detected, and cut
 off before anything is appended.
@@ -31,7 +31,6 @@ from pydantic import BaseModel, ValidationError
 from parity.errors import FieldError, ParityError, field_errors
 from parity.files import file_problem
 from parity.outdir import open_records, reason, write_bytes
-from parity.records.keys import record_key
 from parity.records.models import KINDS, RECORDS, SCHEMA_VERSION, TIERS, Record
 
 log = logging.getLogger(__name__)
@@ -163,17 +162,18 @@ def undeclared_fields(model: BaseModel, where: str = "") -> list[str]:
     return found
 
 
-def validated(record: dict[str, Any]) -> dict[str, Any]:
-    """`record` unchanged when its model declares every field and each has its type; a RuntimeError (a bug in
+def validated(record: dict[str, Any]) -> Record:
+    """`record` as its model when that declares every field and each has its type; a RuntimeError (a bug in
     what parity writes, found where it is written) otherwise."""
     try:
-        extra = undeclared_fields(typed(record))
+        model = typed(record)
     except RecordProblem as exc:
         raise RuntimeError(f"parity would write an invalid record: {exc}") from None
+    extra = undeclared_fields(model)
     if extra:
-        raise RuntimeError(f"parity would write an invalid record: a '{record['kind']}' record: undeclared field(s) "
+        raise RuntimeError(f"parity would write an invalid record: a '{model.kind}' record: undeclared field(s) "
                            f"{', '.join(extra)} (declare them in records/models.py)")
-    return record
+    return model
 
 
 def _parse(data: bytes, path: Path) -> list[tuple[dict[str, Any], Record]]:
@@ -197,7 +197,7 @@ def _parse(data: bytes, path: Path) -> list[tuple[dict[str, Any], Record]]:
             raise NewerRecords(f"{path}:{number}: {exc.problems[0]}") from None
         except RecordProblem as exc:
             raise ParityError(f"{path}:{number}: {exc}") from None
-        key = record_key(record)
+        key = model.record_key
         if key in seen:
             first, earlier = seen[key]
             if earlier != record:
@@ -232,18 +232,21 @@ class RecordWriter:
         try:
             self._lock()
             self.records: list[dict[str, Any]] = []
+            self._keys: set[tuple] = set()
             self.torn = 0
             if resume:
                 self._file.seek(0)
                 data = self._file.read()
                 self.torn = len(data) - (data.rfind(b"\n") + 1)
                 try:
-                    self.records = [record for record, _ in _parse(data, path)]
+                    parsed = _parse(data, path)
                 except NewerRecords:
                     raise
                 except ParityError as exc:
                     raise ParityError(f"{exc.problems[0]}; something other than parity wrote this file: move it "
                                       "away, or pass --fresh to start over") from exc
+                self.records = [record for record, _ in parsed]
+                self._keys = {model.record_key for _, model in parsed} - {None}
             else:
                 self._file.truncate(0)
         except OSError as exc:
@@ -252,7 +255,6 @@ class RecordWriter:
         except BaseException:
             self._file.close()
             raise
-        self._keys = {record_key(r) for r in self.records} - {None}
 
     def _lock(self) -> None:
         if fcntl is None:
@@ -285,15 +287,15 @@ class RecordWriter:
             self._file.close()
             raise
         self.records = list(records)
-        self._keys = {record_key(r) for r in self.records} - {None}
+        self._keys = {typed(r).record_key for r in self.records} - {None}
 
     def has(self, *key: Any) -> bool:
         return tuple(key) in self._keys
 
     def write(self, kind: str, **fields: Any) -> dict[str, Any] | None:
         """Append one record; None (and nothing written) when the file already has a record with its key."""
-        record = validated(_finite({"kind": kind, "schema_version": SCHEMA_VERSION, **fields}))
-        key = record_key(record)
+        record = _finite({"kind": kind, "schema_version": SCHEMA_VERSION, **fields})
+        key = validated(record).record_key
         if key is not None and key in self._keys:
             return None
         if self.torn:
@@ -379,6 +381,6 @@ def _read_run(folder: str | Path) -> list[tuple[dict[str, Any], Record]]:
     except OSError as exc:  # a name too long, a folder parity may not enter
         raise ParityError(f"{folder}: cannot read it: {exc.strerror or exc}") from exc
     records = _parse(_read(path), path)  # a torn last line (a run in progress, or killed) is left out
-    if not any(record["kind"] == "run" for record, _ in records):
+    if not any(model.kind == "run" for _, model in records):
         raise ParityError(f"{path}: no 'run' record (the first line of every parity run); is this a parity records file?")
     return records

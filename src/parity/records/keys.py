@@ -1,31 +1,12 @@
-"""How records are keyed: the identity of a record within a run (`record_key`), the key of a verdict in a
-check's `verdicts` (`tolerance_key`), the atol of an experiment's verdict (`gate_atol`), and the one way a
-check, a localization or a tier-3 result is named to a reader (`check_key`: "model / inputs / target")."""
+"""How records are keyed: the key of a verdict in a check's `verdicts` (`tolerance_key`), the atol of an
+experiment's verdict (`gate_atol`), and the one way a check, a localization or a tier-3 result is named to a
+reader (`check_key`: "model / inputs / target"). The identity of a record within a run is its model's
+`record_key` (records/models.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-
-def record_key(record: dict[str, Any]) -> tuple | None:
-    """The identity of a record within one run, or None for kinds that may repeat (`resume`, `fallback`).
-    A run holds one `run` record, one `model` record per model, one `execution` per (model, input set,
-    backend, repeat), one `check` per (model, input set, target, tier), one `layers` per check, one
-    `warning` per (model, input set, message)."""
-    kind = record.get("kind")
-    if kind == "run":
-        return ("run",)
-    if kind == "model":
-        return ("model", record["model"])
-    if kind == "execution":
-        return ("execution", record["model"], record["inputs"], record["backend"], record["repeat"])
-    if kind == "check":
-        return ("check", record["model"], record["inputs"], record["target"], record["tier"])
-    if kind == "layers":
-        return ("layers", record["model"], record["inputs"], record["target"])
-    if kind == "warning":
-        return ("warning", record["model"], record["inputs"], record["message"])
-    return None
 
 def check_key(record: Any) -> str:
     """What a check (or its `layers`, tier-3 or fallback record, as records/models.py's models) is about, as

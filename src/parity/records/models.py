@@ -63,6 +63,15 @@ class Record(Part):
     schema_version: int = Field(SCHEMA_VERSION, description="The version of this schema the record was written in; "
                                                              "a parity refuses records newer than its own.")
 
+    @property
+    def record_key(self) -> tuple | None:
+        """The identity of this record within one run, or None for kinds that may repeat (`resume`, `fallback`):
+        a run holds one record of each key (records/io.py refuses a second, different one and writes none twice).
+        Each kind that has one says it below: one `run`, one `model` per model, one `execution` per (model, input
+        set, backend, repeat), one `check` per (model, input set, target, tier), one `layers` per check, one
+        `warning` per (model, input set, message)."""
+        return None
+
 
 # -- run -------------------------------------------------------------------------------------------------
 
@@ -166,6 +175,10 @@ class Run(Record):
                                                  "parity and of every library the backends use, cpu, threads, tf32, "
                                                  "cuda, git_commit (records/environment.py).")
 
+    @property
+    def record_key(self) -> tuple:
+        return ("run",)
+
 
 class Resume(Record):
     """A later process continued the run (it may run on another machine: its own environment)."""
@@ -188,6 +201,10 @@ class ModelBuilt(Record):
     adapters: list[Any] | None = Field(None, description="What each adapter changed in it.")
     notes: list[str] | None = Field(None, description="What its source changed so that every backend runs it "
                                                       "(transformers: a decoder's cache turned off).")
+
+    @property
+    def record_key(self) -> tuple:
+        return "model", self.model
 
 
 class Note(Part):
@@ -229,6 +246,10 @@ class TimedRun(Record):
                                                                     "running (trace specializations, graph breaks); "
                                                                     "complete on the last repeat.")
     traceback: str | None = Field(None, description="The whole traceback of a failure (`--verbose` prints it).")
+
+    @property
+    def record_key(self) -> tuple:
+        return "execution", self.model, self.inputs, self.backend, self.repeat
 
 
 # -- checks ----------------------------------------------------------------------------------------------
@@ -350,6 +371,10 @@ class Check(InOrder, Record):
     detail: str | None = Field(description="The failure or the reason it was not judged, in words.")
     warnings: list[Note] | None = Field(None, description="What the target's backend said while running "
                                                                     "(its execution's warnings).")
+
+    @property
+    def record_key(self) -> tuple:
+        return "check", self.model, self.inputs, self.target, self.tier  # each tier's model declares its `tier`
 
 
 class Tier1Check(Check):
@@ -691,6 +716,10 @@ class Layers(InOrder, Record):
                     raise ValueError(f"{name}: missing")
         return self
 
+    @property
+    def record_key(self) -> tuple:
+        return "layers", self.model, self.inputs, self.target
+
 
 class Fallback(Record):
     """`parity fallback`: the smallest set of modules to run outside the target's fast path."""
@@ -738,6 +767,10 @@ class InputWarning(Record):
     model: str = Field(description="The model's name.")
     inputs: str = Field(description="The input set's name.")
     message: str = Field(description="What is wrong with it.")
+
+    @property
+    def record_key(self) -> tuple:
+        return "warning", self.model, self.inputs, self.message
 
 
 # (kind, tier) -> model; tier None for the kinds that have none.
