@@ -394,7 +394,7 @@ class _LlamaRuntime:
             return self.process.request(message, reply)
         try:
             request = self.module.parse(message)
-            if isinstance(request, self.module.Abort):
+            if isinstance(request, self.module.LlamaAbort):
                 raise RuntimeError("llama.cpp in this process cannot abort")
             header, payload = self.local.handle(request)
         except self.module.Refused as exc:

@@ -32,7 +32,7 @@ class Refused(Exception):
 
 
 @dataclass(frozen=True)
-class Load:
+class LlamaLoad:
     model: str
     n_ctx: int
     threads: int
@@ -63,11 +63,11 @@ class Quantize:
 
 
 @dataclass(frozen=True)
-class Abort:
+class LlamaAbort:
     pass
 
 
-REQUESTS = {"load": Load, "eval": Eval, "tokenize": Tokenize, "pieces": Pieces, "quantize": Quantize, "abort": Abort}
+REQUESTS = {"load": LlamaLoad, "eval": Eval, "tokenize": Tokenize, "pieces": Pieces, "quantize": Quantize, "abort": LlamaAbort}
 
 
 def parse(message):
@@ -120,7 +120,7 @@ class LlamaWorker:
 
     def handle(self, request):
         """The reply to one parsed request, and its raw payload (b"" when none)."""
-        if isinstance(request, Load):
+        if isinstance(request, LlamaLoad):
             return self.load(request), b""
         if isinstance(request, Eval):
             logits = self.eval(request.tokens)
@@ -133,7 +133,7 @@ class LlamaWorker:
                                for i in request.ids]}, b""
         if isinstance(request, Quantize):
             return quantize(request), b""
-        os.abort()  # Abort
+        os.abort()  # an abort request
 
     def serve(self, stdin):
         for line in stdin:

@@ -29,7 +29,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 
 
 @dataclass(frozen=True)
-class Load:
+class GenAILoad:
     folder: str
     threads: int
 
@@ -47,11 +47,11 @@ class Decode:
 
 
 @dataclass(frozen=True)
-class Abort:
+class GenAIAbort:
     pass
 
 
-REQUESTS = {"load": Load, "logits": Logits, "decode": Decode, "abort": Abort}
+REQUESTS = {"load": GenAILoad, "logits": Logits, "decode": Decode, "abort": GenAIAbort}
 
 
 def parse(message):
@@ -133,7 +133,7 @@ class GenAIWorker:
     def handle(self, request):
         """The reply to one request (its parsed JSON), and its raw payload (b"" when none)."""
         request = parse(request)
-        if isinstance(request, Load):
+        if isinstance(request, GenAILoad):
             return self.load(request), b""
         if isinstance(request, Logits):
             out = self.logits(request.tokens)
@@ -141,7 +141,7 @@ class GenAIWorker:
         if isinstance(request, Decode):
             tokens, out = self.decode(request)
             return {"tokens": tokens, "shape": list(out.shape)}, out.tobytes()
-        os.abort()  # Abort
+        os.abort()  # an abort request
 
     def serve(self, stdin):
         for line in stdin:
