@@ -13,6 +13,7 @@ import torch
 from parity.backends.base import CachedDecoding
 from parity.backends.eager import EagerBackend
 from parity.config.tolerances import Tolerance
+from parity.execute.follow_up import FollowUpRaised
 from parity.inputs import Inputs
 from parity.verify.tasks.text_generation import (
     TextGenerationThresholds,
@@ -144,7 +145,7 @@ def test_a_cache_not_exposed_is_said_and_each_cache_is_judged_at_the_target_s_ga
 
 
 def test_a_follow_up_that_raised_gives_no_continuation_and_no_cached_verdict():
-    """execute/follow_up.py keeps what a follow-up raised as `{"error": line}`: judged, that side has no continuation
+    """execute/follow_up.py keeps what a follow-up raised as `FollowUpRaised`: judged, that side has no continuation
     (the record's generation says why) and the cached decoding is not compared (no `cached` field), as before."""
     from parity.verify.tasks.text_generation import TASK, follow
 
@@ -152,7 +153,7 @@ def test_a_follow_up_that_raised_gives_no_continuation_and_no_cached_verdict():
     inputs = _inputs()
     result = evaluate(eager.run(inputs), eager.run(inputs), DEFAULTS, 1e-4, inputs=inputs)
     followed = follow(eager, inputs, STEPS)
-    judged, fields = TASK.judge_follow_ups(result, followed, {"error": "RuntimeError: boom"}, DEFAULTS, None, None,
+    judged, fields = TASK.judge_follow_ups(result, followed, FollowUpRaised("RuntimeError: boom"), DEFAULTS, None, None,
                                            FLOAT32)
     assert list(fields) == ["generation"] and fields["generation"].error == "the target: RuntimeError: boom"
     assert judged.passed

@@ -20,6 +20,7 @@ from parity.backends.base import OwnTokenizer, release_memory
 from parity.config.schema import BackendSpec
 from parity.errors import CacheLost, NotRebuilt
 from parity.execute import cache, calibration, capture, follow_up, notes
+from parity.execute.follow_up import FollowUpRaised
 from parity.inputs import Inputs
 from parity.taxonomy import classify_exception
 
@@ -56,7 +57,7 @@ class Execution:
     warmup_outputs: list[Any] = field(default_factory=list)  # judged with the repeats: a first call is a call
     captured: list[Any] = field(default_factory=list)  # what instrumented code recorded in the first repeat (capture.py)
     interleaved: bool = False  # its timed runs took turns with other backends' (execute_together)
-    follow_up: dict[str, Any] | None = None  # what the task asked of the prepared backend afterwards (follow_up.py)
+    follow_up: Any = None  # what the task asked of the prepared backend afterwards, or FollowUpRaised (follow_up.py)
     # A backend with its own tokenizer (`backends.base.OwnTokenizer`) on a text input set: the texts, each side's ids and
     # token texts (verify/tokenizers.py compares them)
     tokens: OwnTokens | None = None
@@ -298,11 +299,11 @@ class _Run:
             with self.collector.step():
                 self.result.follow_up = ask(self.backend, self.inputs.clone())
         except Exception as exc:
-            self.result.follow_up = {"error": describe(exc)}
+            self.result.follow_up = FollowUpRaised(describe(exc))
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # model code that ends the program
-            self.result.follow_up = {"error": ends_the_program(exc)}
+            self.result.follow_up = FollowUpRaised(ends_the_program(exc))
 
     @contextlib.contextmanager
     def _step(self, phase: str) -> Iterator[None]:

@@ -9,8 +9,8 @@ what it returns (small and picklable: token ids, not tensors) travels back with 
 (`Execution.follow_up`). A context, as the calibration inputs are (calibration.py), so that no layer between the
 Runner and `execute` passes it on.
 
-A follow-up returns a dict; what it raises is kept as `{"error": "<the exception's first line>"}`: the execution's
-own outputs, and so tier 1, stand whatever the follow-up does.
+A follow-up returns what its task reads; what it raises is kept as `FollowUpRaised` (the exception's first line):
+the execution's own outputs, and so tier 1, stand whatever the follow-up does.
 """
 
 from __future__ import annotations
@@ -18,12 +18,22 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from parity.backends.base import Backend
 from parity.inputs import Inputs
 
-FollowUp = Callable[[Backend, Inputs], dict[str, Any]]  # the prepared backend (its `run`, its capabilities)
+FollowUp = Callable[[Backend, Inputs], Any]  # the prepared backend (its `run`, its capabilities)
+
+
+@dataclass(frozen=True)
+class FollowUpRaised:
+    """What a follow-up raised, in one line: the execution's `follow_up` then, in place of what it returns."""
+
+    error: str
+
+
 _active: contextvars.ContextVar[FollowUp | None] = contextvars.ContextVar("parity_follow_up", default=None)
 
 

@@ -13,6 +13,8 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+from parity.records.models import Note
+
 MAX_NOTES = 20
 QUIET = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)  # about the API, not this model
 SPECIALIZED = ("might cause the trace to be incorrect", "converting a tensor to a python", "python value")
@@ -92,10 +94,11 @@ class Collector:
         found, seen = [], {}
         caught = [c for m in self.caught if (c := classify(m))]
         for note in self.told + caught + self.breaks:
-            key = (note["kind"], note.get("where"), note["message"])
+            said = Note.model_validate(note)  # its mapping stays what the records write, in its key order
+            key = (said.kind, said.where, said.message)
             if key in seen:
-                if "count" in note:
-                    seen[key]["count"] += note["count"]
+                if said.count is not None:
+                    seen[key]["count"] += said.count
             elif len(found) < MAX_NOTES:
                 seen[key] = dict(note)
                 found.append(seen[key])

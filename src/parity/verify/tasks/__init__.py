@@ -94,7 +94,7 @@ class Task(ABC):
                          tolerance: Tolerance) -> tuple[TaskResult, dict[str, Any]]:
         """`result` with what both sides' follow-ups add to it (metrics, notes, failures: `with_failure`), and the
         fields they add to the tier-3 record; `tolerance`: the target's (text-generation judges the KV caches at it).
-        Each follow-up is what `follow_up`'s callable returned, or `{"error": line}` when it raised."""
+        Each follow-up is what `follow_up`'s callable returned, or `FollowUpRaised` (execute/follow_up.py) when it raised."""
         return result, {}
 
     def explain(self, reference: Any, target: Any, thresholds: Any, reference_captured: list[Any],

@@ -67,6 +67,7 @@ from parity.backends.base import CachedDecoding
 from parity.config.schema import Strict
 from parity.config.tolerances import Tolerance
 from parity.errors import exception_words
+from parity.execute.follow_up import FollowUpRaised
 from parity.inputs import Inputs
 from parity.inputs.text import load_tokenizer
 from parity.outputs import flatten
@@ -132,7 +133,7 @@ class CachedRun:
 @dataclass(frozen=True)
 class FollowedUp:
     """What text generation's follow-up (`follow`) returns of a side: its continuations and its cached decoding
-    (None: a follow-up that raised, which execute/follow_up.py keeps as its error alone)."""
+    (None: a follow-up that raised, which execute/follow_up.py keeps as its error alone, `FollowUpRaised`)."""
 
     generation: Continuations | Unavailable
     cached: CachedRun | Unavailable | None
@@ -140,9 +141,8 @@ class FollowedUp:
 
 def unraised(value: Any) -> Any:
     """An execution's `follow_up` as this task's follow-up returned it (`follow`'s FollowedUp, `decode_cached`'s
-    value); what the follow-up raised, which execute/follow_up.py keeps as a mapping `{"error": line}` (the one
-    mapping read here), as `Unavailable`."""
-    return Unavailable(str(value.get("error"))) if isinstance(value, dict) else value
+    value); what the follow-up raised (execute/follow_up.py's `FollowUpRaised`) as `Unavailable`."""
+    return Unavailable(value.error) if isinstance(value, FollowUpRaised) else value
 
 
 def _followed(value: Any) -> FollowedUp:
