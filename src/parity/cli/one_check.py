@@ -10,7 +10,7 @@ from pathlib import Path
 
 from parity.cli.logs import LOG_FILE, library_logs
 from parity.cli.terminal import EXIT_FAILED, EXIT_OK, make_console
-from parity.errors import ParityError
+from parity.errors import ParityError, field_errors
 from parity.files import user_path
 from parity.outdir import prepare
 
@@ -38,7 +38,7 @@ def _one_check(args: argparse.Namespace):
     try:
         activations = Activations.model_validate(settings)
     except ValidationError as exc:
-        raise ParityError(f"--granularity/--mode: {exc.errors()[0]['msg']}") from exc
+        raise ParityError(f"--granularity/--mode: {field_errors(exc)[0].message}") from exc
     tiers = exp.tiers.model_copy(update={"activations": activations})
     return exp.model_copy(update={"tiers": tiers}), model_spec, target, input_spec
 
