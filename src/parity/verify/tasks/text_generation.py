@@ -84,6 +84,7 @@ from parity.records.models import (
     TokenFlip,
 )
 from parity.verify.tasks import Headline, OutputsNotUnderstood, Task, TaskResult, verdict, with_failure
+from parity.verify.tensors import error_stats
 
 MAX_FLIPS = 20  # flips a record lists, real ones first, then by margin
 CONTEXT = 6  # tokens a divergence is shown after
@@ -614,19 +615,14 @@ def compare_caches(reference: KVCache | None, target: KVCache | None, tolerance:
 
 
 def _cache_error(ref: torch.Tensor, tgt: torch.Tensor, tolerance: Tolerance) -> CacheTensorError:
-    """One cache tensor's error, as tier 2 measures a layer's output (verify/activations.py `layer_error`): its
-    required atol None, and exceeding, where NaN/Inf stand on one side only."""
-    r, t = ref.double(), tgt.double()
-    finite = torch.isfinite(r) & torch.isfinite(t)
-    unmatched = bool(((~finite) & ~((r == t) | (r.isnan() & t.isnan()))).any())
-    r, t = r[finite], t[finite]
-    diff = (t - r).abs()
-    rms = float(r.square().mean().sqrt()) if r.numel() else 0.0
-    rmse = float(diff.square().mean().sqrt()) if r.numel() else 0.0
-    required = None if unmatched else max(float((diff - tolerance.rtol * r.abs()).max()) if r.numel() else 0.0, 0.0)
+    """One cache tensor's error, measured by tier 1's `error_stats` as tier 2 measures a layer's output: its required
+    atol None, and exceeding, where NaN/Inf stand on one side only."""
+    stats = error_stats(ref, tgt, tolerance.rtol, gate=math.inf)
+    rms = stats.reference_rms
     gate = tolerance.at_scale(rms).gate
-    return CacheTensorError(max_abs=float(diff.max()) if r.numel() else 0.0, rel_rmse=rmse / rms if rms else rmse,
-                            required_atol=required, exceeds=required is None or required > gate)
+    return CacheTensorError(max_abs=stats.max_abs, rel_rmse=stats.rmse / rms if rms else stats.rmse,
+                            required_atol=stats.required_atol,
+                            exceeds=stats.required_atol is None or stats.required_atol > gate)
 
 
 def _decoded(backend, ids: torch.Tensor, prompt: torch.Tensor, n: int, lengths: torch.Tensor) -> Continuations:
