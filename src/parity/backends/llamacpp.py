@@ -61,6 +61,8 @@ LLAMA_NAMES = {
     "model.layers.{}.mlp.up_proj.weight": "blk.{}.ffn_up.weight",
     "model.layers.{}.mlp.down_proj.weight": "blk.{}.ffn_down.weight",
 }
+
+
 class IdsReply(Reply):
     """The reply to `tokenize`: each text's ids."""
     ids: list[list[int]]

@@ -76,13 +76,14 @@ class WorkerProcess:
             line = b""
         if not line:
             raise WorkerDied(self._death())
-        frame = _Frame.model_validate_json(line)
+        header = json.loads(line)  # parsed once: the protocol's frame, then the caller's reply, from the same mapping
+        frame = _Frame.model_validate(header)
         if frame.error is not None:
             raise RuntimeError(f"{self.runtime}: {frame.error}")
         body = b"" if frame.nbytes is None else process.stdout.read(frame.nbytes)
         if frame.nbytes is not None and len(body) != frame.nbytes:
             raise WorkerDied(self._death())
-        return reply.model_validate_json(line), body
+        return reply.model_validate(header), body
 
     def _death(self) -> str:
         """What ended the worker: its signal or exit code, and the last line it wrote to stderr."""
